@@ -1,0 +1,17 @@
+//! Cases per op family. Each module exports `cases::<B>()`.
+
+pub mod activation;
+pub mod attention;
+pub mod conv;
+pub mod elementwise;
+pub mod embedding;
+pub mod layout;
+pub mod loss;
+pub mod matmul;
+pub mod memory;
+pub mod norm;
+pub mod optim;
+pub mod quant;
+pub mod reduce;
+pub mod rope;
+pub mod softmax;

@@ -1,0 +1,1 @@
+//! f64 twins of the loss family.

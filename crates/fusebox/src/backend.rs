@@ -1,0 +1,1378 @@
+//! The `ComputeBackend` trait: every tensor operation a transformer needs, forward
+//! and backward. Each method has a CPU implementation as its default, so a new
+//! backend implements `name`, `device`, `upload` and `to_host` and overrides only
+//! what it accelerates; what it does not override runs on the CPU (inputs copied to
+//! the host, outputs uploaded back) and `supports` reports it as a fallback.
+//!
+//! Conventions: tensors are row-major and contiguous; attention layout is
+//! `(batch, heads, seq, head_dim)`; every floating-point op accepts F32, F16 and BF16
+//! (computing in f32; outputs take the input dtype) unless it says otherwise; mixed
+//! dtypes are an error; saved statistics are f32.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use crate::cpu::{self, CpuBackend};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::op::Op;
+use crate::shape::Shape;
+use crate::tensor::{Device, Tensor};
+use crate::types::*;
+
+/// Moves op results to a backend's memory (used by the CPU fallbacks).
+pub trait ToBackend: Sized {
+    /// `self` with every tensor uploaded to `backend`.
+    fn to_backend<B: ComputeBackend + ?Sized>(self, backend: &B) -> Result<Self>;
+}
+
+impl ToBackend for Tensor {
+    fn to_backend<B: ComputeBackend + ?Sized>(self, backend: &B) -> Result<Self> {
+        if backend.uses_device_storage() {
+            backend.upload(&self)
+        } else {
+            Ok(self)
+        }
+    }
+}
+impl<T: ToBackend> ToBackend for Option<T> {
+    fn to_backend<B: ComputeBackend + ?Sized>(self, backend: &B) -> Result<Self> {
+        self.map(|t| t.to_backend(backend)).transpose()
+    }
+}
+impl<T: ToBackend> ToBackend for Vec<T> {
+    fn to_backend<B: ComputeBackend + ?Sized>(self, backend: &B) -> Result<Self> {
+        self.into_iter().map(|t| t.to_backend(backend)).collect()
+    }
+}
+impl<A: ToBackend, C: ToBackend> ToBackend for (A, C) {
+    fn to_backend<B: ComputeBackend + ?Sized>(self, backend: &B) -> Result<Self> {
+        Ok((self.0.to_backend(backend)?, self.1.to_backend(backend)?))
+    }
+}
+macro_rules! plain_to_backend {
+    ($($t:ty),*) => {$(
+        impl ToBackend for $t {
+            fn to_backend<B: ComputeBackend + ?Sized>(self, _backend: &B) -> Result<Self> { Ok(self) }
+        }
+    )*};
+}
+plain_to_backend!((), f32, bool, usize);
+macro_rules! struct_to_backend {
+    ($t:ident { $($field:ident),* } $(, $plain:ident)*) => {
+        impl ToBackend for $t {
+            fn to_backend<B: ComputeBackend + ?Sized>(self, backend: &B) -> Result<Self> {
+                Ok($t { $($field: self.$field.to_backend(backend)?,)* $($plain: self.$plain,)* })
+            }
+        }
+    };
+}
+struct_to_backend!(CausalAttentionResult { output, logsumexp });
+struct_to_backend!(AttentionGradients { dq, dk, dv });
+struct_to_backend!(NormOutput { output, mean, rstd });
+struct_to_backend!(NormGradients { dx, dweight, dbias });
+struct_to_backend!(MatmulGradients { da, db });
+struct_to_backend!(LinearGradients { dx, dweight, dbias });
+struct_to_backend!(PairGradients { da, db });
+struct_to_backend!(CrossEntropyOutput { loss, d_logits }, count);
+struct_to_backend!(TopK { values, indices });
+
+/// Runs a CPU kernel for a backend that does not override the op: the named tensor
+/// arguments are brought to the host, the kernel runs on the CPU backend, and the
+/// result is uploaded back.
+macro_rules! on_cpu {
+    ($self:ident, $kernel:path; [$($t:ident),*] $(, $arg:expr)*) => {{
+        $(let $t = $self.to_host($t)?;)*
+        $kernel($self.cpu(), $(&$t,)* $($arg),*)?.to_backend($self)
+    }};
+}
+
+fn opt_to_host<B: ComputeBackend + ?Sized>(b: &B, t: Option<&Tensor>) -> Result<Option<Tensor>> {
+    t.map(|t| b.to_host(t)).transpose()
+}
+
+/// Runs an in-place CPU kernel on `dst`: directly when `dst` is on the host, else on a
+/// host copy that is then written back with the backend's `copy_into`.
+pub fn in_place_on_cpu<B: ComputeBackend + ?Sized>(
+    backend: &B,
+    dst: &mut Tensor,
+    kernel: impl FnOnce(&CpuBackend, &mut Tensor) -> Result<()>,
+) -> Result<()> {
+    if dst.is_host() {
+        return kernel(backend.cpu(), dst);
+    }
+    let mut host = backend.to_host(dst)?;
+    kernel(backend.cpu(), &mut host)?;
+    let back = backend.upload(&host)?;
+    backend.copy_into(dst, &back)
+}
+
+/// Picks a backend by name: `"cpu"` (also `"cpu:N"` for N threads). Errors name the
+/// backends this build knows.
+pub fn create_backend(name: &str) -> Result<Arc<dyn ComputeBackend>> {
+    let lower = name.trim().to_ascii_lowercase();
+    if lower == "cpu" {
+        return Ok(Arc::new(CpuBackend::new()));
+    }
+    if let Some(threads) = lower.strip_prefix("cpu:") {
+        let n: usize = threads
+            .parse()
+            .map_err(|_| Error::value("create_backend", "thread count in 'cpu:N'", "a positive integer", threads))?;
+        return Ok(Arc::new(CpuBackend::with_threads(n)?));
+    }
+    let reason = match lower.as_str() {
+        "wgpu" | "vulkan" | "metal" | "dx12" | "cuda" => {
+            format!("backend '{name}' is not compiled into this build; available: {}", available_backends().join(", "))
+        }
+        _ => format!("unknown backend '{name}'; known: {}", available_backends().join(", ")),
+    };
+    Err(Error::unsupported("create_backend", reason))
+}
+
+/// Names of the backends compiled into this build that can be created here.
+pub fn available_backends() -> Vec<&'static str> {
+    vec!["cpu"]
+}
+
+/// Every tensor operation of fusebox. See the module docs for conventions and
+/// `OPS.md` for the contract of each op.
+pub trait ComputeBackend: Send + Sync + Debug {
+    // ───────────────────────── device, memory, dtypes ─────────────────────────
+
+    /// Human-readable backend name (`"cpu"`, `"wgpu (lavapipe)"`, ...).
+    fn name(&self) -> &str;
+
+    /// The device this backend computes on.
+    fn device(&self) -> Device;
+
+    /// Whether `op` runs natively here (`false`: it falls back to the CPU).
+    fn supports(&self, op: Op) -> bool {
+        let _ = op;
+        false
+    }
+
+    /// Moves a tensor into this backend's memory (a cheap clone for host backends).
+    fn upload(&self, x: &Tensor) -> Result<Tensor>;
+
+    /// Moves a tensor to host memory (a cheap clone when it is already there).
+    fn to_host(&self, x: &Tensor) -> Result<Tensor>;
+
+    /// Whether tensors made by this backend live off the host.
+    fn uses_device_storage(&self) -> bool {
+        false
+    }
+
+    /// Waits for all queued work to finish.
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Frees caches, pools and workspaces.
+    fn release_resources(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Frees per-call workspaces only, keeping long-lived caches.
+    fn release_temporary_resources(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// The CPU backend that runs this backend's fallbacks (the process-wide default
+    /// one unless overridden; `CpuBackend` returns itself).
+    fn cpu(&self) -> &CpuBackend {
+        cpu::default_cpu()
+    }
+
+    /// A zero-filled tensor.
+    ///
+    /// # Shapes
+    /// `shape` → `shape`, any dtype (block formats need a last dim multiple of the block).
+    fn zeros(&self, shape: &Shape, dtype: DType) -> Result<Tensor> {
+        Tensor::zeros(shape.clone(), dtype)?.to_backend(self)
+    }
+
+    /// A fresh, uniquely owned copy of `x` (writable in place).
+    ///
+    /// # Shapes
+    /// any → same shape and dtype.
+    fn copy(&self, x: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::memory::copy; [x])
+    }
+
+    /// `dst ← src`, in place. `dst` must be writable and match `src` in shape and dtype.
+    ///
+    /// # Shapes
+    /// `dst`, `src`: equal shapes and dtypes.
+    fn copy_into(&self, dst: &mut Tensor, src: &Tensor) -> Result<()> {
+        if !dst.is_host() {
+            return Err(Error::unsupported(
+                "copy_into",
+                format!("backend '{}' keeps tensors on its device but does not implement copy_into", self.name()),
+            ));
+        }
+        let src = self.to_host(src)?;
+        cpu::memory::copy_into(self.cpu(), dst, &src)
+    }
+
+    /// Converts among F32, F16 and BF16 (round to nearest even), or U32 ↔ F32
+    /// (ids as exact integers; F32 → U32 needs non-negative integral values).
+    ///
+    /// # Shapes
+    /// any → same shape, dtype `dtype`.
+    fn cast(&self, x: &Tensor, dtype: DType) -> Result<Tensor> {
+        on_cpu!(self, cpu::memory::cast; [x], dtype)
+    }
+
+    /// Called once when a model loads: returns the weight `[out, in]` in the layout
+    /// this backend's `linear_forward`/`quantized_matmul` read fastest. The result is
+    /// only meant for those two ops.
+    ///
+    /// # Shapes
+    /// `w`: `[out, in]` → backend-specific, same logical shape.
+    fn preprocess_linear_weight(&self, w: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::memory::preprocess_linear_weight; [w])
+    }
+
+    /// FP8 E4M3 → f32: `x = (−1)^s · 2^(e−7) · (1 + m/8)`, subnormals `2^−6 · m/8`, NaN kept.
+    ///
+    /// # Shapes
+    /// any (F8E4M3) → same shape, F32.
+    fn f8e4m3_to_f32(&self, x: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::memory::f8e4m3_to; [x], DType::F32)
+    }
+
+    /// FP8 E4M3 → f16 (exact).
+    ///
+    /// # Shapes
+    /// any (F8E4M3) → same shape, F16.
+    fn f8e4m3_to_f16(&self, x: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::memory::f8e4m3_to; [x], DType::F16)
+    }
+
+    /// FP8 E4M3 → bf16 (exact).
+    ///
+    /// # Shapes
+    /// any (F8E4M3) → same shape, BF16.
+    fn f8e4m3_to_bf16(&self, x: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::memory::f8e4m3_to; [x], DType::BF16)
+    }
+
+    /// Quantizes float values into a GGUF block format (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)
+    /// or FP8 E4M3, rounding as ggml's reference quantizers do.
+    ///
+    /// # Shapes
+    /// `[..., n]` float, n a multiple of the block size → same shape, dtype `dtype`.
+    fn quantize(&self, x: &Tensor, dtype: DType) -> Result<Tensor> {
+        on_cpu!(self, cpu::quant::quantize; [x], dtype)
+    }
+
+    /// Block format or FP8 → f32 values.
+    ///
+    /// # Shapes
+    /// any → same shape, F32.
+    fn dequantize(&self, x: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::quant::dequantize; [x])
+    }
+
+    /// `y = x · Wᵀ` read straight from W's blocks (never materialising W in f32).
+    ///
+    /// # Shapes
+    /// `x`: `[..., in]` float; `w`: `[out, in]` block format → `[..., out]`, x's dtype.
+    fn quantized_matmul(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::quant::quantized_matmul; [x, w])
+    }
+
+    // ───────────────────────────── linear algebra ─────────────────────────────
+
+    /// `out = op(a) · op(b)`, `op` transposing the last two dims when its flag is set;
+    /// batched over leading dims (b may be 2-d and is then shared by every batch).
+    ///
+    /// # Shapes
+    /// `a`: `[..., m, k]` (`[..., k, m]` if `transpose_a`); `b`: `[..., k, n]` or `[k, n]`
+    /// (`[..., n, k]` / `[n, k]` if `transpose_b`) → `[..., m, n]`.
+    fn matmul(&self, a: &Tensor, b: &Tensor, transpose_a: bool, transpose_b: bool) -> Result<Tensor> {
+        on_cpu!(self, cpu::matmul::matmul; [a, b], transpose_a, transpose_b)
+    }
+
+    /// Backward of `matmul`: `da`, `db` (db summed over the batch when b was shared).
+    ///
+    /// # Shapes
+    /// as `matmul`; `d_out`: `[..., m, n]` → `da` like `a`, `db` like `b`.
+    fn matmul_backward(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        d_out: &Tensor,
+        transpose_a: bool,
+        transpose_b: bool,
+    ) -> Result<MatmulGradients> {
+        on_cpu!(self, cpu::matmul::matmul_backward; [a, b, d_out], transpose_a, transpose_b)
+    }
+
+    /// `out[i] = op(a[i]) · op(b[i])` for rank-3 operands.
+    ///
+    /// # Shapes
+    /// `a`: `[n, m, k]`, `b`: `[n, k, p]` (last two dims swapped by the flags) → `[n, m, p]`.
+    fn batched_matmul(&self, a: &Tensor, b: &Tensor, transpose_a: bool, transpose_b: bool) -> Result<Tensor> {
+        on_cpu!(self, cpu::matmul::batched_matmul; [a, b], transpose_a, transpose_b)
+    }
+
+    /// `y = x · Wᵀ + bias`.
+    ///
+    /// # Shapes
+    /// `x`: `[..., in]`; `w`: `[out, in]`; `bias`: `[out]` → `[..., out]`.
+    fn linear_forward(&self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        let bias = opt_to_host(self, bias)?;
+        on_cpu!(self, cpu::matmul::linear_forward; [x, w], bias.as_ref())
+    }
+
+    /// Backward of `linear_forward`: `dx = dy · W`, `dW = dyᵀ · x`, `dbias = Σ_rows dy`.
+    ///
+    /// # Shapes
+    /// `x`: `[..., in]`; `w`: `[out, in]`; `d_out`: `[..., out]` → dx `[..., in]`,
+    /// dW `[out, in]`, dbias `[out]` when `with_bias`.
+    fn linear_backward(&self, x: &Tensor, w: &Tensor, d_out: &Tensor, with_bias: bool) -> Result<LinearGradients> {
+        on_cpu!(self, cpu::matmul::linear_backward; [x, w, d_out], with_bias)
+    }
+
+    /// Scores of queries against the first `len` cached keys:
+    /// `s[b,h,i,j] = q[b,h,i,:] · k_cache[b, h/(Hq/Hkv), j, :]` for `j < len` (no scale).
+    ///
+    /// # Shapes
+    /// `q`: `[B, Hq, Tq, D]`; `k_cache`: `[B, Hkv, capacity, D]`, `len ≤ capacity` →
+    /// `[B, Hq, Tq, len]`.
+    fn head_prefix_matmul(&self, q: &Tensor, k_cache: &Tensor, len: usize) -> Result<Tensor> {
+        on_cpu!(self, cpu::matmul::head_prefix_matmul; [q, k_cache], len)
+    }
+
+    // ──────────────────────────────── attention ────────────────────────────────
+
+    /// `out = softmax(q·kᵀ·scale [+ causal mask])·v`, GQA by index (query head h reads
+    /// kv head `h / (Hq/Hkv)`), causal mask aligned bottom-right: query i sees keys
+    /// `j ≤ i + (Tk − Tq)`.
+    ///
+    /// # Shapes
+    /// `q`: `[B, Hq, Tq, D]`; `k`, `v`: `[B, Hkv, Tk, D]`, `Hq % Hkv == 0`, `Tq ≤ Tk`
+    /// when causal → `[B, Hq, Tq, D]`.
+    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, scale: f32, causal: bool) -> Result<Tensor> {
+        on_cpu!(self, cpu::attention::attention; [q, k, v], scale, causal)
+    }
+
+    /// `attention` with an optional mask: additive (added to the scaled scores) or
+    /// boolean (U32, 0 masks a score out); a row with every score masked gives zeros.
+    ///
+    /// # Shapes
+    /// as `attention`; mask `[Tq, Tk]` or `[B, Hq, Tq, Tk]` → `[B, Hq, Tq, D]`.
+    fn sdpa(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Option<AttentionMask<'_>>,
+        causal: bool,
+        scale: f32,
+    ) -> Result<Tensor> {
+        let mask_host = match mask {
+            Some(AttentionMask::Additive(m)) | Some(AttentionMask::Boolean(m)) => Some(self.to_host(m)?),
+            None => None,
+        };
+        let host_mask = match (mask, mask_host.as_ref()) {
+            (Some(AttentionMask::Additive(_)), Some(m)) => Some(AttentionMask::Additive(m)),
+            (Some(AttentionMask::Boolean(_)), Some(m)) => Some(AttentionMask::Boolean(m)),
+            _ => None,
+        };
+        on_cpu!(self, cpu::attention::sdpa; [q, k, v], host_mask, causal, scale)
+    }
+
+    /// Fused causal attention, blockwise with an online softmax, memory O(T): returns
+    /// the output and the per-row logsumexp that the backward needs.
+    ///
+    /// # Shapes
+    /// `q`: `[B, Hq, Tq, D]`; `k`, `v`: `[B, Hkv, Tk, D]`, `Tq ≤ Tk` → output
+    /// `[B, Hq, Tq, D]`, logsumexp `[B, Hq, Tq]` f32.
+    fn causal_attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<CausalAttentionResult> {
+        on_cpu!(self, cpu::attention::causal_attention; [q, k, v], scale)
+    }
+
+    /// Backward of `causal_attention` from the saved logsumexp (the T×T matrix is
+    /// recomputed blockwise, never stored): `dq`, and `dk`, `dv` summed over each group.
+    ///
+    /// # Shapes
+    /// as `causal_attention`; `d_out`: `[B, Hq, Tq, D]` → dq like q, dk/dv like k/v.
+    fn causal_attention_backward(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        result: &CausalAttentionResult,
+        d_out: &Tensor,
+        scale: f32,
+    ) -> Result<AttentionGradients> {
+        let result = CausalAttentionResult {
+            output: self.to_host(&result.output)?,
+            logsumexp: self.to_host(&result.logsumexp)?,
+        };
+        on_cpu!(self, cpu::attention::causal_attention_backward; [q, k, v], &result, &self.to_host(d_out)?, scale)
+    }
+
+    /// Whether `causal_attention` (and its backward) run natively for these inputs.
+    fn supports_causal_attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> bool {
+        let _ = (q, k, v, scale);
+        self.supports(Op::CausalAttention)
+    }
+
+    /// The additive causal mask, aligned bottom-right: `0` where `j ≤ i + (kv_len − seq)`,
+    /// `−∞` elsewhere.
+    ///
+    /// # Shapes
+    /// → `[seq, kv_len]` f32 (`seq ≤ kv_len`).
+    fn causal_mask(&self, seq: usize, kv_len: usize) -> Result<Tensor> {
+        cpu::attention::causal_mask(self.cpu(), seq, kv_len)?.to_backend(self)
+    }
+
+    /// `softmax(scores·scale + causal_mask)` over the last dim (mask aligned bottom-right).
+    ///
+    /// # Shapes
+    /// `scores`: `[..., Tq, Tk]`, `Tq ≤ Tk` → same.
+    fn causal_softmax(&self, scores: &Tensor, scale: f32) -> Result<Tensor> {
+        on_cpu!(self, cpu::attention::causal_softmax; [scores], scale)
+    }
+
+    /// Writes `new` into rows `pos .. pos + T` of a preallocated cache, in place.
+    ///
+    /// # Shapes
+    /// `cache`: `[B, Hkv, capacity, D]`; `new`: `[B, Hkv, T, D]`; error if `pos + T > capacity`.
+    fn write_head_cache(&self, cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
+        let new = self.to_host(new)?;
+        in_place_on_cpu(self, cache, |cpu, cache| cpu::attention::write_head_cache(cpu, cache, &new, pos))
+    }
+
+    /// Attention of a few new queries over the first `kv_len` cached positions, reading
+    /// the caches in place; the new queries sit at the end (`kv_len − Tq .. kv_len`) and
+    /// are masked causally among themselves. GQA by index.
+    ///
+    /// # Shapes
+    /// `q`: `[B, Hq, Tq, D]`; caches `[B, Hkv, capacity, D]`, `Tq ≤ kv_len ≤ capacity`
+    /// → `[B, Hq, Tq, D]`.
+    fn decode_attention(
+        &self,
+        q: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        kv_len: usize,
+        scale: f32,
+    ) -> Result<Tensor> {
+        on_cpu!(self, cpu::attention::decode_attention; [q, k_cache, v_cache], kv_len, scale)
+    }
+
+    /// `[B, T, H·D] → [B, H, T, D]`.
+    ///
+    /// # Shapes
+    /// `x`: `[B, T, H·D]` → `[B, H, T, D]`.
+    fn split_heads(&self, x: &Tensor, heads: usize) -> Result<Tensor> {
+        on_cpu!(self, cpu::attention::split_heads; [x], heads)
+    }
+
+    /// `[B, H, T, D] → [B, T, H·D]`.
+    ///
+    /// # Shapes
+    /// `x`: `[B, H, T, D]` → `[B, T, H·D]`.
+    fn merge_heads(&self, x: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::attention::merge_heads; [x])
+    }
+
+    // ─────────────────────────────── activations ───────────────────────────────
+
+    /// `silu(x) = x·σ(x)`.
+    ///
+    /// # Shapes
+    /// any → same.
+    fn silu(&self, x: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::activation::silu; [x])
+    }
+
+    /// `dx = dy·σ(x)·(1 + x·(1 − σ(x)))`.
+    ///
+    /// # Shapes
+    /// `x`, `d_out`: equal → same.
+    fn silu_backward(&self, x: &Tensor, d_out: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::activation::silu_backward; [x, d_out])
+    }
+
+    /// GELU in its tanh or erf form (see [`GeluForm`]).
+    ///
+    /// # Shapes
+    /// any → same.
+    fn gelu(&self, x: &Tensor, form: GeluForm) -> Result<Tensor> {
+        on_cpu!(self, cpu::activation::gelu; [x], form)
+    }
+
+    /// `dx = dy·gelu'(x)` for the chosen form.
+    ///
+    /// # Shapes
+    /// `x`, `d_out`: equal → same.
+    fn gelu_backward(&self, x: &Tensor, d_out: &Tensor, form: GeluForm) -> Result<Tensor> {
+        on_cpu!(self, cpu::activation::gelu_backward; [x, d_out], form)
+    }
+
+    /// `max(x, 0)`.
+    ///
+    /// # Shapes
+    /// any → same.
+    fn relu(&self, x: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::activation::relu; [x])
+    }
+
+    /// `dx = dy·[x > 0]`.
+    ///
+    /// # Shapes
+    /// `x`, `d_out`: equal → same.
+    fn relu_backward(&self, x: &Tensor, d_out: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::activation::relu_backward; [x, d_out])
+    }
+
+    /// `σ(x) = 1/(1 + e^−x)`.
+    ///
+    /// # Shapes
+    /// any → same.
+    fn sigmoid(&self, x: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::activation::sigmoid; [x])
+    }
+
+    /// `dx = dy·σ(x)·(1 − σ(x))`.
+    ///
+    /// # Shapes
+    /// `x`, `d_out`: equal → same.
+    fn sigmoid_backward(&self, x: &Tensor, d_out: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::activation::sigmoid_backward; [x, d_out])
+    }
+
+    /// `tanh(x)`.
+    ///
+    /// # Shapes
+    /// any → same.
+    fn tanh(&self, x: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::activation::tanh; [x])
+    }
+
+    /// `dx = dy·(1 − tanh²(x))`.
+    ///
+    /// # Shapes
+    /// `x`, `d_out`: equal → same.
+    fn tanh_backward(&self, x: &Tensor, d_out: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::activation::tanh_backward; [x, d_out])
+    }
+
+    /// The SwiGLU gate: `silu(gate)·up`.
+    ///
+    /// # Shapes
+    /// `gate`, `up`: equal → same.
+    fn silu_mul(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::activation::silu_mul; [gate, up])
+    }
+
+    /// `d_gate = dy·up·silu'(gate)`, `d_up = dy·silu(gate)` (as `da`, `db`).
+    ///
+    /// # Shapes
+    /// `gate`, `up`, `d_out`: equal → two tensors of that shape.
+    fn silu_mul_backward(&self, gate: &Tensor, up: &Tensor, d_out: &Tensor) -> Result<PairGradients> {
+        on_cpu!(self, cpu::activation::silu_mul_backward; [gate, up, d_out])
+    }
+
+    /// `max(x, ln(1 + exp(min(x, 88))))`: softplus that neither overflows nor loses large x.
+    ///
+    /// # Shapes
+    /// any → same.
+    fn stable_softplus(&self, x: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::activation::stable_softplus; [x])
+    }
+
+    // ────────────────────────────── normalization ──────────────────────────────
+
+    /// `y = x·w / sqrt(mean(x²) + eps)` over the last dim; saves `rstd`.
+    ///
+    /// # Shapes
+    /// `x`: `[..., D]`; `weight`: `[D]` → output `[..., D]`, rstd `[...]` f32, mean `None`.
+    fn rms_norm(&self, x: &Tensor, weight: &Tensor, eps: f32) -> Result<NormOutput> {
+        on_cpu!(self, cpu::norm::rms_norm; [x, weight], eps)
+    }
+
+    /// With `x̂ = x·r`: `dx = r·(dy·w − x̂·mean(dy·w·x̂))`, `dw = Σ_rows dy·x̂`.
+    ///
+    /// # Shapes
+    /// `x`, `d_out`: `[..., D]`; `weight`: `[D]`; `rstd`: `[...]` → dx `[..., D]`, dweight `[D]`.
+    fn rms_norm_backward(&self, x: &Tensor, weight: &Tensor, rstd: &Tensor, d_out: &Tensor) -> Result<NormGradients> {
+        on_cpu!(self, cpu::norm::rms_norm_backward; [x, weight, rstd, d_out])
+    }
+
+    /// `y = (x − mean)/sqrt(var + eps)·w + b` over the last dim; saves mean and rstd.
+    ///
+    /// # Shapes
+    /// `x`: `[..., D]`; `weight`, `bias`: `[D]` → output `[..., D]`, mean and rstd `[...]` f32.
+    fn layer_norm(&self, x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f32) -> Result<NormOutput> {
+        on_cpu!(self, cpu::norm::layer_norm; [x, weight, bias], eps)
+    }
+
+    /// With `x̂ = (x − μ)·r`, `g = dy·w`: `dx = r·(g − mean(g) − x̂·mean(g·x̂))`,
+    /// `dw = Σ_rows dy·x̂`, `db = Σ_rows dy`.
+    ///
+    /// # Shapes
+    /// `x`, `d_out`: `[..., D]`; `weight`: `[D]`; `mean`, `rstd`: `[...]` → dx, dweight, dbias.
+    fn layer_norm_backward(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        mean: &Tensor,
+        rstd: &Tensor,
+        d_out: &Tensor,
+    ) -> Result<NormGradients> {
+        on_cpu!(self, cpu::norm::layer_norm_backward; [x, weight, mean, rstd, d_out])
+    }
+
+    /// `s = a + b` and `rms_norm(s, w)` in one pass (the residual add before a norm).
+    ///
+    /// # Shapes
+    /// `a`, `b`: `[..., D]`; `weight`: `[D]` → (`s` `[..., D]`, norm output as `rms_norm`).
+    fn add_rms_norm(&self, a: &Tensor, b: &Tensor, weight: &Tensor, eps: f32) -> Result<(Tensor, NormOutput)> {
+        on_cpu!(self, cpu::norm::add_rms_norm; [a, b, weight], eps)
+    }
+
+    /// `rms_norm(x, w)·silu(z)`.
+    ///
+    /// # Shapes
+    /// `x`, `z`: `[..., D]`; `weight`: `[D]` → `[..., D]`.
+    fn rms_norm_gated(&self, x: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+        on_cpu!(self, cpu::norm::rms_norm_gated; [x, z, weight], eps)
+    }
+
+    /// RMS norm over the channel axis: `y[b,c,t] = x[b,c,t]·w[c] / sqrt(mean_c(x[b,·,t]²) + eps)`.
+    ///
+    /// # Shapes
+    /// `x`: `[B, C, T]`; `weight`: `[C]` → `[B, C, T]`.
+    fn rms_norm_channel(&self, x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+        on_cpu!(self, cpu::norm::rms_norm_channel; [x, weight], eps)
+    }
+
+    /// Group norm: channels split into `groups`; each (batch, group) normalized over its
+    /// channels and spatial positions, then `·w[c] + b[c]`.
+    ///
+    /// # Shapes
+    /// `x`: `[B, C, ...]`, `C % groups == 0`; `weight`, `bias`: `[C]` → same as x.
+    fn group_norm(&self, x: &Tensor, groups: usize, weight: &Tensor, bias: &Tensor, eps: f32) -> Result<Tensor> {
+        on_cpu!(self, cpu::norm::group_norm; [x, weight, bias], groups, eps)
+    }
+
+    /// `rms_norm(x, w)·(1 + scale) + shift`, scale and shift per batch row.
+    ///
+    /// # Shapes
+    /// `x`: `[B, T, D]`; `weight`: `[D]`; `scale`, `shift`: `[B, D]` → `[B, T, D]`.
+    fn adaln_modulate(&self, x: &Tensor, weight: &Tensor, scale: &Tensor, shift: &Tensor, eps: f32) -> Result<Tensor> {
+        on_cpu!(self, cpu::norm::adaln_modulate; [x, weight, scale, shift], eps)
+    }
+
+    /// `(x − mean)/sqrt(var + eps)` per row, no affine (the core of layer_norm).
+    ///
+    /// # Shapes
+    /// `x`: `[..., D]` → same.
+    fn normalize(&self, x: &Tensor, eps: f32) -> Result<Tensor> {
+        on_cpu!(self, cpu::norm::normalize; [x], eps)
+    }
+
+    // ───────────────────────── softmax, loss, optimizer ────────────────────────
+
+    /// `y = exp(x − max)/Σ exp(x − max)` along `dim`; a row of all `−∞` gives zeros.
+    ///
+    /// # Shapes
+    /// any, `dim < rank` → same.
+    fn softmax(&self, x: &Tensor, dim: usize) -> Result<Tensor> {
+        on_cpu!(self, cpu::softmax::softmax; [x], dim)
+    }
+
+    /// `dx = y·(dy − Σ(dy·y))` along `dim`, from the forward's output `y`.
+    ///
+    /// # Shapes
+    /// `y`, `d_out`: equal → same.
+    fn softmax_backward(&self, y: &Tensor, d_out: &Tensor, dim: usize) -> Result<Tensor> {
+        on_cpu!(self, cpu::softmax::softmax_backward; [y, d_out], dim)
+    }
+
+    /// `x − max − ln Σ exp(x − max)` along `dim`; a row of all `−∞` gives `−∞`, never NaN.
+    ///
+    /// # Shapes
+    /// any, `dim < rank` → same.
+    fn log_softmax(&self, x: &Tensor, dim: usize) -> Result<Tensor> {
+        on_cpu!(self, cpu::softmax::log_softmax; [x], dim)
+    }
+
+    /// Fused cross-entropy: mean over counted rows of `logsumexp(z) − z[target]`, and
+    /// `d_logits = (softmax(z) − onehot(target))/count` in the same pass. Rows whose
+    /// target equals `ignore_index` count for nothing; targets ≥ V are an error.
+    ///
+    /// # Shapes
+    /// `logits`: `[N, V]`; `targets`: `[N]` U32 → loss scalar f32, d_logits `[N, V]` f32.
+    fn cross_entropy(
+        &self,
+        logits: &Tensor,
+        targets: &Tensor,
+        ignore_index: Option<u32>,
+    ) -> Result<CrossEntropyOutput> {
+        on_cpu!(self, cpu::loss::cross_entropy; [logits, targets], ignore_index)
+    }
+
+    /// `d_logits = d_loss·(softmax(z) − onehot(target))/count`.
+    ///
+    /// # Shapes
+    /// as `cross_entropy` → `[N, V]` f32.
+    fn cross_entropy_backward(
+        &self,
+        logits: &Tensor,
+        targets: &Tensor,
+        ignore_index: Option<u32>,
+        d_loss: f32,
+    ) -> Result<Tensor> {
+        on_cpu!(self, cpu::loss::cross_entropy_backward; [logits, targets], ignore_index, d_loss)
+    }
+
+    /// One AdamW step in place (`step` counts from 1):
+    /// `m ← β₁m + (1−β₁)g`, `v ← β₂v + (1−β₂)g²`, `m̂ = m/(1−β₁ᵗ)`, `v̂ = v/(1−β₂ᵗ)`,
+    /// `p ← p − lr·(m̂/(√v̂ + ε) + λ·p)`.
+    ///
+    /// # Shapes
+    /// `param`, `grad`, `m`, `v`: equal shapes; m and v F32; param and grad float.
+    fn adamw_update(
+        &self,
+        param: &mut Tensor,
+        grad: &Tensor,
+        m: &mut Tensor,
+        v: &mut Tensor,
+        config: &AdamWConfig,
+        step: u64,
+    ) -> Result<()> {
+        let grad = self.to_host(grad)?;
+        let on_host = param.is_host() && m.is_host() && v.is_host();
+        if on_host {
+            return cpu::optim::adamw_update(self.cpu(), param, &grad, m, v, config, step);
+        }
+        let (mut p_h, mut m_h, mut v_h) = (self.to_host(param)?, self.to_host(m)?, self.to_host(v)?);
+        cpu::optim::adamw_update(self.cpu(), &mut p_h, &grad, &mut m_h, &mut v_h, config, step)?;
+        self.copy_into(param, &self.upload(&p_h)?)?;
+        self.copy_into(m, &self.upload(&m_h)?)?;
+        self.copy_into(v, &self.upload(&v_h)?)
+    }
+
+    /// `sqrt(Σ_t Σ_i t_i²)` over all tensors (accumulated in f64).
+    ///
+    /// # Shapes
+    /// any number of float tensors of any shapes → a number.
+    fn global_norm(&self, tensors: &[Tensor]) -> Result<f32> {
+        let host = tensors.iter().map(|t| self.to_host(t)).collect::<Result<Vec<_>>>()?;
+        cpu::optim::global_norm(self.cpu(), &host)
+    }
+
+    /// The factor that clips gradients to `max_norm`: `min(1, max_norm/(norm + 1e-6))`.
+    ///
+    /// # Shapes
+    /// numbers → a number.
+    fn clip_scale(&self, global_norm: f32, max_norm: f32) -> Result<f32> {
+        cpu::optim::clip_scale(global_norm, max_norm)
+    }
+
+    // ───────────────────────── positions and embeddings ────────────────────────
+
+    /// Rotary embedding at positions `offset + t`: each pair `(a, b)` becomes
+    /// `(a·cos − b·sin, a·sin + b·cos)` with `cos[p, i]`, `sin[p, i]` for pair i; pairs
+    /// are `(i, i + D/2)` (HalfSplit) or `(2i, 2i+1)` (Interleaved).
+    ///
+    /// # Shapes
+    /// `x`: `[B, H, T, D]`, D even; `cos`, `sin`: `[P, D/2]` f32, `offset + T ≤ P` → same as x.
+    fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, style: RopeStyle, offset: usize) -> Result<Tensor> {
+        on_cpu!(self, cpu::rope::rope; [x, cos, sin], style, offset)
+    }
+
+    /// Backward of `rope`: the inverse rotation of `d_out` (`sin → −sin`).
+    ///
+    /// # Shapes
+    /// as `rope`.
+    fn rope_backward(
+        &self,
+        d_out: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        style: RopeStyle,
+        offset: usize,
+    ) -> Result<Tensor> {
+        on_cpu!(self, cpu::rope::rope_backward; [d_out, cos, sin], style, offset)
+    }
+
+    /// `out[..., :] = table[ids[...], :]`; quantized tables are dequantized row by row
+    /// (output f32); an id ≥ V is an error.
+    ///
+    /// # Shapes
+    /// `ids`: `[...]` U32; `table`: `[V, D]` → `[..., D]`.
+    fn embedding(&self, ids: &Tensor, table: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::embedding::embedding; [ids, table])
+    }
+
+    /// `dtable[ids[n], :] += d_out[n, :]` into zeros (f32).
+    ///
+    /// # Shapes
+    /// `ids`: `[...]` U32; `d_out`: `[..., D]` → `[vocab, D]` f32.
+    fn embedding_backward(&self, ids: &Tensor, d_out: &Tensor, vocab: usize) -> Result<Tensor> {
+        on_cpu!(self, cpu::embedding::embedding_backward; [ids, d_out], vocab)
+    }
+
+    /// Gathers rows (first-axis slices): `out[i] = x[ids[i]]`.
+    ///
+    /// # Shapes
+    /// `x`: `[N, ...]`; `ids`: `[M]` U32 → `[M, ...]`.
+    fn index_select(&self, x: &Tensor, ids: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::embedding::index_select; [x, ids])
+    }
+
+    /// `dst[ids[i]] += src[i]`, in place.
+    ///
+    /// # Shapes
+    /// `dst`: `[N, ...]`; `ids`: `[M]` U32; `src`: `[M, ...]`.
+    fn scatter_add_rows(&self, dst: &mut Tensor, ids: &Tensor, src: &Tensor) -> Result<()> {
+        let (ids, src) = (self.to_host(ids)?, self.to_host(src)?);
+        in_place_on_cpu(self, dst, |cpu, dst| cpu::embedding::scatter_add_rows(cpu, dst, &ids, &src))
+    }
+
+    /// Rows `start .. start + len` along the first axis.
+    ///
+    /// # Shapes
+    /// `x`: `[N, ...]` → `[len, ...]`.
+    fn slice_rows(&self, x: &Tensor, start: usize, len: usize) -> Result<Tensor> {
+        on_cpu!(self, cpu::embedding::slice_rows; [x], start, len)
+    }
+
+    /// `out = x` with `out[ids[i]] += src[i]` (a new tensor; the gradient of `index_select`).
+    ///
+    /// # Shapes
+    /// `x`: `[N, ...]`; `ids`: `[M]` U32; `src`: `[M, ...]` → `[N, ...]`.
+    fn index_add(&self, x: &Tensor, ids: &Tensor, src: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::embedding::index_add; [x, ids, src])
+    }
+
+    // ───────────────────────── elementwise and broadcast ───────────────────────
+
+    /// `out = a + b`, elementwise.
+    ///
+    /// # Shapes
+    /// `a`, `b`: equal shapes and dtypes → same.
+    fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::add; [a, b])
+    }
+
+    /// `out = a − b`, elementwise.
+    ///
+    /// # Shapes
+    /// `a`, `b`: equal shapes and dtypes → same.
+    fn sub(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::sub; [a, b])
+    }
+
+    /// `out = a · b`, elementwise.
+    ///
+    /// # Shapes
+    /// `a`, `b`: equal shapes and dtypes → same.
+    fn mul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::mul; [a, b])
+    }
+
+    /// `out = a / b`, elementwise.
+    ///
+    /// # Shapes
+    /// `a`, `b`: equal shapes and dtypes → same.
+    fn div(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::div; [a, b])
+    }
+
+    /// `out = a + s` with a scalar `s`.
+    ///
+    /// # Shapes
+    /// any → same.
+    fn add_scalar(&self, a: &Tensor, s: f32) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::add_scalar; [a], s)
+    }
+
+    /// `out = a − s` with a scalar `s`.
+    ///
+    /// # Shapes
+    /// any → same.
+    fn sub_scalar(&self, a: &Tensor, s: f32) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::sub_scalar; [a], s)
+    }
+
+    /// `out = a · s` with a scalar `s`.
+    ///
+    /// # Shapes
+    /// any → same.
+    fn mul_scalar(&self, a: &Tensor, s: f32) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::mul_scalar; [a], s)
+    }
+
+    /// `out = a / s` with a scalar `s`.
+    ///
+    /// # Shapes
+    /// any → same.
+    fn div_scalar(&self, a: &Tensor, s: f32) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::div_scalar; [a], s)
+    }
+
+    /// `a ← a + b`, in place (a must be writable).
+    ///
+    /// # Shapes
+    /// `a`, `b`: equal shapes and dtypes.
+    fn add_assign(&self, a: &mut Tensor, b: &Tensor) -> Result<()> {
+        let b = self.to_host(b)?;
+        in_place_on_cpu(self, a, |cpu, a| cpu::elementwise::add_assign(cpu, a, &b))
+    }
+
+    /// `a ← a − b`, in place (a must be writable).
+    ///
+    /// # Shapes
+    /// `a`, `b`: equal shapes and dtypes.
+    fn sub_assign(&self, a: &mut Tensor, b: &Tensor) -> Result<()> {
+        let b = self.to_host(b)?;
+        in_place_on_cpu(self, a, |cpu, a| cpu::elementwise::sub_assign(cpu, a, &b))
+    }
+
+    /// `a ← a · b`, in place (a must be writable).
+    ///
+    /// # Shapes
+    /// `a`, `b`: equal shapes and dtypes.
+    fn mul_assign(&self, a: &mut Tensor, b: &Tensor) -> Result<()> {
+        let b = self.to_host(b)?;
+        in_place_on_cpu(self, a, |cpu, a| cpu::elementwise::mul_assign(cpu, a, &b))
+    }
+
+    /// `a ← a / b`, in place (a must be writable).
+    ///
+    /// # Shapes
+    /// `a`, `b`: equal shapes and dtypes.
+    fn div_assign(&self, a: &mut Tensor, b: &Tensor) -> Result<()> {
+        let b = self.to_host(b)?;
+        in_place_on_cpu(self, a, |cpu, a| cpu::elementwise::div_assign(cpu, a, &b))
+    }
+
+    /// `out[..., j] = x[..., j] + row[j]`: a row vector broadcast over every row.
+    ///
+    /// # Shapes
+    /// `x`: `[..., N]`; `row`: `[N]` → `[..., N]`.
+    fn add_row(&self, x: &Tensor, row: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::add_row; [x, row])
+    }
+
+    /// `out[..., j] = x[..., j] − row[j]`: a row vector broadcast over every row.
+    ///
+    /// # Shapes
+    /// `x`: `[..., N]`; `row`: `[N]` → `[..., N]`.
+    fn sub_row(&self, x: &Tensor, row: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::sub_row; [x, row])
+    }
+
+    /// `out[..., j] = x[..., j] · row[j]`: a row vector broadcast over every row.
+    ///
+    /// # Shapes
+    /// `x`: `[..., N]`; `row`: `[N]` → `[..., N]`.
+    fn mul_row(&self, x: &Tensor, row: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::mul_row; [x, row])
+    }
+
+    /// `out[..., j] = x[..., j] / row[j]`: a row vector broadcast over every row.
+    ///
+    /// # Shapes
+    /// `x`: `[..., N]`; `row`: `[N]` → `[..., N]`.
+    fn div_row(&self, x: &Tensor, row: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::div_row; [x, row])
+    }
+
+    /// `out[i, j] = x[i, j] + col[i]`: a column vector broadcast over every column
+    /// (x viewed as a matrix of its rows).
+    ///
+    /// # Shapes
+    /// `x`: `[..., N]` with M rows in all; `col`: `[M]` (or x's shape without its last dim) → like x.
+    fn add_col(&self, x: &Tensor, col: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::add_col; [x, col])
+    }
+
+    /// `out[i, j] = x[i, j] − col[i]`: a column vector broadcast over every column
+    /// (x viewed as a matrix of its rows).
+    ///
+    /// # Shapes
+    /// `x`: `[..., N]` with M rows in all; `col`: `[M]` (or x's shape without its last dim) → like x.
+    fn sub_col(&self, x: &Tensor, col: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::sub_col; [x, col])
+    }
+
+    /// `out[i, j] = x[i, j] · col[i]`: a column vector broadcast over every column
+    /// (x viewed as a matrix of its rows).
+    ///
+    /// # Shapes
+    /// `x`: `[..., N]` with M rows in all; `col`: `[M]` (or x's shape without its last dim) → like x.
+    fn mul_col(&self, x: &Tensor, col: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::mul_col; [x, col])
+    }
+
+    /// `out[i, j] = x[i, j] / col[i]`: a column vector broadcast over every column
+    /// (x viewed as a matrix of its rows).
+    ///
+    /// # Shapes
+    /// `x`: `[..., N]` with M rows in all; `col`: `[M]` (or x's shape without its last dim) → like x.
+    fn div_col(&self, x: &Tensor, col: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::div_col; [x, col])
+    }
+
+    /// `a + b + c`.
+    ///
+    /// # Shapes
+    /// equal shapes → same.
+    fn add3(&self, a: &Tensor, b: &Tensor, c: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::add3; [a, b, c])
+    }
+
+    /// `x·exp(y)`.
+    ///
+    /// # Shapes
+    /// equal shapes → same.
+    fn exp_mul(&self, x: &Tensor, y: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::exp_mul; [x, y])
+    }
+
+    /// `(a − b)·c`.
+    ///
+    /// # Shapes
+    /// equal shapes → same.
+    fn sub_mul(&self, a: &Tensor, b: &Tensor, c: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::sub_mul; [a, b, c])
+    }
+
+    /// `a + b·c` with a scalar `c` (axpy).
+    ///
+    /// # Shapes
+    /// `a`, `b`: equal shapes → same.
+    fn add_scaled(&self, a: &Tensor, b: &Tensor, c: f32) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::add_scaled; [a, b], c)
+    }
+
+    /// `exp(x)`, elementwise.
+    ///
+    /// # Shapes
+    /// any → same.
+    fn exp(&self, x: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::exp; [x])
+    }
+
+    /// `ln(x)`, elementwise.
+    ///
+    /// # Shapes
+    /// any → same.
+    fn log(&self, x: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::log; [x])
+    }
+
+    /// `√x`, elementwise.
+    ///
+    /// # Shapes
+    /// any → same.
+    fn sqrt(&self, x: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::sqrt; [x])
+    }
+
+    /// `x^p`, elementwise.
+    ///
+    /// # Shapes
+    /// any → same.
+    fn pow(&self, x: &Tensor, p: f32) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::pow; [x], p)
+    }
+
+    /// `−x`, elementwise.
+    ///
+    /// # Shapes
+    /// any → same.
+    fn neg(&self, x: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::neg; [x])
+    }
+
+    /// `|x|`, elementwise.
+    ///
+    /// # Shapes
+    /// any → same.
+    fn abs(&self, x: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::abs; [x])
+    }
+
+    /// `min(max(x, lo), hi)`, elementwise.
+    ///
+    /// # Shapes
+    /// any → same.
+    fn clamp(&self, x: &Tensor, lo: f32, hi: f32) -> Result<Tensor> {
+        on_cpu!(self, cpu::elementwise::clamp; [x], lo, hi)
+    }
+
+    /// `x ← exp(x)`, in place (x must be writable).
+    ///
+    /// # Shapes
+    /// any.
+    fn exp_inplace(&self, x: &mut Tensor) -> Result<()> {
+        in_place_on_cpu(self, x, |cpu, x| cpu::elementwise::exp_inplace(cpu, x))
+    }
+
+    /// `x ← ln(x)`, in place (x must be writable).
+    ///
+    /// # Shapes
+    /// any.
+    fn log_inplace(&self, x: &mut Tensor) -> Result<()> {
+        in_place_on_cpu(self, x, |cpu, x| cpu::elementwise::log_inplace(cpu, x))
+    }
+
+    /// `x ← √x`, in place (x must be writable).
+    ///
+    /// # Shapes
+    /// any.
+    fn sqrt_inplace(&self, x: &mut Tensor) -> Result<()> {
+        in_place_on_cpu(self, x, |cpu, x| cpu::elementwise::sqrt_inplace(cpu, x))
+    }
+
+    /// `x ← x^p`, in place (x must be writable).
+    ///
+    /// # Shapes
+    /// any.
+    fn pow_inplace(&self, x: &mut Tensor, p: f32) -> Result<()> {
+        in_place_on_cpu(self, x, |cpu, x| cpu::elementwise::pow_inplace(cpu, x, p))
+    }
+
+    /// `x ← −x`, in place (x must be writable).
+    ///
+    /// # Shapes
+    /// any.
+    fn neg_inplace(&self, x: &mut Tensor) -> Result<()> {
+        in_place_on_cpu(self, x, |cpu, x| cpu::elementwise::neg_inplace(cpu, x))
+    }
+
+    /// `x ← |x|`, in place (x must be writable).
+    ///
+    /// # Shapes
+    /// any.
+    fn abs_inplace(&self, x: &mut Tensor) -> Result<()> {
+        in_place_on_cpu(self, x, |cpu, x| cpu::elementwise::abs_inplace(cpu, x))
+    }
+
+    /// `x ← min(max(x, lo), hi)`, in place (x must be writable).
+    ///
+    /// # Shapes
+    /// any.
+    fn clamp_inplace(&self, x: &mut Tensor, lo: f32, hi: f32) -> Result<()> {
+        in_place_on_cpu(self, x, |cpu, x| cpu::elementwise::clamp_inplace(cpu, x, lo, hi))
+    }
+
+    // ──────────────────────────────── reductions ───────────────────────────────
+
+    /// `Σ x` along `axis` (which is removed), or over everything when `axis` is `None`
+    /// (a scalar); f32 accumulation, result in x's dtype.
+    ///
+    /// # Shapes
+    /// `x`: any → x's shape without `axis`, or `[]`.
+    fn sum(&self, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
+        on_cpu!(self, cpu::reduce::sum; [x], axis)
+    }
+
+    /// `mean(x)` along `axis` (which is removed), or over everything when `axis` is `None`
+    /// (a scalar); f32 accumulation, result in x's dtype.
+    ///
+    /// # Shapes
+    /// `x`: any → x's shape without `axis`, or `[]`.
+    fn mean(&self, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
+        on_cpu!(self, cpu::reduce::mean; [x], axis)
+    }
+
+    /// `max(x)` along `axis` (which is removed), or over everything when `axis` is `None`
+    /// (a scalar); f32 accumulation, result in x's dtype.
+    ///
+    /// # Shapes
+    /// `x`: any → x's shape without `axis`, or `[]`.
+    fn max(&self, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
+        on_cpu!(self, cpu::reduce::max; [x], axis)
+    }
+
+    /// `population variance mean((x − mean)²)` along `axis` (which is removed), or over everything when `axis` is `None`
+    /// (a scalar); f32 accumulation, result in x's dtype.
+    ///
+    /// # Shapes
+    /// `x`: any → x's shape without `axis`, or `[]`.
+    fn var(&self, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
+        on_cpu!(self, cpu::reduce::var; [x], axis)
+    }
+
+    /// `Σ |x|` along `axis` (which is removed), or over everything when `axis` is `None`
+    /// (a scalar); f32 accumulation, result in x's dtype.
+    ///
+    /// # Shapes
+    /// `x`: any → x's shape without `axis`, or `[]`.
+    fn sum_abs(&self, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
+        on_cpu!(self, cpu::reduce::sum_abs; [x], axis)
+    }
+
+    /// Index of the first maximum along `axis` (removed).
+    ///
+    /// # Shapes
+    /// `x`: any → x's shape without `axis`, U32.
+    fn argmax(&self, x: &Tensor, axis: usize) -> Result<Tensor> {
+        on_cpu!(self, cpu::reduce::argmax; [x], axis)
+    }
+
+    /// The `k` largest values along the last dim, in descending order (ties: lower index
+    /// first), with their indices.
+    ///
+    /// # Shapes
+    /// `x`: `[..., N]`, `k ≤ N` → values `[..., k]` (x's dtype), indices `[..., k]` U32.
+    fn topk(&self, x: &Tensor, k: usize) -> Result<TopK> {
+        on_cpu!(self, cpu::reduce::topk; [x], k)
+    }
+
+    /// Gradient of `max` along `axis`: `d_out` routed to the first arg-max, zeros elsewhere.
+    ///
+    /// # Shapes
+    /// `x`: any; `d_out`: x's shape without `axis` → like x.
+    fn max_backward(&self, x: &Tensor, d_out: &Tensor, axis: usize) -> Result<Tensor> {
+        on_cpu!(self, cpu::reduce::max_backward; [x, d_out], axis)
+    }
+
+    /// Sums a broadcast gradient back to `shape` (numpy broadcasting rules: leading
+    /// dims summed away, size-1 dims summed and kept).
+    ///
+    /// # Shapes
+    /// `x`: a shape `shape` broadcasts to → `shape`.
+    fn sum_to_shape(&self, x: &Tensor, shape: &Shape) -> Result<Tensor> {
+        on_cpu!(self, cpu::reduce::sum_to_shape; [x], shape)
+    }
+
+    // ───────────────────────────────── layout ──────────────────────────────────
+
+    /// The same elements with another shape (no copy: tensors are contiguous).
+    ///
+    /// # Shapes
+    /// any → `shape` with the same element count.
+    fn reshape(&self, x: &Tensor, shape: &Shape) -> Result<Tensor> {
+        x.reshape(shape.clone())
+    }
+
+    /// Reorders the axes: `out` dim i is x's dim `perm[i]` (materialised).
+    ///
+    /// # Shapes
+    /// `x`: rank r; `perm`: a permutation of `0..r` → permuted shape.
+    fn permute(&self, x: &Tensor, perm: &[usize]) -> Result<Tensor> {
+        on_cpu!(self, cpu::layout::permute; [x], perm)
+    }
+
+    /// Swaps two axes (materialised).
+    ///
+    /// # Shapes
+    /// `x`: rank r, `dim0, dim1 < r` → those dims swapped.
+    fn transpose(&self, x: &Tensor, dim0: usize, dim1: usize) -> Result<Tensor> {
+        on_cpu!(self, cpu::layout::transpose; [x], dim0, dim1)
+    }
+
+    /// Elements `start .. start + len` along `axis` (materialised).
+    ///
+    /// # Shapes
+    /// `x`: `[..., N, ...]` → `[..., len, ...]`.
+    fn slice(&self, x: &Tensor, axis: usize, start: usize, len: usize) -> Result<Tensor> {
+        on_cpu!(self, cpu::layout::slice; [x], axis, start, len)
+    }
+
+    /// Gradient of `slice`: `d_out` scattered into zeros of the input's shape.
+    ///
+    /// # Shapes
+    /// `d_out`: `input_shape` with `len` along `axis` → `input_shape`.
+    fn slice_backward(&self, d_out: &Tensor, input_shape: &Shape, axis: usize, start: usize) -> Result<Tensor> {
+        on_cpu!(self, cpu::layout::slice_backward; [d_out], input_shape, axis, start)
+    }
+
+    /// Index `index` along `axis`, which is removed.
+    ///
+    /// # Shapes
+    /// `x`: `[..., N, ...]` → `[..., ...]`.
+    fn select(&self, x: &Tensor, axis: usize, index: usize) -> Result<Tensor> {
+        on_cpu!(self, cpu::layout::select; [x], axis, index)
+    }
+
+    /// Joins tensors along `axis` (all other dims and the dtype must agree).
+    ///
+    /// # Shapes
+    /// `[..., Nᵢ, ...]` each → `[..., ΣNᵢ, ...]`.
+    fn concat(&self, xs: &[Tensor], axis: usize) -> Result<Tensor> {
+        let host = xs.iter().map(|t| self.to_host(t)).collect::<Result<Vec<_>>>()?;
+        cpu::layout::concat(self.cpu(), &host, axis)?.to_backend(self)
+    }
+
+    /// Broadcasts to `shape` (numpy rules: new leading dims, size-1 dims repeated; materialised).
+    ///
+    /// # Shapes
+    /// `x`: broadcastable to `shape` → `shape`.
+    fn expand(&self, x: &Tensor, shape: &Shape) -> Result<Tensor> {
+        on_cpu!(self, cpu::layout::expand; [x], shape)
+    }
+
+    // ────────────────────────────── convolutions ───────────────────────────────
+
+    /// 1-d convolution (cross-correlation):
+    /// `y[b,o,t] = bias[o] + Σ_{c∈group(o), k} w[o, c, k]·x[b, c, t·stride + k·dilation − padding]`.
+    ///
+    /// # Shapes
+    /// `x`: `[B, Cin, L]`; `w`: `[Cout, Cin/groups, K]`; `bias`: `[Cout]` →
+    /// `[B, Cout, (L + 2·padding − dilation·(K−1) − 1)/stride + 1]`.
+    fn conv1d(&self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, config: &Conv1dConfig) -> Result<Tensor> {
+        let bias = opt_to_host(self, bias)?;
+        on_cpu!(self, cpu::conv::conv1d; [x, w], bias.as_ref(), config)
+    }
+
+    /// Transposed 1-d convolution (the gradient of conv1d w.r.t. its input, plus bias):
+    /// `y[b, o, t·stride + k·dilation − padding] += w[c, o, k]·x[b, c, t]`.
+    ///
+    /// # Shapes
+    /// `x`: `[B, Cin, L]`; `w`: `[Cin, Cout/groups, K]`; `bias`: `[Cout]` →
+    /// `[B, Cout, (L−1)·stride − 2·padding + dilation·(K−1) + output_padding + 1]`.
+    fn conv_transpose1d(&self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, config: &Conv1dConfig) -> Result<Tensor> {
+        let bias = opt_to_host(self, bias)?;
+        on_cpu!(self, cpu::conv::conv_transpose1d; [x, w], bias.as_ref(), config)
+    }
+
+    /// 2-d convolution (cross-correlation) with per-axis stride, padding, dilation, and groups.
+    ///
+    /// # Shapes
+    /// `x`: `[B, Cin, H, W]`; `w`: `[Cout, Cin/groups, Kh, Kw]`; `bias`: `[Cout]` →
+    /// `[B, Cout, Ho, Wo]` with `Ho = (H + 2·ph − dh·(Kh−1) − 1)/sh + 1` (likewise Wo).
+    fn conv2d(&self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, config: &Conv2dConfig) -> Result<Tensor> {
+        let bias = opt_to_host(self, bias)?;
+        on_cpu!(self, cpu::conv::conv2d; [x, w], bias.as_ref(), config)
+    }
+
+    /// Causal depthwise conv then SiLU:
+    /// `y[b,c,t] = silu(bias[c] + Σ_k w[c,k]·x[b, c, t + k − (K−1)])` (x is 0 before t = 0).
+    ///
+    /// # Shapes
+    /// `x`: `[B, C, L]`; `w`: `[C, K]`; `bias`: `[C]` → `[B, C, L]`.
+    fn depthwise_conv1d_silu(&self, x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::conv::depthwise_conv1d_silu; [x, w, bias])
+    }
+
+    /// Causal depthwise conv plus bias: `y[b,c,t] = bias[c] + Σ_k w[c,k]·x[b, c, t + k − (K−1)]`.
+    ///
+    /// # Shapes
+    /// `x`: `[B, C, L]`; `w`: `[C, K]`; `bias`: `[C]` → `[B, C, L]`.
+    fn depthwise_conv1d_bias(&self, x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::conv::depthwise_conv1d_bias; [x, w, bias])
+    }
+
+    /// `depthwise_conv1d_bias` over `[ctx, x]` (ctx the K−1 previous inputs, e.g. a
+    /// streaming state) without concatenating them.
+    ///
+    /// # Shapes
+    /// `ctx`: `[B, C, K−1]`; `x`: `[B, C, L]`; `w`: `[C, K]`; `bias`: `[C]` → `[B, C, L]`.
+    fn depthwise_conv1d_bias_ctx(&self, ctx: &Tensor, x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::conv::depthwise_conv1d_bias_ctx; [ctx, x, w, bias])
+    }
+}

@@ -1,0 +1,128 @@
+//! `CpuBackend`: every operation of the trait, multithreaded in its own rayon pool,
+//! with runtime ISA dispatch (see [`simd`]). The trait's default methods call the
+//! kernels in these modules, one file per op family.
+
+pub mod activation;
+pub mod attention;
+pub mod check;
+pub mod conv;
+pub mod convert;
+pub mod elementwise;
+pub mod embedding;
+pub mod layout;
+pub mod loss;
+pub mod matmul;
+pub mod memory;
+pub mod norm;
+pub mod optim;
+pub mod pool;
+pub mod quant;
+pub mod reduce;
+pub mod rope;
+pub mod simd;
+pub mod softmax;
+
+use std::sync::OnceLock;
+
+use crate::backend::ComputeBackend;
+use crate::error::{Error, Result};
+use crate::op::Op;
+use crate::tensor::{Device, Tensor};
+
+pub use simd::Isa;
+
+/// The CPU backend. Owns a thread pool of a fixed size (default: available cores);
+/// every parallel kernel, gemm included, runs inside it, so results are bit-identical
+/// run to run for a fixed thread count.
+#[derive(Debug)]
+pub struct CpuBackend {
+    pool: rayon::ThreadPool,
+    threads: usize,
+    isa: Isa,
+}
+
+impl CpuBackend {
+    /// A backend with one thread per available core (or `FUSEBOX_THREADS` if set).
+    pub fn new() -> Self {
+        let threads = std::env::var("FUSEBOX_THREADS")
+            .ok()
+            .and_then(|s| s.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+        Self::with_threads(threads).expect("a thread pool of the available core count")
+    }
+
+    /// A backend with exactly `threads` worker threads.
+    pub fn with_threads(threads: usize) -> Result<Self> {
+        if threads == 0 {
+            return Err(Error::value("CpuBackend::with_threads", "threads", "at least 1", 0));
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("fusebox-cpu-{i}"))
+            .build()
+            .map_err(|e| Error::unsupported("CpuBackend::with_threads", e.to_string()))?;
+        Ok(CpuBackend { pool, threads, isa: Isa::selected() })
+    }
+
+    /// Number of worker threads.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// The instruction set our own kernels use (see [`Isa::selected`]).
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// Runs `f` inside this backend's thread pool.
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The process-wide CPU backend that other backends fall back to.
+pub fn default_cpu() -> &'static CpuBackend {
+    static CPU: OnceLock<CpuBackend> = OnceLock::new();
+    CPU.get_or_init(CpuBackend::new)
+}
+
+fn host_only(op: &'static str, x: &Tensor) -> Result<Tensor> {
+    if x.is_host() {
+        Ok(x.clone())
+    } else {
+        Err(Error::Device { op, expected: "host memory".into(), got: x.device().name })
+    }
+}
+
+impl ComputeBackend for CpuBackend {
+    fn name(&self) -> &str {
+        "cpu"
+    }
+
+    fn device(&self) -> Device {
+        Device::cpu()
+    }
+
+    fn supports(&self, _op: Op) -> bool {
+        true
+    }
+
+    fn upload(&self, x: &Tensor) -> Result<Tensor> {
+        host_only("upload", x)
+    }
+
+    fn to_host(&self, x: &Tensor) -> Result<Tensor> {
+        host_only("to_host", x)
+    }
+
+    fn cpu(&self) -> &CpuBackend {
+        self
+    }
+}

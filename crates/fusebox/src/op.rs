@@ -1,0 +1,182 @@
+//! `Op`: one variant per operation of [`ComputeBackend`](crate::ComputeBackend).
+//!
+//! Backends answer [`supports`](crate::ComputeBackend::supports) per `Op`, and the
+//! conformance suite checks that every variant has at least one case.
+
+macro_rules! ops {
+    ($($variant:ident => $name:literal,)*) => {
+        /// Every operation of the `ComputeBackend` trait.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Op { $($variant,)* }
+
+        impl Op {
+            /// All operations, in trait order.
+            pub const ALL: &'static [Op] = &[$(Op::$variant,)*];
+            /// The trait method's name.
+            pub fn name(self) -> &'static str {
+                match self { $(Op::$variant => $name,)* }
+            }
+            /// The operation whose method is called `name`.
+            pub fn from_name(name: &str) -> Option<Op> {
+                match name { $($name => Some(Op::$variant),)* _ => None }
+            }
+        }
+
+        impl std::fmt::Display for Op {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+    };
+}
+
+ops! {
+    // device, memory, dtypes
+    Name => "name",
+    Device => "device",
+    Supports => "supports",
+    Upload => "upload",
+    ToHost => "to_host",
+    UsesDeviceStorage => "uses_device_storage",
+    Synchronize => "synchronize",
+    ReleaseResources => "release_resources",
+    ReleaseTemporaryResources => "release_temporary_resources",
+    Zeros => "zeros",
+    Copy => "copy",
+    CopyInto => "copy_into",
+    Cast => "cast",
+    PreprocessLinearWeight => "preprocess_linear_weight",
+    F8e4m3ToF32 => "f8e4m3_to_f32",
+    F8e4m3ToF16 => "f8e4m3_to_f16",
+    F8e4m3ToBf16 => "f8e4m3_to_bf16",
+    Quantize => "quantize",
+    Dequantize => "dequantize",
+    QuantizedMatmul => "quantized_matmul",
+    // linear algebra
+    Matmul => "matmul",
+    MatmulBackward => "matmul_backward",
+    BatchedMatmul => "batched_matmul",
+    LinearForward => "linear_forward",
+    LinearBackward => "linear_backward",
+    HeadPrefixMatmul => "head_prefix_matmul",
+    // attention
+    Attention => "attention",
+    Sdpa => "sdpa",
+    CausalAttention => "causal_attention",
+    CausalAttentionBackward => "causal_attention_backward",
+    SupportsCausalAttention => "supports_causal_attention",
+    CausalMask => "causal_mask",
+    CausalSoftmax => "causal_softmax",
+    WriteHeadCache => "write_head_cache",
+    DecodeAttention => "decode_attention",
+    SplitHeads => "split_heads",
+    MergeHeads => "merge_heads",
+    // activations
+    Silu => "silu",
+    SiluBackward => "silu_backward",
+    Gelu => "gelu",
+    GeluBackward => "gelu_backward",
+    Relu => "relu",
+    ReluBackward => "relu_backward",
+    Sigmoid => "sigmoid",
+    SigmoidBackward => "sigmoid_backward",
+    Tanh => "tanh",
+    TanhBackward => "tanh_backward",
+    SiluMul => "silu_mul",
+    SiluMulBackward => "silu_mul_backward",
+    StableSoftplus => "stable_softplus",
+    // normalization
+    RmsNorm => "rms_norm",
+    RmsNormBackward => "rms_norm_backward",
+    LayerNorm => "layer_norm",
+    LayerNormBackward => "layer_norm_backward",
+    AddRmsNorm => "add_rms_norm",
+    RmsNormGated => "rms_norm_gated",
+    RmsNormChannel => "rms_norm_channel",
+    GroupNorm => "group_norm",
+    AdalnModulate => "adaln_modulate",
+    Normalize => "normalize",
+    // softmax, loss, optimizer
+    Softmax => "softmax",
+    SoftmaxBackward => "softmax_backward",
+    LogSoftmax => "log_softmax",
+    CrossEntropy => "cross_entropy",
+    CrossEntropyBackward => "cross_entropy_backward",
+    AdamwUpdate => "adamw_update",
+    GlobalNorm => "global_norm",
+    ClipScale => "clip_scale",
+    // positions and embeddings
+    Rope => "rope",
+    RopeBackward => "rope_backward",
+    Embedding => "embedding",
+    EmbeddingBackward => "embedding_backward",
+    IndexSelect => "index_select",
+    ScatterAddRows => "scatter_add_rows",
+    SliceRows => "slice_rows",
+    IndexAdd => "index_add",
+    // elementwise
+    Add => "add",
+    Sub => "sub",
+    Mul => "mul",
+    Div => "div",
+    AddScalar => "add_scalar",
+    SubScalar => "sub_scalar",
+    MulScalar => "mul_scalar",
+    DivScalar => "div_scalar",
+    AddAssign => "add_assign",
+    SubAssign => "sub_assign",
+    MulAssign => "mul_assign",
+    DivAssign => "div_assign",
+    AddRow => "add_row",
+    SubRow => "sub_row",
+    MulRow => "mul_row",
+    DivRow => "div_row",
+    AddCol => "add_col",
+    SubCol => "sub_col",
+    MulCol => "mul_col",
+    DivCol => "div_col",
+    Add3 => "add3",
+    ExpMul => "exp_mul",
+    SubMul => "sub_mul",
+    AddScaled => "add_scaled",
+    Exp => "exp",
+    Log => "log",
+    Sqrt => "sqrt",
+    Pow => "pow",
+    Neg => "neg",
+    Abs => "abs",
+    Clamp => "clamp",
+    ExpInplace => "exp_inplace",
+    LogInplace => "log_inplace",
+    SqrtInplace => "sqrt_inplace",
+    PowInplace => "pow_inplace",
+    NegInplace => "neg_inplace",
+    AbsInplace => "abs_inplace",
+    ClampInplace => "clamp_inplace",
+    // reductions
+    Sum => "sum",
+    Mean => "mean",
+    Max => "max",
+    Var => "var",
+    SumAbs => "sum_abs",
+    Argmax => "argmax",
+    Topk => "topk",
+    MaxBackward => "max_backward",
+    SumToShape => "sum_to_shape",
+    // layout
+    Reshape => "reshape",
+    Permute => "permute",
+    Transpose => "transpose",
+    Slice => "slice",
+    SliceBackward => "slice_backward",
+    Select => "select",
+    Concat => "concat",
+    Expand => "expand",
+    // convolutions
+    Conv1d => "conv1d",
+    ConvTranspose1d => "conv_transpose1d",
+    Conv2d => "conv2d",
+    DepthwiseConv1dSilu => "depthwise_conv1d_silu",
+    DepthwiseConv1dBias => "depthwise_conv1d_bias",
+    DepthwiseConv1dBiasCtx => "depthwise_conv1d_bias_ctx",
+}

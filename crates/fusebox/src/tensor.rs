@@ -1,0 +1,491 @@
+//! `Tensor`: a shape, a dtype and shared storage that may live on the host or on a device.
+//!
+//! Clones are cheap (an `Arc`). Writes go through `&mut Tensor` and are refused
+//! when another handle could observe them, instead of copying silently:
+//!
+//! * a tensor made by a constructor owns its storage alone and is writable while it
+//!   has no clones and no views;
+//! * [`Tensor::partition`] splits one uniquely owned allocation into disjoint views
+//!   (parameters and gradients live in a few big buffers); each part is writable
+//!   while it has no clones of its own;
+//! * [`Tensor::view`] makes a read-only view at an offset: it shares the storage,
+//!   so neither it nor its source can be written while both live.
+
+use std::alloc::{self, Layout};
+use std::any::Any;
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use crate::shape::Shape;
+
+/// Alignment of host allocations: one cache line, enough for any SIMD load.
+const HOST_ALIGN: usize = 64;
+
+/// A host allocation, 64-byte aligned, zero-initialised.
+///
+/// Hazard: writes go through a shared pointer. Soundness rests on the tensor's
+/// write rule (see module docs): a `&mut [T]` is only handed out when no other
+/// handle can see the same bytes, and partitions never overlap.
+pub struct HostBuffer {
+    ptr: NonNull<u8>,
+    bytes: usize,
+}
+
+// SAFETY: the buffer is plain memory; concurrent access is governed by the tensor write rule.
+unsafe impl Send for HostBuffer {}
+// SAFETY: as above.
+unsafe impl Sync for HostBuffer {}
+
+impl HostBuffer {
+    fn zeroed(bytes: usize) -> Self {
+        if bytes == 0 {
+            return HostBuffer { ptr: NonNull::dangling(), bytes: 0 };
+        }
+        let layout = Layout::from_size_align(bytes, HOST_ALIGN).expect("tensor too large to allocate");
+        // SAFETY: the layout has non-zero size.
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
+        HostBuffer { ptr, bytes }
+    }
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
+    /// Whether the buffer holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        if self.bytes != 0 {
+            // SAFETY: allocated in `zeroed` with this exact layout.
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.bytes, HOST_ALIGN)) }
+        }
+    }
+}
+
+/// Memory owned by a device backend (a GPU buffer, say). Backends downcast through `as_any`.
+pub trait DeviceBuffer: Any + Send + Sync + fmt::Debug {
+    /// The device this buffer lives on.
+    fn device(&self) -> Device;
+    /// Size in bytes.
+    fn byte_len(&self) -> usize;
+    /// For downcasting to the backend's concrete buffer type.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Where a tensor's bytes live.
+pub enum Storage {
+    Host(HostBuffer),
+    Device(Box<dyn DeviceBuffer>),
+}
+
+impl fmt::Debug for Storage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Storage::Host(h) => write!(f, "Host({} bytes)", h.bytes),
+            Storage::Device(d) => write!(f, "Device({d:?})"),
+        }
+    }
+}
+
+/// What kind of device memory lives on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceKind {
+    Cpu,
+    Gpu,
+}
+
+/// A device: kind, index among devices of that kind, a name, and its memory if known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    pub kind: DeviceKind,
+    pub index: usize,
+    pub name: String,
+    pub memory_bytes: Option<u64>,
+}
+
+impl Device {
+    /// Host memory.
+    pub fn cpu() -> Self {
+        Device { kind: DeviceKind::Cpu, index: 0, name: "cpu".into(), memory_bytes: None }
+    }
+}
+
+/// An n-dimensional array: shape, dtype and (shared) storage; row-major and contiguous.
+#[derive(Clone)]
+pub struct Tensor {
+    storage: Arc<Storage>,
+    byte_offset: usize,
+    shape: Shape,
+    dtype: DType,
+    /// Set on the parts of a [`Tensor::partition`]: the part is writable while this is unique.
+    part_token: Option<Arc<()>>,
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor({}, {}, {:?}", self.shape, self.dtype, self.storage)?;
+        if self.byte_offset != 0 {
+            write!(f, " @{}", self.byte_offset)?;
+        }
+        write!(f, ")")
+    }
+}
+
+fn check_block_shape(op: &'static str, shape: &Shape, dtype: DType) -> Result<()> {
+    let be = dtype.block_elems();
+    if be > 1 && shape.last_dim() % be != 0 {
+        return Err(Error::shape(
+            op,
+            format!("last dimension for {dtype} blocks"),
+            format!("a multiple of {be}"),
+            shape,
+        ));
+    }
+    Ok(())
+}
+
+impl Tensor {
+    /// A zero-filled host tensor.
+    pub fn zeros(shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
+        let shape = shape.into();
+        check_block_shape("Tensor::zeros", &shape, dtype)?;
+        let bytes = dtype.storage_bytes(shape.elem_count());
+        Ok(Self::from_storage(Storage::Host(HostBuffer::zeroed(bytes)), shape, dtype))
+    }
+
+    fn from_storage(storage: Storage, shape: Shape, dtype: DType) -> Tensor {
+        Tensor { storage: Arc::new(storage), byte_offset: 0, shape, dtype, part_token: None }
+    }
+
+    /// A host tensor holding `data` with `shape`; errors when the lengths disagree.
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>) -> Result<Tensor> {
+        Self::from_slice(&data, shape)
+    }
+
+    /// A host tensor holding a copy of `data` with `shape`; errors when the lengths disagree.
+    pub fn from_slice<T: Element>(data: &[T], shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        if data.len() != shape.elem_count() {
+            return Err(Error::shape(
+                "Tensor::from_slice",
+                "data length",
+                format!("{} elements for shape {shape}", shape.elem_count()),
+                format!("{} elements", data.len()),
+            ));
+        }
+        let mut t = Self::zeros(shape, T::DTYPE)?;
+        t.as_mut_slice::<T>()?.copy_from_slice(data);
+        Ok(t)
+    }
+
+    /// A host tensor from raw storage bytes (block formats, FP8); errors when the size disagrees.
+    pub fn from_bytes(bytes: &[u8], shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
+        let shape = shape.into();
+        check_block_shape("Tensor::from_bytes", &shape, dtype)?;
+        let need = dtype.storage_bytes(shape.elem_count());
+        if bytes.len() != need {
+            return Err(Error::shape(
+                "Tensor::from_bytes",
+                "byte length",
+                format!("{need} bytes for {dtype} {shape}"),
+                format!("{} bytes", bytes.len()),
+            ));
+        }
+        let mut t = Self::zeros(shape, dtype)?;
+        t.host_bytes_mut()?.copy_from_slice(bytes);
+        Ok(t)
+    }
+
+    /// A rank-0 f32 tensor.
+    pub fn scalar(v: f32) -> Tensor {
+        Self::from_slice(&[v], Shape::new(vec![])).expect("a scalar always fits")
+    }
+
+    /// A tensor over device memory; used by device backends.
+    pub fn from_device(buffer: Box<dyn DeviceBuffer>, shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
+        let shape = shape.into();
+        check_block_shape("Tensor::from_device", &shape, dtype)?;
+        let need = dtype.storage_bytes(shape.elem_count());
+        if buffer.byte_len() < need {
+            return Err(Error::shape(
+                "Tensor::from_device",
+                "device buffer size",
+                format!("at least {need} bytes"),
+                format!("{} bytes", buffer.byte_len()),
+            ));
+        }
+        Ok(Self::from_storage(Storage::Device(buffer), shape, dtype))
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+    /// The dimensions.
+    pub fn dims(&self) -> &[usize] {
+        self.shape.dims()
+    }
+    /// Number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.shape.rank()
+    }
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    /// Number of logical elements.
+    pub fn elem_count(&self) -> usize {
+        self.shape.elem_count()
+    }
+    /// Bytes this tensor's elements take in storage.
+    pub fn byte_len(&self) -> usize {
+        self.dtype.storage_bytes(self.elem_count())
+    }
+    /// Offset of the first element in the underlying allocation, in bytes.
+    pub fn byte_offset(&self) -> usize {
+        self.byte_offset
+    }
+    /// Whether the elements live in host memory.
+    pub fn is_host(&self) -> bool {
+        matches!(*self.storage, Storage::Host(_))
+    }
+    /// The device buffer, when the tensor lives on a device.
+    pub fn device_buffer(&self) -> Option<&dyn DeviceBuffer> {
+        match &*self.storage {
+            Storage::Device(d) => Some(d.as_ref()),
+            Storage::Host(_) => None,
+        }
+    }
+    /// The device the tensor lives on.
+    pub fn device(&self) -> Device {
+        match &*self.storage {
+            Storage::Host(_) => Device::cpu(),
+            Storage::Device(d) => d.device(),
+        }
+    }
+    /// Whether `self` and `other` share an allocation.
+    pub fn shares_storage_with(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.storage, &other.storage)
+    }
+
+    /// Whether an in-place write through `&mut self` is allowed (see module docs).
+    pub fn is_writable(&self) -> bool {
+        match &self.part_token {
+            Some(token) => Arc::strong_count(token) == 1,
+            None => Arc::strong_count(&self.storage) == 1,
+        }
+    }
+
+    /// Errors with [`Error::SharedStorage`] naming `op` unless the tensor is writable.
+    pub fn ensure_writable(&self, op: &'static str) -> Result<()> {
+        if self.is_writable() {
+            Ok(())
+        } else {
+            Err(Error::SharedStorage { op })
+        }
+    }
+
+    /// The same storage with another shape of equal element count (no copy).
+    pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        if shape.elem_count() != self.elem_count() {
+            return Err(Error::shape(
+                "reshape",
+                "target",
+                format!("{} elements", self.elem_count()),
+                format!("{shape} ({} elements)", shape.elem_count()),
+            ));
+        }
+        check_block_shape("reshape", &shape, self.dtype)?;
+        let mut t = self.clone();
+        t.shape = shape;
+        Ok(t)
+    }
+
+    /// A read-only view of `shape` starting `elem_offset` elements into this tensor.
+    /// The view shares storage, so neither it nor `self` is writable while both live.
+    pub fn view(&self, elem_offset: usize, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        let be = self.dtype.block_elems();
+        if elem_offset % be != 0 {
+            return Err(Error::value("Tensor::view", "offset", format!("a multiple of {be}"), elem_offset));
+        }
+        check_block_shape("Tensor::view", &shape, self.dtype)?;
+        if elem_offset + shape.elem_count() > self.elem_count() {
+            return Err(Error::shape(
+                "Tensor::view",
+                "view range",
+                format!("within {} elements", self.elem_count()),
+                format!("offset {elem_offset} + {shape}"),
+            ));
+        }
+        let mut t = self.clone();
+        t.byte_offset += self.dtype.storage_bytes(elem_offset);
+        t.shape = shape;
+        Ok(t)
+    }
+
+    /// Splits a uniquely owned tensor into consecutive disjoint parts of the given
+    /// shapes (their element counts must add up to at most this tensor's). Each part
+    /// can be written in place while it has no clones; this is how parameters,
+    /// gradients and optimizer state live in a few large allocations.
+    pub fn partition(self, shapes: &[Shape]) -> Result<Vec<Tensor>> {
+        self.ensure_writable("Tensor::partition")?;
+        let total: usize = shapes.iter().map(Shape::elem_count).sum();
+        if total > self.elem_count() {
+            return Err(Error::shape(
+                "Tensor::partition",
+                "parts",
+                format!("at most {} elements in all", self.elem_count()),
+                format!("{total} elements"),
+            ));
+        }
+        let mut offset = 0;
+        let mut parts = Vec::with_capacity(shapes.len());
+        for s in shapes {
+            let mut part = self.view(offset, s.clone())?;
+            part.part_token = Some(Arc::new(()));
+            offset += s.elem_count();
+            parts.push(part);
+        }
+        Ok(parts)
+    }
+
+    fn host_buffer(&self, op: &'static str) -> Result<&HostBuffer> {
+        match &*self.storage {
+            Storage::Host(h) => Ok(h),
+            Storage::Device(d) => Err(Error::Device { op, expected: "host memory".into(), got: d.device().name }),
+        }
+    }
+
+    /// The raw storage bytes of a host tensor.
+    pub fn host_bytes(&self) -> Result<&[u8]> {
+        let h = self.host_buffer("Tensor::host_bytes")?;
+        let len = self.byte_len();
+        if len == 0 {
+            return Ok(&[]);
+        }
+        // SAFETY: offset + len lie inside the allocation (checked when views are made);
+        // no `&mut` to these bytes exists while `self` is shared (write rule).
+        Ok(unsafe { std::slice::from_raw_parts(h.ptr.as_ptr().add(self.byte_offset), len) })
+    }
+
+    /// The raw storage bytes of a writable host tensor.
+    pub fn host_bytes_mut(&mut self) -> Result<&mut [u8]> {
+        self.ensure_writable("Tensor::host_bytes_mut")?;
+        let h = self.host_buffer("Tensor::host_bytes_mut")?;
+        let len = self.byte_len();
+        if len == 0 {
+            return Ok(&mut []);
+        }
+        // SAFETY: in bounds as above; the write rule guarantees no other handle sees these bytes.
+        Ok(unsafe { std::slice::from_raw_parts_mut(h.ptr.as_ptr().add(self.byte_offset), len) })
+    }
+
+    fn check_elem<T: Element>(&self, op: &'static str) -> Result<()> {
+        if self.dtype != T::DTYPE {
+            return Err(Error::dtype(op, "tensor", T::DTYPE, self.dtype));
+        }
+        Ok(())
+    }
+
+    /// The elements of a host tensor of dtype `T`.
+    pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
+        self.check_elem::<T>("Tensor::as_slice")?;
+        let bytes = self.host_bytes()?;
+        // SAFETY: allocations are 64-byte aligned and offsets are multiples of the
+        // element size, so the cast is aligned; the length is exact.
+        Ok(unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const T, self.elem_count()) })
+    }
+
+    /// The elements of a writable host tensor of dtype `T`.
+    pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T]> {
+        self.check_elem::<T>("Tensor::as_mut_slice")?;
+        let n = self.elem_count();
+        let bytes = self.host_bytes_mut()?;
+        // SAFETY: as in `as_slice`, and the bytes are exclusively ours.
+        Ok(unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut T, n) })
+    }
+
+    /// A copy of the elements of a host tensor of dtype `T`.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        Ok(self.as_slice::<T>()?.to_vec())
+    }
+
+    /// The elements of a host F32/F16/BF16 tensor converted to f32.
+    pub fn to_vec_f32(&self) -> Result<Vec<f32>> {
+        match self.dtype {
+            DType::F32 => self.to_vec::<f32>(),
+            DType::F16 => Ok(self.as_slice::<half::f16>()?.iter().map(|v| v.to_f32()).collect()),
+            DType::BF16 => Ok(self.as_slice::<half::bf16>()?.iter().map(|v| v.to_f32()).collect()),
+            other => Err(Error::dtype("Tensor::to_vec_f32", "tensor", "f32, f16 or bf16", other)),
+        }
+    }
+
+    /// A host tensor of `dtype` (F32, F16 or BF16) from f32 values, rounding to nearest.
+    pub fn from_f32_as(data: &[f32], shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
+        match dtype {
+            DType::F32 => Self::from_slice(data, shape),
+            DType::F16 => Self::from_vec(data.iter().map(|&v| half::f16::from_f32(v)).collect::<Vec<_>>(), shape),
+            DType::BF16 => Self::from_vec(data.iter().map(|&v| half::bf16::from_f32(v)).collect::<Vec<_>>(), shape),
+            other => Err(Error::dtype("Tensor::from_f32_as", "target", "f32, f16 or bf16", other)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn from_slice_checks_length() {
+        let e = Tensor::from_slice(&[1.0f32, 2.0, 3.0], [2, 2]).unwrap_err();
+        assert!(matches!(e, Error::Shape { .. }), "{e}");
+        let t = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], [2, 2]).unwrap();
+        assert_eq!(t.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
+    }
+
+    #[test]
+    fn clones_refuse_in_place_writes() {
+        let mut a = Tensor::zeros([4], DType::F32).unwrap();
+        assert!(a.as_mut_slice::<f32>().is_ok());
+        let b = a.clone();
+        assert_eq!(a.as_mut_slice::<f32>().unwrap_err(), Error::SharedStorage { op: "Tensor::host_bytes_mut" });
+        drop(b);
+        assert!(a.as_mut_slice::<f32>().is_ok());
+    }
+
+    #[test]
+    fn partitions_are_disjoint_writable_views() {
+        let big = Tensor::zeros([10], DType::F32).unwrap();
+        let mut parts = big.partition(&[Shape::new([4]), Shape::new([2, 3])]).unwrap();
+        parts[0].as_mut_slice::<f32>().unwrap().fill(1.0);
+        parts[1].as_mut_slice::<f32>().unwrap().fill(2.0);
+        assert_eq!(parts[0].to_vec::<f32>().unwrap(), vec![1.0; 4]);
+        assert_eq!(parts[1].to_vec::<f32>().unwrap(), vec![2.0; 6]);
+        assert!(parts[1].shares_storage_with(&parts[0]));
+        let reader = parts[1].clone();
+        assert!(parts[1].as_mut_slice::<f32>().is_err());
+        assert!(parts[0].as_mut_slice::<f32>().is_ok());
+        drop(reader);
+        assert!(parts[1].as_mut_slice::<f32>().is_ok());
+    }
+
+    #[test]
+    fn views_check_bounds_and_blocks() {
+        let t = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0], [6]).unwrap();
+        let v = t.view(2, [2, 2]).unwrap();
+        assert_eq!(v.to_vec::<f32>().unwrap(), vec![2.0, 3.0, 4.0, 5.0]);
+        assert!(t.view(3, [4]).is_err());
+        assert!(Tensor::zeros([3, 31], DType::Q8_0).is_err());
+        let q = Tensor::zeros([2, 64], DType::Q4_0).unwrap();
+        assert_eq!(q.byte_len(), 4 * 18);
+    }
+}

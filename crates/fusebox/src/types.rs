@@ -1,0 +1,166 @@
+//! Small named structs that ops return or take: what a forward saves for its
+//! backward, the gradients a backward returns, and op hyper-parameters.
+
+use crate::tensor::Tensor;
+
+/// Output of the fused causal attention: what its backward needs and nothing more.
+#[derive(Debug, Clone)]
+pub struct CausalAttentionResult {
+    /// `(B, Hq, Tq, D)`, the input dtype.
+    pub output: Tensor,
+    /// `(B, Hq, Tq)` f32: `ln Σ_j exp(s_ij)` per query row (−∞ for a row that sees no key).
+    pub logsumexp: Tensor,
+}
+
+/// Gradients of attention with respect to its inputs.
+#[derive(Debug, Clone)]
+pub struct AttentionGradients {
+    /// `(B, Hq, Tq, D)`
+    pub dq: Tensor,
+    /// `(B, Hkv, Tk, D)`, summed over each query group.
+    pub dk: Tensor,
+    /// `(B, Hkv, Tk, D)`, summed over each query group.
+    pub dv: Tensor,
+}
+
+/// Output of a normalization forward: the result and the saved statistics.
+#[derive(Debug, Clone)]
+pub struct NormOutput {
+    /// Same shape and dtype as the input.
+    pub output: Tensor,
+    /// Per-row mean (f32, input shape without its last dim); `None` for RMS norms.
+    pub mean: Option<Tensor>,
+    /// Per-row `1/sqrt(var + eps)` (or `1/sqrt(mean(x²) + eps)`), f32.
+    pub rstd: Tensor,
+}
+
+/// Gradients of a normalization with affine parameters.
+#[derive(Debug, Clone)]
+pub struct NormGradients {
+    /// Same shape as the input.
+    pub dx: Tensor,
+    /// Same shape as the weight.
+    pub dweight: Tensor,
+    /// Same shape as the bias; `None` when the norm has no bias (RMS norm).
+    pub dbias: Option<Tensor>,
+}
+
+/// Gradients of `matmul`.
+#[derive(Debug, Clone)]
+pub struct MatmulGradients {
+    pub da: Tensor,
+    pub db: Tensor,
+}
+
+/// Gradients of `linear_forward`.
+#[derive(Debug, Clone)]
+pub struct LinearGradients {
+    /// `[..., in]`
+    pub dx: Tensor,
+    /// `[out, in]`
+    pub dweight: Tensor,
+    /// `[out]`, when the forward had a bias.
+    pub dbias: Option<Tensor>,
+}
+
+/// Gradients of a two-input elementwise op (`silu_mul`: d_gate, d_up).
+#[derive(Debug, Clone)]
+pub struct PairGradients {
+    pub da: Tensor,
+    pub db: Tensor,
+}
+
+/// Output of the fused cross-entropy.
+#[derive(Debug, Clone)]
+pub struct CrossEntropyOutput {
+    /// Mean loss over the counted (not ignored) rows, f32 scalar tensor.
+    pub loss: Tensor,
+    /// `[N, V]` f32: d(mean loss)/d(logits), zero rows for ignored targets.
+    pub d_logits: Tensor,
+    /// Number of rows that counted.
+    pub count: usize,
+}
+
+/// Values and indices of `topk`.
+#[derive(Debug, Clone)]
+pub struct TopK {
+    pub values: Tensor,
+    /// U32
+    pub indices: Tensor,
+}
+
+/// AdamW hyper-parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWConfig {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    /// Decoupled weight decay: `p -= lr · weight_decay · p`.
+    pub weight_decay: f32,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        AdamWConfig { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 }
+    }
+}
+
+/// Which pairs rotary embedding rotates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RopeStyle {
+    /// Pairs `(i, i + D/2)` (GPT-NeoX / Hugging Face Llama).
+    HalfSplit,
+    /// Adjacent pairs `(2i, 2i + 1)` (original Llama, GGUF llama weights).
+    Interleaved,
+}
+
+/// The two forms of GELU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GeluForm {
+    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`
+    Tanh,
+    /// `0.5·x·(1 + erf(x/√2))`
+    Erf,
+}
+
+/// The mask argument of `sdpa`.
+#[derive(Debug, Clone, Copy)]
+pub enum AttentionMask<'a> {
+    /// f32 `(Tq, Tk)` or `(B, Hq, Tq, Tk)`, added to the scaled scores.
+    Additive(&'a Tensor),
+    /// U32 `(Tq, Tk)` or `(B, Hq, Tq, Tk)`: 1 keeps a score, 0 masks it out.
+    Boolean(&'a Tensor),
+}
+
+/// Stride, padding, dilation and groups of a 1-d convolution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv1dConfig {
+    pub stride: usize,
+    pub padding: usize,
+    pub dilation: usize,
+    pub groups: usize,
+    /// Only for `conv_transpose1d`: extra length added to one side of the output.
+    pub output_padding: usize,
+}
+
+impl Default for Conv1dConfig {
+    fn default() -> Self {
+        Conv1dConfig { stride: 1, padding: 0, dilation: 1, groups: 1, output_padding: 0 }
+    }
+}
+
+/// Stride, padding and dilation per spatial axis `(h, w)`, and groups, of a 2-d convolution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv2dConfig {
+    pub stride: (usize, usize),
+    pub padding: (usize, usize),
+    pub dilation: (usize, usize),
+    pub groups: usize,
+}
+
+impl Default for Conv2dConfig {
+    fn default() -> Self {
+        Conv2dConfig { stride: (1, 1), padding: (0, 0), dilation: (1, 1), groups: 1 }
+    }
+}
