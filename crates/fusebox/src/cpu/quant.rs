@@ -20,3 +20,9 @@ pub fn dequantize(cpu: &CpuBackend, x: &Tensor) -> Result<Tensor> {
 pub fn quantized_matmul(cpu: &CpuBackend, x: &Tensor, w: &Tensor) -> Result<Tensor> {
     todo!()
 }
+/// Dequantizes one row of storage (`bytes` holds `out.len() / block_elems` whole blocks of
+/// `dtype`, or `out.len()` plain F32/F16/BF16/F8E4M3 elements) into f32. Used by
+/// `embedding` to gather rows of quantized tables.
+pub fn dequantize_row_into(dtype: DType, bytes: &[u8], out: &mut [f32]) -> Result<()> {
+    todo!()
+}
