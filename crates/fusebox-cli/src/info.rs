@@ -1,0 +1,66 @@
+//! `fusebox info [--json]`.
+
+use clap::Args;
+use fusebox::cpu::simd::{cpu_features, Isa};
+use fusebox::{available_backends, create_backend, ComputeBackend, Op};
+use serde_json::json;
+
+#[derive(Args)]
+pub struct InfoArgs {
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Names the build knows, whether each can be created here, and why not.
+fn backend_status() -> Vec<(String, bool, String)> {
+    ["cpu", "wgpu", "cuda"]
+        .iter()
+        .map(|&name| match create_backend(name) {
+            Ok(b) => (name.to_string(), true, b.name().to_string()),
+            Err(e) => (name.to_string(), false, e.to_string()),
+        })
+        .collect()
+}
+
+pub fn run(args: &InfoArgs) -> fusebox::Result<()> {
+    let cpu = fusebox::default_cpu();
+    let detected = Isa::detected();
+    let used = cpu.isa();
+    let features = cpu_features();
+    let backends = backend_status();
+    let native_ops = Op::ALL.iter().filter(|&&op| cpu.supports(op)).count();
+    if args.json {
+        let value = json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "backends_compiled": available_backends(),
+            "backends": backends.iter().map(|(n, ok, detail)| json!({"name": n, "available": ok, "detail": detail})).collect::<Vec<_>>(),
+            "cpu": {
+                "arch": std::env::consts::ARCH,
+                "isa_detected": detected.name(),
+                "isa_used": used.name(),
+                "features": features,
+                "threads": cpu.threads(),
+                "ops": Op::ALL.len(),
+                "native_ops": native_ops,
+            }
+        });
+        println!("{value}");
+        return Ok(());
+    }
+    println!("fusebox {}", env!("CARGO_PKG_VERSION"));
+    println!("backends compiled in: {}", available_backends().join(", "));
+    for (name, ok, detail) in &backends {
+        println!("  {name:<5} {}  {detail}", if *ok { "available  " } else { "unavailable" });
+    }
+    println!(
+        "cpu: {} · ISA detected {} · used {} · {} threads",
+        std::env::consts::ARCH,
+        detected.name(),
+        used.name(),
+        cpu.threads()
+    );
+    println!("cpu features: {}", features.join(" "));
+    println!("ops: {} in the ComputeBackend trait, {native_ops} native on cpu", Op::ALL.len());
+    Ok(())
+}
