@@ -1,0 +1,90 @@
+//! Parameters, gradients and optimizer state in a few large allocations: a `ParamSet`
+//! is one flat buffer partitioned into named, individually writable tensors.
+
+use fusebox::{ComputeBackend, DType, Error, Result, Shape, Tensor};
+
+/// How a parameter starts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Init {
+    /// Normal with mean 0 and this standard deviation.
+    Normal(f32),
+    Ones,
+    Zeros,
+}
+
+/// Name, shape, initialisation and weight-decay flag of one parameter.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamSpec {
+    pub name: String,
+    pub shape: Shape,
+    pub init: Init,
+    /// Matrices decay; norms, biases (and embeddings of tiny models) do not.
+    pub decay: bool,
+}
+
+/// One flat allocation partitioned into the tensors of `specs`, in order.
+#[derive(Debug)]
+pub struct ParamSet {
+    pub tensors: Vec<Tensor>,
+}
+
+impl ParamSet {
+    /// Zero-filled tensors for `specs`, in one allocation on `backend`.
+    pub fn zeros(backend: &dyn ComputeBackend, specs: &[ParamSpec]) -> Result<ParamSet> {
+        let total: usize = specs.iter().map(|s| s.shape.elem_count()).sum();
+        let flat = backend.zeros(&Shape::new([total]), DType::F32)?;
+        let shapes: Vec<Shape> = specs.iter().map(|s| s.shape.clone()).collect();
+        Ok(ParamSet { tensors: flat.partition(&shapes)? })
+    }
+
+    /// Tensors initialised per `specs` from a seeded generator (Box–Muller normals).
+    pub fn init(backend: &dyn ComputeBackend, specs: &[ParamSpec], seed: u64) -> Result<ParamSet> {
+        let mut rng = crate::rng::Rng::new(seed);
+        let total: usize = specs.iter().map(|s| s.shape.elem_count()).sum();
+        let mut values = Vec::with_capacity(total);
+        for s in specs {
+            let n = s.shape.elem_count();
+            match s.init {
+                Init::Zeros => values.extend(std::iter::repeat_n(0.0, n)),
+                Init::Ones => values.extend(std::iter::repeat_n(1.0, n)),
+                Init::Normal(std) => values.extend((0..n).map(|_| rng.normal() * std)),
+            }
+        }
+        Self::from_values(backend, specs, values)
+    }
+
+    /// Tensors holding `values` (all parameters concatenated in spec order).
+    pub fn from_values(backend: &dyn ComputeBackend, specs: &[ParamSpec], values: Vec<f32>) -> Result<ParamSet> {
+        let total: usize = specs.iter().map(|s| s.shape.elem_count()).sum();
+        if values.len() != total {
+            return Err(Error::shape(
+                "ParamSet",
+                "values",
+                format!("{total} floats"),
+                format!("{} floats", values.len()),
+            ));
+        }
+        let flat = backend.upload(&Tensor::from_vec(values, [total])?)?;
+        let shapes: Vec<Shape> = specs.iter().map(|s| s.shape.clone()).collect();
+        Ok(ParamSet { tensors: flat.partition(&shapes)? })
+    }
+
+    /// All values concatenated in spec order (for checkpoints).
+    pub fn to_values(&self, backend: &dyn ComputeBackend) -> Result<Vec<f32>> {
+        let mut out = Vec::new();
+        for t in &self.tensors {
+            out.extend(backend.to_host(t)?.to_vec::<f32>()?);
+        }
+        Ok(out)
+    }
+
+    /// Number of scalars.
+    pub fn len(&self) -> usize {
+        self.tensors.iter().map(Tensor::elem_count).sum()
+    }
+
+    /// Whether the set holds no parameters.
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+}

@@ -1,0 +1,168 @@
+//! Choosing the next token from logits: greedy, temperature, top-k, top-p (nucleus)
+//! and a repetition penalty, seeded.
+
+use fusebox::{Error, Result};
+
+use crate::rng::Rng;
+
+/// Sampling settings. `temperature == 0` means greedy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplerConfig {
+    pub temperature: f32,
+    /// Keep only the k most likely tokens (0 = all).
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches `top_p` (1 = all).
+    pub top_p: f32,
+    /// Divide positive logits (multiply negative ones) of already seen tokens by this (1 = off).
+    pub repetition_penalty: f32,
+    pub seed: u64,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        SamplerConfig { temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0, seed: 0 }
+    }
+}
+
+/// A seeded sampler.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    pub config: SamplerConfig,
+    rng: Rng,
+}
+
+impl Sampler {
+    /// Validates the settings.
+    pub fn new(config: SamplerConfig) -> Result<Sampler> {
+        let bad = |what: &str, expected: &str, got: String| Err(Error::value("Sampler", what, expected, got));
+        if !(config.temperature >= 0.0 && config.temperature.is_finite()) {
+            return bad("temperature", "a finite value ≥ 0", config.temperature.to_string());
+        }
+        if !(config.top_p > 0.0 && config.top_p <= 1.0) {
+            return bad("top_p", "in (0, 1]", config.top_p.to_string());
+        }
+        if !(config.repetition_penalty > 0.0 && config.repetition_penalty.is_finite()) {
+            return bad("repetition_penalty", "a finite value > 0", config.repetition_penalty.to_string());
+        }
+        let rng = Rng::new(config.seed);
+        Ok(Sampler { config, rng })
+    }
+
+    /// Picks the next token from `logits` given the tokens seen so far.
+    pub fn sample(&mut self, logits: &[f32], seen: &[u32]) -> Result<u32> {
+        if logits.is_empty() {
+            return Err(Error::value("Sampler::sample", "logits", "at least one value", "none"));
+        }
+        let mut logits = logits.to_vec();
+        if self.config.repetition_penalty != 1.0 {
+            let p = self.config.repetition_penalty;
+            for &id in seen {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l = if *l > 0.0 { *l / p } else { *l * p };
+                }
+            }
+        }
+        if self.config.temperature == 0.0 {
+            return Ok(argmax(&logits));
+        }
+        // Candidates sorted by logit (ties by id, so the order is deterministic).
+        let mut order: Vec<usize> = (0..logits.len()).filter(|&i| !logits[i].is_nan()).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        if self.config.top_k > 0 {
+            order.truncate(self.config.top_k);
+        }
+        let t = self.config.temperature;
+        let max = logits[order[0]];
+        let mut probs: Vec<f32> = order.iter().map(|&i| ((logits[i] - max) / t).exp()).collect();
+        let total: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= total);
+        if self.config.top_p < 1.0 {
+            let mut cumulative = 0.0;
+            let mut keep = probs.len();
+            for (i, p) in probs.iter().enumerate() {
+                cumulative += p;
+                if cumulative >= self.config.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            probs.truncate(keep);
+            order.truncate(keep);
+            let total: f32 = probs.iter().sum();
+            probs.iter_mut().for_each(|p| *p /= total);
+        }
+        let r = self.rng.uniform();
+        let mut cumulative = 0.0;
+        for (p, &id) in probs.iter().zip(&order) {
+            cumulative += p;
+            if r < cumulative {
+                return Ok(id as u32);
+            }
+        }
+        Ok(*order.last().unwrap_or(&0) as u32)
+    }
+
+    /// The sampler's random state (saved to resume a stream exactly).
+    pub fn rng_state(&self) -> u64 {
+        self.rng.state
+    }
+}
+
+/// Index of the largest value (first on ties; NaN never wins).
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] || v[best].is_nan() {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_takes_the_argmax() {
+        let mut s = Sampler::new(SamplerConfig::default()).unwrap();
+        assert_eq!(s.sample(&[0.1, 3.0, -1.0, 2.9], &[]).unwrap(), 1);
+    }
+
+    #[test]
+    fn repetition_penalty_demotes_seen_tokens() {
+        let cfg = SamplerConfig { repetition_penalty: 2.0, ..Default::default() };
+        let mut s = Sampler::new(cfg).unwrap();
+        assert_eq!(s.sample(&[0.1, 3.0, -1.0, 2.0], &[1]).unwrap(), 3);
+    }
+
+    #[test]
+    fn top_k_one_is_greedy_and_sampling_is_seeded() {
+        let cfg = SamplerConfig { temperature: 1.0, top_k: 1, seed: 7, ..Default::default() };
+        let mut s = Sampler::new(cfg).unwrap();
+        assert_eq!(s.sample(&[0.1, 3.0, -1.0, 2.9], &[]).unwrap(), 1);
+        let cfg = SamplerConfig { temperature: 1.0, seed: 7, ..Default::default() };
+        let draw = |cfg: &SamplerConfig| {
+            let mut s = Sampler::new(cfg.clone()).unwrap();
+            (0..20).map(|_| s.sample(&[0.0, 0.0, 0.0, 0.0], &[]).unwrap()).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(&cfg), draw(&cfg));
+        assert!(draw(&cfg).iter().any(|&x| x != draw(&cfg)[0]));
+    }
+
+    #[test]
+    fn top_p_keeps_the_nucleus() {
+        // probabilities ≈ [0.0, 0.84, 0.0, 0.16]: top_p 0.5 keeps only token 1.
+        let cfg = SamplerConfig { temperature: 1.0, top_p: 0.5, seed: 3, ..Default::default() };
+        let mut s = Sampler::new(cfg).unwrap();
+        for _ in 0..20 {
+            assert_eq!(s.sample(&[-10.0, 3.0, -10.0, 1.35], &[]).unwrap(), 1);
+        }
+    }
+
+    #[test]
+    fn bad_settings_are_errors() {
+        assert!(Sampler::new(SamplerConfig { temperature: -1.0, ..Default::default() }).is_err());
+        assert!(Sampler::new(SamplerConfig { top_p: 0.0, ..Default::default() }).is_err());
+    }
+}
