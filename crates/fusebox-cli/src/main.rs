@@ -1,7 +1,11 @@
 //! `fusebox`: the command line. Parses flags and prints; the maths lives in the library.
 
+mod bench;
 mod demo;
+mod generate;
 mod info;
+mod plot;
+mod train;
 
 use clap::{Parser, Subcommand};
 
@@ -19,6 +23,12 @@ enum Command {
     Info(info::InfoArgs),
     /// A short causal-attention demo: forward and backward through the fused kernel.
     Demo(demo::DemoArgs),
+    /// Train a GPT/Llama model: the built-in addition task, or --data FILE.
+    Train(Box<train::TrainArgs>),
+    /// Generate text from a checkpoint.
+    Generate(Box<generate::GenerateArgs>),
+    /// Benchmarks: train.
+    Bench(bench::BenchArgs),
 }
 
 fn main() {
@@ -26,6 +36,9 @@ fn main() {
     let result = match cli.command {
         Command::Info(args) => info::run(&args),
         Command::Demo(args) => demo::run(&args),
+        Command::Train(args) => train::run(&args),
+        Command::Bench(args) => bench::run(&args),
+        Command::Generate(args) => generate::run(&args),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

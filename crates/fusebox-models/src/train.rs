@@ -71,6 +71,8 @@ pub enum Task {
     Addition(Addition),
     /// Byte-level text.
     Text(TextData),
+    /// Uniformly random tokens of a vocabulary (benchmarks).
+    Random { vocab_size: usize },
 }
 
 impl Task {
@@ -79,20 +81,21 @@ impl Task {
         match self {
             Task::Addition(_) => addition::VOCAB,
             Task::Text(_) => crate::data::text::VOCAB,
+            Task::Random { vocab_size } => *vocab_size,
         }
     }
     /// Tokens per training sequence.
     pub fn seq_len(&self, cfg: &TrainConfig) -> usize {
         match self {
             Task::Addition(_) => addition::SEQ_LEN - 1,
-            Task::Text(_) => cfg.seq_len,
+            Task::Text(_) | Task::Random { .. } => cfg.seq_len,
         }
     }
     /// Target id that does not count in the loss.
     pub fn ignore_index(&self) -> Option<u32> {
         match self {
             Task::Addition(_) => Some(addition::PAD),
-            Task::Text(_) => None,
+            Task::Text(_) | Task::Random { .. } => None,
         }
     }
 }
@@ -190,6 +193,12 @@ impl Trainer {
         match &self.task {
             Task::Addition(a) => a.train_batch(&mut self.data_rng, batch),
             Task::Text(t) => TextData::batch(&t.train, &mut self.data_rng, batch, seq),
+            Task::Random { vocab_size } => {
+                let n = batch * seq;
+                let ids: Vec<u32> = (0..n).map(|_| self.data_rng.below(*vocab_size) as u32).collect();
+                let targets: Vec<u32> = (0..n).map(|_| self.data_rng.below(*vocab_size) as u32).collect();
+                (ids, targets)
+            }
         }
     }
 
@@ -280,6 +289,9 @@ impl Trainer {
                 }
                 Ok(EvalStats { loss: (loss_sum / count as f64) as f32, accuracy: Some(correct as f64 / count as f64) })
             }
+            Task::Random { .. } => {
+                Err(Error::unsupported("evaluate", "random-token benchmark data has no held-out set"))
+            }
             Task::Text(data) => {
                 let seq = self.config.seq_len;
                 let mut rng = Rng::new(self.config.seed ^ 0xE7A1);
@@ -301,7 +313,7 @@ impl Trainer {
         json!({
             "step": self.step,
             "data_rng": self.data_rng.state,
-            "task": match self.task { Task::Addition(_) => "addition", Task::Text(_) => "text" },
+            "task": match self.task { Task::Addition(_) => "addition", Task::Text(_) => "text", Task::Random { .. } => "random" },
             "train": self.config.to_json(),
         })
     }

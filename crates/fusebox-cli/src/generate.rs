@@ -1,0 +1,143 @@
+//! `fusebox generate --model CHECKPOINT_DIR --prompt TEXT`: text from a trained
+//! checkpoint, streamed as it comes, through the KV cache.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Args;
+use fusebox::{Error, Result};
+use fusebox_models::checkpoint;
+use fusebox_models::data::{addition, text};
+use fusebox_models::generate::generate;
+use fusebox_models::{Sampler, SamplerConfig};
+use serde_json::json;
+
+use crate::train::backend_for;
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// A checkpoint directory (a training output dir or one of its step-N dirs).
+    #[arg(long)]
+    model: PathBuf,
+    /// The prompt text.
+    #[arg(long, default_value = "")]
+    prompt: String,
+    /// Most new tokens.
+    #[arg(long, default_value_t = 200)]
+    max_tokens: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    /// Keep the k most likely tokens (0 = all).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Nucleus sampling threshold (1 = off).
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print one JSON object (no streaming).
+    #[arg(long)]
+    json: bool,
+}
+
+/// Tokens of a prompt for the checkpoint's task, and how to show tokens.
+fn tokenize(task: &str, prompt: &str) -> Result<Vec<u32>> {
+    match task {
+        "addition" => prompt
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .map(|c| match c {
+                '0'..='9' => Ok(c as u32 - '0' as u32),
+                '+' => Ok(addition::PLUS),
+                '=' => Ok(addition::EQUALS),
+                other => Err(Error::value("generate", "prompt character for the addition model", "0-9, + or =", other)),
+            })
+            .collect(),
+        _ => Ok(prompt.bytes().map(u32::from).collect()),
+    }
+}
+
+fn render(task: &str, tokens: &[u32]) -> String {
+    match task {
+        "addition" => addition::render(tokens),
+        _ => text::decode(tokens),
+    }
+}
+
+pub fn run(args: &GenerateArgs) -> Result<()> {
+    let b = backend_for(&args.backend, args.threads)?;
+    let (model, ckpt) = checkpoint::load_model(b.as_ref(), &args.model)?;
+    let task = ckpt.trainer.get("task").and_then(|t| t.as_str()).unwrap_or("text").to_string();
+    let mut prompt = tokenize(&task, &args.prompt)?;
+    if prompt.is_empty() {
+        prompt = tokenize(&task, "\n")?;
+    }
+    let stop = if task == "addition" { vec![addition::END] } else { vec![] };
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        repetition_penalty: args.repetition_penalty,
+        seed: args.seed,
+    })?;
+    let start = Instant::now();
+    let mut first_token: Option<f64> = None;
+    let mut pending: Vec<u32> = Vec::new();
+    let streaming = !args.json;
+    if streaming {
+        print!("{}", args.prompt);
+    }
+    let out = generate(&model, b.as_ref(), &prompt, args.max_tokens, &mut sampler, &stop, |t| {
+        first_token.get_or_insert_with(|| start.elapsed().as_secs_f64());
+        if streaming {
+            // Byte tokens may split a UTF-8 character: print only complete characters.
+            pending.push(t);
+            let bytes: Vec<u8> = pending.iter().map(|&t| t.min(255) as u8).collect();
+            let shown = if task == "addition" {
+                render(&task, &pending)
+            } else {
+                match std::str::from_utf8(&bytes) {
+                    Ok(s) => s.to_string(),
+                    Err(e) if e.error_len().is_none() => return Ok(()),
+                    Err(_) => String::from_utf8_lossy(&bytes).into_owned(),
+                }
+            };
+            print!("{shown}");
+            let _ = std::io::stdout().flush();
+            pending.clear();
+        }
+        Ok(())
+    })?;
+    let total = start.elapsed().as_secs_f64();
+    let prefill = first_token.unwrap_or(total);
+    let decode_tps = (out.len().saturating_sub(1)) as f64 / (total - prefill).max(1e-9);
+    let prefill_tps = prompt.len() as f64 / prefill.max(1e-9);
+    if args.json {
+        let v = json!({
+            "prompt_ids": prompt,
+            "generated_ids": out,
+            "text": render(&task, &out),
+            "prefill_tokens_per_s": prefill_tps,
+            "decode_tokens_per_s": decode_tps,
+        });
+        println!("{v}");
+    } else {
+        println!();
+        eprintln!(
+            "prompt: {} tokens at {:.1} tok/s · generation: {} tokens at {:.1} tok/s",
+            prompt.len(),
+            prefill_tps,
+            out.len(),
+            decode_tps
+        );
+    }
+    Ok(())
+}
