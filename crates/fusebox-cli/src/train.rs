@@ -91,7 +91,7 @@ pub struct TrainArgs {
 
 /// The model shape of a preset for a vocabulary and context.
 pub fn preset(name: &str, vocab: usize, max_seq: usize) -> Result<ModelConfig> {
-    let mut cfg = match name {
+    let cfg = match name {
         "tiny-llama" => ModelConfig::tiny(Style::Llama, vocab, max_seq),
         "tiny-gpt2" => ModelConfig::tiny(Style::Gpt2, vocab, max_seq),
         "small-llama" => ModelConfig {
