@@ -215,16 +215,23 @@ multiversion! {
 /// (including −∞) gives exactly 0 and `x > 88.7` gives +∞.
 #[inline(always)]
 pub fn fast_exp(x: f32) -> f32 {
-    // e^x = 2^t with t = x·log2(e) = n + f, n integer, |f| ≤ 0.5; 2^f by a degree-6
-    // Taylor polynomial of e^(f·ln2) (error < 2e-7), 2^n by building the exponent bits.
+    // e^x = 2^n · e^r with n = round(x·log2 e) and r = x − n·ln 2, |r| ≤ ln2/2, computed
+    // in two parts (Cody–Waite: ln 2 = LN2_HI + LN2_LO, LN2_HI exact in few bits) so r
+    // keeps full precision even for |x| ≈ 88; e^r by its degree-6 Taylor polynomial
+    // (truncation < 1.3e-7 relative); 2^n by building the exponent bits.
     const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
     let xc = x.clamp(-87.3, 88.7);
-    let t = xc * LOG2E;
-    let n = t.round();
-    let f = (t - n) * std::f32::consts::LN_2;
-    let p = 1.0 + f * (1.0 + f * (0.5 + f * (1.0 / 6.0 + f * (1.0 / 24.0 + f * (1.0 / 120.0 + f * (1.0 / 720.0))))));
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
-    let r = p * scale;
+    let n = (xc * LOG2E).round();
+    let r = xc - n * LN2_HI - n * LN2_LO;
+    let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    // SAFETY: after the clamp n lies in [−126, 128], so the conversion is exact; the
+    // unchecked form vectorizes where `as i32` (saturating) does not.
+    let ni = unsafe { n.to_int_unchecked::<i32>() };
+    // 2^128 is not an f32: build 2^min(n,127) and double once more for n = 128.
+    let scale = f32::from_bits(((ni.min(127) + 127) as u32) << 23);
+    let r = p * scale * if ni > 127 { 2.0 } else { 1.0 };
     if x < -87.3 {
         0.0
     } else if x > 88.7 {
@@ -271,6 +278,8 @@ mod tests {
         assert_eq!(fast_exp(f32::NEG_INFINITY), 0.0);
         assert_eq!(fast_exp(-100.0), 0.0);
         assert_eq!(fast_exp(100.0), f32::INFINITY);
+        let near_max = fast_exp(88.5);
+        assert!(near_max.is_finite() && ((near_max as f64 - 88.5f64.exp()) / 88.5f64.exp()).abs() < 1e-6);
     }
 
     #[test]
