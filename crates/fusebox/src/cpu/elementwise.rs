@@ -1,162 +1,608 @@
-//! elementwise kernels (skeleton: to be written).
+//! Elementwise kernels: same-shape arithmetic, scalar forms, row and column broadcasts,
+//! the fused `add3` / `exp_mul` / `sub_mul` / `add_scaled`, unary maths, and the
+//! in-place forms.
+//!
+//! Every op is one line over a few generic drivers. A driver validates its inputs, then
+//! walks the output in fixed chunks of `CHUNK` elements (in the pool when the work is
+//! large; split by index, so results never depend on scheduling) and hands each chunk to
+//! a lane-wise loop compiled per ISA, with the op's closure inlined into it. F32 data is
+//! read and written where it lies; F16/BF16 data goes through a stack tile of `TILE`
+//! f32 values per step, so no whole-tensor f32 copy is ever made.
 
-#![allow(unused_variables, unused_imports)]
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
 
-use crate::cpu::CpuBackend;
+use crate::cpu::simd::{fast_exp, Isa};
+use crate::cpu::{check, convert, CpuBackend};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::shape::Shape;
 use crate::tensor::Tensor;
-use crate::types::*;
 
+/// Elements per parallel task (64 KiB of f32): big enough to amortise scheduling.
+const CHUNK: usize = 1 << 14;
+/// F16/BF16 elements converted to f32 per step, through a stack buffer.
+const TILE: usize = 512;
+
+/// Relative cost per element, for the pool's serial-or-parallel decision.
+const CHEAP: usize = 1;
+/// `fast_exp`: a polynomial, vectorized.
+const EXP_COST: usize = 4;
+/// `ln`, `powf`: scalar libm calls.
+const LIBM_COST: usize = 16;
+
+/// Defines a generic lane-wise loop compiled for AVX-512, AVX2+FMA and the portable
+/// baseline, dispatching on [`Isa::selected`]: the generic counterpart of
+/// `simd::multiversion!`. The op closure is inlined into each version, so its
+/// arithmetic is vectorized for that ISA. Generic parameters go in square brackets.
+macro_rules! lanewise {
+    ($(#[$meta:meta])* fn $name:ident[$($gen:tt)*]($($arg:ident: $ty:ty),*) $body:block) => {
+        $(#[$meta])*
+        #[inline]
+        fn $name<$($gen)*>($($arg: $ty),*) {
+            #[inline(always)]
+            fn body<$($gen)*>($($arg: $ty),*) $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+                unsafe fn v4<$($gen)*>($($arg: $ty),*) { body($($arg),*) }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn v3<$($gen)*>($($arg: $ty),*) { body($($arg),*) }
+                match Isa::selected() {
+                    // SAFETY: the selected ISA was detected on this CPU.
+                    Isa::Avx512 => return unsafe { v4($($arg),*) },
+                    // SAFETY: as above.
+                    Isa::Avx2 => return unsafe { v3($($arg),*) },
+                    Isa::Scalar => {}
+                }
+            }
+            body($($arg),*)
+        }
+    };
+}
+
+lanewise! {
+    /// `out[i] = f(x[i])`.
+    fn map1[F: Fn(f32) -> f32](out: &mut [f32], x: &[f32], f: F) {
+        for (o, &x) in out.iter_mut().zip(x) {
+            *o = f(x);
+        }
+    }
+}
+
+lanewise! {
+    /// `out[i] = f(a[i], b[i])`.
+    fn map2[F: Fn(f32, f32) -> f32](out: &mut [f32], a: &[f32], b: &[f32], f: F) {
+        for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
+            *o = f(a, b);
+        }
+    }
+}
+
+lanewise! {
+    /// `out[i] = f(a[i], b[i], c[i])`.
+    fn map3[F: Fn(f32, f32, f32) -> f32](out: &mut [f32], a: &[f32], b: &[f32], c: &[f32], f: F) {
+        for (((o, &a), &b), &c) in out.iter_mut().zip(a).zip(b).zip(c) {
+            *o = f(a, b, c);
+        }
+    }
+}
+
+lanewise! {
+    /// `v[i] ← f(v[i])`.
+    fn update1[F: Fn(f32) -> f32](v: &mut [f32], f: F) {
+        for v in v.iter_mut() {
+            *v = f(*v);
+        }
+    }
+}
+
+lanewise! {
+    /// `v[i] ← f(v[i], b[i])`.
+    fn update2[F: Fn(f32, f32) -> f32](v: &mut [f32], b: &[f32], f: F) {
+        for (v, &b) in v.iter_mut().zip(b) {
+            *v = f(*v, b);
+        }
+    }
+}
+
+lanewise! {
+    /// Row broadcast over a piece of a matrix with `n` columns whose first element has
+    /// flat index `start`: `out[k] = f(x[k], row[(start + k) % n])`.
+    fn map_rows[F: Fn(f32, f32) -> f32](out: &mut [f32], x: &[f32], row: &[f32], start: usize, f: F) {
+        for (off, _, j, len) in row_segments(start, out.len(), row.len()) {
+            let (o, x) = (&mut out[off..off + len], &x[off..off + len]);
+            for ((o, &x), &r) in o.iter_mut().zip(x).zip(&row[j..j + len]) {
+                *o = f(x, r);
+            }
+        }
+    }
+}
+
+lanewise! {
+    /// Column broadcast over a piece of a matrix with `n` columns whose first element has
+    /// flat index `start`: `out[k] = f(x[k], col[(start + k) / n])`.
+    fn map_cols[F: Fn(f32, f32) -> f32](out: &mut [f32], x: &[f32], col: &[f32], start: usize, n: usize, f: F) {
+        for (off, r, _, len) in row_segments(start, out.len(), n) {
+            let c = col[r];
+            for (o, &x) in out[off..off + len].iter_mut().zip(&x[off..off + len]) {
+                *o = f(x, c);
+            }
+        }
+    }
+}
+
+/// Splits flat elements `start..start + len` of a matrix with `n` columns at row ends,
+/// yielding `(offset from start, row, first column, length)` per piece.
+#[inline(always)]
+fn row_segments(start: usize, len: usize, n: usize) -> impl Iterator<Item = (usize, usize, usize, usize)> {
+    let mut off = 0;
+    std::iter::from_fn(move || {
+        if off >= len || n == 0 {
+            return None;
+        }
+        let i = start + off;
+        let (r, j) = (i / n, i % n);
+        let seg = (n - j).min(len - off);
+        let piece = (off, r, j, seg);
+        off += seg;
+        Some(piece)
+    })
+}
+
+/// A float input read as f32 one piece at a time: F32 data is borrowed, F16/BF16
+/// converted into the caller's stack tile.
+#[derive(Clone, Copy)]
+enum Src<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    BF16(&'a [bf16]),
+}
+
+impl<'a> Src<'a> {
+    fn new(op: &'static str, what: &str, t: &'a Tensor) -> Result<Src<'a>> {
+        Ok(match t.dtype() {
+            DType::F32 => Src::F32(t.as_slice()?),
+            DType::F16 => Src::F16(t.as_slice()?),
+            DType::BF16 => Src::BF16(t.as_slice()?),
+            other => return Err(Error::dtype(op, what, "f32, f16 or bf16", other)),
+        })
+    }
+
+    /// Elements `start..start + len` as f32. Half inputs only occur with half outputs,
+    /// whose pieces are at most `TILE` long (see [`drive`]).
+    #[inline]
+    fn get<'b>(self, start: usize, len: usize, tile: &'b mut [f32; TILE]) -> &'b [f32]
+    where
+        'a: 'b,
+    {
+        match self {
+            Src::F32(s) => &s[start..start + len],
+            Src::F16(s) => {
+                s[start..start + len].convert_to_f32_slice(&mut tile[..len]);
+                &tile[..len]
+            }
+            Src::BF16(s) => {
+                s[start..start + len].convert_to_f32_slice(&mut tile[..len]);
+                &tile[..len]
+            }
+        }
+    }
+}
+
+/// Runs `f(start, values)` over all of `dst` in pieces, in parallel when
+/// `elements · cost` is large. `values` holds elements `start..start + values.len()` as
+/// f32 and is stored back afterwards: F32 pieces are the tensor's memory (a whole
+/// chunk), F16/BF16 pieces a converted stack tile. With `load` false `f` only writes,
+/// and half elements are not converted in first.
+fn drive(
+    cpu: &CpuBackend,
+    op: &'static str,
+    dst: &mut Tensor,
+    load: bool,
+    cost: usize,
+    f: impl Fn(usize, &mut [f32]) + Sync + Send,
+) -> Result<()> {
+    match dst.dtype() {
+        DType::F32 => cpu.for_each_chunk(dst.as_mut_slice::<f32>()?, CHUNK, cost, |c, v| f(c * CHUNK, v)),
+        DType::F16 => drive_half(cpu, dst.as_mut_slice::<f16>()?, load, cost, &f),
+        DType::BF16 => drive_half(cpu, dst.as_mut_slice::<bf16>()?, load, cost, &f),
+        other => return Err(Error::dtype(op, "output", "f32, f16 or bf16", other)),
+    }
+    Ok(())
+}
+
+/// [`drive`] for F16/BF16 data: each chunk converted through a stack tile.
+fn drive_half<H: Send>(
+    cpu: &CpuBackend,
+    data: &mut [H],
+    load: bool,
+    cost: usize,
+    f: &(impl Fn(usize, &mut [f32]) + Sync),
+) where
+    [H]: HalfFloatSliceExt,
+{
+    cpu.for_each_chunk(data, CHUNK, cost, |c, chunk| {
+        let mut tile = [0.0f32; TILE];
+        for (t, half) in chunk.chunks_mut(TILE).enumerate() {
+            let values = &mut tile[..half.len()];
+            if load {
+                half.convert_to_f32_slice(values);
+            }
+            f(c * CHUNK + t * TILE, values);
+            half.convert_from_f32_slice(values);
+        }
+    });
+}
+
+/// A new tensor of `like`'s shape and dtype, filled by `f` (see [`drive`]).
+fn produce(
+    cpu: &CpuBackend,
+    op: &'static str,
+    like: &Tensor,
+    cost: usize,
+    f: impl Fn(usize, &mut [f32]) + Sync + Send,
+) -> Result<Tensor> {
+    let mut out = Tensor::zeros(like.shape().clone(), like.dtype())?;
+    drive(cpu, op, &mut out, false, cost, f)?;
+    Ok(out)
+}
+
+/// `out = f(x)` elementwise, any shape.
+fn unary(
+    cpu: &CpuBackend,
+    op: &'static str,
+    x: &Tensor,
+    cost: usize,
+    f: impl Fn(f32) -> f32 + Copy + Sync + Send,
+) -> Result<Tensor> {
+    check::float(op, "x", x)?;
+    let xs = Src::new(op, "x", x)?;
+    produce(cpu, op, x, cost, |start, out| {
+        let mut tile = [0.0; TILE];
+        let n = out.len();
+        map1(out, xs.get(start, n, &mut tile), f)
+    })
+}
+
+/// `x ← f(x)` in place; `x` must be writable.
+fn unary_inplace(
+    cpu: &CpuBackend,
+    op: &'static str,
+    x: &mut Tensor,
+    cost: usize,
+    f: impl Fn(f32) -> f32 + Copy + Sync + Send,
+) -> Result<()> {
+    x.ensure_writable(op)?;
+    check::float(op, "x", x)?;
+    drive(cpu, op, x, true, cost, |_, values| update1(values, f))
+}
+
+/// `out = f(a, b)` elementwise over equal shapes and dtypes.
+fn binary(
+    cpu: &CpuBackend,
+    op: &'static str,
+    a: &Tensor,
+    b: &Tensor,
+    cost: usize,
+    f: impl Fn(f32, f32) -> f32 + Copy + Sync + Send,
+) -> Result<Tensor> {
+    check::float_pair(op, a, b)?;
+    let (sa, sb) = (Src::new(op, "a", a)?, Src::new(op, "b", b)?);
+    produce(cpu, op, a, cost, |start, out| {
+        let (mut ta, mut tb) = ([0.0; TILE], [0.0; TILE]);
+        let n = out.len();
+        map2(out, sa.get(start, n, &mut ta), sb.get(start, n, &mut tb), f)
+    })
+}
+
+/// `a ← f(a, b)` in place over equal shapes and dtypes; `a` must be writable.
+fn binary_inplace(
+    cpu: &CpuBackend,
+    op: &'static str,
+    a: &mut Tensor,
+    b: &Tensor,
+    f: impl Fn(f32, f32) -> f32 + Copy + Sync + Send,
+) -> Result<()> {
+    a.ensure_writable(op)?;
+    check::float_pair(op, a, b)?;
+    let sb = Src::new(op, "b", b)?;
+    drive(cpu, op, a, true, CHEAP, |start, values| {
+        let mut tb = [0.0; TILE];
+        let n = values.len();
+        update2(values, sb.get(start, n, &mut tb), f)
+    })
+}
+
+/// `out = f(a, b, c)` elementwise over equal shapes and dtypes.
+fn ternary(
+    cpu: &CpuBackend,
+    op: &'static str,
+    (a, b, c): (&Tensor, &Tensor, &Tensor),
+    f: impl Fn(f32, f32, f32) -> f32 + Copy + Sync + Send,
+) -> Result<Tensor> {
+    check::float_pair(op, a, b)?;
+    check::same_dtype(op, "c", a, c)?;
+    check::same_shape(op, "c", a, c)?;
+    let (sa, sb, sc) = (Src::new(op, "a", a)?, Src::new(op, "b", b)?, Src::new(op, "c", c)?);
+    produce(cpu, op, a, CHEAP, |start, out| {
+        let (mut ta, mut tb, mut tc) = ([0.0; TILE], [0.0; TILE], [0.0; TILE]);
+        let n = out.len();
+        map3(out, sa.get(start, n, &mut ta), sb.get(start, n, &mut tb), sc.get(start, n, &mut tc), f)
+    })
+}
+
+/// `out[..., j] = f(x[..., j], row[j])` for x `[..., N]` and row `[N]`.
+fn row_broadcast(
+    cpu: &CpuBackend,
+    op: &'static str,
+    x: &Tensor,
+    row: &Tensor,
+    f: impl Fn(f32, f32) -> f32 + Copy + Sync + Send,
+) -> Result<Tensor> {
+    check::float(op, "x", x)?;
+    check::min_rank(op, "x", x, 1)?;
+    check::same_dtype(op, "row", x, row)?;
+    check::shape(op, "row", row, &[x.shape().last_dim()])?;
+    let xs = Src::new(op, "x", x)?;
+    // The row is short: read it as f32 once.
+    let row = convert::f32_data(op, "row", row)?;
+    produce(cpu, op, x, CHEAP, |start, out| {
+        let mut tx = [0.0; TILE];
+        let n = out.len();
+        map_rows(out, xs.get(start, n, &mut tx), &row, start, f)
+    })
+}
+
+/// `out[i, j] = f(x[i, j], col[i])` for x `[..., N]` with M rows and col `[M]` or
+/// x's shape without its last dim.
+fn col_broadcast(
+    cpu: &CpuBackend,
+    op: &'static str,
+    x: &Tensor,
+    col: &Tensor,
+    f: impl Fn(f32, f32) -> f32 + Copy + Sync + Send,
+) -> Result<Tensor> {
+    check::float(op, "x", x)?;
+    check::min_rank(op, "x", x, 1)?;
+    check::same_dtype(op, "col", x, col)?;
+    let lead = &x.dims()[..x.rank() - 1];
+    let rows: usize = lead.iter().product();
+    if col.dims() != [rows] && col.dims() != lead {
+        return Err(Error::shape(op, "col", format!("[{rows}] or {lead:?}"), col.shape()));
+    }
+    let n = x.shape().last_dim();
+    let xs = Src::new(op, "x", x)?;
+    // One value per row: read it as f32 once.
+    let col = convert::f32_data(op, "col", col)?;
+    produce(cpu, op, x, CHEAP, |start, out| {
+        let mut tx = [0.0; TILE];
+        let len = out.len();
+        map_cols(out, xs.get(start, len, &mut tx), &col, start, n, f)
+    })
+}
+
+/// Clamp bounds must be ordered and not NaN (`!(lo <= hi)` catches both).
+fn check_bounds(op: &'static str, lo: f32, hi: f32) -> Result<()> {
+    if lo <= hi {
+        Ok(())
+    } else {
+        Err(Error::value(op, "bounds", "lo ≤ hi, neither NaN", format!("lo = {lo}, hi = {hi}")))
+    }
+}
+
+/// `min(max(x, lo), hi)`, written with comparisons so a NaN `x` stays NaN.
+#[inline(always)]
+fn clamp_value(x: f32, lo: f32, hi: f32) -> f32 {
+    if x < lo {
+        lo
+    } else if x > hi {
+        hi
+    } else {
+        x
+    }
+}
+
+/// `a + b`, elementwise.
 pub fn add(cpu: &CpuBackend, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    todo!()
+    binary(cpu, "add", a, b, CHEAP, |x, y| x + y)
 }
 
+/// `a + s`.
 pub fn add_scalar(cpu: &CpuBackend, a: &Tensor, s: f32) -> Result<Tensor> {
-    todo!()
+    unary(cpu, "add_scalar", a, CHEAP, move |x| x + s)
 }
 
+/// `a ← a + b`, in place.
 pub fn add_assign(cpu: &CpuBackend, a: &mut Tensor, b: &Tensor) -> Result<()> {
-    todo!()
+    binary_inplace(cpu, "add_assign", a, b, |x, y| x + y)
 }
 
+/// `x[..., j] + row[j]`.
 pub fn add_row(cpu: &CpuBackend, x: &Tensor, row: &Tensor) -> Result<Tensor> {
-    todo!()
+    row_broadcast(cpu, "add_row", x, row, |x, r| x + r)
 }
 
+/// `x[i, j] + col[i]`.
 pub fn add_col(cpu: &CpuBackend, x: &Tensor, col: &Tensor) -> Result<Tensor> {
-    todo!()
+    col_broadcast(cpu, "add_col", x, col, |x, c| x + c)
 }
 
+/// `a − b`, elementwise.
 pub fn sub(cpu: &CpuBackend, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    todo!()
+    binary(cpu, "sub", a, b, CHEAP, |x, y| x - y)
 }
 
+/// `a − s`.
 pub fn sub_scalar(cpu: &CpuBackend, a: &Tensor, s: f32) -> Result<Tensor> {
-    todo!()
+    unary(cpu, "sub_scalar", a, CHEAP, move |x| x - s)
 }
 
+/// `a ← a − b`, in place.
 pub fn sub_assign(cpu: &CpuBackend, a: &mut Tensor, b: &Tensor) -> Result<()> {
-    todo!()
+    binary_inplace(cpu, "sub_assign", a, b, |x, y| x - y)
 }
 
+/// `x[..., j] − row[j]`.
 pub fn sub_row(cpu: &CpuBackend, x: &Tensor, row: &Tensor) -> Result<Tensor> {
-    todo!()
+    row_broadcast(cpu, "sub_row", x, row, |x, r| x - r)
 }
 
+/// `x[i, j] − col[i]`.
 pub fn sub_col(cpu: &CpuBackend, x: &Tensor, col: &Tensor) -> Result<Tensor> {
-    todo!()
+    col_broadcast(cpu, "sub_col", x, col, |x, c| x - c)
 }
 
+/// `a · b`, elementwise.
 pub fn mul(cpu: &CpuBackend, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    todo!()
+    binary(cpu, "mul", a, b, CHEAP, |x, y| x * y)
 }
 
+/// `a · s`.
 pub fn mul_scalar(cpu: &CpuBackend, a: &Tensor, s: f32) -> Result<Tensor> {
-    todo!()
+    unary(cpu, "mul_scalar", a, CHEAP, move |x| x * s)
 }
 
+/// `a ← a · b`, in place.
 pub fn mul_assign(cpu: &CpuBackend, a: &mut Tensor, b: &Tensor) -> Result<()> {
-    todo!()
+    binary_inplace(cpu, "mul_assign", a, b, |x, y| x * y)
 }
 
+/// `x[..., j] · row[j]`.
 pub fn mul_row(cpu: &CpuBackend, x: &Tensor, row: &Tensor) -> Result<Tensor> {
-    todo!()
+    row_broadcast(cpu, "mul_row", x, row, |x, r| x * r)
 }
 
+/// `x[i, j] · col[i]`.
 pub fn mul_col(cpu: &CpuBackend, x: &Tensor, col: &Tensor) -> Result<Tensor> {
-    todo!()
+    col_broadcast(cpu, "mul_col", x, col, |x, c| x * c)
 }
 
+/// `a / b`, elementwise.
 pub fn div(cpu: &CpuBackend, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    todo!()
+    binary(cpu, "div", a, b, CHEAP, |x, y| x / y)
 }
 
+/// `a / s` (a true division, not a multiplication by `1/s`).
 pub fn div_scalar(cpu: &CpuBackend, a: &Tensor, s: f32) -> Result<Tensor> {
-    todo!()
+    unary(cpu, "div_scalar", a, CHEAP, move |x| x / s)
 }
 
+/// `a ← a / b`, in place.
 pub fn div_assign(cpu: &CpuBackend, a: &mut Tensor, b: &Tensor) -> Result<()> {
-    todo!()
+    binary_inplace(cpu, "div_assign", a, b, |x, y| x / y)
 }
 
+/// `x[..., j] / row[j]`.
 pub fn div_row(cpu: &CpuBackend, x: &Tensor, row: &Tensor) -> Result<Tensor> {
-    todo!()
+    row_broadcast(cpu, "div_row", x, row, |x, r| x / r)
 }
 
+/// `x[i, j] / col[i]`.
 pub fn div_col(cpu: &CpuBackend, x: &Tensor, col: &Tensor) -> Result<Tensor> {
-    todo!()
+    col_broadcast(cpu, "div_col", x, col, |x, c| x / c)
 }
 
+/// `a + b + c` (summed left to right in f32).
 pub fn add3(cpu: &CpuBackend, a: &Tensor, b: &Tensor, c: &Tensor) -> Result<Tensor> {
-    todo!()
+    ternary(cpu, "add3", (a, b, c), |a, b, c| a + b + c)
 }
 
+/// `x · exp(y)`.
 pub fn exp_mul(cpu: &CpuBackend, x: &Tensor, y: &Tensor) -> Result<Tensor> {
-    todo!()
+    binary(cpu, "exp_mul", x, y, EXP_COST, |x, y| x * fast_exp(y))
 }
 
+/// `(a − b) · c`.
 pub fn sub_mul(cpu: &CpuBackend, a: &Tensor, b: &Tensor, c: &Tensor) -> Result<Tensor> {
-    todo!()
+    ternary(cpu, "sub_mul", (a, b, c), |a, b, c| (a - b) * c)
 }
 
+/// `a + b · c` with a scalar `c` (separate multiply and add: no fused rounding, so every
+/// ISA gives the same bits).
 pub fn add_scaled(cpu: &CpuBackend, a: &Tensor, b: &Tensor, c: f32) -> Result<Tensor> {
-    todo!()
+    binary(cpu, "add_scaled", a, b, CHEAP, move |x, y| x + y * c)
 }
 
+/// `exp(x)` (by [`fast_exp`], about 2 ulp).
 pub fn exp(cpu: &CpuBackend, x: &Tensor) -> Result<Tensor> {
-    todo!()
+    unary(cpu, "exp", x, EXP_COST, fast_exp)
 }
 
+/// `x ← exp(x)`, in place.
 pub fn exp_inplace(cpu: &CpuBackend, x: &mut Tensor) -> Result<()> {
-    todo!()
+    unary_inplace(cpu, "exp_inplace", x, EXP_COST, fast_exp)
 }
 
+/// `ln(x)` (NaN for x < 0, −∞ at 0).
 pub fn log(cpu: &CpuBackend, x: &Tensor) -> Result<Tensor> {
-    todo!()
+    unary(cpu, "log", x, LIBM_COST, f32::ln)
 }
 
+/// `x ← ln(x)`, in place.
 pub fn log_inplace(cpu: &CpuBackend, x: &mut Tensor) -> Result<()> {
-    todo!()
+    unary_inplace(cpu, "log_inplace", x, LIBM_COST, f32::ln)
 }
 
+/// `√x` (NaN for x < 0).
 pub fn sqrt(cpu: &CpuBackend, x: &Tensor) -> Result<Tensor> {
-    todo!()
+    unary(cpu, "sqrt", x, CHEAP, f32::sqrt)
 }
 
+/// `x ← √x`, in place.
 pub fn sqrt_inplace(cpu: &CpuBackend, x: &mut Tensor) -> Result<()> {
-    todo!()
+    unary_inplace(cpu, "sqrt_inplace", x, CHEAP, f32::sqrt)
 }
 
+/// `x^p` (`powf`; p = 1 and p = 2 take exact shortcuts that give the same bits).
 pub fn pow(cpu: &CpuBackend, x: &Tensor, p: f32) -> Result<Tensor> {
-    todo!()
+    if p == 1.0 {
+        unary(cpu, "pow", x, CHEAP, |v| v)
+    } else if p == 2.0 {
+        unary(cpu, "pow", x, CHEAP, |v| v * v)
+    } else {
+        unary(cpu, "pow", x, LIBM_COST, move |v| v.powf(p))
+    }
 }
 
+/// `x ← x^p`, in place.
 pub fn pow_inplace(cpu: &CpuBackend, x: &mut Tensor, p: f32) -> Result<()> {
-    todo!()
+    if p == 1.0 {
+        unary_inplace(cpu, "pow_inplace", x, CHEAP, |v| v)
+    } else if p == 2.0 {
+        unary_inplace(cpu, "pow_inplace", x, CHEAP, |v| v * v)
+    } else {
+        unary_inplace(cpu, "pow_inplace", x, LIBM_COST, move |v| v.powf(p))
+    }
 }
 
+/// `−x`.
 pub fn neg(cpu: &CpuBackend, x: &Tensor) -> Result<Tensor> {
-    todo!()
+    unary(cpu, "neg", x, CHEAP, |v| -v)
 }
 
+/// `x ← −x`, in place.
 pub fn neg_inplace(cpu: &CpuBackend, x: &mut Tensor) -> Result<()> {
-    todo!()
+    unary_inplace(cpu, "neg_inplace", x, CHEAP, |v| -v)
 }
 
+/// `|x|`.
 pub fn abs(cpu: &CpuBackend, x: &Tensor) -> Result<Tensor> {
-    todo!()
+    unary(cpu, "abs", x, CHEAP, f32::abs)
 }
 
+/// `x ← |x|`, in place.
 pub fn abs_inplace(cpu: &CpuBackend, x: &mut Tensor) -> Result<()> {
-    todo!()
+    unary_inplace(cpu, "abs_inplace", x, CHEAP, f32::abs)
 }
 
+/// `min(max(x, lo), hi)`; `lo > hi` or a NaN bound is an error, a NaN `x` stays NaN.
 pub fn clamp(cpu: &CpuBackend, x: &Tensor, lo: f32, hi: f32) -> Result<Tensor> {
-    todo!()
+    check_bounds("clamp", lo, hi)?;
+    unary(cpu, "clamp", x, CHEAP, move |v| clamp_value(v, lo, hi))
 }
 
+/// `x ← min(max(x, lo), hi)`, in place.
 pub fn clamp_inplace(cpu: &CpuBackend, x: &mut Tensor, lo: f32, hi: f32) -> Result<()> {
-    todo!()
+    check_bounds("clamp_inplace", lo, hi)?;
+    unary_inplace(cpu, "clamp_inplace", x, CHEAP, move |v| clamp_value(v, lo, hi))
 }
