@@ -127,6 +127,9 @@ fn attention_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     v.extend(attention_case(Cfg::new(1, 3, 1, 3, 17, 80), false, &[DType::F32], false)); // row path
     v.extend(attention_case(Cfg::new(1, 8, 2, 67, 130, 64), true, &[DType::F32, DType::BF16], false));
     v.extend(attention_case(Cfg::new(2, 4, 4, 1, 1, 32), true, &[DType::F32], false));
+    // No keys at all: every row sees nothing and gives zeros (both paths).
+    v.extend(attention_case(Cfg::new(1, 2, 2, 20, 0, 8), false, &[DType::F32], false));
+    v.extend(attention_case(Cfg::new(1, 2, 2, 3, 0, 8), false, &[DType::F32], false));
     v
 }
 
@@ -231,6 +234,7 @@ fn sdpa_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     v.extend(sdpa_case(Cfg::new(1, 6, 2, 70, 70, 64), Additive, true, true, &[DType::F32], false));
     v.extend(sdpa_case(Cfg::new(2, 3, 3, 67, 80, 32), Boolean, false, true, &[DType::F32], false));
     v.extend(sdpa_case(Cfg::new(1, 4, 2, 17, 30, 32), Unmasked, false, true, &[DType::F32], false));
+    v.extend(sdpa_case(Cfg::new(1, 2, 1, 24, 50, 40), Additive, false, false, &[DType::F32], false)); // D 40
     v
 }
 
@@ -271,7 +275,8 @@ fn causal_attention_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>
     v.extend(causal_case(Cfg::new(2, 4, 1, 17, 130, 64), f32_only, false)); // Tq < Tk, blocked
     v.extend(causal_case(Cfg::new(1, 2, 1, 5, 130, 128), f32_only, false)); // Tq < Tk, row path
     v.extend(causal_case(Cfg::new(1, 3, 3, 64, 128, 64), f32_only, false)); // exact block multiples
-                                                                            // Large logits: scale·q·k of order ±80; the online max keeps exp in range.
+    v.extend(causal_case(Cfg::new(1, 2, 1, 33, 33, 24), &[DType::F32, DType::F16], false)); // D 24: padded rows
+                                                                                            // Large logits: scale·q·k of order ±80; the online max keeps exp in range.
     v.extend(causal_case(Cfg::new(1, 2, 2, 67, 67, 64).amp(15.0), &[DType::F32, DType::BF16], false));
     v.extend(causal_case(Cfg::new(1, 2, 1, 3, 20, 32).amp(30.0), f32_only, false));
     v.push(long_sequence_case());
@@ -488,6 +493,7 @@ fn decode_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     v.extend(decode_case(Cfg::new(1, 6, 2, 1, 1, 80), 9, f32_only, false)); // first token
     v.extend(decode_case(Cfg::new(1, 4, 2, 16, 40, 32), 50, f32_only, false)); // blocked path over a cache
     v.extend(decode_case(Cfg::new(1, 3, 3, 20, 20, 64), 33, f32_only, false)); // kv_len = Tq
+    v.extend(decode_case(Cfg::new(1, 4, 2, 18, 30, 24), 40, f32_only, false)); // blocked, D 24
     v
 }
 

@@ -21,7 +21,7 @@
 use super::forward::BLOCK_Q;
 
 /// Keys per block of the backward (its scratch holds five `[BLOCK_K][dp]` buffers).
-const BLOCK_K: usize = 64;
+const BLOCK_K: usize = 128;
 use super::tiles::{self, TILE_ROWS};
 use super::{Dims, Problem};
 use crate::cpu::pool::SharedMut;
@@ -30,6 +30,12 @@ use crate::cpu::CpuBackend;
 
 /// Writes `(dq, dk, dv)` (every element) of causal problem `p` given its output `o`,
 /// logsumexp and `d_out`.
+///
+/// One task per (batch, kv head). When there are fewer kv heads than threads, each kv
+/// head's key blocks are also split into contiguous ranges of about equal causal work:
+/// a range's task owns dk, dv of its keys and writes its share of dq into a buffer of
+/// its own; the shares are then summed in range order (deterministic for a fixed
+/// thread count).
 pub(super) fn backward(
     cpu: &CpuBackend,
     p: &Problem,
@@ -40,20 +46,77 @@ pub(super) fn backward(
 ) {
     let Dims { batch, hq, hkv, tq, tk, d } = p.dims;
     let group = p.dims.group();
+    let heads = batch * hkv;
+    let key_blocks = tk.div_ceil(BLOCK_K);
+    let splits = if heads >= cpu.threads() { 1 } else { cpu.threads().div_ceil(heads).min(key_blocks).max(1) };
+    let ranges = split_key_blocks(p, splits);
+    let group_len = group * tq * d;
+    // dq shares of the key ranges, [heads][splits][group·Tq·D] (empty with one range).
+    let mut shares = vec![0.0f32; if splits > 1 { heads * splits * group_len } else { 0 }];
     let (dq_ptr, dk_ptr, dv_ptr) = (SharedMut(dq.as_mut_ptr()), SharedMut(dk.as_mut_ptr()), SharedMut(dv.as_mut_ptr()));
-    cpu.for_each_index(batch * hkv, group * tq * tk * d, |kv_head| {
+    let share_ptr = SharedMut(shares.as_mut_ptr());
+    cpu.for_each_index(heads * splits, group * tq * tk * d / splits, |task| {
+        let (kv_head, split) = (task / splits, task % splits);
+        let (kb_lo, kb_hi) = ranges[split];
+        let (k_lo, k_hi) = (kb_lo * BLOCK_K, (kb_hi * BLOCK_K).min(tk));
         let bh0 = (kv_head / hkv) * hq + (kv_head % hkv) * group;
-        // SAFETY: task `kv_head` alone writes dk and dv of its kv head and dq of the
-        // query heads bh0 .. bh0 + group (its group); all ranges are in bounds.
-        let (dq_g, dk_h, dv_h) = unsafe {
+        // SAFETY: task (kv_head, split) alone writes dk and dv of keys k_lo..k_hi of its kv
+        // head, and either dq of the group's query heads bh0 .. bh0 + group (one range)
+        // or its own share buffer; all ranges are in bounds.
+        let (dq_out, dk_out, dv_out) = unsafe {
             (
-                dq_ptr.slice(bh0 * tq * d, group * tq * d),
-                dk_ptr.slice(kv_head * tk * d, tk * d),
-                dv_ptr.slice(kv_head * tk * d, tk * d),
+                if splits == 1 {
+                    dq_ptr.slice(bh0 * tq * d, group_len)
+                } else {
+                    share_ptr.slice(task * group_len, group_len)
+                },
+                dk_ptr.slice((kv_head * tk + k_lo) * d, (k_hi - k_lo) * d),
+                dv_ptr.slice((kv_head * tk + k_lo) * d, (k_hi - k_lo) * d),
             )
         };
-        KvHeadBackward::new(p, kv_head, o, lse, d_out).run(dq_g, dk_h, dv_h);
+        KvHeadBackward::new(p, kv_head, o, lse, d_out).run((kb_lo, kb_hi), dq_out, dk_out, dv_out);
     });
+    if splits > 1 {
+        // dq of each group = Σ of its shares, in range order.
+        cpu.for_each_chunk(dq, group_len, splits, |kv_head, dq_g| {
+            dq_g.copy_from_slice(&shares[kv_head * splits * group_len..][..group_len]);
+            for share in
+                shares[kv_head * splits * group_len..(kv_head + 1) * splits * group_len].chunks_exact(group_len).skip(1)
+            {
+                for (y, &x) in dq_g.iter_mut().zip(share) {
+                    *y += x;
+                }
+            }
+        });
+    }
+}
+
+/// `splits` contiguous ranges of key blocks with about equal work: key block `kb` is
+/// seen by the `Tq − max(0, kb·BLOCK_K − (Tk − Tq))` last query rows.
+fn split_key_blocks(p: &Problem, splits: usize) -> Vec<(usize, usize)> {
+    let Dims { tq, tk, .. } = p.dims;
+    let key_blocks = tk.div_ceil(BLOCK_K);
+    let work = |kb: usize| (tq - (kb * BLOCK_K).saturating_sub(tk - tq).min(tq)).max(1);
+    let total: usize = (0..key_blocks).map(work).sum();
+    let mut ranges = Vec::with_capacity(splits);
+    let (mut lo, mut done) = (0, 0);
+    for s in 1..=splits {
+        let target = total * s / splits;
+        let mut hi = lo;
+        while hi < key_blocks && (done < target || hi == lo) && key_blocks - hi > splits - s {
+            done += work(hi);
+            hi += 1;
+        }
+        if s == splits {
+            while hi < key_blocks {
+                done += work(hi);
+                hi += 1;
+            }
+        }
+        ranges.push((lo, hi));
+        lo = hi;
+    }
+    ranges
 }
 
 /// The backward of one (batch, kv head) and its query group.
@@ -99,11 +162,14 @@ impl<'a> KvHeadBackward<'a> {
         KvHeadBackward { p, kv_head, dp, tq_p, qs, dos, dqa, lse: lse_g, delta }
     }
 
-    fn run(mut self, dq_out: &mut [f32], dk_out: &mut [f32], dv_out: &mut [f32]) {
+    /// Runs key blocks `kb_lo..kb_hi`: writes dk, dv of their keys (`dk_out`, `dv_out`
+    /// start at key `kb_lo·BLOCK_K`) and the group's dq from these keys (`dq_out`).
+    fn run(mut self, (kb_lo, kb_hi): (usize, usize), dq_out: &mut [f32], dk_out: &mut [f32], dv_out: &mut [f32]) {
         let Dims { tq, tk, d, .. } = self.p.dims;
         let dp = self.dp;
         let mut blk = KeyBlock::new(dp);
-        for kb in 0..tk.div_ceil(BLOCK_K) {
+        let k_lo = kb_lo * BLOCK_K;
+        for kb in kb_lo..kb_hi {
             let k0 = kb * BLOCK_K;
             let nk = BLOCK_K.min(tk - k0);
             blk.load(self.p, self.kv_head, k0, nk);
@@ -115,8 +181,9 @@ impl<'a> KvHeadBackward<'a> {
                 }
             }
             for c in 0..nk {
-                dk_out[(k0 + c) * d..(k0 + c + 1) * d].copy_from_slice(&blk.dk[c * dp..c * dp + d]);
-                dv_out[(k0 + c) * d..(k0 + c + 1) * d].copy_from_slice(&blk.dv[c * dp..c * dp + d]);
+                let row = (k0 - k_lo + c) * d..(k0 - k_lo + c + 1) * d;
+                dk_out[row.clone()].copy_from_slice(&blk.dk[c * dp..c * dp + d]);
+                dv_out[row].copy_from_slice(&blk.dv[c * dp..c * dp + d]);
             }
         }
         let group = self.p.dims.group();
@@ -143,15 +210,16 @@ impl<'a> KvHeadBackward<'a> {
         }
         for t in 0..tiles {
             // Visible counts grow with the row (padding rows aside): take the tile's max.
-            blk.cols[t] = blk.visible[t * TILE_ROWS..(t + 1) * TILE_ROWS].iter().fold(0, |a, &b| a.max(b));
-            blk.q_ranges[t] = (0, blk.cols[t]);
+            let cols = blk.visible[t * TILE_ROWS..(t + 1) * TILE_ROWS].iter().fold(0, |a, &b| a.max(b));
+            blk.q_ranges[t] = (0, cols);
         }
         let qs = &self.qs[base * dp..(base + rows_p) * dp];
         let dos = &self.dos[base * dp..(base + rows_p) * dp];
-        let cols = &blk.cols[..tiles];
+        let d = self.p.dims.d;
+        let cols = &blk.q_ranges[..tiles];
         // S = (scale·Q)·Kᵀ and dP = dO·Vᵀ on the tiles the mask leaves visible.
-        tiles::scores(&mut blk.p, BLOCK_K, qs, dp, &blk.kt, BLOCK_K, cols);
-        tiles::scores(&mut blk.ds, BLOCK_K, dos, dp, &blk.vt, BLOCK_K, cols);
+        tiles::scores(&mut blk.p, BLOCK_K, qs, dp, d, &blk.kt, BLOCK_K, cols);
+        tiles::scores(&mut blk.ds, BLOCK_K, dos, dp, d, &blk.vt, BLOCK_K, cols);
         // P = e^(S − lse); dS = P∘(dP − D); zero past the diagonal.
         tiles::probs_and_grads(
             &mut blk.p,
@@ -169,8 +237,8 @@ impl<'a> KvHeadBackward<'a> {
         }
         let k_ranges = &blk.k_ranges[..key_tiles];
         // dV += Pᵀ·dO and dK += dSᵀ·(scale·Q): A read transposed through its strides.
-        tiles::accumulate_cols(&mut blk.dv, dp, &blk.p, BLOCK_K, dos, k_ranges);
-        tiles::accumulate_cols(&mut blk.dk, dp, &blk.ds, BLOCK_K, qs, k_ranges);
+        tiles::accumulate_cols(&mut blk.dv, dp, &blk.p, BLOCK_K, dos, k_ranges, None);
+        tiles::accumulate_cols(&mut blk.dk, dp, &blk.ds, BLOCK_K, qs, k_ranges, None);
         // dQ += dS·K (the factor `scale` is applied once at the end).
         let dq = &mut self.dqa[base * dp..(base + rows_p) * dp];
         tiles::accumulate_rows(dq, dp, &blk.ds, BLOCK_K, &blk.kr, &blk.q_ranges[..tiles], None);
@@ -191,7 +259,6 @@ struct KeyBlock {
     p: Vec<f32>,
     ds: Vec<f32>,
     visible: [usize; BLOCK_Q],
-    cols: [usize; BLOCK_Q / TILE_ROWS],
     q_ranges: [(usize, usize); BLOCK_Q / TILE_ROWS],
     k_ranges: [(usize, usize); BLOCK_K / TILE_ROWS],
 }
@@ -207,7 +274,6 @@ impl KeyBlock {
             p: vec![0.0; BLOCK_Q * BLOCK_K],
             ds: vec![0.0; BLOCK_Q * BLOCK_K],
             visible: [0; BLOCK_Q],
-            cols: [0; BLOCK_Q / TILE_ROWS],
             q_ranges: [(0, 0); BLOCK_Q / TILE_ROWS],
             k_ranges: [(0, 0); BLOCK_K / TILE_ROWS],
         }

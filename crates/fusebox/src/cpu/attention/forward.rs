@@ -15,11 +15,12 @@
 //! `m = −∞`: its block steps are skipped (no `−∞ − −∞`), it outputs zeros and `lse = −∞`.
 //!
 //! Two paths share that recurrence:
-//! - blocked ([`BLOCK_Q`] queries × [`BLOCK_K`] keys), for runs of queries: K and V are
-//!   packed once per call (K transposed per block, rows padded to 16 floats), and each
-//!   (batch, head, query block) task computes `S = Q·Kᵀ` and `O += P·V` as register-tiled
-//!   block products, skipping key blocks the causal mask hides entirely and key tiles
-//!   past the diagonal;
+//! - blocked ([`BLOCK_Q`] queries × [`BLOCK_K`] keys), for runs of queries: each
+//!   (batch, head, query block) task computes the transposed score block `Sᵀ = K·Qᵀ`
+//!   and `O += P·V` as register-tiled block products over K and V read in place
+//!   (V padded once per call when D is not a multiple of 16), skipping key blocks the
+//!   causal mask hides entirely and query registers past the diagonal; the softmax runs
+//!   down the columns of `Sᵀ`, one vector lane per query;
 //! - row at a time, for a few queries (decode): one task per (batch, kv head) runs all
 //!   queries of the group over K/V read in place with `dot`/`axpy`, so a cache is read
 //!   once per group and never past the filled length.
@@ -30,10 +31,10 @@ use crate::cpu::pool::SharedMut;
 use crate::cpu::simd;
 use crate::cpu::CpuBackend;
 
-/// Query rows per block of the blocked path.
-pub(super) const BLOCK_Q: usize = 64;
-/// Keys per block (both paths, and the backward).
-pub(super) const BLOCK_K: usize = 128;
+/// Query rows per block of the blocked path (the columns of its transposed score block).
+pub(super) const BLOCK_Q: usize = tiles::QUERY_COLS;
+/// Keys per block of both paths.
+const BLOCK_K: usize = 128;
 /// From this many queries per head on, the blocked path is used.
 const BLOCKED_MIN_TQ: usize = 16;
 
@@ -64,68 +65,29 @@ fn finish_row(o: &[f32], m: f32, l: f32, out: &mut [f32], lse: &mut f32) {
     }
 }
 
-/// K and V of every (batch, kv head) in block layout: per block of [`BLOCK_K`] keys,
-/// `kt[d][c]` (K transposed) and `v[c][d]`, rows padded to `dp` (a multiple of 16) and
-/// keys past Tk zero-filled. O(Tk·D) extra memory, built once per call. When D is a
-/// multiple of 16, V is read in place (`v` stays empty).
-struct PackedKv<'a> {
-    kt: Vec<f32>,
-    v: Vec<f32>,
-    v_in_place: &'a [f32],
-    kv_stride: usize,
-    blocks: usize,
-    dp: usize,
-}
-
-impl<'a> PackedKv<'a> {
-    fn new(cpu: &CpuBackend, p: &Problem<'a>) -> PackedKv<'a> {
-        let Dims { batch, hkv, tk, d, .. } = p.dims;
-        let dp = d.next_multiple_of(16);
-        let blocks = tk.div_ceil(BLOCK_K);
-        let block_len = dp * BLOCK_K;
-        let mut kt = vec![0.0f32; batch * hkv * blocks * block_len];
-        let mut v = if d == dp { Vec::new() } else { vec![0.0f32; kt.len()] };
-        let keys_in = |idx: usize| {
-            let (head, kb) = (idx / blocks, idx % blocks);
-            let k0 = kb * BLOCK_K;
-            (head * p.kv_stride + k0 * d, BLOCK_K.min(tk - k0))
-        };
-        cpu.for_each_chunk(&mut kt, block_len, 1, |idx, blk| {
-            let (start, nk) = keys_in(idx);
-            for c in 0..nk {
-                for (dd, &x) in p.k[start + c * d..start + (c + 1) * d].iter().enumerate() {
-                    blk[dd * BLOCK_K + c] = x;
-                }
-            }
-        });
-        cpu.for_each_chunk(&mut v, block_len, 1, |idx, blk| {
-            let (start, nk) = keys_in(idx);
-            for c in 0..nk {
-                blk[c * dp..c * dp + d].copy_from_slice(&p.v[start + c * d..start + (c + 1) * d]);
-            }
-        });
-        PackedKv { kt, v, v_in_place: p.v, kv_stride: p.kv_stride, blocks, dp }
-    }
-
-    fn kt_block(&self, kv_head: usize, kb: usize) -> &[f32] {
-        let len = self.dp * BLOCK_K;
-        &self.kt[(kv_head * self.blocks + kb) * len..][..len]
-    }
-
-    /// Rows `kb·BLOCK_K ..` of V (as many as the block has keys; in place: up to the end).
-    fn v_block(&self, kv_head: usize, kb: usize) -> &[f32] {
-        if self.v.is_empty() {
-            return &self.v_in_place[kv_head * self.kv_stride + kb * BLOCK_K * self.dp..];
-        }
-        let len = self.dp * BLOCK_K;
-        &self.v[(kv_head * self.blocks + kb) * len..][..len]
-    }
+/// V with rows padded to `dp` floats (zeros past D), `[B·Hkv][Tk][dp]`, for a head dim
+/// that is not a multiple of 16 (the P·V tiles read whole registers).
+fn padded_v(cpu: &CpuBackend, p: &Problem, dp: usize) -> Vec<f32> {
+    let Dims { batch, hkv, tk, d, .. } = p.dims;
+    let mut v = vec![0.0f32; batch * hkv * tk * dp];
+    cpu.for_each_chunk(&mut v, dp, 1, |row, dst| {
+        let (head, j) = (row / tk, row % tk);
+        let start = head * p.kv_stride + j * d;
+        dst[..d].copy_from_slice(&p.v[start..start + d]);
+    });
+    v
 }
 
 /// The blocked path: one task per (batch·head, query block).
 fn blocked_forward(cpu: &CpuBackend, p: &Problem, out: &mut [f32], lse: &mut [f32]) {
     let Dims { batch, hq, tq, tk, d, .. } = p.dims;
-    let kv = PackedKv::new(cpu, p);
+    let dp = d.next_multiple_of(16);
+    let padded = if d == dp { Vec::new() } else { padded_v(cpu, p, dp) };
+    let v = if d == dp {
+        Rows { data: p.v, head_stride: p.kv_stride }
+    } else {
+        Rows { data: &padded, head_stride: tk * dp }
+    };
     let q_blocks = tq.div_ceil(BLOCK_Q);
     let out_ptr = SharedMut(out.as_mut_ptr());
     let lse_ptr = SharedMut(lse.as_mut_ptr());
@@ -136,55 +98,82 @@ fn blocked_forward(cpu: &CpuBackend, p: &Problem, out: &mut [f32], lse: &mut [f3
         // SAFETY: rows q0..q0+rows of head bh belong to this task alone, and lie inside
         // the [B·Hq·Tq, D] output and the [B·Hq·Tq] logsumexp.
         let (o, l) = unsafe { (out_ptr.slice((bh * tq + q0) * d, rows * d), lse_ptr.slice(bh * tq + q0, rows)) };
-        forward_block(p, &kv, bh, q0, rows, o, l);
+        forward_block(p, v, dp, bh, q0, rows, o, l);
     });
 }
 
-/// Rows `q0..q0+rows` of query head `bh` over every key block they can see.
-fn forward_block(p: &Problem, kv: &PackedKv<'_>, bh: usize, q0: usize, rows: usize, out: &mut [f32], lse: &mut [f32]) {
-    let Dims { tq, d, .. } = p.dims;
-    let dp = kv.dp;
-    let rows_p = rows.next_multiple_of(TILE_ROWS);
-    let tiles = rows_p / TILE_ROWS;
-    // Scaled queries, zero-padded to [rows_p, dp].
-    let mut qs = vec![0.0f32; rows_p * dp];
+/// The value rows of every (batch, kv head): head h's rows start at `h·head_stride`,
+/// each `dp` floats.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    data: &'a [f32],
+    head_stride: usize,
+}
+
+/// Rows `q0..q0+rows` of query head `bh` over every key block they can see, in the
+/// transposed layout: the score block is `Sᵀ[key][query]` (64 queries = 4 registers
+/// per key), computed as `K·(scale·Q)ᵀ` with K read in place and the block's queries
+/// transposed once; the softmax then runs down the columns (vector max, exp and sums;
+/// no horizontal reductions), and `O += P·V` reads `Pᵀ` through its strides.
+fn forward_block(p: &Problem, v: Rows, dp: usize, bh: usize, q0: usize, rows: usize, out: &mut [f32], lse: &mut [f32]) {
+    const BQ: usize = BLOCK_Q;
+    let Dims { tq, tk, d, .. } = p.dims;
+    let kv_head = p.kv_head(bh);
+    let k = &p.k[kv_head * p.kv_stride..];
+    let v = &v.data[kv_head * v.head_stride..];
+    // qt[d][r] = scale·q[q0 + r][d]; columns past `rows` stay 0.
+    let mut qt = vec![0.0f32; d * BQ];
     for r in 0..rows {
-        let src = &p.q[(bh * tq + q0 + r) * d..][..d];
-        for (x, &y) in qs[r * dp..r * dp + d].iter_mut().zip(src) {
-            *x = y * p.scale;
+        let src = &p.q[(bh * tq + q0 + r) * d..(bh * tq + q0 + r + 1) * d];
+        for (dd, &x) in src.iter().enumerate() {
+            qt[dd * BQ + r] = x * p.scale;
         }
     }
-    let mut o = vec![0.0f32; rows_p * dp];
-    let mut s = vec![0.0f32; rows_p * BLOCK_K];
-    let mut m = vec![f32::NEG_INFINITY; rows_p];
-    let mut l = vec![0.0f32; rows_p];
-    let mut alpha = vec![1.0f32; rows_p];
-    let mut visible = vec![0usize; rows_p];
-    let mut cols = vec![0usize; tiles];
-    let mut ranges = vec![(0usize, 0usize); tiles];
-    let kv_head = p.kv_head(bh);
-    // Rows see nested key prefixes: the last row sees the most; blocks past it are skipped.
-    let key_blocks = p.dims.visible(p.causal, q0 + rows - 1).div_ceil(BLOCK_K);
-    for kb in 0..key_blocks {
+    let mut o = vec![0.0f32; BQ * dp];
+    let mut st = vec![0.0f32; BLOCK_K * BQ];
+    let mut tail = vec![0.0f32; TILE_ROWS * d];
+    let (mut m, mut l, mut alpha) = ([f32::NEG_INFINITY; BQ], [0.0f32; BQ], [1.0f32; BQ]);
+    let mut first_query = [0usize; BLOCK_K];
+    let mut key_cols = [(0usize, 0usize); BLOCK_K / TILE_ROWS];
+    let mut ranges = [(0usize, 0usize); BQ / TILE_ROWS];
+    let q_tiles = rows.div_ceil(TILE_ROWS);
+    let visible = |r: usize| p.dims.visible(p.causal, q0 + r);
+    // The last query sees the most keys; blocks past them are skipped.
+    let seen = visible(rows - 1);
+    for kb in 0..seen.div_ceil(BLOCK_K) {
         let k0 = kb * BLOCK_K;
-        for (r, n) in visible.iter_mut().enumerate() {
-            *n = if r < rows { p.dims.visible(p.causal, q0 + r).saturating_sub(k0).min(BLOCK_K) } else { 0 };
+        let keys = seen.min(k0 + BLOCK_K) - k0;
+        // Key k0 + c is seen from query row r = k0 + c − (Tk − Tq) − q0 on.
+        for (c, f) in first_query[..keys].iter_mut().enumerate() {
+            *f = if p.causal { (k0 + c + tq).saturating_sub(tk + q0).min(BQ) } else { 0 };
         }
-        for t in 0..tiles {
-            // Visible counts grow with the row (padding rows aside): take the tile's max.
-            cols[t] = visible[t * TILE_ROWS..(t + 1) * TILE_ROWS].iter().fold(0, |a, &b| a.max(b));
-            ranges[t] = (0, cols[t]);
+        let key_tiles = keys.div_ceil(TILE_ROWS);
+        for (t, cols) in key_cols[..key_tiles].iter_mut().enumerate() {
+            *cols = (first_query[t * TILE_ROWS], BQ);
         }
-        // S = (scale·Q)·Kᵀ, only the key tiles each row tile can see.
-        tiles::scores(&mut s, BLOCK_K, &qs, dp, kv.kt_block(kv_head, kb), BLOCK_K, &cols);
+        // Sᵀ = K·(scale·Q)ᵀ, skipping query registers a key tile cannot be seen from.
+        // Whole key tiles read K in place; a partial last one goes through a zero-padded
+        // copy, so no row past the block's keys is read (a cache's unfilled tail).
+        let whole = keys / TILE_ROWS;
+        tiles::scores(&mut st, BQ, &k[k0 * d..], d, d, &qt, BQ, &key_cols[..whole]);
+        if whole < key_tiles {
+            let n = keys - whole * TILE_ROWS;
+            tail.fill(0.0);
+            tail[..n * d].copy_from_slice(&k[(k0 + whole * TILE_ROWS) * d..(k0 + keys) * d]);
+            tiles::scores(&mut st[whole * TILE_ROWS * BQ..], BQ, &tail, d, d, &qt, BQ, &key_cols[whole..key_tiles]);
+        }
         if let Some(mask) = p.mask {
-            for (r, &n) in visible[..rows].iter().enumerate() {
-                mask.apply(&p.dims, bh, q0 + r, k0, &mut s[r * BLOCK_K..r * BLOCK_K + n]);
+            for r in 0..rows {
+                mask.apply_column(&p.dims, bh, q0 + r, k0, keys, &mut st, BQ, r);
             }
         }
-        // P = e^(S − m') with the running max and sum updated; O = α∘O + P·V.
-        tiles::softmax_rows(&mut s, BLOCK_K, &visible, &cols, &mut m, &mut l, &mut alpha);
-        tiles::accumulate_rows(&mut o, dp, &s, BLOCK_K, kv.v_block(kv_head, kb), &ranges, Some(&alpha));
+        tiles::softmax_cols(&mut st, keys, &first_query[..keys], &mut m, &mut l, &mut alpha);
+        // O = α∘O + P·V; each 4-query tile runs over the keys its last query sees.
+        for (t, range) in ranges[..q_tiles].iter_mut().enumerate() {
+            let last = (t * TILE_ROWS + TILE_ROWS - 1).min(rows - 1);
+            *range = (0, visible(last).saturating_sub(k0).min(keys));
+        }
+        tiles::accumulate_cols(&mut o, dp, &st, BQ, &v[k0 * dp..], &ranges[..q_tiles], Some(&alpha));
     }
     for r in 0..rows {
         finish_row(&o[r * dp..r * dp + d], m[r], l[r], &mut out[r * d..(r + 1) * d], &mut lse[r]);

@@ -125,6 +125,40 @@ impl Mask<'_> {
     }
 }
 
+impl Mask<'_> {
+    /// [`Mask::apply`] for query row `i` held in column `col` of a transposed score
+    /// block `st[c·ld + col]`, keys `k0 .. k0 + keys`.
+    fn apply_column(
+        &self,
+        dims: &Dims,
+        bh: usize,
+        i: usize,
+        k0: usize,
+        keys: usize,
+        st: &mut [f32],
+        ld: usize,
+        col: usize,
+    ) {
+        let row = if self.per_head { bh * dims.tq + i } else { i };
+        let range = row * dims.tk + k0..row * dims.tk + k0 + keys;
+        let scores = st.iter_mut().skip(col).step_by(ld);
+        match self.values {
+            MaskValues::Additive(m) => {
+                for (x, &a) in scores.zip(&m[range]) {
+                    *x += a;
+                }
+            }
+            MaskValues::Boolean(m) => {
+                for (x, &keep) in scores.zip(&m[range]) {
+                    if keep == 0 {
+                        *x = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// One attention problem in f32: queries `[B,Hq,Tq,D]`, keys and values read in place
 /// as `kv_stride`-spaced `[Tk, D]` slabs per (batch, kv head) (Tk = the whole tensor,
 /// or the filled prefix of a cache).

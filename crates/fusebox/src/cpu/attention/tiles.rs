@@ -22,8 +22,8 @@ use crate::cpu::simd::{multiversion, Isa};
 
 /// Rows of one register tile (query rows, or key rows in the backward's `Pᵀ·dO`).
 pub const TILE_ROWS: usize = 4;
-/// Granularity of the score columns (keys) that [`scores`] computes.
-pub const TILE_KEYS: usize = 32;
+/// Queries per block of the transposed forward layout (`S[key][query]`), four registers.
+pub const QUERY_COLS: usize = 64;
 const LANES: usize = 16;
 
 /// Whether the running ISA has hardware FMA.
@@ -87,27 +87,38 @@ fn store<const W: usize>(acc: &Acc<W>, dst: &mut [f32], at: usize, ld: usize) {
 
 #[inline(always)]
 fn load<const W: usize>(src: &[f32], at: usize, ld: usize, f: [f32; TILE_ROWS]) -> Acc<W> {
-    std::array::from_fn(|r| std::array::from_fn(|w| lanes::<LANES>(src, at + r * ld + w * LANES).map(|x| x * f[r])))
+    // Plain loops: `array::from_fn` here is not always inlined, and then runs without
+    // the target features of its caller.
+    let mut acc: Acc<W> = [[[0.0; LANES]; W]; TILE_ROWS];
+    for (r, row) in acc.iter_mut().enumerate() {
+        for (w, v) in row.iter_mut().enumerate() {
+            let x = lanes::<LANES>(src, at + r * ld + w * LANES);
+            for l in 0..LANES {
+                v[l] = x[l] * f[r];
+            }
+        }
+    }
+    acc
 }
 
-/// One 4 × 16·W tile of `s = a·bt` at rows `r0..`, columns `c0..`.
+/// One 4 × 16·W tile of `s = a·bt` at rows `r0..` (of `a`, row stride `lda`, `depth`
+/// long), columns `c0..` (of `bt`, row stride `ld_b`, `depth` rows).
 #[inline(always)]
 fn score_tile<const W: usize, const FMA: bool>(
     s: &mut [f32],
     ld_s: usize,
     a: &[f32],
-    dp: usize,
+    lda: usize,
+    depth: usize,
     r0: usize,
     bt: &[f32],
     ld_b: usize,
     c0: usize,
 ) {
     let mut acc: Acc<W> = [[[0.0; LANES]; W]; TILE_ROWS];
-    let rows = &a[r0 * dp..(r0 + TILE_ROWS) * dp];
-    let (a0, rest) = rows.split_at(dp);
-    let (a1, rest) = rest.split_at(dp);
-    let (a2, a3) = rest.split_at(dp);
-    for (d, b) in bt.chunks(ld_b).take(dp).enumerate() {
+    let row = |r: usize| &a[(r0 + r) * lda..(r0 + r) * lda + depth];
+    let (a0, a1, a2, a3) = (row(0), row(1), row(2), row(3));
+    for (d, b) in bt.chunks(ld_b).take(depth).enumerate() {
         rank1::<W, FMA>(&mut acc, [a0[d], a1[d], a2[d], a3[d]], &b[c0..c0 + W * LANES]);
     }
     store(&acc, s, r0 * ld_s + c0, ld_s);
@@ -118,33 +129,47 @@ fn scores_impl<const FMA: bool>(
     s: &mut [f32],
     ld_s: usize,
     a: &[f32],
-    dp: usize,
+    lda: usize,
+    depth: usize,
     bt: &[f32],
     ld_b: usize,
-    cols: &[usize],
+    cols: &[(usize, usize)],
 ) {
-    for (t, &n) in cols.iter().enumerate() {
-        let n = n.next_multiple_of(TILE_KEYS);
-        let mut c0 = 0;
-        while c0 + 4 * LANES <= n {
-            score_tile::<4, FMA>(s, ld_s, a, dp, t * TILE_ROWS, bt, ld_b, c0);
+    for (t, &(lo, hi)) in cols.iter().enumerate() {
+        let r0 = t * TILE_ROWS;
+        let hi = hi.next_multiple_of(LANES);
+        let mut c0 = lo / LANES * LANES;
+        while c0 + 4 * LANES <= hi {
+            score_tile::<4, FMA>(s, ld_s, a, lda, depth, r0, bt, ld_b, c0);
             c0 += 4 * LANES;
         }
-        if c0 < n {
-            score_tile::<2, FMA>(s, ld_s, a, dp, t * TILE_ROWS, bt, ld_b, c0);
+        match (hi.saturating_sub(c0)) / LANES {
+            3 => score_tile::<3, FMA>(s, ld_s, a, lda, depth, r0, bt, ld_b, c0),
+            2 => score_tile::<2, FMA>(s, ld_s, a, lda, depth, r0, bt, ld_b, c0),
+            1 => score_tile::<1, FMA>(s, ld_s, a, lda, depth, r0, bt, ld_b, c0),
+            _ => {}
         }
     }
 }
 
 multiversion! {
-    /// `s[r][c] = Σ_d a[r][d]·bt[d][c]` for row tile `t` (rows `4t..4t+4`) and columns
-    /// `c < cols[t]` rounded up to a multiple of 32 (columns past that are left alone).
-    /// `a`: `[4·cols.len()][dp]`; `bt`: `[dp][ld_b]`; `s`: rows of stride `ld_s`.
-    pub fn scores(s: &mut [f32], ld_s: usize, a: &[f32], dp: usize, bt: &[f32], ld_b: usize, cols: &[usize]) {
+    /// `s[r][c] = Σ_{d < depth} a[r·lda + d]·bt[d·ld_b + c]` for row tile `t` (rows
+    /// `4t..4t+4`) and columns `cols[t] = (lo, hi)`, widened to whole registers (lo
+    /// rounded down, hi up to a multiple of 16); other columns are left alone.
+    pub fn scores(
+        s: &mut [f32],
+        ld_s: usize,
+        a: &[f32],
+        lda: usize,
+        depth: usize,
+        bt: &[f32],
+        ld_b: usize,
+        cols: &[(usize, usize)]
+    ) {
         if has_fma() {
-            scores_impl::<true>(s, ld_s, a, dp, bt, ld_b, cols)
+            scores_impl::<true>(s, ld_s, a, lda, depth, bt, ld_b, cols)
         } else {
-            scores_impl::<false>(s, ld_s, a, dp, bt, ld_b, cols)
+            scores_impl::<false>(s, ld_s, a, lda, depth, bt, ld_b, cols)
         }
     }
 }
@@ -200,7 +225,10 @@ fn accumulate_impl<const TRANS: bool, const FMA: bool>(
 ) {
     for (t, &range) in ranges.iter().enumerate() {
         let r0 = t * TILE_ROWS;
-        let f: [f32; TILE_ROWS] = std::array::from_fn(|r| alpha.map_or(1.0, |al| al[r0 + r]));
+        let mut f = [1.0f32; TILE_ROWS];
+        if let Some(al) = alpha {
+            f.copy_from_slice(&al[r0..r0 + TILE_ROWS]);
+        }
         let mut col = 0;
         while col + 4 * LANES <= dp {
             accumulate_tile::<4, TRANS, FMA>(c, dp, r0, col, a, b, range, f);
@@ -238,14 +266,23 @@ multiversion! {
 }
 
 multiversion! {
-    /// `c[r][:] += Σ_{i ∈ ranges[t]} a[i·lda + r]·b[i][:]` (A given transposed) for row
-    /// tile `t` (rows `4t..4t+4`); `c` and `b` have rows of `dp` (a multiple of 16) floats.
-    pub fn accumulate_cols(c: &mut [f32], dp: usize, a: &[f32], lda: usize, b: &[f32], ranges: &[(usize, usize)]) {
+    /// `c[r][:] = α[r]·c[r][:] + Σ_{i ∈ ranges[t]} a[i·lda + r]·b[i][:]` (A given
+    /// transposed) for row tile `t` (rows `4t..4t+4`); `c` and `b` have rows of `dp` (a
+    /// multiple of 16) floats; `alpha = None` means α = 1.
+    pub fn accumulate_cols(
+        c: &mut [f32],
+        dp: usize,
+        a: &[f32],
+        lda: usize,
+        b: &[f32],
+        ranges: &[(usize, usize)],
+        alpha: Option<&[f32]>
+    ) {
         let a = AView { a, lda };
         if has_fma() {
-            accumulate_impl::<true, true>(c, dp, a, b, ranges, None)
+            accumulate_impl::<true, true>(c, dp, a, b, ranges, alpha)
         } else {
-            accumulate_impl::<true, false>(c, dp, a, b, ranges, None)
+            accumulate_impl::<true, false>(c, dp, a, b, ranges, alpha)
         }
     }
 }
@@ -400,6 +437,68 @@ fn probs_and_grads_impl<const FMA: bool>(
         }
         p_row[end..].fill(0.0);
         ds_row[n..].fill(0.0);
+    }
+}
+
+#[inline(always)]
+fn softmax_cols_impl<const FMA: bool>(
+    st: &mut [f32],
+    keys: usize,
+    first_query: &[usize],
+    m: &mut [f32; QUERY_COLS],
+    l: &mut [f32; QUERY_COLS],
+    alpha: &mut [f32; QUERY_COLS],
+) {
+    const W: usize = QUERY_COLS;
+    let rows = st[..keys * W].chunks_exact_mut(W);
+    let mut max = [f32::NEG_INFINITY; W];
+    for (row, &lo) in rows.zip(first_query) {
+        row[..lo.min(W)].fill(f32::NEG_INFINITY);
+        for r in 0..W {
+            max[r] = if row[r] > max[r] { row[r] } else { max[r] };
+        }
+    }
+    // Shift by m' where some key was seen, by 0 where none was (its scores are all −∞
+    // and give e^(−∞) = 0; no −∞ − −∞).
+    let mut shift = [0.0f32; W];
+    for r in 0..W {
+        let m_new = if max[r] > m[r] { max[r] } else { m[r] };
+        shift[r] = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
+        alpha[r] = exp_lane::<FMA>(m[r] - shift[r]);
+        m[r] = m_new;
+    }
+    let mut sum = [0.0f32; W];
+    for row in st[..keys * W].chunks_exact_mut(W) {
+        for r in 0..W {
+            row[r] = exp_lane::<FMA>(row[r] - shift[r]);
+            sum[r] += row[r];
+        }
+    }
+    for r in 0..W {
+        l[r] = l[r] * alpha[r] + sum[r];
+    }
+}
+
+multiversion! {
+    /// One online-softmax step on a transposed score block `st [keys][64]` (column r is
+    /// query r of the block, row c key c): key c is hidden from queries before
+    /// `first_query[c]` (set to −∞); then per query `m' = max(m, max_c s_c)`,
+    /// `α = e^(m − m')`, `s_c ← e^(s_c − m')`, `l' = α·l + Σ_c s_c` — all down columns,
+    /// so every step is a plain vector operation (no horizontal reductions). A query that
+    /// has seen no key keeps m = −∞, l = 0.
+    pub fn softmax_cols(
+        st: &mut [f32],
+        keys: usize,
+        first_query: &[usize],
+        m: &mut [f32; QUERY_COLS],
+        l: &mut [f32; QUERY_COLS],
+        alpha: &mut [f32; QUERY_COLS]
+    ) {
+        if has_fma() {
+            softmax_cols_impl::<true>(st, keys, first_query, m, l, alpha)
+        } else {
+            softmax_cols_impl::<false>(st, keys, first_query, m, l, alpha)
+        }
     }
 }
 
