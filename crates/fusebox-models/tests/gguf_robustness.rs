@@ -106,3 +106,13 @@ fn overwritten_words_in_the_header_region() {
         }
     }
 }
+
+/// Writes the sample file as the seed of the `cargo fuzz` corpus:
+/// `cargo test --release -p fusebox-models --test gguf_robustness -- --ignored`.
+#[test]
+#[ignore = "writes fuzz/seeds/sample.gguf; run by hand when the sample changes"]
+fn write_fuzz_seed() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("sample.gguf"), sample_writer().to_bytes()).unwrap();
+}
