@@ -1,4 +1,5 @@
-//! Fuzz target: parse arbitrary bytes as GGUF and touch everything a caller can.
+//! Fuzz target: parse arbitrary bytes as GGUF and touch everything a caller can,
+//! including building a tokenizer and a chat template from the metadata.
 //!
 //! The reader must return `Ok` or an `Err` for any input: no panic, no
 //! out-of-bounds read (the sanitizer would catch one), no huge allocation (libFuzzer's
@@ -6,7 +7,9 @@
 
 #![no_main]
 
+use fusebox_models::chat::ChatTemplate;
 use fusebox_models::gguf::GgufFile;
+use fusebox_models::tokenizer::Tokenizer;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -21,5 +24,14 @@ fuzz_target!(|data: &[u8]| {
             std::hint::black_box(bytes.iter().fold(0u8, |a, &b| a ^ b));
         }
         let _ = std::hint::black_box(file.tensor(info.name()));
+    }
+    if let Ok(tok) = Tokenizer::from_gguf(file.metadata()) {
+        let ids = tok.encode("<|im_start|>user\nHi 123 ünï 😀  \t\n<|im_end|>", true);
+        let _ = std::hint::black_box(tok.decode(&ids));
+    }
+    if let Ok(Some(source)) = file.metadata().get_str("tokenizer.chat_template") {
+        if let Ok(t) = ChatTemplate::from_jinja(source) {
+            std::hint::black_box(t.apply(&[("user", "hi")], true));
+        }
     }
 });
