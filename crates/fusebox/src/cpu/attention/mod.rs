@@ -103,31 +103,9 @@ pub(crate) struct Mask<'a> {
 }
 
 impl Mask<'_> {
-    /// Applies row `i` of head `bh` (`b·Hq + h`) to scores `s[0..n]` of keys `k0..k0+n`:
-    /// adds the additive values, or sets dropped scores to −∞.
-    fn apply(&self, dims: &Dims, bh: usize, i: usize, k0: usize, s: &mut [f32]) {
-        let row = if self.per_head { bh * dims.tq + i } else { i };
-        let range = row * dims.tk + k0..row * dims.tk + k0 + s.len();
-        match self.values {
-            MaskValues::Additive(m) => {
-                for (x, &a) in s.iter_mut().zip(&m[range]) {
-                    *x += a;
-                }
-            }
-            MaskValues::Boolean(m) => {
-                for (x, &keep) in s.iter_mut().zip(&m[range]) {
-                    if keep == 0 {
-                        *x = f32::NEG_INFINITY;
-                    }
-                }
-            }
-        }
-    }
-}
-
-impl Mask<'_> {
-    /// [`Mask::apply`] for query row `i` held in column `col` of a transposed score
-    /// block `st[c·ld + col]`, keys `k0 .. k0 + keys`.
+    /// Applies mask row `i` of query head `bh` (`b·Hq + h`) to the scores of keys
+    /// `k0 .. k0 + keys` held in column `col` of a transposed score block
+    /// (`st[c·ld + col]`): adds the additive values, or sets dropped scores to −∞.
     fn apply_column(
         &self,
         dims: &Dims,
@@ -171,14 +149,6 @@ pub(crate) struct Problem<'a> {
     scale: f32,
     causal: bool,
     mask: Option<Mask<'a>>,
-}
-
-impl Problem<'_> {
-    /// Index of the (batch, kv head) slab that query head `bh = b·Hq + h` reads.
-    fn kv_head(&self, bh: usize) -> usize {
-        let (b, h) = (bh / self.dims.hq, bh % self.dims.hq);
-        b * self.dims.hkv + h / self.dims.group()
-    }
 }
 
 /// Runs the forward and writes the output in `dtype`; returns it with the f32 logsumexp.
