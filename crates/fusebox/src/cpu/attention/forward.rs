@@ -220,7 +220,7 @@ fn forward_block<const COLS: usize>(p: &Problem, v: Rows, dp: usize, blk: &Query
         if let Some(mask) = p.mask {
             for j in 0..n {
                 let (bh, i) = blk.column(j);
-                mask.apply_column(&p.dims, bh, i, k0, keys, &mut st, COLS, j);
+                mask.apply(&p.dims, bh, i, k0, keys, &mut st, COLS, j);
             }
         }
         tiles::softmax_cols(&mut st, COLS, keys, &first_col[..keys], &mut m, &mut l, &mut alpha);
