@@ -329,7 +329,7 @@ multiversion! {
 #[inline(always)]
 fn exp_lane<const FMA: bool>(x: f32) -> f32 {
     const MAGIC: f32 = 12_582_912.0; // 1.5·2²³
-    const LN2_HI: f32 = 0.693_145_751_953_125; // 16 significant bits
+    const LN2_HI: f32 = 0.693_145_75; // = 0.693145751953125 exactly (bits 0x3F31_7200)
     const LN2_LO: f32 = 1.428_606_8e-6; // ln 2 − LN2_HI
     let madd = |a: f32, b: f32, c: f32| if FMA { a.mul_add(b, c) } else { a * b + c };
     let xc = x.clamp(-87.0, 88.0);
@@ -509,5 +509,7 @@ mod tests {
         assert_eq!(exp_lane::<false>(f32::NEG_INFINITY), 0.0);
         assert_eq!(exp_lane::<false>(-100.0), 0.0);
         assert!(exp_lane::<false>(f32::NAN).is_nan());
+        // The high part of ln 2 has 16 significant bits, so n·LN2_HI is exact.
+        assert_eq!(0.693_145_75f32.to_bits(), 0x3F31_7200);
     }
 }
