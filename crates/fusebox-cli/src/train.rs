@@ -266,7 +266,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             b.cpu().threads()
         );
         match &trainer.task {
-            Task::Addition(_) => println!("task: 2–3 digit addition, answers reversed; 1000 held-out problems (and their b+a twins) never trained on"),
+            Task::Addition(_) => println!("task: 3-digit addition, answers reversed; 1000 held-out problems (and their b+a twins) never trained on"),
             Task::Text(t) => println!("task: byte-level text, {} train / {} validation bytes", t.train.len(), t.valid.len()),
             Task::Random { .. } => {}
         }
@@ -302,7 +302,11 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             let e = trainer.evaluate(b.as_ref())?;
             eval_cols = format!("{},{}", e.loss, e.accuracy.map_or(String::new(), |a| a.to_string()));
             metrics.eval.push((stats.step, e.loss));
-            bar.println(format!("step {:>5}: train loss {:.4}, {}", stats.step, stats.loss, eval_line(&e)));
+            let line = format!("step {:>5}: train loss {:.4}, {}", stats.step, stats.loss, eval_line(&e));
+            if !args.json {
+                // Printed above the bar (plain print when stderr is no terminal and the bar is hidden).
+                bar.suspend(|| println!("{line}"));
+            }
             last_eval = Some(e);
         }
         metrics
