@@ -18,8 +18,9 @@ use serde_json::json;
 
 #[derive(Args, Debug)]
 pub struct TrainArgs {
-    /// Model shape: tiny-llama, tiny-gpt2, small-llama, small-gpt2, gpt2-124m.
-    #[arg(long, default_value = "tiny-llama")]
+    /// Model shape: tiny-gpt2 (default: learns the addition task to 100% in ~1,250
+    /// steps), tiny-llama, small-llama, small-gpt2, gpt2-124m.
+    #[arg(long, default_value = "tiny-gpt2")]
     pub preset: String,
     /// Override the number of layers.
     #[arg(long)]
