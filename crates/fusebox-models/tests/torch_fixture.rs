@@ -94,7 +94,7 @@ fn check_against_torch(style: &str) {
         worst_overall = worst_overall.max(worst);
         if worst > 1.0 {
             failures.push(format!(
-                "  grad.{} [{}] (flat index {at}): fusebox {:.7e}, torch {:.7e} — {worst:.1}× the tolerance",
+                "  grad.{} {} (flat index {at}): fusebox {:.7e}, torch {:.7e} — {worst:.1}× the tolerance",
                 spec.name, spec.shape, got[at], want[at]
             ));
         }
