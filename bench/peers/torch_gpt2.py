@@ -14,6 +14,10 @@ Usage (from the repository root; the ratio needs both on the same machine, same
 thread count, ideally run in alternation):
     python3 bench/peers/torch_gpt2.py [--batch 4] [--seq 64] [--steps 5] [--threads 2] [--json]
     cargo run --release -p fusebox-cli -- bench train --preset gpt2-124m --batch 4 --seq 64 --threads 2
+
+On a machine shared with other work, set OMP_WAIT_POLICY=PASSIVE: PyTorch's OpenMP
+threads otherwise spin at every barrier, and with more runnable threads than cores
+that spinning alone made the step about 3x slower (14-22 s instead of 5.5 s here).
 """
 
 import argparse
