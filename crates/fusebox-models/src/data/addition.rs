@@ -125,9 +125,10 @@ impl Addition {
         seq.resize(SEQ_LEN, PAD);
         let inputs = seq[..SEQ_LEN - 1].to_vec();
         let mut targets = vec![PAD; SEQ_LEN - 1];
-        for i in prompt.len() - 1..prompt.len() + ANSWER_DIGITS {
-            targets[i] = seq[i + 1];
-        }
+        // Position i predicts token i + 1: the last prompt token predicts the first answer
+        // digit, the last answer digit predicts END.
+        let first = prompt.len() - 1;
+        targets[first..first + ANSWER_DIGITS + 1].copy_from_slice(&seq[first + 1..first + ANSWER_DIGITS + 2]);
         (inputs, targets)
     }
 
