@@ -1,17 +1,22 @@
-//! fusebox-models: decoder-only transformers (GPT-2 and Llama style) built on the
-//! `ComputeBackend` trait alone — training with explicit forward/backward passes,
-//! checkpoints, data, sampling and generation through a preallocated KV cache.
+//! fusebox-models: decoder-only transformers built on the `ComputeBackend` trait alone —
+//! GPT-2/Llama training with explicit forward/backward passes, checkpoints, data,
+//! sampling and generation through a preallocated KV cache — and what sits between
+//! files on disk and the trait: a bounds-checked GGUF reader ([`gguf`]), byte-level BPE
+//! tokenizers ([`tokenizer`]) and chat templates ([`chat`]).
 
+pub mod chat;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod generate;
+pub mod gguf;
 pub mod kv_cache;
 pub mod model;
 pub mod params;
 pub mod rng;
 pub mod safetensors;
 pub mod sampler;
+pub mod tokenizer;
 pub mod train;
 
 pub use config::{ModelConfig, Style};

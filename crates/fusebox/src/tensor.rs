@@ -24,7 +24,7 @@ use crate::shape::Shape;
 /// Alignment of host allocations: one cache line, enough for any SIMD load.
 const HOST_ALIGN: usize = 64;
 
-/// A host allocation, 64-byte aligned, zero-initialised.
+/// A host allocation: 64-byte aligned and zero-initialised, or a vector taken over as is.
 ///
 /// Hazard: writes go through a shared pointer. Soundness rests on the tensor's
 /// write rule (see module docs): a `&mut [T]` is only handed out when no other
@@ -32,6 +32,8 @@ const HOST_ALIGN: usize = 64;
 pub struct HostBuffer {
     ptr: NonNull<u8>,
     bytes: usize,
+    /// How the bytes were allocated (a `Vec` handed over keeps its own layout).
+    layout: Layout,
 }
 
 // SAFETY: the buffer is plain memory; concurrent access is governed by the tensor write rule.
@@ -41,15 +43,30 @@ unsafe impl Sync for HostBuffer {}
 
 impl HostBuffer {
     fn zeroed(bytes: usize) -> Self {
-        if bytes == 0 {
-            return HostBuffer { ptr: NonNull::dangling(), bytes: 0 };
-        }
         let layout = Layout::from_size_align(bytes, HOST_ALIGN).expect("tensor too large to allocate");
+        if bytes == 0 {
+            return HostBuffer { ptr: NonNull::<u64>::dangling().cast(), bytes: 0, layout };
+        }
         // SAFETY: the layout has non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
-        HostBuffer { ptr, bytes }
+        HostBuffer { ptr, bytes, layout }
     }
+
+    /// Takes over a vector's allocation without copying.
+    fn from_vec<T: Element>(v: Vec<T>) -> Self {
+        let mut v = std::mem::ManuallyDrop::new(v);
+        let (ptr, len, cap) = (v.as_mut_ptr(), v.len(), v.capacity());
+        let layout = Layout::array::<T>(cap).expect("an existing vector's layout is valid");
+        if layout.size() == 0 {
+            // Nothing was allocated; keep an aligned dangling pointer for empty slices.
+            return HostBuffer { ptr: NonNull::<u64>::dangling().cast(), bytes: 0, layout };
+        }
+        // SAFETY: a vector's pointer is non-null when it owns an allocation.
+        let ptr = unsafe { NonNull::new_unchecked(ptr as *mut u8) };
+        HostBuffer { ptr, bytes: len * std::mem::size_of::<T>(), layout }
+    }
+
     /// Size in bytes.
     pub fn len(&self) -> usize {
         self.bytes
@@ -62,9 +79,10 @@ impl HostBuffer {
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
-        if self.bytes != 0 {
-            // SAFETY: allocated in `zeroed` with this exact layout.
-            unsafe { alloc::dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.bytes, HOST_ALIGN)) }
+        if self.layout.size() != 0 {
+            // SAFETY: allocated by the global allocator with exactly this layout
+            // (`zeroed`, or the vector taken over in `from_vec`).
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
         }
     }
 }
@@ -164,9 +182,19 @@ impl Tensor {
         Tensor { storage: Arc::new(storage), byte_offset: 0, shape, dtype, part_token: None }
     }
 
-    /// A host tensor holding `data` with `shape`; errors when the lengths disagree.
+    /// A host tensor holding `data` with `shape`, taking over the vector's allocation
+    /// (no copy); errors when the lengths disagree.
     pub fn from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>) -> Result<Tensor> {
-        Self::from_slice(&data, shape)
+        let shape = shape.into();
+        if data.len() != shape.elem_count() {
+            return Err(Error::shape(
+                "Tensor::from_vec",
+                "data length",
+                format!("{} elements for shape {shape}", shape.elem_count()),
+                format!("{} elements", data.len()),
+            ));
+        }
+        Ok(Self::from_storage(Storage::Host(HostBuffer::from_vec(data)), shape, T::DTYPE))
     }
 
     /// A host tensor holding a copy of `data` with `shape`; errors when the lengths disagree.
@@ -369,9 +397,6 @@ impl Tensor {
     pub fn host_bytes(&self) -> Result<&[u8]> {
         let h = self.host_buffer("Tensor::host_bytes")?;
         let len = self.byte_len();
-        if len == 0 {
-            return Ok(&[]);
-        }
         // SAFETY: offset + len lie inside the allocation (checked when views are made);
         // no `&mut` to these bytes exists while `self` is shared (write rule).
         Ok(unsafe { std::slice::from_raw_parts(h.ptr.as_ptr().add(self.byte_offset), len) })
@@ -382,9 +407,6 @@ impl Tensor {
         self.ensure_writable("Tensor::host_bytes_mut")?;
         let h = self.host_buffer("Tensor::host_bytes_mut")?;
         let len = self.byte_len();
-        if len == 0 {
-            return Ok(&mut []);
-        }
         // SAFETY: in bounds as above; the write rule guarantees no other handle sees these bytes.
         Ok(unsafe { std::slice::from_raw_parts_mut(h.ptr.as_ptr().add(self.byte_offset), len) })
     }
@@ -400,8 +422,9 @@ impl Tensor {
     pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
         self.check_elem::<T>("Tensor::as_slice")?;
         let bytes = self.host_bytes()?;
-        // SAFETY: allocations are 64-byte aligned and offsets are multiples of the
-        // element size, so the cast is aligned; the length is exact.
+        // SAFETY: zeroed allocations are 64-byte aligned and a vector taken over keeps the
+        // alignment of its element type, which the dtype check makes `T`; offsets are
+        // multiples of the element size, so the cast is aligned; the length is exact.
         Ok(unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const T, self.elem_count()) })
     }
 
@@ -485,6 +508,10 @@ mod tests {
         assert_eq!(v.to_vec::<f32>().unwrap(), vec![2.0, 3.0, 4.0, 5.0]);
         assert!(t.view(3, [4]).is_err());
         assert!(Tensor::zeros([3, 31], DType::Q8_0).is_err());
+        let empty = Tensor::from_vec(Vec::<f32>::new(), [0, 4]).unwrap();
+        assert_eq!(empty.as_slice::<f32>().unwrap().len(), 0);
+        let empty = Tensor::zeros([0], DType::F32).unwrap();
+        assert_eq!(empty.to_vec::<f32>().unwrap(), Vec::<f32>::new());
         let q = Tensor::zeros([2, 64], DType::Q4_0).unwrap();
         assert_eq!(q.byte_len(), 4 * 18);
     }

@@ -1,23 +1,113 @@
-//! loss kernels (skeleton: to be written).
+//! Fused cross-entropy: one pass per row computes the max, `Σ e^(z − max)`, the row's
+//! loss `ln Σ e^(z − max) + max − z[target]` and `d_logits = (softmax(z) − onehot)/count`
+//! (times `d_loss` in the backward), without materializing the softmax separately.
+//!
+//! Rows run in parallel; each writes its own d_logits row and its own loss slot, and the
+//! per-row losses are summed afterwards in row order in f64, so the loss is the same for
+//! any thread count.
 
-#![allow(unused_variables, unused_imports)]
-
-use crate::cpu::CpuBackend;
+use crate::cpu::pool::SharedMut;
+use crate::cpu::simd;
+use crate::cpu::{check, convert, CpuBackend};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::shape::Shape;
 use crate::tensor::Tensor;
-use crate::types::*;
+use crate::types::CrossEntropyOutput;
 
+/// Work units per logit (max, exp and sum, scale).
+const ROW_WORK: usize = 4;
+
+/// Validated inputs: logits as f32, targets, and which rows count.
+struct Rows<'a> {
+    logits: std::borrow::Cow<'a, [f32]>,
+    targets: &'a [u32],
+    n: usize,
+    vocab: usize,
+    ignore: Option<u32>,
+    count: usize,
+}
+
+impl Rows<'_> {
+    /// Whether row `r` is skipped (its target is the ignore index).
+    fn ignored(&self, r: usize) -> bool {
+        self.ignore == Some(self.targets[r])
+    }
+}
+
+/// Checks shapes, dtypes and every target (`< V` unless ignored) before any work.
+fn read<'a>(op: &'static str, logits: &'a Tensor, targets: &'a Tensor, ignore: Option<u32>) -> Result<Rows<'a>> {
+    check::float(op, "logits", logits)?;
+    check::rank(op, "logits", logits, 2)?;
+    check::dtype(op, "targets", targets, DType::U32)?;
+    let (n, vocab) = (logits.dims()[0], logits.dims()[1]);
+    check::shape(op, "targets", targets, &[n])?;
+    let ids = targets.as_slice::<u32>()?;
+    for (r, &t) in ids.iter().enumerate() {
+        if ignore != Some(t) && t as usize >= vocab {
+            return Err(Error::value(op, format!("target of row {r}"), format!("< {vocab} (the vocabulary size)"), t));
+        }
+    }
+    let count = ids.iter().filter(|&&t| ignore != Some(t)).count();
+    Ok(Rows { logits: convert::f32_data(op, "logits", logits)?, targets: ids, n, vocab, ignore, count })
+}
+
+/// One row: `d = scale·softmax(z)` with `scale` subtracted at the target, returning the
+/// row's loss `logsumexp(z) − z[target]` in f64.
+fn fused_row(z: &[f32], target: usize, scale: f32, d: &mut [f32]) -> f64 {
+    let m = simd::max(z);
+    d.copy_from_slice(z);
+    let s = simd::exp_sub_sum(d, m);
+    simd::scale(d, scale / s);
+    d[target] -= scale;
+    (s as f64).ln() + m as f64 - z[target] as f64
+}
+
+/// The shared pass: d_logits scaled by `d_loss/count`, and the sum of the per-row losses
+/// (in row order, f64). All rows ignored → zeros and 0.
+fn fused(cpu: &CpuBackend, rows: &Rows, d_loss: f32) -> Result<(Tensor, f64)> {
+    let (n, v) = (rows.n, rows.vocab);
+    let mut d_logits = Tensor::zeros([n, v], DType::F32)?;
+    if rows.count == 0 || v == 0 {
+        return Ok((d_logits, 0.0));
+    }
+    let d = d_logits.as_mut_slice::<f32>()?;
+    let scale = d_loss / rows.count as f32;
+    let mut losses = vec![0.0f64; n];
+    let loss_ptr = SharedMut(losses.as_mut_ptr());
+    cpu.for_each_chunk(d, v, ROW_WORK, |r, d_row| {
+        if rows.ignored(r) {
+            return; // d_row stays zero, loss slot stays 0.
+        }
+        let loss = fused_row(&rows.logits[r * v..(r + 1) * v], rows.targets[r] as usize, scale, d_row);
+        // SAFETY: r < n and each row's task writes only its own slot.
+        unsafe { loss_ptr.slice(r, 1)[0] = loss };
+    });
+    Ok((d_logits, losses.iter().sum()))
+}
+
+/// Fused cross-entropy: mean over counted rows of `logsumexp(z) − z[target]`, and
+/// `d_logits = (softmax(z) − onehot(target))/count`. Rows whose target is `ignore_index`
+/// count for nothing; a target ≥ V is an error naming its row; all rows ignored gives
+/// loss 0, zero d_logits and count 0.
+///
+/// # Shapes
+/// `logits`: `[N, V]` float; `targets`: `[N]` U32 → loss `[]` f32, d_logits `[N, V]` f32.
 pub fn cross_entropy(
     cpu: &CpuBackend,
     logits: &Tensor,
     targets: &Tensor,
     ignore_index: Option<u32>,
 ) -> Result<CrossEntropyOutput> {
-    todo!()
+    let rows = read("cross_entropy", logits, targets, ignore_index)?;
+    let (d_logits, loss_sum) = fused(cpu, &rows, 1.0)?;
+    let loss = if rows.count == 0 { 0.0 } else { loss_sum / rows.count as f64 };
+    Ok(CrossEntropyOutput { loss: Tensor::scalar(loss as f32), d_logits, count: rows.count })
 }
 
+/// `d_logits = d_loss·(softmax(z) − onehot(target))/count` (zero rows where ignored).
+///
+/// # Shapes
+/// as [`cross_entropy`] → `[N, V]` f32.
 pub fn cross_entropy_backward(
     cpu: &CpuBackend,
     logits: &Tensor,
@@ -25,5 +115,6 @@ pub fn cross_entropy_backward(
     ignore_index: Option<u32>,
     d_loss: f32,
 ) -> Result<Tensor> {
-    todo!()
+    let rows = read("cross_entropy_backward", logits, targets, ignore_index)?;
+    Ok(fused(cpu, &rows, d_loss)?.0)
 }

@@ -1,7 +1,24 @@
-//! norm kernels (skeleton: to be written).
+//! Normalization kernels: RMS norm and layer norm with their backwards, the fused
+//! residual-add RMS norm, gated / channel / group norms, AdaLN modulation and plain
+//! normalization.
+//!
+//! Every kernel computes in f32 (F16/BF16 inputs are converted once, outputs are
+//! written back in the input dtype) and works one row at a time: a reduction over the
+//! row (`simd::sum_squares`, or sum then squared deviations), then one sweep that
+//! writes the row while it is still in cache. Blocks of rows run in parallel; each
+//! row's result does not depend on the blocking, so outputs are bit-identical for any
+//! thread count. Backwards reduce dweight/dbias into one partial per fixed block of
+//! rows and add the partials in block order (deterministic too). Saved statistics
+//! (mean, rstd) are F32 with the input's shape minus its last dim.
 
-#![allow(unused_variables, unused_imports)]
+use std::ops::Range;
 
+use crate::cpu::check;
+use half::{bf16, f16};
+
+use crate::cpu::convert::{f32_data, from_f32};
+use crate::cpu::pool::SharedMut;
+use crate::cpu::simd;
 use crate::cpu::CpuBackend;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -9,10 +26,426 @@ use crate::shape::Shape;
 use crate::tensor::Tensor;
 use crate::types::*;
 
-pub fn rms_norm(cpu: &CpuBackend, x: &Tensor, weight: &Tensor, eps: f32) -> Result<NormOutput> {
-    todo!()
+/// Elements of work per parallel task in the row-wise forward kernels.
+const TASK_ELEMS: usize = 1 << 14;
+/// A backward splits its rows into at most this many fixed blocks, one partial
+/// dweight (and dbias) each.
+const MAX_PARTIALS: usize = 64;
+/// Group norm statistics are computed over pieces of this many elements, in parallel.
+const STAT_PIECE: usize = 1 << 14;
+/// Time steps per task of `rms_norm_channel` (the per-step accumulators stay in registers/L1).
+const CHANNEL_TILE: usize = 128;
+
+// ───────────────────────────── validation helpers ─────────────────────────────
+
+/// `eps` must be finite and non-negative.
+fn check_eps(op: &'static str, eps: f32) -> Result<()> {
+    if eps.is_finite() && eps >= 0.0 {
+        Ok(())
+    } else {
+        Err(Error::value(op, "eps", "finite and ≥ 0", eps))
+    }
 }
 
+/// A row-wise input `[..., D]`: float, rank ≥ 1, D ≥ 1. Returns D.
+fn check_rows(op: &'static str, what: &str, x: &Tensor) -> Result<usize> {
+    check::float(op, what, x)?;
+    check::min_rank(op, what, x, 1)?;
+    let d = x.shape().last_dim();
+    if d == 0 {
+        return Err(Error::shape(op, format!("{what} last dim"), "at least 1", x.shape()));
+    }
+    Ok(d)
+}
+
+/// An affine parameter: x's dtype (mixed dtypes are an error) and shape `[n]`.
+fn check_vector(op: &'static str, what: &str, x: &Tensor, p: &Tensor, n: usize) -> Result<()> {
+    check::same_dtype(op, what, x, p)?;
+    check::shape(op, what, p, &[n])
+}
+
+/// A second operand of x's dtype and shape.
+fn check_like(op: &'static str, what: &str, x: &Tensor, other: &Tensor) -> Result<()> {
+    check::same_dtype(op, what, x, other)?;
+    check::same_shape(op, what, x, other)
+}
+
+/// The shape of per-row statistics: x's shape without its last dim.
+fn stat_dims(x: &Tensor) -> &[usize] {
+    &x.dims()[..x.rank().saturating_sub(1)]
+}
+
+/// A saved statistic: F32 with shape `stat_dims(x)`.
+fn check_stat(op: &'static str, what: &str, x: &Tensor, s: &Tensor) -> Result<()> {
+    check::dtype(op, what, s, DType::F32)?;
+    check::shape(op, what, s, stat_dims(x))
+}
+
+fn stat_tensor(x: &Tensor, values: Vec<f32>) -> Result<Tensor> {
+    Tensor::from_vec(values, Shape::new(stat_dims(x)))
+}
+
+/// `1/sqrt(Σx²/D + eps)`.
+#[inline]
+fn rms_rstd(sum_squares: f32, d: usize, eps: f32) -> f32 {
+    1.0 / (sum_squares / d as f32 + eps).sqrt()
+}
+
+// ──────────────────────────────── outputs ─────────────────────────────────────
+
+/// A kernel's output tensor, filled as f32 values: written in place in the result for
+/// F32 (no copy afterwards), or staged in f32 and converted once, in parallel, for
+/// F16/BF16. (`convert::from_f32` would copy an F32 result into a fresh tensor.)
+pub(crate) struct F32Output {
+    tensor: Tensor,
+    staged: Option<Vec<f32>>,
+}
+
+impl F32Output {
+    /// A zeroed output of `shape` and float `dtype`.
+    pub(crate) fn new(shape: &Shape, dtype: DType) -> Result<F32Output> {
+        let tensor = Tensor::zeros(shape.clone(), dtype)?;
+        let n = shape.elem_count();
+        // Empty outputs are staged too: an empty host slice is not cast to f32.
+        let staged = if dtype == DType::F32 && n > 0 { None } else { Some(vec![0.0f32; n]) };
+        Ok(F32Output { tensor, staged })
+    }
+
+    /// The values to write, in row-major order.
+    pub(crate) fn values(&mut self) -> Result<&mut [f32]> {
+        match &mut self.staged {
+            Some(v) => Ok(v),
+            None => self.tensor.as_mut_slice::<f32>(),
+        }
+    }
+
+    /// The finished tensor (staged values converted to its dtype).
+    pub(crate) fn finish(self, cpu: &CpuBackend) -> Result<Tensor> {
+        let F32Output { mut tensor, staged } = self;
+        let Some(values) = staged.filter(|v| !v.is_empty()) else {
+            return Ok(tensor);
+        };
+        match tensor.dtype() {
+            DType::F16 => convert_chunks(cpu, tensor.as_mut_slice::<f16>()?, &values, f16::from_f32),
+            DType::BF16 => convert_chunks(cpu, tensor.as_mut_slice::<bf16>()?, &values, bf16::from_f32),
+            other => return Err(Error::dtype("F32Output::finish", "output", "f16 or bf16", other)),
+        }
+        Ok(tensor)
+    }
+}
+
+/// `dst[i] = convert(src[i])`, in parallel chunks.
+fn convert_chunks<T: Send>(cpu: &CpuBackend, dst: &mut [T], src: &[f32], convert: impl Fn(f32) -> T + Sync + Send) {
+    const CHUNK: usize = 1 << 14;
+    cpu.for_each_chunk(dst, CHUNK, 1, |i, chunk| {
+        for (d, &s) in chunk.iter_mut().zip(&src[i * CHUNK..]) {
+            *d = convert(s);
+        }
+    });
+}
+
+// ───────────────────────────── parallel row blocks ────────────────────────────
+
+/// Splits each buffer into `blocks` consecutive pieces of its given length (the last
+/// may be shorter, missing ones empty): block i gets piece i of every buffer.
+fn split_blocks<const K: usize>(bufs: [(&mut [f32], usize); K], blocks: usize) -> Vec<[&mut [f32]; K]> {
+    let mut iters = bufs.map(|(buf, len)| buf.chunks_mut(len.max(1)));
+    (0..blocks).map(|_| iters.each_mut().map(|it| it.next().unwrap_or_default())).collect()
+}
+
+/// Calls `f(rows, pieces)` for consecutive blocks of `per_block` rows out of `rows`,
+/// with `pieces[k]` the block's piece of buffer k (buffer k holds `bufs[k].1` elements
+/// per block). Parallel when `rows · work_per_row` is large.
+fn for_each_block<const K: usize>(
+    cpu: &CpuBackend,
+    rows: usize,
+    per_block: usize,
+    work_per_row: usize,
+    bufs: [(&mut [f32], usize); K],
+    f: impl Fn(Range<usize>, [&mut [f32]; K]) + Sync + Send,
+) {
+    let per_block = per_block.max(1);
+    let mut blocks = split_blocks(bufs, rows.div_ceil(per_block));
+    cpu.for_each_chunk(&mut blocks, 1, per_block.saturating_mul(work_per_row), |i, block| {
+        let first = i * per_block;
+        for pieces in block.iter_mut() {
+            f(first..(first + per_block).min(rows), pieces.each_mut().map(|p| &mut **p));
+        }
+    });
+}
+
+/// Rows per task of a row-wise forward over rows of `d` elements.
+fn forward_block_rows(d: usize) -> usize {
+    (TASK_ELEMS / d.max(1)).max(1)
+}
+
+/// Rows per block of a backward: at most `MAX_PARTIALS` blocks. The split depends only
+/// on the row count, so the partial sums (and their order) never depend on threads.
+fn backward_block_rows(rows: usize) -> usize {
+    rows.div_ceil(MAX_PARTIALS).max(1)
+}
+
+/// `Σ_blocks partial[block]` in block order.
+fn sum_partials(partials: &[f32], d: usize) -> Vec<f32> {
+    let mut total = vec![0.0f32; d];
+    for p in partials.chunks_exact(d) {
+        simd::axpy(&mut total, 1.0, p);
+    }
+    total
+}
+
+// ─────────────────────────────── inner loops ──────────────────────────────────
+
+/// The vectorized per-row loops, compiled per ISA. Slices are re-sliced to the length
+/// of the output first so the compiler drops the bounds checks.
+mod lanes {
+    use crate::cpu::simd::{fast_exp, multiversion, Isa};
+
+    const LANES: usize = 16;
+
+    // Each reduction keeps one array of 16 partial sums: a loop updating two arrays
+    // gets paired into 2-wide vectors by the compiler instead of 16-wide ones, so two
+    // quantities of one row are summed in two passes (the row is in L1).
+
+    multiversion! {
+        /// `Σ (x[i] − m)` (16 partial sums, fixed order).
+        pub fn sum_dev(x: &[f32], m: f32) -> f32 {
+            let mut acc = [0.0f32; LANES];
+            let mut c = x.chunks_exact(LANES);
+            for v in &mut c {
+                for l in 0..LANES {
+                    acc[l] += v[l] - m;
+                }
+            }
+            acc.iter().sum::<f32>() + c.remainder().iter().map(|&v| v - m).sum::<f32>()
+        }
+    }
+
+    multiversion! {
+        /// `Σ (x[i] − m)²` (16 partial sums, fixed order).
+        pub fn sum_sq_dev(x: &[f32], m: f32) -> f32 {
+            let mut acc = [0.0f32; LANES];
+            let mut c = x.chunks_exact(LANES);
+            for v in &mut c {
+                for l in 0..LANES {
+                    acc[l] += (v[l] - m) * (v[l] - m);
+                }
+            }
+            acc.iter().sum::<f32>() + c.remainder().iter().map(|&v| (v - m) * (v - m)).sum::<f32>()
+        }
+    }
+
+    multiversion! {
+        /// `s = a + b`, returning `Σ s²`.
+        pub fn add_sum_squares(s: &mut [f32], a: &[f32], b: &[f32]) -> f32 {
+            let mut acc = [0.0f32; LANES];
+            let mut cs = s.chunks_exact_mut(LANES);
+            let (mut ca, mut cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+            for ((vs, va), vb) in (&mut cs).zip(&mut ca).zip(&mut cb) {
+                for l in 0..LANES {
+                    vs[l] = va[l] + vb[l];
+                }
+                for l in 0..LANES {
+                    acc[l] += vs[l] * vs[l];
+                }
+            }
+            let mut tail = 0.0;
+            for ((vs, va), vb) in cs.into_remainder().iter_mut().zip(ca.remainder()).zip(cb.remainder()) {
+                *vs = va + vb;
+                tail += *vs * *vs;
+            }
+            acc.iter().sum::<f32>() + tail
+        }
+    }
+
+    multiversion! {
+        /// `Σ a[i]·b[i]·c[i]`.
+        pub fn dot3(a: &[f32], b: &[f32], c: &[f32]) -> f32 {
+            let mut acc = [0.0f32; LANES];
+            let (mut ca, mut cb, mut cc) = (a.chunks_exact(LANES), b.chunks_exact(LANES), c.chunks_exact(LANES));
+            for ((va, vb), vc) in (&mut ca).zip(&mut cb).zip(&mut cc) {
+                for l in 0..LANES {
+                    acc[l] += va[l] * vb[l] * vc[l];
+                }
+            }
+            let mut tail = 0.0;
+            for ((va, vb), vc) in ca.remainder().iter().zip(cb.remainder()).zip(cc.remainder()) {
+                tail += va * vb * vc;
+            }
+            acc.iter().sum::<f32>() + tail
+        }
+    }
+
+    multiversion! {
+        /// `out = x·r·w` (RMS norm).
+        pub fn scale_mul(out: &mut [f32], x: &[f32], w: &[f32], r: f32) {
+            let n = out.len();
+            let (x, w) = (&x[..n], &w[..n]);
+            for i in 0..n {
+                out[i] = x[i] * r * w[i];
+            }
+        }
+    }
+
+    multiversion! {
+        /// `out = (x − m)·r·w + b` (layer norm).
+        pub fn affine_norm(out: &mut [f32], x: &[f32], w: &[f32], b: &[f32], m: f32, r: f32) {
+            let n = out.len();
+            let (x, w, b) = (&x[..n], &w[..n], &b[..n]);
+            for i in 0..n {
+                out[i] = (x[i] - m) * r * w[i] + b[i];
+            }
+        }
+    }
+
+    multiversion! {
+        /// `out = (x − m)·alpha + beta` (normalize, group norm per channel).
+        pub fn center_affine(out: &mut [f32], x: &[f32], m: f32, alpha: f32, beta: f32) {
+            let n = out.len();
+            let x = &x[..n];
+            for i in 0..n {
+                out[i] = (x[i] - m) * alpha + beta;
+            }
+        }
+    }
+
+    multiversion! {
+        /// `out = x·r·w·silu(z)` with `silu(z) = z/(1 + e^−z)`.
+        pub fn gated(out: &mut [f32], x: &[f32], w: &[f32], z: &[f32], r: f32) {
+            let n = out.len();
+            let (x, w, z) = (&x[..n], &w[..n], &z[..n]);
+            for i in 0..n {
+                // e^−z overflows to +∞ for z < −88.7: z/∞ = −0, the right limit.
+                let silu = z[i] / (1.0 + fast_exp(-z[i]));
+                out[i] = x[i] * r * w[i] * silu;
+            }
+        }
+    }
+
+    multiversion! {
+        /// `out = x·r·ew + shift` (AdaLN with `ew = w·(1 + scale)` precomputed).
+        pub fn modulate(out: &mut [f32], x: &[f32], ew: &[f32], shift: &[f32], r: f32) {
+            let n = out.len();
+            let (x, ew, shift) = (&x[..n], &ew[..n], &shift[..n]);
+            for i in 0..n {
+                out[i] = x[i] * r * ew[i] + shift[i];
+            }
+        }
+    }
+
+    multiversion! {
+        /// `acc += x²` elementwise (channel norm: sums of squares per time step).
+        pub fn add_squares(acc: &mut [f32], x: &[f32]) {
+            let n = acc.len();
+            let x = &x[..n];
+            for i in 0..n {
+                acc[i] += x[i] * x[i];
+            }
+        }
+    }
+
+    multiversion! {
+        /// `out = x·r·wc` with `r` per element (channel norm: rstd per time step).
+        pub fn scale_cols(out: &mut [f32], x: &[f32], r: &[f32], wc: f32) {
+            let n = out.len();
+            let (x, r) = (&x[..n], &r[..n]);
+            for i in 0..n {
+                out[i] = x[i] * r[i] * wc;
+            }
+        }
+    }
+
+    multiversion! {
+        /// RMS norm backward of one row: `dx = r·w·dy − k·x`, `dw += dy·x·r`.
+        pub fn rms_backward_row(dx: &mut [f32], dw: &mut [f32], x: &[f32], dy: &[f32], w: &[f32], r: f32, k: f32) {
+            let n = dx.len();
+            let (dw, x, dy, w) = (&mut dw[..n], &x[..n], &dy[..n], &w[..n]);
+            for i in 0..n {
+                dx[i] = r * w[i] * dy[i] - k * x[i];
+                dw[i] += dy[i] * x[i] * r;
+            }
+        }
+    }
+
+    multiversion! {
+        /// `Σ dy·w·(x − m)` (with `simd::dot(dy, w)`, the layer norm backward sums).
+        pub fn dot_centered(x: &[f32], dy: &[f32], w: &[f32], m: f32) -> f32 {
+            let mut acc = [0.0f32; LANES];
+            let (mut cx, mut cy, mut cw) = (x.chunks_exact(LANES), dy.chunks_exact(LANES), w.chunks_exact(LANES));
+            for ((vx, vy), vw) in (&mut cx).zip(&mut cy).zip(&mut cw) {
+                for l in 0..LANES {
+                    acc[l] += vy[l] * vw[l] * (vx[l] - m);
+                }
+            }
+            let mut tail = 0.0;
+            for ((vx, vy), vw) in cx.remainder().iter().zip(cy.remainder()).zip(cw.remainder()) {
+                tail += vy * vw * (vx - m);
+            }
+            acc.iter().sum::<f32>() + tail
+        }
+    }
+
+    multiversion! {
+        /// Layer norm backward of one row, with `x̂ = (x − m)·r`:
+        /// `dx = r·(dy·w − mg − x̂·mgx)`, `dw += dy·x̂`, `db += dy`.
+        pub fn layer_backward_row(
+            dx: &mut [f32], dw: &mut [f32], db: &mut [f32], x: &[f32], dy: &[f32], w: &[f32], m: f32, r: f32, mg: f32, mgx: f32
+        ) {
+            let n = dx.len();
+            let (dw, db, x, dy, w) = (&mut dw[..n], &mut db[..n], &x[..n], &dy[..n], &w[..n]);
+            for i in 0..n {
+                let xh = (x[i] - m) * r;
+                dx[i] = r * (dy[i] * w[i] - mg - xh * mgx);
+                dw[i] += dy[i] * xh;
+                db[i] += dy[i];
+            }
+        }
+    }
+}
+
+/// Mean and (biased) variance of a non-empty row by the corrected two-pass method: with
+/// `m` the plain f32 mean, `δ = Σ(x − m)` recovers its rounding error, so the mean is
+/// `m + δ/D` and the variance `(Σ(x − m)² − δ²/D)/D`. A constant row gets its exact
+/// value as mean and a variance of 0, instead of a rounding error amplified by rstd.
+fn mean_var(x: &[f32]) -> (f32, f32) {
+    let n = x.len() as f32;
+    let m = simd::sum(x) / n;
+    let (dev, dev_sq) = (lanes::sum_dev(x, m), lanes::sum_sq_dev(x, m));
+    (m + dev / n, ((dev_sq - dev * dev / n) / n).max(0.0))
+}
+
+// ─────────────────────────────────── kernels ──────────────────────────────────
+
+/// `y = x·w / sqrt(mean(x²) + eps)` over the last dim; saves rstd (F32).
+///
+/// # Shapes
+/// `x`: `[..., D]`; `weight`: `[D]` → output `[..., D]`, rstd `[...]`.
+pub fn rms_norm(cpu: &CpuBackend, x: &Tensor, weight: &Tensor, eps: f32) -> Result<NormOutput> {
+    const OP: &str = "rms_norm";
+    let d = check_rows(OP, "x", x)?;
+    check_vector(OP, "weight", x, weight, d)?;
+    check_eps(OP, eps)?;
+    let (xs, w) = (f32_data(OP, "x", x)?, f32_data(OP, "weight", weight)?);
+    let rows = x.elem_count() / d;
+    let mut out = F32Output::new(x.shape(), x.dtype())?;
+    let mut rstd = vec![0.0f32; rows];
+    let per = forward_block_rows(d);
+    let bufs = [(out.values()?, per * d), (rstd.as_mut_slice(), per)];
+    for_each_block(cpu, rows, per, 2 * d, bufs, |range, [out, rstd]| {
+        for (k, r) in range.enumerate() {
+            let xr = &xs[r * d..][..d];
+            let inv = rms_rstd(simd::sum_squares(xr), d, eps);
+            rstd[k] = inv;
+            lanes::scale_mul(&mut out[k * d..][..d], xr, &w, inv);
+        }
+    });
+    Ok(NormOutput { output: out.finish(cpu)?, mean: None, rstd: stat_tensor(x, rstd)? })
+}
+
+/// With `x̂ = x·r`: `dx = r·(dy·w − x̂·mean(dy·w·x̂))`, `dw = Σ_rows dy·x̂`.
+///
+/// # Shapes
+/// `x`, `d_out`: `[..., D]`; `weight`: `[D]`; `rstd`: `[...]` F32 → dx `[..., D]`, dweight `[D]`.
 pub fn rms_norm_backward(
     cpu: &CpuBackend,
     x: &Tensor,
@@ -20,13 +453,86 @@ pub fn rms_norm_backward(
     rstd: &Tensor,
     d_out: &Tensor,
 ) -> Result<NormGradients> {
-    todo!()
+    const OP: &str = "rms_norm_backward";
+    let d = check_rows(OP, "x", x)?;
+    check_vector(OP, "weight", x, weight, d)?;
+    check_stat(OP, "rstd", x, rstd)?;
+    check_like(OP, "d_out", x, d_out)?;
+    let (xs, w, dy) = (f32_data(OP, "x", x)?, f32_data(OP, "weight", weight)?, f32_data(OP, "d_out", d_out)?);
+    let rs = rstd.as_slice::<f32>()?;
+    let rows = x.elem_count() / d;
+    let per = backward_block_rows(rows);
+    let mut dx = F32Output::new(x.shape(), x.dtype())?;
+    let mut partial_dw = vec![0.0f32; rows.div_ceil(per) * d];
+    let bufs = [(dx.values()?, per * d), (partial_dw.as_mut_slice(), d)];
+    for_each_block(cpu, rows, per, 4 * d, bufs, |range, [dx, dw]| {
+        for (k, r) in range.enumerate() {
+            let (xr, gr, inv) = (&xs[r * d..][..d], &dy[r * d..][..d], rs[r]);
+            // mean(dy·w·x̂)·r = r³·Σ(dy·w·x)/D: the term through rstd's dependence on x.
+            let k_coef = inv * inv * inv * lanes::dot3(gr, &w, xr) / d as f32;
+            lanes::rms_backward_row(&mut dx[k * d..][..d], dw, xr, gr, &w, inv, k_coef);
+        }
+    });
+    Ok(NormGradients {
+        dx: dx.finish(cpu)?,
+        dweight: from_f32(sum_partials(&partial_dw, d), weight.shape().clone(), weight.dtype())?,
+        dbias: None,
+    })
 }
 
+/// Layer norm rows: per row mean, rstd (two-pass variance, the row in cache) and
+/// `out = (x − mean)·rstd·w + b` (or without affine). Returns (mean, rstd).
+fn layer_norm_rows(
+    cpu: &CpuBackend,
+    xs: &[f32],
+    out: &mut [f32],
+    d: usize,
+    eps: f32,
+    affine: Option<(&[f32], &[f32])>,
+) -> (Vec<f32>, Vec<f32>) {
+    let rows = xs.len() / d;
+    let mut mean = vec![0.0f32; rows];
+    let mut rstd = vec![0.0f32; rows];
+    let per = forward_block_rows(d);
+    let bufs = [(out, per * d), (mean.as_mut_slice(), per), (rstd.as_mut_slice(), per)];
+    for_each_block(cpu, rows, per, 3 * d, bufs, |range, [out, mean, rstd]| {
+        for (k, r) in range.enumerate() {
+            let xr = &xs[r * d..][..d];
+            let (m, var) = mean_var(xr);
+            let inv = 1.0 / (var + eps).sqrt();
+            mean[k] = m;
+            rstd[k] = inv;
+            let o = &mut out[k * d..][..d];
+            match affine {
+                Some((w, b)) => lanes::affine_norm(o, xr, w, b, m, inv),
+                None => lanes::center_affine(o, xr, m, inv, 0.0),
+            }
+        }
+    });
+    (mean, rstd)
+}
+
+/// `y = (x − mean)/sqrt(var + eps)·w + b` over the last dim; saves mean and rstd (F32).
+///
+/// # Shapes
+/// `x`: `[..., D]`; `weight`, `bias`: `[D]` → output `[..., D]`, mean and rstd `[...]`.
 pub fn layer_norm(cpu: &CpuBackend, x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f32) -> Result<NormOutput> {
-    todo!()
+    const OP: &str = "layer_norm";
+    let d = check_rows(OP, "x", x)?;
+    check_vector(OP, "weight", x, weight, d)?;
+    check_vector(OP, "bias", x, bias, d)?;
+    check_eps(OP, eps)?;
+    let (xs, w, b) = (f32_data(OP, "x", x)?, f32_data(OP, "weight", weight)?, f32_data(OP, "bias", bias)?);
+    let mut out = F32Output::new(x.shape(), x.dtype())?;
+    let (mean, rstd) = layer_norm_rows(cpu, &xs, out.values()?, d, eps, Some((&w, &b)));
+    Ok(NormOutput { output: out.finish(cpu)?, mean: Some(stat_tensor(x, mean)?), rstd: stat_tensor(x, rstd)? })
 }
 
+/// With `x̂ = (x − μ)·r`, `g = dy·w`: `dx = r·(g − mean(g) − x̂·mean(g·x̂))`,
+/// `dw = Σ_rows dy·x̂`, `db = Σ_rows dy`.
+///
+/// # Shapes
+/// `x`, `d_out`: `[..., D]`; `weight`: `[D]`; `mean`, `rstd`: `[...]` F32 → dx, dweight `[D]`, dbias `[D]`.
 pub fn layer_norm_backward(
     cpu: &CpuBackend,
     x: &Tensor,
@@ -35,9 +541,42 @@ pub fn layer_norm_backward(
     rstd: &Tensor,
     d_out: &Tensor,
 ) -> Result<NormGradients> {
-    todo!()
+    const OP: &str = "layer_norm_backward";
+    let d = check_rows(OP, "x", x)?;
+    check_vector(OP, "weight", x, weight, d)?;
+    check_stat(OP, "mean", x, mean)?;
+    check_stat(OP, "rstd", x, rstd)?;
+    check_like(OP, "d_out", x, d_out)?;
+    let (xs, w, dy) = (f32_data(OP, "x", x)?, f32_data(OP, "weight", weight)?, f32_data(OP, "d_out", d_out)?);
+    let (ms, rs) = (mean.as_slice::<f32>()?, rstd.as_slice::<f32>()?);
+    let rows = x.elem_count() / d;
+    let per = backward_block_rows(rows);
+    let blocks = rows.div_ceil(per);
+    let mut dx = F32Output::new(x.shape(), x.dtype())?;
+    let mut partial_dw = vec![0.0f32; blocks * d];
+    let mut partial_db = vec![0.0f32; blocks * d];
+    let bufs = [(dx.values()?, per * d), (partial_dw.as_mut_slice(), d), (partial_db.as_mut_slice(), d)];
+    for_each_block(cpu, rows, per, 5 * d, bufs, |range, [dx, dw, db]| {
+        for (k, r) in range.enumerate() {
+            let (xr, gr, m, inv) = (&xs[r * d..][..d], &dy[r * d..][..d], ms[r], rs[r]);
+            // mean(g) and mean(g·x̂) with g = dy·w, x̂ = (x − m)·r.
+            let mg = simd::dot(gr, &w) / d as f32;
+            let mgx = lanes::dot_centered(xr, gr, &w, m) * inv / d as f32;
+            lanes::layer_backward_row(&mut dx[k * d..][..d], dw, db, xr, gr, &w, m, inv, mg, mgx);
+        }
+    });
+    Ok(NormGradients {
+        dx: dx.finish(cpu)?,
+        dweight: from_f32(sum_partials(&partial_dw, d), weight.shape().clone(), weight.dtype())?,
+        dbias: Some(from_f32(sum_partials(&partial_db, d), weight.shape().clone(), weight.dtype())?),
+    })
 }
 
+/// `s = a + b` and `rms_norm(s, w)` in one pass over the row. The norm is taken of the
+/// f32 sum (before `s` is rounded to an F16/BF16 output).
+///
+/// # Shapes
+/// `a`, `b`: `[..., D]`; `weight`: `[D]` → (`s` `[..., D]`, output `[..., D]`, rstd `[...]`).
 pub fn add_rms_norm(
     cpu: &CpuBackend,
     a: &Tensor,
@@ -45,17 +584,125 @@ pub fn add_rms_norm(
     weight: &Tensor,
     eps: f32,
 ) -> Result<(Tensor, NormOutput)> {
-    todo!()
+    const OP: &str = "add_rms_norm";
+    let d = check_rows(OP, "a", a)?;
+    check_like(OP, "b", a, b)?;
+    check_vector(OP, "weight", a, weight, d)?;
+    check_eps(OP, eps)?;
+    let (av, bv, w) = (f32_data(OP, "a", a)?, f32_data(OP, "b", b)?, f32_data(OP, "weight", weight)?);
+    let rows = a.elem_count() / d;
+    let mut sum = F32Output::new(a.shape(), a.dtype())?;
+    let mut out = F32Output::new(a.shape(), a.dtype())?;
+    let mut rstd = vec![0.0f32; rows];
+    let per = forward_block_rows(d);
+    let bufs = [(sum.values()?, per * d), (out.values()?, per * d), (rstd.as_mut_slice(), per)];
+    for_each_block(cpu, rows, per, 3 * d, bufs, |range, [sum, out, rstd]| {
+        for (k, r) in range.enumerate() {
+            let s = &mut sum[k * d..][..d];
+            let inv = rms_rstd(lanes::add_sum_squares(s, &av[r * d..][..d], &bv[r * d..][..d]), d, eps);
+            rstd[k] = inv;
+            lanes::scale_mul(&mut out[k * d..][..d], s, &w, inv);
+        }
+    });
+    let norm = NormOutput { output: out.finish(cpu)?, mean: None, rstd: stat_tensor(a, rstd)? };
+    Ok((sum.finish(cpu)?, norm))
 }
 
+/// `rms_norm(x, w)·silu(z)`.
+///
+/// # Shapes
+/// `x`, `z`: `[..., D]`; `weight`: `[D]` → `[..., D]`.
 pub fn rms_norm_gated(cpu: &CpuBackend, x: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
-    todo!()
+    const OP: &str = "rms_norm_gated";
+    let d = check_rows(OP, "x", x)?;
+    check_like(OP, "z", x, z)?;
+    check_vector(OP, "weight", x, weight, d)?;
+    check_eps(OP, eps)?;
+    let (xs, zs, w) = (f32_data(OP, "x", x)?, f32_data(OP, "z", z)?, f32_data(OP, "weight", weight)?);
+    let rows = x.elem_count() / d;
+    let mut out = F32Output::new(x.shape(), x.dtype())?;
+    let per = forward_block_rows(d);
+    for_each_block(cpu, rows, per, 4 * d, [(out.values()?, per * d)], |range, [out]| {
+        for (k, r) in range.enumerate() {
+            let xr = &xs[r * d..][..d];
+            let inv = rms_rstd(simd::sum_squares(xr), d, eps);
+            lanes::gated(&mut out[k * d..][..d], xr, &w, &zs[r * d..][..d], inv);
+        }
+    });
+    out.finish(cpu)
 }
 
+/// RMS norm over channels: `y[b,c,t] = x[b,c,t]·w[c] / sqrt(mean_c(x[b,·,t]²) + eps)`.
+/// Vectorized over t: each task takes one batch and a tile of time steps, accumulates
+/// the squares of its C row segments, then scales them while they are in cache.
+///
+/// # Shapes
+/// `x`: `[B, C, T]`; `weight`: `[C]` → `[B, C, T]`.
 pub fn rms_norm_channel(cpu: &CpuBackend, x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
-    todo!()
+    const OP: &str = "rms_norm_channel";
+    check::float(OP, "x", x)?;
+    check::rank(OP, "x", x, 3)?;
+    let (b, c, t) = (x.dims()[0], x.dims()[1], x.dims()[2]);
+    if c == 0 {
+        return Err(Error::shape(OP, "x channels", "at least 1", x.shape()));
+    }
+    check_vector(OP, "weight", x, weight, c)?;
+    check_eps(OP, eps)?;
+    let (xs, w) = (f32_data(OP, "x", x)?, f32_data(OP, "weight", weight)?);
+    let mut out = F32Output::new(x.shape(), x.dtype())?;
+    let tiles = t.div_ceil(CHANNEL_TILE);
+    let dst = SharedMut(out.values()?.as_mut_ptr());
+    cpu.for_each_index(b * tiles, 3 * c * CHANNEL_TILE.min(t), |task| {
+        let (bi, t0) = (task / tiles, (task % tiles) * CHANNEL_TILE);
+        let len = CHANNEL_TILE.min(t - t0);
+        let base = bi * c * t + t0;
+        let mut acc = [0.0f32; CHANNEL_TILE];
+        let r = &mut acc[..len];
+        for ci in 0..c {
+            lanes::add_squares(r, &xs[base + ci * t..][..len]);
+        }
+        for v in r.iter_mut() {
+            *v = rms_rstd(*v, c, eps);
+        }
+        for (ci, &wc) in w.iter().enumerate() {
+            let at = base + ci * t;
+            // SAFETY: task (bi, tile) alone writes time steps t0..t0+len of batch bi, so the
+            // ranges [at, at + len) of different tasks are disjoint; they lie inside `out`
+            // (at + len ≤ (bi·C + ci)·T + T ≤ B·C·T), which outlives the loop and is not
+            // otherwise touched while it runs.
+            let o = unsafe { dst.slice(at, len) };
+            lanes::scale_cols(o, &xs[at..][..len], r, wc);
+        }
+    });
+    out.finish(cpu)
 }
 
+/// Count, mean and sum of squared deviations of a slice (f64 for combining).
+fn moments(x: &[f32]) -> (f64, f64, f64) {
+    if x.is_empty() {
+        return (0.0, 0.0, 0.0);
+    }
+    let (mean, var) = mean_var(x);
+    (x.len() as f64, mean as f64, var as f64 * x.len() as f64)
+}
+
+/// Combines the moments of two disjoint pieces (Chan, Golub & LeVeque).
+fn combine_moments(a: (f64, f64, f64), b: (f64, f64, f64)) -> (f64, f64, f64) {
+    let n = a.0 + b.0;
+    if n == 0.0 {
+        return a;
+    }
+    let delta = b.1 - a.1;
+    (n, a.1 + delta * b.0 / n, a.2 + b.2 + delta * delta * a.0 * b.0 / n)
+}
+
+/// Group norm: channels split into `groups`; each (batch, group) is normalized over its
+/// channels and spatial positions, then `·w[c] + b[c]`. Statistics come from fixed
+/// pieces computed in parallel and combined in order; the output pass runs over
+/// (batch, channel) rows in parallel.
+///
+/// # Shapes
+/// `x`: `[B, C, ...]`, `C % groups == 0`; `weight`, `bias`: `[C]` → same as x.
 pub fn group_norm(
     cpu: &CpuBackend,
     x: &Tensor,
@@ -64,9 +711,55 @@ pub fn group_norm(
     groups: usize,
     eps: f32,
 ) -> Result<Tensor> {
-    todo!()
+    const OP: &str = "group_norm";
+    check::float(OP, "x", x)?;
+    check::min_rank(OP, "x", x, 2)?;
+    let (b, c) = (x.dims()[0], x.dims()[1]);
+    if groups == 0 || c % groups != 0 {
+        return Err(Error::value(OP, "groups", format!("a divisor of the {c} channels"), groups));
+    }
+    check_vector(OP, "weight", x, weight, c)?;
+    check_vector(OP, "bias", x, bias, c)?;
+    check_eps(OP, eps)?;
+    let (xs, w, bs) = (f32_data(OP, "x", x)?, f32_data(OP, "weight", weight)?, f32_data(OP, "bias", bias)?);
+    let spatial: usize = x.dims()[2..].iter().product();
+    let channels_per_group = c / groups;
+    let seg = channels_per_group * spatial;
+
+    // Statistics of each (batch, group) segment, from pieces of at most STAT_PIECE elements.
+    let pieces = seg.div_ceil(STAT_PIECE).max(1);
+    let piece_moments = cpu.map_indices(b * groups * pieces, 2 * STAT_PIECE.min(seg), |i| {
+        let (s, p) = (i / pieces, i % pieces);
+        let start = (p * STAT_PIECE).min(seg);
+        let end = (start + STAT_PIECE).min(seg);
+        moments(&xs[s * seg + start..s * seg + end])
+    });
+    let stats: Vec<(f32, f32)> = piece_moments
+        .chunks(pieces)
+        .map(|ps| {
+            let (n, mean, m2) = ps.iter().copied().fold((0.0, 0.0, 0.0), combine_moments);
+            let var = if n > 0.0 { m2 / n } else { 0.0 };
+            (mean as f32, (1.0 / (var + eps as f64).sqrt()) as f32)
+        })
+        .collect();
+
+    let mut out = F32Output::new(x.shape(), x.dtype())?;
+    let per = forward_block_rows(spatial);
+    for_each_block(cpu, b * c, per, 2 * spatial, [(out.values()?, per * spatial)], |range, [out]| {
+        for (k, r) in range.enumerate() {
+            let (bi, ci) = (r / c, r % c);
+            let (m, inv) = stats[bi * groups + ci / channels_per_group];
+            let o = &mut out[k * spatial..][..spatial];
+            lanes::center_affine(o, &xs[r * spatial..][..spatial], m, inv * w[ci], bs[ci]);
+        }
+    });
+    out.finish(cpu)
 }
 
+/// `rms_norm(x, w)·(1 + scale) + shift`, scale and shift per batch row.
+///
+/// # Shapes
+/// `x`: `[B, T, D]`; `weight`: `[D]`; `scale`, `shift`: `[B, D]` → `[B, T, D]`.
 pub fn adaln_modulate(
     cpu: &CpuBackend,
     x: &Tensor,
@@ -75,9 +768,115 @@ pub fn adaln_modulate(
     shift: &Tensor,
     eps: f32,
 ) -> Result<Tensor> {
-    todo!()
+    const OP: &str = "adaln_modulate";
+    check::float(OP, "x", x)?;
+    check::rank(OP, "x", x, 3)?;
+    let (b, t, d) = (x.dims()[0], x.dims()[1], x.dims()[2]);
+    if d == 0 {
+        return Err(Error::shape(OP, "x last dim", "at least 1", x.shape()));
+    }
+    check_vector(OP, "weight", x, weight, d)?;
+    for (what, p) in [("scale", scale), ("shift", shift)] {
+        check::same_dtype(OP, what, x, p)?;
+        check::shape(OP, what, p, &[b, d])?;
+    }
+    check_eps(OP, eps)?;
+    let xs = f32_data(OP, "x", x)?;
+    let (w, sc, sh) = (f32_data(OP, "weight", weight)?, f32_data(OP, "scale", scale)?, f32_data(OP, "shift", shift)?);
+    // The effective weight of batch row bi: w·(1 + scale[bi]), once per batch row.
+    let ew: Vec<f32> = sc.iter().enumerate().map(|(i, &s)| w[i % d] * (1.0 + s)).collect();
+    let rows = b * t;
+    let mut out = F32Output::new(x.shape(), x.dtype())?;
+    let per = forward_block_rows(d);
+    for_each_block(cpu, rows, per, 3 * d, [(out.values()?, per * d)], |range, [out]| {
+        for (k, r) in range.enumerate() {
+            let bi = r / t;
+            let xr = &xs[r * d..][..d];
+            let inv = rms_rstd(simd::sum_squares(xr), d, eps);
+            lanes::modulate(&mut out[k * d..][..d], xr, &ew[bi * d..][..d], &sh[bi * d..][..d], inv);
+        }
+    });
+    out.finish(cpu)
 }
 
+/// `(x − mean)/sqrt(var + eps)` per row, no affine (the core of layer_norm).
+///
+/// # Shapes
+/// `x`: `[..., D]` → same.
 pub fn normalize(cpu: &CpuBackend, x: &Tensor, eps: f32) -> Result<Tensor> {
-    todo!()
+    const OP: &str = "normalize";
+    let d = check_rows(OP, "x", x)?;
+    check_eps(OP, eps)?;
+    let xs = f32_data(OP, "x", x)?;
+    let mut out = F32Output::new(x.shape(), x.dtype())?;
+    layer_norm_rows(cpu, &xs, out.values()?, d, eps, None);
+    out.finish(cpu)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic values in [-1, 1).
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n as u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32 / 8_388_608.0 - 1.0)
+            .collect()
+    }
+
+    fn tensor(shape: &[usize], seed: u32) -> Tensor {
+        Tensor::from_vec(values(shape.iter().product(), seed), shape).unwrap()
+    }
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        t.to_vec_f32().unwrap().iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// Every threaded path (row blocks, backward partials, group statistics pieces,
+    /// channel tiles) gives the same bits with 1 thread and with 3.
+    #[test]
+    fn results_do_not_depend_on_the_thread_count() {
+        let (x, dy) = (tensor(&[300, 120], 1), tensor(&[300, 120], 2));
+        let (w, b) = (tensor(&[120], 3), tensor(&[120], 4));
+        let xg = tensor(&[2, 4, 9000], 5);
+        let wg = tensor(&[4], 6);
+        let run = |cpu: &CpuBackend| -> Vec<Vec<u32>> {
+            let f = rms_norm(cpu, &x, &w, 1e-5).unwrap();
+            let g = rms_norm_backward(cpu, &x, &w, &f.rstd, &dy).unwrap();
+            let l = layer_norm(cpu, &x, &w, &b, 1e-5).unwrap();
+            let mean = l.mean.clone().unwrap();
+            let lg = layer_norm_backward(cpu, &x, &w, &mean, &l.rstd, &dy).unwrap();
+            let gn = group_norm(cpu, &xg, &wg, &wg, 2, 1e-5).unwrap();
+            let ch = rms_norm_channel(cpu, &xg, &wg, 1e-5).unwrap();
+            [&f.output, &f.rstd, &g.dx, &g.dweight, &l.output, &mean, &lg.dx, &lg.dweight, &gn, &ch]
+                .iter()
+                .map(|t| bits(t))
+                .chain(lg.dbias.iter().map(bits))
+                .collect()
+        };
+        let one = run(&CpuBackend::with_threads(1).unwrap());
+        let three = run(&CpuBackend::with_threads(3).unwrap());
+        assert_eq!(one.len(), 11);
+        for (i, (a, b)) in one.iter().zip(&three).enumerate() {
+            assert!(a == b, "output {i} differs between 1 and 3 threads");
+        }
+    }
+
+    /// Staged (F16/BF16) and direct (F32) outputs hold what was written, in their dtype.
+    #[test]
+    fn outputs_keep_their_dtype() {
+        let cpu = CpuBackend::with_threads(2).unwrap();
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let mut out = F32Output::new(&Shape::new([3, 5]), dtype).unwrap();
+            for (i, v) in out.values().unwrap().iter_mut().enumerate() {
+                *v = i as f32 * 0.5;
+            }
+            let t = out.finish(&cpu).unwrap();
+            assert_eq!((t.dtype(), t.dims()), (dtype, &[3usize, 5][..]));
+            let want: Vec<f32> = (0..15).map(|i| i as f32 * 0.5).collect();
+            assert_eq!(t.to_vec_f32().unwrap(), want);
+            let empty = F32Output::new(&Shape::new([0, 5]), dtype).unwrap().finish(&cpu).unwrap();
+            assert_eq!(empty.dims(), &[0, 5]);
+        }
+    }
 }

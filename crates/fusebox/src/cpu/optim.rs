@@ -1,14 +1,110 @@
-//! optim kernels (skeleton: to be written).
+//! The optimizer step and gradient clipping: AdamW in place, the global gradient norm
+//! (f64 accumulation over fixed chunks, so it is the same for any thread count) and
+//! the clipping factor.
 
-#![allow(unused_variables, unused_imports)]
-
-use crate::cpu::CpuBackend;
+use crate::cpu::pool::SharedMut;
+use crate::cpu::simd::{multiversion, Isa};
+use crate::cpu::{check, convert, CpuBackend};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::shape::Shape;
 use crate::tensor::Tensor;
-use crate::types::*;
+use crate::types::AdamWConfig;
 
+/// Work units per element of the AdamW step (two fmas, a sqrt and a division).
+const ADAM_WORK: usize = 4;
+/// Elements per task of the AdamW step.
+const ADAM_CHUNK: usize = 1 << 14;
+/// Elements per partial sum of the global norm (fixed, so the sum order never changes).
+const NORM_CHUNK: usize = 1 << 14;
+
+/// The kernels: `pub` only because `multiversion!` defines `pub fn`s; the module is private.
+mod lanes {
+    use super::*;
+
+    /// The per-step constants of AdamW, in f32 (the bias corrections come from f64).
+    #[derive(Debug, Clone, Copy)]
+    pub struct AdamCoef {
+        pub beta1: f32,
+        pub beta2: f32,
+        pub lr: f32,
+        pub eps: f32,
+        pub weight_decay: f32,
+        /// `1/(1 − β₁ᵗ)`
+        pub inv_bc1: f32,
+        /// `1/√(1 − β₂ᵗ)`, so that `√v̂ = √v·rsqrt_bc2`.
+        pub rsqrt_bc2: f32,
+    }
+
+    multiversion! {
+        /// `m ← β₁m + (1−β₁)g`, `v ← β₂v + (1−β₂)g²`,
+        /// `p ← p − lr·(m̂/(√v̂ + ε) + λ·p)` with `m̂ = m/(1−β₁ᵗ)`, `√v̂ = √v/√(1−β₂ᵗ)`.
+        pub fn adamw(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c: AdamCoef) {
+            let n = p.len().min(g.len()).min(m.len()).min(v.len());
+            let (p, g, m, v) = (&mut p[..n], &g[..n], &mut m[..n], &mut v[..n]);
+            for i in 0..n {
+                let gi = g[i];
+                let mi = c.beta1 * m[i] + (1.0 - c.beta1) * gi;
+                let vi = c.beta2 * v[i] + (1.0 - c.beta2) * gi * gi;
+                m[i] = mi;
+                v[i] = vi;
+                let update = (mi * c.inv_bc1) / (vi.sqrt() * c.rsqrt_bc2 + c.eps) + c.weight_decay * p[i];
+                p[i] -= c.lr * update;
+            }
+        }
+    }
+
+    multiversion! {
+        /// `Σ x[i]²` accumulated in f64 (16 partial sums, combined in a fixed order).
+        pub fn sum_squares_f64(x: &[f32]) -> f64 {
+            let mut acc = [0.0f64; 16];
+            let mut c = x.chunks_exact(16);
+            for v in &mut c {
+                for l in 0..16 {
+                    let e = v[l] as f64;
+                    acc[l] += e * e;
+                }
+            }
+            let tail: f64 = c.remainder().iter().map(|&e| (e as f64) * (e as f64)).sum();
+            acc.iter().sum::<f64>() + tail
+        }
+    }
+}
+
+/// Hyper-parameters must make the step well defined: `0 ≤ β < 1` (else `1 − βᵗ` can be
+/// 0) and every value finite.
+fn check_config(op: &'static str, c: &AdamWConfig) -> Result<()> {
+    for (name, beta) in [("beta1", c.beta1), ("beta2", c.beta2)] {
+        if !(0.0..1.0).contains(&beta) {
+            return Err(Error::value(op, name, "in [0, 1)", beta));
+        }
+    }
+    for (name, x) in [("lr", c.lr), ("eps", c.eps), ("weight_decay", c.weight_decay)] {
+        if !x.is_finite() {
+            return Err(Error::value(op, name, "a finite number", x));
+        }
+    }
+    Ok(())
+}
+
+/// The step on f32 slices, in parallel chunks (each chunk's p, g, m, v are one index range).
+fn adamw_slices(cpu: &CpuBackend, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c: lanes::AdamCoef) {
+    let (m_ptr, v_ptr) = (SharedMut(m.as_mut_ptr()), SharedMut(v.as_mut_ptr()));
+    cpu.for_each_chunk(p, ADAM_CHUNK, ADAM_WORK, |i, pc| {
+        let start = i * ADAM_CHUNK;
+        // SAFETY: m and v have p's length (shapes checked); chunk i covers
+        // [start, start + pc.len()) and chunks are disjoint.
+        let (mc, vc) = unsafe { (m_ptr.slice(start, pc.len()), v_ptr.slice(start, pc.len())) };
+        lanes::adamw(pc, &g[start..start + pc.len()], mc, vc, c);
+    });
+}
+
+/// One AdamW step in place (`step` counts from 1):
+/// `m ← β₁m + (1−β₁)g`, `v ← β₂v + (1−β₂)g²`, `m̂ = m/(1−β₁ᵗ)`, `v̂ = v/(1−β₂ᵗ)`,
+/// `p ← p − lr·(m̂/(√v̂ + ε) + λ·p)`. Bias corrections are computed in f64, then used in
+/// f32. param, m and v must be writable (not shared with another handle).
+///
+/// # Shapes
+/// `param`, `grad`, `m`, `v`: equal shapes; m and v F32; param and grad float, same dtype.
 pub fn adamw_update(
     cpu: &CpuBackend,
     param: &mut Tensor,
@@ -18,13 +114,81 @@ pub fn adamw_update(
     config: &AdamWConfig,
     step: u64,
 ) -> Result<()> {
-    todo!()
+    const OP: &str = "adamw_update";
+    if step == 0 {
+        return Err(Error::value(OP, "step", "≥ 1 (steps count from 1)", step));
+    }
+    check_config(OP, config)?;
+    check::float(OP, "param", param)?;
+    check::same_dtype(OP, "grad", param, grad)?;
+    check::dtype(OP, "m", m, DType::F32)?;
+    check::dtype(OP, "v", v, DType::F32)?;
+    check::same_shape(OP, "grad", param, grad)?;
+    check::same_shape(OP, "m", param, m)?;
+    check::same_shape(OP, "v", param, v)?;
+    param.ensure_writable(OP)?;
+    m.ensure_writable(OP)?;
+    v.ensure_writable(OP)?;
+
+    let bc1 = 1.0 - (config.beta1 as f64).powf(step as f64);
+    let bc2 = 1.0 - (config.beta2 as f64).powf(step as f64);
+    let coef = lanes::AdamCoef {
+        beta1: config.beta1,
+        beta2: config.beta2,
+        lr: config.lr,
+        eps: config.eps,
+        weight_decay: config.weight_decay,
+        inv_bc1: (1.0 / bc1) as f32,
+        rsqrt_bc2: (1.0 / bc2.sqrt()) as f32,
+    };
+    let g = convert::f32_data(OP, "grad", grad)?;
+    let (ms, vs) = (m.as_mut_slice::<f32>()?, v.as_mut_slice::<f32>()?);
+    if param.dtype() == DType::F32 {
+        adamw_slices(cpu, param.as_mut_slice::<f32>()?, &g, ms, vs, coef);
+        return Ok(());
+    }
+    // F16/BF16 parameters: step in f32, round once on the way back.
+    let mut p = convert::f32_data(OP, "param", param)?.into_owned();
+    adamw_slices(cpu, &mut p, &g, ms, vs, coef);
+    convert::store_f32(param, &p)
 }
 
+/// `sqrt(Σ_t Σ_i t_i²)` over all tensors, accumulated in f64 over fixed chunks and summed
+/// in order (the same for any thread count). No tensors → 0.
+///
+/// # Shapes
+/// any number of float tensors of any shapes → a number.
 pub fn global_norm(cpu: &CpuBackend, tensors: &[Tensor]) -> Result<f32> {
-    todo!()
+    const OP: &str = "global_norm";
+    for (i, t) in tensors.iter().enumerate() {
+        check::float(OP, &format!("tensor {i}"), t)?;
+    }
+    let mut total = 0.0f64;
+    for (i, t) in tensors.iter().enumerate() {
+        let data = convert::f32_data(OP, &format!("tensor {i}"), t)?;
+        let chunks = data.len().div_ceil(NORM_CHUNK);
+        let parts = cpu.map_indices(chunks, NORM_CHUNK, |c| {
+            let start = c * NORM_CHUNK;
+            lanes::sum_squares_f64(&data[start..(start + NORM_CHUNK).min(data.len())])
+        });
+        total += parts.iter().sum::<f64>();
+    }
+    Ok(total.sqrt() as f32)
 }
 
+/// The factor that clips gradients to `max_norm`: `min(1, max_norm/(norm + 1e-6))`.
+/// Errors for a NaN or negative `max_norm` (+∞ disables clipping: factor 1) and for a
+/// NaN, infinite or negative `global_norm` (overflowed gradients cannot be rescaled).
+///
+/// # Shapes
+/// numbers → a number.
 pub fn clip_scale(global_norm: f32, max_norm: f32) -> Result<f32> {
-    todo!()
+    const OP: &str = "clip_scale";
+    if max_norm.is_nan() || max_norm < 0.0 {
+        return Err(Error::value(OP, "max_norm", "a non-negative number", max_norm));
+    }
+    if !global_norm.is_finite() || global_norm < 0.0 {
+        return Err(Error::value(OP, "global_norm", "a finite, non-negative number", global_norm));
+    }
+    Ok((max_norm as f64 / (global_norm as f64 + 1e-6)).min(1.0) as f32)
 }

@@ -1,14 +1,122 @@
-//! rope kernels (skeleton: to be written).
+//! Rotary position embedding and its backward.
+//!
+//! Each pair `(a, b)` of a row at position `p = offset + t` is rotated by the angle of
+//! `cos[p, i]`, `sin[p, i]`: `(a·cos − b·sin, a·sin + b·cos)`. The backward is the
+//! inverse (transposed) rotation, the same loop with `sin → −sin`. Rows of `(b, h)`
+//! run in parallel; F16/BF16 inputs are computed in f32 and written back in their dtype.
 
-#![allow(unused_variables, unused_imports)]
-
+use crate::cpu::check;
+use crate::cpu::convert::f32_data;
+use crate::cpu::norm::F32Output;
 use crate::cpu::CpuBackend;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::shape::Shape;
 use crate::tensor::Tensor;
 use crate::types::*;
 
+/// The vectorized rotations of one row, compiled per ISA.
+mod lanes {
+    use crate::cpu::simd::{multiversion, Isa};
+
+    multiversion! {
+        /// Pairs `(i, i + D/2)`: `(x₁, x₂) → (x₁·c − x₂·s, x₁·s + x₂·c)` with `s = sign·sin`.
+        pub fn rotate_half(out: &mut [f32], x: &[f32], cos: &[f32], sin: &[f32], sign: f32) {
+            let h = cos.len();
+            let (o1, o2) = out.split_at_mut(h);
+            let (x1, x2) = x.split_at(h);
+            let (o2, x1, x2, sin) = (&mut o2[..h], &x1[..h], &x2[..h], &sin[..h]);
+            for i in 0..h {
+                let (a, b, c, s) = (x1[i], x2[i], cos[i], sign * sin[i]);
+                o1[i] = a * c - b * s;
+                o2[i] = a * s + b * c;
+            }
+        }
+    }
+
+    multiversion! {
+        /// Pairs `(2i, 2i + 1)`: the same rotation on adjacent elements.
+        pub fn rotate_pairs(out: &mut [f32], x: &[f32], cos: &[f32], sin: &[f32], sign: f32) {
+            for (((o, v), &c), &s) in out.chunks_exact_mut(2).zip(x.chunks_exact(2)).zip(cos).zip(sin) {
+                let (a, b, s) = (v[0], v[1], sign * s);
+                o[0] = a * c - b * s;
+                o[1] = a * s + b * c;
+            }
+        }
+    }
+}
+
+/// Validates the inputs of `rope`/`rope_backward` (`what` names the rotated tensor) and
+/// returns `(T, D)`.
+fn check_inputs(
+    op: &'static str,
+    what: &str,
+    x: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    offset: usize,
+) -> Result<(usize, usize)> {
+    check::float(op, what, x)?;
+    check::rank(op, what, x, 4)?;
+    let (t, d) = (x.dims()[2], x.dims()[3]);
+    if d % 2 != 0 {
+        return Err(Error::shape(op, format!("{what} head dim"), "an even head dim", x.shape()));
+    }
+    check::dtype(op, "cos", cos, DType::F32)?;
+    check::dtype(op, "sin", sin, DType::F32)?;
+    check::rank(op, "cos", cos, 2)?;
+    let positions = cos.dims()[0];
+    check::shape(op, "cos", cos, &[positions, d / 2])?;
+    check::same_shape(op, "sin", cos, sin)?;
+    if offset > positions || t > positions - offset {
+        return Err(Error::value(
+            op,
+            "offset + T",
+            format!("at most the {positions} table positions"),
+            format!("{offset} + {t}"),
+        ));
+    }
+    Ok((t, d))
+}
+
+/// Rotates every row of `x` by the angles of positions `offset..offset + T`, `sign = −1`
+/// for the inverse rotation.
+fn rotate(
+    cpu: &CpuBackend,
+    op: &'static str,
+    what: &str,
+    x: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    style: RopeStyle,
+    offset: usize,
+    sign: f32,
+) -> Result<Tensor> {
+    let (t, d) = check_inputs(op, what, x, cos, sin, offset)?;
+    let half = d / 2;
+    let xs = f32_data(op, what, x)?;
+    let (cs, ss) = (cos.as_slice::<f32>()?, sin.as_slice::<f32>()?);
+    let mut out = F32Output::new(x.shape(), x.dtype())?;
+    let row = t * d;
+    cpu.for_each_chunk(out.values()?, row, 4, |bh, o| {
+        let xr = &xs[bh * row..][..row];
+        for (ti, (orow, xrow)) in o.chunks_exact_mut(d).zip(xr.chunks_exact(d)).enumerate() {
+            let p = offset + ti;
+            let (c, s) = (&cs[p * half..][..half], &ss[p * half..][..half]);
+            match style {
+                RopeStyle::HalfSplit => lanes::rotate_half(orow, xrow, c, s, sign),
+                RopeStyle::Interleaved => lanes::rotate_pairs(orow, xrow, c, s, sign),
+            }
+        }
+    });
+    out.finish(cpu)
+}
+
+/// Rotary embedding at positions `offset + t`: each pair `(a, b)` becomes
+/// `(a·cos − b·sin, a·sin + b·cos)`; pairs are `(i, i + D/2)` (HalfSplit) or
+/// `(2i, 2i + 1)` (Interleaved).
+///
+/// # Shapes
+/// `x`: `[B, H, T, D]`, D even; `cos`, `sin`: `[P, D/2]` F32, `offset + T ≤ P` → same as x.
 pub fn rope(
     cpu: &CpuBackend,
     x: &Tensor,
@@ -17,9 +125,13 @@ pub fn rope(
     style: RopeStyle,
     offset: usize,
 ) -> Result<Tensor> {
-    todo!()
+    rotate(cpu, "rope", "x", x, cos, sin, style, offset, 1.0)
 }
 
+/// Backward of `rope`: the inverse rotation of `d_out` (`sin → −sin`).
+///
+/// # Shapes
+/// `d_out`: `[B, H, T, D]`, D even; `cos`, `sin`: `[P, D/2]` F32, `offset + T ≤ P` → same as d_out.
 pub fn rope_backward(
     cpu: &CpuBackend,
     d_out: &Tensor,
@@ -28,5 +140,5 @@ pub fn rope_backward(
     style: RopeStyle,
     offset: usize,
 ) -> Result<Tensor> {
-    todo!()
+    rotate(cpu, "rope_backward", "d_out", d_out, cos, sin, style, offset, -1.0)
 }

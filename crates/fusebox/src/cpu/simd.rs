@@ -218,20 +218,23 @@ pub fn fast_exp(x: f32) -> f32 {
     // e^x = 2^n · e^r with n = round(x·log2 e) and r = x − n·ln 2, |r| ≤ ln2/2, computed
     // in two parts (Cody–Waite: ln 2 = LN2_HI + LN2_LO, LN2_HI exact in few bits) so r
     // keeps full precision even for |x| ≈ 88; e^r by its degree-6 Taylor polynomial
-    // (truncation < 1.3e-7 relative); 2^n by building the exponent bits.
+    // (truncation < 1.3e-7 relative); 2^n by building the exponent bits. Every step is
+    // plain float arithmetic so loops over it vectorize (no saturating casts).
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding 1.5·2^23 rounds to the nearest integer (ties to even) in the low mantissa bits.
+    const ROUND: f32 = 12_582_912.0;
     let xc = x.clamp(-87.3, 88.7);
-    let n = (xc * LOG2E).round();
+    let n = (xc * LOG2E + ROUND) - ROUND;
     let r = xc - n * LN2_HI - n * LN2_LO;
     let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    // SAFETY: after the clamp n lies in [−126, 128], so the conversion is exact; the
-    // unchecked form vectorizes where `as i32` (saturating) does not.
-    let ni = unsafe { n.to_int_unchecked::<i32>() };
-    // 2^128 is not an f32: build 2^min(n,127) and double once more for n = 128.
-    let scale = f32::from_bits(((ni.min(127) + 127) as u32) << 23);
-    let r = p * scale * if ni > 127 { 2.0 } else { 1.0 };
+    // n ∈ [−126, 128]. (n' + 127) + 2^23 holds n' + 127 in its mantissa bits; shifting
+    // them into the exponent field gives 2^n'. 2^128 is not an f32, so n = 128 uses
+    // 2^127 and doubles once more.
+    let clamped = n.min(127.0);
+    let scale = f32::from_bits((clamped + (127.0 + 8_388_608.0)).to_bits() << 23);
+    let r = p * scale * if n > 127.0 { 2.0 } else { 1.0 };
     if x < -87.3 {
         0.0
     } else if x > 88.7 {

@@ -1,0 +1,354 @@
+//! Byte-level BPE tokenizers (GPT-2 style), as Llama-family GGUF files with
+//! `tokenizer.ggml.model = "gpt2"` and Hugging Face `tokenizer.json` files describe them.
+//!
+//! Encoding: special tokens are cut out of the text first ([`special`]), the rest
+//! is pre-tokenized ([`PreTokenizer`]), each piece's UTF-8 bytes are written in
+//! the byte-level alphabet and BPE-merged. Decoding maps tokens back to bytes;
+//! [`StreamDecoder`] does so incrementally without splitting a UTF-8 character.
+//!
+//! ```no_run
+//! use fusebox_models::{gguf::GgufFile, tokenizer::Tokenizer};
+//! let file = GgufFile::open("models/SmolLM2-135M-Instruct.Q4_1.gguf")?;
+//! let tok = Tokenizer::from_gguf(file.metadata())?;
+//! let ids = tok.encode("Hello, world!", false);
+//! assert_eq!(tok.decode(&ids)?, "Hello, world!");
+//! # Ok::<(), fusebox::Error>(())
+//! ```
+
+mod bpe;
+mod byte_level;
+mod from_gguf;
+mod from_hf;
+mod pretokenize;
+mod special;
+mod stream;
+
+use std::collections::HashMap;
+
+use fusebox::{Error, Result};
+
+pub use pretokenize::PreTokenizer;
+pub use stream::StreamDecoder;
+
+use bpe::Merges;
+use byte_level::ByteLevel;
+use special::{Segment, SpecialMatcher};
+
+/// What a vocabulary entry is (GGUF's `tokenizer.ggml.token_type` codes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TokenType {
+    /// 1 (and 0, "undefined"): an ordinary BPE token in the byte-level alphabet.
+    Normal,
+    /// 2: the unknown token.
+    Unknown,
+    /// 3: a control token (`<|im_start|>`): matched in input only with `parse_special`.
+    Control,
+    /// 4: a user-defined token: its text is raw, always matched in input.
+    UserDefined,
+    /// 5: an unused slot.
+    Unused,
+    /// 6: a byte token `<0xAB>` (SentencePiece byte fallback).
+    Byte,
+}
+
+impl TokenType {
+    /// The type for a GGUF code; unknown codes count as normal.
+    pub fn from_code(code: i64) -> TokenType {
+        match code {
+            2 => TokenType::Unknown,
+            3 => TokenType::Control,
+            4 => TokenType::UserDefined,
+            5 => TokenType::Unused,
+            6 => TokenType::Byte,
+            _ => TokenType::Normal,
+        }
+    }
+}
+
+/// Token texts that end a turn or a text when they are control tokens, besides
+/// the declared end-of-sequence token (as llama.cpp's end-of-generation list).
+const EOG_TEXTS: &[&str] = &["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>"];
+
+/// The pieces a tokenizer is built from, whatever the source file.
+pub(crate) struct Parts {
+    pub tokens: Vec<String>,
+    pub types: Vec<TokenType>,
+    pub merges: Vec<(String, String)>,
+    pub pre: PreTokenizer,
+    pub ignore_merges: bool,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub pad: Option<u32>,
+    pub unk: Option<u32>,
+    /// The token for a byte that has no byte token: Hugging Face BPE's
+    /// `unk_token`; `None` drops the byte, as llama.cpp does.
+    pub missing_byte: Option<u32>,
+    pub add_bos: bool,
+    /// Further end-of-generation ids (e.g. GGUF's `tokenizer.ggml.eot_token_id`).
+    pub extra_eog: Vec<u32>,
+}
+
+/// A byte-level BPE tokenizer.
+pub struct Tokenizer {
+    tokens: Vec<String>,
+    types: Vec<TokenType>,
+    token_to_id: HashMap<String, u32>,
+    merges: Merges,
+    /// The id of each byte's single-character token.
+    byte_ids: [Option<u32>; 256],
+    byte_level: ByteLevel,
+    pre: PreTokenizer,
+    specials: SpecialMatcher,
+    ignore_merges: bool,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    pad: Option<u32>,
+    unk: Option<u32>,
+    missing_byte: Option<u32>,
+    add_bos: bool,
+    eog: Vec<u32>,
+}
+
+fn build_error(msg: impl std::fmt::Display) -> Error {
+    Error::Io(format!("tokenizer: {msg}"))
+}
+
+impl Tokenizer {
+    pub(crate) fn build(p: Parts) -> Result<Tokenizer> {
+        let n = p.tokens.len();
+        if n == 0 {
+            return Err(build_error("the vocabulary is empty"));
+        }
+        if u32::try_from(n).is_err() {
+            return Err(build_error(format!("{n} tokens do not fit u32 ids")));
+        }
+        if p.types.len() != n {
+            return Err(build_error(format!("{} token types for {n} tokens", p.types.len())));
+        }
+        let named = [("bos", p.bos), ("eos", p.eos), ("padding", p.pad), ("unknown", p.unk)];
+        for (what, id) in named {
+            if let Some(id) = id.filter(|&id| id as usize >= n) {
+                return Err(build_error(format!("{what} token id {id} is past the vocabulary ({n} tokens)")));
+            }
+        }
+        let mut token_to_id = HashMap::with_capacity(n);
+        for (i, t) in p.tokens.iter().enumerate() {
+            // A repeated text maps to its last id, as llama.cpp does.
+            token_to_id.insert(t.clone(), i as u32);
+        }
+        let lookup = |s: &str, line: usize| {
+            token_to_id
+                .get(s)
+                .copied()
+                .ok_or_else(|| build_error(format!("merge {line} uses '{s}', which is not in the vocabulary")))
+        };
+        let mut merges = Merges::with_capacity(p.merges.len());
+        for (rank, (a, b)) in p.merges.iter().enumerate() {
+            let (ia, ib) = (lookup(a, rank)?, lookup(b, rank)?);
+            let merged = lookup(&format!("{a}{b}"), rank)?;
+            // A repeated pair keeps its last rank, as Hugging Face `tokenizers` does.
+            merges.insert((ia, ib), (rank as u32, merged));
+        }
+        let byte_level = ByteLevel::new();
+        let mut byte_ids = [None; 256];
+        for (b, slot) in byte_ids.iter_mut().enumerate() {
+            *slot = token_to_id.get(byte_level.char_of(b as u8).to_string().as_str()).copied();
+        }
+        let mut specials = SpecialMatcher::default();
+        let mut eog: Vec<u32> =
+            p.eos.into_iter().chain(p.extra_eog.iter().copied().filter(|&id| (id as usize) < n)).collect();
+        for (i, (t, ty)) in p.tokens.iter().zip(&p.types).enumerate() {
+            match ty {
+                TokenType::Control => specials.add(t, i as u32, true),
+                TokenType::UserDefined => specials.add(t, i as u32, false),
+                _ => {}
+            }
+            if *ty == TokenType::Control && EOG_TEXTS.contains(&t.as_str()) {
+                eog.push(i as u32);
+            }
+        }
+        eog.sort_unstable();
+        eog.dedup();
+        Ok(Tokenizer {
+            tokens: p.tokens,
+            types: p.types,
+            token_to_id,
+            merges,
+            byte_ids,
+            byte_level,
+            pre: p.pre,
+            specials,
+            ignore_merges: p.ignore_merges,
+            bos: p.bos,
+            eos: p.eos,
+            pad: p.pad,
+            unk: p.unk,
+            missing_byte: p.missing_byte,
+            add_bos: p.add_bos,
+            eog,
+        })
+    }
+
+    /// Number of tokens in the vocabulary.
+    pub fn vocab_size(&self) -> usize {
+        self.tokens.len()
+    }
+    /// The stored text of token `id` (byte-level alphabet for normal tokens).
+    pub fn token(&self, id: u32) -> Option<&str> {
+        self.tokens.get(id as usize).map(String::as_str)
+    }
+    /// The id of the token whose stored text is `text`.
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.token_to_id.get(text).copied()
+    }
+    /// The type of token `id`.
+    pub fn token_type(&self, id: u32) -> Option<TokenType> {
+        self.types.get(id as usize).copied()
+    }
+    /// The pre-tokenizer in use.
+    pub fn pre_tokenizer(&self) -> PreTokenizer {
+        self.pre
+    }
+    /// Beginning-of-sequence id.
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos
+    }
+    /// End-of-sequence id.
+    pub fn eos_id(&self) -> Option<u32> {
+        self.eos
+    }
+    /// Padding id.
+    pub fn pad_id(&self) -> Option<u32> {
+        self.pad
+    }
+    /// Unknown-token id.
+    pub fn unk_id(&self) -> Option<u32> {
+        self.unk
+    }
+    /// Whether the model expects a BOS token at the start (`tokenizer.ggml.add_bos_token`).
+    pub fn add_bos_default(&self) -> bool {
+        self.add_bos
+    }
+    /// Ids that end generation: EOS and control tokens such as `<|im_end|>`.
+    pub fn eog_ids(&self) -> &[u32] {
+        &self.eog
+    }
+    /// Whether `id` ends generation.
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.eog.binary_search(&id).is_ok()
+    }
+
+    /// Token ids of `text`, matching special tokens (`<|im_start|>`) as whole
+    /// tokens; BOS first when `add_bos` and the vocabulary has one.
+    pub fn encode(&self, text: &str, add_bos: bool) -> Vec<u32> {
+        self.encode_with(text, add_bos, true)
+    }
+
+    /// Token ids of `text`, treating control-token texts as plain text (for
+    /// untrusted input that must not open or close a chat turn).
+    pub fn encode_ordinary(&self, text: &str, add_bos: bool) -> Vec<u32> {
+        self.encode_with(text, add_bos, false)
+    }
+
+    /// Token ids of `text`; control tokens are matched only when `parse_special`.
+    pub fn encode_with(&self, text: &str, add_bos: bool, parse_special: bool) -> Vec<u32> {
+        let mut out = Vec::with_capacity(text.len() / 3 + 2);
+        if add_bos {
+            out.extend(self.bos);
+        }
+        let mut segments = Vec::new();
+        if self.specials.is_empty() {
+            segments.push(Segment::Text(text));
+        } else {
+            self.specials.split(text, parse_special, &mut segments);
+        }
+        let mut pieces = Vec::new();
+        let mut symbols = Vec::new();
+        for seg in segments {
+            match seg {
+                Segment::Special(id) => out.push(id),
+                Segment::Text(t) => {
+                    pieces.clear();
+                    self.pre.split(t, &mut pieces);
+                    for piece in &pieces {
+                        self.encode_piece(piece, &mut symbols, &mut out);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// BPE of one pre-tokenized piece.
+    fn encode_piece(&self, piece: &str, symbols: &mut Vec<u32>, out: &mut Vec<u32>) {
+        if self.ignore_merges {
+            let mut s = String::with_capacity(piece.len() * 2);
+            self.byte_level.encode_into(piece.as_bytes(), &mut s);
+            if let Some(&id) = self.token_to_id.get(&s) {
+                out.push(id);
+                return;
+            }
+        }
+        symbols.clear();
+        // A byte without a token (SmolLM2 has none for 0xF1, 0xF2, 0xF5..=0xFF and a
+        // few controls) is dropped, as llama.cpp and Hugging Face do without an
+        // unk_token; so such text does not round-trip.
+        symbols.extend(piece.bytes().filter_map(|b| self.byte_ids[b as usize].or(self.missing_byte)));
+        bpe::merge_into(symbols, &self.merges, out);
+    }
+
+    /// The bytes token `id` stands for. Control tokens give their text unless
+    /// `skip_special`, in which case they give nothing.
+    pub fn token_bytes(&self, id: u32, skip_special: bool, out: &mut Vec<u8>) -> Result<()> {
+        let (Some(text), Some(ty)) = (self.tokens.get(id as usize), self.types.get(id as usize)) else {
+            return Err(Error::value(
+                "Tokenizer::decode",
+                "token id",
+                format!("below the vocabulary size {}", self.tokens.len()),
+                id,
+            ));
+        };
+        match ty {
+            TokenType::Control if skip_special => {}
+            TokenType::Control | TokenType::UserDefined => out.extend_from_slice(text.as_bytes()),
+            TokenType::Byte => match parse_byte_token(text) {
+                Some(b) => out.push(b),
+                None => out.extend_from_slice(text.as_bytes()),
+            },
+            TokenType::Normal | TokenType::Unknown | TokenType::Unused => self.byte_level.decode_into(text, out),
+        }
+        Ok(())
+    }
+
+    /// The text of `ids`, special tokens written out; invalid UTF-8 (from a
+    /// sequence cut inside a character) becomes U+FFFD.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.decode_with(ids, false)
+    }
+
+    /// The text of `ids`, leaving out control tokens when `skip_special`.
+    pub fn decode_with(&self, ids: &[u32], skip_special: bool) -> Result<String> {
+        let mut bytes = Vec::with_capacity(ids.len() * 4);
+        for &id in ids {
+            self.token_bytes(id, skip_special, &mut bytes)?;
+        }
+        Ok(match String::from_utf8(bytes) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        })
+    }
+
+    /// A decoder that turns ids into text one at a time.
+    pub fn stream_decoder(&self, skip_special: bool) -> StreamDecoder<'_> {
+        StreamDecoder::new(self, skip_special)
+    }
+}
+
+/// The byte of a `<0xAB>` token.
+fn parse_byte_token(text: &str) -> Option<u8> {
+    let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
+    if hex.len() != 2 {
+        return None;
+    }
+    u8::from_str_radix(hex, 16).ok()
+}
