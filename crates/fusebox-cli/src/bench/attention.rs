@@ -88,7 +88,7 @@ impl AttentionBenchArgs {
         if self.batch == 0 || self.heads == 0 || hkv == 0 || self.seq == 0 || self.head_dim == 0 {
             return Err(Error::value("bench attention", "sizes", "all positive", 0));
         }
-        if self.heads % hkv != 0 {
+        if !self.heads.is_multiple_of(hkv) {
             return Err(Error::value(
                 "bench attention",
                 "--heads",

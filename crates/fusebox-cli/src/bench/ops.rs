@@ -3,8 +3,6 @@
 //! bandwidth measured over the same working-set size on the same threads, with the
 //! speedup of N threads over 1.
 
-use std::collections::HashMap;
-
 use clap::Args;
 use fusebox::{AdamWConfig, ComputeBackend, CpuBackend, Result, Tensor};
 
@@ -178,7 +176,6 @@ pub fn run(a: &OpsBenchArgs) -> Result<()> {
     let cpu = cpu_backend(a.threads)?;
     let single = if cpu.threads() > 1 && !a.no_speedup { Some(CpuBackend::with_threads(1)?) } else { None };
     let budget = Budget::default();
-    let mut copy_bw: HashMap<usize, Option<f64>> = HashMap::new();
     let mut rows = Vec::new();
     if !a.json {
         println!(
@@ -210,9 +207,8 @@ pub fn run(a: &OpsBenchArgs) -> Result<()> {
         match measured {
             Ok((t, t1)) => {
                 let gbps = case.bytes as f64 / t.median_s / 1e9;
-                let copy = *copy_bw
-                    .entry(case.bytes)
-                    .or_insert_with(|| guarded("copy bandwidth", || copy_bandwidth(&cpu, case.bytes, budget)).ok());
+                // Measured beside each op (not cached) so both see the same machine load.
+                let copy = guarded("copy bandwidth", || copy_bandwidth(&cpu, case.bytes, budget)).ok();
                 row = row
                     .set("ms", round(t.ms()))
                     .set("min_ms", round(t.min_s * 1e3))

@@ -53,21 +53,27 @@ pub fn random_ids(n: usize, bound: u32, seed: u64) -> Tensor {
     Tensor::from_vec(ids, [n]).expect("shape matches data")
 }
 
-/// Runs `f` once; `false` (with a note on stderr) if it panics or errs, so the case is skipped.
-pub fn works<T, E: std::fmt::Debug>(name: &str, f: impl FnOnce() -> Result<T, E>) -> bool {
+/// Runs `f` once: its value, or `None` (with a note on stderr) if it panics or errs, so
+/// the case is skipped.
+pub fn try_once<T, E: std::fmt::Debug>(name: &str, f: impl FnOnce() -> Result<T, E>) -> Option<T> {
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let r = catch_unwind(AssertUnwindSafe(f));
     std::panic::set_hook(hook);
     match r {
-        Ok(Ok(_)) => true,
+        Ok(Ok(v)) => Some(v),
         Ok(Err(e)) => {
             eprintln!("skipping {name}: {e:?}");
-            false
+            None
         }
         Err(_) => {
             eprintln!("skipping {name}: the kernel panicked (not implemented yet?)");
-            false
+            None
         }
     }
+}
+
+/// Runs `f` once; `false` if it panics or errs (see [`try_once`]).
+pub fn works<T, E: std::fmt::Debug>(name: &str, f: impl FnOnce() -> Result<T, E>) -> bool {
+    try_once(name, f).is_some()
 }
