@@ -22,6 +22,7 @@ FILTER=${1:-}
 OUT=${OUT:-bench/results/last.jsonl}
 mkdir -p "$(dirname "$OUT")"
 : >"$OUT"
+LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')
 
 echo "building release ..." >&2
 cargo build --release -q -p fusebox-cli
@@ -72,8 +73,9 @@ if [[ $MEMORY == 1 && ( -z $FILTER || memory == *"$FILTER"* || attention == *"$F
   record ours "$BIN" bench attention --batch 1 --heads 8 --seq 16384 --head-dim 64 --memory-scaling --threads "$THREADS" --json
 fi
 
+LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')
 MODEL=$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ *//')
-MACHINE="Machine: ${MODEL:-$(uname -m)}, $(nproc) cores, $THREADS threads, $(date -u +%Y-%m-%d), fusebox $(git rev-parse --short HEAD 2>/dev/null || echo '?'); ratio = ours/peer throughput (>1: ours faster), best of $ROUNDS medians per side."
+MACHINE="Machine: ${MODEL:-$(uname -m)}, $(nproc) cores, $THREADS threads, $(date -u +%Y-%m-%d), fusebox $(git rev-parse --short HEAD 2>/dev/null || echo '?'), load average at start $LOAD_START, at end $LOAD_END; ratio = ours/peer throughput (>1: ours faster), best of $ROUNDS medians per side."
 if command -v "$PYTHON" >/dev/null 2>&1; then
   "$PYTHON" bench/report.py "$OUT" "$MACHINE"
 else

@@ -1,7 +1,7 @@
 //! `fusebox bench ops`: memory-bound ops and their backwards at sizes well beyond L2,
 //! reported in GB/s (the minimal bytes each op must read and write) against a copy
-//! bandwidth measured over the same working-set size on the same threads, with the
-//! speedup of N threads over 1.
+//! bandwidth measured over the same working-set size (the distinct bytes the op touches)
+//! on the same threads, with the speedup of N threads over 1.
 
 use clap::Args;
 use fusebox::{AdamWConfig, ComputeBackend, CpuBackend, Result, Tensor};
@@ -39,12 +39,14 @@ pub const PARAMS: usize = ROWS * DIM;
 /// A prepared call of one op on given inputs (state such as AdamW's moments lives inside).
 type Runner = Box<dyn FnMut(&CpuBackend) -> Result<()>>;
 
-/// One op case: its name, shape, the bytes it must move at the least, and how to build
-/// its inputs (forward outputs that a backward needs come from `cpu`).
+/// One op case: its name, shape, the bytes it must move at the least, its working set
+/// (distinct bytes touched: what the copy reference is sized to), and how to build its
+/// inputs (forward outputs that a backward needs come from `cpu`).
 pub struct OpCase {
     pub name: &'static str,
     pub shape: String,
     pub bytes: usize,
+    pub footprint: usize,
     make: fn(&CpuBackend) -> Result<Runner>,
 }
 
@@ -64,6 +66,7 @@ pub fn cases() -> Vec<OpCase> {
             name: "add",
             shape: nd.clone(),
             bytes: 12 * n,
+            footprint: 12 * n,
             make: |_| {
                 let (a, b) = (random(&rows(), 1, 1.0)?, random(&rows(), 2, 1.0)?);
                 Ok(Box::new(move |cpu| cpu.add(&a, &b).map(drop)))
@@ -73,6 +76,7 @@ pub fn cases() -> Vec<OpCase> {
             name: "rms_norm",
             shape: nd.clone(),
             bytes: 8 * n,
+            footprint: 8 * n,
             make: |_| {
                 let (x, w) = (random(&rows(), 1, 1.0)?, random(&[DIM], 2, 1.0)?);
                 Ok(Box::new(move |cpu| cpu.rms_norm(&x, &w, EPS).map(drop)))
@@ -82,6 +86,7 @@ pub fn cases() -> Vec<OpCase> {
             name: "rms_norm_backward",
             shape: nd.clone(),
             bytes: 12 * n,
+            footprint: 12 * n,
             make: |cpu| {
                 let (x, w, dy) = (random(&rows(), 1, 1.0)?, random(&[DIM], 2, 1.0)?, random(&rows(), 3, 1.0)?);
                 let rstd = cpu.rms_norm(&x, &w, EPS)?.rstd;
@@ -92,6 +97,7 @@ pub fn cases() -> Vec<OpCase> {
             name: "add_rms_norm",
             shape: nd.clone(),
             bytes: 16 * n,
+            footprint: 16 * n,
             make: |_| {
                 let (a, b, w) = (random(&rows(), 1, 1.0)?, random(&rows(), 2, 1.0)?, random(&[DIM], 3, 1.0)?);
                 Ok(Box::new(move |cpu| cpu.add_rms_norm(&a, &b, &w, EPS).map(drop)))
@@ -101,6 +107,7 @@ pub fn cases() -> Vec<OpCase> {
             name: "silu_mul",
             shape: nd.clone(),
             bytes: 12 * n,
+            footprint: 12 * n,
             make: |_| {
                 let (g, u) = (random(&rows(), 1, 4.0)?, random(&rows(), 2, 1.0)?);
                 Ok(Box::new(move |cpu| cpu.silu_mul(&g, &u).map(drop)))
@@ -110,6 +117,7 @@ pub fn cases() -> Vec<OpCase> {
             name: "silu_mul_backward",
             shape: nd.clone(),
             bytes: 20 * n,
+            footprint: 20 * n,
             make: |_| {
                 let (g, u, dy) = (random(&rows(), 1, 4.0)?, random(&rows(), 2, 1.0)?, random(&rows(), 3, 1.0)?);
                 Ok(Box::new(move |cpu| cpu.silu_mul_backward(&g, &u, &dy).map(drop)))
@@ -119,6 +127,7 @@ pub fn cases() -> Vec<OpCase> {
             name: "softmax",
             shape: nd.clone(),
             bytes: 8 * n,
+            footprint: 8 * n,
             make: |_| {
                 let x = random(&rows(), 1, 8.0)?;
                 Ok(Box::new(move |cpu| cpu.softmax(&x, 1).map(drop)))
@@ -128,6 +137,7 @@ pub fn cases() -> Vec<OpCase> {
             name: "softmax_backward",
             shape: nd.clone(),
             bytes: 12 * n,
+            footprint: 12 * n,
             make: |cpu| {
                 let y = cpu.softmax(&random(&rows(), 1, 8.0)?, 1)?;
                 let dy = random(&rows(), 2, 1.0)?;
@@ -138,6 +148,7 @@ pub fn cases() -> Vec<OpCase> {
             name: "cross_entropy",
             shape: ce.clone(),
             bytes: 8 * CE_ROWS * VOCAB + 4 * CE_ROWS,
+            footprint: 8 * CE_ROWS * VOCAB + 4 * CE_ROWS,
             make: |_| {
                 let (z, t) = (random(&[CE_ROWS, VOCAB], 1, 8.0)?, random_ids(CE_ROWS, VOCAB as u32, 2)?);
                 Ok(Box::new(move |cpu| cpu.cross_entropy(&z, &t, None).map(drop)))
@@ -147,6 +158,7 @@ pub fn cases() -> Vec<OpCase> {
             name: "cross_entropy_backward",
             shape: ce,
             bytes: 8 * CE_ROWS * VOCAB + 4 * CE_ROWS,
+            footprint: 8 * CE_ROWS * VOCAB + 4 * CE_ROWS,
             make: |_| {
                 let (z, t) = (random(&[CE_ROWS, VOCAB], 1, 8.0)?, random_ids(CE_ROWS, VOCAB as u32, 2)?);
                 Ok(Box::new(move |cpu| cpu.cross_entropy_backward(&z, &t, None, 1.0).map(drop)))
@@ -155,7 +167,9 @@ pub fn cases() -> Vec<OpCase> {
         OpCase {
             name: "adamw_update",
             shape: format!("[{PARAMS}]"),
+            // Reads p, g, m, v and writes p, m, v in place: 7 passes over 4 buffers.
             bytes: 28 * PARAMS,
+            footprint: 16 * PARAMS,
             make: |_| {
                 let g = random(&[PARAMS], 2, 1e-2)?;
                 let mut p = random(&[PARAMS], 1, 1.0)?;
@@ -194,6 +208,7 @@ pub fn run(a: &OpsBenchArgs) -> Result<()> {
             .set("op", case.name)
             .set("shape", case.shape.clone())
             .set("bytes", case.bytes)
+            .set("working_set_bytes", case.footprint)
             .set("threads", cpu.threads());
         let measured = guarded(case.name, || {
             let mut f = (case.make)(&cpu)?;
@@ -208,7 +223,7 @@ pub fn run(a: &OpsBenchArgs) -> Result<()> {
             Ok((t, t1)) => {
                 let gbps = case.bytes as f64 / t.median_s / 1e9;
                 // Measured beside each op (not cached) so both see the same machine load.
-                let copy = guarded("copy bandwidth", || copy_bandwidth(&cpu, case.bytes, budget)).ok();
+                let copy = guarded("copy bandwidth", || copy_bandwidth(&cpu, case.footprint, budget)).ok();
                 row = row
                     .set("ms", round(t.ms()))
                     .set("min_ms", round(t.min_s * 1e3))
