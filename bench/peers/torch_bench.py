@@ -31,6 +31,8 @@ except Exception as e:  # noqa: BLE001 - any import failure means "no peer here"
 torch.set_num_threads(THREADS)
 torch.manual_seed(0)
 PEER = f"torch {torch.__version__}"
+if os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
+    PEER += f" (OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')})"
 
 
 def sgemm_peak(n=1024):
