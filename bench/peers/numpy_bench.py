@@ -55,7 +55,12 @@ def main():
     mm.add_argument("--json", action="store_true")
     a = p.parse_args()
     gflops, med, mn, reps = gflops_of(a.m, a.n, a.k)
-    peak = gflops if (a.m, a.n, a.k) == (1024, 1024, 1024) else max(gflops, gflops_of(1024, 1024, 1024)[0])
+    best = 2 * a.m * a.n * a.k / mn / 1e9  # peaks use the fastest call, as ours
+    if (a.m, a.n, a.k) == (1024, 1024, 1024):
+        peak = best
+    else:
+        _, _, mn_ref, _ = gflops_of(1024, 1024, 1024)
+        peak = max(best, 2 * 1024**3 / mn_ref / 1e9)
     row = {"name": f"matmul/{a.m}x{a.n}x{a.k}", "peer": PEER, "m": a.m, "n": a.n, "k": a.k, "threads": THREADS,
            "ms": rnd(med * 1e3), "min_ms": rnd(mn * 1e3), "reps": reps, "gflops": rnd(gflops),
            "peak_sgemm_gflops": rnd(peak), "pct_of_peak": rnd(100 * gflops / peak)}

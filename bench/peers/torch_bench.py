@@ -38,8 +38,8 @@ if os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
 def sgemm_peak(n=1024):
     a, b = torch.randn(n, n), torch.randn(n, n)
     with torch.inference_mode():
-        med, _, _ = measure(lambda: torch.mm(a, b))
-    return 2 * n**3 / med / 1e9
+        _, best, _ = measure(lambda: torch.mm(a, b))
+    return 2 * n**3 / best / 1e9  # the fastest call, as ours
 
 
 def sdpa_kernels(fn):
@@ -125,7 +125,8 @@ def matmul(a):
     with torch.inference_mode():
         med, mn, reps = measure(lambda: torch.mm(x, y))
     gflops = 2 * a.m * a.n * a.k / med / 1e9
-    peak = gflops if (a.m, a.n, a.k) == (1024, 1024, 1024) else max(gflops, sgemm_peak())
+    best = 2 * a.m * a.n * a.k / mn / 1e9
+    peak = best if (a.m, a.n, a.k) == (1024, 1024, 1024) else max(best, sgemm_peak())
     blas = "MKL" if torch.backends.mkl.is_available() else "BLAS"
     row = {"name": f"matmul/{a.m}x{a.n}x{a.k}", "peer": f"{PEER} ({blas})", "m": a.m, "n": a.n, "k": a.k,
            "threads": THREADS, "ms": rnd(med * 1e3), "min_ms": rnd(mn * 1e3), "reps": reps, "gflops": rnd(gflops),

@@ -7,9 +7,9 @@
 //! - Causal attention forward counts `2·B·Hq·T²·D` FLOPs (the causal half of
 //!   `4·B·Hq·T²·D`); forward + backward counts 3.5× that (backward = 2.5× forward).
 //! - "% of peak" is against the best sgemm GFLOP/s measured in the same run (the
-//!   backend's own `matmul` at 1024³); memory-bound ops report GB/s (minimal bytes
-//!   read + written) against a read or copy bandwidth measured over the same
-//!   working-set size on the same threads.
+//!   backend's own `matmul` at 1024³, its fastest call); memory-bound ops report GB/s
+//!   (minimal bytes read + written) against a read or copy bandwidth (fastest call)
+//!   measured over the same working-set size on the same threads.
 
 mod attention;
 mod matmul;
