@@ -49,7 +49,11 @@ def main():
     best = {}  # (name, side) -> row with the lowest ms
     order = []
     memory = []
+    skipped = {}
     for r in rows:
+        if r.get("skipped"):
+            skipped[r.get("side", "peer")] = r["skipped"]
+            continue
         if r["name"].startswith("attention/memory/"):
             memory.append(r)
             continue
@@ -86,6 +90,9 @@ def main():
             speedup = fmt(ours.get("speedup")) if ours.get("speedup") is not None else "-"
             print(f"| {name} | {ours_ms} | {ours_rate} | {pct(ours)} | {speedup} | {peer} | {peer_ms} | "
                   f"{rate(p) if p else '-'} | {ratio} |")
+    for side, reason in skipped.items():
+        print()
+        print(f"{side} skipped: {reason}")
     if memory:
         print()
         print("Peak memory of attention fwd+bwd (ours; added = peak RSS during the call − RSS with inputs):")
