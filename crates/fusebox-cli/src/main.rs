@@ -27,7 +27,7 @@ enum Command {
     Train(Box<train::TrainArgs>),
     /// Generate text from a checkpoint.
     Generate(Box<generate::GenerateArgs>),
-    /// Benchmarks: train.
+    /// Benchmarks: attention, matmul, ops, train (`--json` for one object per case).
     Bench(bench::BenchArgs),
 }
 
