@@ -46,6 +46,9 @@ pub(super) fn forward(cpu: &CpuBackend, p: &Problem, out: &mut [f32], lse: &mut 
     if lse.is_empty() {
         return;
     }
+    if super::decode::applies(p) {
+        return super::decode::forward(cpu, p, out, lse);
+    }
     let dp = d.next_multiple_of(16);
     let padded = if d == dp { Vec::new() } else { padded_v(cpu, p, dp) };
     let v = if d == dp {
@@ -242,7 +245,7 @@ fn forward_block<const COLS: usize>(p: &Problem, v: Rows, dp: usize, blk: &Query
 }
 
 /// `out = o/l`, `lse = m + ln l`; zeros and −∞ for a row that saw no key.
-fn finish_row(o: &[f32], m: f32, l: f32, out: &mut [f32], lse: &mut f32) {
+pub(super) fn finish_row(o: &[f32], m: f32, l: f32, out: &mut [f32], lse: &mut f32) {
     if l > 0.0 {
         let inv = 1.0 / l;
         for (y, &x) in out.iter_mut().zip(o) {

@@ -9,6 +9,8 @@
 //!   (64 queries of a head, or for decode the few queries of a whole GQA group), K and
 //!   V read in place; it serves `attention`, `sdpa`, `causal_attention` and
 //!   `decode_attention`.
+//! - `decode`: the single-query forward (Tq = 1, no mask): per kv head, K streamed once
+//!   scoring the group's query heads together, then V once accumulating their outputs.
 //! - `backward`: the causal backward from the saved logsumexp, parallel over kv heads.
 //! - `tiles`: the register-tiled block products and softmax steps both use.
 //! - `layout`: the explicit mask, causal softmax, KV cache writes, head split/merge.
@@ -19,6 +21,7 @@
 //! No T×T buffer is ever allocated.
 
 mod backward;
+mod decode;
 mod forward;
 mod layout;
 mod tiles;
