@@ -21,7 +21,6 @@ use crate::cpu::simd::{fast_exp, multiversion, Isa};
 use crate::cpu::{check, convert, CpuBackend};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::shape::Shape;
 use crate::tensor::Tensor;
 use crate::types::{GeluForm, PairGradients};
 
@@ -236,20 +235,6 @@ fn chunk_len(cpu: &CpuBackend, n: usize) -> usize {
     n.div_ceil(cpu.threads().max(1) * 4).max(4096).next_multiple_of(LANES)
 }
 
-/// A new tensor of `shape` and `dtype` whose values `fill` computes in f32: F32 outputs are
-/// written straight into the tensor's storage (no staging vector, no copy), F16/BF16 ones
-/// through one f32 buffer rounded once. (Shared by the softmax and loss kernels.)
-pub(crate) fn f32_output(shape: &Shape, dtype: DType, fill: impl FnOnce(&mut [f32])) -> Result<Tensor> {
-    if dtype == DType::F32 {
-        let mut out = Tensor::zeros(shape.clone(), DType::F32)?;
-        fill(out.as_mut_slice::<f32>()?);
-        return Ok(out);
-    }
-    let mut out = vec![0.0f32; shape.elem_count()];
-    fill(&mut out);
-    convert::from_f32(out, shape.clone(), dtype)
-}
-
 /// `y = kernel(x)` elementwise, in x's dtype.
 fn map_unary(
     cpu: &CpuBackend,
@@ -261,7 +246,7 @@ fn map_unary(
     check::float(op, "x", x)?;
     let xs = convert::f32_data(op, "x", x)?;
     let chunk = chunk_len(cpu, xs.len());
-    f32_output(x.shape(), x.dtype(), |out| {
+    convert::f32_output(cpu, x.shape(), x.dtype(), |out| {
         cpu.for_each_chunk(out, chunk, work, |i, dst| {
             let start = i * chunk;
             kernel(&xs[start..start + dst.len()], dst);
@@ -295,7 +280,7 @@ fn map_binary(
 ) -> Result<Tensor> {
     let (av, bv) = read_pair(op, a, b)?;
     let chunk = chunk_len(cpu, av.len());
-    f32_output(a.1.shape(), a.1.dtype(), |out| {
+    convert::f32_output(cpu, a.1.shape(), a.1.dtype(), |out| {
         cpu.for_each_chunk(out, chunk, work, |i, dst| {
             let range = i * chunk..i * chunk + dst.len();
             kernel(&av[range.clone()], &bv[range], dst);
@@ -427,7 +412,7 @@ pub fn silu_mul_backward(cpu: &CpuBackend, gate: &Tensor, up: &Tensor, d_out: &T
     let mut d_up = Tensor::zeros(shape.clone(), DType::F32)?;
     let d_up_ptr = SharedMut(d_up.as_mut_slice::<f32>()?.as_mut_ptr());
     let chunk = chunk_len(cpu, g.len());
-    let d_gate = f32_output(shape, dtype, |d_gate| {
+    let d_gate = convert::f32_output(cpu, shape, dtype, |d_gate| {
         cpu.for_each_chunk(d_gate, chunk, EXP_WORK, |i, dg| {
             let start = i * chunk;
             let range = start..start + dg.len();

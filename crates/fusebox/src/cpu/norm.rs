@@ -14,7 +14,7 @@
 use std::ops::Range;
 
 use crate::cpu::check;
-use half::{bf16, f16};
+use crate::cpu::convert::F32Output;
 
 use crate::cpu::convert::{f32_data, from_f32};
 use crate::cpu::pool::SharedMut;
@@ -89,59 +89,6 @@ fn stat_tensor(x: &Tensor, values: Vec<f32>) -> Result<Tensor> {
 #[inline]
 fn rms_rstd(sum_squares: f32, d: usize, eps: f32) -> f32 {
     1.0 / (sum_squares / d as f32 + eps).sqrt()
-}
-
-// ──────────────────────────────── outputs ─────────────────────────────────────
-
-/// A kernel's output tensor, filled as f32 values: written in place in the result for
-/// F32 (no copy afterwards), or staged in f32 and converted once, in parallel, for
-/// F16/BF16. (`convert::from_f32` would copy an F32 result into a fresh tensor.)
-pub(crate) struct F32Output {
-    tensor: Tensor,
-    staged: Option<Vec<f32>>,
-}
-
-impl F32Output {
-    /// A zeroed output of `shape` and float `dtype`.
-    pub(crate) fn new(shape: &Shape, dtype: DType) -> Result<F32Output> {
-        let tensor = Tensor::zeros(shape.clone(), dtype)?;
-        let n = shape.elem_count();
-        // Empty outputs are staged too: an empty host slice is not cast to f32.
-        let staged = if dtype == DType::F32 && n > 0 { None } else { Some(vec![0.0f32; n]) };
-        Ok(F32Output { tensor, staged })
-    }
-
-    /// The values to write, in row-major order.
-    pub(crate) fn values(&mut self) -> Result<&mut [f32]> {
-        match &mut self.staged {
-            Some(v) => Ok(v),
-            None => self.tensor.as_mut_slice::<f32>(),
-        }
-    }
-
-    /// The finished tensor (staged values converted to its dtype).
-    pub(crate) fn finish(self, cpu: &CpuBackend) -> Result<Tensor> {
-        let F32Output { mut tensor, staged } = self;
-        let Some(values) = staged.filter(|v| !v.is_empty()) else {
-            return Ok(tensor);
-        };
-        match tensor.dtype() {
-            DType::F16 => convert_chunks(cpu, tensor.as_mut_slice::<f16>()?, &values, f16::from_f32),
-            DType::BF16 => convert_chunks(cpu, tensor.as_mut_slice::<bf16>()?, &values, bf16::from_f32),
-            other => return Err(Error::dtype("F32Output::finish", "output", "f16 or bf16", other)),
-        }
-        Ok(tensor)
-    }
-}
-
-/// `dst[i] = convert(src[i])`, in parallel chunks.
-fn convert_chunks<T: Send>(cpu: &CpuBackend, dst: &mut [T], src: &[f32], convert: impl Fn(f32) -> T + Sync + Send) {
-    const CHUNK: usize = 1 << 14;
-    cpu.for_each_chunk(dst, CHUNK, 1, |i, chunk| {
-        for (d, &s) in chunk.iter_mut().zip(&src[i * CHUNK..]) {
-            *d = convert(s);
-        }
-    });
 }
 
 // ───────────────────────────── parallel row blocks ────────────────────────────

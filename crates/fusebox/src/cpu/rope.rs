@@ -7,7 +7,7 @@
 
 use crate::cpu::check;
 use crate::cpu::convert::f32_data;
-use crate::cpu::norm::F32Output;
+use crate::cpu::convert::F32Output;
 use crate::cpu::CpuBackend;
 use crate::dtype::DType;
 use crate::error::{Error, Result};

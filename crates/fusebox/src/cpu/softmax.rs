@@ -10,7 +10,6 @@
 //! A row (or column) of all `−∞` has no finite maximum: softmax gives zeros and
 //! log-softmax `−∞`, never NaN (`−∞ − (−∞)` is never formed).
 
-use crate::cpu::activation::f32_output;
 use crate::cpu::pool::SharedMut;
 use crate::cpu::simd::{self, fast_exp, multiversion, Isa};
 use crate::cpu::{check, convert, CpuBackend};
@@ -246,7 +245,7 @@ pub fn softmax(cpu: &CpuBackend, x: &Tensor, dim: usize) -> Result<Tensor> {
     check::axis(OP, dim, x.rank())?;
     let xs = convert::f32_data(OP, "x", x)?;
     let layout = Layout::of(x.dims(), dim);
-    f32_output(x.shape(), x.dtype(), |out| {
+    convert::f32_output(cpu, x.shape(), x.dtype(), |out| {
         along_dim(
             cpu,
             layout,
@@ -271,7 +270,7 @@ pub fn softmax_backward(cpu: &CpuBackend, y: &Tensor, d_out: &Tensor, dim: usize
     let ys = convert::f32_data(OP, "y", y)?;
     let dys = convert::f32_data(OP, "d_out", d_out)?;
     let layout = Layout::of(y.dims(), dim);
-    f32_output(y.shape(), y.dtype(), |out| {
+    convert::f32_output(cpu, y.shape(), y.dtype(), |out| {
         along_dim(
             cpu,
             layout,
@@ -297,7 +296,7 @@ pub fn log_softmax(cpu: &CpuBackend, x: &Tensor, dim: usize) -> Result<Tensor> {
     check::axis(OP, dim, x.rank())?;
     let xs = convert::f32_data(OP, "x", x)?;
     let layout = Layout::of(x.dims(), dim);
-    f32_output(x.shape(), x.dtype(), |out| {
+    convert::f32_output(cpu, x.shape(), x.dtype(), |out| {
         along_dim(
             cpu,
             layout,
