@@ -19,6 +19,8 @@ pub struct BenchArgs {
 pub enum BenchCommand {
     /// Seconds per full training step (forward, backward, AdamW) on random tokens.
     Train(TrainBenchArgs),
+    /// Prompt processing and decode tokens/s of a pretrained model (.gguf or HF dir).
+    Generate(crate::bench_generate::GenerateBenchArgs),
 }
 
 #[derive(Args)]
@@ -105,5 +107,6 @@ fn train(args: &TrainBenchArgs) -> Result<()> {
 pub fn run(args: &BenchArgs) -> Result<()> {
     match &args.what {
         BenchCommand::Train(a) => train(a),
+        BenchCommand::Generate(a) => crate::bench_generate::run(a),
     }
 }

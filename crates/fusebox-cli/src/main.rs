@@ -1,8 +1,10 @@
 //! `fusebox`: the command line. Parses flags and prints; the maths lives in the library.
 
 mod bench;
+mod bench_generate;
 mod demo;
 mod generate;
+mod generate_pretrained;
 mod info;
 mod plot;
 mod train;
@@ -25,7 +27,7 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Train a GPT/Llama model: the built-in addition task, or --data FILE.
     Train(Box<train::TrainArgs>),
-    /// Generate text from a checkpoint.
+    /// Generate text from a checkpoint, a GGUF file or a Hugging Face directory.
     Generate(Box<generate::GenerateArgs>),
     /// Benchmarks: train.
     Bench(bench::BenchArgs),

@@ -86,12 +86,12 @@ impl Pretrained {
     }
 }
 
-/// Whether `path` is something [`load`] reads: a `.gguf` file, or a directory whose
+/// Whether `path` is something [`load`] reads: a `.gguf` path, or a directory whose
 /// `config.json` has a `model_type` (a Hugging Face checkpoint; fusebox's own training
 /// checkpoints have none).
 pub fn is_pretrained(path: &Path) -> bool {
-    if path.is_file() {
-        return path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+        return true;
     }
     load_hf::read_config(path).is_ok_and(|v| v.get("model_type").is_some())
 }
