@@ -234,6 +234,10 @@ fn malformed_tensor_infos() {
 
     assert_err(one(&[1, 1, 1, 1, 1], GgmlType::F32, vec![0; 4]).to_bytes(), "5 dimensions");
     assert_err(one(&[1 << 40, 1 << 40], GgmlType::F32, vec![]).to_bytes(), "overflow");
+    // Zero elements, but the other dimensions multiply past u64 (found by cargo fuzz).
+    assert_err(one(&[1 << 40, 1 << 40, 0], GgmlType::F32, vec![]).to_bytes(), "overflow");
+    let empty = parse(&one(&[0, 5], GgmlType::F32, vec![])).unwrap();
+    assert_eq!(empty.tensor("blk.0.attn_q.weight").unwrap().dims(), &[5, 0]);
     assert_err(one(&[33], GgmlType::Q4_0, vec![0; 18]).to_bytes(), "not a multiple of the Q4_0 block size 32");
 
     let w =

@@ -8,7 +8,9 @@ mod common;
 
 use common::{sample_writer, Rng};
 use fusebox::Error;
+use fusebox_models::chat::ChatTemplate;
 use fusebox_models::gguf::GgufFile;
+use fusebox_models::tokenizer::Tokenizer;
 
 /// Parses `bytes` and touches everything a caller could touch.
 fn exercise(bytes: Vec<u8>) -> Result<usize, Error> {
@@ -105,4 +107,46 @@ fn overwritten_words_in_the_header_region() {
             check(bytes, &format!("word {word:#x} at {at}"));
         }
     }
+}
+
+#[test]
+fn mutated_tokenizer_metadata() {
+    // Damaged tokenizer GGUFs: building a tokenizer or template fails cleanly or
+    // yields one that encodes and decodes without panicking.
+    let full = common::small_vocab::small_tokenizer_writer().to_bytes();
+    let mut rng = Rng::new(99);
+    let mut built = 0;
+    for variant in 0..1500 {
+        let mut bytes = full.clone();
+        for _ in 0..1 + rng.below(3) {
+            let at = rng.below(bytes.len());
+            bytes[at] ^= 1 << rng.below(8);
+        }
+        let run = std::panic::catch_unwind(|| {
+            let Ok(file) = GgufFile::from_bytes(bytes) else { return false };
+            if let Ok(Some(source)) = file.metadata().get_str("tokenizer.chat_template") {
+                let _ = ChatTemplate::from_jinja(source).map(|t| t.apply(&[("user", "hi")], true));
+            }
+            let Ok(tok) = Tokenizer::from_gguf(file.metadata()) else { return false };
+            let ids = tok.encode("<|im_start|>hello the 12 ünï 😀 <user>", true);
+            let _ = tok.decode(&ids);
+            true
+        });
+        match run {
+            Ok(ok) => built += usize::from(ok),
+            Err(_) => panic!("variant {variant}: panicked"),
+        }
+    }
+    assert!(built > 100, "only {built} variants built a tokenizer");
+}
+
+/// Writes the sample file as the seed of the `cargo fuzz` corpus:
+/// `cargo test --release -p fusebox-models --test gguf_robustness -- --ignored`.
+#[test]
+#[ignore = "writes fuzz/seeds/*.gguf; run by hand when the samples change"]
+fn write_fuzz_seed() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("sample.gguf"), sample_writer().to_bytes()).unwrap();
+    std::fs::write(dir.join("tokenizer.gguf"), common::small_vocab::small_tokenizer_writer().to_bytes()).unwrap();
 }

@@ -4,32 +4,11 @@
 mod common;
 
 use common::gguf_writer::GgufWriter;
+use common::small_vocab::{byte_char, small_tokenizer_writer, small_vocab, ADDED};
 use common::Rng;
-use fusebox_models::gguf::{Array, GgufFile, Value};
+use fusebox_models::gguf::{GgufFile, Value};
 use fusebox_models::tokenizer::{PreTokenizer, TokenType, Tokenizer};
 use serde_json::json;
-
-/// GPT-2's byte-level character for byte `b` (written out independently of the crate).
-fn byte_char(b: u8) -> char {
-    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
-    if printable(b) {
-        return b as char;
-    }
-    let rank = (0..b).filter(|&x| !printable(x)).count() as u32;
-    char::from_u32(256 + rank).unwrap()
-}
-
-/// 256 byte tokens, then merged tokens, then three added tokens.
-fn small_vocab() -> (Vec<String>, Vec<(&'static str, &'static str)>) {
-    let mut tokens: Vec<String> = (0..=255u8).map(|b| byte_char(b).to_string()).collect();
-    let merges = vec![("Ġ", "t"), ("l", "l"), ("e", "ll"), ("h", "ell"), ("hell", "o"), ("h", "e"), ("Ġt", "he")];
-    for (a, b) in &merges {
-        tokens.push(format!("{a}{b}"));
-    }
-    (tokens, merges)
-}
-
-const ADDED: [(&str, bool); 3] = [("<|im_start|>", true), ("<|im_end|>", true), ("<user>", false)];
 
 fn small_json() -> String {
     let (tokens, merges) = small_vocab();
@@ -64,26 +43,7 @@ fn small() -> Tokenizer {
 }
 
 fn small_gguf() -> GgufFile {
-    let (mut tokens, merges) = small_vocab();
-    let mut types = vec![1i32; tokens.len()];
-    for (t, special) in ADDED {
-        tokens.push(t.to_owned());
-        types.push(if special { 3 } else { 4 });
-    }
-    let n = tokens.len() as u32;
-    let w = GgufWriter::default()
-        .kv("tokenizer.ggml.model", Value::String("gpt2".into()))
-        .kv("tokenizer.ggml.pre", Value::String("smollm".into()))
-        .kv("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)))
-        .kv("tokenizer.ggml.token_type", Value::Array(Array::I32(types)))
-        .kv(
-            "tokenizer.ggml.merges",
-            Value::Array(Array::String(merges.iter().map(|(a, b)| format!("{a} {b}")).collect())),
-        )
-        .kv("tokenizer.ggml.bos_token_id", Value::U32(n - 3))
-        .kv("tokenizer.ggml.eos_token_id", Value::U32(n - 2))
-        .kv("tokenizer.ggml.add_bos_token", Value::Bool(true));
-    GgufFile::from_bytes(w.to_bytes()).unwrap()
+    GgufFile::from_bytes(small_tokenizer_writer().to_bytes()).unwrap()
 }
 
 #[test]

@@ -19,9 +19,14 @@ impl Shape {
     pub fn rank(&self) -> usize {
         self.0.len()
     }
-    /// Number of elements (1 for a scalar).
+    /// Number of elements (1 for a scalar); saturates at `usize::MAX` for absurd shapes,
+    /// which [`Shape::checked_elem_count`] reports instead.
     pub fn elem_count(&self) -> usize {
-        self.0.iter().product()
+        self.checked_elem_count().unwrap_or(usize::MAX)
+    }
+    /// Number of elements, or `None` when the product overflows `usize`.
+    pub fn checked_elem_count(&self) -> Option<usize> {
+        self.0.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
     }
     /// Size of the last dimension (1 for a scalar).
     pub fn last_dim(&self) -> usize {

@@ -42,15 +42,16 @@ unsafe impl Send for HostBuffer {}
 unsafe impl Sync for HostBuffer {}
 
 impl HostBuffer {
-    fn zeroed(bytes: usize) -> Self {
-        let layout = Layout::from_size_align(bytes, HOST_ALIGN).expect("tensor too large to allocate");
+    fn zeroed(bytes: usize) -> Result<Self> {
+        let layout = Layout::from_size_align(bytes, HOST_ALIGN)
+            .map_err(|_| Error::value("Tensor::zeros", "size", "an allocatable number of bytes", bytes))?;
         if bytes == 0 {
-            return HostBuffer { ptr: NonNull::<u64>::dangling().cast(), bytes: 0, layout };
+            return Ok(HostBuffer { ptr: NonNull::<u64>::dangling().cast(), bytes: 0, layout });
         }
         // SAFETY: the layout has non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
-        HostBuffer { ptr, bytes, layout }
+        Ok(HostBuffer { ptr, bytes, layout })
     }
 
     /// Takes over a vector's allocation without copying.
@@ -174,8 +175,12 @@ impl Tensor {
     pub fn zeros(shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
         let shape = shape.into();
         check_block_shape("Tensor::zeros", &shape, dtype)?;
-        let bytes = dtype.storage_bytes(shape.elem_count());
-        Ok(Self::from_storage(Storage::Host(HostBuffer::zeroed(bytes)), shape, dtype))
+        let bytes = shape
+            .checked_elem_count()
+            .and_then(|n| (n / dtype.block_elems()).checked_mul(dtype.block_bytes()))
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or_else(|| Error::value("Tensor::zeros", "size", "fewer than isize::MAX bytes", &shape))?;
+        Ok(Self::from_storage(Storage::Host(HostBuffer::zeroed(bytes)?), shape, dtype))
     }
 
     fn from_storage(storage: Storage, shape: Shape, dtype: DType) -> Tensor {
@@ -508,6 +513,8 @@ mod tests {
         assert_eq!(v.to_vec::<f32>().unwrap(), vec![2.0, 3.0, 4.0, 5.0]);
         assert!(t.view(3, [4]).is_err());
         assert!(Tensor::zeros([3, 31], DType::Q8_0).is_err());
+        assert!(Tensor::zeros([1 << 40, 1 << 40, 16], DType::F32).is_err());
+        assert!(Tensor::zeros([usize::MAX / 2, 4], DType::F32).is_err());
         let empty = Tensor::from_vec(Vec::<f32>::new(), [0, 4]).unwrap();
         assert_eq!(empty.as_slice::<f32>().unwrap().len(), 0);
         let empty = Tensor::zeros([0], DType::F32).unwrap();

@@ -1,10 +1,854 @@
 //! Cases of the attention family.
+//!
+//! Sizes are chosen to hit the kernels' edges: GQA ratios 1, 3, 4, 8; query lengths
+//! below and above the blocked-path threshold (16) and the block size (64), lengths
+//! that are not multiples of any block (1, 3, 17, 67, 130); head dims 32, 64, 80, 128
+//! (80 pads to 96 inside the kernel); Tq < Tk; large logits; fully masked rows; caches
+//! whose unused rows hold NaN (read them and the output turns NaN).
 
-use fusebox::ComputeBackend;
+use fusebox::{AttentionMask, CausalAttentionResult, ComputeBackend, DType, Op, Shape, Tensor};
 
-use crate::case::Case;
+use crate::array::Array;
+use crate::case::{Case, CaseKind, GradCase, Input, OpCase};
+use crate::reference::attention::{self as twin, TwinMask};
+use crate::rng::Rng;
+use crate::tolerance::Tolerance;
+
+const FLOATS: &[DType] = &[DType::F32, DType::F16, DType::BF16];
 
 /// Every case of the family.
 pub fn cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
-    Vec::new()
+    let mut v = Vec::new();
+    v.extend(attention_cases());
+    v.extend(sdpa_cases());
+    v.extend(causal_attention_cases());
+    v.extend(backward_cases());
+    v.extend(decode_cases());
+    v.extend(cache_cases());
+    v.extend(mask_and_softmax_cases());
+    v.extend(layout_cases());
+    v.push(supports_case());
+    v.extend(bad_value_cases());
+    v
+}
+
+/// Sizes of one attention configuration; q and k uniform in `[−amp, amp)` (large
+/// logits for amp > 1), v in `[−1, 1)`.
+#[derive(Debug, Clone, Copy)]
+struct Cfg {
+    b: usize,
+    hq: usize,
+    hkv: usize,
+    tq: usize,
+    tk: usize,
+    d: usize,
+    amp: f64,
+}
+
+impl Cfg {
+    fn new(b: usize, hq: usize, hkv: usize, tq: usize, tk: usize, d: usize) -> Cfg {
+        Cfg { b, hq, hkv, tq, tk, d, amp: 1.0 }
+    }
+    fn amp(self, amp: f64) -> Cfg {
+        Cfg { amp, ..self }
+    }
+    fn scale(&self) -> f32 {
+        1.0 / (self.d as f32).sqrt()
+    }
+    fn name(&self) -> String {
+        let amp = if self.amp == 1.0 { String::new() } else { format!(" q,k×{}", self.amp) };
+        format!(
+            "B{} Hq{} Hkv{} (GQA {}) Tq{} Tk{} D{}{amp} scale={}",
+            self.b,
+            self.hq,
+            self.hkv,
+            self.hq / self.hkv.max(1),
+            self.tq,
+            self.tk,
+            self.d,
+            self.scale()
+        )
+    }
+    fn q_shape(&self) -> Shape {
+        Shape::new([self.b, self.hq, self.tq, self.d])
+    }
+    fn kv_shape(&self) -> Shape {
+        Shape::new([self.b, self.hkv, self.tk, self.d])
+    }
+    /// Random q, k, v.
+    fn qkv(&self, seed: u64) -> (Tensor, Tensor, Tensor) {
+        let mut rng = Rng::new(seed);
+        let a = self.amp;
+        (rng.tensor(self.q_shape(), -a, a), rng.tensor(self.kv_shape(), -a, a), rng.tensor(self.kv_shape(), -1.0, 1.0))
+    }
+}
+
+fn arrays(ts: &[&Tensor]) -> Vec<Array> {
+    ts.iter().map(|t| Array::from_tensor(t)).collect()
+}
+
+fn rounded(t: &Tensor, dtype: DType) -> Tensor {
+    Tensor::from_f32_as(&t.to_vec_f32().expect("float tensor"), t.shape().clone(), dtype).expect("float dtype")
+}
+
+fn err(e: fusebox::Error) -> String {
+    format!("returned an error: {e}")
+}
+
+// ─────────────────────────────── attention ───────────────────────────────
+
+fn attention_case<B: ComputeBackend + ?Sized + 'static>(
+    c: Cfg,
+    causal: bool,
+    dtypes: &[DType],
+    bad: bool,
+) -> Vec<Case<B>> {
+    let (q, k, v) = c.qkv(11);
+    let scale = c.scale();
+    let case = OpCase::new(Op::Attention, format!("attention {} causal={causal}", c.name()))
+        .input(q)
+        .input(k)
+        .input(v)
+        .call(move |b: &B, t: &[Tensor]| Ok(vec![b.attention(&t[0], &t[1], &t[2], scale, causal)?]))
+        .twin(move |a| vec![twin::attention(&a[0], &a[1], &a[2], scale as f64, causal)])
+        .tolerance(Tolerance::F32_LOOSE)
+        .dtypes(dtypes);
+    if bad {
+        case.build()
+    } else {
+        case.no_bad_inputs().build()
+    }
+}
+
+fn attention_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    let mut v = Vec::new();
+    v.extend(attention_case(Cfg::new(1, 4, 2, 20, 45, 32), false, FLOATS, true));
+    v.extend(attention_case(Cfg::new(2, 6, 2, 40, 9, 64), false, &[DType::F32], false)); // Tq > Tk, non-causal
+    v.extend(attention_case(Cfg::new(1, 3, 1, 3, 17, 80), false, &[DType::F32], false)); // row path
+    v.extend(attention_case(Cfg::new(1, 8, 2, 67, 130, 64), true, &[DType::F32, DType::BF16], false));
+    v.extend(attention_case(Cfg::new(2, 4, 4, 1, 1, 32), true, &[DType::F32], false));
+    // No keys at all: every row sees nothing and gives zeros (both paths).
+    v.extend(attention_case(Cfg::new(1, 2, 2, 20, 0, 8), false, &[DType::F32], false));
+    v.extend(attention_case(Cfg::new(1, 2, 2, 3, 0, 8), false, &[DType::F32], false));
+    v
+}
+
+// ─────────────────────────────────── sdpa ───────────────────────────────────
+
+/// Which mask an sdpa case passes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum MaskKind {
+    Unmasked,
+    Additive,
+    Boolean,
+}
+
+/// A random mask of `shape`: additive values in [−3, 0] with about a fifth of the
+/// scores at −∞, or keep flags with about a third dropped; row `dead_row` of every
+/// [Tq, Tk] slice is masked entirely.
+fn random_mask(kind: MaskKind, shape: &[usize], dead_row: usize, seed: u64) -> Tensor {
+    let mut rng = Rng::new(seed);
+    let (tq, tk) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+    let n: usize = shape.iter().product();
+    let row_of = |idx: usize| (idx / tk) % tq;
+    match kind {
+        MaskKind::Boolean => {
+            let v: Vec<u32> = (0..n).map(|i| u32::from(row_of(i) != dead_row && rng.uniform() > 0.33)).collect();
+            Tensor::from_vec(v, Shape::new(shape.to_vec())).expect("shape")
+        }
+        _ => {
+            let v: Vec<f32> = (0..n)
+                .map(|i| {
+                    let x = rng.uniform();
+                    if row_of(i) == dead_row || x < 0.2 {
+                        f32::NEG_INFINITY
+                    } else {
+                        (-3.0 * x) as f32
+                    }
+                })
+                .collect();
+            Tensor::from_vec(v, Shape::new(shape.to_vec())).expect("shape")
+        }
+    }
+}
+
+fn sdpa_case<B: ComputeBackend + ?Sized + 'static>(
+    c: Cfg,
+    kind: MaskKind,
+    per_head: bool,
+    causal: bool,
+    dtypes: &[DType],
+    bad: bool,
+) -> Vec<Case<B>> {
+    let (q, k, v) = c.qkv(23);
+    let scale = c.scale();
+    let mask_shape = if per_head { vec![c.b, c.hq, c.tq, c.tk] } else { vec![c.tq, c.tk] };
+    let dead_row = c.tq / 2;
+    let mut case = OpCase::new(
+        Op::Sdpa,
+        format!(
+            "sdpa {} mask={kind:?}{} causal={causal} (row {dead_row} fully masked)",
+            c.name(),
+            if per_head { " [B,Hq,Tq,Tk]" } else { " [Tq,Tk]" }
+        ),
+    )
+    .input(q)
+    .input(k)
+    .input(v);
+    if kind != MaskKind::Unmasked {
+        case = case.input(Input::new(random_mask(kind, &mask_shape, dead_row, 5)).keep_f32().constant());
+    }
+    let case = case
+        .call(move |b: &B, t: &[Tensor]| {
+            let mask = match kind {
+                MaskKind::Unmasked => None,
+                MaskKind::Additive => Some(AttentionMask::Additive(&t[3])),
+                MaskKind::Boolean => Some(AttentionMask::Boolean(&t[3])),
+            };
+            Ok(vec![b.sdpa(&t[0], &t[1], &t[2], mask, causal, scale)?])
+        })
+        .twin(move |a| {
+            let mask = match kind {
+                MaskKind::Unmasked => None,
+                MaskKind::Additive => Some(TwinMask::Additive(&a[3])),
+                MaskKind::Boolean => Some(TwinMask::Boolean(&a[3])),
+            };
+            vec![twin::sdpa(&a[0], &a[1], &a[2], mask, causal, scale as f64)]
+        })
+        .tolerance(Tolerance::F32_LOOSE)
+        .dtypes(dtypes);
+    if bad {
+        case.build()
+    } else {
+        case.no_bad_inputs().build()
+    }
+}
+
+fn sdpa_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    use MaskKind::*;
+    let mut v = Vec::new();
+    // Blocked path (Tq ≥ 16) and row path (Tq < 16), both mask kinds, both mask shapes.
+    v.extend(sdpa_case(Cfg::new(1, 4, 2, 20, 33, 32), Additive, false, false, FLOATS, true));
+    v.extend(sdpa_case(Cfg::new(2, 4, 1, 5, 9, 32), Boolean, true, true, FLOATS, true));
+    v.extend(sdpa_case(Cfg::new(1, 2, 2, 3, 17, 64), Boolean, false, false, &[DType::F32], false));
+    v.extend(sdpa_case(Cfg::new(1, 6, 2, 70, 70, 64), Additive, true, true, &[DType::F32], false));
+    v.extend(sdpa_case(Cfg::new(2, 3, 3, 67, 80, 32), Boolean, false, true, &[DType::F32], false));
+    v.extend(sdpa_case(Cfg::new(1, 4, 2, 17, 30, 32), Unmasked, false, true, &[DType::F32], false));
+    v.extend(sdpa_case(Cfg::new(1, 2, 1, 24, 50, 40), Additive, false, false, &[DType::F32], false)); // D 40
+    v
+}
+
+// ───────────────────────────── causal attention ─────────────────────────────
+
+fn causal_case<B: ComputeBackend + ?Sized + 'static>(c: Cfg, dtypes: &[DType], bad: bool) -> Vec<Case<B>> {
+    let (q, k, v) = c.qkv(31);
+    let scale = c.scale();
+    let case = OpCase::new(Op::CausalAttention, format!("causal_attention {}", c.name()))
+        .input(q)
+        .input(k)
+        .input(v)
+        .call(move |b: &B, t: &[Tensor]| {
+            let r = b.causal_attention(&t[0], &t[1], &t[2], scale)?;
+            Ok(vec![r.output, r.logsumexp])
+        })
+        .twin(move |a| {
+            let (o, lse) = twin::causal_attention(&a[0], &a[1], &a[2], scale as f64);
+            vec![o, lse]
+        })
+        .tolerance(Tolerance::F32_LOOSE)
+        .dtypes(dtypes);
+    if bad {
+        case.build()
+    } else {
+        case.no_bad_inputs().build()
+    }
+}
+
+fn causal_attention_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    let f32_only = &[DType::F32];
+    let mut v = Vec::new();
+    v.extend(causal_case(Cfg::new(2, 4, 4, 17, 17, 32), FLOATS, true)); // GQA 1
+    v.extend(causal_case(Cfg::new(1, 1, 1, 1, 1, 32), f32_only, false));
+    v.extend(causal_case(Cfg::new(1, 6, 2, 67, 67, 80), f32_only, false)); // GQA 3, D 80
+    v.extend(causal_case(Cfg::new(1, 8, 2, 130, 130, 64), FLOATS, false)); // GQA 4, threads
+    v.extend(causal_case(Cfg::new(1, 8, 1, 1, 67, 128), f32_only, false)); // GQA 8, Tq = 1
+    v.extend(causal_case(Cfg::new(2, 4, 1, 17, 130, 64), f32_only, false)); // Tq < Tk, blocked
+    v.extend(causal_case(Cfg::new(1, 2, 1, 5, 130, 128), f32_only, false)); // Tq < Tk, row path
+    v.extend(causal_case(Cfg::new(1, 3, 3, 64, 128, 64), f32_only, false)); // exact block multiples
+    v.extend(causal_case(Cfg::new(1, 2, 1, 33, 33, 24), &[DType::F32, DType::F16], false)); // D 24: padded rows
+                                                                                            // Large logits: scale·q·k of order ±80; the online max keeps exp in range.
+    v.extend(causal_case(Cfg::new(1, 2, 2, 67, 67, 64).amp(15.0), &[DType::F32, DType::BF16], false));
+    v.extend(causal_case(Cfg::new(1, 2, 1, 3, 20, 32).amp(30.0), f32_only, false));
+    v.push(long_sequence_case());
+    v
+}
+
+/// T = 4096, H = 1, D = 64, forward and backward. The fused kernels keep O(T) memory
+/// (blocks of 64×64 scores per thread; a T×T f32 matrix would be 64 MiB): that cannot
+/// be measured from here, so this case checks what it can without an O(T²·D) f64 twin:
+/// sampled output and dq rows against f64 rows, every value finite, and two identities
+/// of the backward: `Σ_j dv_j = Σ_i dO_i` (rows of P sum to 1) and `Σ_j dk_j = 0`
+/// (rows of dS sum to 0).
+fn long_sequence_case<B: ComputeBackend + ?Sized + 'static>() -> Case<B> {
+    let c = Cfg::new(1, 1, 1, 4096, 4096, 64);
+    Case::custom(
+        Op::CausalAttentionBackward,
+        CaseKind::Property,
+        format!("causal_attention fwd+bwd {}", c.name()),
+        move |b: &B| {
+            let (q, k, v) = c.qkv(41);
+            let d_out = Rng::new(42).tensor(c.q_shape(), -1.0, 1.0);
+            let up = |t: &Tensor| b.upload(t).map_err(err);
+            let scale = c.scale();
+            let r = b.causal_attention(&up(&q)?, &up(&k)?, &up(&v)?, scale).map_err(err)?;
+            let g = b.causal_attention_backward(&up(&q)?, &up(&k)?, &up(&v)?, &r, &up(&d_out)?, scale).map_err(err)?;
+            let host = |t: &Tensor| b.to_host(t).map(|h| Array::from_tensor(&h)).map_err(err);
+            let (out, lse, dq, dk, dv) =
+                (host(&r.output)?, host(&r.logsumexp)?, host(&g.dq)?, host(&g.dk)?, host(&g.dv)?);
+            for (name, a) in [("output", &out), ("logsumexp", &lse), ("dq", &dq), ("dk", &dk), ("dv", &dv)] {
+                if let Some(i) = a.data.iter().position(|x| !x.is_finite()) {
+                    return Err(format!("{name}[{i}] = {} is not finite", a.data[i]));
+                }
+            }
+            let [q, k, v, d_out] = [&q, &k, &v, &d_out].map(Array::from_tensor);
+            let d = c.d;
+            let tol = Tolerance::F32_LOOSE;
+            for i in [0, 1, 63, 64, 65, 2047, 4095] {
+                let (o_row, dq_row) = single_row_attention(&q, &k, &v, &d_out, scale as f64, i);
+                tol.check(
+                    &format!("output row {i}"),
+                    &Array::new(vec![d], out.data[i * d..(i + 1) * d].to_vec()),
+                    &o_row,
+                )?;
+                tol.check(&format!("dq row {i}"), &Array::new(vec![d], dq.data[i * d..(i + 1) * d].to_vec()), &dq_row)?;
+            }
+            let column_sums = |a: &Array| {
+                let mut s = vec![0.0; d];
+                for (i, x) in a.data.iter().enumerate() {
+                    s[i % d] += x;
+                }
+                Array::new(vec![d], s)
+            };
+            let sum_tol = Tolerance { abs: 5e-3, rel: 1e-3 };
+            sum_tol.check("Σ_j dv_j vs Σ_i dO_i", &column_sums(&dv), &column_sums(&d_out))?;
+            sum_tol.check("Σ_j dk_j vs 0", &column_sums(&dk), &Array::zeros(vec![d]))?;
+            Ok(())
+        },
+    )
+}
+
+/// Output row `i` and dq row `i` of single-head causal self-attention, in f64 (O(T·D)).
+fn single_row_attention(q: &Array, k: &Array, v: &Array, d_out: &Array, scale: f64, i: usize) -> (Array, Array) {
+    let d = q.shape[3];
+    fn row(a: &Array, j: usize) -> &[f64] {
+        let d = a.shape[3];
+        &a.data[j * d..(j + 1) * d]
+    }
+    let dot = |x: &[f64], y: &[f64]| x.iter().zip(y).map(|(a, b)| a * b).sum::<f64>();
+    let s: Vec<f64> = (0..=i).map(|j| scale * dot(row(q, i), row(k, j))).collect();
+    let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let sum: f64 = s.iter().map(|x| (x - max).exp()).sum();
+    let p: Vec<f64> = s.iter().map(|x| (x - max).exp() / sum).collect();
+    let mut o = vec![0.0; d];
+    for (j, pj) in p.iter().enumerate() {
+        for (o_e, v_e) in o.iter_mut().zip(row(v, j)) {
+            *o_e += pj * v_e;
+        }
+    }
+    let dp: Vec<f64> = (0..=i).map(|j| dot(row(d_out, i), row(v, j))).collect();
+    let delta: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+    let mut dq = vec![0.0; d];
+    for j in 0..=i {
+        let ds = p[j] * (dp[j] - delta);
+        for (dq_e, k_e) in dq.iter_mut().zip(row(k, j)) {
+            *dq_e += scale * ds * k_e;
+        }
+    }
+    (Array::new(vec![d], o), Array::new(vec![d], dq))
+}
+
+// ───────────────────────── causal attention backward ─────────────────────────
+
+/// Twin backward against finite differences (tiny sizes), backend against twin, and
+/// generated bad inputs. The saved output and logsumexp come from the twin forward.
+fn grad_case<B: ComputeBackend + ?Sized + 'static>(c: Cfg) -> Vec<Case<B>> {
+    let (q, k, v) = c.qkv(53);
+    let scale = c.scale();
+    let s = scale as f64;
+    let a = arrays(&[&q, &k, &v]);
+    let (o, lse) = twin::causal_attention(&a[0], &a[1], &a[2], s);
+    GradCase::new(Op::CausalAttentionBackward, format!("causal_attention_backward {}", c.name()))
+        .input(q)
+        .input(k)
+        .input(v)
+        .input(Input::new(o.to_tensor()).constant())
+        .input(Input::new(lse.to_tensor()).constant().keep_f32())
+        .forward(move |a| twin::causal_attention(&a[0], &a[1], &a[2], s).0)
+        .backward_twin(move |a, d_out| {
+            let (dq, dk, dv) = twin::causal_attention_backward(&a[0], &a[1], &a[2], d_out, s);
+            vec![dq, dk, dv]
+        })
+        .backward_call(move |b: &B, t: &[Tensor], d_out: &Tensor| {
+            let saved = CausalAttentionResult { output: t[3].clone(), logsumexp: t[4].clone() };
+            let g = b.causal_attention_backward(&t[0], &t[1], &t[2], &saved, d_out, scale)?;
+            Ok(vec![g.dq, g.dk, g.dv])
+        })
+        .tolerance(Tolerance::F32_LOOSE)
+        .build()
+}
+
+/// The backend's forward then backward (in `dtype`) against the twin backward on the
+/// same (rounded) inputs.
+fn backward_vs_twin<B: ComputeBackend + ?Sized + 'static>(c: Cfg, dtype: DType) -> Case<B> {
+    let (q, k, v) = c.qkv(61);
+    let d_out = Rng::new(62).tensor(c.q_shape(), -1.0, 1.0);
+    let [q, k, v, d_out] = [&q, &k, &v, &d_out].map(|t| rounded(t, dtype));
+    let scale = c.scale();
+    let tol = Tolerance::F32_LOOSE.max(Tolerance::for_dtype(dtype));
+    let name = format!("causal_attention fwd+bwd {} | {dtype} | backend vs twin", c.name());
+    Case::custom(Op::CausalAttentionBackward, CaseKind::Backward, name, move |b: &B| {
+        let up = |t: &Tensor| b.upload(t).map_err(err);
+        let (qu, ku, vu) = (up(&q)?, up(&k)?, up(&v)?);
+        let r = b.causal_attention(&qu, &ku, &vu, scale).map_err(err)?;
+        let g = b.causal_attention_backward(&qu, &ku, &vu, &r, &up(&d_out)?, scale).map_err(err)?;
+        let a = arrays(&[&q, &k, &v, &d_out]);
+        let (dq, dk, dv) = twin::causal_attention_backward(&a[0], &a[1], &a[2], &a[3], scale as f64);
+        for (name, got, want) in [("dq", &g.dq, dq), ("dk", &g.dk, dk), ("dv", &g.dv, dv)] {
+            let h = b.to_host(got).map_err(err)?;
+            if h.dtype() != dtype {
+                return Err(format!("{name} has dtype {}, expected {dtype}", h.dtype()));
+            }
+            tol.check(name, &Array::from_tensor(&h), &want)?;
+        }
+        Ok(())
+    })
+}
+
+fn backward_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    let mut v = Vec::new();
+    v.extend(grad_case(Cfg::new(1, 1, 1, 3, 3, 4)));
+    v.extend(grad_case(Cfg::new(1, 2, 1, 2, 4, 3))); // GQA 2, Tq < Tk
+    v.extend(grad_case(Cfg::new(1, 4, 1, 3, 3, 2))); // GQA 4
+    v.extend(grad_case(Cfg::new(2, 3, 1, 1, 3, 2))); // GQA 3, Tq = 1
+    v.push(backward_vs_twin(Cfg::new(1, 8, 2, 130, 130, 64), DType::F32)); // GQA 4, threads
+    v.push(backward_vs_twin(Cfg::new(1, 3, 1, 17, 67, 80), DType::F32)); // GQA 3, Tq < Tk
+    v.push(backward_vs_twin(Cfg::new(2, 2, 2, 1, 17, 32), DType::F32)); // Tq = 1
+    v.push(backward_vs_twin(Cfg::new(1, 8, 1, 67, 67, 128), DType::F32)); // GQA 8
+    v.push(backward_vs_twin(Cfg::new(1, 4, 4, 64, 128, 64), DType::F32)); // block multiples
+    v.push(backward_vs_twin(Cfg::new(1, 2, 2, 67, 67, 64).amp(10.0), DType::F32)); // large logits
+    v.push(backward_vs_twin(Cfg::new(1, 4, 2, 40, 70, 32), DType::F16));
+    v.push(backward_vs_twin(Cfg::new(1, 4, 2, 40, 70, 32), DType::BF16));
+    v
+}
+
+// ───────────────────────────── decode attention ─────────────────────────────
+
+/// A `[B, H, capacity, D]` cache: random rows below `filled`, NaN from there on.
+fn nan_tail_cache(b: usize, h: usize, capacity: usize, d: usize, filled: usize, seed: u64) -> Tensor {
+    let mut rng = Rng::new(seed);
+    let mut data = rng.vec(b * h * capacity * d, -1.0, 1.0);
+    for (i, x) in data.iter_mut().enumerate() {
+        if (i / d) % capacity >= filled {
+            *x = f32::NAN;
+        }
+    }
+    Tensor::from_vec(data, Shape::new([b, h, capacity, d])).expect("shape")
+}
+
+/// `c.tk` is kv_len; the caches hold `capacity` rows, NaN past kv_len.
+fn decode_case<B: ComputeBackend + ?Sized + 'static>(
+    c: Cfg,
+    capacity: usize,
+    dtypes: &[DType],
+    bad: bool,
+) -> Vec<Case<B>> {
+    let q = Rng::new(71).tensor(c.q_shape(), -1.0, 1.0);
+    let kc = nan_tail_cache(c.b, c.hkv, capacity, c.d, c.tk, 72);
+    let vc = nan_tail_cache(c.b, c.hkv, capacity, c.d, c.tk, 73);
+    let (scale, kv_len) = (c.scale(), c.tk);
+    let case = OpCase::new(
+        Op::DecodeAttention,
+        format!("decode_attention {} kv_len={kv_len} capacity={capacity} (NaN past kv_len)", c.name()),
+    )
+    .input(q)
+    .input(kc)
+    .input(vc)
+    .call(move |b: &B, t: &[Tensor]| Ok(vec![b.decode_attention(&t[0], &t[1], &t[2], kv_len, scale)?]))
+    .twin(move |a| vec![twin::decode_attention(&a[0], &a[1], &a[2], kv_len, scale as f64)])
+    .tolerance(Tolerance::F32_LOOSE)
+    .dtypes(dtypes);
+    if bad {
+        case.build()
+    } else {
+        case.no_bad_inputs().build()
+    }
+}
+
+fn decode_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    let f32_only = &[DType::F32];
+    let mut v = Vec::new();
+    v.extend(decode_case(Cfg::new(1, 8, 2, 1, 67, 64), 80, FLOATS, true)); // GQA 4
+    v.extend(decode_case(Cfg::new(2, 4, 4, 3, 17, 32), 32, f32_only, false)); // 3 new queries
+    v.extend(decode_case(Cfg::new(2, 8, 1, 1, 130, 128), 150, &[DType::F32, DType::BF16], false)); // GQA 8
+    v.extend(decode_case(Cfg::new(1, 6, 2, 1, 1, 80), 9, f32_only, false)); // first token
+    v.extend(decode_case(Cfg::new(1, 4, 2, 16, 40, 32), 50, f32_only, false)); // blocked path over a cache
+    v.extend(decode_case(Cfg::new(1, 3, 3, 20, 20, 64), 33, f32_only, false)); // kv_len = Tq
+    v.extend(decode_case(Cfg::new(1, 4, 2, 18, 30, 24), 40, f32_only, false)); // blocked, D 24
+    v
+}
+
+// ──────────────────────────────── KV caches ────────────────────────────────
+
+/// `a` and `b` `[B, H, T, D]` concatenated along T.
+fn concat_rows(a: &Array, b: &Array) -> Array {
+    let (bs, h, ta, d) = (a.shape[0], a.shape[1], a.shape[2], a.shape[3]);
+    let tb = b.shape[2];
+    let mut out = Array::zeros(vec![bs, h, ta + tb, d]);
+    for bi in 0..bs {
+        for hi in 0..h {
+            for t in 0..ta + tb {
+                for e in 0..d {
+                    *out.at_mut(&[bi, hi, t, e]) =
+                        if t < ta { a.at(&[bi, hi, t, e]) } else { b.at(&[bi, hi, t - ta, e]) };
+                }
+            }
+        }
+    }
+    out
+}
+
+fn write_cache_case<B: ComputeBackend + ?Sized + 'static>(
+    b: usize,
+    h: usize,
+    capacity: usize,
+    t: usize,
+    d: usize,
+    pos: usize,
+    bad: bool,
+) -> Vec<Case<B>> {
+    let mut rng = Rng::new(81);
+    let cache = rng.tensor(Shape::new([b, h, capacity, d]), -1.0, 1.0);
+    let new = rng.tensor(Shape::new([b, h, t, d]), -1.0, 1.0);
+    let case = OpCase::new(
+        Op::WriteHeadCache,
+        format!("write_head_cache cache[{b},{h},{capacity},{d}] new[{b},{h},{t},{d}] pos={pos}"),
+    )
+    .input(cache)
+    .input(new)
+    .call(move |be: &B, t: &[Tensor]| {
+        // A fresh, uniquely owned copy of the cache input, written in place.
+        let host = be.to_host(&t[0])?;
+        let fresh = Tensor::from_bytes(host.host_bytes()?, host.shape().clone(), host.dtype())?;
+        let mut cache = be.upload(&fresh)?;
+        drop(fresh);
+        be.write_head_cache(&mut cache, &t[1], pos)?;
+        Ok(vec![cache])
+    })
+    .twin(move |a| vec![twin::write_head_cache(&a[0], &a[1], pos)])
+    .tolerance(Tolerance::EXACT)
+    .dtypes(FLOATS);
+    if bad {
+        case.build()
+    } else {
+        case.no_bad_inputs().build()
+    }
+}
+
+/// Two appends into NaN-filled caches, then decode over the filled prefix: equals
+/// causal attention over the concatenated rows.
+fn write_then_decode_case<B: ComputeBackend + ?Sized + 'static>() -> Case<B> {
+    let c = Cfg::new(2, 4, 2, 3, 0, 32);
+    let (t0, t1, capacity) = (37, 3, 64);
+    let name =
+        format!("write_head_cache {t0} rows at 0, {t1} at {t0}, then decode_attention (Hq4 Hkv2 D32, NaN cache)");
+    Case::custom(Op::WriteHeadCache, CaseKind::Property, name, move |be: &B| {
+        let mut rng = Rng::new(91);
+        let kv = |t: usize, rng: &mut Rng| rng.tensor(Shape::new([c.b, c.hkv, t, c.d]), -1.0, 1.0);
+        let (k0, v0, k1, v1) = (kv(t0, &mut rng), kv(t0, &mut rng), kv(t1, &mut rng), kv(t1, &mut rng));
+        let q = rng.tensor(Shape::new([c.b, c.hq, t1, c.d]), -1.0, 1.0);
+        let nan_cache = || nan_tail_cache(c.b, c.hkv, capacity, c.d, 0, 0);
+        let (kn, vn) = (nan_cache(), nan_cache());
+        let mut kc = be.upload(&kn).map_err(err)?;
+        let mut vc = be.upload(&vn).map_err(err)?;
+        drop((kn, vn));
+        let up = |t: &Tensor| be.upload(t).map_err(err);
+        be.write_head_cache(&mut kc, &up(&k0)?, 0).map_err(err)?;
+        be.write_head_cache(&mut vc, &up(&v0)?, 0).map_err(err)?;
+        be.write_head_cache(&mut kc, &up(&k1)?, t0).map_err(err)?;
+        be.write_head_cache(&mut vc, &up(&v1)?, t0).map_err(err)?;
+        let out = be.decode_attention(&up(&q)?, &kc, &vc, t0 + t1, c.scale()).map_err(err)?;
+        let got = Array::from_tensor(&be.to_host(&out).map_err(err)?);
+        let a = arrays(&[&q, &k0, &v0, &k1, &v1]);
+        let want =
+            twin::attention(&a[0], &concat_rows(&a[1], &a[3]), &concat_rows(&a[2], &a[4]), c.scale() as f64, true);
+        Tolerance::F32_LOOSE.check("output", &got, &want)
+    })
+}
+
+fn cache_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    let mut v = Vec::new();
+    v.extend(write_cache_case(2, 3, 20, 5, 17, 7, true));
+    v.extend(write_cache_case(1, 2, 9, 9, 8, 0, false)); // fills the whole cache
+    v.extend(write_cache_case(2, 4, 300, 130, 64, 170, false)); // threads
+    v.push(write_then_decode_case());
+    v
+}
+
+// ──────────────────────────── mask and softmax ────────────────────────────
+
+fn mask_and_softmax_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    let mut v = Vec::new();
+    for (seq, kv_len) in [(5, 9), (7, 7), (1, 130)] {
+        v.extend(
+            OpCase::new(Op::CausalMask, format!("causal_mask seq={seq} kv_len={kv_len}"))
+                .call(move |b: &B, _: &[Tensor]| Ok(vec![b.causal_mask(seq, kv_len)?]))
+                .twin(move |_| vec![twin::causal_mask(seq, kv_len)])
+                .tolerance(Tolerance::EXACT)
+                .build(),
+        );
+    }
+    let softmax_configs: [(&[usize], f32, f64); 3] =
+        [(&[2, 3, 5, 9], 0.7, 1.0), (&[67, 67], 0.125, 200.0), (&[4, 130, 130], 1.0, 2.0)];
+    for (shape, scale, amp) in softmax_configs {
+        let scores = Rng::new(101).tensor(Shape::new(shape.to_vec()), -amp, amp);
+        v.extend(
+            OpCase::new(Op::CausalSoftmax, format!("causal_softmax scores{shape:?} ×{amp} scale={scale}"))
+                .input(Input::new(scores).shape_free())
+                .call(move |b: &B, t: &[Tensor]| Ok(vec![b.causal_softmax(&t[0], scale)?]))
+                .twin(move |a| vec![twin::causal_softmax(&a[0], scale as f64)])
+                .dtypes(FLOATS)
+                .build(),
+        );
+    }
+    v
+}
+
+// ─────────────────────────────── head layouts ───────────────────────────────
+
+fn layout_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    let mut v = Vec::new();
+    for (shape, heads) in [([2usize, 5, 24], 4usize), ([2, 130, 512], 8)] {
+        let x = Rng::new(111).tensor(Shape::new(shape.to_vec()), -1.0, 1.0);
+        v.extend(
+            OpCase::new(Op::SplitHeads, format!("split_heads x{shape:?} heads={heads}"))
+                .input(Input::new(x).dtype_free())
+                .call(move |b: &B, t: &[Tensor]| Ok(vec![b.split_heads(&t[0], heads)?]))
+                .twin(move |a| vec![twin::split_heads(&a[0], heads)])
+                .tolerance(Tolerance::EXACT)
+                .dtypes(FLOATS)
+                .build(),
+        );
+    }
+    let ids = Rng::new(112).ids(Shape::new([1, 3, 8]), 1000);
+    v.extend(
+        OpCase::new(Op::SplitHeads, "split_heads u32 x[1,3,8] heads=2")
+            .input(Input::new(ids).dtype_free())
+            .call(|b: &B, t: &[Tensor]| Ok(vec![b.split_heads(&t[0], 2)?]))
+            .twin(|a| vec![twin::split_heads(&a[0], 2)])
+            .tolerance(Tolerance::EXACT)
+            .no_bad_inputs()
+            .build(),
+    );
+    for shape in [[2usize, 4, 5, 6], [2, 8, 130, 64]] {
+        let x = Rng::new(113).tensor(Shape::new(shape.to_vec()), -1.0, 1.0);
+        v.extend(
+            OpCase::new(Op::MergeHeads, format!("merge_heads x{shape:?}"))
+                .input(Input::new(x).dtype_free().shape_free())
+                .call(|b: &B, t: &[Tensor]| Ok(vec![b.merge_heads(&t[0])?]))
+                .twin(|a| vec![twin::merge_heads(&a[0])])
+                .tolerance(Tolerance::EXACT)
+                .dtypes(FLOATS)
+                .build(),
+        );
+    }
+    v
+}
+
+// ──────────────────────────────── capability ────────────────────────────────
+
+/// The CPU backend has a native fused path; any backend must answer without panicking
+/// and, when it says yes, run `causal_attention` on those inputs.
+fn supports_case<B: ComputeBackend + ?Sized + 'static>() -> Case<B> {
+    let c = Cfg::new(1, 4, 2, 17, 17, 32);
+    Case::custom(
+        Op::SupportsCausalAttention,
+        CaseKind::Property,
+        format!("supports_causal_attention {}", c.name()),
+        move |b: &B| {
+            let (q, k, v) = c.qkv(121);
+            let up = |t: &Tensor| b.upload(t).map_err(err);
+            let (q, k, v) = (up(&q)?, up(&k)?, up(&v)?);
+            let native = b.supports_causal_attention(&q, &k, &v, c.scale());
+            if b.name() == "cpu" && !native {
+                return Err("the CPU backend has a native fused causal attention but answered false".into());
+            }
+            if native {
+                b.causal_attention(&q, &k, &v, c.scale()).map_err(err)?;
+            }
+            Ok(())
+        },
+    )
+}
+
+// ──────────────────────────────── bad values ────────────────────────────────
+
+fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    let mut v: Vec<Case<B>> = Vec::new();
+    let t = |shape: &[usize]| Rng::new(131).tensor(Shape::new(shape.to_vec()), -1.0, 1.0);
+    let q3 = t(&[1, 3, 4, 8]);
+    let kv2 = t(&[1, 2, 4, 8]);
+    let (q_long, kv_short) = (t(&[1, 2, 6, 8]), t(&[1, 2, 4, 8]));
+    let (q, kv) = (t(&[2, 2, 4, 8]), t(&[2, 1, 6, 8]));
+    let kv_d16 = t(&[2, 1, 6, 16]);
+    {
+        let (q3, kv2) = (q3.clone(), kv2.clone());
+        v.push(Case::expect_error(Op::Attention, "attention Hq 3 % Hkv 2 != 0", move |b: &B| {
+            b.attention(&b.upload(&q3)?, &b.upload(&kv2)?, &b.upload(&kv2)?, 0.3, false).map(drop)
+        }));
+    }
+    {
+        let (ql, ks) = (q_long.clone(), kv_short.clone());
+        v.push(Case::expect_error(Op::Attention, "attention causal with Tq 6 > Tk 4", move |b: &B| {
+            b.attention(&b.upload(&ql)?, &b.upload(&ks)?, &b.upload(&ks)?, 0.3, true).map(drop)
+        }));
+    }
+    {
+        let (q3, kv2) = (q3.clone(), kv2.clone());
+        v.push(Case::expect_error(Op::Sdpa, "sdpa Hq 3 % Hkv 2 != 0", move |b: &B| {
+            b.sdpa(&b.upload(&q3)?, &b.upload(&kv2)?, &b.upload(&kv2)?, None, false, 0.3).map(drop)
+        }));
+    }
+    {
+        let (ql, ks) = (q_long.clone(), kv_short.clone());
+        v.push(Case::expect_error(Op::Sdpa, "sdpa causal with Tq 6 > Tk 4", move |b: &B| {
+            b.sdpa(&b.upload(&ql)?, &b.upload(&ks)?, &b.upload(&ks)?, None, true, 0.3).map(drop)
+        }));
+    }
+    for (what, mask) in [
+        ("rank-3 mask [B,Hq,Tq]", t(&[2, 2, 4])),
+        ("mask [1,Hq,Tq,Tk] for B = 2", t(&[1, 2, 4, 6])),
+        ("mask [Tk,Tq] (transposed)", t(&[6, 4])),
+        ("additive mask in f16", rounded(&t(&[4, 6]), DType::F16)),
+    ] {
+        let (q, kv) = (q.clone(), kv.clone());
+        v.push(Case::expect_error(Op::Sdpa, format!("sdpa {what}"), move |b: &B| {
+            let m = b.upload(&mask)?;
+            b.sdpa(&b.upload(&q)?, &b.upload(&kv)?, &b.upload(&kv)?, Some(AttentionMask::Additive(&m)), false, 0.3)
+                .map(drop)
+        }));
+    }
+    {
+        let (q, kv) = (q.clone(), kv.clone());
+        v.push(Case::expect_error(Op::Sdpa, "sdpa boolean mask given as f32", move |b: &B| {
+            let m = b.upload(&t(&[4, 6]))?;
+            b.sdpa(&b.upload(&q)?, &b.upload(&kv)?, &b.upload(&kv)?, Some(AttentionMask::Boolean(&m)), false, 0.3)
+                .map(drop)
+        }));
+    }
+    let causal_bad: [(&str, Tensor, Tensor, Tensor); 5] = [
+        ("Hq 3 % Hkv 2 != 0", q3.clone(), kv2.clone(), kv2.clone()),
+        ("Tq 6 > Tk 4", q_long.clone(), kv_short.clone(), kv_short.clone()),
+        ("head_dim 8 vs 16", q.clone(), kv_d16.clone(), kv_d16.clone()),
+        ("k and v of different lengths", q.clone(), kv.clone(), t(&[2, 1, 5, 8])),
+        ("batch 2 vs 1", q.clone(), t(&[1, 1, 6, 8]), t(&[1, 1, 6, 8])),
+    ];
+    for (what, q, k, vv) in causal_bad.clone() {
+        v.push(Case::expect_error(Op::CausalAttention, format!("causal_attention {what}"), move |b: &B| {
+            b.causal_attention(&b.upload(&q)?, &b.upload(&k)?, &b.upload(&vv)?, 0.3).map(drop)
+        }));
+    }
+    for (what, q, k, vv) in causal_bad {
+        v.push(Case::expect_error(
+            Op::CausalAttentionBackward,
+            format!("causal_attention_backward {what}"),
+            move |b: &B| {
+                let saved = CausalAttentionResult { output: b.upload(&q)?, logsumexp: b.upload(&t(&q.dims()[..3]))? };
+                let (qu, ku, vu) = (b.upload(&q)?, b.upload(&k)?, b.upload(&vv)?);
+                b.causal_attention_backward(&qu, &ku, &vu, &saved, &qu, 0.3).map(drop)
+            },
+        ));
+    }
+    {
+        let (q, kv) = (q.clone(), kv.clone());
+        v.push(Case::expect_error(
+            Op::CausalAttentionBackward,
+            "causal_attention_backward logsumexp in f16",
+            move |b: &B| {
+                let saved = CausalAttentionResult {
+                    output: b.upload(&q)?,
+                    logsumexp: b.upload(&rounded(&t(&[2, 2, 4]), DType::F16))?,
+                };
+                let (qu, ku) = (b.upload(&q)?, b.upload(&kv)?);
+                b.causal_attention_backward(&qu, &ku, &ku, &saved, &qu, 0.3).map(drop)
+            },
+        ));
+    }
+    {
+        let (q, kv) = (q.clone(), kv.clone());
+        v.push(Case::expect_error(
+            Op::CausalAttentionBackward,
+            "causal_attention_backward d_out in f16, q in f32",
+            move |b: &B| {
+                let saved = CausalAttentionResult { output: b.upload(&q)?, logsumexp: b.upload(&t(&[2, 2, 4]))? };
+                let (qu, ku) = (b.upload(&q)?, b.upload(&kv)?);
+                b.causal_attention_backward(&qu, &ku, &ku, &saved, &b.upload(&rounded(&q, DType::F16))?, 0.3).map(drop)
+            },
+        ));
+    }
+    let cache = t(&[2, 1, 10, 8]);
+    for (what, qd, kv_len) in [
+        ("kv_len 11 > capacity 10", q.clone(), 11),
+        ("Tq 4 > kv_len 3", q.clone(), 3),
+        ("Hq 3 % Hkv 2 != 0", t(&[2, 3, 1, 8]), 5),
+    ] {
+        let cache = if what.starts_with("Hq") { t(&[2, 2, 10, 8]) } else { cache.clone() };
+        v.push(Case::expect_error(Op::DecodeAttention, format!("decode_attention {what}"), move |b: &B| {
+            let c = b.upload(&cache)?;
+            b.decode_attention(&b.upload(&qd)?, &c, &c, kv_len, 0.3).map(drop)
+        }));
+    }
+    for (what, new, pos) in [
+        ("pos 8 + T 3 > capacity 10", t(&[2, 1, 3, 8]), 8),
+        ("pos overflowing usize", t(&[2, 1, 3, 8]), usize::MAX),
+        ("batch 1 into a batch-2 cache", t(&[1, 1, 3, 8]), 0),
+        ("head_dim 16 into a head_dim-8 cache", t(&[2, 1, 3, 16]), 0),
+    ] {
+        v.push(Case::expect_error(Op::WriteHeadCache, format!("write_head_cache {what}"), move |b: &B| {
+            let fresh = t(&[2, 1, 10, 8]);
+            let mut cache = b.upload(&fresh)?;
+            drop(fresh);
+            b.write_head_cache(&mut cache, &b.upload(&new)?, pos)
+        }));
+    }
+    v.push(Case::expect_error(
+        Op::WriteHeadCache,
+        "write_head_cache into a cache whose storage is shared",
+        move |b: &B| {
+            let mut cache = b.upload(&t(&[2, 1, 10, 8]))?;
+            let _other_handle = cache.clone();
+            b.write_head_cache(&mut cache, &b.upload(&t(&[2, 1, 3, 8]))?, 0)
+        },
+    ));
+    v.push(Case::expect_error(Op::CausalMask, "causal_mask seq 5 > kv_len 4", |b: &B| b.causal_mask(5, 4).map(drop)));
+    v.push(Case::expect_error(Op::CausalSoftmax, "causal_softmax Tq 5 > Tk 3", move |b: &B| {
+        b.causal_softmax(&b.upload(&t(&[2, 5, 3]))?, 1.0).map(drop)
+    }));
+    v.push(Case::expect_error(Op::CausalSoftmax, "causal_softmax rank 1", move |b: &B| {
+        b.causal_softmax(&b.upload(&t(&[5]))?, 1.0).map(drop)
+    }));
+    for (what, heads) in [("heads 0", 0), ("heads 5 not dividing 24", 5)] {
+        v.push(Case::expect_error(Op::SplitHeads, format!("split_heads {what}"), move |b: &B| {
+            b.split_heads(&b.upload(&t(&[2, 3, 24]))?, heads).map(drop)
+        }));
+    }
+    v.push(Case::expect_error(Op::SplitHeads, "split_heads rank 2", move |b: &B| {
+        b.split_heads(&b.upload(&t(&[3, 24]))?, 4).map(drop)
+    }));
+    v.push(Case::expect_error(Op::MergeHeads, "merge_heads rank 3", move |b: &B| {
+        b.merge_heads(&b.upload(&t(&[2, 3, 24]))?).map(drop)
+    }));
+    v.push(Case::expect_error(Op::MergeHeads, "merge_heads of a q8_0 tensor", |b: &B| {
+        b.merge_heads(&b.upload(&Tensor::zeros(Shape::new([1, 2, 3, 32]), DType::Q8_0)?)?).map(drop)
+    }));
+    v
 }

@@ -359,11 +359,14 @@ fn read_tensor_info_body(c: &mut Cursor<'_>, alignment: u64, name: String) -> PR
     for _ in 0..n_dims {
         dims.push(c.u64("dimension")?);
     }
-    let elems = dims
-        .iter()
-        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+    // The product of the non-zero dimensions must fit an i64 (ggml's `int64_t ne`):
+    // that bounds every partial product in any order, so a shape like [0, 2^40, 2^40]
+    // (zero elements) cannot overflow when the dimensions are multiplied later.
+    dims.iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d.max(1)))
         .filter(|&n| n <= i64::MAX as u64)
         .ok_or_else(|| ParseError(format!("dimensions {dims:?} overflow the element count")))?;
+    let elems: u64 = dims.iter().product();
     let ggml_type = GgmlType(c.u32("ggml type")?);
     let offset = c.u64("data offset")?;
     if offset % alignment != 0 {

@@ -1,7 +1,7 @@
 //! Byte-level BPE tokenizers (GPT-2 style), as Llama-family GGUF files with
 //! `tokenizer.ggml.model = "gpt2"` and Hugging Face `tokenizer.json` files describe them.
 //!
-//! Encoding: special tokens are cut out of the text first ([`special`]), the rest
+//! Encoding: special tokens are cut out of the text first (leftmost, longest), the rest
 //! is pre-tokenized ([`PreTokenizer`]), each piece's UTF-8 bytes are written in
 //! the byte-level alphabet and BPE-merged. Decoding maps tokens back to bytes;
 //! [`StreamDecoder`] does so incrementally without splitting a UTF-8 character.

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod gguf_writer;
+pub mod small_vocab;
 
 /// A small deterministic generator (xorshift64*), so robustness tests are repeatable.
 pub struct Rng(u64);

@@ -1,0 +1,385 @@
+//! Attention kernels: fused blockwise (flash-style) attention forward and backward,
+//! masked and decode variants, and the small layout helpers around them.
+//!
+//! Layout is `(batch, heads, seq, head_dim)`. Query head `h` reads kv head
+//! `h / (Hq/Hkv)` by index (GQA; K and V are never repeated). The causal mask is
+//! aligned bottom-right: query `i` sees key `j` iff `j ≤ i + (Tk − Tq)`.
+//!
+//! - [`forward`]: the online-softmax forward (blocked with packed K/V for long query
+//!   runs, a row-at-a-time path reading K/V in place for a few queries / decode).
+//! - [`backward`]: the backward from the saved logsumexp, parallel over kv heads.
+//! - [`tiles`]: the register-tiled block products both use.
+//! - [`layout`]: masks, causal softmax, KV cache writes, head split/merge.
+
+mod backward;
+mod forward;
+mod layout;
+mod tiles;
+
+pub use layout::{causal_mask, causal_softmax, merge_heads, split_heads, write_head_cache};
+
+use std::borrow::Cow;
+
+use crate::cpu::check;
+use crate::cpu::convert::f32_data;
+use crate::cpu::CpuBackend;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::shape::Shape;
+use crate::tensor::Tensor;
+use crate::types::*;
+
+/// Sizes of one attention call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Dims {
+    batch: usize,
+    hq: usize,
+    hkv: usize,
+    tq: usize,
+    tk: usize,
+    d: usize,
+}
+
+impl Dims {
+    /// Query heads per kv head.
+    fn group(&self) -> usize {
+        self.hq / self.hkv
+    }
+    /// Number of keys query row `i` may see: all `tk`, or `i + (tk − tq) + 1` when causal.
+    fn visible(&self, causal: bool, i: usize) -> usize {
+        if causal {
+            (i + 1 + self.tk - self.tq).min(self.tk)
+        } else {
+            self.tk
+        }
+    }
+}
+
+/// Validates `q [B,Hq,Tq,D]` against keys/values `[B,Hkv,rows,D]` (rows = Tk, or the
+/// capacity of a cache) and returns the sizes with `tk = rows`.
+fn check_qkv(op: &'static str, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Dims> {
+    check::float(op, "q", q)?;
+    check::same_dtype(op, "k", q, k)?;
+    check::same_dtype(op, "v", q, v)?;
+    check::rank(op, "q", q, 4)?;
+    check::rank(op, "k", k, 4)?;
+    check::rank(op, "v", v, 4)?;
+    check::same_shape(op, "v (must match k)", k, v)?;
+    let (qd, kd) = (q.dims(), k.dims());
+    let dims = Dims { batch: qd[0], hq: qd[1], hkv: kd[1], tq: qd[2], tk: kd[2], d: qd[3] };
+    if kd[0] != qd[0] || kd[3] != qd[3] {
+        return Err(Error::shape(op, "k", format!("[{}, Hkv, Tk, {}]", qd[0], qd[3]), k.shape()));
+    }
+    if dims.hq.checked_rem(dims.hkv) != Some(0) {
+        return Err(Error::shape(
+            op,
+            "heads",
+            format!("query heads ({}) a multiple of kv heads", dims.hq),
+            format!("{} kv heads", dims.hkv),
+        ));
+    }
+    Ok(dims)
+}
+
+fn check_causal_lengths(op: &'static str, dims: &Dims) -> Result<()> {
+    if dims.tq > dims.tk {
+        return Err(Error::shape(op, "query length (causal)", format!("Tq ≤ Tk = {}", dims.tk), dims.tq));
+    }
+    Ok(())
+}
+
+/// A mask row reader: additive f32 values or U32 keep flags, `[Tq, Tk]` shared by
+/// every head or `[B, Hq, Tq, Tk]`.
+#[derive(Clone, Copy)]
+pub(crate) enum MaskValues<'a> {
+    Additive(&'a [f32]),
+    Boolean(&'a [u32]),
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct Mask<'a> {
+    values: MaskValues<'a>,
+    per_head: bool,
+}
+
+impl Mask<'_> {
+    /// Applies row `i` of head `bh` (`b·Hq + h`) to scores `s[0..n]` of keys `k0..k0+n`:
+    /// adds the additive values, or sets dropped scores to −∞.
+    fn apply(&self, dims: &Dims, bh: usize, i: usize, k0: usize, s: &mut [f32]) {
+        let row = if self.per_head { bh * dims.tq + i } else { i };
+        let range = row * dims.tk + k0..row * dims.tk + k0 + s.len();
+        match self.values {
+            MaskValues::Additive(m) => {
+                for (x, &a) in s.iter_mut().zip(&m[range]) {
+                    *x += a;
+                }
+            }
+            MaskValues::Boolean(m) => {
+                for (x, &keep) in s.iter_mut().zip(&m[range]) {
+                    if keep == 0 {
+                        *x = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Mask<'_> {
+    /// [`Mask::apply`] for query row `i` held in column `col` of a transposed score
+    /// block `st[c·ld + col]`, keys `k0 .. k0 + keys`.
+    fn apply_column(
+        &self,
+        dims: &Dims,
+        bh: usize,
+        i: usize,
+        k0: usize,
+        keys: usize,
+        st: &mut [f32],
+        ld: usize,
+        col: usize,
+    ) {
+        let row = if self.per_head { bh * dims.tq + i } else { i };
+        let range = row * dims.tk + k0..row * dims.tk + k0 + keys;
+        let scores = st.iter_mut().skip(col).step_by(ld);
+        match self.values {
+            MaskValues::Additive(m) => {
+                for (x, &a) in scores.zip(&m[range]) {
+                    *x += a;
+                }
+            }
+            MaskValues::Boolean(m) => {
+                for (x, &keep) in scores.zip(&m[range]) {
+                    if keep == 0 {
+                        *x = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One attention problem in f32: queries `[B,Hq,Tq,D]`, keys and values read in place
+/// as `kv_stride`-spaced `[Tk, D]` slabs per (batch, kv head) (Tk = the whole tensor,
+/// or the filled prefix of a cache).
+pub(crate) struct Problem<'a> {
+    dims: Dims,
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    kv_stride: usize,
+    scale: f32,
+    causal: bool,
+    mask: Option<Mask<'a>>,
+}
+
+impl Problem<'_> {
+    /// Index of the (batch, kv head) slab that query head `bh = b·Hq + h` reads.
+    fn kv_head(&self, bh: usize) -> usize {
+        let (b, h) = (bh / self.dims.hq, bh % self.dims.hq);
+        b * self.dims.hkv + h / self.dims.group()
+    }
+}
+
+/// Runs the forward and writes the output in `dtype`; returns it with the f32 logsumexp.
+fn run_forward(cpu: &CpuBackend, p: &Problem, dtype: DType) -> Result<(Tensor, Tensor)> {
+    let Dims { batch, hq, tq, d, .. } = p.dims;
+    let mut out = Tensor::zeros(Shape::new([batch, hq, tq, d]), DType::F32)?;
+    let mut lse = Tensor::zeros(Shape::new([batch, hq, tq]), DType::F32)?;
+    forward::forward(cpu, p, out.as_mut_slice::<f32>()?, lse.as_mut_slice::<f32>()?);
+    Ok((in_dtype(out, dtype)?, lse))
+}
+
+/// An f32 result tensor in the op's dtype (F32: as is; F16/BF16: converted once).
+fn in_dtype(t: Tensor, dtype: DType) -> Result<Tensor> {
+    if dtype == DType::F32 {
+        Ok(t)
+    } else {
+        Tensor::from_f32_as(t.as_slice::<f32>()?, t.shape().clone(), dtype)
+    }
+}
+
+/// `softmax(q·kᵀ·scale [+ causal mask])·v` with GQA by index.
+///
+/// # Shapes
+/// `q`: `[B, Hq, Tq, D]`; `k`, `v`: `[B, Hkv, Tk, D]` (`Hq % Hkv == 0`; `Tq ≤ Tk` when causal)
+/// → `[B, Hq, Tq, D]`.
+pub fn attention(cpu: &CpuBackend, q: &Tensor, k: &Tensor, v: &Tensor, scale: f32, causal: bool) -> Result<Tensor> {
+    sdpa_impl("attention", cpu, q, k, v, None, causal, scale)
+}
+
+/// `attention` with an optional additive (f32) or boolean (U32, 0 drops) mask; a row
+/// whose every score is masked yields zeros.
+///
+/// # Shapes
+/// as [`attention`]; mask `[Tq, Tk]` or `[B, Hq, Tq, Tk]` → `[B, Hq, Tq, D]`.
+pub fn sdpa(
+    cpu: &CpuBackend,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<AttentionMask<'_>>,
+    causal: bool,
+    scale: f32,
+) -> Result<Tensor> {
+    sdpa_impl("sdpa", cpu, q, k, v, mask, causal, scale)
+}
+
+fn sdpa_impl(
+    op: &'static str,
+    cpu: &CpuBackend,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<AttentionMask<'_>>,
+    causal: bool,
+    scale: f32,
+) -> Result<Tensor> {
+    let dims = check_qkv(op, q, k, v)?;
+    if causal {
+        check_causal_lengths(op, &dims)?;
+    }
+    let mask = match mask {
+        None => None,
+        Some(m) => Some(check_mask(op, m, &dims)?),
+    };
+    let (qf, kf, vf) = (f32_data(op, "q", q)?, f32_data(op, "k", k)?, f32_data(op, "v", v)?);
+    let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride: dims.tk * dims.d, scale, causal, mask };
+    Ok(run_forward(cpu, &p, q.dtype())?.0)
+}
+
+/// Validates a mask against the problem sizes and returns its reader.
+fn check_mask<'a>(op: &'static str, mask: AttentionMask<'a>, dims: &Dims) -> Result<Mask<'a>> {
+    let t = match mask {
+        AttentionMask::Additive(t) => {
+            check::dtype(op, "additive mask", t, DType::F32)?;
+            t
+        }
+        AttentionMask::Boolean(t) => {
+            check::dtype(op, "boolean mask", t, DType::U32)?;
+            t
+        }
+    };
+    let shared = [dims.tq, dims.tk];
+    let full = [dims.batch, dims.hq, dims.tq, dims.tk];
+    let per_head = if t.dims() == shared {
+        false
+    } else if t.dims() == full {
+        true
+    } else {
+        return Err(Error::shape(op, "mask", format!("{:?} or {:?}", shared, full), t.shape()));
+    };
+    let values = match mask {
+        AttentionMask::Additive(t) => MaskValues::Additive(t.as_slice::<f32>()?),
+        AttentionMask::Boolean(t) => MaskValues::Boolean(t.as_slice::<u32>()?),
+    };
+    Ok(Mask { values, per_head })
+}
+
+/// Fused causal attention, blockwise with an online softmax and O(T) memory; returns
+/// the output and the per-row logsumexp `ln Σ_j exp(s_ij)` (f32) the backward needs.
+///
+/// # Shapes
+/// `q`: `[B, Hq, Tq, D]`; `k`, `v`: `[B, Hkv, Tk, D]`, `Tq ≤ Tk` → output `[B, Hq, Tq, D]`,
+/// logsumexp `[B, Hq, Tq]`.
+pub fn causal_attention(
+    cpu: &CpuBackend,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f32,
+) -> Result<CausalAttentionResult> {
+    const OP: &str = "causal_attention";
+    let dims = check_qkv(OP, q, k, v)?;
+    check_causal_lengths(OP, &dims)?;
+    let (qf, kf, vf) = (f32_data(OP, "q", q)?, f32_data(OP, "k", k)?, f32_data(OP, "v", v)?);
+    let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride: dims.tk * dims.d, scale, causal: true, mask: None };
+    let (output, logsumexp) = run_forward(cpu, &p, q.dtype())?;
+    Ok(CausalAttentionResult { output, logsumexp })
+}
+
+/// Backward of [`causal_attention`] from the saved logsumexp: P is recomputed
+/// blockwise; `dq`, and `dk`, `dv` summed over each query group.
+///
+/// # Shapes
+/// as [`causal_attention`]; `result.output` and `d_out` `[B, Hq, Tq, D]` (dtype of q),
+/// `result.logsumexp` `[B, Hq, Tq]` f32 → dq like q, dk/dv like k/v.
+pub fn causal_attention_backward(
+    cpu: &CpuBackend,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    result: &CausalAttentionResult,
+    d_out: &Tensor,
+    scale: f32,
+) -> Result<AttentionGradients> {
+    const OP: &str = "causal_attention_backward";
+    let dims = check_qkv(OP, q, k, v)?;
+    check_causal_lengths(OP, &dims)?;
+    check::same_dtype(OP, "output", q, &result.output)?;
+    check::same_shape(OP, "output", q, &result.output)?;
+    check::same_dtype(OP, "d_out", q, d_out)?;
+    check::same_shape(OP, "d_out", q, d_out)?;
+    check::dtype(OP, "logsumexp", &result.logsumexp, DType::F32)?;
+    check::shape(OP, "logsumexp", &result.logsumexp, &[dims.batch, dims.hq, dims.tq])?;
+    let (qf, kf, vf) = (f32_data(OP, "q", q)?, f32_data(OP, "k", k)?, f32_data(OP, "v", v)?);
+    let of = f32_data(OP, "output", &result.output)?;
+    let dof = f32_data(OP, "d_out", d_out)?;
+    let lse = result.logsumexp.as_slice::<f32>()?;
+    let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride: dims.tk * dims.d, scale, causal: true, mask: None };
+    let mut dq = Tensor::zeros(q.shape().clone(), DType::F32)?;
+    let mut dk = Tensor::zeros(k.shape().clone(), DType::F32)?;
+    let mut dv = Tensor::zeros(v.shape().clone(), DType::F32)?;
+    let grads = (dq.as_mut_slice::<f32>()?, dk.as_mut_slice::<f32>()?, dv.as_mut_slice::<f32>()?);
+    backward::backward(cpu, &p, &of, lse, &dof, grads);
+    let dtype = q.dtype();
+    Ok(AttentionGradients { dq: in_dtype(dq, dtype)?, dk: in_dtype(dk, dtype)?, dv: in_dtype(dv, dtype)? })
+}
+
+/// Attention of `Tq` new queries over the first `kv_len` rows of preallocated caches,
+/// read in place (rows past `kv_len` are never touched). The queries sit at positions
+/// `kv_len − Tq .. kv_len` and are masked causally among themselves. GQA by index.
+///
+/// # Shapes
+/// `q`: `[B, Hq, Tq, D]`; caches `[B, Hkv, capacity, D]`, `Tq ≤ kv_len ≤ capacity`
+/// → `[B, Hq, Tq, D]`.
+pub fn decode_attention(
+    cpu: &CpuBackend,
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    kv_len: usize,
+    scale: f32,
+) -> Result<Tensor> {
+    const OP: &str = "decode_attention";
+    let cache_dims = check_qkv(OP, q, k_cache, v_cache)?;
+    let capacity = cache_dims.tk;
+    if kv_len > capacity {
+        return Err(Error::value(OP, "kv_len", format!("≤ cache capacity {capacity}"), kv_len));
+    }
+    let dims = Dims { tk: kv_len, ..cache_dims };
+    check_causal_lengths(OP, &dims)?;
+    let qf = f32_data(OP, "q", q)?;
+    let (kf, kv_stride) = cache_prefix_f32(OP, k_cache, kv_len)?;
+    let (vf, _) = cache_prefix_f32(OP, v_cache, kv_len)?;
+    let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride, scale, causal: true, mask: None };
+    Ok(run_forward(cpu, &p, q.dtype())?.0)
+}
+
+/// The first `kv_len` rows of every head of a `[B, Hkv, capacity, D]` cache as f32, and
+/// the stride between heads: an F32 cache is borrowed whole (rows past `kv_len` are
+/// never read); F16/BF16 caches convert only the filled prefix of each head.
+fn cache_prefix_f32<'a>(op: &'static str, cache: &'a Tensor, kv_len: usize) -> Result<(Cow<'a, [f32]>, usize)> {
+    let dims = cache.dims();
+    let (capacity, d) = (dims[2], dims[3]);
+    if cache.dtype() == DType::F32 {
+        return Ok((Cow::Borrowed(cache.as_slice::<f32>()?), capacity * d));
+    }
+    let heads = dims[0] * dims[1];
+    let mut out = Vec::with_capacity(heads * kv_len * d);
+    for h in 0..heads {
+        let prefix = cache.view(h * capacity * d, Shape::new([kv_len * d]))?;
+        out.extend_from_slice(&f32_data(op, "cache", &prefix)?);
+    }
+    Ok((Cow::Owned(out), kv_len * d))
+}
