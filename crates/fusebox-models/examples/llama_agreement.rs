@@ -43,7 +43,13 @@ fn main() -> fusebox::Result<()> {
         let ids = fast.tokenizer.encode(prompt, false);
         let mut session = fast.session(b.as_ref(), ids.len() + NEW_TOKENS + 1)?;
         let t = Instant::now();
-        let a = compare_greedy(&reference, |ids| session.step(b.as_ref(), ids).expect("fast forward"), &ids, NEW_TOKENS, TIE_MARGIN);
+        let a = compare_greedy(
+            &reference,
+            |ids| session.step(b.as_ref(), ids).expect("fast forward"),
+            &ids,
+            NEW_TOKENS,
+            TIE_MARGIN,
+        );
         let ok = a.mismatch_at.is_none();
         failures += usize::from(!ok);
         println!(

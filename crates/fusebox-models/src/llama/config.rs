@@ -322,7 +322,10 @@ mod tests {
     fn hf_config_reads_sizes_and_defaults() {
         let c = LlamaConfig::from_hf_json(&smollm2_hf()).unwrap();
         assert_eq!((c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.n_layers), (576, 9, 3, 64, 30));
-        assert_eq!((c.rope_style, c.rope_scaling.clone(), c.tied_embeddings), (RopeStyle::HalfSplit, RopeScaling::None, true));
+        assert_eq!(
+            (c.rope_style, c.rope_scaling.clone(), c.tied_embeddings),
+            (RopeStyle::HalfSplit, RopeScaling::None, true)
+        );
         let f = c.rope_frequencies();
         assert_eq!(f.len(), 32);
         assert_eq!(f[0], 1.0);

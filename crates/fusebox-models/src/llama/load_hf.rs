@@ -148,9 +148,9 @@ pub fn gpt2_config(v: &Json) -> Result<ModelConfig> {
         n_kv_heads: req("n_head")?,
         d_model,
         d_ff: uint("n_inner").unwrap_or(4 * d_model),
-        max_seq: uint("n_positions").or_else(|| uint("n_ctx")).ok_or_else(|| {
-            Error::Io("config.json: missing integer 'n_positions'".into())
-        })?,
+        max_seq: uint("n_positions")
+            .or_else(|| uint("n_ctx"))
+            .ok_or_else(|| Error::Io("config.json: missing integer 'n_positions'".into()))?,
         norm_eps: v.get("layer_norm_epsilon").and_then(Json::as_f64).unwrap_or(1e-5) as f32,
         rope_theta: 10000.0,
         tied_embeddings: true,

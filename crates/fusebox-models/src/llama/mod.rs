@@ -144,7 +144,10 @@ fn load_hf_dir(b: &dyn ComputeBackend, dir: &Path) -> Result<Pretrained> {
     let (network, description) = match model_type.as_str() {
         "gpt2" => {
             let m = load_hf_gpt2(b, dir, &config).map_err(|e| with_path(e, dir))?;
-            let d = format!("hf gpt2 ({} layers, d_model {}, vocab {})", m.config.n_layers, m.config.d_model, m.config.vocab_size);
+            let d = format!(
+                "hf gpt2 ({} layers, d_model {}, vocab {})",
+                m.config.n_layers, m.config.d_model, m.config.vocab_size
+            );
             (Network::Gpt2(m), d)
         }
         _ => {

@@ -85,7 +85,9 @@ pub fn vector(b: &dyn ComputeBackend, name: &str, t: &Tensor, dim: usize) -> Res
     match t.dtype() {
         DType::F32 => b.upload(t),
         DType::F16 | DType::BF16 => b.cast(&b.upload(t)?, DType::F32),
-        other => Err(Error::Io(format!("tensor '{name}': dtype {other} for a norm weight (expected f32, f16 or bf16)"))),
+        other => {
+            Err(Error::Io(format!("tensor '{name}': dtype {other} for a norm weight (expected f32, f16 or bf16)")))
+        }
     }
 }
 

@@ -107,7 +107,8 @@ impl RefLlama {
     pub fn step(&self, token: u32, cache: &mut RefCache, want_logits: bool) -> Option<Vec<f64>> {
         let d = self.dim;
         let pos = cache.keys[0].len();
-        let mut x: Vec<f64> = self.embed[token as usize * d..(token as usize + 1) * d].iter().map(|&v| v as f64).collect();
+        let mut x: Vec<f64> =
+            self.embed[token as usize * d..(token as usize + 1) * d].iter().map(|&v| v as f64).collect();
         for (l, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.attn_norm, self.eps);
             let mut q = matvec(&layer.wq, &h);
@@ -162,10 +163,8 @@ impl RefLlama {
         for h in 0..self.heads {
             let kvh = h / group;
             let qh = &q[h * hd..(h + 1) * hd];
-            let scores: Vec<f64> = keys
-                .iter()
-                .map(|k| (0..hd).map(|i| qh[i] * k[kvh * hd + i]).sum::<f64>() * scale)
-                .collect();
+            let scores: Vec<f64> =
+                keys.iter().map(|k| (0..hd).map(|i| qh[i] * k[kvh * hd + i]).sum::<f64>() * scale).collect();
             let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
             let total: f64 = weights.iter().sum();
