@@ -131,6 +131,19 @@ fn gguf_layout(l: usize) -> Vec<(String, String, DType)> {
 
 /// A GGUF file of `w`: quantized per [`gguf_layout`] when `quantized`, else all F32.
 fn gguf_writer(w: &Weights, quantized: bool, tied: bool) -> GgufWriter {
+    gguf_writer_with(w, if quantized { Formats::Mixed } else { Formats::Uniform(DType::F32) }, tied)
+}
+
+/// Storage formats of the block matrices: mixed per [`gguf_layout`] (q, k, v and gate,
+/// up differ, so they stay separate), or one format for all (so they are stacked).
+#[derive(Clone, Copy)]
+enum Formats {
+    Mixed,
+    Uniform(DType),
+}
+
+fn gguf_writer_with(w: &Weights, formats: Formats, tied: bool) -> GgufWriter {
+    let quantized = matches!(formats, Formats::Mixed);
     let tokens: Vec<String> = (0..VOCAB).map(|i| format!("t{i}")).collect();
     let mut wr = GgufWriter::default()
         .kv("general.architecture", Value::String("llama".into()))
@@ -159,7 +172,12 @@ fn gguf_writer(w: &Weights, quantized: bool, tied: bool) -> GgufWriter {
     wr = add(wr, "token_embd.weight", "model.embed_tokens.weight", emb);
     for l in 0..LAYERS {
         for (g, h, f) in gguf_layout(l) {
-            wr = add(wr, &g, &h, if quantized { f } else { DType::F32 });
+            let f = match formats {
+                Formats::Mixed => f,
+                Formats::Uniform(_) if g.contains("norm") => f,
+                Formats::Uniform(u) => u,
+            };
+            wr = add(wr, &g, &h, f);
         }
     }
     wr = add(wr, "output_norm.weight", "model.norm.weight", DType::F32);
@@ -218,16 +236,23 @@ fn gguf_every_weight_format_matches_the_reference() {
         let file = GgufFile::from_bytes(gguf_writer(&weights(1), true, tied).to_bytes()).unwrap();
         let model = load_gguf(&cpu(), &file).unwrap();
         assert_eq!(model.config.tied_embeddings, tied);
-        let mut formats: Vec<DType> = model
-            .layers
-            .iter()
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
-            .map(|w| w.weight().dtype())
-            .collect();
+        let mut formats: Vec<DType> =
+            model.layers.iter().flat_map(|l| l.matrices()).map(|w| w.weight().dtype()).collect();
         formats.sort_by_key(|d| d.name());
         formats.dedup();
         // F16/BF16 matrices are widened to F32 at load; the five block formats stay.
         assert_eq!(formats.len(), 6, "{formats:?}");
+        check_against_reference(&file, 2e-3);
+    }
+    // One format throughout: q/k/v and gate/up are stacked into one matrix each.
+    for dtype in [DType::Q4K, DType::Q4_1] {
+        let file =
+            GgufFile::from_bytes(gguf_writer_with(&weights(4), Formats::Uniform(dtype), true).to_bytes()).unwrap();
+        let model = load_gguf(&cpu(), &file).unwrap();
+        assert!(model.layers.iter().all(|l| matches!(
+            (&l.qkv, &l.gate_up),
+            (llama::Projections::Stacked(..), llama::Projections::Stacked(..))
+        )));
         check_against_reference(&file, 2e-3);
     }
 }

@@ -6,7 +6,7 @@ use fusebox::{ComputeBackend, Result, Tensor};
 
 use super::config::{LlamaConfig, RopeScaling};
 use super::model::{LlamaLayer, LlamaModel};
-use super::weights::{vector, Embedding, Linear};
+use super::weights::{vector, Embedding, Linear, Projections};
 use crate::gguf::GgufFile;
 
 /// Builds the model held by `file`. Missing tensors, wrong shapes and unsupported
@@ -33,6 +33,12 @@ pub fn load_gguf(b: &dyn ComputeBackend, file: &GgufFile) -> Result<LlamaModel> 
     }
     let get = |name: &str| -> Result<Tensor> { file.tensor(name) };
     let linear = |name: &str, out: usize, inp: usize| Linear::new(b, name, &get(name)?, out, inp);
+    let stack = |names: &[(String, usize)], inp: usize| -> Result<Projections> {
+        let tensors = names.iter().map(|(n, _)| get(n)).collect::<Result<Vec<_>>>()?;
+        let parts: Vec<(&str, &Tensor, usize)> =
+            names.iter().zip(&tensors).map(|((n, out), t)| (n.as_str(), t, *out)).collect();
+        Projections::new(b, &parts, inp)
+    };
     let table = get("token_embd.weight")?;
     let embed = Embedding::new(b, "token_embd.weight", &table, config.vocab_size, d)?;
     let mut layers = Vec::new();
@@ -40,13 +46,10 @@ pub fn load_gguf(b: &dyn ComputeBackend, file: &GgufFile) -> Result<LlamaModel> 
         let n = |part: &str| format!("blk.{l}.{part}.weight");
         layers.push(LlamaLayer {
             attn_norm: vector(b, &n("attn_norm"), &get(&n("attn_norm"))?, d)?,
-            wq: linear(&n("attn_q"), q, d)?,
-            wk: linear(&n("attn_k"), kv, d)?,
-            wv: linear(&n("attn_v"), kv, d)?,
+            qkv: stack(&[(n("attn_q"), q), (n("attn_k"), kv), (n("attn_v"), kv)], d)?,
             wo: linear(&n("attn_output"), d, q)?,
             ffn_norm: vector(b, &n("ffn_norm"), &get(&n("ffn_norm"))?, d)?,
-            w_gate: linear(&n("ffn_gate"), f, d)?,
-            w_up: linear(&n("ffn_up"), f, d)?,
+            gate_up: stack(&[(n("ffn_gate"), f), (n("ffn_up"), f)], d)?,
             w_down: linear(&n("ffn_down"), d, f)?,
         });
     }

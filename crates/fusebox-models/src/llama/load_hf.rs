@@ -16,7 +16,7 @@ use serde_json::Value as Json;
 
 use super::config::LlamaConfig;
 use super::model::{LlamaLayer, LlamaModel};
-use super::weights::{check_shape, vector, Embedding, Linear};
+use super::weights::{check_shape, vector, Embedding, Linear, Projections};
 use crate::config::{ModelConfig, Style};
 use crate::model::{param_specs, Model};
 use crate::params::ParamSet;
@@ -101,6 +101,12 @@ pub fn load_hf_llama(b: &dyn ComputeBackend, dir: &Path, config: &Json) -> Resul
     let shards = Shards::open(dir)?;
     let (d, q, kv, f) = (config.d_model, config.q_dim(), config.kv_dim(), config.d_ff);
     let linear = |name: &str, out: usize, inp: usize| Linear::new(b, name, &shards.get(name)?, out, inp);
+    let stack = |names: &[(String, usize)], inp: usize| -> Result<Projections> {
+        let tensors = names.iter().map(|(n, _)| shards.get(n)).collect::<Result<Vec<_>>>()?;
+        let parts: Vec<(&str, &Tensor, usize)> =
+            names.iter().zip(&tensors).map(|((n, out), t)| (n.as_str(), t, *out)).collect();
+        Projections::new(b, &parts, inp)
+    };
     let norm = |name: &str| vector(b, name, &shards.get(name)?, d);
     let table = shards.get("model.embed_tokens.weight")?;
     let embed = Embedding::new(b, "model.embed_tokens.weight", &table, config.vocab_size, d)?;
@@ -109,13 +115,10 @@ pub fn load_hf_llama(b: &dyn ComputeBackend, dir: &Path, config: &Json) -> Resul
         let n = |part: &str| format!("model.layers.{l}.{part}.weight");
         layers.push(LlamaLayer {
             attn_norm: norm(&n("input_layernorm"))?,
-            wq: linear(&n("self_attn.q_proj"), q, d)?,
-            wk: linear(&n("self_attn.k_proj"), kv, d)?,
-            wv: linear(&n("self_attn.v_proj"), kv, d)?,
+            qkv: stack(&[(n("self_attn.q_proj"), q), (n("self_attn.k_proj"), kv), (n("self_attn.v_proj"), kv)], d)?,
             wo: linear(&n("self_attn.o_proj"), d, q)?,
             ffn_norm: norm(&n("post_attention_layernorm"))?,
-            w_gate: linear(&n("mlp.gate_proj"), f, d)?,
-            w_up: linear(&n("mlp.up_proj"), f, d)?,
+            gate_up: stack(&[(n("mlp.gate_proj"), f), (n("mlp.up_proj"), f)], d)?,
             w_down: linear(&n("mlp.down_proj"), d, f)?,
         });
     }

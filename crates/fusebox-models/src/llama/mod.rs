@@ -32,7 +32,7 @@ pub use generate::{generate, Generation, Session, StopReason};
 pub use load_gguf::load_gguf;
 pub use load_hf::{load_hf_gpt2, load_hf_llama};
 pub use model::{LlamaLayer, LlamaModel, LlamaState};
-pub use weights::{Embedding, Linear};
+pub use weights::{Embedding, Linear, Projections};
 
 use crate::chat::ChatTemplate;
 use crate::gguf::GgufFile;
@@ -170,13 +170,8 @@ fn load_hf_dir(b: &dyn ComputeBackend, dir: &Path) -> Result<Pretrained> {
 
 /// The storage formats of a model's matrices, e.g. `q4_1, q8_0`.
 fn weight_formats(m: &LlamaModel) -> String {
-    let mut names: Vec<&str> = m
-        .layers
-        .iter()
-        .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
-        .chain([&m.head])
-        .map(|w| w.weight().dtype().name())
-        .collect();
+    let mut names: Vec<&str> =
+        m.layers.iter().flat_map(LlamaLayer::matrices).chain([&m.head]).map(|w| w.weight().dtype().name()).collect();
     names.sort_unstable();
     names.dedup();
     names.join(", ")

@@ -15,21 +15,31 @@
 use fusebox::{ComputeBackend, DType, Error, Result, Tensor};
 
 use super::config::LlamaConfig;
-use super::weights::{Embedding, Linear};
+use super::weights::{Embedding, Linear, Projections};
 use crate::kv_cache::KvCache;
 
 /// One decoder block's weights.
 #[derive(Debug)]
 pub struct LlamaLayer {
     pub attn_norm: Tensor,
-    pub wq: Linear,
-    pub wk: Linear,
-    pub wv: Linear,
+    /// q `[Hq·hd, D]`, k and v `[Hkv·hd, D]` (stacked when they share a format).
+    pub qkv: Projections,
     pub wo: Linear,
     pub ffn_norm: Tensor,
-    pub w_gate: Linear,
-    pub w_up: Linear,
+    /// gate and up `[F, D]` (stacked when they share a format).
+    pub gate_up: Projections,
     pub w_down: Linear,
+}
+
+impl LlamaLayer {
+    /// Every weight matrix of the block.
+    pub fn matrices(&self) -> Vec<&Linear> {
+        let mut m = self.qkv.matrices();
+        m.push(&self.wo);
+        m.extend(self.gate_up.matrices());
+        m.push(&self.w_down);
+        m
+    }
 }
 
 /// A pretrained Llama-family model ready for inference.
@@ -150,9 +160,14 @@ impl LlamaModel {
         let mut h = b.rms_norm(&x, first_norm, cfg.norm_eps)?.output;
         for (l, layer) in self.layers.iter().enumerate() {
             // Attention: q, k, v projections, rotary positions, cache writes.
-            let q = b.split_heads(&layer.wq.forward(b, &h)?, cfg.n_heads)?;
-            let k = b.split_heads(&layer.wk.forward(b, &h)?, cfg.n_kv_heads)?;
-            let v = b.split_heads(&layer.wv.forward(b, &h)?, cfg.n_kv_heads)?;
+            let [q, k, v]: [Tensor; 3] = layer
+                .qkv
+                .forward(b, &h)?
+                .try_into()
+                .map_err(|_| Error::value(OP, "q/k/v projections", "three", "another count"))?;
+            let q = b.split_heads(&q, cfg.n_heads)?;
+            let k = b.split_heads(&k, cfg.n_kv_heads)?;
+            let v = b.split_heads(&v, cfg.n_kv_heads)?;
             let q = b.rope(&q, &state.cos, &state.sin, cfg.rope_style, pos)?;
             let k = b.rope(&k, &state.cos, &state.sin, cfg.rope_style, pos)?;
             b.write_head_cache(&mut state.cache.k[l], &k, pos)?;
@@ -166,7 +181,12 @@ impl LlamaModel {
             let o = layer.wo.forward(b, &b.merge_heads(&attn)?)?;
             // MLP: x += down(silu(gate(h2)) · up(h2)), h2 = rms_norm(x + o).
             let (x_mid, n2) = b.add_rms_norm(&x, &o, &layer.ffn_norm, cfg.norm_eps)?;
-            let act = b.silu_mul(&layer.w_gate.forward(b, &n2.output)?, &layer.w_up.forward(b, &n2.output)?)?;
+            let [gate, up]: [Tensor; 2] = layer
+                .gate_up
+                .forward(b, &n2.output)?
+                .try_into()
+                .map_err(|_| Error::value(OP, "gate/up projections", "two", "another count"))?;
+            let act = b.silu_mul(&gate, &up)?;
             let down = layer.w_down.forward(b, &act)?;
             // The next block's input norm (or the final norm) fused with the residual add.
             let next_norm = self.layers.get(l + 1).map_or(&self.norm_f, |n| &n.attn_norm);

@@ -52,6 +52,71 @@ impl Linear {
     }
 }
 
+/// Several projections of the same input (q, k, v; gate, up). When their weights share
+/// a storage format they are stacked into one matrix, so one matmul (one pass over x,
+/// one parallel dispatch) computes them all; the output is then sliced.
+#[derive(Debug, Clone)]
+pub enum Projections {
+    /// One matrix of the stacked rows, and each part's row count.
+    Stacked(Linear, Vec<usize>),
+    /// Separate matrices (their formats differ).
+    Separate(Vec<Linear>),
+}
+
+impl Projections {
+    /// Builds from host weights `(name, tensor, out)`, all with `inp` columns.
+    pub fn new(b: &dyn ComputeBackend, parts: &[(&str, &Tensor, usize)], inp: usize) -> Result<Projections> {
+        for (name, t, out) in parts {
+            check_shape(name, t, &[*out, inp])?;
+        }
+        let dtype = parts.first().map(|p| p.1.dtype());
+        let same = parts.iter().all(|p| Some(p.1.dtype()) == dtype && p.1.is_host());
+        match dtype {
+            Some(dtype) if same && parts.len() > 1 => {
+                // Rows are independent (whole blocks along `in`), so stacking is concatenating bytes.
+                let mut bytes = Vec::new();
+                for (_, t, _) in parts {
+                    bytes.extend_from_slice(t.host_bytes()?);
+                }
+                let rows: Vec<usize> = parts.iter().map(|p| p.2).collect();
+                let total: usize = rows.iter().sum();
+                let stacked = Tensor::from_bytes(&bytes, [total, inp], dtype)?;
+                let names: Vec<&str> = parts.iter().map(|p| p.0).collect();
+                Ok(Projections::Stacked(Linear::new(b, &names.join("+"), &stacked, total, inp)?, rows))
+            }
+            _ => Ok(Projections::Separate(
+                parts.iter().map(|(name, t, out)| Linear::new(b, name, t, *out, inp)).collect::<Result<_>>()?,
+            )),
+        }
+    }
+
+    /// Each part's `x · Wᵀ`: `x` `[..., in]` → one `[..., out_i]` per part.
+    pub fn forward(&self, b: &dyn ComputeBackend, x: &Tensor) -> Result<Vec<Tensor>> {
+        match self {
+            Projections::Separate(ws) => ws.iter().map(|w| w.forward(b, x)).collect(),
+            Projections::Stacked(w, rows) => {
+                let y = w.forward(b, x)?;
+                let axis = y.rank() - 1;
+                let mut start = 0;
+                let mut parts = Vec::with_capacity(rows.len());
+                for &r in rows {
+                    parts.push(b.slice(&y, axis, start, r)?);
+                    start += r;
+                }
+                Ok(parts)
+            }
+        }
+    }
+
+    /// The stored matrices.
+    pub fn matrices(&self) -> Vec<&Linear> {
+        match self {
+            Projections::Stacked(w, _) => vec![w],
+            Projections::Separate(ws) => ws.iter().collect(),
+        }
+    }
+}
+
 /// A token embedding table `[vocab, dim]`, float (widened to F32) or quantized.
 #[derive(Debug, Clone)]
 pub struct Embedding {
