@@ -65,14 +65,14 @@ impl LlamaConfig {
         {
             return bad("sizes", "all positive".into(), format!("{self:?}"));
         }
-        if self.n_heads == 0 || self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+        if self.n_heads == 0 || self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(
                 "heads",
                 "n_kv_heads > 0 dividing n_heads".into(),
                 format!("{} heads, {} kv heads", self.n_heads, self.n_kv_heads),
             );
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return bad("head_dim", "even (rotary pairs)".into(), self.head_dim.to_string());
         }
         if !(self.norm_eps > 0.0 && self.norm_eps.is_finite()) {
@@ -85,8 +85,22 @@ impl LlamaConfig {
             RopeScaling::FreqFactors(f) if f.len() != self.head_dim / 2 => {
                 bad("rope_freqs", format!("{} factors (head_dim / 2)", self.head_dim / 2), f.len().to_string())
             }
-            RopeScaling::Linear { factor } | RopeScaling::Llama3 { factor, .. } if !(*factor > 0.0) => {
-                bad("rope_scaling.factor", "> 0".into(), factor.to_string())
+            RopeScaling::FreqFactors(f) if f.iter().any(|v| !v.is_finite() || *v <= 0.0) => {
+                bad("rope_freqs", "finite values > 0".into(), format!("{f:?}"))
+            }
+            RopeScaling::Linear { factor } | RopeScaling::Llama3 { factor, .. }
+                if !factor.is_finite() || *factor <= 0.0 =>
+            {
+                bad("rope_scaling.factor", "a finite value > 0".into(), factor.to_string())
+            }
+            RopeScaling::Llama3 { low_freq_factor: lo, high_freq_factor: hi, original_max_positions: n, .. }
+                if !(lo.is_finite() && hi.is_finite() && *lo > 0.0 && hi > lo && n.is_finite() && *n > 0.0) =>
+            {
+                bad(
+                    "rope_scaling (llama3)",
+                    "0 < low_freq_factor < high_freq_factor, positions > 0".into(),
+                    format!("{lo}, {hi}, {n}"),
+                )
             }
             _ => Ok(()),
         }
