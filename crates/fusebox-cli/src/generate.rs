@@ -1,5 +1,6 @@
-//! `fusebox generate --model CHECKPOINT_DIR --prompt TEXT`: text from a trained
-//! checkpoint, streamed as it comes, through the KV cache.
+//! `fusebox generate --model PATH --prompt TEXT`: text from a trained checkpoint, a
+//! GGUF file or a Hugging Face directory (see `generate_pretrained`), streamed as it
+//! comes, through the KV cache.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -17,35 +18,43 @@ use crate::train::backend_for;
 
 #[derive(Args)]
 pub struct GenerateArgs {
-    /// A checkpoint directory (a training output dir or one of its step-N dirs).
+    /// A checkpoint directory (a training output dir or one of its step-N dirs), a .gguf
+    /// file, or a Hugging Face directory (config.json + *.safetensors + tokenizer.json).
     #[arg(long)]
-    model: PathBuf,
+    pub(crate) model: PathBuf,
     /// The prompt text.
     #[arg(long, default_value = "")]
-    prompt: String,
+    pub(crate) prompt: String,
     /// Most new tokens.
     #[arg(long, default_value_t = 200)]
-    max_tokens: usize,
+    pub(crate) max_tokens: usize,
     /// 0 = greedy.
     #[arg(long, default_value_t = 0.8)]
-    temperature: f32,
+    pub(crate) temperature: f32,
     /// Keep the k most likely tokens (0 = all).
     #[arg(long, default_value_t = 40)]
-    top_k: usize,
+    pub(crate) top_k: usize,
     /// Nucleus sampling threshold (1 = off).
     #[arg(long, default_value_t = 0.95)]
-    top_p: f32,
+    pub(crate) top_p: f32,
     #[arg(long, default_value_t = 1.0)]
-    repetition_penalty: f32,
+    pub(crate) repetition_penalty: f32,
     #[arg(long, default_value_t = 0)]
-    seed: u64,
+    pub(crate) seed: u64,
     #[arg(long, default_value = "cpu")]
-    backend: String,
+    pub(crate) backend: String,
     #[arg(long)]
-    threads: Option<usize>,
+    pub(crate) threads: Option<usize>,
     /// Print one JSON object (no streaming).
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
+    /// Wrap the prompt in the model's chat template as a user turn (pretrained models).
+    #[arg(long)]
+    pub(crate) chat: bool,
+    /// Positions the KV cache holds (pretrained models; default min(2048, the model's
+    /// context)); a prompt longer than this is an error.
+    #[arg(long)]
+    pub(crate) ctx_size: Option<usize>,
 }
 
 /// Tokens of a prompt for the checkpoint's task, and how to show tokens.
@@ -73,6 +82,9 @@ fn render(task: &str, tokens: &[u32]) -> String {
 }
 
 pub fn run(args: &GenerateArgs) -> Result<()> {
+    if fusebox_models::llama::is_pretrained(&args.model) {
+        return crate::generate_pretrained::run(args);
+    }
     let b = backend_for(&args.backend, args.threads)?;
     let (model, ckpt) = checkpoint::load_model(b.as_ref(), &args.model)?;
     let task = ckpt.trainer.get("task").and_then(|t| t.as_str()).unwrap_or("text").to_string();

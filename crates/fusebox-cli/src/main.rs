@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod generate;
+mod generate_pretrained;
 mod info;
 mod plot;
 mod train;
@@ -25,7 +26,7 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Train a GPT/Llama model: the built-in addition task, or --data FILE.
     Train(Box<train::TrainArgs>),
-    /// Generate text from a checkpoint.
+    /// Generate text from a checkpoint, a GGUF file or a Hugging Face directory.
     Generate(Box<generate::GenerateArgs>),
     /// Benchmarks: attention, matmul, ops, train (`--json` for one object per case).
     Bench(bench::BenchArgs),

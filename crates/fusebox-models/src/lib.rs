@@ -11,6 +11,7 @@ pub mod data;
 pub mod generate;
 pub mod gguf;
 pub mod kv_cache;
+pub mod llama;
 pub mod model;
 pub mod params;
 pub mod rng;

@@ -1,19 +1,22 @@
-//! The real SmolLM2-135M-Instruct GGUF: metadata, tensors, and token ids against
-//! the reference fixture made by `scripts/smollm2_token_fixture.py`.
+//! The real SmolLM2-135M-Instruct GGUF: metadata, tensors, token ids against the
+//! reference fixture made by `scripts/smollm2_token_fixture.py`, and greedy generation
+//! against the plain-loop reference in `reference_llama`.
 //!
 //! The model file is not in git. It is looked for at `$FUSEBOX_SMOLLM2_GGUF`, then
 //! at `models/SmolLM2-135M-Instruct.Q4_1.gguf` in the workspace; when absent each
 //! test prints why it is skipped and passes.
 
 mod common;
+mod reference_llama;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use common::Rng;
-use fusebox::DType;
+use fusebox::{CpuBackend, DType};
 use fusebox_models::chat::ChatTemplate;
 use fusebox_models::gguf::GgufFile;
+use fusebox_models::llama;
 use fusebox_models::tokenizer::{PreTokenizer, Tokenizer};
 use serde_json::{json, Value as Json};
 
@@ -178,5 +181,40 @@ fn tokenizer_json_loader_matches_on_the_real_vocab() {
     assert_eq!((hf.bos_id(), hf.eos_id()), (Some(1), Some(2)));
     for case in cases() {
         assert_eq!(hf.encode(&case.text, false), case.ids, "{:?}", case.text);
+    }
+}
+
+#[test]
+fn greedy_capital_of_france_is_paris() {
+    let Some(_) = model() else { return };
+    let b = CpuBackend::with_threads(2).unwrap();
+    let p = llama::load(&b, &model_path()).unwrap();
+    let prompt = p.tokenizer.encode("The capital of France is", false);
+    let mut session = p.session(&b, 64).unwrap();
+    let mut sampler = fusebox_models::Sampler::new(Default::default()).unwrap();
+    let out = llama::generate(&mut session, &b, &prompt, 4, &mut sampler, &p.stop_ids(false), |_| Ok(())).unwrap();
+    let text = p.tokenizer.decode(&out.tokens).unwrap();
+    assert!(text.starts_with(" Paris."), "{text:?}");
+}
+
+/// Logits of the fast path (f32, quantized blocks) and the f64 reference (dequantized
+/// weights) at the last prompt position and at every compared step agree within this.
+const LOGIT_TOLERANCE: f64 = 1e-3;
+
+#[test]
+fn greedy_matches_the_plain_loop_reference() {
+    let Some(m) = model() else { return };
+    let b = CpuBackend::with_threads(2).unwrap();
+    let p = llama::load(&b, &model_path()).unwrap();
+    let reference = reference_llama::RefLlama::from_gguf(&m.file);
+    // Five prompts × 24 tokens: `cargo run --release -p fusebox-models --example llama_agreement`.
+    for prompt in ["The capital of France is", "Once upon a time, there was a little girl who"] {
+        let ids = p.tokenizer.encode(prompt, false);
+        let mut session = p.session(&b, ids.len() + 25).unwrap();
+        let a = reference_llama::compare_greedy(&reference, |t| session.step(&b, t).unwrap(), &ids, 24, 0.3);
+        assert_eq!(a.mismatch_at, None, "{prompt:?}: {a:?}");
+        assert!(a.compared >= 1, "{prompt:?}: nothing compared ({a:?})");
+        assert!(a.prompt_logit_max_diff < LOGIT_TOLERANCE, "{prompt:?}: {a:?}");
+        assert!(a.max_logit_diff < LOGIT_TOLERANCE, "{prompt:?}: {a:?}");
     }
 }

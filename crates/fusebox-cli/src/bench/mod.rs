@@ -12,6 +12,7 @@
 //!   measured over the same working-set size on the same threads.
 
 mod attention;
+mod generate;
 mod matmul;
 pub mod measure;
 mod ops;
@@ -37,6 +38,8 @@ pub enum BenchCommand {
     /// Memory-bound ops (norms, activations, softmax, loss, AdamW) and their
     /// backwards: GB/s against measured copy bandwidth, and the N-thread speedup.
     Ops(ops::OpsBenchArgs),
+    /// Prompt processing and decode tokens/s of a pretrained model (.gguf or HF dir).
+    Generate(generate::GenerateBenchArgs),
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
@@ -45,5 +48,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         BenchCommand::Attention(a) => attention::run(a),
         BenchCommand::Matmul(a) => matmul::run(a),
         BenchCommand::Ops(a) => ops::run(a),
+        BenchCommand::Generate(a) => generate::run(a),
     }
 }

@@ -224,6 +224,155 @@ fn decode_into(dtype: DType, bytes: &[u8], out: &mut [f32]) {
     }
 }
 
+// ─────────────────────────── fused row dots ───────────────────────────
+
+/// `Σ_j x[j]·w[j]` with w one row of blocks, decoded on the fly (never written out):
+/// per block the scale multiplies a 16-lane partial sum of `x·q`, and a block's offset
+/// (`m` of Q4_1, `dmin·m` of Q4_K) multiplies the precomputed sum of x over its 32
+/// elements (`xsum32`), since `Σ x·(d·q + m) = d·Σ x·q + m·Σ x`. Used for token-by-token
+/// decoding, where W is read once per output and decoding to a row buffer would double
+/// the work. `mul_add` makes the FMA explicit (fused on the AVX paths; the portable
+/// path without FMA hardware calls libm's exact `fmaf`).
+mod fused_dot {
+    use super::*;
+
+    /// Q8_0: `Σ_blocks d·Σ x·q`.
+    #[inline(always)]
+    fn q8_0_row(bytes: &[u8], x: &[f32], _xsum32: &[f32]) -> f32 {
+        let mut acc = [0.0f32; 16];
+        for (b, xs) in bytes.chunks_exact(34).zip(x.chunks_exact(QK)) {
+            let d = f16_at(b, 0);
+            let (qs, (xl, xh)) = (&b[2..2 + QK], xs.split_at(16));
+            for l in 0..16 {
+                let t = xl[l].mul_add(f32::from(qs[l] as i8), xh[l] * f32::from(qs[l + 16] as i8));
+                acc[l] = d.mul_add(t, acc[l]);
+            }
+        }
+        acc.iter().sum::<f32>()
+    }
+    /// Q4_0: `Σ_blocks d·Σ x·(q − 8)`.
+    #[inline(always)]
+    fn q4_0_row(bytes: &[u8], x: &[f32], _xsum32: &[f32]) -> f32 {
+        let mut acc = [0.0f32; 16];
+        for (b, xs) in bytes.chunks_exact(18).zip(x.chunks_exact(QK)) {
+            let d = f16_at(b, 0);
+            let (qs, (xl, xh)) = (&b[2..2 + QK / 2], xs.split_at(16));
+            for l in 0..16 {
+                let lo = f32::from(i16::from(qs[l] & 0x0F) - 8);
+                let hi = f32::from(i16::from(qs[l] >> 4) - 8);
+                acc[l] = d.mul_add(xl[l].mul_add(lo, xh[l] * hi), acc[l]);
+            }
+        }
+        acc.iter().sum::<f32>()
+    }
+    /// Q4_1: `Σ_blocks d·Σ x·q + m·Σ x`.
+    #[inline(always)]
+    fn q4_1_row(bytes: &[u8], x: &[f32], xsum32: &[f32]) -> f32 {
+        let mut acc = [0.0f32; 16];
+        let mut offsets = 0.0f32;
+        for ((b, xs), &sx) in bytes.chunks_exact(20).zip(x.chunks_exact(QK)).zip(xsum32) {
+            let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+            let (qs, (xl, xh)) = (&b[4..4 + QK / 2], xs.split_at(16));
+            for l in 0..16 {
+                let t = xl[l].mul_add(f32::from(qs[l] & 0x0F), xh[l] * f32::from(qs[l] >> 4));
+                acc[l] = d.mul_add(t, acc[l]);
+            }
+            offsets = m.mul_add(sx, offsets);
+        }
+        acc.iter().sum::<f32>() + offsets
+    }
+    /// Q4_K: per sub-block of 32, `d·sc·Σ x·q − dmin·m·Σ x`.
+    #[inline(always)]
+    fn q4_k_row(bytes: &[u8], x: &[f32], xsum32: &[f32]) -> f32 {
+        let mut acc = [0.0f32; 16];
+        let mut offsets = 0.0f32;
+        for ((b, xs), sums) in bytes.chunks_exact(144).zip(x.chunks_exact(QK_K)).zip(xsum32.chunks_exact(8)) {
+            let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+            let (scales, qs) = (&b[4..16], &b[16..144]);
+            for pair in 0..4 {
+                let (sc1, m1) = scale_min_k4(2 * pair, scales);
+                let (sc2, m2) = scale_min_k4(2 * pair + 1, scales);
+                let (d1, d2) = (d * f32::from(sc1), d * f32::from(sc2));
+                offsets += dmin * (f32::from(m1) * sums[2 * pair] + f32::from(m2) * sums[2 * pair + 1]);
+                let q = &qs[32 * pair..32 * pair + 32];
+                let (xl, xh) = xs[64 * pair..64 * pair + 64].split_at(32);
+                for half in 0..2 {
+                    let (q, xl, xh) = (&q[16 * half..16 * half + 16], &xl[16 * half..], &xh[16 * half..]);
+                    for l in 0..16 {
+                        let lo = xl[l] * f32::from(q[l] & 0x0F);
+                        acc[l] = d2.mul_add(xh[l] * f32::from(q[l] >> 4), d1.mul_add(lo, acc[l]));
+                    }
+                }
+            }
+        }
+        acc.iter().sum::<f32>() - offsets
+    }
+    /// Q6_K: per sub-block of 16, `d·scale·Σ x·(q − 32)`.
+    #[inline(always)]
+    fn q6_k_row(bytes: &[u8], x: &[f32], _xsum32: &[f32]) -> f32 {
+        let mut acc = [0.0f32; 16];
+        for (b, xs) in bytes.chunks_exact(210).zip(x.chunks_exact(QK_K)) {
+            let d = f16_at(b, 208);
+            for half in 0..2 {
+                // As `decode_q6_k_block`: element 32g + l of this half takes ql[l + 32(g % 2)]
+                // (low nibble for g < 2), bits 2g..2g+2 of qh[l], and scale 2g + l/16.
+                let ql = &b[64 * half..64 * half + 64];
+                let qh = &b[128 + 32 * half..128 + 32 * half + 32];
+                let sc = &b[192 + 8 * half..192 + 8 * half + 8];
+                let x = &xs[128 * half..128 * half + 128];
+                for part in 0..2 {
+                    let s = |g: usize| d * f32::from(sc[part + 2 * g] as i8);
+                    let (s0, s1, s2, s3) = (s(0), s(1), s(2), s(3));
+                    let o = 16 * part;
+                    let (ql0, ql1, qh) = (&ql[o..o + 16], &ql[o + 32..o + 48], &qh[o..o + 16]);
+                    let (x0, x1, x2, x3) = (&x[o..o + 16], &x[o + 32..o + 48], &x[o + 64..o + 80], &x[o + 96..o + 112]);
+                    for l in 0..16 {
+                        let q1 = f32::from(i16::from((ql0[l] & 0x0F) | ((qh[l] & 3) << 4)) - 32);
+                        let q2 = f32::from(i16::from((ql1[l] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32);
+                        let q3 = f32::from(i16::from((ql0[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+                        let q4 = f32::from(i16::from((ql1[l] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+                        let a = s0.mul_add(x0[l] * q1, acc[l]);
+                        let a = s1.mul_add(x1[l] * q2, a);
+                        let a = s2.mul_add(x2[l] * q3, a);
+                        acc[l] = s3.mul_add(x3[l] * q4, a);
+                    }
+                }
+            }
+        }
+        acc.iter().sum::<f32>()
+    }
+
+    macro_rules! rows_of {
+        ($($name:ident => $row:ident),*) => {$(
+            multiversion! {
+                /// `out[r] = Σ_j x[j]·W[r, j]` for the `out.len()` rows of blocks in `w`.
+                pub fn $name(w: &[u8], x: &[f32], xsum32: &[f32], out: &mut [f32]) {
+                    let row_bytes = w.len() / out.len().max(1);
+                    for (o, row) in out.iter_mut().zip(w.chunks_exact(row_bytes.max(1))) {
+                        *o = $row(row, x, xsum32);
+                    }
+                }
+            }
+        )*};
+    }
+    rows_of!(q8_0 => q8_0_row, q4_0 => q4_0_row, q4_1 => q4_1_row, q4_k => q4_k_row, q6_k => q6_k_row);
+}
+
+/// `out[r] = Σ_j x[j]·W[r, j]` for the `out.len()` rows of `w` (whole rows of a block
+/// format; see [`fused_dot`]); `xsum32` holds the sums of x over each run of 32.
+/// Returns false for FP8, which has no fused form.
+fn fused_rows(dtype: DType, w: &[u8], x: &[f32], xsum32: &[f32], out: &mut [f32]) -> bool {
+    match dtype {
+        DType::Q8_0 => fused_dot::q8_0(w, x, xsum32, out),
+        DType::Q4_0 => fused_dot::q4_0(w, x, xsum32, out),
+        DType::Q4_1 => fused_dot::q4_1(w, x, xsum32, out),
+        DType::Q4K => fused_dot::q4_k(w, x, xsum32, out),
+        DType::Q6K => fused_dot::q6_k(w, x, xsum32, out),
+        _ => return false,
+    }
+    true
+}
+
 // ─────────────────────────────── quantizing ───────────────────────────────
 
 /// `quantize_row_q8_0_ref`: d = max|x|/127, q = round(x/d) (half away from zero).
@@ -681,17 +830,33 @@ pub fn quantized_matmul(cpu: &CpuBackend, x: &Tensor, w: &Tensor) -> Result<Tens
     convert::from_f32(out, Shape::new(out_dims), x.dtype())
 }
 
-/// Few x rows: each task decodes W rows one by one and dots each with all `m` x rows.
+/// Few x rows: each task takes W rows one by one and dots each with all `m` x rows —
+/// straight from the blocks for one x row (block formats), else decoding the W row once
+/// into a buffer and reusing it.
 fn matmul_by_rows(cpu: &CpuBackend, xs: &[f32], m: usize, dtype: DType, wb: &[u8], n: usize, k: usize) -> Vec<f32> {
     let row_bytes = dtype.storage_bytes(k);
     let rows_per_task = n.div_ceil(cpu.threads() * 4).max(1);
+    if m == 1 && dtype.is_quantized() {
+        // One x row (decoding a token): dot each W row straight from its blocks.
+        let xsum32: Vec<f32> = xs.chunks(QK).map(simd::sum).collect();
+        let mut out = vec![0.0f32; n];
+        cpu.for_each_chunk(&mut out, rows_per_task, k, |task, chunk| {
+            let first = task * rows_per_task;
+            let w = &wb[first * row_bytes..(first + chunk.len()) * row_bytes];
+            if !fused_rows(dtype, w, xs, &xsum32, chunk) {
+                chunk.fill(f32::NAN);
+            }
+        });
+        return out;
+    }
     // Computed transposed, `[n, m]`, so each task owns a contiguous chunk.
     let mut out_t = vec![0.0f32; n * m];
     cpu.for_each_chunk(&mut out_t, rows_per_task * m, k, |task, chunk| {
         let mut row = vec![0.0f32; k];
         for (r, outs) in chunk.chunks_exact_mut(m).enumerate() {
             let j = task * rows_per_task + r;
-            decode_into(dtype, &wb[j * row_bytes..(j + 1) * row_bytes], &mut row);
+            let wrow = &wb[j * row_bytes..(j + 1) * row_bytes];
+            decode_into(dtype, wrow, &mut row);
             for (i, o) in outs.iter_mut().enumerate() {
                 *o = simd::dot(&xs[i * k..(i + 1) * k], &row);
             }

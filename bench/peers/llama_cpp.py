@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""llama.cpp (through llama-cpp-python) on the same work as `fusebox bench generate`:
+one prefill pass of --prompt-tokens tokens (the same text repeated, as fusebox's
+bench_prompt does), then --new-tokens greedy decode steps (EOS ignored); the median of
+--repeats runs after a warm-up, in tokens per second.
+
+    pip install llama-cpp-python      # compiles llama.cpp for this machine (~20 min on 2 cores)
+    python3 bench/peers/llama_cpp.py --model models/SmolLM2-135M-Instruct.Q4_1.gguf --threads 2 [--json]
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+from llama_cpp import Llama
+
+# Keep identical to crates/fusebox-cli/src/bench_generate.rs (bench_prompt).
+TEXT = (
+    "The history of the city begins with a small settlement on the river bank. "
+    "Over the centuries, traders, farmers and craftsmen built houses, markets and bridges, "
+    "and the town grew into a busy centre of commerce and learning. "
+)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+
+    n_ctx = a.prompt_tokens + a.new_tokens + 1
+    llm = Llama(
+        model_path=a.model,
+        n_ctx=n_ctx,
+        n_batch=max(a.prompt_tokens, 32),
+        n_ubatch=max(a.prompt_tokens, 32),
+        n_threads=a.threads,
+        n_threads_batch=a.threads,
+        logits_all=False,
+        verbose=False,
+    )
+    unit = llm.tokenize(TEXT.encode(), add_bos=False, special=False)
+    prompt = [unit[i % len(unit)] for i in range(a.prompt_tokens)]
+
+    def last_argmax():
+        return int(np.argmax(llm.scores[llm.n_tokens - 1]))
+
+    # Warm-up.
+    llm.reset()
+    llm.eval(prompt[:32])
+    for _ in range(4):
+        llm.eval([last_argmax()])
+
+    prefill, decode = [], []
+    for _ in range(max(a.repeats, 1)):
+        llm.reset()
+        llm._ctx.kv_cache_clear()
+        t = time.perf_counter()
+        llm.eval(prompt)
+        prefill.append(a.prompt_tokens / (time.perf_counter() - t))
+        t = time.perf_counter()
+        for _ in range(a.new_tokens):
+            llm.eval([last_argmax()])
+        if a.new_tokens:
+            decode.append(a.new_tokens / (time.perf_counter() - t))
+
+    pp = statistics.median(prefill)
+    tg = statistics.median(decode) if decode else 0.0
+    if a.json:
+        print(json.dumps({"name": "generate", "peer": "llama.cpp", "model": a.model, "threads": a.threads,
+                          "prompt_tokens": a.prompt_tokens, "new_tokens": a.new_tokens, "repeats": a.repeats,
+                          "prefill_tokens_per_s": pp, "decode_tokens_per_s": tg}))
+    else:
+        print(f"llama.cpp ({a.threads} threads): prompt processing {a.prompt_tokens} tokens: {pp:.1f} tok/s · "
+              f"decode {a.new_tokens} tokens: {tg:.1f} tok/s (median of {a.repeats})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+//! `fusebox generate` for pretrained models: a GGUF file or a Hugging Face directory.
+//! Tokens are printed as they come (never splitting a UTF-8 character), then the
+//! prompt and generation speeds; `--json` prints one object instead.
+
+use std::io::Write;
+
+use fusebox::{Error, Result};
+use fusebox_models::llama::{self, Network};
+use fusebox_models::{Sampler, SamplerConfig};
+use serde_json::json;
+
+use crate::generate::GenerateArgs;
+use crate::train::backend_for;
+
+/// Default KV-cache size when `--ctx-size` is not given (clamped to the model's context).
+const DEFAULT_CTX: usize = 2048;
+
+pub fn run(args: &GenerateArgs) -> Result<()> {
+    let b = backend_for(&args.backend, args.threads)?;
+    let model = llama::load(b.as_ref(), &args.model)?;
+    let tok = &model.tokenizer;
+    let text = if args.chat {
+        let template = model.chat_template.as_ref().ok_or_else(|| {
+            Error::unsupported("generate", format!("{} has no (ChatML) chat template for --chat", args.model.display()))
+        })?;
+        template.apply(&[("user", args.prompt.as_str())], true)
+    } else {
+        args.prompt.clone()
+    };
+    let mut prompt = tok.encode(&text, tok.add_bos_default());
+    if prompt.is_empty() {
+        // An empty prompt starts from BOS (or EOS, which GPT-2 uses as its document start).
+        prompt.extend(tok.bos_id().or(tok.eos_id()));
+    }
+    if prompt.is_empty() {
+        return Err(Error::value("generate", "prompt", "some text (the tokenizer has no BOS to start from)", "\"\""));
+    }
+    let ctx = args.ctx_size.unwrap_or_else(|| DEFAULT_CTX.min(model.context_length()));
+    let mut session = model.session(b.as_ref(), ctx)?;
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        repetition_penalty: args.repetition_penalty,
+        seed: args.seed,
+    })?;
+    let stop = model.stop_ids(args.chat);
+    let streaming = !args.json;
+    let mut stream = tok.stream_decoder(true);
+    let mut out = std::io::stdout();
+    if streaming {
+        if !args.chat {
+            print!("{}", args.prompt);
+        }
+        let _ = out.flush();
+    }
+    let generation = llama::generate(&mut session, b.as_ref(), &prompt, args.max_tokens, &mut sampler, &stop, |t| {
+        if streaming && !stop.contains(&t) {
+            print!("{}", stream.push(t)?);
+            let _ = out.flush();
+        }
+        Ok(())
+    })?;
+    let shown: Vec<u32> = generation.tokens.iter().copied().filter(|t| !stop.contains(t)).collect();
+    if args.json {
+        let kind = match &model.network {
+            Network::Llama(_) => "llama",
+            Network::Gpt2(_) => "gpt2",
+        };
+        let v = json!({
+            "model": args.model.display().to_string(),
+            "network": kind,
+            "prompt_ids": prompt,
+            "generated_ids": generation.tokens,
+            "text": tok.decode_with(&shown, true)?,
+            "stop_reason": generation.stop.name(),
+            "prompt_tokens": generation.prompt_tokens,
+            "generated_tokens": generation.tokens.len(),
+            "prefill_seconds": generation.prefill_seconds,
+            "decode_seconds": generation.decode_seconds,
+            "prefill_tokens_per_s": generation.prefill_tokens_per_s(),
+            "decode_tokens_per_s": generation.decode_tokens_per_s(),
+            "ctx_size": ctx,
+            "threads": b.cpu().threads(),
+        });
+        println!("{v}");
+    } else {
+        print!("{}", stream.finish());
+        println!();
+        eprintln!(
+            "[{}] prompt: {} tokens at {:.1} tok/s · generation: {} tokens at {:.1} tok/s ({}, {} threads)",
+            model.description,
+            generation.prompt_tokens,
+            generation.prefill_tokens_per_s(),
+            generation.tokens.len(),
+            generation.decode_tokens_per_s(),
+            generation.stop.name(),
+            b.cpu().threads(),
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,377 @@
+//! `LlamaConfig`: the sizes of a pretrained Llama-family model, read from GGUF
+//! metadata (`llama.*` keys) or from a Hugging Face `config.json`, and the rotary
+//! frequencies they imply (with `rope_scaling` supported or refused by name).
+
+use fusebox::{Error, Result, RopeStyle};
+use serde_json::Value as Json;
+
+use crate::gguf::Metadata;
+
+/// How rotary frequencies are rescaled for a longer context.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    /// Plain `θ^(−2i/d)`.
+    None,
+    /// Positions divided by `factor` (every frequency divided by it).
+    Linear { factor: f64 },
+    /// Llama 3.x: low frequencies divided by `factor`, high ones kept, a smooth ramp between.
+    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_positions: f64 },
+    /// Per-frequency divisors (GGUF `rope_freqs.weight`, how llama.cpp stores Llama 3 scaling).
+    FreqFactors(Vec<f32>),
+}
+
+/// Sizes and choices of a pretrained Llama-family decoder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlamaConfig {
+    /// Architecture name as the file states it (`llama`, `mistral`).
+    pub architecture: String,
+    pub vocab_size: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub d_model: usize,
+    pub d_ff: usize,
+    pub head_dim: usize,
+    /// Longest context the model was trained for; `--ctx-size` may not exceed it.
+    pub context_length: usize,
+    pub norm_eps: f32,
+    pub rope_theta: f64,
+    /// Interleaved for GGUF llama weights (converted for adjacent pairs), HalfSplit for HF.
+    pub rope_style: RopeStyle,
+    pub rope_scaling: RopeScaling,
+    /// Whether the output head is the token embedding (no separate output weight).
+    pub tied_embeddings: bool,
+}
+
+/// GGUF architectures whose tensors and keys follow the `llama` layout.
+const GGUF_ARCHITECTURES: &[&str] = &["llama", "mistral"];
+/// `model_type`s of HF configs handled by the Llama path.
+const HF_MODEL_TYPES: &[&str] = &["llama", "mistral"];
+
+fn io(msg: impl Into<String>) -> Error {
+    Error::Io(msg.into())
+}
+
+impl LlamaConfig {
+    /// Checks that the sizes fit together.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: &str, expected: String, got: String| Err(Error::value("LlamaConfig", what, expected, got));
+        if self.vocab_size == 0
+            || self.n_layers == 0
+            || self.d_model == 0
+            || self.d_ff == 0
+            || self.context_length == 0
+            || self.head_dim == 0
+        {
+            return bad("sizes", "all positive".into(), format!("{self:?}"));
+        }
+        if self.n_heads == 0 || self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
+            return bad(
+                "heads",
+                "n_kv_heads > 0 dividing n_heads".into(),
+                format!("{} heads, {} kv heads", self.n_heads, self.n_kv_heads),
+            );
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return bad("head_dim", "even (rotary pairs)".into(), self.head_dim.to_string());
+        }
+        if !(self.norm_eps > 0.0 && self.norm_eps.is_finite()) {
+            return bad("norm_eps", "a finite value > 0".into(), self.norm_eps.to_string());
+        }
+        if !(self.rope_theta > 0.0 && self.rope_theta.is_finite()) {
+            return bad("rope_theta", "a finite value > 0".into(), self.rope_theta.to_string());
+        }
+        match &self.rope_scaling {
+            RopeScaling::FreqFactors(f) if f.len() != self.head_dim / 2 => {
+                bad("rope_freqs", format!("{} factors (head_dim / 2)", self.head_dim / 2), f.len().to_string())
+            }
+            RopeScaling::FreqFactors(f) if f.iter().any(|v| !v.is_finite() || *v <= 0.0) => {
+                bad("rope_freqs", "finite values > 0".into(), format!("{f:?}"))
+            }
+            RopeScaling::Linear { factor } | RopeScaling::Llama3 { factor, .. }
+                if !factor.is_finite() || *factor <= 0.0 =>
+            {
+                bad("rope_scaling.factor", "a finite value > 0".into(), factor.to_string())
+            }
+            RopeScaling::Llama3 { low_freq_factor: lo, high_freq_factor: hi, original_max_positions: n, .. }
+                if !(lo.is_finite() && hi.is_finite() && *lo > 0.0 && hi > lo && n.is_finite() && *n > 0.0) =>
+            {
+                bad(
+                    "rope_scaling (llama3)",
+                    "0 < low_freq_factor < high_freq_factor, positions > 0".into(),
+                    format!("{lo}, {hi}, {n}"),
+                )
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Width of the query projection (`n_heads · head_dim`).
+    pub fn q_dim(&self) -> usize {
+        self.n_heads.saturating_mul(self.head_dim)
+    }
+
+    /// Width of the key and value projections (`n_kv_heads · head_dim`).
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads.saturating_mul(self.head_dim)
+    }
+
+    /// The rotary angle per position for each pair `i < head_dim/2`:
+    /// `θ^(−2i/head_dim)` rescaled as [`RopeScaling`] says.
+    pub fn rope_frequencies(&self) -> Vec<f64> {
+        let d = self.head_dim as f64;
+        (0..self.head_dim / 2)
+            .map(|i| {
+                let freq = self.rope_theta.powf(-2.0 * i as f64 / d);
+                match &self.rope_scaling {
+                    RopeScaling::None => freq,
+                    RopeScaling::Linear { factor } => freq / factor,
+                    RopeScaling::FreqFactors(f) => freq / f64::from(f[i]),
+                    RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_positions } => {
+                        let wavelen = 2.0 * std::f64::consts::PI / freq;
+                        let low_wavelen = original_max_positions / low_freq_factor;
+                        let high_wavelen = original_max_positions / high_freq_factor;
+                        if wavelen < high_wavelen {
+                            freq
+                        } else if wavelen > low_wavelen {
+                            freq / factor
+                        } else {
+                            let smooth = (original_max_positions / wavelen - low_freq_factor)
+                                / (high_freq_factor - low_freq_factor);
+                            (1.0 - smooth) * freq / factor + smooth * freq
+                        }
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// The config of a GGUF file from its `{arch}.*` metadata. `vocab_from_tokens` is
+    /// the tokenizer's vocabulary size, used when `{arch}.vocab_size` is absent.
+    pub fn from_gguf(meta: &Metadata, vocab_from_tokens: Option<usize>) -> Result<LlamaConfig> {
+        let arch = meta.require_str("general.architecture")?.to_string();
+        if !GGUF_ARCHITECTURES.contains(&arch.as_str()) {
+            return Err(Error::unsupported(
+                "LlamaConfig::from_gguf",
+                format!(
+                    "architecture '{arch}' is not supported by the Llama path (supported: {})",
+                    GGUF_ARCHITECTURES.join(", ")
+                ),
+            ));
+        }
+        let key = |k: &str| format!("{arch}.{k}");
+        let req = |k: &str| -> Result<usize> { Ok(meta.require_u64(&key(k))? as usize) };
+        let opt = |k: &str| -> Result<Option<usize>> { Ok(meta.get_u64(&key(k))?.map(|v| v as usize)) };
+        let d_model = req("embedding_length")?;
+        let n_heads = req("attention.head_count")?;
+        let n_kv_heads = opt("attention.head_count_kv")?.unwrap_or(n_heads);
+        if n_heads == 0 {
+            return Err(io(format!("gguf: {} is 0", key("attention.head_count"))));
+        }
+        let head_dim = opt("attention.key_length")?.unwrap_or(d_model / n_heads);
+        if let Some(v) = opt("attention.value_length")? {
+            if v != head_dim {
+                return Err(Error::unsupported(
+                    "LlamaConfig::from_gguf",
+                    format!("value head size {v} differs from key head size {head_dim}"),
+                ));
+            }
+        }
+        if let Some(rot) = opt("rope.dimension_count")? {
+            if rot != head_dim {
+                return Err(Error::unsupported(
+                    "LlamaConfig::from_gguf",
+                    format!("partial rotary embedding ({rot} of {head_dim} dims) is not supported"),
+                ));
+            }
+        }
+        let vocab_size = match opt("vocab_size")? {
+            Some(v) => v,
+            None => vocab_from_tokens.ok_or_else(|| io(format!("gguf: no {} and no tokenizer", key("vocab_size"))))?,
+        };
+        let rope_scaling = match meta.get_str(&key("rope.scaling.type"))? {
+            None | Some("none") => RopeScaling::None,
+            Some("linear") => {
+                let factor = meta.get_f64(&key("rope.scaling.factor"))?.unwrap_or(1.0);
+                if factor == 1.0 {
+                    RopeScaling::None
+                } else {
+                    RopeScaling::Linear { factor }
+                }
+            }
+            Some(other) => {
+                return Err(Error::unsupported(
+                    "LlamaConfig::from_gguf",
+                    format!("rope scaling type '{other}' is not supported (supported: none, linear)"),
+                ))
+            }
+        };
+        let cfg = LlamaConfig {
+            vocab_size,
+            n_layers: req("block_count")?,
+            n_heads,
+            n_kv_heads,
+            d_model,
+            d_ff: req("feed_forward_length")?,
+            head_dim,
+            context_length: req("context_length")?,
+            norm_eps: meta.require_f64(&key("attention.layer_norm_rms_epsilon"))? as f32,
+            rope_theta: meta.get_f64(&key("rope.freq_base"))?.unwrap_or(10000.0),
+            rope_style: RopeStyle::Interleaved,
+            rope_scaling,
+            tied_embeddings: true, // decided by the loader from the tensors present
+            architecture: arch,
+        };
+        Ok(cfg)
+    }
+
+    /// The config of a Hugging Face `config.json` (`model_type` llama or mistral).
+    pub fn from_hf_json(v: &Json) -> Result<LlamaConfig> {
+        let model_type = v.get("model_type").and_then(Json::as_str).unwrap_or("");
+        if !HF_MODEL_TYPES.contains(&model_type) {
+            return Err(Error::unsupported(
+                "LlamaConfig::from_hf_json",
+                format!(
+                    "model_type '{model_type}' is not supported by the Llama path (supported: {})",
+                    HF_MODEL_TYPES.join(", ")
+                ),
+            ));
+        }
+        let field = |name: &str| v.get(name).filter(|x| !x.is_null());
+        let uint = |name: &str| -> Result<Option<usize>> {
+            field(name)
+                .map(|x| {
+                    x.as_u64()
+                        .map(|n| n as usize)
+                        .ok_or_else(|| io(format!("config.json: '{name}' is not a non-negative integer")))
+                })
+                .transpose()
+        };
+        let req = |name: &str| uint(name)?.ok_or_else(|| io(format!("config.json: missing '{name}'")));
+        let float = |name: &str| -> Result<Option<f64>> {
+            field(name)
+                .map(|x| x.as_f64().ok_or_else(|| io(format!("config.json: '{name}' is not a number"))))
+                .transpose()
+        };
+        let flag = |name: &str| -> Result<Option<bool>> {
+            field(name)
+                .map(|x| x.as_bool().ok_or_else(|| io(format!("config.json: '{name}' is not a boolean"))))
+                .transpose()
+        };
+        let act = field("hidden_act").and_then(Json::as_str).unwrap_or("silu");
+        if act != "silu" {
+            return Err(Error::unsupported("LlamaConfig::from_hf_json", format!("hidden_act '{act}' (only silu)")));
+        }
+        for bias in ["attention_bias", "mlp_bias"] {
+            if flag(bias)? == Some(true) {
+                return Err(Error::unsupported("LlamaConfig::from_hf_json", format!("{bias} = true")));
+            }
+        }
+        let d_model = req("hidden_size")?;
+        let n_heads = req("num_attention_heads")?;
+        if n_heads == 0 {
+            return Err(io("config.json: 'num_attention_heads' is 0"));
+        }
+        let cfg = LlamaConfig {
+            architecture: model_type.to_string(),
+            vocab_size: req("vocab_size")?,
+            n_layers: req("num_hidden_layers")?,
+            n_heads,
+            n_kv_heads: uint("num_key_value_heads")?.unwrap_or(n_heads),
+            d_model,
+            d_ff: req("intermediate_size")?,
+            head_dim: uint("head_dim")?.unwrap_or(d_model / n_heads),
+            context_length: req("max_position_embeddings")?,
+            norm_eps: float("rms_norm_eps")?.unwrap_or(1e-6) as f32,
+            rope_theta: float("rope_theta")?.unwrap_or(10000.0),
+            rope_style: RopeStyle::HalfSplit,
+            rope_scaling: hf_rope_scaling(field("rope_scaling"))?,
+            tied_embeddings: flag("tie_word_embeddings")?.unwrap_or(false),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// `rope_scaling` of an HF config: null, `linear` or `llama3`; anything else is refused.
+fn hf_rope_scaling(v: Option<&Json>) -> Result<RopeScaling> {
+    let Some(v) = v else { return Ok(RopeScaling::None) };
+    let kind = v.get("rope_type").or_else(|| v.get("type")).and_then(Json::as_str).unwrap_or("");
+    let num = |name: &str| -> Result<f64> {
+        v.get(name)
+            .and_then(Json::as_f64)
+            .ok_or_else(|| io(format!("config.json: rope_scaling ({kind}) lacks the number '{name}'")))
+    };
+    match kind {
+        "default" => Ok(RopeScaling::None),
+        "linear" => Ok(RopeScaling::Linear { factor: num("factor")? }),
+        "llama3" => Ok(RopeScaling::Llama3 {
+            factor: num("factor")?,
+            low_freq_factor: num("low_freq_factor")?,
+            high_freq_factor: num("high_freq_factor")?,
+            original_max_positions: num("original_max_position_embeddings")?,
+        }),
+        other => Err(Error::unsupported(
+            "LlamaConfig::from_hf_json",
+            format!("rope_scaling type '{other}' is not supported (supported: linear, llama3)"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn smollm2_hf() -> Json {
+        json!({
+            "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+            "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152,
+            "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+            "tie_word_embeddings": true, "rope_scaling": null, "hidden_act": "silu"
+        })
+    }
+
+    #[test]
+    fn hf_config_reads_sizes_and_defaults() {
+        let c = LlamaConfig::from_hf_json(&smollm2_hf()).unwrap();
+        assert_eq!((c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.n_layers), (576, 9, 3, 64, 30));
+        assert_eq!(
+            (c.rope_style, c.rope_scaling.clone(), c.tied_embeddings),
+            (RopeStyle::HalfSplit, RopeScaling::None, true)
+        );
+        let f = c.rope_frequencies();
+        assert_eq!(f.len(), 32);
+        assert_eq!(f[0], 1.0);
+        assert!((f[1] - 100000f64.powf(-2.0 / 64.0)).abs() < 1e-15);
+    }
+
+    #[test]
+    fn unsupported_configs_are_named() {
+        let mut v = smollm2_hf();
+        v["model_type"] = json!("qwen2");
+        assert!(LlamaConfig::from_hf_json(&v).unwrap_err().to_string().contains("qwen2"));
+        let mut v = smollm2_hf();
+        v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
+        assert!(LlamaConfig::from_hf_json(&v).unwrap_err().to_string().contains("yarn"));
+        let mut v = smollm2_hf();
+        v["num_attention_heads"] = json!(0);
+        assert!(LlamaConfig::from_hf_json(&v).is_err());
+        let mut v = smollm2_hf();
+        v["num_key_value_heads"] = json!(2);
+        assert!(LlamaConfig::from_hf_json(&v).is_err());
+    }
+
+    #[test]
+    fn llama3_scaling_keeps_high_and_divides_low_frequencies() {
+        let mut v = smollm2_hf();
+        v["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+        v["rope_theta"] = json!(500000.0);
+        let c = LlamaConfig::from_hf_json(&v).unwrap();
+        let f = c.rope_frequencies();
+        let plain = |i: usize| 500000f64.powf(-2.0 * i as f64 / 64.0);
+        assert_eq!(f[0], plain(0));
+        assert!((f[31] - plain(31) / 8.0).abs() < 1e-18);
+    }
+}

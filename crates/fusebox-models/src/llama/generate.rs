@@ -1,0 +1,170 @@
+//! Generation from a pretrained model: the prompt in one prefill pass, then one token
+//! at a time, sampled, until a stop token, the token limit or a full context.
+
+use std::time::Instant;
+
+use fusebox::{ComputeBackend, Error, Result};
+
+use super::model::{LlamaModel, LlamaState};
+use crate::kv_cache::KvCache;
+use crate::model::Model;
+use crate::sampler::Sampler;
+
+/// A model together with the caches of one stream.
+#[derive(Debug)]
+pub enum Session<'m> {
+    Llama(&'m LlamaModel, LlamaState),
+    Gpt2(&'m Model, KvCache),
+}
+
+impl Session<'_> {
+    /// Runs `ids` after what the caches hold; returns the last position's logits.
+    pub fn step(&mut self, b: &dyn ComputeBackend, ids: &[u32]) -> Result<Vec<f32>> {
+        match self {
+            Session::Llama(m, state) => m.forward(b, ids, state),
+            Session::Gpt2(m, cache) => m.forward_cached(b, ids, cache),
+        }
+    }
+
+    /// Positions filled.
+    pub fn len(&self) -> usize {
+        match self {
+            Session::Llama(_, s) => s.len(),
+            Session::Gpt2(_, c) => c.len,
+        }
+    }
+
+    /// Whether nothing has been run yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Positions the caches hold.
+    pub fn capacity(&self) -> usize {
+        match self {
+            Session::Llama(_, s) => s.capacity(),
+            Session::Gpt2(_, c) => c.capacity,
+        }
+    }
+
+    /// Vocabulary size of the model.
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            Session::Llama(m, _) => m.config.vocab_size,
+            Session::Gpt2(m, _) => m.config.vocab_size,
+        }
+    }
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// A stop token (EOS, the chat template's end token) was sampled; it is the last token.
+    StopToken,
+    /// `max_new` tokens were generated.
+    MaxTokens,
+    /// The context (`--ctx-size`) is full.
+    ContextFull,
+}
+
+impl StopReason {
+    /// `"stop_token"`, `"max_tokens"` or `"context_full"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            StopReason::StopToken => "stop_token",
+            StopReason::MaxTokens => "max_tokens",
+            StopReason::ContextFull => "context_full",
+        }
+    }
+}
+
+/// The generated tokens and timings.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    pub tokens: Vec<u32>,
+    pub stop: StopReason,
+    pub prompt_tokens: usize,
+    /// Seconds of the prompt pass (to the first logits).
+    pub prefill_seconds: f64,
+    /// Forward passes after the prompt, and their seconds (sampling included).
+    pub decode_steps: usize,
+    pub decode_seconds: f64,
+}
+
+impl Generation {
+    /// Prompt tokens per second.
+    pub fn prefill_tokens_per_s(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prefill_seconds.max(1e-12)
+    }
+
+    /// Generated tokens per second after the first (one forward pass each).
+    pub fn decode_tokens_per_s(&self) -> f64 {
+        if self.decode_steps == 0 {
+            0.0
+        } else {
+            self.decode_steps as f64 / self.decode_seconds.max(1e-12)
+        }
+    }
+}
+
+/// Generates up to `max_new` tokens after `prompt`, continuing from what `session`
+/// holds. Stops after a token in `stop` (kept as the last token), at `max_new`, or when
+/// the context is full. `on_token` sees each token as it is chosen. A prompt that does
+/// not fit the context is an error.
+pub fn generate(
+    session: &mut Session<'_>,
+    b: &dyn ComputeBackend,
+    prompt: &[u32],
+    max_new: usize,
+    sampler: &mut Sampler,
+    stop: &[u32],
+    mut on_token: impl FnMut(u32) -> Result<()>,
+) -> Result<Generation> {
+    if prompt.is_empty() {
+        return Err(Error::value("generate", "prompt", "at least one token", 0));
+    }
+    let room = session.capacity() - session.len();
+    if prompt.len() > room {
+        return Err(Error::value(
+            "generate",
+            "prompt length",
+            format!("≤ {room} tokens (the context size, --ctx-size, is {})", session.capacity()),
+            prompt.len(),
+        ));
+    }
+    let start = Instant::now();
+    let mut logits = session.step(b, prompt)?;
+    let prefill_seconds = start.elapsed().as_secs_f64();
+    let decode_start = Instant::now();
+    let mut seen = prompt.to_vec();
+    let mut tokens = Vec::new();
+    let mut decode_steps = 0;
+    let reason = loop {
+        if tokens.len() >= max_new {
+            break StopReason::MaxTokens;
+        }
+        let next = sampler.sample(&logits, &seen)?;
+        tokens.push(next);
+        seen.push(next);
+        on_token(next)?;
+        if stop.contains(&next) {
+            break StopReason::StopToken;
+        }
+        if tokens.len() >= max_new {
+            break StopReason::MaxTokens;
+        }
+        if session.len() >= session.capacity() {
+            break StopReason::ContextFull;
+        }
+        logits = session.step(b, &[next])?;
+        decode_steps += 1;
+    };
+    Ok(Generation {
+        tokens,
+        stop: reason,
+        prompt_tokens: prompt.len(),
+        prefill_seconds,
+        decode_steps,
+        decode_seconds: decode_start.elapsed().as_secs_f64(),
+    })
+}
