@@ -6,15 +6,38 @@ bench_prompt does), then --new-tokens greedy decode steps (EOS ignored); the med
 
     pip install llama-cpp-python      # compiles llama.cpp for this machine (~20 min on 2 cores)
     python3 bench/peers/llama_cpp.py --model models/SmolLM2-135M-Instruct.Q4_1.gguf --threads 2 [--json]
+        [--no-extra-bufts]   # where a native build dies with SIGILL (AMX advertised, not enabled)
 """
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 
-import numpy as np
-from llama_cpp import Llama
+# This file is named like the package: keep its own directory off the import path.
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+
+import numpy as np  # noqa: E402
+import llama_cpp  # noqa: E402
+from llama_cpp import Llama  # noqa: E402
+
+
+def disable_extra_buffer_types():
+    """Loads weights without ggml's extra CPU buffer types (AMX, repacked layouts): a
+    native build on a CPU that advertises AMX dies with SIGILL where the VM does not
+    enable it."""
+    default = llama_cpp.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    llama_cpp.llama_model_default_params = params
+    llama_cpp.llama.llama_cpp.llama_model_default_params = params
 
 # Keep identical to crates/fusebox-cli/src/bench_generate.rs (bench_prompt).
 TEXT = (
@@ -32,7 +55,11 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-extra-bufts", action="store_true",
+                    help="no AMX/repacked weight buffers (needed where AMX is advertised but unusable)")
     a = ap.parse_args()
+    if a.no_extra_bufts:
+        disable_extra_buffer_types()
 
     n_ctx = a.prompt_tokens + a.new_tokens + 1
     llm = Llama(
@@ -48,8 +75,12 @@ def main():
     unit = llm.tokenize(TEXT.encode(), add_bos=False, special=False)
     prompt = [unit[i % len(unit)] for i in range(a.prompt_tokens)]
 
+    n_vocab = llm.n_vocab()
+
     def last_argmax():
-        return int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        # The last evaluated position's logits, read in place (eval keeps no copy unless logits_all).
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))
+        return int(np.argmax(logits))
 
     # Warm-up.
     llm.reset()
@@ -74,6 +105,7 @@ def main():
     tg = statistics.median(decode) if decode else 0.0
     if a.json:
         print(json.dumps({"name": "generate", "peer": "llama.cpp", "model": a.model, "threads": a.threads,
+                          "extra_buffer_types": not a.no_extra_bufts,
                           "prompt_tokens": a.prompt_tokens, "new_tokens": a.new_tokens, "repeats": a.repeats,
                           "prefill_tokens_per_s": pp, "decode_tokens_per_s": tg}))
     else:

@@ -342,13 +342,27 @@ mod fused_dot {
         acc.iter().sum::<f32>()
     }
 
+    /// Asks for the cache lines of `bytes` ahead of use (W rows stream from memory).
+    #[inline(always)]
+    fn prefetch(bytes: &[u8]) {
+        #[cfg(target_arch = "x86_64")]
+        for line in bytes.chunks(64) {
+            // SAFETY: a prefetch is only a hint; the address lies inside `bytes`.
+            unsafe { std::arch::x86_64::_mm_prefetch(line.as_ptr() as *const i8, std::arch::x86_64::_MM_HINT_T0) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = bytes;
+    }
+
     macro_rules! rows_of {
         ($($name:ident => $row:ident),*) => {$(
             multiversion! {
                 /// `out[r] = Σ_j x[j]·W[r, j]` for the `out.len()` rows of blocks in `w`.
                 pub fn $name(w: &[u8], x: &[f32], xsum32: &[f32], out: &mut [f32]) {
                     let row_bytes = w.len() / out.len().max(1);
-                    for (o, row) in out.iter_mut().zip(w.chunks_exact(row_bytes.max(1))) {
+                    for (r, (o, row)) in out.iter_mut().zip(w.chunks_exact(row_bytes.max(1))).enumerate() {
+                        // Two rows ahead, so the lines arrive while this row is computed.
+                        prefetch(w.get((r + 2) * row_bytes..(r + 3) * row_bytes).unwrap_or(&[]));
                         *o = $row(row, x, xsum32);
                     }
                 }
