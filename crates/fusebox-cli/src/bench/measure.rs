@@ -60,7 +60,7 @@ pub fn time(budget: Budget, mut f: impl FnMut() -> Result<()>) -> Result<Timing>
     Ok(Timing { median_s: times[times.len() / 2], min_s: times[0], reps: times.len() })
 }
 
-/// Runs `f`, turning a panic (a kernel still `todo!()`, say) into an error, so one
+/// Runs `f`, turning a panic (a kernel that is not written yet, say) into an error, so one
 /// missing kernel does not end the whole bench. The panic message is not printed.
 pub fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     let hook = std::panic::take_hook();

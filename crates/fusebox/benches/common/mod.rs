@@ -1,5 +1,5 @@
 //! Shared by the criterion benches: inputs, a short criterion config, and a probe that
-//! skips a case whose kernel panics (still `todo!()`) instead of aborting the run.
+//! skips a case whose kernel panics (not written yet) instead of aborting the run.
 //! The cases mirror `fusebox bench` (crates/fusebox-cli/src/bench/).
 
 #![allow(dead_code)]
