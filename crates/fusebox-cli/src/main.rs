@@ -1,7 +1,6 @@
 //! `fusebox`: the command line. Parses flags and prints; the maths lives in the library.
 
 mod bench;
-mod bench_generate;
 mod demo;
 mod generate;
 mod generate_pretrained;
@@ -29,7 +28,7 @@ enum Command {
     Train(Box<train::TrainArgs>),
     /// Generate text from a checkpoint, a GGUF file or a Hugging Face directory.
     Generate(Box<generate::GenerateArgs>),
-    /// Benchmarks: train.
+    /// Benchmarks: attention, matmul, ops, train (`--json` for one object per case).
     Bench(bench::BenchArgs),
 }
 

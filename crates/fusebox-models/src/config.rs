@@ -61,16 +61,16 @@ impl ModelConfig {
         if self.vocab_size == 0 || self.n_layers == 0 || self.d_model == 0 || self.d_ff == 0 || self.max_seq == 0 {
             return bad("sizes", "all positive".into(), format!("{self:?}"));
         }
-        if self.n_heads == 0 || self.d_model % self.n_heads != 0 {
+        if self.n_heads == 0 || !self.d_model.is_multiple_of(self.n_heads) {
             return bad("n_heads", format!("a divisor of d_model {}", self.d_model), self.n_heads.to_string());
         }
-        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+        if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad("n_kv_heads", format!("a divisor of n_heads {}", self.n_heads), self.n_kv_heads.to_string());
         }
         if self.style == Style::Gpt2 && self.n_kv_heads != self.n_heads {
             return bad("n_kv_heads", "equal to n_heads for gpt2".into(), self.n_kv_heads.to_string());
         }
-        if self.style == Style::Llama && self.head_dim() % 2 != 0 {
+        if self.style == Style::Llama && !self.head_dim().is_multiple_of(2) {
             return bad("head_dim", "even for rope".into(), self.head_dim().to_string());
         }
         Ok(())

@@ -140,13 +140,24 @@ fn mutated_tokenizer_metadata() {
     assert!(built > 100, "only {built} variants built a tokenizer");
 }
 
-/// Writes the sample file as the seed of the `cargo fuzz` corpus:
-/// `cargo test --release -p fusebox-models --test gguf_robustness -- --ignored`.
+/// The committed seeds of the `cargo fuzz` corpus are exactly what the writers produce
+/// today. `FUSEBOX_WRITE_SEEDS=1 cargo test -p fusebox-models --test gguf_robustness`
+/// rewrites them after the samples change.
 #[test]
-#[ignore = "writes fuzz/seeds/*.gguf; run by hand when the samples change"]
-fn write_fuzz_seed() {
+fn fuzz_seeds_are_current() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("sample.gguf"), sample_writer().to_bytes()).unwrap();
-    std::fs::write(dir.join("tokenizer.gguf"), common::small_vocab::small_tokenizer_writer().to_bytes()).unwrap();
+    let seeds = [
+        ("sample.gguf", sample_writer().to_bytes()),
+        ("tokenizer.gguf", common::small_vocab::small_tokenizer_writer().to_bytes()),
+    ];
+    let rewrite = std::env::var_os("FUSEBOX_WRITE_SEEDS").is_some();
+    for (name, bytes) in seeds {
+        let path = dir.join(name);
+        if rewrite {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(&path, &bytes).unwrap();
+        }
+        let committed = std::fs::read(&path).unwrap_or_default();
+        assert!(committed == bytes, "{} is stale: rerun with FUSEBOX_WRITE_SEEDS=1", path.display());
+    }
 }

@@ -1117,7 +1117,7 @@ pub trait ComputeBackend: Send + Sync + Debug {
     /// # Shapes
     /// any.
     fn exp_inplace(&self, x: &mut Tensor) -> Result<()> {
-        in_place_on_cpu(self, x, |cpu, x| cpu::elementwise::exp_inplace(cpu, x))
+        in_place_on_cpu(self, x, cpu::elementwise::exp_inplace)
     }
 
     /// `x ← ln(x)`, in place (x must be writable).
@@ -1125,7 +1125,7 @@ pub trait ComputeBackend: Send + Sync + Debug {
     /// # Shapes
     /// any.
     fn log_inplace(&self, x: &mut Tensor) -> Result<()> {
-        in_place_on_cpu(self, x, |cpu, x| cpu::elementwise::log_inplace(cpu, x))
+        in_place_on_cpu(self, x, cpu::elementwise::log_inplace)
     }
 
     /// `x ← √x`, in place (x must be writable).
@@ -1133,7 +1133,7 @@ pub trait ComputeBackend: Send + Sync + Debug {
     /// # Shapes
     /// any.
     fn sqrt_inplace(&self, x: &mut Tensor) -> Result<()> {
-        in_place_on_cpu(self, x, |cpu, x| cpu::elementwise::sqrt_inplace(cpu, x))
+        in_place_on_cpu(self, x, cpu::elementwise::sqrt_inplace)
     }
 
     /// `x ← x^p`, in place (x must be writable).
@@ -1149,7 +1149,7 @@ pub trait ComputeBackend: Send + Sync + Debug {
     /// # Shapes
     /// any.
     fn neg_inplace(&self, x: &mut Tensor) -> Result<()> {
-        in_place_on_cpu(self, x, |cpu, x| cpu::elementwise::neg_inplace(cpu, x))
+        in_place_on_cpu(self, x, cpu::elementwise::neg_inplace)
     }
 
     /// `x ← |x|`, in place (x must be writable).
@@ -1157,7 +1157,7 @@ pub trait ComputeBackend: Send + Sync + Debug {
     /// # Shapes
     /// any.
     fn abs_inplace(&self, x: &mut Tensor) -> Result<()> {
-        in_place_on_cpu(self, x, |cpu, x| cpu::elementwise::abs_inplace(cpu, x))
+        in_place_on_cpu(self, x, cpu::elementwise::abs_inplace)
     }
 
     /// `x ← min(max(x, lo), hi)`, in place (x must be writable).

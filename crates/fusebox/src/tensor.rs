@@ -159,7 +159,7 @@ impl fmt::Debug for Tensor {
 
 fn check_block_shape(op: &'static str, shape: &Shape, dtype: DType) -> Result<()> {
     let be = dtype.block_elems();
-    if be > 1 && shape.last_dim() % be != 0 {
+    if be > 1 && !shape.last_dim().is_multiple_of(be) {
         return Err(Error::shape(
             op,
             format!("last dimension for {dtype} blocks"),
@@ -347,7 +347,7 @@ impl Tensor {
     pub fn view(&self, elem_offset: usize, shape: impl Into<Shape>) -> Result<Tensor> {
         let shape = shape.into();
         let be = self.dtype.block_elems();
-        if elem_offset % be != 0 {
+        if !elem_offset.is_multiple_of(be) {
             return Err(Error::value("Tensor::view", "offset", format!("a multiple of {be}"), elem_offset));
         }
         check_block_shape("Tensor::view", &shape, self.dtype)?;

@@ -1,10 +1,12 @@
 //! Cases of the attention family.
 //!
-//! Sizes are chosen to hit the kernels' edges: GQA ratios 1, 3, 4, 8; query lengths
-//! below and above the blocked-path threshold (16) and the block size (64), lengths
-//! that are not multiples of any block (1, 3, 17, 67, 130); head dims 32, 64, 80, 128
-//! (80 pads to 96 inside the kernel); Tq < Tk; large logits; fully masked rows; caches
-//! whose unused rows hold NaN (read them and the output turns NaN).
+//! Sizes are chosen to hit the kernels' edges: GQA ratios 1, 3, 4, 8 (and 24, 70 for
+//! the decode-style blocks that hold a whole group); query lengths below 16 (blocks of
+//! a GQA group's queries) and above (blocks of 64 queries of a head), lengths that are
+//! not multiples of any block or tile (1, 3, 17, 67, 130); head dims 32, 64, 80, 128,
+//! and 0, 24, 40 (rows padded to whole registers); Tq < Tk; large logits; fully masked
+//! rows; empty key sets; caches whose unused rows hold NaN (read one and the output
+//! turns NaN).
 
 use fusebox::{AttentionMask, CausalAttentionResult, ComputeBackend, DType, Op, Shape, Tensor};
 
@@ -53,7 +55,7 @@ impl Cfg {
         Cfg { amp, ..self }
     }
     fn scale(&self) -> f32 {
-        1.0 / (self.d as f32).sqrt()
+        1.0 / (self.d.max(1) as f32).sqrt()
     }
     fn name(&self) -> String {
         let amp = if self.amp == 1.0 { String::new() } else { format!(" q,k×{}", self.amp) };
@@ -124,10 +126,14 @@ fn attention_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     let mut v = Vec::new();
     v.extend(attention_case(Cfg::new(1, 4, 2, 20, 45, 32), false, FLOATS, true));
     v.extend(attention_case(Cfg::new(2, 6, 2, 40, 9, 64), false, &[DType::F32], false)); // Tq > Tk, non-causal
-    v.extend(attention_case(Cfg::new(1, 3, 1, 3, 17, 80), false, &[DType::F32], false)); // row path
+    v.extend(attention_case(Cfg::new(1, 3, 1, 3, 17, 80), false, &[DType::F32], false)); // group blocks
     v.extend(attention_case(Cfg::new(1, 8, 2, 67, 130, 64), true, &[DType::F32, DType::BF16], false));
     v.extend(attention_case(Cfg::new(2, 4, 4, 1, 1, 32), true, &[DType::F32], false));
-    // No keys at all: every row sees nothing and gives zeros (both paths).
+    // Few queries of large GQA groups: blocks of several heads × several rows, and a
+    // group wider than one block.
+    v.extend(attention_case(Cfg::new(1, 24, 2, 5, 19, 16), true, &[DType::F32], false));
+    v.extend(attention_case(Cfg::new(1, 70, 1, 2, 9, 8), false, &[DType::F32], false));
+    // No keys at all: every row sees nothing and gives zeros (both block layouts).
     v.extend(attention_case(Cfg::new(1, 2, 2, 20, 0, 8), false, &[DType::F32], false));
     v.extend(attention_case(Cfg::new(1, 2, 2, 3, 0, 8), false, &[DType::F32], false));
     v
@@ -227,7 +233,7 @@ fn sdpa_case<B: ComputeBackend + ?Sized + 'static>(
 fn sdpa_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     use MaskKind::*;
     let mut v = Vec::new();
-    // Blocked path (Tq ≥ 16) and row path (Tq < 16), both mask kinds, both mask shapes.
+    // Per-head blocks (Tq ≥ 16) and group blocks (Tq < 16), both mask kinds and shapes.
     v.extend(sdpa_case(Cfg::new(1, 4, 2, 20, 33, 32), Additive, false, false, FLOATS, true));
     v.extend(sdpa_case(Cfg::new(2, 4, 1, 5, 9, 32), Boolean, true, true, FLOATS, true));
     v.extend(sdpa_case(Cfg::new(1, 2, 2, 3, 17, 64), Boolean, false, false, &[DType::F32], false));
@@ -272,11 +278,12 @@ fn causal_attention_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>
     v.extend(causal_case(Cfg::new(1, 6, 2, 67, 67, 80), f32_only, false)); // GQA 3, D 80
     v.extend(causal_case(Cfg::new(1, 8, 2, 130, 130, 64), FLOATS, false)); // GQA 4, threads
     v.extend(causal_case(Cfg::new(1, 8, 1, 1, 67, 128), f32_only, false)); // GQA 8, Tq = 1
-    v.extend(causal_case(Cfg::new(2, 4, 1, 17, 130, 64), f32_only, false)); // Tq < Tk, blocked
-    v.extend(causal_case(Cfg::new(1, 2, 1, 5, 130, 128), f32_only, false)); // Tq < Tk, row path
+    v.extend(causal_case(Cfg::new(2, 4, 1, 17, 130, 64), f32_only, false)); // Tq < Tk, per-head blocks
+    v.extend(causal_case(Cfg::new(1, 2, 1, 5, 130, 128), f32_only, false)); // Tq < Tk, group blocks
     v.extend(causal_case(Cfg::new(1, 3, 3, 64, 128, 64), f32_only, false)); // exact block multiples
     v.extend(causal_case(Cfg::new(1, 2, 1, 33, 33, 24), &[DType::F32, DType::F16], false)); // D 24: padded rows
-                                                                                            // Large logits: scale·q·k of order ±80; the online max keeps exp in range.
+    v.extend(causal_case(Cfg::new(1, 2, 1, 20, 21, 0), f32_only, false)); // D 0: lse = ln(keys seen)
+                                                                          // Large logits: scale·q·k of order ±80; the online max keeps exp in range.
     v.extend(causal_case(Cfg::new(1, 2, 2, 67, 67, 64).amp(15.0), &[DType::F32, DType::BF16], false));
     v.extend(causal_case(Cfg::new(1, 2, 1, 3, 20, 32).amp(30.0), f32_only, false));
     v.push(long_sequence_case());
@@ -436,6 +443,7 @@ fn backward_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     v.push(backward_vs_twin(Cfg::new(1, 8, 1, 67, 67, 128), DType::F32)); // GQA 8
     v.push(backward_vs_twin(Cfg::new(1, 4, 4, 64, 128, 64), DType::F32)); // block multiples
     v.push(backward_vs_twin(Cfg::new(1, 2, 2, 67, 67, 64).amp(10.0), DType::F32)); // large logits
+    v.push(backward_vs_twin(Cfg::new(1, 2, 1, 20, 21, 0), DType::F32)); // D 0: empty gradients
     v.push(backward_vs_twin(Cfg::new(1, 4, 2, 40, 70, 32), DType::F16));
     v.push(backward_vs_twin(Cfg::new(1, 4, 2, 40, 70, 32), DType::BF16));
     v
@@ -491,9 +499,9 @@ fn decode_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     v.extend(decode_case(Cfg::new(2, 4, 4, 3, 17, 32), 32, f32_only, false)); // 3 new queries
     v.extend(decode_case(Cfg::new(2, 8, 1, 1, 130, 128), 150, &[DType::F32, DType::BF16], false)); // GQA 8
     v.extend(decode_case(Cfg::new(1, 6, 2, 1, 1, 80), 9, f32_only, false)); // first token
-    v.extend(decode_case(Cfg::new(1, 4, 2, 16, 40, 32), 50, f32_only, false)); // blocked path over a cache
+    v.extend(decode_case(Cfg::new(1, 4, 2, 16, 40, 32), 50, f32_only, false)); // per-head blocks over a cache
     v.extend(decode_case(Cfg::new(1, 3, 3, 20, 20, 64), 33, f32_only, false)); // kv_len = Tq
-    v.extend(decode_case(Cfg::new(1, 4, 2, 18, 30, 24), 40, f32_only, false)); // blocked, D 24
+    v.extend(decode_case(Cfg::new(1, 4, 2, 18, 30, 24), 40, f32_only, false)); // per-head blocks, D 24
     v
 }
 

@@ -1,6 +1,6 @@
 //! The built-in task: multi-digit addition, written "123+456=9750\n" — the sum's digits
 //! reversed (least significant first, padded to 4 digits) so a left-to-right model
-//! can carry. Operands have 2 or 3 digits. 1,000 held-out problems, never seen in
+//! can carry. Operands have 3 digits. 1,000 held-out problems, never seen in
 //! training, not even as their commuted twin b+a, are scored by greedy exact match.
 
 use std::collections::HashSet;
@@ -17,8 +17,8 @@ pub const VOCAB: usize = 14;
 pub const ANSWER_DIGITS: usize = 4;
 /// Longest problem: "999+999=" (8) + 4 answer digits + END.
 pub const SEQ_LEN: usize = 13;
-/// Operands lie in this range (2 or 3 digits).
-pub const MIN_OPERAND: u32 = 10;
+/// Operands have 3 digits: fixed positions make the digit alignment learnable in minutes.
+pub const MIN_OPERAND: u32 = 100;
 pub const MAX_OPERAND: u32 = 999;
 /// Held-out problems.
 pub const EVAL_PROBLEMS: usize = 1000;
@@ -125,9 +125,10 @@ impl Addition {
         seq.resize(SEQ_LEN, PAD);
         let inputs = seq[..SEQ_LEN - 1].to_vec();
         let mut targets = vec![PAD; SEQ_LEN - 1];
-        for i in prompt.len() - 1..prompt.len() + ANSWER_DIGITS {
-            targets[i] = seq[i + 1];
-        }
+        // Position i predicts token i + 1: the last prompt token predicts the first answer
+        // digit, the last answer digit predicts END.
+        let first = prompt.len() - 1;
+        targets[first..first + ANSWER_DIGITS + 1].copy_from_slice(&seq[first + 1..first + ANSWER_DIGITS + 2]);
         (inputs, targets)
     }
 
@@ -151,12 +152,12 @@ mod tests {
 
     #[test]
     fn examples_encode_reversed_answers() {
-        let (inputs, targets) = Addition::example(57, 68);
-        assert_eq!(render(&inputs), "57+68=5210");
-        // "57+68=" is 6 tokens; the targets from position 5 are the answer and END.
-        assert_eq!(&targets[5..10], &[5, 2, 1, 0, END]);
-        assert!(targets[..5].iter().chain(&targets[10..]).all(|&t| t == PAD));
-        assert_eq!(read_answer(&answer_tokens(57, 68)), Some(125));
+        let (inputs, targets) = Addition::example(157, 968);
+        assert_eq!(render(&inputs), "157+968=5211");
+        // "157+968=" is 8 tokens; the targets from position 7 are the answer and END.
+        assert_eq!(&targets[7..12], &[5, 2, 1, 1, END]);
+        assert!(targets[..7].iter().all(|&t| t == PAD));
+        assert_eq!(read_answer(&answer_tokens(157, 968)), Some(1125));
     }
 
     #[test]

@@ -235,6 +235,10 @@ fn chunk_len(cpu: &CpuBackend, n: usize) -> usize {
     n.div_ceil(cpu.threads().max(1) * 4).max(4096).next_multiple_of(LANES)
 }
 
+/// Elements per output block of the elementwise maps: L1-sized, so the block is zeroed and
+/// then written while cache-hot (see `convert::f32_output_chunks`); a multiple of the lanes.
+const OUT_BLOCK: usize = 8192;
+
 /// `y = kernel(x)` elementwise, in x's dtype.
 fn map_unary(
     cpu: &CpuBackend,
@@ -245,12 +249,9 @@ fn map_unary(
 ) -> Result<Tensor> {
     check::float(op, "x", x)?;
     let xs = convert::f32_data(op, "x", x)?;
-    let chunk = chunk_len(cpu, xs.len());
-    convert::f32_output(cpu, x.shape(), x.dtype(), |out| {
-        cpu.for_each_chunk(out, chunk, work, |i, dst| {
-            let start = i * chunk;
-            kernel(&xs[start..start + dst.len()], dst);
-        })
+    convert::f32_output_chunks(cpu, x.shape(), x.dtype(), OUT_BLOCK, work, |i, dst| {
+        let start = i * OUT_BLOCK;
+        kernel(&xs[start..start + dst.len()], dst);
     })
 }
 
@@ -279,12 +280,9 @@ fn map_binary(
     kernel: fn(&[f32], &[f32], &mut [f32]),
 ) -> Result<Tensor> {
     let (av, bv) = read_pair(op, a, b)?;
-    let chunk = chunk_len(cpu, av.len());
-    convert::f32_output(cpu, a.1.shape(), a.1.dtype(), |out| {
-        cpu.for_each_chunk(out, chunk, work, |i, dst| {
-            let range = i * chunk..i * chunk + dst.len();
-            kernel(&av[range.clone()], &bv[range], dst);
-        })
+    convert::f32_output_chunks(cpu, a.1.shape(), a.1.dtype(), OUT_BLOCK, work, |i, dst| {
+        let range = i * OUT_BLOCK..i * OUT_BLOCK + dst.len();
+        kernel(&av[range.clone()], &bv[range], dst);
     })
 }
 

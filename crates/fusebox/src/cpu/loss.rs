@@ -11,6 +11,7 @@ use crate::cpu::simd;
 use crate::cpu::{check, convert, CpuBackend};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::shape::Shape;
 use crate::tensor::Tensor;
 use crate::types::CrossEntropyOutput;
 
@@ -66,22 +67,21 @@ fn fused_row(z: &[f32], target: usize, scale: f32, d: &mut [f32]) -> f64 {
 /// (in row order, f64). All rows ignored → zeros and 0.
 fn fused(cpu: &CpuBackend, rows: &Rows, d_loss: f32) -> Result<(Tensor, f64)> {
     let (n, v) = (rows.n, rows.vocab);
-    let mut d_logits = Tensor::zeros([n, v], DType::F32)?;
     if rows.count == 0 || v == 0 {
-        return Ok((d_logits, 0.0));
+        return Ok((Tensor::zeros([n, v], DType::F32)?, 0.0));
     }
-    let d = d_logits.as_mut_slice::<f32>()?;
     let scale = d_loss / rows.count as f32;
     let mut losses = vec![0.0f64; n];
     let loss_ptr = SharedMut(losses.as_mut_ptr());
-    cpu.for_each_chunk(d, v, ROW_WORK, |r, d_row| {
+    // Each row is written once into a fresh (not pre-zeroed) buffer, see `f32_output_chunks`.
+    let d_logits = convert::f32_output_chunks(cpu, &Shape::from([n, v]), DType::F32, v, ROW_WORK, |r, d_row| {
         if rows.ignored(r) {
             return; // d_row stays zero, loss slot stays 0.
         }
         let loss = fused_row(&rows.logits[r * v..(r + 1) * v], rows.targets[r] as usize, scale, d_row);
         // SAFETY: r < n and each row's task writes only its own slot.
         unsafe { loss_ptr.slice(r, 1)[0] = loss };
-    });
+    })?;
     Ok((d_logits, losses.iter().sum()))
 }
 

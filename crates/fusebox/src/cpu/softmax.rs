@@ -80,6 +80,24 @@ fn along_dim(
     });
 }
 
+/// The output of an op along `dim`: contiguous rows (`inner == 1`) are filled chunk by
+/// chunk into a fresh buffer ([`convert::f32_output_chunks`]: no whole-buffer zeroing, F16/BF16
+/// converted per row); strided tiles go through [`along_dim`].
+fn dim_output(
+    cpu: &CpuBackend,
+    x: &Tensor,
+    layout: Layout,
+    work: usize,
+    row: impl Fn(usize, &mut [f32]) + Sync + Send,
+    tile: impl Fn(Tile, SharedMut<f32>) + Sync + Send,
+) -> Result<Tensor> {
+    let len = layout.len;
+    if layout.inner == 1 && len > 0 && x.shape().elem_count() > 0 {
+        return convert::f32_output_chunks(cpu, x.shape(), x.dtype(), len, work, |r, dst| row(r * len, dst));
+    }
+    convert::f32_output(cpu, x.shape(), x.dtype(), |out| along_dim(cpu, layout, out, work, row, tile))
+}
+
 /// Row `j` of a tile in a read-only buffer.
 #[inline(always)]
 fn tile_row(src: &[f32], t: Tile, j: usize) -> &[f32] {
@@ -245,16 +263,14 @@ pub fn softmax(cpu: &CpuBackend, x: &Tensor, dim: usize) -> Result<Tensor> {
     check::axis(OP, dim, x.rank())?;
     let xs = convert::f32_data(OP, "x", x)?;
     let layout = Layout::of(x.dims(), dim);
-    convert::f32_output(cpu, x.shape(), x.dtype(), |out| {
-        along_dim(
-            cpu,
-            layout,
-            out,
-            EXP_WORK,
-            |start, dst| softmax_row(&xs[start..start + dst.len()], dst),
-            |t, o| tiles::softmax_tile(&xs, t, o),
-        )
-    })
+    dim_output(
+        cpu,
+        x,
+        layout,
+        EXP_WORK,
+        |start, dst| softmax_row(&xs[start..start + dst.len()], dst),
+        |t, o| tiles::softmax_tile(&xs, t, o),
+    )
 }
 
 /// `dx = y·(dy − Σ(dy·y))` along `dim`, from the forward's output `y`.
@@ -270,20 +286,18 @@ pub fn softmax_backward(cpu: &CpuBackend, y: &Tensor, d_out: &Tensor, dim: usize
     let ys = convert::f32_data(OP, "y", y)?;
     let dys = convert::f32_data(OP, "d_out", d_out)?;
     let layout = Layout::of(y.dims(), dim);
-    convert::f32_output(cpu, y.shape(), y.dtype(), |out| {
-        along_dim(
-            cpu,
-            layout,
-            out,
-            GRAD_WORK,
-            |start, dst| {
-                let range = start..start + dst.len();
-                let (yr, dyr) = (&ys[range.clone()], &dys[range]);
-                softmax_grad_row(yr, dyr, dst, simd::dot(yr, dyr));
-            },
-            |t, o| tiles::softmax_grad_tile(&ys, &dys, t, o),
-        )
-    })
+    dim_output(
+        cpu,
+        y,
+        layout,
+        GRAD_WORK,
+        |start, dst| {
+            let range = start..start + dst.len();
+            let (yr, dyr) = (&ys[range.clone()], &dys[range]);
+            softmax_grad_row(yr, dyr, dst, simd::dot(yr, dyr));
+        },
+        |t, o| tiles::softmax_grad_tile(&ys, &dys, t, o),
+    )
 }
 
 /// `x − max − ln Σ exp(x − max)` along `dim`; a row of all `−∞` gives `−∞`, never NaN.
@@ -296,14 +310,12 @@ pub fn log_softmax(cpu: &CpuBackend, x: &Tensor, dim: usize) -> Result<Tensor> {
     check::axis(OP, dim, x.rank())?;
     let xs = convert::f32_data(OP, "x", x)?;
     let layout = Layout::of(x.dims(), dim);
-    convert::f32_output(cpu, x.shape(), x.dtype(), |out| {
-        along_dim(
-            cpu,
-            layout,
-            out,
-            EXP_WORK,
-            |start, dst| log_softmax_row(&xs[start..start + dst.len()], dst),
-            |t, o| tiles::log_softmax_tile(&xs, t, o),
-        )
-    })
+    dim_output(
+        cpu,
+        x,
+        layout,
+        EXP_WORK,
+        |start, dst| log_softmax_row(&xs[start..start + dst.len()], dst),
+        |t, o| tiles::log_softmax_tile(&xs, t, o),
+    )
 }

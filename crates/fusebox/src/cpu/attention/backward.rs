@@ -18,8 +18,8 @@
 //! scratch and dQ of the group's heads in a per-task buffer. No two tasks write the
 //! same gradient, so no atomics and the result is deterministic. Accumulation is f32.
 
-use super::forward::BLOCK_Q;
-
+/// Query rows per block of the backward.
+const BLOCK_Q: usize = 64;
 /// Keys per block of the backward (its scratch holds five `[BLOCK_K][dp]` buffers).
 const BLOCK_K: usize = 128;
 use super::tiles::{self, TILE_ROWS};

@@ -12,57 +12,140 @@
 //! ```
 //!
 //! and at the end `out_i = o/l`, `lse_i = m + ln l`. A row that has seen no key keeps
-//! `m = −∞`: its block steps are skipped (no `−∞ − −∞`), it outputs zeros and `lse = −∞`.
+//! `m = −∞, l = 0` (its scores are shifted by 0, never `−∞ − −∞`); it outputs zeros and
+//! `lse = −∞`.
 //!
-//! Two paths share that recurrence:
-//! - blocked ([`BLOCK_Q`] queries × [`BLOCK_K`] keys), for runs of queries: each
-//!   (batch, head, query block) task computes the transposed score block `Sᵀ = K·Qᵀ`
-//!   and `O += P·V` as register-tiled block products over K and V read in place
-//!   (V padded once per call when D is not a multiple of 16), skipping key blocks the
-//!   causal mask hides entirely and query registers past the diagonal; the softmax runs
-//!   down the columns of `Sᵀ`, one vector lane per query;
-//! - row at a time, for a few queries (decode): one task per (batch, kv head) runs all
-//!   queries of the group over K/V read in place with `dot`/`axpy`, so a cache is read
-//!   once per group and never past the filled length.
+//! The work is cut into blocks of query *columns* that share one kv head, each a task
+//! that walks the key blocks ([`BLOCK_K`] keys) its columns can see. A block's score
+//! tile is kept transposed, `Sᵀ[key][column] = K·(scale·Q)ᵀ`: K is read in place (one
+//! broadcast per element), the block's queries are transposed once, and the softmax
+//! runs down the columns — max, exp and sums are plain vector operations, one lane per
+//! query. `O += P·V` reads `Pᵀ` through its strides and V in place (padded once per call
+//! when D is not a multiple of 16). Key blocks the causal mask hides from every column
+//! are skipped, and within a block so are the query registers a key tile cannot be seen
+//! from; keys past the block's last visible one are never read (a cache's unfilled
+//! tail). Blocks:
+//! - long query runs (Tq ≥ 16): 64 consecutive queries of one head per block;
+//! - a few queries (decode): the queries of every head of a GQA group together (16 or
+//!   64 columns), so each kv head's cache is read once per group.
 
 use super::tiles::{self, TILE_ROWS};
 use super::{Dims, Problem};
 use crate::cpu::pool::SharedMut;
-use crate::cpu::simd;
 use crate::cpu::CpuBackend;
 
-/// Query rows per block of the blocked path (the columns of its transposed score block).
-pub(super) const BLOCK_Q: usize = tiles::QUERY_COLS;
-/// Keys per block of both paths.
+/// Keys per block.
 const BLOCK_K: usize = 128;
-/// From this many queries per head on, the blocked path is used.
-const BLOCKED_MIN_TQ: usize = 16;
+/// From this many queries per head on, blocks hold 64 queries of one head.
+const PER_HEAD_MIN_TQ: usize = 16;
 
 /// Writes the output `[B, Hq, Tq, D]` and logsumexp `[B, Hq, Tq]` of problem `p`
 /// (every element of both).
 pub(super) fn forward(cpu: &CpuBackend, p: &Problem, out: &mut [f32], lse: &mut [f32]) {
+    let Dims { batch, hkv, tk, d, .. } = p.dims;
     if lse.is_empty() {
         return;
     }
-    if p.dims.tq >= BLOCKED_MIN_TQ {
-        blocked_forward(cpu, p, out, lse);
+    if super::decode::applies(p) {
+        return super::decode::forward(cpu, p, out, lse);
+    }
+    let dp = d.next_multiple_of(16);
+    let padded = if d == dp { Vec::new() } else { padded_v(cpu, p, dp) };
+    let v = if d == dp {
+        Rows { data: p.v, head_stride: p.kv_stride }
     } else {
-        rows_forward(cpu, p, out, lse);
+        Rows { data: &padded, head_stride: tk * dp }
+    };
+    let layout = Layout::new(p);
+    let outputs = Outputs { out: SharedMut(out.as_mut_ptr()), lse: SharedMut(lse.as_mut_ptr()) };
+    let blocks_per_group = layout.blocks_per_group();
+    let work = layout.cols * tk * d;
+    cpu.for_each_index(batch * hkv * blocks_per_group, work, |task| {
+        let (kv_head, idx) = (task / blocks_per_group, task % blocks_per_group);
+        let block = layout.block(kv_head, idx);
+        if layout.cols == 16 {
+            forward_block::<16>(p, v, dp, &block, &outputs);
+        } else {
+            forward_block::<{ tiles::QUERY_COLS }>(p, v, dp, &block, &outputs);
+        }
+    });
+}
+
+/// How queries are grouped into blocks of columns.
+struct Layout {
+    /// Columns per block (16 or 64).
+    cols: usize,
+    /// Query heads per block (consecutive heads of one GQA group) and how many such
+    /// head chunks a group has.
+    heads: usize,
+    head_chunks: usize,
+    /// Query rows per block and how many row chunks a head has.
+    rows: usize,
+    row_chunks: usize,
+    group: usize,
+    hq: usize,
+    hkv: usize,
+}
+
+impl Layout {
+    fn new(p: &Problem) -> Layout {
+        let Dims { hq, hkv, tq, .. } = p.dims;
+        let group = p.dims.group();
+        let (cols, heads) = if tq >= PER_HEAD_MIN_TQ {
+            (tiles::QUERY_COLS, 1)
+        } else if group * tq <= 16 {
+            (16, group)
+        } else {
+            (tiles::QUERY_COLS, group.min(tiles::QUERY_COLS))
+        };
+        let rows = (cols / heads).min(tq);
+        Layout { cols, heads, head_chunks: group.div_ceil(heads), rows, row_chunks: tq.div_ceil(rows), group, hq, hkv }
+    }
+
+    fn blocks_per_group(&self) -> usize {
+        self.head_chunks * self.row_chunks
+    }
+
+    /// Block `idx` of kv head `kv_head` (a `b·Hkv + g` index).
+    fn block(&self, kv_head: usize, idx: usize) -> QueryBlock {
+        let (hc, rc) = (idx / self.row_chunks, idx % self.row_chunks);
+        let first_head = hc * self.heads;
+        QueryBlock {
+            kv_head,
+            bh0: (kv_head / self.hkv) * self.hq + (kv_head % self.hkv) * self.group + first_head,
+            heads: self.heads.min(self.group - first_head),
+            i0: rc * self.rows,
+            rows: self.rows,
+        }
     }
 }
 
-/// `out = o/l`, `lse = m + ln l`; zeros and −∞ for a row that saw no key.
-fn finish_row(o: &[f32], m: f32, l: f32, out: &mut [f32], lse: &mut f32) {
-    if l > 0.0 {
-        let inv = 1.0 / l;
-        for (y, &x) in out.iter_mut().zip(o) {
-            *y = x * inv;
-        }
-        *lse = m + l.ln();
-    } else {
-        out.fill(0.0);
-        *lse = f32::NEG_INFINITY;
+/// A block of query columns sharing kv head `kv_head`, in row-major order over
+/// (query row, head): column `j` is row `i0 + j / heads` of query head `bh0 + j % heads`
+/// (a `b·Hq + h` index), for rows `i0 .. min(i0 + rows, Tq)`. Visibility grows with j.
+struct QueryBlock {
+    kv_head: usize,
+    bh0: usize,
+    heads: usize,
+    i0: usize,
+    rows: usize,
+}
+
+impl QueryBlock {
+    /// Number of columns (rows clipped to Tq).
+    fn len(&self, tq: usize) -> usize {
+        self.heads * self.rows.min(tq - self.i0)
     }
+    /// `(query head, query row)` of column `j`.
+    fn column(&self, j: usize) -> (usize, usize) {
+        (self.bh0 + j % self.heads, self.i0 + j / self.heads)
+    }
+}
+
+/// The output buffers, written row by row by the block that owns each query row.
+struct Outputs {
+    out: SharedMut<f32>,
+    lse: SharedMut<f32>,
 }
 
 /// V with rows padded to `dp` floats (zeros past D), `[B·Hkv][Tk][dp]`, for a head dim
@@ -78,30 +161,6 @@ fn padded_v(cpu: &CpuBackend, p: &Problem, dp: usize) -> Vec<f32> {
     v
 }
 
-/// The blocked path: one task per (batch·head, query block).
-fn blocked_forward(cpu: &CpuBackend, p: &Problem, out: &mut [f32], lse: &mut [f32]) {
-    let Dims { batch, hq, tq, tk, d, .. } = p.dims;
-    let dp = d.next_multiple_of(16);
-    let padded = if d == dp { Vec::new() } else { padded_v(cpu, p, dp) };
-    let v = if d == dp {
-        Rows { data: p.v, head_stride: p.kv_stride }
-    } else {
-        Rows { data: &padded, head_stride: tk * dp }
-    };
-    let q_blocks = tq.div_ceil(BLOCK_Q);
-    let out_ptr = SharedMut(out.as_mut_ptr());
-    let lse_ptr = SharedMut(lse.as_mut_ptr());
-    cpu.for_each_index(batch * hq * q_blocks, BLOCK_Q * tk * d, |task| {
-        let (bh, qb) = (task / q_blocks, task % q_blocks);
-        let q0 = qb * BLOCK_Q;
-        let rows = BLOCK_Q.min(tq - q0);
-        // SAFETY: rows q0..q0+rows of head bh belong to this task alone, and lie inside
-        // the [B·Hq·Tq, D] output and the [B·Hq·Tq] logsumexp.
-        let (o, l) = unsafe { (out_ptr.slice((bh * tq + q0) * d, rows * d), lse_ptr.slice(bh * tq + q0, rows)) };
-        forward_block(p, v, dp, bh, q0, rows, o, l);
-    });
-}
-
 /// The value rows of every (batch, kv head): head h's rows start at `h·head_stride`,
 /// each `dp` floats.
 #[derive(Clone, Copy)]
@@ -110,129 +169,91 @@ struct Rows<'a> {
     head_stride: usize,
 }
 
-/// Rows `q0..q0+rows` of query head `bh` over every key block they can see, in the
-/// transposed layout: the score block is `Sᵀ[key][query]` (64 queries = 4 registers
-/// per key), computed as `K·(scale·Q)ᵀ` with K read in place and the block's queries
-/// transposed once; the softmax then runs down the columns (vector max, exp and sums;
-/// no horizontal reductions), and `O += P·V` reads `Pᵀ` through its strides.
-fn forward_block(p: &Problem, v: Rows, dp: usize, bh: usize, q0: usize, rows: usize, out: &mut [f32], lse: &mut [f32]) {
-    const BQ: usize = BLOCK_Q;
+/// One block of `COLS` query columns over every key block they can see.
+fn forward_block<const COLS: usize>(p: &Problem, v: Rows, dp: usize, blk: &QueryBlock, outputs: &Outputs) {
     let Dims { tq, tk, d, .. } = p.dims;
-    let kv_head = p.kv_head(bh);
-    let k = &p.k[kv_head * p.kv_stride..];
-    let v = &v.data[kv_head * v.head_stride..];
-    // qt[d][r] = scale·q[q0 + r][d]; columns past `rows` stay 0.
-    let mut qt = vec![0.0f32; d * BQ];
-    for r in 0..rows {
-        let src = &p.q[(bh * tq + q0 + r) * d..(bh * tq + q0 + r + 1) * d];
+    let n = blk.len(tq);
+    let k = &p.k[blk.kv_head * p.kv_stride..];
+    let v = &v.data[blk.kv_head * v.head_stride..];
+    // qt[d][j] = scale·q[column j][d]; columns past n stay 0.
+    let mut qt = vec![0.0f32; d * COLS];
+    for j in 0..n {
+        let (bh, i) = blk.column(j);
+        let src = &p.q[(bh * tq + i) * d..(bh * tq + i + 1) * d];
         for (dd, &x) in src.iter().enumerate() {
-            qt[dd * BQ + r] = x * p.scale;
+            qt[dd * COLS + j] = x * p.scale;
         }
     }
-    let mut o = vec![0.0f32; BQ * dp];
-    let mut st = vec![0.0f32; BLOCK_K * BQ];
+    let mut o = vec![0.0f32; COLS * dp];
+    let mut st = vec![0.0f32; BLOCK_K * COLS];
     let mut tail = vec![0.0f32; TILE_ROWS * d];
-    let (mut m, mut l, mut alpha) = ([f32::NEG_INFINITY; BQ], [0.0f32; BQ], [1.0f32; BQ]);
-    let mut first_query = [0usize; BLOCK_K];
+    let (mut m, mut l, mut alpha) = ([f32::NEG_INFINITY; COLS], [0.0f32; COLS], [1.0f32; COLS]);
+    let mut first_col = [0usize; BLOCK_K];
     let mut key_cols = [(0usize, 0usize); BLOCK_K / TILE_ROWS];
-    let mut ranges = [(0usize, 0usize); BQ / TILE_ROWS];
-    let q_tiles = rows.div_ceil(TILE_ROWS);
-    let visible = |r: usize| p.dims.visible(p.causal, q0 + r);
-    // The last query sees the most keys; blocks past them are skipped.
-    let seen = visible(rows - 1);
+    let mut ranges = vec![(0usize, 0usize); COLS / TILE_ROWS];
+    let col_tiles = n.div_ceil(TILE_ROWS);
+    let visible = |j: usize| p.dims.visible(p.causal, blk.column(j).1);
+    // The last column sees the most keys; blocks past them are skipped.
+    let seen = visible(n - 1);
     for kb in 0..seen.div_ceil(BLOCK_K) {
         let k0 = kb * BLOCK_K;
         let keys = seen.min(k0 + BLOCK_K) - k0;
-        // Key k0 + c is seen from query row r = k0 + c − (Tk − Tq) − q0 on.
-        for (c, f) in first_query[..keys].iter_mut().enumerate() {
-            *f = if p.causal { (k0 + c + tq).saturating_sub(tk + q0).min(BQ) } else { 0 };
+        // Key k0 + c is seen from query row k0 + c − (Tk − Tq) on, i.e. from column
+        // heads·(that row − i0) on.
+        for (c, f) in first_col[..keys].iter_mut().enumerate() {
+            let first_row = if p.causal { (k0 + c + tq).saturating_sub(tk + blk.i0) } else { 0 };
+            *f = (blk.heads * first_row).min(COLS);
         }
         let key_tiles = keys.div_ceil(TILE_ROWS);
         for (t, cols) in key_cols[..key_tiles].iter_mut().enumerate() {
-            *cols = (first_query[t * TILE_ROWS], BQ);
+            *cols = (first_col[t * TILE_ROWS], COLS);
         }
-        // Sᵀ = K·(scale·Q)ᵀ, skipping query registers a key tile cannot be seen from.
+        // Sᵀ = K·(scale·Q)ᵀ, skipping the query registers a key tile cannot be seen from.
         // Whole key tiles read K in place; a partial last one goes through a zero-padded
-        // copy, so no row past the block's keys is read (a cache's unfilled tail).
+        // copy, so no row past the block's keys is read.
         let whole = keys / TILE_ROWS;
-        tiles::scores(&mut st, BQ, &k[k0 * d..], d, d, &qt, BQ, &key_cols[..whole]);
+        tiles::scores(&mut st, COLS, &k[k0 * d..], d, d, &qt, COLS, &key_cols[..whole]);
         if whole < key_tiles {
-            let n = keys - whole * TILE_ROWS;
+            let rest = keys - whole * TILE_ROWS;
             tail.fill(0.0);
-            tail[..n * d].copy_from_slice(&k[(k0 + whole * TILE_ROWS) * d..(k0 + keys) * d]);
-            tiles::scores(&mut st[whole * TILE_ROWS * BQ..], BQ, &tail, d, d, &qt, BQ, &key_cols[whole..key_tiles]);
+            tail[..rest * d].copy_from_slice(&k[(k0 + whole * TILE_ROWS) * d..(k0 + keys) * d]);
+            let st_tail = &mut st[whole * TILE_ROWS * COLS..];
+            tiles::scores(st_tail, COLS, &tail, d, d, &qt, COLS, &key_cols[whole..key_tiles]);
         }
         if let Some(mask) = p.mask {
-            for r in 0..rows {
-                mask.apply_column(&p.dims, bh, q0 + r, k0, keys, &mut st, BQ, r);
+            for j in 0..n {
+                let (bh, i) = blk.column(j);
+                mask.apply(&p.dims, bh, i, k0, keys, &mut st, COLS, j);
             }
         }
-        tiles::softmax_cols(&mut st, keys, &first_query[..keys], &mut m, &mut l, &mut alpha);
-        // O = α∘O + P·V; each 4-query tile runs over the keys its last query sees.
-        for (t, range) in ranges[..q_tiles].iter_mut().enumerate() {
-            let last = (t * TILE_ROWS + TILE_ROWS - 1).min(rows - 1);
+        tiles::softmax_cols(&mut st, COLS, keys, &first_col[..keys], &mut m, &mut l, &mut alpha);
+        // O = α∘O + P·V; each 4-column tile runs over the keys its last column sees.
+        for (t, range) in ranges[..col_tiles].iter_mut().enumerate() {
+            let last = (t * TILE_ROWS + TILE_ROWS - 1).min(n - 1);
             *range = (0, visible(last).saturating_sub(k0).min(keys));
         }
-        tiles::accumulate_cols(&mut o, dp, &st, BQ, &v[k0 * dp..], &ranges[..q_tiles], Some(&alpha));
+        tiles::accumulate_cols(&mut o, dp, &st, COLS, &v[k0 * dp..], &ranges[..col_tiles], Some(&alpha));
     }
-    for r in 0..rows {
-        finish_row(&o[r * dp..r * dp + d], m[r], l[r], &mut out[r * d..(r + 1) * d], &mut lse[r]);
+    for j in 0..n {
+        let (bh, i) = blk.column(j);
+        let row = bh * tq + i;
+        // SAFETY: query row `row` belongs to this block alone (blocks partition the query
+        // rows), and row·D + D ≤ the output's length, row < the logsumexp's length.
+        let (out, lse) = unsafe { (outputs.out.slice(row * d, d), outputs.lse.slice(row, 1)) };
+        finish_row(&o[j * dp..j * dp + d], m[j], l[j], out, &mut lse[0]);
     }
 }
 
-/// The row-at-a-time path: one task per (batch, kv head) holding every query row of
-/// its group; K and V are read in place, key block by key block.
-fn rows_forward(cpu: &CpuBackend, p: &Problem, out: &mut [f32], lse: &mut [f32]) {
-    let Dims { batch, hq, hkv, tq, tk, d } = p.dims;
-    let group = p.dims.group();
-    let out_ptr = SharedMut(out.as_mut_ptr());
-    let lse_ptr = SharedMut(lse.as_mut_ptr());
-    cpu.for_each_index(batch * hkv, group * tq * tk * d, |kv_head| {
-        let b = kv_head / hkv;
-        // The group's query heads are consecutive: heads bh0 .. bh0 + group.
-        let bh0 = b * hq + (kv_head % hkv) * group;
-        let n_rows = group * tq;
-        // SAFETY: the query heads of this group are written by this task alone; the
-        // ranges lie inside the output and the logsumexp.
-        let (o_out, l_out) = unsafe { (out_ptr.slice(bh0 * tq * d, n_rows * d), lse_ptr.slice(bh0 * tq, n_rows)) };
-        let k = &p.k[kv_head * p.kv_stride..];
-        let v = &p.v[kv_head * p.kv_stride..];
-        let qs: Vec<f32> = p.q[bh0 * tq * d..(bh0 * tq + n_rows) * d].iter().map(|&x| x * p.scale).collect();
-        let mut o = vec![0.0f32; n_rows * d];
-        let mut m = vec![f32::NEG_INFINITY; n_rows];
-        let mut l = vec![0.0f32; n_rows];
-        let mut s = vec![0.0f32; BLOCK_K];
-        let key_blocks = p.dims.visible(p.causal, tq - 1).div_ceil(BLOCK_K);
-        for kb in 0..key_blocks {
-            let k0 = kb * BLOCK_K;
-            for row in 0..n_rows {
-                let (h, i) = (row / tq, row % tq);
-                let n = p.dims.visible(p.causal, i).saturating_sub(k0).min(BLOCK_K);
-                if n == 0 {
-                    continue;
-                }
-                let q_row = &qs[row * d..(row + 1) * d];
-                for (j, x) in s[..n].iter_mut().enumerate() {
-                    *x = simd::dot(q_row, &k[(k0 + j) * d..(k0 + j + 1) * d]);
-                }
-                if let Some(mask) = p.mask {
-                    mask.apply(&p.dims, bh0 + h, i, k0, &mut s[..n]);
-                }
-                let mut alpha = [1.0f32];
-                tiles::softmax_rows(&mut s, BLOCK_K, &[n], &[n], &mut m[row..=row], &mut l[row..=row], &mut alpha);
-                let o_row = &mut o[row * d..(row + 1) * d];
-                if alpha[0] != 1.0 {
-                    simd::scale(o_row, alpha[0]);
-                }
-                for (j, &pj) in s[..n].iter().enumerate() {
-                    if pj != 0.0 {
-                        simd::axpy(o_row, pj, &v[(k0 + j) * d..(k0 + j + 1) * d]);
-                    }
-                }
-            }
+/// `out = o/l`, `lse = m + ln l`; zeros and −∞ for a row that saw no key.
+pub(super) fn finish_row(o: &[f32], m: f32, l: f32, out: &mut [f32], lse: &mut f32) {
+    if l > 0.0 {
+        let inv = 1.0 / l;
+        for (y, &x) in out.iter_mut().zip(o) {
+            *y = x * inv;
         }
-        for row in 0..n_rows {
-            finish_row(&o[row * d..(row + 1) * d], m[row], l[row], &mut o_out[row * d..(row + 1) * d], &mut l_out[row]);
-        }
-    });
+        *lse = m + l.ln();
+    } else {
+        out.fill(0.0);
+        *lse = f32::NEG_INFINITY;
+    }
 }

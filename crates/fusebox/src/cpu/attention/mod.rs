@@ -5,13 +5,23 @@
 //! `h / (Hq/Hkv)` by index (GQA; K and V are never repeated). The causal mask is
 //! aligned bottom-right: query `i` sees key `j` iff `j ≤ i + (Tk − Tq)`.
 //!
-//! - [`forward`]: the online-softmax forward (blocked with packed K/V for long query
-//!   runs, a row-at-a-time path reading K/V in place for a few queries / decode).
-//! - [`backward`]: the backward from the saved logsumexp, parallel over kv heads.
-//! - [`tiles`]: the register-tiled block products both use.
-//! - [`layout`]: masks, causal softmax, KV cache writes, head split/merge.
+//! - `forward`: the online-softmax forward over blocks of queries that share a kv head
+//!   (64 queries of a head, or for decode the few queries of a whole GQA group), K and
+//!   V read in place; it serves `attention`, `sdpa`, `causal_attention` and
+//!   `decode_attention`.
+//! - `decode`: the single-query forward (Tq = 1, no mask): per kv head, K streamed once
+//!   scoring the group's query heads together, then V once accumulating their outputs.
+//! - `backward`: the causal backward from the saved logsumexp, parallel over kv heads.
+//! - `tiles`: the register-tiled block products and softmax steps both use.
+//! - `layout`: the explicit mask, causal softmax, KV cache writes, head split/merge.
+//!
+//! Memory: besides inputs and outputs, the forward keeps per task one block of scores
+//! (128 keys × 64 queries) and the block's accumulators; the backward keeps per task
+//! padded copies of its group's Q and dO (O(T·D)) and one 64 × 128 block of P and dS.
+//! No T×T buffer is ever allocated.
 
 mod backward;
+mod decode;
 mod forward;
 mod layout;
 mod tiles;
@@ -31,7 +41,7 @@ use crate::types::*;
 
 /// Sizes of one attention call.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Dims {
+struct Dims {
     batch: usize,
     hq: usize,
     hkv: usize,
@@ -91,54 +101,22 @@ fn check_causal_lengths(op: &'static str, dims: &Dims) -> Result<()> {
 /// A mask row reader: additive f32 values or U32 keep flags, `[Tq, Tk]` shared by
 /// every head or `[B, Hq, Tq, Tk]`.
 #[derive(Clone, Copy)]
-pub(crate) enum MaskValues<'a> {
+enum MaskValues<'a> {
     Additive(&'a [f32]),
     Boolean(&'a [u32]),
 }
 
 #[derive(Clone, Copy)]
-pub(crate) struct Mask<'a> {
+struct Mask<'a> {
     values: MaskValues<'a>,
     per_head: bool,
 }
 
 impl Mask<'_> {
-    /// Applies row `i` of head `bh` (`b·Hq + h`) to scores `s[0..n]` of keys `k0..k0+n`:
-    /// adds the additive values, or sets dropped scores to −∞.
-    fn apply(&self, dims: &Dims, bh: usize, i: usize, k0: usize, s: &mut [f32]) {
-        let row = if self.per_head { bh * dims.tq + i } else { i };
-        let range = row * dims.tk + k0..row * dims.tk + k0 + s.len();
-        match self.values {
-            MaskValues::Additive(m) => {
-                for (x, &a) in s.iter_mut().zip(&m[range]) {
-                    *x += a;
-                }
-            }
-            MaskValues::Boolean(m) => {
-                for (x, &keep) in s.iter_mut().zip(&m[range]) {
-                    if keep == 0 {
-                        *x = f32::NEG_INFINITY;
-                    }
-                }
-            }
-        }
-    }
-}
-
-impl Mask<'_> {
-    /// [`Mask::apply`] for query row `i` held in column `col` of a transposed score
-    /// block `st[c·ld + col]`, keys `k0 .. k0 + keys`.
-    fn apply_column(
-        &self,
-        dims: &Dims,
-        bh: usize,
-        i: usize,
-        k0: usize,
-        keys: usize,
-        st: &mut [f32],
-        ld: usize,
-        col: usize,
-    ) {
+    /// Applies mask row `i` of query head `bh` (`b·Hq + h`) to the scores of keys
+    /// `k0 .. k0 + keys` held in column `col` of a transposed score block
+    /// (`st[c·ld + col]`): adds the additive values, or sets dropped scores to −∞.
+    fn apply(&self, dims: &Dims, bh: usize, i: usize, k0: usize, keys: usize, st: &mut [f32], ld: usize, col: usize) {
         let row = if self.per_head { bh * dims.tq + i } else { i };
         let range = row * dims.tk + k0..row * dims.tk + k0 + keys;
         let scores = st.iter_mut().skip(col).step_by(ld);
@@ -162,7 +140,7 @@ impl Mask<'_> {
 /// One attention problem in f32: queries `[B,Hq,Tq,D]`, keys and values read in place
 /// as `kv_stride`-spaced `[Tk, D]` slabs per (batch, kv head) (Tk = the whole tensor,
 /// or the filled prefix of a cache).
-pub(crate) struct Problem<'a> {
+struct Problem<'a> {
     dims: Dims,
     q: &'a [f32],
     k: &'a [f32],
@@ -171,14 +149,6 @@ pub(crate) struct Problem<'a> {
     scale: f32,
     causal: bool,
     mask: Option<Mask<'a>>,
-}
-
-impl Problem<'_> {
-    /// Index of the (batch, kv head) slab that query head `bh = b·Hq + h` reads.
-    fn kv_head(&self, bh: usize) -> usize {
-        let (b, h) = (bh / self.dims.hq, bh % self.dims.hq);
-        b * self.dims.hkv + h / self.dims.group()
-    }
 }
 
 /// Runs the forward and writes the output in `dtype`; returns it with the f32 logsumexp.

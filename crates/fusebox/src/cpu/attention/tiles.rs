@@ -1,14 +1,19 @@
-//! Register-tiled block products and the row-wise softmax steps of the attention
-//! kernels. Block operands are padded so their row length `dp` is a multiple of 16
-//! (one AVX-512 register) and their row counts are multiples of [`TILE_ROWS`];
-//! padding holds zeros.
+//! Register-tiled block products and the softmax steps of the attention kernels.
+//! Operands read by whole registers (the `B` side of the products, accumulators) have
+//! rows of a multiple of 16 floats (one AVX-512 register), zero-padded; row counts are
+//! multiples of [`TILE_ROWS`].
 //!
 //! Products:
-//! - [`scores`]: `S = A·Bᵀ` with `Bᵀ` packed column-major (`bt[d][c]`), a 4×64 (or 4×32)
-//!   tile of S in registers while `d` runs (`Q·Kᵀ`, `dO·Vᵀ`);
-//! - [`accumulate_rows`] / [`accumulate_cols`]: `C = α∘C + A·B` with `B` row-major and A
-//!   given as is or transposed (so `Pᵀ` and `dSᵀ` need no transposed copy), a 4×64 tile
-//!   of C in registers while the inner index runs (`P·V`, `dS·K` / `Pᵀ·dO`, `dSᵀ·Q`).
+//! - [`scores`]: `S = A·B` with A row-major (any row length) and B `[depth][cols]`, a
+//!   4 × 64 tile of S in registers while the depth runs: the forward's transposed
+//!   scores `Sᵀ = K·(scale·Q)ᵀ`, the backward's `S = (scale·Q)·Kᵀ` and `dP = dO·Vᵀ`;
+//! - [`accumulate_rows`] / [`accumulate_cols`]: `C = α∘C + A·B` with B row-major and A
+//!   given as is or transposed (so `Pᵀ` and `dSᵀ` need no transposed copy), a 4 × 64
+//!   tile of C in registers while the inner index runs (`P·V` from `Pᵀ`, `dS·K`,
+//!   `Pᵀ·dO`, `dSᵀ·Q`).
+//!
+//! Softmax steps: [`softmax_cols`] (the forward, down the columns of `Sᵀ`) and
+//! [`probs_and_grads`] (the backward), with a vectorizable `e^x` of their own.
 //!
 //! Code generation: each tile keeps its accumulators in locals indexed only by
 //! constants (rows unrolled by hand, column registers unrolled by `const` conditions),
@@ -22,7 +27,8 @@ use crate::cpu::simd::{multiversion, Isa};
 
 /// Rows of one register tile (query rows, or key rows in the backward's `Pᵀ·dO`).
 pub const TILE_ROWS: usize = 4;
-/// Queries per block of the transposed forward layout (`S[key][query]`), four registers.
+/// Query columns of the forward's wide transposed blocks (`Sᵀ[key][query]`), four registers
+/// ([`softmax_cols`] also takes blocks of 16).
 pub const QUERY_COLS: usize = 64;
 const LANES: usize = 16;
 
@@ -117,9 +123,36 @@ fn score_tile<const W: usize, const FMA: bool>(
 ) {
     let mut acc: Acc<W> = [[[0.0; LANES]; W]; TILE_ROWS];
     let row = |r: usize| &a[(r0 + r) * lda..(r0 + r) * lda + depth];
-    let (a0, a1, a2, a3) = (row(0), row(1), row(2), row(3));
-    for (d, b) in bt.chunks(ld_b).take(depth).enumerate() {
-        rank1::<W, FMA>(&mut acc, [a0[d], a1[d], a2[d], a3[d]], &b[c0..c0 + W * LANES]);
+    // Zipped iterators (no per-step bounds checks): step d gives a[r0..r0+4][d] and the
+    // 16·W floats of bt row d from column c0.
+    let steps = row(0)
+        .iter()
+        .zip(row(1))
+        .zip(row(2).iter().zip(row(3)))
+        .zip(bt.chunks(ld_b).map(|b| &b[c0..c0 + W * LANES]))
+        .map(|(((&x0, &x1), (&x2, &x3)), b)| ([x0, x1, x2, x3], b));
+    if W <= 2 {
+        // Narrow tiles have too few accumulators to hide the FMA latency: a second set
+        // takes the odd depths, and the two are added at the end.
+        let mut odd: Acc<W> = [[[0.0; LANES]; W]; TILE_ROWS];
+        let mut steps = steps;
+        while let Some((x, b)) = steps.next() {
+            rank1::<W, FMA>(&mut acc, x, b);
+            if let Some((x, b)) = steps.next() {
+                rank1::<W, FMA>(&mut odd, x, b);
+            }
+        }
+        for (acc_row, odd_row) in acc.iter_mut().zip(&odd) {
+            for (v, o) in acc_row.iter_mut().zip(odd_row) {
+                for l in 0..LANES {
+                    v[l] += o[l];
+                }
+            }
+        }
+    } else {
+        for (x, b) in steps {
+            rank1::<W, FMA>(&mut acc, x, b);
+        }
     }
     store(&acc, s, r0 * ld_s + c0, ld_s);
 }
@@ -287,23 +320,25 @@ multiversion! {
     }
 }
 
-/// `e^x` for `x ≤ 88` to a few ulp, vectorizable (no float→int conversion): with
-/// `t = x·log2 e = n + f` (`n` the nearest integer, found by adding 1.5·2²³ so the
-/// rounding lands in the low mantissa bits), `e^x = 2^n · e^(f·ln 2)`; `e^(f·ln 2)` by a
-/// degree-6 Taylor polynomial (|f·ln 2| ≤ 0.35, error < 2e-7), `2^n` by building the
-/// exponent bits from the same mantissa bits. `x < −87` (and −∞) gives 0.
+/// `e^x` for `x ≤ 88` to about 2e-7 relative, vectorizable (no float→int conversion):
+/// `n` = the integer nearest `x·log2 e`, found by adding 1.5·2²³ so the rounding lands in
+/// the low mantissa bits; `r = x − n·ln 2` in two steps (Cody–Waite: `n·LN2_HI` is exact,
+/// so r keeps full precision even for large |x|); `e^x = 2^n · e^r` with `e^r` by a
+/// degree-6 Taylor polynomial (|r| ≤ 0.35, error < 2e-7) and `2^n` built as exponent
+/// bits from the same mantissa bits. `x < −87` (and −∞) gives 0.
 #[inline(always)]
 fn exp_lane<const FMA: bool>(x: f32) -> f32 {
     const MAGIC: f32 = 12_582_912.0; // 1.5·2²³
+    const LN2_HI: f32 = 0.693_145_75; // = 0.693145751953125 exactly (bits 0x3F31_7200)
+    const LN2_LO: f32 = 1.428_606_8e-6; // ln 2 − LN2_HI
     let madd = |a: f32, b: f32, c: f32| if FMA { a.mul_add(b, c) } else { a * b + c };
     let xc = x.clamp(-87.0, 88.0);
-    let t = xc * std::f32::consts::LOG2_E;
-    let big = t + MAGIC;
+    let big = xc * std::f32::consts::LOG2_E + MAGIC;
     let n = big - MAGIC;
-    let f = (t - n) * std::f32::consts::LN_2;
+    let r = madd(-n, LN2_LO, madd(-n, LN2_HI, xc));
     let mut p = 1.0 / 720.0;
     for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
-        p = madd(p, f, c);
+        p = madd(p, r, c);
     }
     // big's bits are 0x4B40_0000 + n; the exponent field of 2^n is n + 127.
     let two_n = f32::from_bits(big.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23);
@@ -347,74 +382,6 @@ fn exp_shift_sum<const FMA: bool>(x: &mut [f32], m: f32) -> f32 {
     reduce_lanes(acc, |a, b| a + b) + tail
 }
 
-/// `max x[i]` (−∞ for an empty slice).
-#[inline(always)]
-fn row_max(x: &[f32]) -> f32 {
-    let mut acc = [f32::NEG_INFINITY; LANES];
-    let mut chunks = x.chunks_exact(LANES);
-    for v in &mut chunks {
-        for l in 0..LANES {
-            acc[l] = if v[l] > acc[l] { v[l] } else { acc[l] };
-        }
-    }
-    let max = |a: f32, b: f32| if b > a { b } else { a };
-    chunks.remainder().iter().fold(reduce_lanes(acc, max), |m, &v| max(m, v))
-}
-
-#[inline(always)]
-fn softmax_rows_impl<const FMA: bool>(
-    s: &mut [f32],
-    ld: usize,
-    visible: &[usize],
-    clear: &[usize],
-    m: &mut [f32],
-    l: &mut [f32],
-    alpha: &mut [f32],
-) {
-    for (r, &n) in visible.iter().enumerate() {
-        let row = &mut s[r * ld..(r + 1) * ld];
-        // Keys past n up to a whole register (and the tile's computed range) become
-        // −∞, so e^(s − m') = 0 there and the exp runs on whole registers.
-        let end = clear[r / TILE_ROWS].max(n).next_multiple_of(LANES).min(ld);
-        let row = &mut row[..end];
-        row[n..].fill(f32::NEG_INFINITY);
-        let m_new = row_max(row).max(m[r]);
-        if m_new == f32::NEG_INFINITY {
-            row.fill(0.0);
-            alpha[r] = 1.0;
-            continue;
-        }
-        let a = exp_lane::<FMA>(m[r] - m_new);
-        l[r] = l[r] * a + exp_shift_sum::<FMA>(row, m_new);
-        m[r] = m_new;
-        alpha[r] = a;
-    }
-}
-
-multiversion! {
-    /// One online-softmax step on every row of a score block (`s` rows of stride `ld`):
-    /// row r's first `visible[r]` scores are its keys in this block; with the running max
-    /// `m[r]` and sum `l[r]`: `m' = max(m, max_j s_j)`, `α = e^(m − m')`, `s_j ← e^(s_j − m')`,
-    /// `l' = α·l + Σ_j s_j`; `alpha[r] ← α`. A row whose scores so far are all −∞ stays
-    /// empty (zeros, α = 1, no `−∞ − −∞`). Scores from `visible[r]` up to `clear[r / 4]`
-    /// are zeroed (keys past the diagonal inside the row tile's computed range).
-    pub fn softmax_rows(
-        s: &mut [f32],
-        ld: usize,
-        visible: &[usize],
-        clear: &[usize],
-        m: &mut [f32],
-        l: &mut [f32],
-        alpha: &mut [f32]
-    ) {
-        if has_fma() {
-            softmax_rows_impl::<true>(s, ld, visible, clear, m, l, alpha)
-        } else {
-            softmax_rows_impl::<false>(s, ld, visible, clear, m, l, alpha)
-        }
-    }
-}
-
 #[inline(always)]
 fn probs_and_grads_impl<const FMA: bool>(
     p: &mut [f32],
@@ -428,7 +395,7 @@ fn probs_and_grads_impl<const FMA: bool>(
         let p_row = &mut p[r * ld..(r + 1) * ld];
         let ds_row = &mut ds[r * ld..(r + 1) * ld];
         let n = if lse[r] == f32::NEG_INFINITY { 0 } else { n };
-        // As in softmax_rows: −∞ up to a whole register so the exp gives exact zeros.
+        // −∞ up to a whole register, so the exp runs on whole registers and gives 0 there.
         let end = n.next_multiple_of(LANES).min(ld);
         p_row[n..end].fill(f32::NEG_INFINITY);
         exp_shift_sum::<FMA>(&mut p_row[..end], lse[r]);
@@ -441,15 +408,19 @@ fn probs_and_grads_impl<const FMA: bool>(
 }
 
 #[inline(always)]
-fn softmax_cols_impl<const FMA: bool>(
+fn softmax_cols_impl<const FMA: bool, const W: usize>(
     st: &mut [f32],
     keys: usize,
     first_query: &[usize],
-    m: &mut [f32; QUERY_COLS],
-    l: &mut [f32; QUERY_COLS],
-    alpha: &mut [f32; QUERY_COLS],
+    m: &mut [f32],
+    l: &mut [f32],
+    alpha: &mut [f32],
 ) {
-    const W: usize = QUERY_COLS;
+    let (m, l, alpha): (&mut [f32; W], &mut [f32; W], &mut [f32; W]) = (
+        (&mut m[..W]).try_into().expect("W running maxima"),
+        (&mut l[..W]).try_into().expect("W running sums"),
+        (&mut alpha[..W]).try_into().expect("W factors"),
+    );
     let rows = st[..keys * W].chunks_exact_mut(W);
     let mut max = [f32::NEG_INFINITY; W];
     for (row, &lo) in rows.zip(first_query) {
@@ -480,24 +451,26 @@ fn softmax_cols_impl<const FMA: bool>(
 }
 
 multiversion! {
-    /// One online-softmax step on a transposed score block `st [keys][64]` (column r is
-    /// query r of the block, row c key c): key c is hidden from queries before
+    /// One online-softmax step on a transposed score block `st [keys][cols]` (column r is
+    /// a query, row c a key; `cols` is 16 or 64): key c is hidden from the queries before
     /// `first_query[c]` (set to −∞); then per query `m' = max(m, max_c s_c)`,
     /// `α = e^(m − m')`, `s_c ← e^(s_c − m')`, `l' = α·l + Σ_c s_c` — all down columns,
     /// so every step is a plain vector operation (no horizontal reductions). A query that
     /// has seen no key keeps m = −∞, l = 0.
     pub fn softmax_cols(
         st: &mut [f32],
+        cols: usize,
         keys: usize,
         first_query: &[usize],
-        m: &mut [f32; QUERY_COLS],
-        l: &mut [f32; QUERY_COLS],
-        alpha: &mut [f32; QUERY_COLS]
+        m: &mut [f32],
+        l: &mut [f32],
+        alpha: &mut [f32]
     ) {
-        if has_fma() {
-            softmax_cols_impl::<true>(st, keys, first_query, m, l, alpha)
-        } else {
-            softmax_cols_impl::<false>(st, keys, first_query, m, l, alpha)
+        match (has_fma(), cols == 16) {
+            (true, true) => softmax_cols_impl::<true, 16>(st, keys, first_query, m, l, alpha),
+            (true, false) => softmax_cols_impl::<true, QUERY_COLS>(st, keys, first_query, m, l, alpha),
+            (false, true) => softmax_cols_impl::<false, 16>(st, keys, first_query, m, l, alpha),
+            (false, false) => softmax_cols_impl::<false, QUERY_COLS>(st, keys, first_query, m, l, alpha),
         }
     }
 }
@@ -513,5 +486,30 @@ multiversion! {
         } else {
             probs_and_grads_impl::<false>(p, ds, ld, visible, lse, delta)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_lane_is_accurate() {
+        for fma in [false, true] {
+            let mut worst = 0.0f64;
+            let mut x = -87.0f32;
+            while x < 88.0 {
+                let got = if fma { exp_lane::<true>(x) } else { exp_lane::<false>(x) };
+                let want = (x as f64).exp();
+                worst = worst.max(((got as f64 - want) / want).abs());
+                x += 0.0137;
+            }
+            assert!(worst < 5e-7, "fma={fma}: worst relative error {worst}");
+        }
+        assert_eq!(exp_lane::<false>(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_lane::<false>(-100.0), 0.0);
+        assert!(exp_lane::<false>(f32::NAN).is_nan());
+        // The high part of ln 2 has 16 significant bits, so n·LN2_HI is exact.
+        assert_eq!(0.693_145_75f32.to_bits(), 0x3F31_7200);
     }
 }

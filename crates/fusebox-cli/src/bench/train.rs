@@ -1,27 +1,13 @@
-//! `fusebox bench ...`: timings printed with throughput, human or JSON.
+//! `fusebox bench train`: seconds per full training step.
 
 use std::time::Instant;
 
-use clap::{Args, Subcommand};
+use clap::Args;
 use fusebox::Result;
 use fusebox_models::train::{Task, TrainConfig, Trainer};
 use serde_json::json;
 
 use crate::train::{backend_for, preset};
-
-#[derive(Args)]
-pub struct BenchArgs {
-    #[command(subcommand)]
-    pub what: BenchCommand,
-}
-
-#[derive(Subcommand)]
-pub enum BenchCommand {
-    /// Seconds per full training step (forward, backward, AdamW) on random tokens.
-    Train(TrainBenchArgs),
-    /// Prompt processing and decode tokens/s of a pretrained model (.gguf or HF dir).
-    Generate(crate::bench_generate::GenerateBenchArgs),
-}
 
 #[derive(Args)]
 pub struct TrainBenchArgs {
@@ -48,7 +34,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn train(args: &TrainBenchArgs) -> Result<()> {
+pub fn run(args: &TrainBenchArgs) -> Result<()> {
     let b = backend_for(&args.backend, args.threads)?;
     let vocab = if args.preset == "gpt2-124m" { 50257 } else { 256 };
     let cfg = preset(&args.preset, vocab, args.seq)?;
@@ -102,11 +88,4 @@ fn train(args: &TrainBenchArgs) -> Result<()> {
         );
     }
     Ok(())
-}
-
-pub fn run(args: &BenchArgs) -> Result<()> {
-    match &args.what {
-        BenchCommand::Train(a) => train(a),
-        BenchCommand::Generate(a) => crate::bench_generate::run(a),
-    }
 }

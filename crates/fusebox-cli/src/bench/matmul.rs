@@ -1,0 +1,78 @@
+//! `fusebox bench matmul`: sgemm through the backend's `matmul`, GFLOP/s and % of the
+//! best sgemm measured in the same run.
+
+use clap::Args;
+use fusebox::{ComputeBackend, Error, Result};
+
+use super::measure::{cpu_backend, emit, guarded, header, random, round, sgemm_gflops, time, Budget, Row};
+
+#[derive(Args, Debug)]
+pub struct MatmulBenchArgs {
+    #[arg(long, default_value_t = 1024)]
+    m: usize,
+    #[arg(long, default_value_t = 1024)]
+    n: usize,
+    #[arg(long, default_value_t = 1024)]
+    k: usize,
+    /// Multiply by Bᵀ (b stored `[n, k]`), as `linear_forward` does.
+    #[arg(long)]
+    transpose_b: bool,
+    /// Worker threads (default: every available core).
+    #[arg(long)]
+    threads: Option<usize>,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: &MatmulBenchArgs) -> Result<()> {
+    if a.m == 0 || a.n == 0 || a.k == 0 {
+        return Err(Error::value("bench matmul", "--m/--n/--k", "positive", 0));
+    }
+    let cpu = cpu_backend(a.threads)?;
+    let budget = Budget::default();
+    let x = random(&[a.m, a.k], 1, 1.0)?;
+    let y = if a.transpose_b { random(&[a.n, a.k], 2, 1.0)? } else { random(&[a.k, a.n], 2, 1.0)? };
+    let mut name = format!("matmul/{}x{}x{}", a.m, a.n, a.k);
+    if a.transpose_b {
+        name.push_str("_bt");
+    }
+    let row = Row::new(name).set("m", a.m).set("n", a.n).set("k", a.k).set("threads", cpu.threads());
+    let row = match guarded("matmul", || time(budget, || cpu.matmul(&x, &y, false, a.transpose_b).map(drop))) {
+        Ok(t) => {
+            let flops = 2.0 * (a.m * a.n * a.k) as f64;
+            let gflops = flops / t.median_s / 1e9;
+            // The peak is the best sgemm of this run: the 1024³ reference or this case's
+            // fastest call.
+            let reference = if (a.m, a.n, a.k) == (1024, 1024, 1024) && !a.transpose_b {
+                None
+            } else {
+                sgemm_gflops(&cpu, 1024, budget).ok()
+            };
+            let best = flops / t.min_s / 1e9;
+            let peak = reference.map_or(best, |r| r.max(best));
+            row.set("ms", round(t.ms()))
+                .set("min_ms", round(t.min_s * 1e3))
+                .set("reps", t.reps)
+                .set("gflops", round(gflops))
+                .set("peak_sgemm_gflops", round(peak))
+                .set("pct_of_peak", round(100.0 * gflops / peak))
+        }
+        Err(e) => row.set("error", e.to_string()),
+    };
+    if !a.json {
+        println!("{}", header(&cpu, ""));
+    }
+    emit(
+        a.json,
+        &[
+            ("case", "name"),
+            ("ms", "ms"),
+            ("GFLOP/s", "gflops"),
+            ("sgemm peak", "peak_sgemm_gflops"),
+            ("% of peak", "pct_of_peak"),
+            ("error", "error"),
+        ],
+        &[row],
+    );
+    Ok(())
+}

@@ -1,0 +1,310 @@
+//! Measurement: median timings, the machine's sgemm peak and memory bandwidth measured
+//! in the same run, peak RSS, and a table/JSON printer shared by every `bench` subcommand.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::{Duration, Instant};
+
+use fusebox::{ComputeBackend, CpuBackend, Error, Result, Tensor};
+use rayon::prelude::*;
+use serde_json::{Map, Value};
+
+/// How long and how often a case is repeated.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    /// Untimed calls first.
+    pub warmup: usize,
+    /// Repeat until this much time was measured ...
+    pub min_time: Duration,
+    /// ... and at least this many reps ...
+    pub min_reps: usize,
+    /// ... but never more than this many.
+    pub max_reps: usize,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget { warmup: 1, min_time: Duration::from_millis(300), min_reps: 3, max_reps: 1000 }
+    }
+}
+
+/// Timings of one case: the median is what is reported.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub median_s: f64,
+    pub min_s: f64,
+    pub reps: usize,
+}
+
+impl Timing {
+    pub fn ms(&self) -> f64 {
+        self.median_s * 1e3
+    }
+}
+
+/// Runs `f` `budget.warmup` times, then repeats it until `min_time` and `min_reps` are
+/// both reached (or `max_reps`), and returns the median wall time of one call.
+pub fn time(budget: Budget, mut f: impl FnMut() -> Result<()>) -> Result<Timing> {
+    for _ in 0..budget.warmup {
+        f()?;
+    }
+    let mut times = Vec::new();
+    let start = Instant::now();
+    while times.len() < budget.max_reps.max(1)
+        && (times.len() < budget.min_reps.max(1) || start.elapsed() < budget.min_time)
+    {
+        let t = Instant::now();
+        f()?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(Timing { median_s: times[times.len() / 2], min_s: times[0], reps: times.len() })
+}
+
+/// Runs `f`, turning a panic (a kernel still `todo!()`, say) into an error, so one
+/// missing kernel does not end the whole bench. The panic message is not printed.
+pub fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let r = catch_unwind(AssertUnwindSafe(f));
+    std::panic::set_hook(hook);
+    match r {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "panic".into());
+            Err(Error::unsupported("bench", format!("{what} panicked: {msg}")))
+        }
+    }
+}
+
+/// A deterministic pseudo-random f32 tensor, values in `[-scale, scale)`.
+pub fn random(shape: &[usize], seed: u64, scale: f32) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let data: Vec<f32> = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect();
+    Tensor::from_vec(data, shape.to_vec())
+}
+
+/// Uniform ids in `0..bound`, U32.
+pub fn random_ids(n: usize, bound: u32, seed: u64) -> Result<Tensor> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let ids: Vec<u32> = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % bound as u64) as u32
+        })
+        .collect();
+    Tensor::from_vec(ids, [n])
+}
+
+/// Best sgemm GFLOP/s of the backend's own `matmul` at `n`³ (f32, no transposes).
+///
+/// Peak references (this and the bandwidths below) use the fastest call, not the median:
+/// on a machine that other work shares, the best call is the closest to what the hardware
+/// can do, so "% of peak" stays conservative.
+pub fn sgemm_gflops(cpu: &CpuBackend, n: usize, budget: Budget) -> Result<f64> {
+    let a = random(&[n, n], 11, 1.0)?;
+    let b = random(&[n, n], 12, 1.0)?;
+    let t = guarded("matmul", || time(budget, || cpu.matmul(&a, &b, false, false).map(drop)))?;
+    Ok(2.0 * (n as f64).powi(3) / t.min_s / 1e9)
+}
+
+/// Sum of a slice with 32 independent lanes, so it vectorizes without fast-math and
+/// is bound by the loads.
+fn sum_lanes(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 32];
+    let mut chunks = x.chunks_exact(32);
+    for c in &mut chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a += *v;
+        }
+    }
+    acc.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>()
+}
+
+/// The block each worker reads or copies: large enough that the split costs nothing.
+const BLOCK: usize = 64 * 1024;
+
+/// Read bandwidth in GB/s (fastest call): a vectorized sum over `bytes` of f32 on the backend's threads.
+pub fn read_bandwidth(cpu: &CpuBackend, bytes: usize, budget: Budget) -> Result<f64> {
+    let x = vec![1f32; (bytes / 4).max(BLOCK)];
+    let mut sink = 0f32;
+    let t = time(budget, || {
+        sink += cpu.install(|| x.par_chunks(BLOCK).map(sum_lanes).sum::<f32>());
+        Ok(())
+    })?;
+    std::hint::black_box(sink);
+    Ok((x.len() * 4) as f64 / t.min_s / 1e9)
+}
+
+/// Copy bandwidth in GB/s (fastest call; bytes read + bytes written): `copy_from_slice` between two
+/// buffers that together hold `bytes`, on the backend's threads.
+pub fn copy_bandwidth(cpu: &CpuBackend, bytes: usize, budget: Budget) -> Result<f64> {
+    let n = (bytes / 8).max(BLOCK);
+    let src = vec![1f32; n];
+    let mut dst = vec![0f32; n];
+    let t = time(budget, || {
+        cpu.install(|| dst.par_chunks_mut(BLOCK).zip(src.par_chunks(BLOCK)).for_each(|(d, s)| d.copy_from_slice(s)));
+        std::hint::black_box(&mut dst);
+        Ok(())
+    })?;
+    Ok((n * 8) as f64 / t.min_s / 1e9)
+}
+
+/// `VmHWM` and `VmRSS` from `/proc/self/status`, in bytes (Linux only).
+pub fn rss() -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = status.lines().find(|l| l.starts_with(name))?;
+        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb * 1024)
+    };
+    Some((field("VmHWM:")?, field("VmRSS:")?))
+}
+
+/// Resets the peak RSS (`VmHWM`) to the current RSS; false where the kernel refuses.
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// One row of output: a name, then ordered fields. Printed as a table row or one JSON
+/// object per line.
+#[derive(Debug, Clone, Default)]
+pub struct Row {
+    pub fields: Map<String, Value>,
+}
+
+impl Row {
+    pub fn new(name: impl Into<String>) -> Row {
+        let mut r = Row::default();
+        r.fields.insert("name".into(), Value::from(name.into()));
+        r
+    }
+
+    pub fn set(mut self, key: &str, v: impl Into<Value>) -> Row {
+        self.fields.insert(key.into(), v.into());
+        self
+    }
+
+    pub fn set_opt(self, key: &str, v: Option<f64>) -> Row {
+        match v {
+            Some(v) => self.set(key, round(v)),
+            None => self,
+        }
+    }
+
+    pub fn json(&self) -> String {
+        Value::Object(self.fields.clone()).to_string()
+    }
+}
+
+/// Four significant decimals are plenty for timings and rates.
+pub fn round(v: f64) -> f64 {
+    if !v.is_finite() || v == 0.0 {
+        return v;
+    }
+    let digits = 4 - v.abs().log10().ceil() as i32;
+    let p = 10f64.powi(digits.clamp(0, 12));
+    (v * p).round() / p
+}
+
+/// Prints rows as an aligned table: `columns` are `(header, json key)`; a missing key
+/// prints `-`.
+pub fn print_table(columns: &[(&str, &str)], rows: &[Row]) {
+    let cell = |r: &Row, key: &str| -> String {
+        match r.fields.get(key) {
+            None | Some(Value::Null) => "-".into(),
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Number(n)) => {
+                let v = n.as_f64().unwrap_or(0.0);
+                if n.is_u64() || n.is_i64() {
+                    format!("{v}")
+                } else if v.abs() >= 100.0 {
+                    format!("{v:.0}")
+                } else if v.abs() >= 10.0 {
+                    format!("{v:.1}")
+                } else if v.abs() >= 1.0 {
+                    format!("{v:.2}")
+                } else {
+                    format!("{v:.3}")
+                }
+            }
+            Some(v) => v.to_string(),
+        }
+    };
+    let cells: Vec<Vec<String>> = rows.iter().map(|r| columns.iter().map(|(_, k)| cell(r, k)).collect()).collect();
+    let widths: Vec<usize> = columns
+        .iter()
+        .enumerate()
+        .map(|(i, (h, _))| cells.iter().map(|c| c[i].chars().count()).chain([h.chars().count()]).max().unwrap_or(0))
+        .collect();
+    let line = |items: Vec<String>| {
+        let parts: Vec<String> = items
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let pad = widths[i] - s.chars().count();
+                if i == 0 {
+                    format!("{s}{}", " ".repeat(pad))
+                } else {
+                    format!("{}{s}", " ".repeat(pad))
+                }
+            })
+            .collect();
+        println!("{}", parts.join("  ").trim_end());
+    };
+    line(columns.iter().map(|(h, _)| h.to_string()).collect());
+    for c in cells {
+        line(c);
+    }
+}
+
+/// Prints rows: JSON lines, or a table with `columns`.
+pub fn emit(json: bool, columns: &[(&str, &str)], rows: &[Row]) {
+    if json {
+        for r in rows {
+            println!("{}", r.json());
+        }
+    } else {
+        print_table(columns, rows);
+    }
+}
+
+/// The backend for `--threads N` (default: every available core).
+pub fn cpu_backend(threads: Option<usize>) -> Result<CpuBackend> {
+    match threads {
+        Some(n) => CpuBackend::with_threads(n),
+        None => Ok(CpuBackend::new()),
+    }
+}
+
+/// `(machine, isa)`: the CPU model name from `/proc/cpuinfo` and the ISA our kernels use.
+pub fn machine(cpu: &CpuBackend) -> (String, String) {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    (model, format!("{:?}", cpu.isa()))
+}
+
+/// The header line printed above human tables.
+pub fn header(cpu: &CpuBackend, extra: &str) -> String {
+    let (model, isa) = machine(cpu);
+    format!("# {model}, ISA {isa}, {} thread(s){extra}", cpu.threads())
+}

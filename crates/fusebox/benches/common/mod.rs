@@ -1,0 +1,79 @@
+//! Shared by the criterion benches: inputs, a short criterion config, and a probe that
+//! skips a case whose kernel panics (still `todo!()`) instead of aborting the run.
+//! The cases mirror `fusebox bench` (crates/fusebox-cli/src/bench/).
+
+#![allow(dead_code)]
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Duration;
+
+use criterion::Criterion;
+use fusebox::{CpuBackend, Tensor};
+
+/// A short config: 10 samples, 2 s each case, so the whole suite fits in minutes on 2 cores.
+pub fn config() -> Criterion {
+    Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .configure_from_args()
+}
+
+/// The backend benches run on: `FUSEBOX_THREADS` or every core.
+pub fn backend() -> CpuBackend {
+    CpuBackend::new()
+}
+
+/// Deterministic values in `[-scale, scale)`.
+pub fn random(shape: &[usize], seed: u64, scale: f32) -> Tensor {
+    let n: usize = shape.iter().product();
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let data: Vec<f32> = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect();
+    Tensor::from_vec(data, shape.to_vec()).expect("shape matches data")
+}
+
+/// Ids in `0..bound`, U32.
+pub fn random_ids(n: usize, bound: u32, seed: u64) -> Tensor {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let ids: Vec<u32> = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % bound as u64) as u32
+        })
+        .collect();
+    Tensor::from_vec(ids, [n]).expect("shape matches data")
+}
+
+/// Runs `f` once: its value, or `None` (with a note on stderr) if it panics or errs, so
+/// the case is skipped.
+pub fn try_once<T, E: std::fmt::Debug>(name: &str, f: impl FnOnce() -> Result<T, E>) -> Option<T> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let r = catch_unwind(AssertUnwindSafe(f));
+    std::panic::set_hook(hook);
+    match r {
+        Ok(Ok(v)) => Some(v),
+        Ok(Err(e)) => {
+            eprintln!("skipping {name}: {e:?}");
+            None
+        }
+        Err(_) => {
+            eprintln!("skipping {name}: the kernel panicked (not implemented yet?)");
+            None
+        }
+    }
+}
+
+/// Runs `f` once; `false` if it panics or errs (see [`try_once`]).
+pub fn works<T, E: std::fmt::Debug>(name: &str, f: impl FnOnce() -> Result<T, E>) -> bool {
+    try_once(name, f).is_some()
+}
