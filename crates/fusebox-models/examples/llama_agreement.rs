@@ -69,6 +69,10 @@ fn main() -> fusebox::Result<()> {
             a.prompt_logit_max_abs,
             a.max_logit_diff,
         );
+        println!(
+            "  identical tokens from the start: {} of {NEW_TOKENS} (max |Δ| logit over them {:.2e})",
+            a.same_prefix, a.same_prefix_max_logit_diff
+        );
         println!("  reference: {:?}", fast.tokenizer.decode(&a.reference_tokens)?);
         println!("  fast:      {:?}", fast.tokenizer.decode(&a.fast_tokens)?);
     }

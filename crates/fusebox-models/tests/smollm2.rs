@@ -216,5 +216,6 @@ fn greedy_matches_the_plain_loop_reference() {
         assert!(a.compared >= 1, "{prompt:?}: nothing compared ({a:?})");
         assert!(a.prompt_logit_max_diff < LOGIT_TOLERANCE, "{prompt:?}: {a:?}");
         assert!(a.max_logit_diff < LOGIT_TOLERANCE, "{prompt:?}: {a:?}");
+        assert!(a.same_prefix_max_logit_diff < LOGIT_TOLERANCE, "{prompt:?}: {a:?}");
     }
 }

@@ -256,6 +256,11 @@ pub struct Agreement {
     pub max_logit_diff: f64,
     /// Largest |reference logit| at the last prompt position (for a relative figure).
     pub prompt_logit_max_abs: f64,
+    /// Steps, from the start, where both chose the same token (so both saw the same
+    /// context at every one of them) — past near ties too.
+    pub same_prefix: usize,
+    /// Largest |fast − reference| logit over those steps.
+    pub same_prefix_max_logit_diff: f64,
 }
 
 /// Runs `n` greedy steps of the reference and of the fast path (`step` runs tokens after
@@ -274,6 +279,7 @@ pub fn compare_greedy(
     let mut max_diff = 0.0f64;
     let (mut compared, mut near_tie_at, mut mismatch_at) = (0, None, None);
     let mut prompt_logit_max_diff = 0.0;
+    let (mut same_prefix, mut same_prefix_max_logit_diff, mut diverged) = (0, 0.0f64, false);
     for s in 0..n {
         let r = &ref_logits[s];
         let diff = r.iter().zip(&logits).map(|(&a, &b)| (a - b as f64).abs()).fold(0.0, f64::max);
@@ -282,6 +288,14 @@ pub fn compare_greedy(
         }
         let fast = argmax(&logits.iter().map(|&v| v as f64).collect::<Vec<_>>());
         fast_tokens.push(fast);
+        if !diverged {
+            same_prefix_max_logit_diff = same_prefix_max_logit_diff.max(diff);
+            if fast == reference_tokens[s] {
+                same_prefix += 1;
+            } else {
+                diverged = true;
+            }
+        }
         if near_tie_at.is_none() && mismatch_at.is_none() {
             if top2_gap(r) < tie_margin {
                 near_tie_at = Some(s);
@@ -307,5 +321,7 @@ pub fn compare_greedy(
         prompt_logit_max_diff,
         max_logit_diff: max_diff,
         prompt_logit_max_abs: ref_logits[0].iter().fold(0.0, |m, v| m.max(v.abs())),
+        same_prefix,
+        same_prefix_max_logit_diff,
     }
 }

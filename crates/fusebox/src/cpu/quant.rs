@@ -236,19 +236,60 @@ fn decode_into(dtype: DType, bytes: &[u8], out: &mut [f32]) {
 mod fused_dot {
     use super::*;
 
-    /// Q8_0: `Σ_blocks d·Σ x·q`.
+    /// `a + b` lane-wise.
     #[inline(always)]
-    fn q8_0_row(bytes: &[u8], x: &[f32], _xsum32: &[f32]) -> f32 {
-        let mut acc = [0.0f32; 16];
-        for (b, xs) in bytes.chunks_exact(34).zip(x.chunks_exact(QK)) {
-            let d = f16_at(b, 0);
-            let (qs, (xl, xh)) = (&b[2..2 + QK], xs.split_at(16));
-            for l in 0..16 {
-                let t = xl[l].mul_add(f32::from(qs[l] as i8), xh[l] * f32::from(qs[l + 16] as i8));
-                acc[l] = d.mul_add(t, acc[l]);
+    fn add16(a: &[f32; 16], b: &[f32; 16]) -> [f32; 16] {
+        let mut out = [0.0f32; 16];
+        for l in 0..16 {
+            out[l] = a[l] + b[l];
+        }
+        out
+    }
+
+    /// Sum of 16 lanes as a tree: 4 dependent adds rather than 15. Out of line: inlined,
+    /// it leads the vectorizer to split the accumulator loops into narrow pieces.
+    #[inline(never)]
+    fn hsum16(acc: &[f32; 16]) -> f32 {
+        let mut v = *acc;
+        for width in [8, 4, 2, 1] {
+            for l in 0..width {
+                v[l] += v[l + width];
             }
         }
-        acc.iter().sum::<f32>()
+        v[0]
+    }
+
+    /// The little-endian f16 at `b[at..at + 2]` as f32 (one 16-bit load).
+    #[inline(always)]
+    fn f16_le(b: &[u8], at: usize) -> f32 {
+        let bits: [u8; 2] = b[at..at + 2].try_into().unwrap_or([0, 0]);
+        f16::from_bits(u16::from_le_bytes(bits)).to_f32()
+    }
+
+    /// One Q8_0 block into `acc`: `acc += d·(x·q)` lane-wise.
+    #[inline(always)]
+    fn q8_0_block(b: &[u8], xs: &[f32], acc: &mut [f32; 16]) {
+        let d = f16_le(b, 0);
+        let (qs, (xl, xh)) = (&b[2..2 + QK], xs.split_at(16));
+        for l in 0..16 {
+            let t = xl[l].mul_add(f32::from(qs[l] as i8), xh[l] * f32::from(qs[l + 16] as i8));
+            acc[l] = d.mul_add(t, acc[l]);
+        }
+    }
+
+    /// Q8_0: `Σ_blocks d·Σ x·q` (two blocks a step into two accumulators).
+    #[inline(always)]
+    fn q8_0_row(bytes: &[u8], x: &[f32], _xsum32: &[f32]) -> f32 {
+        let (mut acc0, mut acc1) = ([0.0f32; 16], [0.0f32; 16]);
+        for (b, xs) in bytes.chunks_exact(68).zip(x.chunks_exact(2 * QK)) {
+            q8_0_block(&b[..34], &xs[..QK], &mut acc0);
+            q8_0_block(&b[34..], &xs[QK..], &mut acc1);
+        }
+        let n = bytes.len() / 34;
+        if n % 2 == 1 {
+            q8_0_block(&bytes[(n - 1) * 34..], &x[(n - 1) * QK..], &mut acc0);
+        }
+        hsum16(&add16(&acc0, &acc1))
     }
     /// Q4_0: `Σ_blocks d·Σ x·(q − 8)`.
     #[inline(always)]
@@ -265,21 +306,32 @@ mod fused_dot {
         }
         acc.iter().sum::<f32>()
     }
-    /// Q4_1: `Σ_blocks d·Σ x·q + m·Σ x`.
+    /// One Q4_1 block: `acc += d·(x·q)` lane-wise, `offset += m·Σx`.
+    #[inline(always)]
+    fn q4_1_block(b: &[u8], xs: &[f32], sx: f32, acc: &mut [f32; 16], offset: &mut f32) {
+        let (d, m) = (f16_le(b, 0), f16_le(b, 2));
+        let (qs, (xl, xh)) = (&b[4..4 + QK / 2], xs.split_at(16));
+        for l in 0..16 {
+            let t = xl[l].mul_add(f32::from(qs[l] & 0x0F), xh[l] * f32::from(qs[l] >> 4));
+            acc[l] = d.mul_add(t, acc[l]);
+        }
+        *offset = m.mul_add(sx, *offset);
+    }
+
+    /// Q4_1: `Σ_blocks d·Σ x·q + m·Σ x` (two blocks a step into two accumulators).
     #[inline(always)]
     fn q4_1_row(bytes: &[u8], x: &[f32], xsum32: &[f32]) -> f32 {
-        let mut acc = [0.0f32; 16];
-        let mut offsets = 0.0f32;
-        for ((b, xs), &sx) in bytes.chunks_exact(20).zip(x.chunks_exact(QK)).zip(xsum32) {
-            let (d, m) = (f16_at(b, 0), f16_at(b, 2));
-            let (qs, (xl, xh)) = (&b[4..4 + QK / 2], xs.split_at(16));
-            for l in 0..16 {
-                let t = xl[l].mul_add(f32::from(qs[l] & 0x0F), xh[l] * f32::from(qs[l] >> 4));
-                acc[l] = d.mul_add(t, acc[l]);
-            }
-            offsets = m.mul_add(sx, offsets);
+        let (mut acc0, mut acc1) = ([0.0f32; 16], [0.0f32; 16]);
+        let (mut off0, mut off1) = (0.0f32, 0.0f32);
+        for ((b, xs), sx) in bytes.chunks_exact(40).zip(x.chunks_exact(2 * QK)).zip(xsum32.chunks_exact(2)) {
+            q4_1_block(&b[..20], &xs[..QK], sx[0], &mut acc0, &mut off0);
+            q4_1_block(&b[20..], &xs[QK..], sx[1], &mut acc1, &mut off1);
         }
-        acc.iter().sum::<f32>() + offsets
+        let n = bytes.len() / 20;
+        if n % 2 == 1 {
+            q4_1_block(&bytes[(n - 1) * 20..], &x[(n - 1) * QK..], xsum32[n - 1], &mut acc0, &mut off0);
+        }
+        hsum16(&add16(&acc0, &acc1)) + (off0 + off1)
     }
     /// Q4_K: per sub-block of 32, `d·sc·Σ x·q − dmin·m·Σ x`.
     #[inline(always)]
