@@ -152,10 +152,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         );
         let stopped_early = out.len() < args.max_tokens && out.last().is_none_or(|t| !stop.contains(t));
         if stopped_early {
-            eprintln!(
-                "stopped at the model's context of {} tokens (prompt + generation)",
-                model.config.max_seq
-            );
+            eprintln!("stopped at the model's context of {} tokens (prompt + generation)", model.config.max_seq);
         }
     }
     Ok(())

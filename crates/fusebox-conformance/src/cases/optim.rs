@@ -207,6 +207,25 @@ fn global_norm_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
         }
         cases.extend(case.build());
     }
+    cases.push(Case::custom(
+        Op::GlobalNorm,
+        CaseKind::Property,
+        "global_norm of values near 1e20 (squares beyond f32) is finite and exact to 1e-6",
+        |b: &B| {
+            // 3000 elements: two full blocks of 1024 and a tail, some squares overflow f32.
+            let values: Vec<f32> = (0..3000).map(|i| if i % 7 == 0 { 1e20 } else { (i % 5) as f32 }).collect();
+            let t = b
+                .upload(&Tensor::from_slice(&values, [3000]).map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())?;
+            let got = b.global_norm(&[t]).map_err(|e| format!("returned an error: {e}"))? as f64;
+            let want = twin::global_norm(&[Array::from_tensor(&Tensor::from_slice(&values, [3000]).unwrap())]);
+            if (got - want).abs() <= 1e-6 * want {
+                Ok(())
+            } else {
+                Err(format!("got {got}, twin {want}"))
+            }
+        },
+    ));
     cases.push(Case::custom(Op::GlobalNorm, CaseKind::Property, "global_norm of no tensors is 0", |b: &B| {
         let n = b.global_norm(&[]).map_err(|e| format!("returned an error: {e}"))?;
         if n == 0.0 {

@@ -56,17 +56,35 @@ mod lanes {
     }
 
     multiversion! {
-        /// `Σ x[i]²` accumulated in f64 (16 partial sums, combined in a fixed order).
+        /// `Σ x[i]²`: 16 f32 lanes over blocks of 1024 elements (64 terms per lane, so
+        /// f32 rounding stays near 1e-6 relative), each block's lanes added into f64
+        /// partial sums, combined in a fixed order. A block whose f32 squares overflow is
+        /// summed in f64, so huge values give their true norm rather than ∞.
         pub fn sum_squares_f64(x: &[f32]) -> f64 {
+            const BLOCK: usize = 1024;
             let mut acc = [0.0f64; 16];
-            let mut c = x.chunks_exact(16);
-            for v in &mut c {
-                for l in 0..16 {
-                    let e = v[l] as f64;
-                    acc[l] += e * e;
+            let mut blocks = x.chunks_exact(BLOCK);
+            for block in &mut blocks {
+                let mut lane = [0.0f32; 16];
+                for v in block.chunks_exact(16) {
+                    for l in 0..16 {
+                        lane[l] += v[l] * v[l];
+                    }
+                }
+                if lane.iter().all(|s| s.is_finite()) {
+                    for l in 0..16 {
+                        acc[l] += lane[l] as f64;
+                    }
+                } else {
+                    // Squares beyond f32 (|x| > 1.8e19) or NaN: this block again in f64.
+                    for v in block.chunks_exact(16) {
+                        for l in 0..16 {
+                            acc[l] += (v[l] as f64) * (v[l] as f64);
+                        }
+                    }
                 }
             }
-            let tail: f64 = c.remainder().iter().map(|&e| (e as f64) * (e as f64)).sum();
+            let tail: f64 = blocks.remainder().iter().map(|&e| (e as f64) * (e as f64)).sum();
             acc.iter().sum::<f64>() + tail
         }
     }
