@@ -127,6 +127,18 @@ pub const NATIVE_OPS: &[Op] = &[
     Op::Transpose,
 ];
 
+/// The norms' `eps` rule (finite, ≥ 0); other values go to the CPU, which reports them.
+fn eps_ok(eps: f32) -> bool {
+    eps.is_finite() && eps >= 0.0
+}
+
+/// Keys (or query rows) one attention dispatch covers: llvmpipe ends a shader's loops
+/// after 65535 iterations, so long loops are split across dispatches.
+const KEY_CHUNK: usize = 128;
+
+/// Rows the norms' weight-gradient kernel sums in one loop (more go to the CPU).
+const MAX_DW_ROWS: usize = 32768;
+
 /// Largest head dimension of the attention kernels (per-thread row buffers).
 const MAX_HEAD_DIM: usize = 256;
 
@@ -365,8 +377,28 @@ impl WgpuBackend {
         let output = self.ctx.empty(op, q.shape().clone(), DType::F32)?;
         let logsumexp = self.ctx.empty(op, [b, hq, tq], DType::F32)?;
         let rows = b * hq * tq;
-        let params = [u(rows)?, u(hq)?, u(hkv)?, u(tq)?, u(tk)?, u(cap)?, u(d)?, f(scale), causal as u32];
-        self.ctx.dispatch(op, &kernels::ATTENTION, &[&q, &k, &v, &output, &logsumexp], &params, (rows as u64).div_ceil(64))?;
+        let lsum = self.ctx.empty(op, [rows], DType::F32)?;
+        let chunks = tk.div_ceil(KEY_CHUNK).max(1);
+        for c in 0..chunks {
+            let (j0, j1) = (c * KEY_CHUNK, ((c + 1) * KEY_CHUNK).min(tk));
+            let params = [
+                u(rows)?,
+                u(hq)?,
+                u(hkv)?,
+                u(tq)?,
+                u(tk)?,
+                u(cap)?,
+                u(d)?,
+                f(scale),
+                causal as u32,
+                u(j0)?,
+                u(j1)?,
+                (c == 0) as u32,
+                (c + 1 == chunks) as u32,
+            ];
+            let args = [&q, &k, &v, &output, &logsumexp, &lsum];
+            self.ctx.dispatch(op, &kernels::ATTENTION, &args, &params, (rows as u64).div_ceil(64))?;
+        }
         Ok(CausalAttentionResult { output, logsumexp })
     }
 
@@ -808,17 +840,25 @@ impl ComputeBackend for WgpuBackend {
         let dq = self.ctx.empty(OP, q.shape().clone(), DType::F32)?;
         let dk = self.ctx.empty(OP, k.shape().clone(), DType::F32)?;
         let dv = self.ctx.empty(OP, v.shape().clone(), DType::F32)?;
-        let p = [u(rows)?, u(hq)?, u(hkv)?, u(tq)?, u(tk)?, u(d)?, f(scale)];
-        self.ctx.dispatch(OP, &kernels::ATTN_DQ, &[&q, &k, &v, &lse, &dout, &delta, &dq], &p, (rows as u64).div_ceil(64))?;
+        let groups = (rows as u64).div_ceil(64);
+        let chunks = tk.div_ceil(KEY_CHUNK).max(1);
+        for c in 0..chunks {
+            let (j0, j1) = (c * KEY_CHUNK, ((c + 1) * KEY_CHUNK).min(tk));
+            let p = [u(rows)?, u(hq)?, u(hkv)?, u(tq)?, u(tk)?, u(d)?, f(scale), u(j0)?, u(j1)?, (c == 0) as u32];
+            self.ctx.dispatch(OP, &kernels::ATTN_DQ, &[&q, &k, &v, &lse, &dout, &delta, &dq], &p, groups)?;
+        }
         let kv_rows = b * hkv * tk;
-        let p = [u(kv_rows)?, u(hq)?, u(hkv)?, u(tq)?, u(tk)?, u(d)?, f(scale)];
-        self.ctx.dispatch(
-            OP,
-            &kernels::ATTN_DKV,
-            &[&q, &k, &v, &lse, &dout, &delta, &dk, &dv],
-            &p,
-            (kv_rows as u64).div_ceil(64),
-        )?;
+        let groups = (kv_rows as u64).div_ceil(64);
+        let chunks = tq.div_ceil(KEY_CHUNK).max(1);
+        for g in 0..hq / hkv {
+            for c in 0..chunks {
+                let (i0, i1) = (c * KEY_CHUNK, ((c + 1) * KEY_CHUNK).min(tq));
+                let first = (g == 0 && c == 0) as u32;
+                let p = [u(kv_rows)?, u(hq)?, u(hkv)?, u(tq)?, u(tk)?, u(d)?, f(scale), u(g)?, u(i0)?, u(i1)?, first];
+                let args = [&q, &k, &v, &lse, &dout, &delta, &dk, &dv];
+                self.ctx.dispatch(OP, &kernels::ATTN_DKV, &args, &p, groups)?;
+            }
+        }
         Ok(AttentionGradients { dq, dk, dv })
     }
 
@@ -993,7 +1033,7 @@ impl ComputeBackend for WgpuBackend {
 
     fn rms_norm(&self, x: &Tensor, weight: &Tensor, eps: f32) -> Result<NormOutput> {
         const OP: &str = "rms_norm";
-        let dims = Self::norm_dims(x, weight).filter(|_| Self::all_f32(&[x, weight]));
+        let dims = Self::norm_dims(x, weight).filter(|_| Self::all_f32(&[x, weight]) && eps_ok(eps));
         let Some((rows, d)) = dims else {
             return fallback!(self, cpu::norm::rms_norm; [x, weight], eps);
         };
@@ -1006,8 +1046,12 @@ impl ComputeBackend for WgpuBackend {
     }
 
     fn rms_norm_backward(&self, x: &Tensor, weight: &Tensor, rstd: &Tensor, d_out: &Tensor) -> Result<NormGradients> {
-        let dims = Self::norm_dims(x, weight)
-            .filter(|_| Self::all_f32(&[x, weight, d_out]) && Self::stat_ok(rstd, x) && d_out.shape() == x.shape());
+        let dims = Self::norm_dims(x, weight).filter(|&(rows, _)| {
+            rows <= MAX_DW_ROWS
+                && Self::all_f32(&[x, weight, d_out])
+                && Self::stat_ok(rstd, x)
+                && d_out.shape() == x.shape()
+        });
         match dims {
             Some(rd) => self.norm_backward_native("rms_norm_backward", x, weight, None, rstd, d_out, rd),
             None => fallback!(self, cpu::norm::rms_norm_backward; [x, weight, rstd, d_out]),
@@ -1016,7 +1060,7 @@ impl ComputeBackend for WgpuBackend {
 
     fn layer_norm(&self, x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f32) -> Result<NormOutput> {
         const OP: &str = "layer_norm";
-        let dims = Self::norm_dims(x, weight).filter(|_| Self::all_f32(&[x, weight, bias]) && bias.shape() == weight.shape());
+        let dims = Self::norm_dims(x, weight).filter(|_| Self::all_f32(&[x, weight, bias]) && bias.shape() == weight.shape() && eps_ok(eps));
         let Some((rows, d)) = dims else {
             return fallback!(self, cpu::norm::layer_norm; [x, weight, bias], eps);
         };
@@ -1038,8 +1082,9 @@ impl ComputeBackend for WgpuBackend {
         rstd: &Tensor,
         d_out: &Tensor,
     ) -> Result<NormGradients> {
-        let dims = Self::norm_dims(x, weight).filter(|_| {
-            Self::all_f32(&[x, weight, d_out])
+        let dims = Self::norm_dims(x, weight).filter(|&(rows, _)| {
+            rows <= MAX_DW_ROWS
+                && Self::all_f32(&[x, weight, d_out])
                 && Self::stat_ok(rstd, x)
                 && Self::stat_ok(mean, x)
                 && d_out.shape() == x.shape()
@@ -1052,7 +1097,7 @@ impl ComputeBackend for WgpuBackend {
 
     fn add_rms_norm(&self, a: &Tensor, b: &Tensor, weight: &Tensor, eps: f32) -> Result<(Tensor, NormOutput)> {
         const OP: &str = "add_rms_norm";
-        let dims = Self::norm_dims(a, weight).filter(|_| Self::all_f32(&[a, b, weight]) && a.shape() == b.shape());
+        let dims = Self::norm_dims(a, weight).filter(|_| Self::all_f32(&[a, b, weight]) && a.shape() == b.shape() && eps_ok(eps));
         let Some((rows, d)) = dims else {
             return fallback!(self, cpu::norm::add_rms_norm; [a, b, weight], eps);
         };

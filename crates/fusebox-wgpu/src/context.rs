@@ -233,6 +233,7 @@ impl Context {
         let size = (b.byte_len() as u64).div_ceil(4) * 4;
         if size > 0 {
             self.record(|enc| enc.clear_buffer(b.raw(), 0, Some(size)));
+            self.dispatches.fetch_add(1, Ordering::Relaxed);
         }
         Ok(t)
     }

@@ -73,7 +73,7 @@ kernel!(CROSS_ENTROPY, "xent.wgsl", "cross_entropy", [false, false, true, true])
 kernel!(ROPE, "rope.wgsl", "rope", [false, false, false, true]);
 kernel!(EMBEDDING, "embedding.wgsl", "embedding", [false, false, true]);
 kernel!(SCATTER_ROWS, "scatter.wgsl", "scatter_rows", [false, false, true]);
-kernel!(ATTENTION, "attention.wgsl", "attention", [false, false, false, true, true]);
+kernel!(ATTENTION, "attention.wgsl", "attention", [false, false, false, true, true, true]);
 kernel!(ATTN_DELTA, "attn_delta.wgsl", "attn_delta", [false, false, true]);
 kernel!(ATTN_DQ, "attn_dq.wgsl", "attn_dq", [false, false, false, false, false, false, true]);
 kernel!(ATTN_DKV, "attn_dkv.wgsl", "attn_dkv", [false, false, false, false, false, false, true, true]);

@@ -6,6 +6,9 @@ use fusebox::{DType, Error, Result, Shape, Tensor};
 use crate::context::{buffer_of, Context, Kernel};
 use crate::kernels;
 
+/// Inner-dimension length one matmul dispatch covers (and rows one column sum covers).
+pub const K_CHUNK: usize = 4096;
+
 /// Threads a workgroup in the flat 1-d kernels.
 pub const WG: u64 = 256;
 
@@ -114,7 +117,7 @@ impl Context {
         (a, av): (&Tensor, MatView),
         (b, bv): (&Tensor, MatView),
         bias: Option<&Tensor>,
-        (c, cv): (&Tensor, MatView),
+        (c_out, cv): (&Tensor, MatView),
         (m, n, k, batch): (usize, usize, usize, usize),
         accumulate: bool,
     ) -> Result<()> {
@@ -123,29 +126,53 @@ impl Context {
         }
         let tiles_n = n.div_ceil(32);
         let tiles = m.div_ceil(32) * tiles_n;
-        let params = [
-            u(m)?,
-            u(n)?,
-            u(k)?,
-            u(av.batch)?,
-            u(av.row)?,
-            u(av.col)?,
-            u(bv.batch)?,
-            u(bv.row)?,
-            u(bv.col)?,
-            u(cv.batch)?,
-            u(cv.row)?,
-            bias.is_some() as u32,
-            u(tiles_n)?,
-            accumulate as u32,
-        ];
         let z = u32::try_from(batch).map_err(|_| Error::unsupported(op, "batch count beyond u32"))?;
-        self.dispatch_3d(op, &kernels::MATMUL, &[a, b, bias.unwrap_or(a), c], &params, tiles as u64, z)
+        // The k loop is split across dispatches that accumulate (see attention.wgsl:
+        // software rasterizers bound the loop iterations of one invocation).
+        let chunks = k.div_ceil(K_CHUNK).max(1);
+        for c in 0..chunks {
+            let (k0, k1) = (c * K_CHUNK, ((c + 1) * K_CHUNK).min(k));
+            let (a_c, b_c);
+            let (a_k, b_k) = if k0 == 0 {
+                (a, b)
+            } else {
+                a_c = a.view(k0 * av.col, Shape::new(vec![a.elem_count() - k0 * av.col]))?;
+                b_c = b.view(k0 * bv.row, Shape::new(vec![b.elem_count() - k0 * bv.row]))?;
+                (&a_c, &b_c)
+            };
+            let params = [
+                u(m)?,
+                u(n)?,
+                u(k1 - k0)?,
+                u(av.batch)?,
+                u(av.row)?,
+                u(av.col)?,
+                u(bv.batch)?,
+                u(bv.row)?,
+                u(bv.col)?,
+                u(cv.batch)?,
+                u(cv.row)?,
+                (bias.is_some() && c == 0) as u32,
+                u(tiles_n)?,
+                (accumulate || c > 0) as u32,
+            ];
+            self.dispatch_3d(op, &kernels::MATMUL, &[a_k, b_k, bias.unwrap_or(a), c_out], &params, tiles as u64, z)?;
+        }
+        Ok(())
     }
 
-    /// `out[j] = scale·Σ_r x[r·stride + j]` for `rows` rows of `cols` columns.
+    /// `out[j] = Σ_r x[r·cols + j]` for `rows` rows of `cols` columns, rows in blocks
+    /// that accumulate (bounded loops, see `gemm`).
     pub fn sum_rows(&self, op: &'static str, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()> {
-        self.flat(op, &kernels::SUM_ROWS, &[x, out], &[u(rows)?, u(cols)?, u(cols)?], cols)
+        let mut r0 = 0;
+        while r0 < rows || r0 == 0 {
+            let r1 = (r0 + K_CHUNK).min(rows);
+            let xb = x.view(r0 * cols, Shape::new(vec![x.elem_count() - r0 * cols]))?;
+            let params = [u(r1 - r0)?, u(cols)?, u(cols)?, (r0 > 0) as u32];
+            self.flat(op, &kernels::SUM_ROWS, &[&xb, out], &params, cols)?;
+            r0 = r1.max(1);
+        }
+        Ok(())
     }
 
     /// Rows `[r0, r0 + len)` of a row-major `[rows, cols]` tensor as a view.

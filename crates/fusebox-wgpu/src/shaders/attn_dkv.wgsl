@@ -1,6 +1,8 @@
 // Causal attention backward, dk and dv: thread per key row of a kv head, summing over
-// every query head of its group and every query row that sees the key, in order:
+// the query heads of its group and the query rows that see the key, in a fixed order:
 // dv_j = Σ p·dO_i, dk_j = scale·Σ p·(dO_i·v_j − delta_i)·q_i.
+// One dispatch covers query head g of the group and query rows [i0, i1), adding to
+// dk/dv (the first one starts from zero); see attention.wgsl for why.
 
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> k: array<f32>;
@@ -11,7 +13,7 @@
 @group(0) @binding(7) var<storage, read_write> dk: array<f32>;
 @group(0) @binding(8) var<storage, read_write> dv: array<f32>;
 
-// params: rows (B·Hkv·Tk), hq, hkv, tq, tk, d, scale
+// params: rows (B·Hkv·Tk), hq, hkv, tq, tk, d, scale, g, i0, i1, first
 @compute @workgroup_size(64)
 fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let r = flat_group(wid) * 64u + lid.x;
@@ -27,6 +29,8 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id)
     let kvh = bh % hkv;
     let b = bh / hkv;
     let group = hq / hkv;
+    let rb = off(6u) + r * d;
+    let vb = off(7u) + r * d;
     var kv: array<f32, 256>;
     var vv: array<f32, 256>;
     var dka: array<f32, 256>;
@@ -34,33 +38,51 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id)
     for (var e = 0u; e < d; e++) {
         kv[e] = k[off(1u) + r * d + e];
         vv[e] = v[off(2u) + r * d + e];
-        dka[e] = 0.0;
-        dva[e] = 0.0;
+    }
+    if (pu(10u) != 0u) {
+        for (var e = 0u; e < d; e++) { dka[e] = 0.0; dva[e] = 0.0; }
+    } else {
+        for (var e = 0u; e < d; e++) { dka[e] = dk[rb + e]; dva[e] = dv[vb + e]; }
     }
     // Query row i sees key j when j ≤ i + (tk − tq).
-    var i0 = 0u;
-    if (j > tk - tq) { i0 = j - (tk - tq); }
-    for (var g = 0u; g < group; g++) {
-        let h = kvh * group + g;
-        let rb = (b * hq + h) * tq;
-        for (var i = i0; i < tq; i++) {
-            let qr = rb + i;
-            var s = 0.0;
-            var dp = 0.0;
-            for (var e = 0u; e < d; e++) {
-                s = fma(q[off(0u) + qr * d + e], kv[e], s);
-                dp = fma(d_o[off(4u) + qr * d + e], vv[e], dp);
-            }
-            let p = exp(s * scale - lse[off(3u) + qr]);
-            let ds = p * (dp - delta[off(5u) + qr]) * scale;
-            for (var e = 0u; e < d; e++) {
-                dva[e] = fma(p, d_o[off(4u) + qr * d + e], dva[e]);
-                dka[e] = fma(ds, q[off(0u) + qr * d + e], dka[e]);
-            }
+    var i_lo = pu(8u);
+    if (j > tk - tq) { i_lo = max(i_lo, j - (tk - tq)); }
+    let h = kvh * group + pu(7u);
+    let qrb = (b * hq + h) * tq;
+    let d4 = d & ~3u;
+    for (var i = i_lo; i < pu(9u); i++) {
+        let qr = qrb + i;
+        let qo = off(0u) + qr * d;
+        let go = off(4u) + qr * d;
+        var s = 0.0;
+        var dp = 0.0;
+        for (var e = 0u; e < d4; e += 4u) {
+            s += q[qo + e] * kv[e] + q[qo + e + 1u] * kv[e + 1u] + q[qo + e + 2u] * kv[e + 2u] + q[qo + e + 3u] * kv[e + 3u];
+            dp += d_o[go + e] * vv[e] + d_o[go + e + 1u] * vv[e + 1u] + d_o[go + e + 2u] * vv[e + 2u] + d_o[go + e + 3u] * vv[e + 3u];
+        }
+        for (var e = d4; e < d; e++) {
+            s = fma(q[qo + e], kv[e], s);
+            dp = fma(d_o[go + e], vv[e], dp);
+        }
+        let p = exp(s * scale - lse[off(3u) + qr]);
+        let ds = p * (dp - delta[off(5u) + qr]) * scale;
+        for (var e = 0u; e < d4; e += 4u) {
+            dva[e] = fma(p, d_o[go + e], dva[e]);
+            dva[e + 1u] = fma(p, d_o[go + e + 1u], dva[e + 1u]);
+            dva[e + 2u] = fma(p, d_o[go + e + 2u], dva[e + 2u]);
+            dva[e + 3u] = fma(p, d_o[go + e + 3u], dva[e + 3u]);
+            dka[e] = fma(ds, q[qo + e], dka[e]);
+            dka[e + 1u] = fma(ds, q[qo + e + 1u], dka[e + 1u]);
+            dka[e + 2u] = fma(ds, q[qo + e + 2u], dka[e + 2u]);
+            dka[e + 3u] = fma(ds, q[qo + e + 3u], dka[e + 3u]);
+        }
+        for (var e = d4; e < d; e++) {
+            dva[e] = fma(p, d_o[go + e], dva[e]);
+            dka[e] = fma(ds, q[qo + e], dka[e]);
         }
     }
     for (var e = 0u; e < d; e++) {
-        dk[off(6u) + r * d + e] = dka[e];
-        dv[off(7u) + r * d + e] = dva[e];
+        dk[rb + e] = dka[e];
+        dv[vb + e] = dva[e];
     }
 }

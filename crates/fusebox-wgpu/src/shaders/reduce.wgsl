@@ -5,7 +5,7 @@
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 
-// params: rows, cols, stride
+// params: rows, cols, stride, accumulate
 @compute @workgroup_size(256)
 fn sum_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let j = flat_group(wid) * 256u + lid.x;
@@ -17,6 +17,7 @@ fn sum_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id)
     for (var r = 0u; r < rows; r++) {
         acc += x[off(0u) + r * stride + j];
     }
+    if (pu(3u) != 0u) { acc += out[off(1u) + j]; }
     out[off(1u) + j] = acc;
 }
 
