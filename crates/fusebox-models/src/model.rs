@@ -372,6 +372,7 @@ impl Model {
         let cfg = &self.config;
         let (bsz, t, d) = (cache.batch, cache.seq, cfg.d_model);
         let scale = 1.0 / (cfg.head_dim() as f32).sqrt();
+        // Norm gradients are small: added in a separate pass.
         let acc = |grads: &mut ParamSet, i: usize, g: &Tensor| b.add_assign(&mut grads.tensors[i], g);
         let acc_opt = |grads: &mut ParamSet, i: Option<usize>, g: &Option<Tensor>| match (i, g) {
             (Some(i), Some(g)) => b.add_assign(&mut grads.tensors[i], g),
@@ -380,35 +381,28 @@ impl Model {
 
         // Output head and final norm.
         let hf = cache.norm_f.output.reshape([bsz * t, d])?;
-        let head = b.linear_backward(&hf, self.head_weight(), d_logits, false)?;
-        acc(grads, self.index.lm_head.unwrap_or(self.index.wte), &head.dweight)?;
+        let head_grad = self.index.lm_head.unwrap_or(self.index.wte);
+        let dhf = self.linear_grad(b, grads, &hf, self.head_weight(), (head_grad, None), d_logits)?;
         let dnf =
-            self.norm_backward(b, &cache.x_final, self.index.norm_f_w, &cache.norm_f, &head.dx.reshape([bsz, t, d])?)?;
+            self.norm_backward(b, &cache.x_final, self.index.norm_f_w, &cache.norm_f, &dhf.reshape([bsz, t, d])?)?;
         acc(grads, self.index.norm_f_w, &dnf.dweight)?;
         acc_opt(grads, self.index.norm_f_b, &dnf.dbias)?;
         let mut dx = dnf.dx;
 
         for (li, lc) in self.index.layers.iter().zip(cache.layers).rev() {
             // MLP block.
-            let out = b.linear_backward(&lc.mlp_act, self.p(li.w_out), &dx, li.b_out.is_some())?;
-            acc(grads, li.w_out, &out.dweight)?;
-            acc_opt(grads, li.b_out, &out.dbias)?;
+            let d_act = self.linear_grad(b, grads, &lc.mlp_act, self.p(li.w_out), (li.w_out, li.b_out), &dx)?;
             let h2 = &lc.norm2.output;
             let dh2 = match (li.w_up, &lc.mlp_up) {
                 (Some(w_up), Some(up)) => {
-                    let g = b.silu_mul_backward(&lc.mlp_pre, up, &out.dx)?;
-                    let gate = b.linear_backward(h2, self.p(li.w_in), &g.da, false)?;
-                    let upg = b.linear_backward(h2, self.p(w_up), &g.db, false)?;
-                    acc(grads, li.w_in, &gate.dweight)?;
-                    acc(grads, w_up, &upg.dweight)?;
-                    b.add(&gate.dx, &upg.dx)?
+                    let g = b.silu_mul_backward(&lc.mlp_pre, up, &d_act)?;
+                    let d_gate = self.linear_grad(b, grads, h2, self.p(li.w_in), (li.w_in, None), &g.da)?;
+                    let d_up = self.linear_grad(b, grads, h2, self.p(w_up), (w_up, None), &g.db)?;
+                    b.add(&d_gate, &d_up)?
                 }
                 _ => {
-                    let dpre = b.gelu_backward(&lc.mlp_pre, &out.dx, GeluForm::Tanh)?;
-                    let fc = b.linear_backward(h2, self.p(li.w_in), &dpre, li.b_in.is_some())?;
-                    acc(grads, li.w_in, &fc.dweight)?;
-                    acc_opt(grads, li.b_in, &fc.dbias)?;
-                    fc.dx
+                    let dpre = b.gelu_backward(&lc.mlp_pre, &d_act, GeluForm::Tanh)?;
+                    self.linear_grad(b, grads, h2, self.p(li.w_in), (li.w_in, li.b_in), &dpre)?
                 }
             };
             let dn2 = self.norm_backward(b, &lc.x_mid, li.norm2_w, &lc.norm2, &dh2)?;
@@ -417,10 +411,8 @@ impl Model {
             let dx_mid = b.add(&dx, &dn2.dx)?;
 
             // Attention block.
-            let o = b.linear_backward(&lc.attn_merged, self.p(li.wo), &dx_mid, li.bo.is_some())?;
-            acc(grads, li.wo, &o.dweight)?;
-            acc_opt(grads, li.bo, &o.dbias)?;
-            let d_attn = b.split_heads(&o.dx, cfg.n_heads)?;
+            let d_merged = self.linear_grad(b, grads, &lc.attn_merged, self.p(li.wo), (li.wo, li.bo), &dx_mid)?;
+            let d_attn = b.split_heads(&d_merged, cfg.n_heads)?;
             let AttentionGradients { dq, dk, dv } =
                 b.causal_attention_backward(&lc.q, &lc.k, &lc.v, &lc.attn, &d_attn, scale)?;
             let (dq, dk) = match &self.rope {
@@ -431,29 +423,41 @@ impl Model {
                 None => (dq, dk),
             };
             let h1 = &lc.norm1.output;
-            let gq = b.linear_backward(h1, self.p(li.wq), &b.merge_heads(&dq)?, li.bq.is_some())?;
-            let gk = b.linear_backward(h1, self.p(li.wk), &b.merge_heads(&dk)?, li.bk.is_some())?;
-            let gv = b.linear_backward(h1, self.p(li.wv), &b.merge_heads(&dv)?, li.bv.is_some())?;
-            for (i, bi, g) in [(li.wq, li.bq, &gq), (li.wk, li.bk, &gk), (li.wv, li.bv, &gv)] {
-                acc(grads, i, &g.dweight)?;
-                acc_opt(grads, bi, &g.dbias)?;
-            }
-            let dh1 = b.add3(&gq.dx, &gk.dx, &gv.dx)?;
+            let dh_q = self.linear_grad(b, grads, h1, self.p(li.wq), (li.wq, li.bq), &b.merge_heads(&dq)?)?;
+            let dh_k = self.linear_grad(b, grads, h1, self.p(li.wk), (li.wk, li.bk), &b.merge_heads(&dk)?)?;
+            let dh_v = self.linear_grad(b, grads, h1, self.p(li.wv), (li.wv, li.bv), &b.merge_heads(&dv)?)?;
+            let dh1 = b.add3(&dh_q, &dh_k, &dh_v)?;
             let dn1 = self.norm_backward(b, &lc.x_in, li.norm1_w, &lc.norm1, &dh1)?;
             acc(grads, li.norm1_w, &dn1.dweight)?;
             acc_opt(grads, li.norm1_b, &dn1.dbias)?;
             dx = b.add(&dx_mid, &dn1.dx)?;
         }
 
-        // Embeddings: token rows scatter-add; positions sum over the batch.
-        let dtok = b.embedding_backward(&cache.ids, &dx, cfg.vocab_size)?;
-        acc(grads, self.index.wte, &dtok)?;
+        // Embeddings: token rows scatter-add straight into the (possibly tied) table's
+        // gradient; positions sum over the batch.
+        let ids = cache.ids.reshape([bsz * t])?;
+        b.scatter_add_rows(&mut grads.tensors[self.index.wte], &ids, &dx.reshape([bsz * t, d])?)?;
         if let Some(wpe) = self.index.wpe {
             let dpos = b.sum(&dx.reshape([bsz, t * d])?, Some(0))?.reshape([t, d])?;
             let rows = b.upload(&Tensor::from_vec((0..t as u32).collect::<Vec<_>>(), [t])?)?;
             b.scatter_add_rows(&mut grads.tensors[wpe], &rows, &dpos)?;
         }
         Ok(())
+    }
+
+    /// Backward of one linear layer `y = x·Wᵀ (+ bias)`: adds the weight (and bias)
+    /// gradient into `grads` at `(weight, bias)` indices and returns `dx`.
+    fn linear_grad(
+        &self,
+        b: &dyn ComputeBackend,
+        grads: &mut ParamSet,
+        x: &Tensor,
+        w: &Tensor,
+        (weight, bias): (usize, Option<usize>),
+        dy: &Tensor,
+    ) -> Result<Tensor> {
+        let (dw, db) = grads.pair_mut(weight, bias)?;
+        b.linear_backward_accumulate(x, w, dy, dw, db)
     }
 
     /// Mean cross-entropy of next-token predictions and its gradient, added into `grads`

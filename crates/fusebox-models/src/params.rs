@@ -78,6 +78,34 @@ impl ParamSet {
         Ok(out)
     }
 
+    /// Tensor `i` and, when given, tensor `j` (≠ `i`), both mutable: a weight's and its
+    /// bias's gradient for one accumulating call.
+    pub fn pair_mut(&mut self, i: usize, j: Option<usize>) -> Result<(&mut Tensor, Option<&mut Tensor>)> {
+        let n = self.tensors.len();
+        if i >= n || j.is_some_and(|j| j >= n || j == i) {
+            return Err(Error::value(
+                "ParamSet::pair_mut",
+                "indices",
+                format!("two distinct indices < {n}"),
+                format!("{i}, {j:?}"),
+            ));
+        }
+        let (mut first, mut second) = (None, None);
+        for (k, t) in self.tensors.iter_mut().enumerate() {
+            if k == i {
+                first = Some(t);
+            } else if Some(k) == j {
+                second = Some(t);
+            }
+        }
+        Ok((first.expect("i < len was checked"), second))
+    }
+
+    /// Sets every value to zero in place (no reallocation).
+    pub fn fill_zero(&mut self, backend: &dyn ComputeBackend) -> Result<()> {
+        self.tensors.iter_mut().try_for_each(|t| backend.fill(t, 0.0))
+    }
+
     /// Number of scalars.
     pub fn len(&self) -> usize {
         self.tensors.iter().map(Tensor::elem_count).sum()

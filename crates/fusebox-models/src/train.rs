@@ -126,6 +126,8 @@ pub struct Trainer {
     pub task: Task,
     m: ParamSet,
     v: ParamSet,
+    /// Gradient buffers, allocated once and zeroed in place each step.
+    grads: ParamSet,
     /// Completed optimizer steps.
     pub step: u64,
     data_rng: Rng,
@@ -160,8 +162,9 @@ impl Trainer {
         let model = Model::new(b, model_config, config.seed)?;
         let m = ParamSet::zeros(b, &model.specs)?;
         let v = ParamSet::zeros(b, &model.specs)?;
+        let grads = ParamSet::zeros(b, &model.specs)?;
         let data_rng = Rng::new(config.seed.wrapping_add(1));
-        Ok(Trainer { model, config, task, m, v, step: 0, data_rng })
+        Ok(Trainer { model, config, task, m, v, grads, step: 0, data_rng })
     }
 
     /// Continues the run saved in checkpoint `path` (an output directory or a `step-N`
@@ -185,7 +188,8 @@ impl Trainer {
                 task.vocab_size(),
             ));
         }
-        Ok(Trainer { model, config, task, m, v, step, data_rng })
+        let grads = ParamSet::zeros(b, &model.specs)?;
+        Ok(Trainer { model, config, task, m, v, grads, step, data_rng })
     }
 
     fn batch(&mut self) -> (Vec<u32>, Vec<u32>) {
@@ -209,17 +213,18 @@ impl Trainer {
         let step = self.step + 1;
         let seq = self.task.seq_len(&self.config);
         let accum = self.config.accumulation;
-        let mut grads = ParamSet::zeros(b, &self.model.specs)?;
+        self.grads.fill_zero(b)?;
         let mut loss_sum = 0.0f64;
         for _ in 0..accum {
             let (ids, targets) = self.batch();
             let ids = host_u32(b, ids, self.config.batch, seq)?;
             let targets = host_u32(b, targets, self.config.batch, seq)?;
             let ignore = self.task.ignore_index();
-            loss_sum += self.model.loss_and_grads(b, &ids, &targets, ignore, 1.0 / accum as f32, &mut grads)? as f64;
+            loss_sum +=
+                self.model.loss_and_grads(b, &ids, &targets, ignore, 1.0 / accum as f32, &mut self.grads)? as f64;
         }
         let loss = (loss_sum / accum as f64) as f32;
-        let grad_norm = b.global_norm(&grads.tensors)?;
+        let grad_norm = b.global_norm(&self.grads.tensors)?;
         if !loss.is_finite() || !grad_norm.is_finite() {
             return Err(Error::value(
                 "train_step",
@@ -237,11 +242,12 @@ impl Trainer {
                 beta2: self.config.beta2,
                 eps: 1e-8,
                 weight_decay: if spec.decay { self.config.weight_decay } else { 0.0 },
+                // Clipping happens inside the step: g ← clip·g, no extra pass.
+                grad_scale: clip,
             };
-            let g = if clip < 1.0 { b.mul_scalar(&grads.tensors[i], clip)? } else { grads.tensors[i].clone() };
             b.adamw_update(
                 &mut self.model.params.tensors[i],
-                &g,
+                &self.grads.tensors[i],
                 &mut self.m.tensors[i],
                 &mut self.v.tensors[i],
                 &hyper,

@@ -60,7 +60,7 @@ fn bench(c: &mut Criterion) {
         Tensor::from_vec(vec![0f32; N], [N]).expect("n"),
         Tensor::from_vec(vec![0f32; N], [N]).expect("n"),
     );
-    let hyper = AdamWConfig { lr: 1e-4, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 };
+    let hyper = AdamWConfig { lr: 1e-4, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, grad_scale: 1.0 };
     let mut step = 0u64;
     case(&mut g, "adamw_update", 28 * N, || {
         step += 1;

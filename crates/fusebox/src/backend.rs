@@ -214,6 +214,15 @@ pub trait ComputeBackend: Send + Sync + Debug {
         cpu::memory::copy_into(self.cpu(), dst, &src)
     }
 
+    /// Sets every element of `dst` to `value` in place (rounded to `dst`'s dtype);
+    /// `dst` must be writable. Zeroes gradient buffers without reallocating them.
+    ///
+    /// # Shapes
+    /// `dst`: any shape, F32/F16/BF16 → unchanged.
+    fn fill(&self, dst: &mut Tensor, value: f32) -> Result<()> {
+        in_place_on_cpu(self, dst, |cpu, dst| cpu::memory::fill(cpu, dst, value))
+    }
+
     /// Converts among F32, F16 and BF16 (round to nearest even), or U32 ↔ F32
     /// (ids as exact integers; F32 → U32 needs non-negative integral values).
     ///
@@ -333,6 +342,38 @@ pub trait ComputeBackend: Send + Sync + Debug {
     /// dW `[out, in]`, dbias `[out]` when `with_bias`.
     fn linear_backward(&self, x: &Tensor, w: &Tensor, d_out: &Tensor, with_bias: bool) -> Result<LinearGradients> {
         on_cpu!(self, cpu::matmul::linear_backward; [x, w, d_out], with_bias)
+    }
+
+    /// Backward of `linear_forward` that adds the parameter gradients into existing
+    /// tensors: `dW += dyᵀ · x`, `dbias += Σ_rows dy`, and returns `dx = dy · W`.
+    /// Gradient accumulation without a temporary `dW` or a separate add pass;
+    /// `dweight` and `dbias` must be writable.
+    ///
+    /// # Shapes
+    /// `x`: `[..., in]`; `w`: `[out, in]`; `d_out`: `[..., out]`; `dweight`: `[out, in]`;
+    /// `dbias`: `[out]`; all of one float dtype → dx `[..., in]`.
+    fn linear_backward_accumulate(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        d_out: &Tensor,
+        dweight: &mut Tensor,
+        dbias: Option<&mut Tensor>,
+    ) -> Result<Tensor> {
+        let (x, w, d_out) = (self.to_host(x)?, self.to_host(w)?, self.to_host(d_out)?);
+        if dweight.is_host() && dbias.as_ref().is_none_or(|b| b.is_host()) {
+            return cpu::matmul::linear_backward_accumulate(self.cpu(), &x, &w, &d_out, dweight, dbias)?
+                .to_backend(self);
+        }
+        // Device-resident gradients: accumulate into host copies, then write them back.
+        let mut dw_host = self.to_host(dweight)?;
+        let mut db_host = opt_to_host(self, dbias.as_deref())?;
+        let dx = cpu::matmul::linear_backward_accumulate(self.cpu(), &x, &w, &d_out, &mut dw_host, db_host.as_mut())?;
+        self.copy_into(dweight, &self.upload(&dw_host)?)?;
+        if let (Some(dst), Some(host)) = (dbias, db_host) {
+            self.copy_into(dst, &self.upload(&host)?)?;
+        }
+        dx.to_backend(self)
     }
 
     /// Scores of queries against the first `len` cached keys:
@@ -733,7 +774,7 @@ pub trait ComputeBackend: Send + Sync + Debug {
         on_cpu!(self, cpu::loss::cross_entropy_backward; [logits, targets], ignore_index, d_loss)
     }
 
-    /// One AdamW step in place (`step` counts from 1):
+    /// One AdamW step in place (`step` counts from 1), with `g = config.grad_scale·grad`:
     /// `m ← β₁m + (1−β₁)g`, `v ← β₂v + (1−β₂)g²`, `m̂ = m/(1−β₁ᵗ)`, `v̂ = v/(1−β₂ᵗ)`,
     /// `p ← p − lr·(m̂/(√v̂ + ε) + λ·p)`.
     ///

@@ -44,6 +44,7 @@ ops! {
     Zeros => "zeros",
     Copy => "copy",
     CopyInto => "copy_into",
+    Fill => "fill",
     Cast => "cast",
     PreprocessLinearWeight => "preprocess_linear_weight",
     F8e4m3ToF32 => "f8e4m3_to_f32",
@@ -58,6 +59,7 @@ ops! {
     BatchedMatmul => "batched_matmul",
     LinearForward => "linear_forward",
     LinearBackward => "linear_backward",
+    LinearBackwardAccumulate => "linear_backward_accumulate",
     HeadPrefixMatmul => "head_prefix_matmul",
     // attention
     Attention => "attention",

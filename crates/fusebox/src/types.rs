@@ -98,11 +98,15 @@ pub struct AdamWConfig {
     pub eps: f32,
     /// Decoupled weight decay: `p -= lr · weight_decay · p`.
     pub weight_decay: f32,
+    /// Multiplies the gradient before the step (`g ← grad_scale · grad`): the
+    /// global-norm clipping factor, or loss-scale undo; 1 for none. Fused into the
+    /// step, so clipping costs no extra pass over the gradients.
+    pub grad_scale: f32,
 }
 
 impl Default for AdamWConfig {
     fn default() -> Self {
-        AdamWConfig { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 }
+        AdamWConfig { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, grad_scale: 1.0 }
     }
 }
 

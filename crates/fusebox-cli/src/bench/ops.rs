@@ -175,7 +175,8 @@ pub fn cases() -> Vec<OpCase> {
                 let mut p = random(&[PARAMS], 1, 1.0)?;
                 let mut m = Tensor::from_vec(vec![0f32; PARAMS], [PARAMS])?;
                 let mut v = Tensor::from_vec(vec![0f32; PARAMS], [PARAMS])?;
-                let hyper = AdamWConfig { lr: 1e-4, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 };
+                let hyper =
+                    AdamWConfig { lr: 1e-4, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, grad_scale: 1.0 };
                 let mut step = 0u64;
                 Ok(Box::new(move |cpu| {
                     step += 1;

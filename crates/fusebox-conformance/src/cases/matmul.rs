@@ -370,6 +370,68 @@ fn linear_backward_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>>
     cases
 }
 
+/// `linear_backward_accumulate` against its twin: the gradients start from random values
+/// (so "added onto" is checked, not just "written"), with and without a bias, on one
+/// size that takes the threaded GEMM.
+fn linear_backward_accumulate_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    let mut cases = Vec::new();
+    let configs: [(Dims, Dims, bool); 3] =
+        [(&[2, 3, 4], &[3, 4], true), (&[5, 7], &[6, 7], false), (&[4, 30, 72], &[90, 72], true)];
+    for (xd, wd, with_bias) in configs {
+        let mut dy = xd.to_vec();
+        *dy.last_mut().unwrap() = wd[0];
+        let mut case = OpCase::new(
+            Op::LinearBackwardAccumulate,
+            format!("linear_backward_accumulate x{xd:?} w{wd:?} bias={with_bias}"),
+        )
+        .input(rand(xd, 41))
+        .input(rand(wd, 42))
+        .input(rand(&dy, 43))
+        .input(rand(wd, 44));
+        if with_bias {
+            case = case.input(rand(&wd[..1], 45));
+        }
+        cases.extend(
+            case.call(move |b: &B, t| {
+                let mut dw = b.copy(&t[3])?;
+                let mut db = t.get(4).map(|db| b.copy(db)).transpose()?;
+                let dx = b.linear_backward_accumulate(&t[0], &t[1], &t[2], &mut dw, db.as_mut())?;
+                Ok([dx, dw].into_iter().chain(db).collect())
+            })
+            .twin(|a| {
+                let (dx, dw, db) = twin::linear_backward_accumulate(&a[0], &a[1], &a[2], &a[3], a.get(4));
+                [dx, dw].into_iter().chain(db).collect()
+            })
+            .dtypes(ALL)
+            .build(),
+        );
+    }
+    let t = |d: &[usize]| rand(d, 46);
+    cases.push(Case::custom(
+        Op::LinearBackwardAccumulate,
+        CaseKind::BadInput,
+        "linear_backward_accumulate into a dweight with a live clone: Error::SharedStorage, dweight unchanged",
+        move |b: &B| {
+            let up = |d: &[usize]| b.upload(&t(d)).map_err(|e| e.to_string());
+            let (x, w, dy) = (up(&[3, 4])?, up(&[5, 4])?, up(&[3, 5])?);
+            let mut dw = up(&[5, 4])?;
+            let before = b.to_host(&dw).and_then(|h| h.to_vec_f32()).map_err(|e| e.to_string())?;
+            let reader = dw.clone();
+            match b.linear_backward_accumulate(&x, &w, &dy, &mut dw, None) {
+                Err(fusebox::Error::SharedStorage { .. }) => {}
+                Err(e) => return Err(format!("expected Error::SharedStorage, got {e}")),
+                Ok(_) => return Err("wrote through a tensor whose storage is shared".into()),
+            }
+            let after = b.to_host(&reader).and_then(|h| h.to_vec_f32()).map_err(|e| e.to_string())?;
+            if after != before {
+                return Err("dweight changed although the call failed".into());
+            }
+            Ok(())
+        },
+    ));
+    cases
+}
+
 fn head_prefix_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     let mut cases = Vec::new();
     let configs: [(Dims, Dims, usize, DTypes); 6] = [
@@ -423,6 +485,7 @@ pub fn cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     cases.extend(batched_matmul_cases());
     cases.extend(linear_forward_cases());
     cases.extend(linear_backward_cases());
+    cases.extend(linear_backward_accumulate_cases());
     cases.extend(head_prefix_cases());
     cases
 }

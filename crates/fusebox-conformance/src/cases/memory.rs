@@ -97,6 +97,7 @@ pub fn cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     v.extend(zeros_cases());
     v.extend(copy_cases());
     v.extend(copy_into_cases());
+    v.extend(fill_cases());
     v.extend(cast_cases());
     v.extend(preprocess_cases());
     v.extend(f8_cases());
@@ -369,6 +370,54 @@ fn copy_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     v.push(Case::expect_error(Op::Copy, "copy of a tensor on a foreign device", |b: &B| {
         b.copy(&foreign_tensor(&[3, 32], DType::F32)).map(drop)
     }));
+    v
+}
+
+/// `fill` sets every element (a value exact in every float dtype, and one that rounds),
+/// on sizes below and above the parallel chunk; a U32 tensor or a shared one is refused.
+fn fill_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    let mut rng = Rng::new(6);
+    let mut v = Vec::new();
+    for (dims, value) in [(vec![3, 5], -2.5f32), (vec![300, 333], 0.1), (vec![0, 4], 1.0)] {
+        v.extend(
+            OpCase::new(Op::Fill, format!("fill dst{dims:?} with {value}"))
+                .input(Input::new(rng.tensor(dims.clone(), -1.0, 1.0)).shape_free())
+                .call(move |b: &B, t| {
+                    let mut d = b.copy(&t[0])?;
+                    b.fill(&mut d, value)?;
+                    Ok(vec![d])
+                })
+                // In F16/BF16, 0.1 rounds once: the dtype's tolerance covers it.
+                .twin(move |a| vec![twin::fill(&a[0], value as f64)])
+                .dtypes(&[DType::F32, DType::F16, DType::BF16])
+                .build(),
+        );
+    }
+    v.push(Case::expect_error(Op::Fill, "fill a u32 tensor", |b: &B| {
+        let mut ids = b.upload(&Tensor::from_vec(vec![1u32, 2, 3], [3])?)?;
+        b.fill(&mut ids, 0.0)
+    }));
+    v.push(Case::custom(
+        Op::Fill,
+        CaseKind::BadInput,
+        "fill a tensor with a live clone: Error::SharedStorage",
+        |b: &B| {
+            let mut t = b
+                .upload(&Tensor::from_slice(&[1.0f32, 2.0], [2]).map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())?;
+            let reader = t.clone();
+            match b.fill(&mut t, 0.0) {
+                Err(Error::SharedStorage { .. }) => {}
+                Err(e) => return Err(format!("expected Error::SharedStorage, got {e}")),
+                Ok(()) => return Err("wrote through a tensor whose storage is shared".into()),
+            }
+            let seen = b.to_host(&reader).and_then(|h| h.to_vec_f32()).map_err(|e| e.to_string())?;
+            if seen != [1.0, 2.0] {
+                return Err(format!("the shared tensor changed to {seen:?}"));
+            }
+            Ok(())
+        },
+    ));
     v
 }
 

@@ -30,7 +30,7 @@ fn values<B: ComputeBackend + ?Sized>(b: &B, t: &Tensor) -> Result<Vec<f32>, Str
 fn adamw_by_hand<B: ComputeBackend + ?Sized + 'static>() -> Case<B> {
     Case::custom(Op::AdamwUpdate, CaseKind::Property, "adamw_update against two steps worked out by hand", |b: &B| {
         // lr = 0.1, β₁ = 0.5, β₂ = 0.75, ε = 1, λ = 0.5 (round numbers, and ε large enough to matter).
-        let config = AdamWConfig { lr: 0.1, beta1: 0.5, beta2: 0.75, eps: 1.0, weight_decay: 0.5 };
+        let config = AdamWConfig { lr: 0.1, beta1: 0.5, beta2: 0.75, eps: 1.0, weight_decay: 0.5, grad_scale: 1.0 };
         let up = |v: &[f32]| Tensor::from_slice(v, [3]).and_then(|t| b.upload(&t)).map_err(|e| e.to_string());
         let (mut p, mut m, mut v) = (up(&[2.0, -1.0, 0.5])?, up(&[0.0; 3])?, up(&[0.0; 3])?);
         // Step 1, g = [1, −2, 4]:
@@ -83,9 +83,10 @@ fn close(what: &str, got: &[f32], want: &[f32]) -> Result<(), String> {
 fn adamw_vs_twin<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     let mut rng = Rng::new(0xada3);
     let mut cases = Vec::new();
-    let sizes: &[(&[usize], u64)] = &[(&[37], 1), (&[3, 1000], 7), (&[10, 4099], 100)];
-    for (k, &(shape, step)) in sizes.iter().enumerate() {
-        let config = AdamWConfig { lr: 1e-2, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.1 };
+    // (shape, step, grad_scale): a scale below 1 is how clipping reaches the step.
+    let sizes: &[(&[usize], u64, f32)] = &[(&[37], 1, 1.0), (&[3, 1000], 7, 0.37), (&[10, 4099], 100, 1.0)];
+    for (k, &(shape, step, grad_scale)) in sizes.iter().enumerate() {
+        let config = AdamWConfig { lr: 1e-2, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.1, grad_scale };
         let (m0, v0) = if step == 1 {
             (Tensor::zeros(shape, DType::F32).expect("shape"), Tensor::zeros(shape, DType::F32).expect("shape"))
         } else {
@@ -93,7 +94,9 @@ fn adamw_vs_twin<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
         };
         let mut case = OpCase::<B>::new(
             Op::AdamwUpdate,
-            format!("adamw_update p{shape:?} step={step} lr=1e-2 β=(0.9, 0.999) eps=1e-8 wd=0.1"),
+            format!(
+                "adamw_update p{shape:?} step={step} lr=1e-2 β=(0.9, 0.999) eps=1e-8 wd=0.1 grad_scale={grad_scale}"
+            ),
         )
         .input(rng.tensor(shape, -1.0, 1.0))
         .input(rng.tensor(shape, -1.0, 1.0))
@@ -142,6 +145,11 @@ fn adamw_bad_values<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
         Case::expect_error(Op::AdamwUpdate, "adamw_update beta2 = 1 (bias correction 0)", move |b: &B| {
             let [mut p, g, mut m, mut v] = state(b, DType::F32, DType::F32)?;
             let config = AdamWConfig { beta2: 1.0, ..config };
+            b.adamw_update(&mut p, &g, &mut m, &mut v, &config, 1)
+        }),
+        Case::expect_error(Op::AdamwUpdate, "adamw_update grad_scale NaN", move |b: &B| {
+            let [mut p, g, mut m, mut v] = state(b, DType::F32, DType::F32)?;
+            let config = AdamWConfig { grad_scale: f32::NAN, ..config };
             b.adamw_update(&mut p, &g, &mut m, &mut v, &config, 1)
         }),
         Case::custom(

@@ -116,6 +116,28 @@ pub fn linear_backward(x: &Array, w: &Array, dy: &Array, with_bias: bool) -> (Ar
     (dx, dw, with_bias.then_some(db))
 }
 
+/// `linear_backward_accumulate`: `dx` as in `linear_backward`, `dw0 + dw`, `db0 + db`.
+pub fn linear_backward_accumulate(
+    x: &Array,
+    w: &Array,
+    dy: &Array,
+    dw0: &Array,
+    db0: Option<&Array>,
+) -> (Array, Array, Option<Array>) {
+    let (dx, mut dw, db) = linear_backward(x, w, dy, true);
+    for (acc, start) in dw.data.iter_mut().zip(&dw0.data) {
+        *acc += start;
+    }
+    let db = db0.map(|db0| {
+        let mut sum = db.expect("with_bias was set");
+        for (acc, start) in sum.data.iter_mut().zip(&db0.data) {
+            *acc += start;
+        }
+        sum
+    });
+    (dx, dw, db)
+}
+
 /// `s[b,h,i,j] = Σ_d q[b,h,i,d]·k_cache[b, h/(Hq/Hkv), j, d]` for `j < len`.
 pub fn head_prefix_matmul(q: &Array, k_cache: &Array, len: usize) -> Array {
     let (batch, hq, tq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);

@@ -8,6 +8,11 @@ pub fn copy(x: &Array) -> Array {
     x.clone()
 }
 
+/// `fill`: every element `value`.
+pub fn fill(x: &Array, value: f64) -> Array {
+    Array { shape: x.shape.clone(), data: vec![value; x.data.len()] }
+}
+
 /// `zeros`: zeros of `shape`.
 pub fn zeros(shape: &[usize]) -> Array {
     Array::zeros(shape.to_vec())

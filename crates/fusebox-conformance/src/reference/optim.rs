@@ -12,8 +12,9 @@ pub fn adamw(p: &Array, g: &Array, m: &Array, v: &Array, c: &AdamWConfig, step: 
     let (lr, eps, wd) = (c.lr as f64, c.eps as f64, c.weight_decay as f64);
     let (mut p2, mut m2, mut v2) = (p.clone(), m.clone(), v.clone());
     for i in 0..p.len() {
-        m2.data[i] = b1 * m.data[i] + (1.0 - b1) * g.data[i];
-        v2.data[i] = b2 * v.data[i] + (1.0 - b2) * g.data[i] * g.data[i];
+        let g = c.grad_scale as f64 * g.data[i];
+        m2.data[i] = b1 * m.data[i] + (1.0 - b1) * g;
+        v2.data[i] = b2 * v.data[i] + (1.0 - b2) * g * g;
         let m_hat = m2.data[i] / (1.0 - b1.powi(step as i32));
         let v_hat = v2.data[i] / (1.0 - b2.powi(step as i32));
         p2.data[i] = p.data[i] - lr * (m_hat / (v_hat.sqrt() + eps) + wd * p.data[i]);

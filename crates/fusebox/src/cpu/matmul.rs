@@ -435,6 +435,50 @@ pub fn linear_backward(
     })
 }
 
+/// `linear_backward` accumulating into existing gradients: `dW += dyᵀ·x` (the product
+/// is added onto `dweight` by the GEMM itself, no temporary), `dbias += Σ_rows dy`;
+/// returns `dx = dy·W`.
+///
+/// # Shapes
+/// `x`: `[..., in]`; `w`: `[out, in]`; `d_out`: `[..., out]`; `dweight`: `[out, in]`;
+/// `dbias`: `[out]` → dx `[..., in]`.
+pub fn linear_backward_accumulate(
+    cpu: &CpuBackend,
+    x: &Tensor,
+    w: &Tensor,
+    d_out: &Tensor,
+    dweight: &mut Tensor,
+    dbias: Option<&mut Tensor>,
+) -> Result<Tensor> {
+    const OP: &str = "linear_backward_accumulate";
+    let (rows, fin, fout) = linear_dims(OP, x, w)?;
+    check::same_dtype(OP, "d_out", x, d_out)?;
+    let mut dy_dims = x.dims().to_vec();
+    *dy_dims.last_mut().expect("rank ≥ 1 was checked") = fout;
+    check::shape(OP, "d_out", d_out, &dy_dims)?;
+    check::same_dtype(OP, "dweight", x, dweight)?;
+    check::same_shape(OP, "dweight", w, dweight)?;
+    dweight.ensure_writable(OP)?;
+    if let Some(db) = &dbias {
+        check::same_dtype(OP, "dbias", x, db)?;
+        check::shape(OP, "dbias", db, &[fout])?;
+        db.ensure_writable(OP)?;
+    }
+    let xd = convert::f32_data(OP, "x", x)?;
+    let wd = convert::f32_data(OP, "w", w)?;
+    let dy = convert::f32_data(OP, "d_out", d_out)?;
+
+    let mut dx = vec![0.0f32; rows * fin];
+    sgemm(cpu, rows, fin, fout, &dy, fout, 1, &wd, fin, 1, &mut dx, false);
+    // dW[o, i] += Σ_r dy[r, o]·x[r, i], dyᵀ read by strides as in `linear_backward`.
+    convert::update_f32(OP, dweight, |dw| sgemm(cpu, fout, fin, rows, &dy, 1, fout, &xd, fin, 1, dw, true))?;
+    if let Some(db) = dbias {
+        let sums = column_sums(cpu, &dy, rows, fout);
+        convert::update_f32(OP, db, |acc| simd::axpy(acc, 1.0, &sums))?;
+    }
+    convert::from_f32(dx, x.shape().clone(), x.dtype())
+}
+
 /// `s[c] = Σ_r m[r, c]` of a row-major `[rows, cols]` matrix: threads own blocks of
 /// columns and add rows in order, so the sums do not depend on scheduling.
 fn column_sums(cpu: &CpuBackend, m: &[f32], rows: usize, cols: usize) -> Vec<f32> {

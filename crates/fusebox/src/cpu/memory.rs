@@ -87,6 +87,29 @@ pub fn copy_into(cpu: &CpuBackend, dst: &mut Tensor, src: &Tensor) -> Result<()>
     Ok(())
 }
 
+/// Sets every element of a writable float tensor to `value` (rounded once to its dtype),
+/// in parallel chunks when large.
+///
+/// # Shapes
+/// `dst`: any, F32/F16/BF16 → unchanged.
+pub fn fill(cpu: &CpuBackend, dst: &mut Tensor, value: f32) -> Result<()> {
+    const OP: &str = "fill";
+    host(OP, dst)?;
+    check::float(OP, "dst", dst)?;
+    dst.ensure_writable(OP)?;
+    match dst.dtype() {
+        DType::F32 => parallel_fill(cpu, dst.as_mut_slice::<f32>()?, value),
+        DType::F16 => parallel_fill(cpu, dst.as_mut_slice::<f16>()?, f16::from_f32(value)),
+        _ => parallel_fill(cpu, dst.as_mut_slice::<bf16>()?, bf16::from_f32(value)),
+    }
+    Ok(())
+}
+
+/// `dst[i] = value` in parallel chunks when large.
+fn parallel_fill<T: Copy + Send + Sync>(cpu: &CpuBackend, dst: &mut [T], value: T) {
+    cpu.for_each_chunk(dst, CHUNK, 1, |_, chunk| chunk.fill(value));
+}
+
 /// Converts among F32, F16 and BF16 (round to nearest even), or between U32 and F32.
 /// U32 → F32 requires every id to be exactly representable (any id < 2²⁴ is); F32 → U32
 /// requires finite, non-negative, integral values ≤ u32::MAX. A cast to the same dtype

@@ -29,6 +29,8 @@ mod lanes {
         pub lr: f32,
         pub eps: f32,
         pub weight_decay: f32,
+        /// Multiplies the gradient (clipping).
+        pub grad_scale: f32,
         /// `1/(1 − β₁ᵗ)`
         pub inv_bc1: f32,
         /// `1/√(1 − β₂ᵗ)`, so that `√v̂ = √v·rsqrt_bc2`.
@@ -36,13 +38,13 @@ mod lanes {
     }
 
     multiversion! {
-        /// `m ← β₁m + (1−β₁)g`, `v ← β₂v + (1−β₂)g²`,
+        /// With `g = grad_scale·grad`: `m ← β₁m + (1−β₁)g`, `v ← β₂v + (1−β₂)g²`,
         /// `p ← p − lr·(m̂/(√v̂ + ε) + λ·p)` with `m̂ = m/(1−β₁ᵗ)`, `√v̂ = √v/√(1−β₂ᵗ)`.
         pub fn adamw(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c: AdamCoef) {
             let n = p.len().min(g.len()).min(m.len()).min(v.len());
             let (p, g, m, v) = (&mut p[..n], &g[..n], &mut m[..n], &mut v[..n]);
             for i in 0..n {
-                let gi = g[i];
+                let gi = c.grad_scale * g[i];
                 let mi = c.beta1 * m[i] + (1.0 - c.beta1) * gi;
                 let vi = c.beta2 * v[i] + (1.0 - c.beta2) * gi * gi;
                 m[i] = mi;
@@ -78,7 +80,7 @@ fn check_config(op: &'static str, c: &AdamWConfig) -> Result<()> {
             return Err(Error::value(op, name, "in [0, 1)", beta));
         }
     }
-    for (name, x) in [("lr", c.lr), ("eps", c.eps), ("weight_decay", c.weight_decay)] {
+    for (name, x) in [("lr", c.lr), ("eps", c.eps), ("weight_decay", c.weight_decay), ("grad_scale", c.grad_scale)] {
         if !x.is_finite() {
             return Err(Error::value(op, name, "a finite number", x));
         }
@@ -98,7 +100,7 @@ fn adamw_slices(cpu: &CpuBackend, p: &mut [f32], g: &[f32], m: &mut [f32], v: &m
     });
 }
 
-/// One AdamW step in place (`step` counts from 1):
+/// One AdamW step in place (`step` counts from 1), with `g = grad_scale·grad`:
 /// `m ← β₁m + (1−β₁)g`, `v ← β₂v + (1−β₂)g²`, `m̂ = m/(1−β₁ᵗ)`, `v̂ = v/(1−β₂ᵗ)`,
 /// `p ← p − lr·(m̂/(√v̂ + ε) + λ·p)`. Bias corrections are computed in f64, then used in
 /// f32. param, m and v must be writable (not shared with another handle).
@@ -138,6 +140,7 @@ pub fn adamw_update(
         lr: config.lr,
         eps: config.eps,
         weight_decay: config.weight_decay,
+        grad_scale: config.grad_scale,
         inv_bc1: (1.0 / bc1) as f32,
         rsqrt_bc2: (1.0 / bc2.sqrt()) as f32,
     };
