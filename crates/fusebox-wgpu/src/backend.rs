@@ -39,6 +39,7 @@ pub const NATIVE_OPS: &[Op] = &[
     Op::Zeros,
     Op::Copy,
     Op::CopyInto,
+    Op::Fill,
     Op::PreprocessLinearWeight,
     Op::QuantizedMatmul,
     Op::Matmul,
@@ -46,6 +47,7 @@ pub const NATIVE_OPS: &[Op] = &[
     Op::BatchedMatmul,
     Op::LinearForward,
     Op::LinearBackward,
+    Op::LinearBackwardAccumulate,
     Op::Attention,
     Op::CausalAttention,
     Op::CausalAttentionBackward,
@@ -617,6 +619,14 @@ impl ComputeBackend for WgpuBackend {
         self.copy_device(dst, &src)
     }
 
+    fn fill(&self, dst: &mut Tensor, value: f32) -> Result<()> {
+        if self.inplace_unary("fill", dst, Un::Fill, value, 0.0)? {
+            return Ok(());
+        }
+        self.ctx.fallbacks.fetch_add(1, Ordering::Relaxed);
+        in_place_on_cpu(self, dst, |cpu, dst| cpu::memory::fill(cpu, dst, value))
+    }
+
     fn preprocess_linear_weight(&self, w: &Tensor) -> Result<Tensor> {
         let host = self.to_host(w)?;
         cpu::memory::preprocess_linear_weight(self.cpu(), &host)?;
@@ -737,58 +747,51 @@ impl ComputeBackend for WgpuBackend {
 
     fn linear_backward(&self, x: &Tensor, w: &Tensor, d_out: &Tensor, with_bias: bool) -> Result<LinearGradients> {
         const OP: &str = "linear_backward";
-        let ok = Self::all_f32(&[x, w, d_out])
-            && x.rank() >= 1
-            && w.rank() == 2
-            && x.shape().last_dim() == w.dims()[1]
-            && d_out.rank() == x.rank()
-            && d_out.dims()[..x.rank() - 1] == x.dims()[..x.rank() - 1]
-            && d_out.shape().last_dim() == w.dims()[0];
-        if !ok {
+        if !Self::linear_backward_ok(x, w, d_out) {
             return fallback!(self, cpu::matmul::linear_backward; [x, w, d_out], with_bias);
         }
-        let (out, k) = (w.dims()[0], w.dims()[1]);
-        let m = x.elem_count() / k.max(1);
-        let (x, w, dy) = (self.dev(x)?, self.dev(w)?, self.dev(d_out)?);
-        let dx = self.ctx.zeros(OP, x.shape().clone(), DType::F32)?;
         let dweight = self.ctx.empty(OP, w.shape().clone(), DType::F32)?;
-        let per = self.ctx.rows_per_binding(k.max(m));
-        let mut r0 = 0;
-        while r0 < out {
-            let r1 = (r0 + per).min(out);
-            let wb = Context::row_block(&w, k, r0, r1 - r0)?;
-            let dyb = dy.view(r0, Shape::new(vec![dy.elem_count() - r0]))?;
-            // dx += dy[:, r0..r1] · W[r0..r1, :]
-            self.ctx.gemm(
-                OP,
-                (&dyb, MatView::rows(out, 0)),
-                (&wb, MatView::rows(k, 0)),
-                None,
-                (&dx, MatView::rows(k, 0)),
-                (m, k, r1 - r0, 1),
-                true,
-            )?;
-            // dW[r0..r1, :] = dy[:, r0..r1]ᵀ · x
-            let dwb = Context::row_block(&dweight, k, r0, r1 - r0)?;
-            self.ctx.gemm(
-                OP,
-                (&dyb, MatView::rows(out, 0).t()),
-                (&x, MatView::rows(k, 0)),
-                None,
-                (&dwb, MatView::rows(k, 0)),
-                (r1 - r0, k, m, 1),
-                false,
-            )?;
-            r0 = r1;
-        }
-        let dbias = if with_bias {
-            let db = self.ctx.empty(OP, [out], DType::F32)?;
-            self.ctx.sum_rows(OP, &dy, m, out, &db)?;
-            Some(db)
-        } else {
-            None
-        };
+        let dbias = if with_bias { Some(self.ctx.empty(OP, [w.dims()[0]], DType::F32)?) } else { None };
+        let dx = self.linear_backward_native(OP, x, w, d_out, &dweight, dbias.as_ref(), false)?;
         Ok(LinearGradients { dx, dweight, dbias })
+    }
+
+    fn linear_backward_accumulate(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        d_out: &Tensor,
+        dweight: &mut Tensor,
+        dbias: Option<&mut Tensor>,
+    ) -> Result<Tensor> {
+        const OP: &str = "linear_backward_accumulate";
+        let ok = Self::linear_backward_ok(x, w, d_out)
+            && !dweight.is_host()
+            && is_f32(dweight)
+            && dweight.shape() == w.shape()
+            && dbias.as_ref().is_none_or(|b| !b.is_host() && is_f32(b) && b.dims() == [w.dims()[0]]);
+        if !ok {
+            self.ctx.fallbacks.fetch_add(1, Ordering::Relaxed);
+            let (x, w, d_out) = (self.to_host(x)?, self.to_host(w)?, self.to_host(d_out)?);
+            if dweight.is_host() && dbias.as_ref().is_none_or(|b| b.is_host()) {
+                return cpu::matmul::linear_backward_accumulate(self.cpu(), &x, &w, &d_out, dweight, dbias)?
+                    .to_backend(self);
+            }
+            let mut dw_host = self.to_host(dweight)?;
+            let mut db_host = dbias.as_deref().map(|b| self.to_host(b)).transpose()?;
+            let dx =
+                cpu::matmul::linear_backward_accumulate(self.cpu(), &x, &w, &d_out, &mut dw_host, db_host.as_mut())?;
+            self.copy_into(dweight, &dw_host)?;
+            if let (Some(dst), Some(host)) = (dbias, db_host) {
+                self.copy_into(dst, &host)?;
+            }
+            return dx.to_backend(self);
+        }
+        dweight.ensure_writable(OP)?;
+        if let Some(b) = dbias.as_ref() {
+            b.ensure_writable(OP)?;
+        }
+        self.linear_backward_native(OP, x, w, d_out, dweight, dbias.as_deref(), true)
     }
 
     fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, scale: f32, causal: bool) -> Result<Tensor> {
@@ -1181,7 +1184,8 @@ impl ComputeBackend for WgpuBackend {
             && (0.0..1.0).contains(&config.beta2)
             && config.lr.is_finite()
             && config.eps.is_finite()
-            && config.weight_decay.is_finite();
+            && config.weight_decay.is_finite()
+            && config.grad_scale.is_finite();
         let ok = step > 0
             && config_ok
             && !param.is_host()
@@ -1219,6 +1223,7 @@ impl ComputeBackend for WgpuBackend {
             f(config.weight_decay),
             f((1.0 / bc1) as f32),
             f((1.0 / bc2.sqrt()) as f32),
+            f(config.grad_scale),
         ];
         self.ctx.flat(OP, &kernels::ADAMW, &[param, &grad, m, v], &params, n)
     }
@@ -1667,6 +1672,71 @@ pub struct MatmulPlan {
 }
 
 impl WgpuBackend {
+    fn linear_backward_ok(x: &Tensor, w: &Tensor, d_out: &Tensor) -> bool {
+        Self::all_f32(&[x, w, d_out])
+            && x.rank() >= 1
+            && w.rank() == 2
+            && x.shape().last_dim() == w.dims()[1]
+            && d_out.rank() == x.rank()
+            && d_out.dims()[..x.rank() - 1] == x.dims()[..x.rank() - 1]
+            && d_out.shape().last_dim() == w.dims()[0]
+    }
+
+    /// dx = dy·W (returned), dW (+)= dyᵀ·x, dbias (+)= Σ_rows dy; W in row blocks
+    /// that each fit one binding.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_backward_native(
+        &self,
+        op: &'static str,
+        x: &Tensor,
+        w: &Tensor,
+        d_out: &Tensor,
+        dweight: &Tensor,
+        dbias: Option<&Tensor>,
+        accumulate: bool,
+    ) -> Result<Tensor> {
+        let (out, k) = (w.dims()[0], w.dims()[1]);
+        let m = x.elem_count() / k.max(1);
+        let (x, w, dy) = (self.dev(x)?, self.dev(w)?, self.dev(d_out)?);
+        let dx = self.ctx.zeros(op, x.shape().clone(), DType::F32)?;
+        if !accumulate && (m == 0 || k == 0) {
+            self.ctx.zeros_into(op, dweight)?;
+        }
+        let per = self.ctx.rows_per_binding(k.max(m));
+        let mut r0 = 0;
+        while r0 < out {
+            let r1 = (r0 + per).min(out);
+            let wb = Context::row_block(&w, k, r0, r1 - r0)?;
+            let dyb = dy.view(r0, Shape::new(vec![dy.elem_count() - r0]))?;
+            // dx += dy[:, r0..r1] · W[r0..r1, :]
+            self.ctx.gemm(
+                op,
+                (&dyb, MatView::rows(out, 0)),
+                (&wb, MatView::rows(k, 0)),
+                None,
+                (&dx, MatView::rows(k, 0)),
+                (m, k, r1 - r0, 1),
+                true,
+            )?;
+            // dW[r0..r1, :] (+)= dy[:, r0..r1]ᵀ · x
+            let dwb = Context::row_block(dweight, k, r0, r1 - r0)?;
+            self.ctx.gemm(
+                op,
+                (&dyb, MatView::rows(out, 0).t()),
+                (&x, MatView::rows(k, 0)),
+                None,
+                (&dwb, MatView::rows(k, 0)),
+                (r1 - r0, k, m, 1),
+                accumulate,
+            )?;
+            r0 = r1;
+        }
+        if let Some(db) = dbias {
+            self.ctx.sum_rows_into(op, &dy, m, out, db, accumulate)?;
+        }
+        Ok(dx)
+    }
+
     fn matmul_plan(&self, a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Option<MatmulPlan> {
         if !Self::all_f32(&[a, b]) || a.rank() < 2 || b.rank() < 2 {
             return None;

@@ -238,6 +238,20 @@ impl Context {
         Ok(t)
     }
 
+    /// Zeroes the bytes of a device tensor (4-byte aligned range).
+    pub fn zeros_into(&self, op: &'static str, t: &Tensor) -> Result<()> {
+        let b = buffer_of(t)?;
+        let (off, len) = (t.byte_offset() as u64, t.byte_len() as u64);
+        if !off.is_multiple_of(4) || !len.is_multiple_of(4) {
+            return Err(Error::unsupported(op, "zeroing a view that is not 4-byte aligned"));
+        }
+        if len > 0 {
+            self.record(|enc| enc.clear_buffer(b.raw(), off, Some(len)));
+            self.dispatches.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
     /// Records commands into the pending encoder.
     pub fn record(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());

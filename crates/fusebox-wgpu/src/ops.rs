@@ -33,6 +33,7 @@ pub enum Un {
     GeluTanh = 15,
     GeluErf = 16,
     Softplus = 17,
+    Fill = 18,
 }
 
 /// Binary op codes of `binop` in elementwise.wgsl.
@@ -164,11 +165,24 @@ impl Context {
     /// `out[j] = Σ_r x[r·cols + j]` for `rows` rows of `cols` columns, rows in blocks
     /// that accumulate (bounded loops, see `gemm`).
     pub fn sum_rows(&self, op: &'static str, x: &Tensor, rows: usize, cols: usize, out: &Tensor) -> Result<()> {
+        self.sum_rows_into(op, x, rows, cols, out, false)
+    }
+
+    /// `sum_rows`, adding to `out` when `accumulate`.
+    pub fn sum_rows_into(
+        &self,
+        op: &'static str,
+        x: &Tensor,
+        rows: usize,
+        cols: usize,
+        out: &Tensor,
+        accumulate: bool,
+    ) -> Result<()> {
         let mut r0 = 0;
         while r0 < rows || r0 == 0 {
             let r1 = (r0 + K_CHUNK).min(rows);
             let xb = x.view(r0 * cols, Shape::new(vec![x.elem_count() - r0 * cols]))?;
-            let params = [u(r1 - r0)?, u(cols)?, u(cols)?, (r0 > 0) as u32];
+            let params = [u(r1 - r0)?, u(cols)?, u(cols)?, (accumulate || r0 > 0) as u32];
             self.flat(op, &kernels::SUM_ROWS, &[&xb, out], &params, cols)?;
             r0 = r1.max(1);
         }

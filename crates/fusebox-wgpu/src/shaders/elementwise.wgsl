@@ -49,6 +49,7 @@ fn unop(code: u32, x: f32, a: f32, b: f32) -> f32 {
         case 15u: { return 0.5 * x * (1.0 + tanh_safe(GELU_K * (x + GELU_C * x * x * x))); }
         case 16u: { return 0.5 * x * (1.0 + erf_approx(x * 0.7071067811865476)); }
         case 17u: { return max(x, log(1.0 + exp(min(x, 88.0)))); }
+        case 18u: { return a; }
         default: { return x; }
     }
 }
