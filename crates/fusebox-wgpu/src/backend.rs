@@ -19,7 +19,7 @@ use crate::ops::{f, is_f32, u, Bin, MatView, Un};
 /// Runs the CPU kernel on host copies of the tensor arguments and uploads the result.
 macro_rules! fallback {
     ($self:ident, $kernel:path; [$($t:ident),*] $(, $arg:expr)*) => {{
-        $self.ctx.fallbacks.fetch_add(1, Ordering::Relaxed);
+        $self.ctx.note_fallback(stringify!($kernel));
         $(let $t = $self.to_host($t)?;)*
         $kernel($self.cpu(), $(&$t,)* $($arg),*)?.to_backend($self)
     }};
@@ -623,7 +623,7 @@ impl ComputeBackend for WgpuBackend {
         if self.inplace_unary("fill", dst, Un::Fill, value, 0.0)? {
             return Ok(());
         }
-        self.ctx.fallbacks.fetch_add(1, Ordering::Relaxed);
+        self.ctx.note_fallback("in place");
         in_place_on_cpu(self, dst, |cpu, dst| cpu::memory::fill(cpu, dst, value))
     }
 
@@ -771,7 +771,7 @@ impl ComputeBackend for WgpuBackend {
             && dweight.shape() == w.shape()
             && dbias.as_ref().is_none_or(|b| !b.is_host() && is_f32(b) && b.dims() == [w.dims()[0]]);
         if !ok {
-            self.ctx.fallbacks.fetch_add(1, Ordering::Relaxed);
+            self.ctx.note_fallback("in place");
             let (x, w, d_out) = (self.to_host(x)?, self.to_host(w)?, self.to_host(d_out)?);
             if dweight.is_host() && dbias.as_ref().is_none_or(|b| b.is_host()) {
                 return cpu::matmul::linear_backward_accumulate(self.cpu(), &x, &w, &d_out, dweight, dbias)?
@@ -881,7 +881,7 @@ impl ComputeBackend for WgpuBackend {
             && pos.checked_add(new.dims()[2]).is_some_and(|e| e <= cache.dims()[2]);
         if !ok {
             let new = self.to_host(new)?;
-            self.ctx.fallbacks.fetch_add(1, Ordering::Relaxed);
+            self.ctx.note_fallback("in place");
             return in_place_on_cpu(self, cache, |cpu, cache| cpu::attention::write_head_cache(cpu, cache, &new, pos));
         }
         cache.ensure_writable(OP)?;
@@ -1196,7 +1196,7 @@ impl ComputeBackend for WgpuBackend {
             && m.shape() == param.shape()
             && v.shape() == param.shape();
         if !ok {
-            self.ctx.fallbacks.fetch_add(1, Ordering::Relaxed);
+            self.ctx.note_fallback("in place");
             let grad = self.to_host(grad)?;
             if param.is_host() && m.is_host() && v.is_host() {
                 return cpu::optim::adamw_update(self.cpu(), param, &grad, m, v, config, step);
@@ -1230,7 +1230,7 @@ impl ComputeBackend for WgpuBackend {
 
     fn global_norm(&self, tensors: &[Tensor]) -> Result<f32> {
         if tensors.iter().any(|t| t.is_host() || !is_f32(t)) {
-            self.ctx.fallbacks.fetch_add(1, Ordering::Relaxed);
+            self.ctx.note_fallback("in place");
             let host = tensors.iter().map(|t| self.to_host(t)).collect::<Result<Vec<_>>>()?;
             return cpu::optim::global_norm(self.cpu(), &host);
         }
@@ -1332,7 +1332,7 @@ impl ComputeBackend for WgpuBackend {
             .is_some_and(|s| s.iter().all(|&i| (i as usize) < rows));
         if !valid {
             let (ids, src) = (self.to_host(ids)?, self.to_host(src)?);
-            self.ctx.fallbacks.fetch_add(1, Ordering::Relaxed);
+            self.ctx.note_fallback("in place");
             return in_place_on_cpu(self, dst, |cpu, dst| cpu::embedding::scatter_add_rows(cpu, dst, &ids, &src));
         }
         dst.ensure_writable(OP)?;

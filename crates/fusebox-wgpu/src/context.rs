@@ -99,6 +99,7 @@ pub struct Context {
     pub dispatches: AtomicU64,
     /// Ops that fell back to the CPU since creation.
     pub fallbacks: AtomicU64,
+    trace: bool,
 }
 
 impl std::fmt::Debug for Context {
@@ -159,6 +160,7 @@ impl Context {
             uncaptured,
             dispatches: AtomicU64::new(0),
             fallbacks: AtomicU64::new(0),
+            trace: std::env::var("FUSEBOX_WGPU_TRACE").is_ok_and(|v| v == "1"),
         })
     }
 
@@ -530,6 +532,15 @@ impl Context {
         // recorded first, so earlier reads of a recycled buffer see its old contents.
         self.flush(op)?;
         self.scoped(op, || self.queue.write_buffer(dst, offset, bytes))
+    }
+
+    /// Counts an op that ran on the CPU (and names it on stderr when the environment
+    /// has `FUSEBOX_WGPU_TRACE=1`).
+    pub fn note_fallback(&self, what: &str) {
+        self.fallbacks.fetch_add(1, Ordering::Relaxed);
+        if self.trace {
+            eprintln!("fusebox-wgpu: CPU fallback: {what}");
+        }
     }
 
     /// Drops every pooled buffer and compiled pipeline.
