@@ -325,7 +325,15 @@ impl WgpuBackend {
 
     /// `dst[ids[n]] (+)= src[n]` for f32 `[*, d]` rows, block by block of dst rows so
     /// that tables beyond one binding work.
-    fn scatter_rows(&self, op: &'static str, dst: &Tensor, ids: &[u32], src: &Tensor, d: usize, acc: bool) -> Result<()> {
+    fn scatter_rows(
+        &self,
+        op: &'static str,
+        dst: &Tensor,
+        ids: &[u32],
+        src: &Tensor,
+        d: usize,
+        acc: bool,
+    ) -> Result<()> {
         if ids.is_empty() || d == 0 {
             return Ok(());
         }
@@ -467,7 +475,13 @@ impl WgpuBackend {
         let d_logits = self.ctx.empty(op, [n, vocab], DType::F32)?;
         let scale = if count > 0 { d_loss / count as f32 } else { 0.0 };
         let params = [u(n)?, u(vocab)?, ignore.is_some() as u32, ignore.unwrap_or(0), f(scale)];
-        self.ctx.dispatch(op, &kernels::CROSS_ENTROPY, &[&logits, &targets, &row_loss, &d_logits], &params, n as u64)?;
+        self.ctx.dispatch(
+            op,
+            &kernels::CROSS_ENTROPY,
+            &[&logits, &targets, &row_loss, &d_logits],
+            &params,
+            n as u64,
+        )?;
         Ok(Some((row_loss, d_logits, count)))
     }
 
@@ -660,7 +674,13 @@ impl ComputeBackend for WgpuBackend {
             return self.ctx.zeros(OP, y.shape().clone(), DType::F32);
         }
         let params = [u(rows)?, u(n_out)?, u(k)?, fmt];
-        self.ctx.dispatch(OP, &kernels::QUANTIZED_MATMUL, &[&x, &w, &y], &params, ((rows * n_out) as u64).div_ceil(64))?;
+        self.ctx.dispatch(
+            OP,
+            &kernels::QUANTIZED_MATMUL,
+            &[&x, &w, &y],
+            &params,
+            ((rows * n_out) as u64).div_ceil(64),
+        )?;
         Ok(y)
     }
 
@@ -839,7 +859,13 @@ impl ComputeBackend for WgpuBackend {
         let (o, lse, dout) = (self.dev(&result.output)?, self.dev(&result.logsumexp)?, self.dev(d_out)?);
         let rows = b * hq * tq;
         let delta = self.ctx.empty(OP, [rows], DType::F32)?;
-        self.ctx.dispatch(OP, &kernels::ATTN_DELTA, &[&o, &dout, &delta], &[u(rows)?, u(d)?], (rows as u64).div_ceil(64))?;
+        self.ctx.dispatch(
+            OP,
+            &kernels::ATTN_DELTA,
+            &[&o, &dout, &delta],
+            &[u(rows)?, u(d)?],
+            (rows as u64).div_ceil(64),
+        )?;
         let dq = self.ctx.empty(OP, q.shape().clone(), DType::F32)?;
         let dk = self.ctx.empty(OP, k.shape().clone(), DType::F32)?;
         let dv = self.ctx.empty(OP, v.shape().clone(), DType::F32)?;
@@ -1063,7 +1089,8 @@ impl ComputeBackend for WgpuBackend {
 
     fn layer_norm(&self, x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f32) -> Result<NormOutput> {
         const OP: &str = "layer_norm";
-        let dims = Self::norm_dims(x, weight).filter(|_| Self::all_f32(&[x, weight, bias]) && bias.shape() == weight.shape() && eps_ok(eps));
+        let dims = Self::norm_dims(x, weight)
+            .filter(|_| Self::all_f32(&[x, weight, bias]) && bias.shape() == weight.shape() && eps_ok(eps));
         let Some((rows, d)) = dims else {
             return fallback!(self, cpu::norm::layer_norm; [x, weight, bias], eps);
         };
@@ -1100,7 +1127,8 @@ impl ComputeBackend for WgpuBackend {
 
     fn add_rms_norm(&self, a: &Tensor, b: &Tensor, weight: &Tensor, eps: f32) -> Result<(Tensor, NormOutput)> {
         const OP: &str = "add_rms_norm";
-        let dims = Self::norm_dims(a, weight).filter(|_| Self::all_f32(&[a, b, weight]) && a.shape() == b.shape() && eps_ok(eps));
+        let dims = Self::norm_dims(a, weight)
+            .filter(|_| Self::all_f32(&[a, b, weight]) && a.shape() == b.shape() && eps_ok(eps));
         let Some((rows, d)) = dims else {
             return fallback!(self, cpu::norm::add_rms_norm; [a, b, weight], eps);
         };
@@ -1141,7 +1169,12 @@ impl ComputeBackend for WgpuBackend {
         }
     }
 
-    fn cross_entropy(&self, logits: &Tensor, targets: &Tensor, ignore_index: Option<u32>) -> Result<CrossEntropyOutput> {
+    fn cross_entropy(
+        &self,
+        logits: &Tensor,
+        targets: &Tensor,
+        ignore_index: Option<u32>,
+    ) -> Result<CrossEntropyOutput> {
         const OP: &str = "cross_entropy";
         let Some((row_loss, d_logits, count)) = self.cross_entropy_native(OP, logits, targets, ignore_index, 1.0)?
         else {
@@ -1808,9 +1841,25 @@ impl WgpuBackend {
             let db_view = MatView::rows(b_cols, db_batch);
             let a_view = p.a_view;
             if !p.tb {
-                self.ctx.gemm(OP, (&a, a_view.t()), (&dc, dc_view), None, (db_target, db_view), (k, n, m, batch), false)?;
+                self.ctx.gemm(
+                    OP,
+                    (&a, a_view.t()),
+                    (&dc, dc_view),
+                    None,
+                    (db_target, db_view),
+                    (k, n, m, batch),
+                    false,
+                )?;
             } else {
-                self.ctx.gemm(OP, (&dc, dc_view.t()), (&a, a_view), None, (db_target, db_view), (n, k, m, batch), false)?;
+                self.ctx.gemm(
+                    OP,
+                    (&dc, dc_view.t()),
+                    (&a, a_view),
+                    None,
+                    (db_target, db_view),
+                    (n, k, m, batch),
+                    false,
+                )?;
             }
             if p.b_shared && batch > 1 {
                 self.ctx.sum_rows(OP, db_target, batch, b_rows * b_cols, &db)?;

@@ -386,7 +386,14 @@ impl Context {
     /// `args` (in binding order) and the parameter words `params` (after the offsets).
     /// Workgroup counts beyond the per-dimension limit spill into the y dimension
     /// (kernels recover the flat index with `flat_group`).
-    pub fn dispatch(&self, op: &'static str, kernel: &Kernel, args: &[&Tensor], params: &[u32], groups: u64) -> Result<()> {
+    pub fn dispatch(
+        &self,
+        op: &'static str,
+        kernel: &Kernel,
+        args: &[&Tensor],
+        params: &[u32],
+        groups: u64,
+    ) -> Result<()> {
         self.dispatch_3d(op, kernel, args, params, groups, 1)
     }
 
@@ -471,7 +478,11 @@ impl Context {
             });
         }
         let bind_group = self.scoped(op, || {
-            self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &pipe.1, entries: &entries })
+            self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &pipe.1,
+                entries: &entries,
+            })
         })?;
         self.record(|enc| {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
@@ -551,7 +562,9 @@ impl Context {
 
 /// The wgpu buffer of a device tensor (an error for host tensors or other devices).
 pub fn buffer_of(t: &Tensor) -> Result<&WgpuBuffer> {
-    t.device_buffer()
-        .and_then(|d| d.as_any().downcast_ref::<WgpuBuffer>())
-        .ok_or_else(|| Error::Device { op: "wgpu", expected: "a wgpu device tensor".into(), got: t.device().name })
+    t.device_buffer().and_then(|d| d.as_any().downcast_ref::<WgpuBuffer>()).ok_or_else(|| Error::Device {
+        op: "wgpu",
+        expected: "a wgpu device tensor".into(),
+        got: t.device().name,
+    })
 }

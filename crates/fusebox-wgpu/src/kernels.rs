@@ -47,8 +47,10 @@ macro_rules! kernel {
 }
 
 /// Kernels whose sources need the elementwise function library prepended.
-pub const UNARY: Kernel = Kernel { name: "elementwise.wgsl", source: ELEMENTWISE_FNS, entry: "unary", writes: &[false, true] };
-pub const BINARY: Kernel = Kernel { name: "elementwise2.wgsl", source: "", entry: "binary", writes: &[false, false, true] };
+pub const UNARY: Kernel =
+    Kernel { name: "elementwise.wgsl", source: ELEMENTWISE_FNS, entry: "unary", writes: &[false, true] };
+pub const BINARY: Kernel =
+    Kernel { name: "elementwise2.wgsl", source: "", entry: "binary", writes: &[false, false, true] };
 pub const ROW: Kernel = Kernel { name: "elementwise2.wgsl", source: "", entry: "row", writes: &[false, false, true] };
 pub const COL: Kernel = Kernel { name: "elementwise2.wgsl", source: "", entry: "col", writes: &[false, false, true] };
 pub const UNARY_INPLACE: Kernel = Kernel { name: "inplace.wgsl", source: "", entry: "unary_inplace", writes: &[true] };
