@@ -291,11 +291,12 @@ impl WgpuBackend {
         let out = self.ctx.empty(op, Shape::new(out_dims.clone()), DType::F32)?;
         let n = x.elem_count();
         let mut params = vec![u(n)?, r as u32];
-        for i in 0..6 {
-            params.push(if i < r { u(out_dims[i])? } else { 1 });
+        // Six dims (unused ones 1) and six input strides in output-axis order (unused 0).
+        for &dim in out_dims.iter().chain(std::iter::repeat(&1)).take(6) {
+            params.push(u(dim)?);
         }
         for i in 0..6 {
-            params.push(if i < r { u(strides[perm[i]])? } else { 0 });
+            params.push(if let Some(&p) = perm.get(i) { u(strides[p])? } else { 0 });
         }
         self.ctx.flat(op, &kernels::PERMUTE, &[x, &out], &params, n)?;
         Ok(out)
@@ -660,7 +661,7 @@ impl ComputeBackend for WgpuBackend {
             && w.rank() == 2
             && w.byte_offset().is_multiple_of(4)
             && x.shape().last_dim() == w.dims()[1]
-            && w.dims()[1] % 32 == 0;
+            && w.dims()[1].is_multiple_of(32);
         if !ok {
             return fallback!(self, cpu::quant::quantized_matmul; [x, w]);
         }
@@ -943,7 +944,7 @@ impl ComputeBackend for WgpuBackend {
     }
 
     fn split_heads(&self, x: &Tensor, heads: usize) -> Result<Tensor> {
-        let ok = is_f32(x) && x.rank() == 3 && heads > 0 && x.dims()[2] % heads == 0;
+        let ok = is_f32(x) && x.rank() == 3 && heads > 0 && x.dims()[2].is_multiple_of(heads);
         if !ok {
             return fallback!(self, cpu::attention::split_heads; [x], heads);
         }

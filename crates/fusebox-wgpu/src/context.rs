@@ -84,6 +84,9 @@ fn size_class(bytes: u64) -> u64 {
     b.div_ceil(step) * step
 }
 
+/// A compiled kernel and the layout of its bindings.
+type Pipeline = (wgpu::ComputePipeline, wgpu::BindGroupLayout);
+
 pub struct Context {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
@@ -92,7 +95,7 @@ pub struct Context {
     pub features: wgpu::Features,
     pub pool: Arc<Pool>,
     pending: Mutex<Pending>,
-    pipelines: Mutex<HashMap<(&'static str, &'static str), Arc<(wgpu::ComputePipeline, wgpu::BindGroupLayout)>>>,
+    pipelines: Mutex<HashMap<(&'static str, &'static str), Arc<Pipeline>>>,
     modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
     uncaptured: Arc<Mutex<Vec<String>>>,
     /// Native kernel dispatches (and native buffer copies) since creation.
@@ -316,11 +319,7 @@ impl Context {
         Ok(Bound { buffer: b.raw().clone(), offset, size, word_offset: ((start - offset) / 4) as u32 })
     }
 
-    fn pipeline(
-        &self,
-        op: &'static str,
-        kernel: &Kernel,
-    ) -> Result<Arc<(wgpu::ComputePipeline, wgpu::BindGroupLayout)>> {
+    fn pipeline(&self, op: &'static str, kernel: &Kernel) -> Result<Arc<Pipeline>> {
         if let Some(p) = self.pipelines.lock().ok().and_then(|m| m.get(&(kernel.name, kernel.entry)).cloned()) {
             return Ok(p);
         }
@@ -453,13 +452,12 @@ impl Context {
         let bytes: &[u8] = bytemuck::cast_slice(&words);
         let pipe = self.pipeline(op, kernel)?;
         let param_buf = self.scoped(op, || {
-            let b = self.device.create_buffer(&wgpu::BufferDescriptor {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: None,
                 size: bytes.len() as u64,
                 usage: wgpu::BufferUsages::STORAGE,
                 mapped_at_creation: true,
-            });
-            b
+            })
         })?;
         {
             let mut view = param_buf.get_mapped_range_mut(..).map_err(|e| gpu_error(op, e))?;
