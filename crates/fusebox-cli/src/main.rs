@@ -11,6 +11,11 @@ mod train;
 
 use clap::{Parser, Subcommand};
 
+/// Freed blocks of 1 MiB and more are reused for the next tensor of the same size
+/// instead of being unmapped and faulted in again every training step.
+#[global_allocator]
+static ALLOCATOR: fusebox::host_cache::CachingAllocator = fusebox::host_cache::CachingAllocator;
+
 /// fusebox: transformer training and inference on one ComputeBackend trait.
 #[derive(Parser)]
 #[command(name = "fusebox", version, about)]

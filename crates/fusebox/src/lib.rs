@@ -16,6 +16,7 @@ pub mod backend;
 pub mod cpu;
 pub mod dtype;
 pub mod error;
+pub mod host_cache;
 pub mod op;
 pub mod shape;
 pub mod tensor;

@@ -125,4 +125,10 @@ impl ComputeBackend for CpuBackend {
     fn cpu(&self) -> &CpuBackend {
         self
     }
+
+    /// Returns the freed host blocks kept for reuse (see `host_cache`) to the allocator.
+    fn release_resources(&self) -> Result<()> {
+        crate::host_cache::clear();
+        Ok(())
+    }
 }
