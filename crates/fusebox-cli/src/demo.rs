@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use clap::Args;
-use fusebox::{create_backend, Tensor};
+use fusebox::Tensor;
 
 #[derive(Args)]
 pub struct DemoArgs {
@@ -39,7 +39,7 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 }
 
 pub fn run(args: &DemoArgs) -> fusebox::Result<()> {
-    let backend = create_backend(&args.backend)?;
+    let backend = crate::backends::create(&args.backend)?;
     let (b, hq, hkv, t, d) = (1, args.heads, args.kv_heads, args.seq, args.head_dim);
     let q = Tensor::from_vec(values(b * hq * t * d, 1), [b, hq, t, d])?;
     let k = Tensor::from_vec(values(b * hkv * t * d, 2), [b, hkv, t, d])?;

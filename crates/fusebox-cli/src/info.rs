@@ -2,7 +2,9 @@
 
 use clap::Args;
 use fusebox::cpu::simd::{cpu_features, Isa};
-use fusebox::{available_backends, create_backend, ComputeBackend, Op};
+use fusebox::{ComputeBackend, Op};
+
+use crate::backends::{available as available_backends, create as create_backend, wgpu_details};
 use serde_json::json;
 
 #[derive(Args)]
@@ -30,6 +32,7 @@ pub fn run(args: &InfoArgs) -> fusebox::Result<()> {
     let features = cpu_features();
     let backends = backend_status();
     let native_ops = Op::ALL.iter().filter(|&&op| cpu.supports(op)).count();
+    let wgpu = wgpu_details();
     if args.json {
         let value = json!({
             "version": env!("CARGO_PKG_VERSION"),
@@ -43,7 +46,14 @@ pub fn run(args: &InfoArgs) -> fusebox::Result<()> {
                 "threads": cpu.threads(),
                 "ops": Op::ALL.len(),
                 "native_ops": native_ops,
-            }
+            },
+            "wgpu": wgpu.as_ref().map(|(adapter, limits, ops)| json!({
+                "adapter": adapter,
+                "limits": limits,
+                "native_ops": ops,
+                "native_op_count": ops.len(),
+                "fallback_ops": Op::ALL.iter().map(|o| o.name()).filter(|n| !ops.contains(n)).collect::<Vec<_>>(),
+            })),
         });
         println!("{value}");
         return Ok(());
@@ -62,5 +72,13 @@ pub fn run(args: &InfoArgs) -> fusebox::Result<()> {
     );
     println!("cpu features: {}", features.join(" "));
     println!("ops: {} in the ComputeBackend trait, {native_ops} native on cpu", Op::ALL.len());
+    if let Some((adapter, limits, ops)) = &wgpu {
+        println!("wgpu adapter: {adapter}");
+        println!("wgpu limits: {limits}");
+        println!("wgpu: {} ops native (the rest fall back to the cpu):", ops.len());
+        for chunk in ops.chunks(8) {
+            println!("  {}", chunk.join(" "));
+        }
+    }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! `fusebox`: the command line. Parses flags and prints; the maths lives in the library.
 
+mod backends;
 mod bench;
 mod demo;
 mod generate;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Args;
-use fusebox::{create_backend, ComputeBackend, Error, Result};
+use fusebox::{ComputeBackend, Error, Result};
 use fusebox_models::data::addition::{self, Addition};
 use fusebox_models::data::text::{self, TextData};
 use fusebox_models::generate::generate;
@@ -61,7 +61,7 @@ pub struct TrainArgs {
     /// Random seed (model init and data order).
     #[arg(long, default_value_t = 1337)]
     pub seed: u64,
-    /// Backend: cpu (or another compiled-in backend).
+    /// Backend: cpu, cpu:N or wgpu.
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// CPU threads (default: all cores).
@@ -126,8 +126,8 @@ pub fn preset(name: &str, vocab: usize, max_seq: usize) -> Result<ModelConfig> {
 
 pub fn backend_for(name: &str, threads: Option<usize>) -> Result<Arc<dyn ComputeBackend>> {
     match (name, threads) {
-        ("cpu", Some(n)) => create_backend(&format!("cpu:{n}")),
-        _ => create_backend(name),
+        ("cpu", Some(n)) => crate::backends::create(&format!("cpu:{n}")),
+        _ => crate::backends::create(name),
     }
 }
 
