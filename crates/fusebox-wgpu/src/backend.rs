@@ -266,17 +266,17 @@ impl WgpuBackend {
         Ok(true)
     }
 
-    /// Sum of squares of one f32 device tensor, f32 partials per 4096 elements summed in f64.
-    fn sum_squares(&self, t: &Tensor) -> Result<f64> {
+    /// Queues the per-chunk (max |x|, Σ (x/max)²) pairs of one f32 device tensor; `None`
+    /// for an empty tensor.
+    fn queue_sum_squares(&self, t: &Tensor) -> Result<Option<Tensor>> {
         let n = t.elem_count();
         if n == 0 {
-            return Ok(0.0);
+            return Ok(None);
         }
         let chunks = n.div_ceil(4096);
-        let part = self.ctx.empty("global_norm", [chunks], DType::F32)?;
+        let part = self.ctx.empty("global_norm", [chunks, 2], DType::F32)?;
         self.ctx.dispatch("global_norm", &kernels::SUM_SQUARES, &[t, &part], &[u(n)?], chunks as u64)?;
-        let host = self.to_host(&part)?;
-        Ok(host.as_slice::<f32>()?.iter().map(|&v| v as f64).sum())
+        Ok(Some(part))
     }
 
     /// The permutation kernel for f32 tensors of rank ≤ 6.
@@ -1268,9 +1268,13 @@ impl ComputeBackend for WgpuBackend {
             let host = tensors.iter().map(|t| self.to_host(t)).collect::<Result<Vec<_>>>()?;
             return cpu::optim::global_norm(self.cpu(), &host);
         }
+        // Every tensor's partials are queued before the first read, so they go out together.
+        let parts = tensors.iter().map(|t| self.queue_sum_squares(t)).collect::<Result<Vec<_>>>()?;
         let mut total = 0.0f64;
-        for t in tensors {
-            total += self.sum_squares(t)?;
+        for part in parts.iter().flatten() {
+            let host = self.to_host(part)?;
+            // Σ over chunks of m²·s, in f64 and in chunk order.
+            total += host.as_slice::<f32>()?.chunks_exact(2).map(|p| (p[0] as f64).powi(2) * p[1] as f64).sum::<f64>();
         }
         Ok(total.sqrt() as f32)
     }
