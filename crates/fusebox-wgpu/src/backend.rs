@@ -18,8 +18,8 @@ use crate::context::{buffer_of, Context};
 use crate::kernels;
 use crate::native_ops::NATIVE_OPS;
 use crate::ops::{
-    activation, attention, binary, f, is_f32, layout, linear, matmul, norm, optim, quant, rope_embedding, softmax_loss,
-    u, unary, Un,
+    activation, attention, binary, convert, f, is_f32, layout, linear, matmul, norm, optim, quant, rope_embedding,
+    softmax_loss, u, unary, Un,
 };
 
 /// fusebox on a GPU through wgpu.
@@ -221,6 +221,10 @@ impl ComputeBackend for WgpuBackend {
         }
         self.ctx.note_fallback("in place");
         in_place_on_cpu(self, dst, |cpu, dst| cpu::memory::fill(cpu, dst, value))
+    }
+
+    fn cast(&self, x: &Tensor, dtype: DType) -> Result<Tensor> {
+        convert::cast(self, x, dtype)
     }
 
     fn preprocess_linear_weight(&self, w: &Tensor) -> Result<Tensor> {

@@ -15,6 +15,7 @@ pub const NATIVE_OPS: &[Op] = &[
     Op::ReleaseTemporaryResources,
     Op::Zeros,
     Op::Copy,
+    Op::Cast,
     Op::CopyInto,
     Op::Fill,
     Op::PreprocessLinearWeight,

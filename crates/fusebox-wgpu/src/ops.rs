@@ -5,6 +5,7 @@
 pub mod activation;
 pub mod attention;
 pub mod binary;
+pub mod convert;
 pub mod layout;
 pub mod linear;
 pub mod matmul;
