@@ -5,6 +5,7 @@ use fusebox::{in_place_on_cpu, ComputeBackend, DType, Result, Tensor, ToBackend}
 
 use crate::backend::WgpuBackend;
 use crate::kernels;
+use crate::ops::convert::common_float;
 use crate::ops::{u, Bin, Un};
 
 pub(crate) fn add(be: &WgpuBackend, a: &Tensor, b: &Tensor) -> Result<Tensor> {
@@ -188,11 +189,12 @@ impl WgpuBackend {
         code: Bin,
         c: f32,
     ) -> Result<Option<Tensor>> {
-        if !Self::all_f32(&[a, b]) || a.shape() != b.shape() {
+        let Some(dt) = common_float(&[a, b]).filter(|_| a.shape() == b.shape()) else {
             return Ok(None);
-        }
-        let (a, b) = (self.dev(a)?, self.dev(b)?);
-        self.ctx.binary(op, &a, &b, code, c).map(Some)
+        };
+        let (a, b) = (self.widen(op, a)?, self.widen(op, b)?);
+        let y = self.ctx.binary(op, &a, &b, code, c)?;
+        self.narrow(op, y, dt).map(Some)
     }
 
     /// Row (`col` false) or column broadcast of a binary op.
@@ -204,9 +206,9 @@ impl WgpuBackend {
         code: Bin,
         col: bool,
     ) -> Result<Option<Tensor>> {
-        if !Self::all_f32(&[x, v]) || x.rank() == 0 {
+        let Some(dt) = common_float(&[x, v]).filter(|_| x.rank() > 0) else {
             return Ok(None);
-        }
+        };
         let n = x.shape().last_dim();
         let rows = x.elem_count() / n.max(1);
         let ok = if col {
@@ -217,12 +219,12 @@ impl WgpuBackend {
         if !ok || n == 0 {
             return Ok(None);
         }
-        let (x, v) = (self.dev(x)?, self.dev(v)?);
+        let (x, v) = (self.widen(op, x)?, self.widen(op, v)?);
         let out = self.ctx.empty(op, x.shape().clone(), DType::F32)?;
         let k = if col { &kernels::COL } else { &kernels::ROW };
         let total = x.elem_count();
         self.ctx.flat(op, k, &[&x, &v, &out], &[code as u32, u(total)?, u(n)?], total)?;
-        Ok(Some(out))
+        self.narrow(op, out, dt).map(Some)
     }
 
     pub(crate) fn assign_op(&self, op: &'static str, a: &mut Tensor, b: &Tensor, code: Bin) -> Result<bool> {
@@ -244,13 +246,14 @@ impl WgpuBackend {
         c: &Tensor,
         code: u32,
     ) -> Result<Option<Tensor>> {
-        if !Self::all_f32(&[a, b, c]) || a.shape() != b.shape() || a.shape() != c.shape() {
+        let same = a.shape() == b.shape() && a.shape() == c.shape();
+        let Some(dt) = common_float(&[a, b, c]).filter(|_| same) else {
             return Ok(None);
-        }
-        let (a, b, c) = (self.dev(a)?, self.dev(b)?, self.dev(c)?);
+        };
+        let (a, b, c) = (self.widen(op, a)?, self.widen(op, b)?, self.widen(op, c)?);
         let out = self.ctx.empty(op, a.shape().clone(), DType::F32)?;
         let n = a.elem_count();
         self.ctx.flat(op, &kernels::TERNARY, &[&a, &b, &c, &out], &[code, u(n)?], n)?;
-        Ok(Some(out))
+        self.narrow(op, out, dt).map(Some)
     }
 }

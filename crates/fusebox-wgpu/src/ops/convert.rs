@@ -42,3 +42,29 @@ pub(crate) fn cast(be: &WgpuBackend, x: &Tensor, dtype: DType) -> Result<Tensor>
         _ => fallback!(be, cpu::memory::cast; [x], dtype),
     }
 }
+
+/// The common float storage dtype of `ts` when all are F32, or all F16, or all BF16
+/// (16-bit ones at word-aligned offsets): what the f32 kernels take after `widen`.
+pub(crate) fn common_float(ts: &[&Tensor]) -> Option<DType> {
+    let d = ts.first()?.dtype();
+    let aligned = |t: &Tensor| d == DType::F32 || t.is_host() || t.byte_offset().is_multiple_of(4);
+    (float_kind(d).is_some() && ts.iter().all(|t| t.dtype() == d && aligned(t))).then_some(d)
+}
+
+impl WgpuBackend {
+    /// `t` as an F32 device tensor (F16/BF16 storage converted on the GPU).
+    pub(crate) fn widen(&self, op: &'static str, t: &Tensor) -> Result<Tensor> {
+        match float_kind(t.dtype()) {
+            Some(k) if k != 0 => convert(self, op, t, k, 0, DType::F32),
+            _ => self.dev(t),
+        }
+    }
+
+    /// An F32 result stored as `dtype` (the inputs' F32, F16 or BF16).
+    pub(crate) fn narrow(&self, op: &'static str, t: Tensor, dtype: DType) -> Result<Tensor> {
+        match float_kind(dtype) {
+            Some(k) if k != 0 => convert(self, op, &t, 0, k, dtype),
+            _ => Ok(t),
+        }
+    }
+}

@@ -4,7 +4,8 @@ use fusebox::cpu;
 use fusebox::{in_place_on_cpu, ComputeBackend, Result, Tensor, ToBackend};
 
 use crate::backend::WgpuBackend;
-use crate::ops::{is_f32, Un};
+use crate::ops::convert::common_float;
+use crate::ops::Un;
 
 pub(crate) fn exp(be: &WgpuBackend, x: &Tensor) -> Result<Tensor> {
     match be.unary_op("exp", x, Un::Exp, 0.0, 0.0)? {
@@ -109,10 +110,11 @@ pub(crate) fn clamp_inplace(be: &WgpuBackend, x: &mut Tensor, lo: f32, hi: f32) 
 
 impl WgpuBackend {
     pub(crate) fn unary_op(&self, op: &'static str, x: &Tensor, code: Un, p0: f32, p1: f32) -> Result<Option<Tensor>> {
-        if !is_f32(x) {
+        let Some(dt) = common_float(&[x]) else {
             return Ok(None);
-        }
-        let x = self.dev(x)?;
-        self.ctx.unary(op, &x, code, p0, p1).map(Some)
+        };
+        let x = self.widen(op, x)?;
+        let y = self.ctx.unary(op, &x, code, p0, p1)?;
+        self.narrow(op, y, dt).map(Some)
     }
 }
