@@ -5,6 +5,7 @@ use fusebox::{ComputeBackend, CrossEntropyOutput, DType, Result, Shape, Tensor, 
 
 use crate::backend::WgpuBackend;
 use crate::kernels;
+use crate::ops::convert::common_float;
 use crate::ops::{f, is_f32, u, Un};
 
 pub(crate) fn softmax(be: &WgpuBackend, x: &Tensor, dim: usize) -> Result<Tensor> {
@@ -107,14 +108,15 @@ impl WgpuBackend {
     }
 
     pub(crate) fn softmax_native(&self, op: &'static str, x: &Tensor, dim: usize, mode: u32) -> Result<Option<Tensor>> {
-        if !is_f32(x) || x.rank() == 0 || dim + 1 != x.rank() || x.shape().last_dim() == 0 {
+        let ok = x.rank() > 0 && dim + 1 == x.rank() && x.shape().last_dim() > 0;
+        let Some(dt) = common_float(&[x]).filter(|_| ok) else {
             return Ok(None);
-        }
-        let x = self.dev(x)?;
+        };
+        let x = self.widen(op, x)?;
         let d = x.shape().last_dim();
         let rows = x.elem_count() / d;
         let out = self.ctx.empty(op, x.shape().clone(), DType::F32)?;
         self.ctx.dispatch(op, &kernels::SOFTMAX, &[&x, &out], &[u(rows)?, u(d)?, mode], rows as u64)?;
-        Ok(Some(out))
+        self.narrow(op, out, dt).map(Some)
     }
 }
