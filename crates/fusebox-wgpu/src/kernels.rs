@@ -80,6 +80,7 @@ kernel!(ATTN_DELTA, "attn_delta.wgsl", "attn_delta", [false, false, true]);
 kernel!(ATTN_DQ, "attn_dq.wgsl", "attn_dq", [false, false, false, false, false, false, true]);
 kernel!(ATTN_DKV, "attn_dkv.wgsl", "attn_dkv", [false, false, false, false, false, false, true, true]);
 kernel!(QUANTIZED_MATMUL, "quant.wgsl", "quantized_matmul", [false, false, true]);
+kernel!(CAST, "convert.wgsl", "cast_float", [false, true]);
 
 /// The full source of a kernel's module (elementwise kernels share one function library).
 pub fn module_source(k: &Kernel) -> String {

@@ -9,10 +9,14 @@
 //! recognise as valid goes there too, so errors match the CPU backend exactly.
 //! `supports(op)` lists the native ops; `native_dispatches` counts the GPU work.
 
+#[macro_use]
+mod macros;
+
 mod backend;
 mod buffer;
 mod context;
 mod kernels;
+mod native_ops;
 mod ops;
 
 pub use backend::WgpuBackend;

@@ -1,5 +1,20 @@
-//! Native op implementations shared by the trait methods: elementwise launches, the
-//! strided matmul, row-block chunking for tensors beyond the binding limit.
+//! Native op implementations: one file per op family (the trait methods in `backend.rs`
+//! delegate to them), plus what they share here: elementwise launches, the strided
+//! matmul, row-block chunking for tensors beyond the binding limit.
+
+pub mod activation;
+pub mod attention;
+pub mod binary;
+pub mod convert;
+pub mod layout;
+pub mod linear;
+pub mod matmul;
+pub mod norm;
+pub mod optim;
+pub mod quant;
+pub mod rope_embedding;
+pub mod softmax_loss;
+pub mod unary;
 
 use fusebox::{DType, Error, Result, Shape, Tensor};
 

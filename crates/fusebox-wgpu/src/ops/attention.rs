@@ -1,0 +1,211 @@
+//! Attention: forward (full, causal, decode), backward, KV-cache writes.
+
+use fusebox::cpu;
+use fusebox::{
+    in_place_on_cpu, AttentionGradients, CausalAttentionResult, ComputeBackend, DType, Error, Result, Tensor, ToBackend,
+};
+
+use crate::backend::WgpuBackend;
+use crate::context::buffer_of;
+use crate::kernels;
+use crate::ops::{f, u};
+
+/// Keys (or query rows) one attention dispatch covers: llvmpipe ends a shader's loops
+/// after 65535 iterations, so long loops are split across dispatches.
+pub(crate) const KEY_CHUNK: usize = 128;
+
+/// Largest head dimension of the attention kernels (per-thread row buffers).
+pub(crate) const MAX_HEAD_DIM: usize = 256;
+
+pub(crate) fn attention(
+    be: &WgpuBackend,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f32,
+    causal: bool,
+) -> Result<Tensor> {
+    match WgpuBackend::attention_dims(q, k, v) {
+        Some(d) if !causal || d.3 <= d.4 => {
+            Ok(be.attention_forward("attention", q, k, v, d, d.4, scale, causal)?.output)
+        }
+        _ => fallback!(be, cpu::attention::attention; [q, k, v], scale, causal),
+    }
+}
+
+pub(crate) fn causal_attention(
+    be: &WgpuBackend,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f32,
+) -> Result<CausalAttentionResult> {
+    match WgpuBackend::attention_dims(q, k, v) {
+        Some(d) if d.3 <= d.4 => be.attention_forward("causal_attention", q, k, v, d, d.4, scale, true),
+        _ => fallback!(be, cpu::attention::causal_attention; [q, k, v], scale),
+    }
+}
+
+pub(crate) fn causal_attention_backward(
+    be: &WgpuBackend,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    result: &CausalAttentionResult,
+    d_out: &Tensor,
+    scale: f32,
+) -> Result<AttentionGradients> {
+    const OP: &str = "causal_attention_backward";
+    let dims = WgpuBackend::attention_dims(q, k, v).filter(|d| {
+        d.3 <= d.4
+            && WgpuBackend::all_f32(&[&result.output, &result.logsumexp, d_out])
+            && result.output.shape() == q.shape()
+            && d_out.shape() == q.shape()
+            && result.logsumexp.dims() == [d.0, d.1, d.3]
+    });
+    let Some((b, hq, hkv, tq, tk, d)) = dims else {
+        let result =
+            CausalAttentionResult { output: be.to_host(&result.output)?, logsumexp: be.to_host(&result.logsumexp)? };
+        let d_out = be.to_host(d_out)?;
+        return fallback!(be, cpu::attention::causal_attention_backward; [q, k, v], &result, &d_out, scale);
+    };
+    let (q, k, v) = (be.dev(q)?, be.dev(k)?, be.dev(v)?);
+    let (o, lse, dout) = (be.dev(&result.output)?, be.dev(&result.logsumexp)?, be.dev(d_out)?);
+    let rows = b * hq * tq;
+    let delta = be.ctx.empty(OP, [rows], DType::F32)?;
+    be.ctx.dispatch(OP, &kernels::ATTN_DELTA, &[&o, &dout, &delta], &[u(rows)?, u(d)?], (rows as u64).div_ceil(64))?;
+    let dq = be.ctx.empty(OP, q.shape().clone(), DType::F32)?;
+    let dk = be.ctx.empty(OP, k.shape().clone(), DType::F32)?;
+    let dv = be.ctx.empty(OP, v.shape().clone(), DType::F32)?;
+    let groups = (rows as u64).div_ceil(64);
+    let chunks = tk.div_ceil(KEY_CHUNK).max(1);
+    for c in 0..chunks {
+        let (j0, j1) = (c * KEY_CHUNK, ((c + 1) * KEY_CHUNK).min(tk));
+        let p = [u(rows)?, u(hq)?, u(hkv)?, u(tq)?, u(tk)?, u(d)?, f(scale), u(j0)?, u(j1)?, (c == 0) as u32];
+        be.ctx.dispatch(OP, &kernels::ATTN_DQ, &[&q, &k, &v, &lse, &dout, &delta, &dq], &p, groups)?;
+    }
+    let kv_rows = b * hkv * tk;
+    let groups = (kv_rows as u64).div_ceil(64);
+    let chunks = tq.div_ceil(KEY_CHUNK).max(1);
+    for g in 0..hq / hkv {
+        for c in 0..chunks {
+            let (i0, i1) = (c * KEY_CHUNK, ((c + 1) * KEY_CHUNK).min(tq));
+            let first = (g == 0 && c == 0) as u32;
+            let p = [u(kv_rows)?, u(hq)?, u(hkv)?, u(tq)?, u(tk)?, u(d)?, f(scale), u(g)?, u(i0)?, u(i1)?, first];
+            let args = [&q, &k, &v, &lse, &dout, &delta, &dk, &dv];
+            be.ctx.dispatch(OP, &kernels::ATTN_DKV, &args, &p, groups)?;
+        }
+    }
+    Ok(AttentionGradients { dq, dk, dv })
+}
+
+pub(crate) fn supports_causal_attention(_be: &WgpuBackend, q: &Tensor, k: &Tensor, v: &Tensor, _scale: f32) -> bool {
+    WgpuBackend::attention_dims(q, k, v).is_some_and(|d| d.3 <= d.4)
+}
+
+pub(crate) fn write_head_cache(be: &WgpuBackend, cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
+    const OP: &str = "write_head_cache";
+    let ok = !cache.is_host()
+        && WgpuBackend::all_f32(&[cache, new])
+        && cache.rank() == 4
+        && new.rank() == 4
+        && cache.dims()[0] == new.dims()[0]
+        && cache.dims()[1] == new.dims()[1]
+        && cache.dims()[3] == new.dims()[3]
+        && pos.checked_add(new.dims()[2]).is_some_and(|e| e <= cache.dims()[2]);
+    if !ok {
+        let new = be.to_host(new)?;
+        be.ctx.note_fallback("in place");
+        return in_place_on_cpu(be, cache, |cpu, cache| cpu::attention::write_head_cache(cpu, cache, &new, pos));
+    }
+    cache.ensure_writable(OP)?;
+    let new = be.dev(new)?;
+    let (b, h, cap, d) = (cache.dims()[0], cache.dims()[1], cache.dims()[2], cache.dims()[3]);
+    let t = new.dims()[2];
+    let (cb, nb) = (buffer_of(cache)?, buffer_of(&new)?);
+    if cb.raw() == nb.raw() {
+        return Err(Error::SharedStorage { op: OP });
+    }
+    for bh in 0..b * h {
+        let dst = cache.byte_offset() as u64 + ((bh * cap + pos) * d * 4) as u64;
+        let src = new.byte_offset() as u64 + (bh * t * d * 4) as u64;
+        be.ctx.copy(nb.raw(), src, cb.raw(), dst, (t * d * 4) as u64);
+    }
+    Ok(())
+}
+
+pub(crate) fn decode_attention(
+    be: &WgpuBackend,
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    kv_len: usize,
+    scale: f32,
+) -> Result<Tensor> {
+    match WgpuBackend::attention_dims(q, k_cache, v_cache) {
+        Some(d) if d.3 <= kv_len && kv_len <= d.4 && d.3 > 0 => {
+            Ok(be.attention_forward("decode_attention", q, k_cache, v_cache, d, kv_len, scale, true)?.output)
+        }
+        _ => fallback!(be, cpu::attention::decode_attention; [q, k_cache, v_cache], kv_len, scale),
+    }
+}
+
+impl WgpuBackend {
+    /// Whether q/k/v are attention inputs the kernels take: returns (B, Hq, Hkv, Tq, Tk, D).
+    pub(crate) fn attention_dims(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Option<(usize, usize, usize, usize, usize, usize)> {
+        if !Self::all_f32(&[q, k, v]) || q.rank() != 4 || k.rank() != 4 || k.shape() != v.shape() {
+            return None;
+        }
+        let (qd, kd) = (q.dims(), k.dims());
+        let (b, hq, tq, d) = (qd[0], qd[1], qd[2], qd[3]);
+        let (hkv, tk) = (kd[1], kd[2]);
+        let ok = kd[0] == b && kd[3] == d && hkv > 0 && hq % hkv == 0 && d <= MAX_HEAD_DIM && d > 0;
+        ok.then_some((b, hq, hkv, tq, tk, d))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attention_forward(
+        &self,
+        op: &'static str,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        dims: (usize, usize, usize, usize, usize, usize),
+        tk: usize,
+        scale: f32,
+        causal: bool,
+    ) -> Result<CausalAttentionResult> {
+        let (b, hq, hkv, tq, cap, d) = dims;
+        let (q, k, v) = (self.dev(q)?, self.dev(k)?, self.dev(v)?);
+        let output = self.ctx.empty(op, q.shape().clone(), DType::F32)?;
+        let logsumexp = self.ctx.empty(op, [b, hq, tq], DType::F32)?;
+        let rows = b * hq * tq;
+        let lsum = self.ctx.empty(op, [rows], DType::F32)?;
+        let chunks = tk.div_ceil(KEY_CHUNK).max(1);
+        for c in 0..chunks {
+            let (j0, j1) = (c * KEY_CHUNK, ((c + 1) * KEY_CHUNK).min(tk));
+            let params = [
+                u(rows)?,
+                u(hq)?,
+                u(hkv)?,
+                u(tq)?,
+                u(tk)?,
+                u(cap)?,
+                u(d)?,
+                f(scale),
+                causal as u32,
+                u(j0)?,
+                u(j1)?,
+                (c == 0) as u32,
+                (c + 1 == chunks) as u32,
+            ];
+            let args = [&q, &k, &v, &output, &logsumexp, &lsum];
+            self.ctx.dispatch(op, &kernels::ATTENTION, &args, &params, (rows as u64).div_ceil(64))?;
+        }
+        Ok(CausalAttentionResult { output, logsumexp })
+    }
+}

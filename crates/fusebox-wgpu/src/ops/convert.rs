@@ -1,0 +1,70 @@
+//! Float storage conversions (`cast` between F32, F16 and BF16) on the GPU.
+
+use fusebox::cpu;
+use fusebox::{ComputeBackend, DType, Result, Tensor, ToBackend};
+
+use crate::backend::WgpuBackend;
+use crate::kernels;
+use crate::ops::u;
+
+/// The convert kernel's code for a float storage dtype.
+pub(crate) fn float_kind(d: DType) -> Option<u32> {
+    match d {
+        DType::F32 => Some(0),
+        DType::F16 => Some(1),
+        DType::BF16 => Some(2),
+        _ => None,
+    }
+}
+
+/// `x` (F32/F16/BF16, word-aligned view) converted to `dtype` on the device.
+pub(crate) fn convert(
+    be: &WgpuBackend,
+    op: &'static str,
+    x: &Tensor,
+    ik: u32,
+    ok: u32,
+    dtype: DType,
+) -> Result<Tensor> {
+    let x = be.dev(x)?;
+    let out = be.ctx.empty(op, x.shape().clone(), dtype)?;
+    let n = x.elem_count();
+    let items = if ok == 0 { n } else { n.div_ceil(2) };
+    be.ctx.flat(op, &kernels::CAST, &[&x, &out], &[u(n)?, ik, ok], items)?;
+    Ok(out)
+}
+
+pub(crate) fn cast(be: &WgpuBackend, x: &Tensor, dtype: DType) -> Result<Tensor> {
+    match (float_kind(x.dtype()), float_kind(dtype)) {
+        (Some(ik), Some(ok)) if ik != ok && (x.is_host() || x.byte_offset().is_multiple_of(4)) => {
+            convert(be, "cast", x, ik, ok, dtype)
+        }
+        _ => fallback!(be, cpu::memory::cast; [x], dtype),
+    }
+}
+
+/// The common float storage dtype of `ts` when all are F32, or all F16, or all BF16
+/// (16-bit ones at word-aligned offsets): what the f32 kernels take after `widen`.
+pub(crate) fn common_float(ts: &[&Tensor]) -> Option<DType> {
+    let d = ts.first()?.dtype();
+    let aligned = |t: &Tensor| d == DType::F32 || t.is_host() || t.byte_offset().is_multiple_of(4);
+    (float_kind(d).is_some() && ts.iter().all(|t| t.dtype() == d && aligned(t))).then_some(d)
+}
+
+impl WgpuBackend {
+    /// `t` as an F32 device tensor (F16/BF16 storage converted on the GPU).
+    pub(crate) fn widen(&self, op: &'static str, t: &Tensor) -> Result<Tensor> {
+        match float_kind(t.dtype()) {
+            Some(k) if k != 0 => convert(self, op, t, k, 0, DType::F32),
+            _ => self.dev(t),
+        }
+    }
+
+    /// An F32 result stored as `dtype` (the inputs' F32, F16 or BF16).
+    pub(crate) fn narrow(&self, op: &'static str, t: Tensor, dtype: DType) -> Result<Tensor> {
+        match float_kind(dtype) {
+            Some(k) if k != 0 => convert(self, op, &t, 0, k, dtype),
+            _ => Ok(t),
+        }
+    }
+}

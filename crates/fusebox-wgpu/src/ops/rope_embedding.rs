@@ -1,0 +1,203 @@
+//! Rotary position embedding, embedding lookup and row scatters.
+
+use fusebox::cpu;
+use fusebox::{in_place_on_cpu, ComputeBackend, DType, Result, RopeStyle, Shape, Tensor, ToBackend};
+
+use crate::backend::WgpuBackend;
+use crate::context::Context;
+use crate::kernels;
+use crate::ops::{f, is_f32, u};
+
+pub(crate) fn rope(
+    be: &WgpuBackend,
+    x: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    style: RopeStyle,
+    offset: usize,
+) -> Result<Tensor> {
+    match be.rope_native("rope", x, cos, sin, style, offset, 1.0)? {
+        Some(t) => Ok(t),
+        None => fallback!(be, cpu::rope::rope; [x, cos, sin], style, offset),
+    }
+}
+
+pub(crate) fn rope_backward(
+    be: &WgpuBackend,
+    d_out: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    style: RopeStyle,
+    offset: usize,
+) -> Result<Tensor> {
+    match be.rope_native("rope_backward", d_out, cos, sin, style, offset, -1.0)? {
+        Some(t) => Ok(t),
+        None => fallback!(be, cpu::rope::rope_backward; [d_out, cos, sin], style, offset),
+    }
+}
+
+pub(crate) fn embedding(be: &WgpuBackend, ids: &Tensor, table: &Tensor) -> Result<Tensor> {
+    const OP: &str = "embedding";
+    let ok = ids.dtype() == DType::U32 && is_f32(table) && table.rank() == 2 && table.dims()[1] > 0;
+    if !ok {
+        return fallback!(be, cpu::embedding::embedding; [ids, table]);
+    }
+    let (vocab, d) = (table.dims()[0], table.dims()[1]);
+    let host_ids = be.to_host(ids)?;
+    if host_ids.as_slice::<u32>()?.iter().any(|&i| i as usize >= vocab) {
+        return fallback!(be, cpu::embedding::embedding; [ids, table]);
+    }
+    let mut dims = ids.dims().to_vec();
+    dims.push(d);
+    let out = be.ctx.empty(OP, Shape::new(dims), DType::F32)?;
+    let n = out.elem_count();
+    if n == 0 {
+        return Ok(out);
+    }
+    let (ids, table) = (be.dev(ids)?, be.dev(table)?);
+    let per = be.ctx.rows_per_binding(d);
+    let mut r0 = 0;
+    while r0 < vocab {
+        let r1 = (r0 + per).min(vocab);
+        let block = Context::row_block(&table, d, r0, r1 - r0)?;
+        be.ctx.flat(OP, &kernels::EMBEDDING, &[&ids, &block, &out], &[u(n)?, u(d)?, u(r0)?, u(r1)?], n)?;
+        r0 = r1;
+    }
+    Ok(out)
+}
+
+pub(crate) fn embedding_backward(be: &WgpuBackend, ids: &Tensor, d_out: &Tensor, vocab: usize) -> Result<Tensor> {
+    const OP: &str = "embedding_backward";
+    let ok = ids.dtype() == DType::U32
+        && is_f32(d_out)
+        && d_out.rank() == ids.rank() + 1
+        && d_out.dims()[..ids.rank()] == *ids.dims()
+        && d_out.shape().last_dim() > 0;
+    if !ok {
+        return fallback!(be, cpu::embedding::embedding_backward; [ids, d_out], vocab);
+    }
+    let host_ids = be.to_host(ids)?;
+    let idv = host_ids.as_slice::<u32>()?;
+    if idv.iter().any(|&i| i as usize >= vocab) {
+        return fallback!(be, cpu::embedding::embedding_backward; [ids, d_out], vocab);
+    }
+    let d = d_out.shape().last_dim();
+    let table = be.ctx.zeros(OP, [vocab, d], DType::F32)?;
+    let src = be.dev(d_out)?;
+    be.scatter_rows(OP, &table, idv, &src, d, false)?;
+    Ok(table)
+}
+
+pub(crate) fn scatter_add_rows(be: &WgpuBackend, dst: &mut Tensor, ids: &Tensor, src: &Tensor) -> Result<()> {
+    const OP: &str = "scatter_add_rows";
+    let ok = !dst.is_host()
+        && WgpuBackend::all_f32(&[dst, src])
+        && ids.dtype() == DType::U32
+        && ids.rank() == 1
+        && dst.rank() >= 1
+        && src.rank() == dst.rank()
+        && src.dims()[0] == ids.dims()[0]
+        && src.dims()[1..] == dst.dims()[1..];
+    let host_ids = if ok { Some(be.to_host(ids)?) } else { None };
+    let rows = dst.dims().first().copied().unwrap_or(0);
+    let valid = host_ids
+        .as_ref()
+        .and_then(|h| h.as_slice::<u32>().ok())
+        .is_some_and(|s| s.iter().all(|&i| (i as usize) < rows));
+    if !valid {
+        let (ids, src) = (be.to_host(ids)?, be.to_host(src)?);
+        be.ctx.note_fallback("in place");
+        return in_place_on_cpu(be, dst, |cpu, dst| cpu::embedding::scatter_add_rows(cpu, dst, &ids, &src));
+    }
+    dst.ensure_writable(OP)?;
+    let d = dst.elem_count() / rows.max(1);
+    let src = be.dev(src)?;
+    let idv = host_ids.as_ref().map(|h| h.as_slice::<u32>()).transpose()?.unwrap_or(&[]);
+    be.scatter_rows(OP, dst, idv, &src, d, true)
+}
+
+impl WgpuBackend {
+    /// Host-side grouping of `ids` for the deterministic scatter kernel:
+    /// `[rows[U], starts[U + 1], order[M]]` with rows sorted.
+    pub(crate) fn group_ids(ids: &[u32]) -> (Vec<u32>, usize) {
+        let mut order: Vec<u32> = (0..ids.len() as u32).collect();
+        order.sort_by_key(|&i| (ids[i as usize], i));
+        let mut rows = Vec::new();
+        let mut starts = Vec::new();
+        for (k, &i) in order.iter().enumerate() {
+            let r = ids[i as usize];
+            if rows.last() != Some(&r) {
+                rows.push(r);
+                starts.push(k as u32);
+            }
+        }
+        starts.push(order.len() as u32);
+        let nu = rows.len();
+        let mut meta = rows;
+        meta.extend(starts);
+        meta.extend(order);
+        (meta, nu)
+    }
+
+    /// `dst[ids[n]] (+)= src[n]` for f32 `[*, d]` rows, block by block of dst rows so
+    /// that tables beyond one binding work.
+    pub(crate) fn scatter_rows(
+        &self,
+        op: &'static str,
+        dst: &Tensor,
+        ids: &[u32],
+        src: &Tensor,
+        d: usize,
+        acc: bool,
+    ) -> Result<()> {
+        if ids.is_empty() || d == 0 {
+            return Ok(());
+        }
+        let (meta, nu) = Self::group_ids(ids);
+        let rows: Vec<u32> = meta[..nu].to_vec();
+        let meta = self.upload(&Tensor::from_vec(meta, [nu * 2 + 1 + ids.len()])?)?;
+        let vocab = dst.elem_count() / d;
+        let per = self.ctx.rows_per_binding(d);
+        let mut r0 = 0usize;
+        while r0 < vocab {
+            let r1 = (r0 + per).min(vocab);
+            let u0 = rows.partition_point(|&r| (r as usize) < r0);
+            let u1 = rows.partition_point(|&r| (r as usize) < r1);
+            if u1 > u0 {
+                let block = crate::context::Context::row_block(dst, d, r0, r1 - r0)?;
+                let count = (u1 - u0) * d;
+                let params = [u(nu)?, u(d)?, u(u0)?, u(count)?, u(r0)?, acc as u32];
+                self.ctx.flat(op, &kernels::SCATTER_ROWS, &[&meta, src, &block], &params, count)?;
+            }
+            r0 = r1;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn rope_native(
+        &self,
+        op: &'static str,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        style: RopeStyle,
+        offset: usize,
+        sign: f32,
+    ) -> Result<Option<Tensor>> {
+        if !Self::all_f32(&[x, cos, sin]) || x.rank() != 4 || cos.rank() != 2 || cos.shape() != sin.shape() {
+            return Ok(None);
+        }
+        let dx = x.dims();
+        let (t, dim) = (dx[2], dx[3]);
+        let half = dim / 2;
+        if dim % 2 != 0 || half == 0 || cos.dims()[1] != half || offset + t > cos.dims()[0] {
+            return Ok(None);
+        }
+        let (x, cos, sin) = (self.dev(x)?, self.dev(cos)?, self.dev(sin)?);
+        let out = self.ctx.empty(op, x.shape().clone(), DType::F32)?;
+        let n = x.elem_count() / 2;
+        let params = [u(n)?, u(t)?, u(half)?, (style == RopeStyle::Interleaved) as u32, u(offset)?, f(sign)];
+        self.ctx.flat(op, &kernels::ROPE, &[&x, &cos, &sin, &out], &params, n)?;
+        Ok(Some(out))
+    }
+}
