@@ -105,11 +105,12 @@ mod avx512 {
             prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
             let row = w.as_ptr().wrapping_add(r * row_bytes);
             let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-            let mut off = _mm_setzero_ps();
-            let mut b = 0;
-            while b < nb {
-                // SAFETY: block b of row r lies inside `w` (row_bytes·out.len() = w.len()),
-                // and x holds 32 values for block b.
+            let (mut off0, mut off1) = (_mm_setzero_ps(), _mm_setzero_ps());
+            // One block: `acc += d·(x·q)`; lane 1 of `off` += m·Σx (Q4_1), lane 0 += d·Σx
+            // (Q4_0's offset is −8 of it).
+            let block = |b: usize, acc: &mut __m512, off: &mut __m128| {
+                // SAFETY: block b < nb of row r lies inside `w` (row_bytes·out.len() =
+                // w.len()), and x and xsum32 hold block b.
                 unsafe {
                     let blk = row.add(b * bb);
                     let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(qs_at) as *const __m128i));
@@ -121,17 +122,20 @@ mod avx512 {
                         _mm512_mul_ps(_mm512_loadu_ps(xp.add(QK * b)), lo),
                     );
                     let dm = header(blk);
-                    let d = _mm512_broadcastss_ps(dm);
-                    if b % 2 == 0 {
-                        acc0 = _mm512_fmadd_ps(d, t, acc0);
-                    } else {
-                        acc1 = _mm512_fmadd_ps(d, t, acc1);
-                    }
-                    // Lane 1: m·Σx (Q4_1); lane 0: d·Σx (Q4_0's offset is −8 of it).
-                    off = _mm_fmadd_ps(dm, _mm_set1_ps(*xsum32.get_unchecked(b)), off);
+                    *acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dm), t, *acc);
+                    *off = _mm_fmadd_ps(dm, _mm_set1_ps(*xsum32.get_unchecked(b)), *off);
                 }
-                b += 1;
+            };
+            let mut b = 0;
+            while b + 2 <= nb {
+                block(b, &mut acc0, &mut off0);
+                block(b + 1, &mut acc1, &mut off1);
+                b += 2;
             }
+            if b < nb {
+                block(b, &mut acc0, &mut off0);
+            }
+            let off = _mm_add_ps(off0, off1);
             let offset =
                 if OFFSET { f32::from_bits(_mm_extract_ps::<1>(off) as u32) } else { -8.0 * _mm_cvtss_f32(off) };
             *o = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + offset;
@@ -148,8 +152,8 @@ mod avx512 {
             prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
             let row = w.as_ptr().wrapping_add(r * row_bytes);
             let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-            let mut b = 0;
-            while b < nb {
+            // One block: `acc += d·(x·q)`.
+            let block = |b: usize, acc: &mut __m512| {
                 // SAFETY: as in `q4_rows`: block b of row r and x's block b are in bounds.
                 unsafe {
                     let blk = row.add(b * 34);
@@ -160,14 +164,17 @@ mod avx512 {
                         _mm512_cvtepi32_ps(q1),
                         _mm512_mul_ps(_mm512_loadu_ps(xp.add(QK * b)), _mm512_cvtepi32_ps(q0)),
                     );
-                    let d = _mm512_broadcastss_ps(header(blk));
-                    if b % 2 == 0 {
-                        acc0 = _mm512_fmadd_ps(d, t, acc0);
-                    } else {
-                        acc1 = _mm512_fmadd_ps(d, t, acc1);
-                    }
+                    *acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(header(blk)), t, *acc);
                 }
-                b += 1;
+            };
+            let mut b = 0;
+            while b + 2 <= nb {
+                block(b, &mut acc0);
+                block(b + 1, &mut acc1);
+                b += 2;
+            }
+            if b < nb {
+                block(b, &mut acc0);
             }
             *o = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
         }
