@@ -39,7 +39,7 @@ pub(super) fn fused_rows(dtype: DType, w: &[u8], x: &[f32], xsum32: &[f32], out:
         _ => return false,
     };
     // The kernels read exactly these bounds; anything else goes to the portable path.
-    if x.len() % QK != 0 || xsum32.len() < nb || w.len() != out.len() * nb * block_bytes {
+    if !x.len().is_multiple_of(QK) || xsum32.len() < nb || w.len() != out.len() * nb * block_bytes {
         return false;
     }
     let isa = Isa::selected();

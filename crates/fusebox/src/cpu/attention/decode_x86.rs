@@ -166,8 +166,8 @@ unsafe fn heads_accumulate<const D16: usize, const H: usize>(o: &mut [f32], p: &
         for c in 0..D16 {
             // SAFETY: j·d + 16c + 16 ≤ keys·d = v.len().
             let x = unsafe { _mm512_loadu_ps(v.as_ptr().add(j * d + 16 * c)) };
-            for g in 0..H {
-                acc[g][c] = _mm512_fmadd_ps(w[g], x, acc[g][c]);
+            for (a, w) in acc.iter_mut().zip(&w) {
+                a[c] = _mm512_fmadd_ps(*w, x, a[c]);
             }
         }
     }
