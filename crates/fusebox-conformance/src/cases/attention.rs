@@ -498,6 +498,9 @@ fn decode_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     v.extend(decode_case(Cfg::new(1, 8, 2, 1, 67, 64), 80, FLOATS, true)); // GQA 4
     v.extend(decode_case(Cfg::new(2, 4, 4, 3, 17, 32), 32, f32_only, false)); // 3 new queries
     v.extend(decode_case(Cfg::new(2, 8, 1, 1, 130, 128), 150, &[DType::F32, DType::BF16], false)); // GQA 8
+                                                                                                   // GQA 3 (SmolLM2's 9/3 heads), two softmax blocks of keys, a partial score tile.
+    v.extend(decode_case(Cfg::new(1, 9, 3, 1, 300, 64), 320, f32_only, false));
+    v.extend(decode_case(Cfg::new(1, 6, 1, 1, 275, 128), 280, f32_only, false)); // GQA 6, D 128
     v.extend(decode_case(Cfg::new(1, 6, 2, 1, 1, 80), 9, f32_only, false)); // first token
     v.extend(decode_case(Cfg::new(1, 4, 2, 16, 40, 32), 50, f32_only, false)); // per-head blocks over a cache
     v.extend(decode_case(Cfg::new(1, 3, 3, 20, 20, 64), 33, f32_only, false)); // kv_len = Tq

@@ -24,6 +24,11 @@ use crate::error::{Error, Result};
 use crate::shape::Shape;
 use crate::tensor::Tensor;
 
+/// Hand-written AVX-512 / AVX2 forms of the Q8_0, Q4_0 and Q4_1 fused row dots.
+#[cfg(target_arch = "x86_64")]
+#[path = "quant_x86.rs"]
+mod x86;
+
 /// Elements of a Q8_0 / Q4_0 / Q4_1 block.
 const QK: usize = 32;
 /// Elements of a Q4_K / Q6_K super-block.
@@ -428,6 +433,10 @@ mod fused_dot {
 /// format; see [`fused_dot`]); `xsum32` holds the sums of x over each run of 32.
 /// Returns false for FP8, which has no fused form.
 fn fused_rows(dtype: DType, w: &[u8], x: &[f32], xsum32: &[f32], out: &mut [f32]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if x86::fused_rows(dtype, w, x, xsum32, out) {
+        return true;
+    }
     match dtype {
         DType::Q8_0 => fused_dot::q8_0(w, x, xsum32, out),
         DType::Q4_0 => fused_dot::q4_0(w, x, xsum32, out),

@@ -18,9 +18,9 @@ use crate::cpu::simd::{self, multiversion, Isa};
 use crate::cpu::CpuBackend;
 
 /// Keys per softmax block (the scores of one block stay in L1).
-const BLOCK_K: usize = 256;
+pub(super) const BLOCK_K: usize = 256;
 /// Query heads scored together against one K row.
-const HEADS: usize = 4;
+pub(super) const HEADS: usize = 4;
 /// Lanes of the dot-product accumulators.
 const LANES: usize = 16;
 
@@ -48,6 +48,11 @@ fn group_forward(p: &Problem, kv_head: usize, out: &SharedMut<f32>, lse: &Shared
     let mut q = vec![0.0f32; HEADS * d];
     let mut o = vec![0.0f32; HEADS * d];
     let mut s = vec![0.0f32; HEADS * BLOCK_K];
+    // The AVX-512 kernels of `decode_x86` (head dims 64 and 128), else the portable ones.
+    #[cfg(target_arch = "x86_64")]
+    let fast = super::decode_x86::applies(d);
+    #[cfg(not(target_arch = "x86_64"))]
+    let fast = false;
     for h0 in (0..group).step_by(HEADS) {
         let heads = HEADS.min(group - h0);
         // q[g] = scale·q of head first + h0 + g; padded heads stay 0.
@@ -63,7 +68,12 @@ fn group_forward(p: &Problem, kv_head: usize, out: &SharedMut<f32>, lse: &Shared
         for k0 in (0..tk).step_by(BLOCK_K) {
             let keys = BLOCK_K.min(tk - k0);
             let rows = k0 * d..(k0 + keys) * d;
-            group_scores(&k[rows.clone()], d, &q, &mut s);
+            if fast {
+                #[cfg(target_arch = "x86_64")]
+                super::decode_x86::scores(&k[rows.clone()], d, &q, heads, &mut s);
+            } else {
+                group_scores(&k[rows.clone()], d, &q, &mut s);
+            }
             let mut alpha = [1.0f32; HEADS];
             for g in 0..heads {
                 let sg = &mut s[g * BLOCK_K..g * BLOCK_K + keys];
@@ -75,7 +85,12 @@ fn group_forward(p: &Problem, kv_head: usize, out: &SharedMut<f32>, lse: &Shared
                 l[g] = alpha[g] * l[g] + block_sum;
                 m[g] = m_new;
             }
-            group_accumulate(&mut o, d, &s, &v[rows], &alpha, heads);
+            if fast {
+                #[cfg(target_arch = "x86_64")]
+                super::decode_x86::accumulate(&mut o, d, &s, &v[rows], &alpha, heads);
+            } else {
+                group_accumulate(&mut o, d, &s, &v[rows], &alpha, heads);
+            }
         }
         for g in 0..heads {
             let row = first + h0 + g;

@@ -22,6 +22,8 @@
 
 mod backward;
 mod decode;
+#[cfg(target_arch = "x86_64")]
+mod decode_x86;
 mod forward;
 mod layout;
 mod tiles;

@@ -1,0 +1,281 @@
+//! Hand-written x86-64 kernels for the fused row dots of `quantized_matmul` with one
+//! x row (token-by-token decoding): `out[r] = Σ_j x[j]·W[r, j]` with W in Q8_0, Q4_0 or
+//! Q4_1 blocks and x in f32 — the activations are not quantized, so the results stay as
+//! close to f32 as the portable path (only the summation order differs).
+//!
+//! The portable loops in `quant.rs` leave the compiler to vectorize nibble unpacking and
+//! per-block f16 scales, which it does poorly (a scalar f16 conversion and several
+//! shuffles per block). Here each block costs a handful of vector instructions:
+//!
+//! * the nibbles (Q4) or bytes (Q8) widen to 32-bit lanes (`vpmovzxbd` / `vpmovsxbd`);
+//!   on AVX-512 a 4-bit value becomes a float through `vpermps` on a 16-entry table
+//!   (the permute reads only the low 4 bits of each index), so the low nibble needs no
+//!   mask and no conversion;
+//! * `t = x·q` over the block in one or two vectors, then `acc += d·t` with `d`
+//!   broadcast from one `vcvtph2ps` of the block header, which also yields Q4_1's `m`:
+//!   `Σ_blocks m·Σx` is accumulated in lane 1 of a 4-lane vector (lane 0 gathers
+//!   `d·Σx`, which is ignored).
+//!
+//! Per row the 16 (AVX-512) or 8 (AVX2) lanes are reduced once at the end. Rows are
+//! independent and summed in a fixed order, so results do not depend on threads.
+
+use std::arch::x86_64::*;
+
+use crate::cpu::simd::Isa;
+use crate::dtype::DType;
+
+/// Elements per block (Q8_0, Q4_0, Q4_1).
+const QK: usize = 32;
+
+/// `out[r] = Σ_j x[j]·W[r, j]` for the `out.len()` rows of `w` (whole rows of `dtype`
+/// blocks, `x.len()` elements each); `xsum32[b]` is the sum of `x[32b..32b + 32]`.
+/// Returns false (doing nothing) when no kernel here fits the format and the ISA in use.
+pub(super) fn fused_rows(dtype: DType, w: &[u8], x: &[f32], xsum32: &[f32], out: &mut [f32]) -> bool {
+    let nb = x.len() / QK;
+    let block_bytes = match dtype {
+        DType::Q8_0 => 34,
+        DType::Q4_0 => 18,
+        DType::Q4_1 => 20,
+        _ => return false,
+    };
+    // The kernels read exactly these bounds; anything else goes to the portable path.
+    if !x.len().is_multiple_of(QK) || xsum32.len() < nb || w.len() != out.len() * nb * block_bytes {
+        return false;
+    }
+    let isa = Isa::selected();
+    // SAFETY: each kernel runs only where its ISA was detected (`Isa::selected` never
+    // picks a level the CPU lacks; f16c comes with every AVX2 CPU we select), and the
+    // bounds were checked above: `w` holds `out.len()` rows of `nb` blocks, `x` and
+    // `xsum32` `nb` blocks' worth.
+    unsafe {
+        match (isa, dtype) {
+            (Isa::Avx512, DType::Q4_1) => avx512::q4_rows::<true>(w, x, xsum32, out),
+            (Isa::Avx512, DType::Q4_0) => avx512::q4_rows::<false>(w, x, xsum32, out),
+            (Isa::Avx512, DType::Q8_0) => avx512::q8_0_rows(w, x, out),
+            (Isa::Avx2, DType::Q4_1) if has_f16c() => avx2::q4_rows::<true>(w, x, xsum32, out),
+            (Isa::Avx2, DType::Q4_0) if has_f16c() => avx2::q4_rows::<false>(w, x, xsum32, out),
+            (Isa::Avx2, DType::Q8_0) if has_f16c() => avx2::q8_0_rows(w, x, out),
+            _ => return false,
+        }
+    }
+    true
+}
+
+fn has_f16c() -> bool {
+    std::arch::is_x86_feature_detected!("f16c")
+}
+
+/// Hints the cache lines of `w[start..start + len]` (clamped to `w`) towards L1.
+#[inline(always)]
+fn prefetch_range(w: &[u8], start: usize, len: usize) {
+    let end = (start + len).min(w.len());
+    let mut at = start;
+    while at < end {
+        // SAFETY: a prefetch is only a hint; the address lies inside `w`.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().add(at) as *const i8) };
+        at += 64;
+    }
+}
+
+/// How many rows ahead of the one being computed the prefetches run.
+const PREFETCH_ROWS: usize = 2;
+
+mod avx512 {
+    use super::*;
+
+    /// The block header `d` (and, for Q4_1, `m` in lane 1) as f32 lanes, from the 8
+    /// bytes at `p` (lanes 2 and 3 hold whatever follows the header and are ignored).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn header(p: *const u8) -> __m128 {
+        // SAFETY: the caller guarantees 8 readable bytes at `p` (every block has ≥ 18).
+        unsafe { _mm_cvtph_ps(_mm_loadl_epi64(p as *const __m128i)) }
+    }
+
+    /// Q4_1 (`OFFSET`) or Q4_0 rows: per block `d·Σ x·q + m·Σx`, where Q4_0 is Q4_1
+    /// with `m = −8d`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub(super) unsafe fn q4_rows<const OFFSET: bool>(w: &[u8], x: &[f32], xsum32: &[f32], out: &mut [f32]) {
+        let nb = x.len() / QK;
+        let (bb, qs_at) = if OFFSET { (20, 4) } else { (18, 2) };
+        let row_bytes = nb * bb;
+        let table = _mm512_setr_ps(0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.);
+        let xp = x.as_ptr();
+        for (r, o) in out.iter_mut().enumerate() {
+            prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
+            let row = w.as_ptr().wrapping_add(r * row_bytes);
+            let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            let (mut off0, mut off1) = (_mm_setzero_ps(), _mm_setzero_ps());
+            // One block: `acc += d·(x·q)`; lane 1 of `off` += m·Σx (Q4_1), lane 0 += d·Σx
+            // (Q4_0's offset is −8 of it).
+            let block = |b: usize, acc: &mut __m512, off: &mut __m128| {
+                // SAFETY: block b < nb of row r lies inside `w` (row_bytes·out.len() =
+                // w.len()), and x and xsum32 hold block b.
+                unsafe {
+                    let blk = row.add(b * bb);
+                    let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(qs_at) as *const __m128i));
+                    let lo = _mm512_permutexvar_ps(q, table);
+                    let hi = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(q), table);
+                    let t = _mm512_fmadd_ps(
+                        _mm512_loadu_ps(xp.add(QK * b + 16)),
+                        hi,
+                        _mm512_mul_ps(_mm512_loadu_ps(xp.add(QK * b)), lo),
+                    );
+                    let dm = header(blk);
+                    *acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dm), t, *acc);
+                    *off = _mm_fmadd_ps(dm, _mm_set1_ps(*xsum32.get_unchecked(b)), *off);
+                }
+            };
+            let mut b = 0;
+            while b + 2 <= nb {
+                block(b, &mut acc0, &mut off0);
+                block(b + 1, &mut acc1, &mut off1);
+                b += 2;
+            }
+            if b < nb {
+                block(b, &mut acc0, &mut off0);
+            }
+            let off = _mm_add_ps(off0, off1);
+            let offset =
+                if OFFSET { f32::from_bits(_mm_extract_ps::<1>(off) as u32) } else { -8.0 * _mm_cvtss_f32(off) };
+            *o = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + offset;
+        }
+    }
+
+    /// Q8_0 rows: per block `d·Σ x·q`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub(super) unsafe fn q8_0_rows(w: &[u8], x: &[f32], out: &mut [f32]) {
+        let nb = x.len() / QK;
+        let row_bytes = nb * 34;
+        let xp = x.as_ptr();
+        for (r, o) in out.iter_mut().enumerate() {
+            prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
+            let row = w.as_ptr().wrapping_add(r * row_bytes);
+            let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            // One block: `acc += d·(x·q)`.
+            let block = |b: usize, acc: &mut __m512| {
+                // SAFETY: as in `q4_rows`: block b of row r and x's block b are in bounds.
+                unsafe {
+                    let blk = row.add(b * 34);
+                    let q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(2) as *const __m128i));
+                    let q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(18) as *const __m128i));
+                    let t = _mm512_fmadd_ps(
+                        _mm512_loadu_ps(xp.add(QK * b + 16)),
+                        _mm512_cvtepi32_ps(q1),
+                        _mm512_mul_ps(_mm512_loadu_ps(xp.add(QK * b)), _mm512_cvtepi32_ps(q0)),
+                    );
+                    *acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(header(blk)), t, *acc);
+                }
+            };
+            let mut b = 0;
+            while b + 2 <= nb {
+                block(b, &mut acc0);
+                block(b + 1, &mut acc1);
+                b += 2;
+            }
+            if b < nb {
+                block(b, &mut acc0);
+            }
+            *o = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+        }
+    }
+}
+
+mod avx2 {
+    use super::*;
+
+    /// As `avx512::header`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn header(p: *const u8) -> __m128 {
+        // SAFETY: the caller guarantees 8 readable bytes at `p`.
+        unsafe { _mm_cvtph_ps(_mm_loadl_epi64(p as *const __m128i)) }
+    }
+
+    /// Sum of the 8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// 8 bytes at `p` as i8 → f32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn i8x8(p: *const u8) -> __m256 {
+        // SAFETY: the caller guarantees 8 readable bytes at `p`.
+        unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i))) }
+    }
+
+    /// As `avx512::q4_rows`, 8 lanes: element j < 16 is the low nibble of byte j, element
+    /// j + 16 its high nibble.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q4_rows<const OFFSET: bool>(w: &[u8], x: &[f32], xsum32: &[f32], out: &mut [f32]) {
+        let nb = x.len() / QK;
+        let (bb, qs_at) = if OFFSET { (20, 4) } else { (18, 2) };
+        let row_bytes = nb * bb;
+        let mask = _mm256_set1_epi32(0x0F);
+        let xp = x.as_ptr();
+        for (r, o) in out.iter_mut().enumerate() {
+            prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
+            let row = w.as_ptr().wrapping_add(r * row_bytes);
+            let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut off = _mm_setzero_ps();
+            for b in 0..nb {
+                // SAFETY: as in `avx512::q4_rows`.
+                unsafe {
+                    let blk = row.add(b * bb);
+                    let a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(blk.add(qs_at) as *const __m128i));
+                    let c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(blk.add(qs_at + 8) as *const __m128i));
+                    let x0 = _mm256_loadu_ps(xp.add(QK * b));
+                    let x1 = _mm256_loadu_ps(xp.add(QK * b + 8));
+                    let x2 = _mm256_loadu_ps(xp.add(QK * b + 16));
+                    let x3 = _mm256_loadu_ps(xp.add(QK * b + 24));
+                    let t0 = _mm256_mul_ps(x0, _mm256_cvtepi32_ps(_mm256_and_si256(a, mask)));
+                    let t1 = _mm256_mul_ps(x1, _mm256_cvtepi32_ps(_mm256_and_si256(c, mask)));
+                    let t0 = _mm256_fmadd_ps(x2, _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(a)), t0);
+                    let t1 = _mm256_fmadd_ps(x3, _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(c)), t1);
+                    let dm = header(blk);
+                    let d = _mm256_broadcastss_ps(dm);
+                    acc0 = _mm256_fmadd_ps(d, t0, acc0);
+                    acc1 = _mm256_fmadd_ps(d, t1, acc1);
+                    off = _mm_fmadd_ps(dm, _mm_set1_ps(*xsum32.get_unchecked(b)), off);
+                }
+            }
+            let offset =
+                if OFFSET { f32::from_bits(_mm_extract_ps::<1>(off) as u32) } else { -8.0 * _mm_cvtss_f32(off) };
+            *o = hsum(_mm256_add_ps(acc0, acc1)) + offset;
+        }
+    }
+
+    /// As `avx512::q8_0_rows`, 8 lanes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q8_0_rows(w: &[u8], x: &[f32], out: &mut [f32]) {
+        let nb = x.len() / QK;
+        let row_bytes = nb * 34;
+        let xp = x.as_ptr();
+        for (r, o) in out.iter_mut().enumerate() {
+            prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
+            let row = w.as_ptr().wrapping_add(r * row_bytes);
+            let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            for b in 0..nb {
+                // SAFETY: as in `avx512::q4_rows`.
+                unsafe {
+                    let blk = row.add(b * 34);
+                    let xs = xp.add(QK * b);
+                    let t0 = _mm256_mul_ps(_mm256_loadu_ps(xs), i8x8(blk.add(2)));
+                    let t1 = _mm256_mul_ps(_mm256_loadu_ps(xs.add(8)), i8x8(blk.add(10)));
+                    let t0 = _mm256_fmadd_ps(_mm256_loadu_ps(xs.add(16)), i8x8(blk.add(18)), t0);
+                    let t1 = _mm256_fmadd_ps(_mm256_loadu_ps(xs.add(24)), i8x8(blk.add(26)), t1);
+                    let d = _mm256_broadcastss_ps(header(blk));
+                    acc0 = _mm256_fmadd_ps(d, t0, acc0);
+                    acc1 = _mm256_fmadd_ps(d, t1, acc1);
+                }
+            }
+            *o = hsum(_mm256_add_ps(acc0, acc1));
+        }
+    }
+}
