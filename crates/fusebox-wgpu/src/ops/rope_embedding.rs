@@ -190,7 +190,11 @@ impl WgpuBackend {
         let dx = x.dims();
         let (t, dim) = (dx[2], dx[3]);
         let half = dim / 2;
-        if dim % 2 != 0 || half == 0 || cos.dims()[1] != half || offset + t > cos.dims()[0] {
+        if dim % 2 != 0
+            || half == 0
+            || cos.dims()[1] != half
+            || offset.checked_add(t).is_none_or(|end| end > cos.dims()[0])
+        {
             return Ok(None);
         }
         let (x, cos, sin) = (self.dev(x)?, self.dev(cos)?, self.dev(sin)?);
