@@ -371,6 +371,14 @@ fn linear_dims(op: &'static str, x: &Tensor, w: &Tensor) -> Result<(usize, usize
     Ok((rows, features_in, features_out))
 }
 
+/// `d_out` of a linear backward must be `x`'s shape with the last dim `fout`, in x's dtype.
+fn check_linear_d_out(op: &'static str, x: &Tensor, d_out: &Tensor, fout: usize) -> Result<()> {
+    check::same_dtype(op, "d_out", x, d_out)?;
+    let mut dy_dims = x.dims().to_vec();
+    *dy_dims.last_mut().expect("rank ≥ 1 was checked") = fout;
+    check::shape(op, "d_out", d_out, &dy_dims)
+}
+
 /// `y = x·Wᵀ + bias`: one product over every row of `x`, `W` read transposed by strides
 /// and the bias pre-filled into the output so the product accumulates onto it.
 ///
@@ -413,10 +421,7 @@ pub fn linear_backward(
 ) -> Result<LinearGradients> {
     const OP: &str = "linear_backward";
     let (rows, fin, fout) = linear_dims(OP, x, w)?;
-    check::same_dtype(OP, "d_out", x, d_out)?;
-    let mut dy_dims = x.dims().to_vec();
-    *dy_dims.last_mut().expect("rank ≥ 1 was checked") = fout;
-    check::shape(OP, "d_out", d_out, &dy_dims)?;
+    check_linear_d_out(OP, x, d_out, fout)?;
     let xd = convert::f32_data(OP, "x", x)?;
     let wd = convert::f32_data(OP, "w", w)?;
     let dy = convert::f32_data(OP, "d_out", d_out)?;
@@ -452,10 +457,7 @@ pub fn linear_backward_accumulate(
 ) -> Result<Tensor> {
     const OP: &str = "linear_backward_accumulate";
     let (rows, fin, fout) = linear_dims(OP, x, w)?;
-    check::same_dtype(OP, "d_out", x, d_out)?;
-    let mut dy_dims = x.dims().to_vec();
-    *dy_dims.last_mut().expect("rank ≥ 1 was checked") = fout;
-    check::shape(OP, "d_out", d_out, &dy_dims)?;
+    check_linear_d_out(OP, x, d_out, fout)?;
     check::same_dtype(OP, "dweight", x, dweight)?;
     check::same_shape(OP, "dweight", w, dweight)?;
     dweight.ensure_writable(OP)?;
