@@ -165,7 +165,7 @@ fn fill_converted<T>(i: usize, dst: &mut [T], fill: &impl Fn(usize, &mut [f32]),
 
 /// A vector of `n` elements built by `fill(i, chunk)` over its chunks of `chunk_len`, each
 /// chunk set to `T::default()` just before its `fill` (never a whole-vector zeroing pass).
-fn filled_chunks<T: Copy + Default + Send>(
+pub(crate) fn filled_chunks<T: Copy + Default + Send>(
     cpu: &CpuBackend,
     n: usize,
     chunk_len: usize,

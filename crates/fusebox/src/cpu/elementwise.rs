@@ -192,49 +192,41 @@ impl<'a> Src<'a> {
 /// Runs `f(start, values)` over all of `dst` in pieces, in parallel when
 /// `elements · cost` is large. `values` holds elements `start..start + values.len()` as
 /// f32 and is stored back afterwards: F32 pieces are the tensor's memory (a whole
-/// chunk), F16/BF16 pieces a converted stack tile. With `load` false `f` only writes,
-/// and half elements are not converted in first.
+/// chunk), F16/BF16 pieces a converted stack tile.
 fn drive(
     cpu: &CpuBackend,
     op: &'static str,
     dst: &mut Tensor,
-    load: bool,
     cost: usize,
     f: impl Fn(usize, &mut [f32]) + Sync + Send,
 ) -> Result<()> {
     match dst.dtype() {
         DType::F32 => cpu.for_each_chunk(dst.as_mut_slice::<f32>()?, CHUNK, cost, |c, v| f(c * CHUNK, v)),
-        DType::F16 => drive_half(cpu, dst.as_mut_slice::<f16>()?, load, cost, &f),
-        DType::BF16 => drive_half(cpu, dst.as_mut_slice::<bf16>()?, load, cost, &f),
+        DType::F16 => drive_half(cpu, dst.as_mut_slice::<f16>()?, cost, &f),
+        DType::BF16 => drive_half(cpu, dst.as_mut_slice::<bf16>()?, cost, &f),
         other => return Err(Error::dtype(op, "output", "f32, f16 or bf16", other)),
     }
     Ok(())
 }
 
 /// [`drive`] for F16/BF16 data: each chunk converted through a stack tile.
-fn drive_half<H: Send>(
-    cpu: &CpuBackend,
-    data: &mut [H],
-    load: bool,
-    cost: usize,
-    f: &(impl Fn(usize, &mut [f32]) + Sync),
-) where
+fn drive_half<H: Send>(cpu: &CpuBackend, data: &mut [H], cost: usize, f: &(impl Fn(usize, &mut [f32]) + Sync))
+where
     [H]: HalfFloatSliceExt,
 {
     cpu.for_each_chunk(data, CHUNK, cost, |c, chunk| {
         let mut tile = [0.0f32; TILE];
         for (t, half) in chunk.chunks_mut(TILE).enumerate() {
             let values = &mut tile[..half.len()];
-            if load {
-                half.convert_to_f32_slice(values);
-            }
+            half.convert_to_f32_slice(values);
             f(c * CHUNK + t * TILE, values);
             half.convert_from_f32_slice(values);
         }
     });
 }
 
-/// A new tensor of `like`'s shape and dtype, filled by `f` (see [`drive`]).
+/// A new tensor of `like`'s shape and dtype, written by `f(start, values)` chunk by
+/// chunk (see [`drive`]; `values` arrive zeroed, no separate zero-fill pass).
 fn produce(
     cpu: &CpuBackend,
     op: &'static str,
@@ -242,9 +234,34 @@ fn produce(
     cost: usize,
     f: impl Fn(usize, &mut [f32]) + Sync + Send,
 ) -> Result<Tensor> {
-    let mut out = Tensor::zeros(like.shape().clone(), like.dtype())?;
-    drive(cpu, op, &mut out, false, cost, f)?;
-    Ok(out)
+    let (shape, n) = (like.shape().clone(), like.elem_count());
+    match like.dtype() {
+        DType::F32 => Tensor::from_vec(convert::filled_chunks(cpu, n, CHUNK, cost, |c, v| f(c * CHUNK, v)), shape),
+        DType::F16 => Tensor::from_vec(produce_half::<f16>(cpu, n, cost, &f), shape),
+        DType::BF16 => Tensor::from_vec(produce_half::<bf16>(cpu, n, cost, &f), shape),
+        other => Err(Error::dtype(op, "output", "f32, f16 or bf16", other)),
+    }
+}
+
+/// [`produce`] for F16/BF16 results: each chunk computed in `TILE`-long f32 pieces (the
+/// length [`Src::get`] converts half inputs in) and rounded once into the fresh chunk.
+fn produce_half<H: Copy + Default + Send>(
+    cpu: &CpuBackend,
+    n: usize,
+    cost: usize,
+    f: &(impl Fn(usize, &mut [f32]) + Sync),
+) -> Vec<H>
+where
+    [H]: HalfFloatSliceExt,
+{
+    convert::filled_chunks(cpu, n, CHUNK, cost, |c, chunk: &mut [H]| {
+        let mut tile = [0.0f32; TILE];
+        for (t, half) in chunk.chunks_mut(TILE).enumerate() {
+            let values = &mut tile[..half.len()];
+            f(c * CHUNK + t * TILE, values);
+            half.convert_from_f32_slice(values);
+        }
+    })
 }
 
 /// `out = f(x)` elementwise, any shape.
@@ -274,7 +291,7 @@ fn unary_inplace(
 ) -> Result<()> {
     x.ensure_writable(op)?;
     check::float(op, "x", x)?;
-    drive(cpu, op, x, true, cost, |_, values| update1(values, f))
+    drive(cpu, op, x, cost, |_, values| update1(values, f))
 }
 
 /// `out = f(a, b)` elementwise over equal shapes and dtypes.
@@ -306,7 +323,7 @@ fn binary_inplace(
     a.ensure_writable(op)?;
     check::float_pair(op, a, b)?;
     let sb = Src::new(op, "b", b)?;
-    drive(cpu, op, a, true, CHEAP, |start, values| {
+    drive(cpu, op, a, CHEAP, |start, values| {
         let mut tb = [0.0; TILE];
         let n = values.len();
         update2(values, sb.get(start, n, &mut tb), f)

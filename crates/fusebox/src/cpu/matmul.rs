@@ -5,6 +5,7 @@
 //! once and results are written back in the input dtype.
 
 use std::borrow::Cow;
+use std::mem::MaybeUninit;
 
 use half::{bf16, f16};
 
@@ -41,6 +42,55 @@ pub fn sgemm(
     c: &mut [f32],
     accumulate: bool,
 ) {
+    sgemm_to(cpu, m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, as_uninit(c), accumulate);
+}
+
+/// `a·b` as a new row-major `[m, n]` vector (see [`sgemm`]). The GEMM writes every
+/// element of fresh memory, with no zero-fill pass before it.
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_new(
+    cpu: &CpuBackend,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    a_rs: usize,
+    a_cs: usize,
+    b: &[f32],
+    b_rs: usize,
+    b_cs: usize,
+) -> Vec<f32> {
+    let len = m * n;
+    let mut c: Vec<f32> = Vec::with_capacity(len);
+    sgemm_to(cpu, m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, &mut c.spare_capacity_mut()[..len], false);
+    // SAFETY: without `accumulate`, `gemm_f32` writes all `m·n` elements (zeros when k = 0).
+    unsafe { c.set_len(len) };
+    c
+}
+
+/// `c` viewed as possibly-uninitialised slots. Sound: only initialised f32 are ever
+/// written through the view, so `c` stays initialised.
+fn as_uninit(c: &mut [f32]) -> &mut [MaybeUninit<f32>] {
+    // SAFETY: `MaybeUninit<f32>` has the layout of `f32`; see above for initialisation.
+    unsafe { &mut *(c as *mut [f32] as *mut [MaybeUninit<f32>]) }
+}
+
+/// [`sgemm`] into slots that must be initialised when `accumulate` (the GEMM reads them).
+#[allow(clippy::too_many_arguments)]
+fn sgemm_to(
+    cpu: &CpuBackend,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    a_rs: usize,
+    a_cs: usize,
+    b: &[f32],
+    b_rs: usize,
+    b_cs: usize,
+    c: &mut [MaybeUninit<f32>],
+    accumulate: bool,
+) {
     let work = m.saturating_mul(n).saturating_mul(k);
     if cpu.threads() > 1 && work >= PARALLEL_GEMM_WORK {
         let threads = cpu.threads();
@@ -66,7 +116,7 @@ pub fn sgemm_serial(
     c: &mut [f32],
     accumulate: bool,
 ) {
-    gemm_f32(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, accumulate, gemm::Parallelism::None);
+    gemm_f32(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, as_uninit(c), accumulate, gemm::Parallelism::None);
 }
 
 /// One past the largest flat index a `rows×cols` strided view touches.
@@ -84,7 +134,7 @@ fn gemm_f32(
     b: &[f32],
     b_rs: usize,
     b_cs: usize,
-    c: &mut [f32],
+    c: &mut [MaybeUninit<f32>],
     accumulate: bool,
     parallelism: gemm::Parallelism,
 ) {
@@ -95,7 +145,7 @@ fn gemm_f32(
     if k == 0 {
         // An empty sum: a·b is the zero matrix.
         if !accumulate {
-            c.fill(0.0);
+            c.fill(MaybeUninit::new(0.0));
         }
         return;
     }
@@ -103,13 +153,14 @@ fn gemm_f32(
     assert!(extent(k, n, b_rs, b_cs) <= b.len(), "sgemm: rhs view [{k}x{n}] rs {b_rs} cs {b_cs} exceeds its slice");
     // SAFETY: the asserts above keep every element the views address inside `a` and `b`;
     // `c` is exactly `m·n` elements addressed row-major (rs n, cs 1) and exclusively
-    // borrowed. gemm computes dst := alpha·dst + beta·lhs·rhs, reading dst only if asked.
+    // borrowed. gemm computes dst := alpha·dst + beta·lhs·rhs, reading dst only if asked
+    // (`accumulate`, when the caller guarantees it is initialised) and writing all of it.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            c.as_mut_ptr(),
+            c.as_mut_ptr().cast::<f32>(),
             1,
             n as isize,
             accumulate,
@@ -393,15 +444,17 @@ pub fn linear_forward(cpu: &CpuBackend, x: &Tensor, w: &Tensor, bias: Option<&Te
     }
     let xd = convert::f32_data(OP, "x", x)?;
     let wd = convert::f32_data(OP, "w", w)?;
-    let mut y = vec![0.0f32; rows * fout];
-    if let Some(bias) = bias {
-        let bd = convert::f32_data(OP, "bias", bias)?;
-        for row in y.chunks_exact_mut(fout.max(1)) {
-            row.copy_from_slice(&bd);
-        }
-    }
     // y[r, o] (+)= Σ_i x[r, i]·w[o, i]: Wᵀ(i, o) = w[o·in + i], so rs 1, cs in.
-    sgemm(cpu, rows, fout, fin, &xd, fin, 1, &wd, 1, fin, &mut y, bias.is_some());
+    let y = match bias {
+        Some(bias) => {
+            let bd = convert::f32_data(OP, "bias", bias)?;
+            let mut y =
+                convert::filled_chunks(cpu, rows * fout, fout.max(1), 1, |_, row: &mut [f32]| row.copy_from_slice(&bd));
+            sgemm(cpu, rows, fout, fin, &xd, fin, 1, &wd, 1, fin, &mut y, true);
+            y
+        }
+        None => sgemm_new(cpu, rows, fout, fin, &xd, fin, 1, &wd, 1, fin),
+    };
     let mut dims = x.dims().to_vec();
     *dims.last_mut().expect("rank ≥ 1 was checked") = fout;
     convert::from_f32(y, dims, x.dtype())
@@ -426,11 +479,9 @@ pub fn linear_backward(
     let wd = convert::f32_data(OP, "w", w)?;
     let dy = convert::f32_data(OP, "d_out", d_out)?;
 
-    let mut dx = vec![0.0f32; rows * fin];
-    sgemm(cpu, rows, fin, fout, &dy, fout, 1, &wd, fin, 1, &mut dx, false);
+    let dx = sgemm_new(cpu, rows, fin, fout, &dy, fout, 1, &wd, fin, 1);
     // dW[o, i] = Σ_r dy[r, o]·x[r, i]: dyᵀ(o, r) = dy[r·out + o], so rs 1, cs out.
-    let mut dw = vec![0.0f32; fout * fin];
-    sgemm(cpu, fout, fin, rows, &dy, 1, fout, &xd, fin, 1, &mut dw, false);
+    let dw = sgemm_new(cpu, fout, fin, rows, &dy, 1, fout, &xd, fin, 1);
     let dbias =
         if with_bias { Some(convert::from_f32(column_sums(cpu, &dy, rows, fout), [fout], x.dtype())?) } else { None };
     Ok(LinearGradients {
@@ -470,8 +521,7 @@ pub fn linear_backward_accumulate(
     let wd = convert::f32_data(OP, "w", w)?;
     let dy = convert::f32_data(OP, "d_out", d_out)?;
 
-    let mut dx = vec![0.0f32; rows * fin];
-    sgemm(cpu, rows, fin, fout, &dy, fout, 1, &wd, fin, 1, &mut dx, false);
+    let dx = sgemm_new(cpu, rows, fin, fout, &dy, fout, 1, &wd, fin, 1);
     // dW[o, i] += Σ_r dy[r, o]·x[r, i], dyᵀ read by strides as in `linear_backward`.
     convert::update_f32(OP, dweight, |dw| sgemm(cpu, fout, fin, rows, &dy, 1, fout, &xd, fin, 1, dw, true))?;
     if let Some(db) = dbias {
