@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 use std::mem::MaybeUninit;
 
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 use crate::cpu::CpuBackend;
@@ -28,6 +29,21 @@ pub fn from_f32(data: Vec<f32>, shape: impl Into<Shape>, dtype: DType) -> Result
     match dtype {
         DType::F32 => Tensor::from_vec(data, shape),
         _ => Tensor::from_f32_as(&data, shape, dtype),
+    }
+}
+
+/// f32 `data` as a tensor shaped and typed like `like` (F32 takes the vector over; F16/BF16
+/// are converted in parallel chunks into a fresh buffer).
+pub fn from_f32_par(cpu: &CpuBackend, data: Vec<f32>, like: &Tensor) -> Result<Tensor> {
+    const CHUNK: usize = 1 << 14;
+    let n = data.len();
+    let half = |i: usize, dst: &mut [f16]| dst.convert_from_f32_slice(&data[i * CHUNK..][..dst.len()]);
+    let brain = |i: usize, dst: &mut [bf16]| dst.convert_from_f32_slice(&data[i * CHUNK..][..dst.len()]);
+    match like.dtype() {
+        DType::F32 => Tensor::from_vec(data, like.shape().clone()),
+        DType::F16 => Tensor::from_vec(filled_chunks(cpu, n, CHUNK, 1, half), like.shape().clone()),
+        DType::BF16 => Tensor::from_vec(filled_chunks(cpu, n, CHUNK, 1, brain), like.shape().clone()),
+        other => Err(Error::dtype("from_f32_par", "output", "f32, f16 or bf16", other)),
     }
 }
 
@@ -183,7 +199,7 @@ pub(crate) fn filled_chunks<T: Copy + Default + Send>(
 }
 
 /// Writes `T::default()` into every slot and returns the now initialised slice.
-fn init_default<T: Copy + Default>(slots: &mut [MaybeUninit<T>]) -> &mut [T] {
+pub(crate) fn init_default<T: Copy + Default>(slots: &mut [MaybeUninit<T>]) -> &mut [T] {
     for slot in slots.iter_mut() {
         slot.write(T::default());
     }

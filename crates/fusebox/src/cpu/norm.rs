@@ -11,12 +11,13 @@
 //! rows and add the partials in block order (deterministic too). Saved statistics
 //! (mean, rstd) are F32 with the input's shape minus its last dim.
 
+use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use crate::cpu::check;
 use crate::cpu::convert::F32Output;
 
-use crate::cpu::convert::{f32_data, from_f32};
+use crate::cpu::convert::{f32_data, from_f32, from_f32_par, init_default};
 use crate::cpu::pool::SharedMut;
 use crate::cpu::simd;
 use crate::cpu::CpuBackend;
@@ -119,6 +120,45 @@ fn for_each_block<const K: usize>(
             f(first..(first + per_block).min(rows), pieces.each_mut().map(|p| &mut **p));
         }
     });
+}
+
+/// [`for_each_block`] over `K` new buffers of `lens[k] = (total, per block)` elements:
+/// each block's pieces are zeroed by the task that fills them, in cache, so no
+/// whole-buffer zero pass precedes the kernel. Returns the filled buffers.
+fn fresh_blocks<const K: usize>(
+    cpu: &CpuBackend,
+    rows: usize,
+    per_block: usize,
+    work_per_row: usize,
+    lens: [(usize, usize); K],
+    f: impl Fn(Range<usize>, [&mut [f32]; K]) + Sync + Send,
+) -> [Vec<f32>; K] {
+    let per_block = per_block.max(1);
+    let blocks = rows.div_ceil(per_block);
+    let mut out: [Vec<f32>; K] = lens.map(|(total, _)| Vec::with_capacity(total));
+    {
+        let mut iters: Vec<_> = out
+            .iter_mut()
+            .zip(lens)
+            .map(|(v, (total, per))| v.spare_capacity_mut()[..total].chunks_mut(per.max(1)))
+            .collect();
+        let mut pieces: Vec<[&mut [MaybeUninit<f32>]; K]> =
+            (0..blocks).map(|_| std::array::from_fn(|k| iters[k].next().unwrap_or_default())).collect();
+        // set_len below relies on the blocks covering every slot of every buffer.
+        assert!(iters.iter_mut().all(|it| it.next().is_none()), "fresh_blocks: buffer longer than its blocks");
+        cpu.for_each_chunk(&mut pieces, 1, per_block.saturating_mul(work_per_row), |i, block| {
+            let first = i * per_block;
+            for p in block.iter_mut() {
+                f(first..(first + per_block).min(rows), p.each_mut().map(|s| init_default(s)));
+            }
+        });
+    }
+    for (v, (total, _)) in out.iter_mut().zip(lens) {
+        // SAFETY: every slot of the first `total` was initialised by `init_default` (the
+        // blocks cover the buffer, asserted above) before `f` wrote it.
+        unsafe { v.set_len(total) };
+    }
+    out
 }
 
 /// Rows per task of a row-wise forward over rows of `d` elements.
@@ -374,11 +414,8 @@ pub fn rms_norm(cpu: &CpuBackend, x: &Tensor, weight: &Tensor, eps: f32) -> Resu
     check_eps(OP, eps)?;
     let (xs, w) = (f32_data(OP, "x", x)?, f32_data(OP, "weight", weight)?);
     let rows = x.elem_count() / d;
-    let mut out = F32Output::new(x.shape(), x.dtype())?;
-    let mut rstd = vec![0.0f32; rows];
     let per = forward_block_rows(d);
-    let bufs = [(out.values()?, per * d), (rstd.as_mut_slice(), per)];
-    for_each_block(cpu, rows, per, 2 * d, bufs, |range, [out, rstd]| {
+    let [out, rstd] = fresh_blocks(cpu, rows, per, 2 * d, [(rows * d, per * d), (rows, per)], |range, [out, rstd]| {
         for (k, r) in range.enumerate() {
             let xr = &xs[r * d..][..d];
             let inv = rms_rstd(simd::sum_squares(xr), d, eps);
@@ -386,7 +423,7 @@ pub fn rms_norm(cpu: &CpuBackend, x: &Tensor, weight: &Tensor, eps: f32) -> Resu
             lanes::scale_mul(&mut out[k * d..][..d], xr, &w, inv);
         }
     });
-    Ok(NormOutput { output: out.finish(cpu)?, mean: None, rstd: stat_tensor(x, rstd)? })
+    Ok(NormOutput { output: from_f32_par(cpu, out, x)?, mean: None, rstd: stat_tensor(x, rstd)? })
 }
 
 /// With `x̂ = x·r`: `dx = r·(dy·w − x̂·mean(dy·w·x̂))`, `dw = Σ_rows dy·x̂`.
@@ -409,10 +446,8 @@ pub fn rms_norm_backward(
     let rs = rstd.as_slice::<f32>()?;
     let rows = x.elem_count() / d;
     let per = backward_block_rows(rows);
-    let mut dx = F32Output::new(x.shape(), x.dtype())?;
-    let mut partial_dw = vec![0.0f32; rows.div_ceil(per) * d];
-    let bufs = [(dx.values()?, per * d), (partial_dw.as_mut_slice(), d)];
-    for_each_block(cpu, rows, per, 4 * d, bufs, |range, [dx, dw]| {
+    let lens = [(rows * d, per * d), (rows.div_ceil(per) * d, d)];
+    let [dx, partial_dw] = fresh_blocks(cpu, rows, per, 4 * d, lens, |range, [dx, dw]| {
         for (k, r) in range.enumerate() {
             let (xr, gr, inv) = (&xs[r * d..][..d], &dy[r * d..][..d], rs[r]);
             // mean(dy·w·x̂)·r = r³·Σ(dy·w·x)/D: the term through rstd's dependence on x.
@@ -421,28 +456,25 @@ pub fn rms_norm_backward(
         }
     });
     Ok(NormGradients {
-        dx: dx.finish(cpu)?,
+        dx: from_f32_par(cpu, dx, x)?,
         dweight: from_f32(sum_partials(&partial_dw, d), weight.shape().clone(), weight.dtype())?,
         dbias: None,
     })
 }
 
 /// Layer norm rows: per row mean, rstd (two-pass variance, the row in cache) and
-/// `out = (x − mean)·rstd·w + b` (or without affine). Returns (mean, rstd).
+/// `out = (x − mean)·rstd·w + b` (or without affine). Returns (out, mean, rstd) in f32.
 fn layer_norm_rows(
     cpu: &CpuBackend,
     xs: &[f32],
-    out: &mut [f32],
     d: usize,
     eps: f32,
     affine: Option<(&[f32], &[f32])>,
-) -> (Vec<f32>, Vec<f32>) {
+) -> [Vec<f32>; 3] {
     let rows = xs.len() / d;
-    let mut mean = vec![0.0f32; rows];
-    let mut rstd = vec![0.0f32; rows];
     let per = forward_block_rows(d);
-    let bufs = [(out, per * d), (mean.as_mut_slice(), per), (rstd.as_mut_slice(), per)];
-    for_each_block(cpu, rows, per, 3 * d, bufs, |range, [out, mean, rstd]| {
+    let lens = [(rows * d, per * d), (rows, per), (rows, per)];
+    fresh_blocks(cpu, rows, per, 3 * d, lens, |range, [out, mean, rstd]| {
         for (k, r) in range.enumerate() {
             let xr = &xs[r * d..][..d];
             let (m, var) = mean_var(xr);
@@ -455,8 +487,7 @@ fn layer_norm_rows(
                 None => lanes::center_affine(o, xr, m, inv, 0.0),
             }
         }
-    });
-    (mean, rstd)
+    })
 }
 
 /// `y = (x − mean)/sqrt(var + eps)·w + b` over the last dim; saves mean and rstd (F32).
@@ -470,9 +501,12 @@ pub fn layer_norm(cpu: &CpuBackend, x: &Tensor, weight: &Tensor, bias: &Tensor, 
     check_vector(OP, "bias", x, bias, d)?;
     check_eps(OP, eps)?;
     let (xs, w, b) = (f32_data(OP, "x", x)?, f32_data(OP, "weight", weight)?, f32_data(OP, "bias", bias)?);
-    let mut out = F32Output::new(x.shape(), x.dtype())?;
-    let (mean, rstd) = layer_norm_rows(cpu, &xs, out.values()?, d, eps, Some((&w, &b)));
-    Ok(NormOutput { output: out.finish(cpu)?, mean: Some(stat_tensor(x, mean)?), rstd: stat_tensor(x, rstd)? })
+    let [out, mean, rstd] = layer_norm_rows(cpu, &xs, d, eps, Some((&w, &b)));
+    Ok(NormOutput {
+        output: from_f32_par(cpu, out, x)?,
+        mean: Some(stat_tensor(x, mean)?),
+        rstd: stat_tensor(x, rstd)?,
+    })
 }
 
 /// With `x̂ = (x − μ)·r`, `g = dy·w`: `dx = r·(g − mean(g) − x̂·mean(g·x̂))`,
@@ -499,11 +533,8 @@ pub fn layer_norm_backward(
     let rows = x.elem_count() / d;
     let per = backward_block_rows(rows);
     let blocks = rows.div_ceil(per);
-    let mut dx = F32Output::new(x.shape(), x.dtype())?;
-    let mut partial_dw = vec![0.0f32; blocks * d];
-    let mut partial_db = vec![0.0f32; blocks * d];
-    let bufs = [(dx.values()?, per * d), (partial_dw.as_mut_slice(), d), (partial_db.as_mut_slice(), d)];
-    for_each_block(cpu, rows, per, 5 * d, bufs, |range, [dx, dw, db]| {
+    let lens = [(rows * d, per * d), (blocks * d, d), (blocks * d, d)];
+    let [dx, partial_dw, partial_db] = fresh_blocks(cpu, rows, per, 5 * d, lens, |range, [dx, dw, db]| {
         for (k, r) in range.enumerate() {
             let (xr, gr, m, inv) = (&xs[r * d..][..d], &dy[r * d..][..d], ms[r], rs[r]);
             // mean(g) and mean(g·x̂) with g = dy·w, x̂ = (x − m)·r.
@@ -513,7 +544,7 @@ pub fn layer_norm_backward(
         }
     });
     Ok(NormGradients {
-        dx: dx.finish(cpu)?,
+        dx: from_f32_par(cpu, dx, x)?,
         dweight: from_f32(sum_partials(&partial_dw, d), weight.shape().clone(), weight.dtype())?,
         dbias: Some(from_f32(sum_partials(&partial_db, d), weight.shape().clone(), weight.dtype())?),
     })
@@ -538,12 +569,9 @@ pub fn add_rms_norm(
     check_eps(OP, eps)?;
     let (av, bv, w) = (f32_data(OP, "a", a)?, f32_data(OP, "b", b)?, f32_data(OP, "weight", weight)?);
     let rows = a.elem_count() / d;
-    let mut sum = F32Output::new(a.shape(), a.dtype())?;
-    let mut out = F32Output::new(a.shape(), a.dtype())?;
-    let mut rstd = vec![0.0f32; rows];
     let per = forward_block_rows(d);
-    let bufs = [(sum.values()?, per * d), (out.values()?, per * d), (rstd.as_mut_slice(), per)];
-    for_each_block(cpu, rows, per, 3 * d, bufs, |range, [sum, out, rstd]| {
+    let lens = [(rows * d, per * d), (rows * d, per * d), (rows, per)];
+    let [sum, out, rstd] = fresh_blocks(cpu, rows, per, 3 * d, lens, |range, [sum, out, rstd]| {
         for (k, r) in range.enumerate() {
             let s = &mut sum[k * d..][..d];
             let inv = rms_rstd(lanes::add_sum_squares(s, &av[r * d..][..d], &bv[r * d..][..d]), d, eps);
@@ -551,8 +579,8 @@ pub fn add_rms_norm(
             lanes::scale_mul(&mut out[k * d..][..d], s, &w, inv);
         }
     });
-    let norm = NormOutput { output: out.finish(cpu)?, mean: None, rstd: stat_tensor(a, rstd)? };
-    Ok((sum.finish(cpu)?, norm))
+    let norm = NormOutput { output: from_f32_par(cpu, out, a)?, mean: None, rstd: stat_tensor(a, rstd)? };
+    Ok((from_f32_par(cpu, sum, a)?, norm))
 }
 
 /// `rms_norm(x, w)·silu(z)`.
@@ -755,9 +783,8 @@ pub fn normalize(cpu: &CpuBackend, x: &Tensor, eps: f32) -> Result<Tensor> {
     let d = check_rows(OP, "x", x)?;
     check_eps(OP, eps)?;
     let xs = f32_data(OP, "x", x)?;
-    let mut out = F32Output::new(x.shape(), x.dtype())?;
-    layer_norm_rows(cpu, &xs, out.values()?, d, eps, None);
-    out.finish(cpu)
+    let [out, _, _] = layer_norm_rows(cpu, &xs, d, eps, None);
+    from_f32_par(cpu, out, x)
 }
 
 #[cfg(test)]
