@@ -84,13 +84,16 @@ impl WgpuBackend {
         ts.iter().all(|t| is_f32(t))
     }
 
+    /// `x ← unop(x)` on the device (a 16-bit `x` through an f32 copy); false when the
+    /// kernel does not take `x`.
     pub(crate) fn inplace_unary(&self, op: &'static str, x: &mut Tensor, code: Un, p0: f32, p1: f32) -> Result<bool> {
-        if x.is_host() || !is_f32(x) {
+        if x.is_host() || convert::common_float(&[x]).is_none() {
             return Ok(false);
         }
         x.ensure_writable(op)?;
         let n = x.elem_count();
-        self.ctx.flat(op, &kernels::UNARY_INPLACE, &[x], &[code as u32, u(n)?, f(p0), f(p1)], n)?;
+        let params = [code as u32, u(n)?, f(p0), f(p1)];
+        self.update_widened(op, &[&*x], |x| self.ctx.flat(op, &kernels::UNARY_INPLACE, &[&x[0]], &params, n))?;
         Ok(true)
     }
 

@@ -6,6 +6,7 @@ pub mod activation;
 pub mod attention;
 pub mod binary;
 pub mod convert;
+pub mod half;
 pub mod layout;
 pub mod linear;
 pub mod matmul;
