@@ -4,7 +4,8 @@
 
 use fusebox::cpu;
 use fusebox::{
-    in_place_on_cpu, AttentionGradients, CausalAttentionResult, ComputeBackend, DType, Error, Result, Tensor, ToBackend,
+    in_place_on_cpu, AttentionGradients, CausalAttentionResult, ComputeBackend, DType, Error, Result, Shape, Tensor,
+    ToBackend,
 };
 
 use crate::backend::WgpuBackend;
@@ -114,20 +115,13 @@ pub(crate) fn supports_causal_attention(_be: &WgpuBackend, q: &Tensor, k: &Tenso
 
 pub(crate) fn write_head_cache(be: &WgpuBackend, cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
     const OP: &str = "write_head_cache";
-    // Rows are copied buffer to buffer, which takes 4-byte aligned ranges: a 16-bit
-    // cache needs an even head dim (and both tensors at word-aligned offsets).
-    let elem = cache.dtype().storage_bytes(1);
-    let aligned = |t: &Tensor| t.is_host() || t.byte_offset().is_multiple_of(4);
     let ok = !cache.is_host()
         && common_float(&[cache, new]).is_some()
-        && aligned(cache)
-        && aligned(new)
         && cache.rank() == 4
         && new.rank() == 4
         && cache.dims()[0] == new.dims()[0]
         && cache.dims()[1] == new.dims()[1]
         && cache.dims()[3] == new.dims()[3]
-        && (cache.dims()[3] * elem).is_multiple_of(4)
         && pos.checked_add(new.dims()[2]).is_some_and(|e| e <= cache.dims()[2]);
     if !ok {
         let new = be.to_host(new)?;
@@ -142,10 +136,18 @@ pub(crate) fn write_head_cache(be: &WgpuBackend, cache: &mut Tensor, new: &Tenso
     if cb.raw() == nb.raw() {
         return Err(Error::SharedStorage { op: OP });
     }
+    // Rows are copied buffer to buffer when their byte ranges are 4-byte aligned (F32,
+    // or 16-bit with an even head dim), else by the 16-bit copy kernel.
+    let elem = cache.dtype().storage_bytes(1);
+    let row_bytes = (t * d * elem) as u64;
     for bh in 0..b * h {
-        let dst = cache.byte_offset() as u64 + ((bh * cap + pos) * d * elem) as u64;
-        let src = new.byte_offset() as u64 + (bh * t * d * elem) as u64;
-        be.ctx.copy(nb.raw(), src, cb.raw(), dst, (t * d * elem) as u64);
+        let (dst, src) = ((bh * cap + pos) * d, bh * t * d);
+        if (d * elem).is_multiple_of(4) {
+            let dst_b = cache.byte_offset() as u64 + (dst * elem) as u64;
+            be.ctx.copy(nb.raw(), new.byte_offset() as u64 + (src * elem) as u64, cb.raw(), dst_b, row_bytes);
+        } else {
+            be.permute_into(OP, (&new, src), &Shape::new(vec![t * d]), &[0], (cache, dst))?;
+        }
     }
     Ok(())
 }

@@ -97,29 +97,45 @@ impl WgpuBackend {
         shape: &Shape,
         perm: &[usize],
     ) -> Result<Tensor> {
+        let out_dims: Vec<usize> = perm.iter().map(|&p| shape.dims()[p]).collect();
+        let out = self.ctx.empty(op, Shape::new(out_dims), x.dtype())?;
+        self.permute_into(op, (x, first), shape, perm, (&out, 0))?;
+        Ok(out)
+    }
+
+    /// Permutes the `shape`-shaped tensor starting `first` elements into `x`, storing
+    /// it from element `at` of `out` on (out of x's dtype; 32-bit tensors only with
+    /// both offsets 0).
+    pub(crate) fn permute_into(
+        &self,
+        op: &'static str,
+        (x, first): (&Tensor, usize),
+        shape: &Shape,
+        perm: &[usize],
+        (out, at): (&Tensor, usize),
+    ) -> Result<()> {
         let dims = shape.dims();
         let r = dims.len();
         let mut strides = vec![1usize; r];
         for d in (0..r.saturating_sub(1)).rev() {
             strides[d] = strides[d + 1] * dims[d + 1];
         }
-        let out_dims: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
-        let out = self.ctx.empty(op, Shape::new(out_dims.clone()), x.dtype())?;
         let n = shape.elem_count();
         let mut params = vec![u(n)?, r as u32];
         // Six dims (unused ones 1) and six input strides in output-axis order (unused 0).
-        for &dim in out_dims.iter().chain(std::iter::repeat(&1)).take(6) {
-            params.push(u(dim)?);
+        for &p in perm.iter().chain(std::iter::repeat(&usize::MAX)).take(6) {
+            params.push(if p == usize::MAX { 1 } else { u(dims[p])? });
         }
         for i in 0..6 {
             params.push(if let Some(&p) = perm.get(i) { u(strides[p])? } else { 0 });
         }
-        if x.dtype() == DType::F32 && first == 0 {
-            self.ctx.flat(op, &kernels::PERMUTE, &[x, &out], &params, n)?;
+        if x.dtype() == DType::F32 && first == 0 && at == 0 {
+            self.ctx.flat(op, &kernels::PERMUTE, &[x, out], &params, n)
         } else {
-            params.push(u(first)?);
-            self.ctx.flat(op, &kernels::PERMUTE16, &[x, &out], &params, n.div_ceil(2))?;
+            params.extend([u(first)?, u(at)?]);
+            // One thread per output word touched.
+            let words = u(at + n)?.div_ceil(2) - (at / 2) as u32;
+            self.ctx.flat(op, &kernels::PERMUTE16, &[x, out], &params, words as usize)
         }
-        Ok(out)
     }
 }
