@@ -18,8 +18,8 @@ use crate::context::{buffer_of, Context};
 use crate::kernels;
 use crate::native_ops::NATIVE_OPS;
 use crate::ops::{
-    activation, attention, binary, convert, f, is_f32, layout, linear, matmul, norm, optim, quant, rope_embedding,
-    softmax_loss, u, unary, Un,
+    activation, attention, binary, convert, f, is_f32, layout, linear, matmul, norm, optim, quant, reduce,
+    rope_embedding, softmax_loss, u, unary, Un,
 };
 
 /// fusebox on a GPU through wgpu.
@@ -632,6 +632,38 @@ impl ComputeBackend for WgpuBackend {
 
     fn clamp_inplace(&self, x: &mut Tensor, lo: f32, hi: f32) -> Result<()> {
         unary::clamp_inplace(self, x, lo, hi)
+    }
+
+    fn sum(&self, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
+        reduce::sum(self, x, axis)
+    }
+
+    fn mean(&self, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
+        reduce::mean(self, x, axis)
+    }
+
+    fn max(&self, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
+        reduce::max(self, x, axis)
+    }
+
+    fn var(&self, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
+        reduce::var(self, x, axis)
+    }
+
+    fn sum_abs(&self, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
+        reduce::sum_abs(self, x, axis)
+    }
+
+    fn argmax(&self, x: &Tensor, axis: usize) -> Result<Tensor> {
+        reduce::argmax(self, x, axis)
+    }
+
+    fn max_backward(&self, x: &Tensor, d_out: &Tensor, axis: usize) -> Result<Tensor> {
+        reduce::max_backward(self, x, d_out, axis)
+    }
+
+    fn sum_to_shape(&self, x: &Tensor, shape: &Shape) -> Result<Tensor> {
+        reduce::sum_to_shape(self, x, shape)
     }
 
     fn permute(&self, x: &Tensor, perm: &[usize]) -> Result<Tensor> {

@@ -63,6 +63,8 @@ kernel!(ADAMW, "adamw.wgsl", "adamw", [true, false, true, true]);
 kernel!(MATMUL, "matmul.wgsl", "matmul", [false, false, false, true]);
 kernel!(SUM_ROWS, "reduce.wgsl", "sum_rows", [false, true]);
 kernel!(SUM_SQUARES, "reduce.wgsl", "sum_squares", [false, true]);
+kernel!(REDUCE_AXIS, "reduce_axis.wgsl", "reduce_axis", [false, false, false, true, true]);
+kernel!(MAX_ROUTE, "max_route.wgsl", "max_route", [false, false, true]);
 kernel!(PERMUTE, "permute.wgsl", "permute", [false, true]);
 kernel!(PERMUTE16, "permute16.wgsl", "permute16", [false, true]);
 kernel!(RMS_NORM, "norm_rms.wgsl", "rms_norm", [false, false, true, true]);

@@ -13,6 +13,7 @@ pub mod matmul;
 pub mod norm;
 pub mod optim;
 pub mod quant;
+pub mod reduce;
 pub mod rope_embedding;
 pub mod softmax_loss;
 pub mod unary;
