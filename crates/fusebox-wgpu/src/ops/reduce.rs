@@ -219,6 +219,7 @@ impl WgpuBackend {
             let blocks = s.n.div_ceil(block);
             let values = self.ctx.empty(op, [blocks * p], DType::F32)?;
             let idx = self.ctx.empty(op, [if k == Kind::ArgMax { blocks * p } else { 1 }], DType::U32)?;
+            u(blocks * p)?; // partial results are indexed in 32 bits
             let params = [
                 u(s.outer)?,
                 u(s.n)?,
