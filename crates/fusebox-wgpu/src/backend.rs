@@ -18,8 +18,8 @@ use crate::context::{buffer_of, Context};
 use crate::kernels;
 use crate::native_ops::NATIVE_OPS;
 use crate::ops::{
-    activation, attention, binary, convert, f, is_f32, layout, linear, matmul, norm, optim, quant, rope_embedding,
-    softmax_loss, u, unary, Un,
+    activation, attention, binary, convert, f, is_f32, layout, linear, matmul, norm, optim, quant, reduce,
+    rope_embedding, softmax_loss, u, unary, Un,
 };
 
 /// fusebox on a GPU through wgpu.
@@ -84,13 +84,16 @@ impl WgpuBackend {
         ts.iter().all(|t| is_f32(t))
     }
 
+    /// `x ← unop(x)` on the device (a 16-bit `x` through an f32 copy); false when the
+    /// kernel does not take `x`.
     pub(crate) fn inplace_unary(&self, op: &'static str, x: &mut Tensor, code: Un, p0: f32, p1: f32) -> Result<bool> {
-        if x.is_host() || !is_f32(x) {
+        if x.is_host() || convert::common_float(&[x]).is_none() {
             return Ok(false);
         }
         x.ensure_writable(op)?;
         let n = x.elem_count();
-        self.ctx.flat(op, &kernels::UNARY_INPLACE, &[x], &[code as u32, u(n)?, f(p0), f(p1)], n)?;
+        let params = [code as u32, u(n)?, f(p0), f(p1)];
+        self.update_widened(op, &[&*x], |x| self.ctx.flat(op, &kernels::UNARY_INPLACE, &[&x[0]], &params, n))?;
         Ok(true)
     }
 
@@ -629,6 +632,38 @@ impl ComputeBackend for WgpuBackend {
 
     fn clamp_inplace(&self, x: &mut Tensor, lo: f32, hi: f32) -> Result<()> {
         unary::clamp_inplace(self, x, lo, hi)
+    }
+
+    fn sum(&self, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
+        reduce::sum(self, x, axis)
+    }
+
+    fn mean(&self, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
+        reduce::mean(self, x, axis)
+    }
+
+    fn max(&self, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
+        reduce::max(self, x, axis)
+    }
+
+    fn var(&self, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
+        reduce::var(self, x, axis)
+    }
+
+    fn sum_abs(&self, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
+        reduce::sum_abs(self, x, axis)
+    }
+
+    fn argmax(&self, x: &Tensor, axis: usize) -> Result<Tensor> {
+        reduce::argmax(self, x, axis)
+    }
+
+    fn max_backward(&self, x: &Tensor, d_out: &Tensor, axis: usize) -> Result<Tensor> {
+        reduce::max_backward(self, x, d_out, axis)
+    }
+
+    fn sum_to_shape(&self, x: &Tensor, shape: &Shape) -> Result<Tensor> {
+        reduce::sum_to_shape(self, x, shape)
     }
 
     fn permute(&self, x: &Tensor, perm: &[usize]) -> Result<Tensor> {

@@ -63,7 +63,10 @@ kernel!(ADAMW, "adamw.wgsl", "adamw", [true, false, true, true]);
 kernel!(MATMUL, "matmul.wgsl", "matmul", [false, false, false, true]);
 kernel!(SUM_ROWS, "reduce.wgsl", "sum_rows", [false, true]);
 kernel!(SUM_SQUARES, "reduce.wgsl", "sum_squares", [false, true]);
+kernel!(REDUCE_AXIS, "reduce_axis.wgsl", "reduce_axis", [false, false, false, true, true]);
+kernel!(MAX_ROUTE, "max_route.wgsl", "max_route", [false, false, true]);
 kernel!(PERMUTE, "permute.wgsl", "permute", [false, true]);
+kernel!(PERMUTE16, "permute16.wgsl", "permute16", [false, true]);
 kernel!(RMS_NORM, "norm_rms.wgsl", "rms_norm", [false, false, true, true]);
 kernel!(ADD_RMS_NORM, "norm_addrms.wgsl", "add_rms_norm", [false, false, false, true, true, true]);
 kernel!(LAYER_NORM, "norm_layer.wgsl", "layer_norm", [false, false, false, true, true, true]);
@@ -74,6 +77,7 @@ kernel!(SOFTMAX_BACKWARD, "softmax_bwd.wgsl", "softmax_backward", [false, false,
 kernel!(CROSS_ENTROPY, "xent.wgsl", "cross_entropy", [false, false, true, true]);
 kernel!(ROPE, "rope.wgsl", "rope", [false, false, false, true]);
 kernel!(EMBEDDING, "embedding.wgsl", "embedding", [false, false, true]);
+kernel!(EMBEDDING16, "embedding16.wgsl", "embedding16", [false, false, true]);
 kernel!(SCATTER_ROWS, "scatter.wgsl", "scatter_rows", [false, false, true]);
 kernel!(ATTENTION, "attention.wgsl", "attention", [false, false, false, true, true, true]);
 kernel!(ATTN_DELTA, "attn_delta.wgsl", "attn_delta", [false, false, true]);

@@ -3,10 +3,13 @@
 //! Tensors live in GPU storage buffers (explicit `upload` / `to_host`), recycled by a
 //! size-class pool. Dispatches are recorded into one pending command encoder and
 //! submitted together when a result is read back, on `synchronize`, or every few
-//! hundred dispatches. Kernels compute in f32 (F32 tensors); ops without a native
-//! kernel, or with inputs the kernels do not take (F16/BF16, unusual layouts), run on
-//! the CPU through the trait's fallback, and every input the native path does not
-//! recognise as valid goes there too, so errors match the CPU backend exactly.
+//! hundred dispatches. Kernels compute in f32; F16/BF16 tensors keep 16-bit storage and
+//! are widened on the device (`ops/convert.rs`, in place through `ops/half.rs`), results
+//! stored in the dtype the CPU backend returns. Ops without a native kernel, or with
+//! inputs the kernels do not take (unusual layouts, 16-bit views not on a 4-byte
+//! boundary), run on the CPU through the trait's fallback, and every input the native
+//! path does not recognise as valid goes there too, so errors match the CPU backend
+//! exactly.
 //! `supports(op)` lists the native ops; `native_dispatches` counts the GPU work.
 
 #[macro_use]

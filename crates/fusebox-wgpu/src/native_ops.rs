@@ -105,4 +105,12 @@ pub const NATIVE_OPS: &[Op] = &[
     Op::ClampInplace,
     Op::Permute,
     Op::Transpose,
+    Op::Sum,
+    Op::Mean,
+    Op::Max,
+    Op::Var,
+    Op::SumAbs,
+    Op::Argmax,
+    Op::MaxBackward,
+    Op::SumToShape,
 ];

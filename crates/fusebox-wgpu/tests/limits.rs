@@ -67,3 +67,28 @@ fn tables_beyond_one_binding_are_split_into_row_blocks() {
     let worst = want.iter().zip(&got).map(|(w, g)| (w - g).abs()).fold(0.0f32, f32::max);
     assert!(worst < 1e-4, "largest difference {worst}");
 }
+
+#[test]
+fn f16_tables_that_widen_beyond_one_binding_are_converted_in_pieces() {
+    let Some(b) = backend_or_skip() else { return };
+    let cpu = CpuBackend::new();
+    // 36,000 × 1,024 f16 = 74 MB fits one binding; widened to f32 (147 MB) it does not.
+    let (vocab, d) = (36_000usize, 1_024usize);
+    let table = Tensor::from_f32_as(&values(vocab * d, 11), [vocab, d], DType::F16).unwrap();
+    let table_gpu = b.upload(&table).unwrap();
+    let ids = Tensor::from_vec(vec![0u32, 1, 17_000, 35_999, 20_000, 3], [2, 3]).unwrap();
+    let want = cpu.embedding(&ids, &table).unwrap();
+    let got = b.to_host(&b.embedding(&b.upload(&ids).unwrap(), &table_gpu).unwrap()).unwrap();
+    assert_eq!(got.dtype(), DType::F16);
+    assert_eq!(got.host_bytes().unwrap(), want.host_bytes().unwrap());
+
+    // The tied lm head in f16: the weight is widened piece by piece, then multiplied by
+    // row blocks; the logits come back in f16.
+    let x = Tensor::from_f32_as(&values(2 * d, 13), [2, d], DType::F16).unwrap();
+    let want = cpu.linear_forward(&x, &table, None).unwrap().to_vec_f32().unwrap();
+    let got = b.to_host(&b.linear_forward(&b.upload(&x).unwrap(), &table_gpu, None).unwrap()).unwrap();
+    assert_eq!(got.dtype(), DType::F16);
+    let got = got.to_vec_f32().unwrap();
+    let worst = want.iter().zip(&got).map(|(w, g)| (w - g).abs() / (1.0 + w.abs())).fold(0.0f32, f32::max);
+    assert!(worst < 4e-3, "largest difference {worst}");
+}

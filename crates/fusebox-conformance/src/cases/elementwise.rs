@@ -2,7 +2,8 @@
 //! F16 and BF16 on a size with tails (7×143 = 1001 elements, rows not a multiple of 16)
 //! and in F32 and F16 on one large enough for the threaded path (40×1031 = 41 240
 //! elements, several chunks); bad shapes and dtypes are generated from the small case.
-//! In-place ops also must refuse a tensor with a live clone and leave both unchanged.
+//! In-place ops also must refuse a tensor with a live clone and leave both unchanged, and
+//! write only their own part of a partitioned buffer (16-bit parts sharing a word).
 
 use fusebox::{ComputeBackend, DType, Error, Op, Result as FbResult, Shape, Tensor};
 
@@ -139,6 +140,39 @@ fn add_assign_into_partition<B: ComputeBackend + ?Sized + 'static>() -> Case<B> 
         }
         if parts[0].to_vec_f32().map_err(err)? != first {
             return Err("the neighbouring part changed".into());
+        }
+        Ok(())
+    })
+}
+
+/// Property: `add_assign` into each of two parts of a buffer in the backend's memory, in
+/// `dtype`, each part an odd number of elements: in F16/BF16 the first part ends inside
+/// a storage word it shares with the second, which starts mid-word. Each write gives
+/// the rounded `x + y` in its part and leaves the other part's bits as they were.
+fn add_assign_into_device_partitions<B: ComputeBackend + ?Sized + 'static>(dtype: DType) -> Case<B> {
+    let n = SMALL[0] * SMALL[1];
+    let mut rng = Rng::new(0x9A28);
+    let (first, second, y) = (rng.vec(n, -1.0, 1.0), rng.vec(n, -1.0, 1.0), rng.vec(n, -1.0, 1.0));
+    let name = format!("add_assign into each of two device partitions of x{SMALL:?} (odd lengths) | {dtype}");
+    Case::custom(Op::AddAssign, CaseKind::Property, name, move |b: &B| {
+        let rounded = |v: &[f32]| Tensor::from_f32_as(v, [v.len()], dtype).and_then(|t| t.to_vec_f32()).map_err(err);
+        let (first, second, y_host) = (rounded(&first)?, rounded(&second)?, rounded(&y)?);
+        let sum = |a: &[f32]| rounded(&a.iter().zip(&y_host).map(|(a, y)| a + y).collect::<Vec<f32>>());
+        let (first_sum, second_sum) = (sum(&first)?, sum(&second)?);
+        let y = b.upload(&Tensor::from_f32_as(&y_host, SMALL, dtype).map_err(err)?).map_err(err)?;
+        // The host tensor is a temporary, so the uploaded one (a clone on the CPU) is unique.
+        let big =
+            b.upload(&Tensor::from_f32_as(&[first.clone(), second.clone()].concat(), [2 * n], dtype).map_err(err)?);
+        let mut parts = big.map_err(err)?.partition(&[Shape::new(SMALL), Shape::new(SMALL)]).map_err(err)?;
+        let read = |t: &Tensor| b.to_host(t).and_then(|h| h.to_vec_f32()).map_err(err);
+        for (k, want) in [(0, [&first_sum, &second]), (1, [&first_sum, &second_sum])] {
+            b.add_assign(&mut parts[k], &y).map_err(|e| format!("part {k}: returned an error: {e}"))?;
+            for (p, w) in want.iter().enumerate() {
+                if read(&parts[p])? != **w {
+                    let what = if p == k { "does not hold the rounded x + y" } else { "changed" };
+                    return Err(format!("after the write into part {k}, part {p} {what}"));
+                }
+            }
         }
         Ok(())
     })
@@ -531,6 +565,7 @@ pub fn cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     c.push(refuses_shared(Op::AbsInplace, |b: &B, a, _| b.abs_inplace(a)));
     c.push(refuses_shared(Op::ClampInplace, |b: &B, a, _| b.clamp_inplace(a, 0.5, 1.5)));
     c.push(add_assign_into_partition());
+    c.extend(FLOATS.iter().map(|&d| add_assign_into_device_partitions(d)));
 
     c.extend(bad_values());
     c

@@ -1,7 +1,8 @@
 //! Cases of the reduce family: sum, mean, max, var, sum_abs (along an axis and over
 //! everything), argmax, topk, max_backward, sum_to_shape. Shapes cover contiguous rows
 //! (reduced axis last), strided columns (an inner axis), inner axes wider than one column
-//! block, long rows split into blocks, and sizes large enough to run threaded.
+//! block, long rows split into blocks, and sizes large enough to run threaded; max and
+//! argmax also see NaN, ±∞ and ties.
 
 use fusebox::{ComputeBackend, DType, Op, Shape, Tensor};
 
@@ -89,7 +90,7 @@ fn axis_reduction<B: ComputeBackend + ?Sized + 'static>(
 
 fn argmax_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     let mut cases = Vec::new();
-    let configs: [(&[usize], usize, &[DType], bool); 7] = [
+    let configs: [(&[usize], usize, &[DType], bool); 8] = [
         (&[7, 37], 1, FLOATS, false),
         (&[5, 19, 13], 1, FLOATS, false),
         (&[5, 19, 13], 0, FLOATS, false),
@@ -97,6 +98,8 @@ fn argmax_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
         (&[9, 2, 1100], 0, &[DType::F32], true),
         (&[40011], 0, &[DType::F32], false),
         (&[3000, 20], 0, &[DType::F32], false),
+        // Long rows of ties: the first maximum must win across blocks of a row.
+        (&[2, 40000], 1, &[DType::F32], true),
     ];
     for (i, (dims, axis, dtypes, ties)) in configs.into_iter().enumerate() {
         let x = if ties { coarse(1200 + i as u64, dims) } else { data(1200 + i as u64, dims) };
@@ -289,6 +292,47 @@ fn sum_to_shape_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     cases
 }
 
+/// `max` and `argmax` over fibres holding NaN (skipped), ±∞ and tied maxima, along rows
+/// (the reduced axis last) and columns. No fibre's maximum is −∞ with a NaN before it
+/// (the CPU's row and column paths differ there).
+fn special_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    let (rows, cols) = (6, 9);
+    let mut v = data(1500, &[rows, cols]).to_vec_f32().expect("f32");
+    v[3] = f32::NAN; // row 0: one NaN
+    v[cols..2 * cols].fill(f32::NAN); // row 1: all NaN (max −∞, arg-max 0)
+    v[2 * cols + 5] = f32::INFINITY; // row 2: +∞ twice (the first wins)
+    v[2 * cols + 7] = f32::INFINITY;
+    v[3 * cols] = f32::NEG_INFINITY; // row 3: −∞ among finite values
+    v[4 * cols + 2] = f32::NAN; // row 4: NaN and −∞ before a finite maximum
+    v[4 * cols + 4] = f32::NEG_INFINITY;
+    let x = Tensor::from_vec(v, [rows, cols]).expect("shape");
+    let mut cases = Vec::new();
+    for axis in [0, 1] {
+        let config = format!("x[{rows}, {cols}] axis={axis} with NaN (skipped), ±inf and ties");
+        cases.extend(
+            OpCase::new(Op::Max, format!("max {config}"))
+                .input(Input::new(x.clone()).shape_free())
+                .call(move |b: &B, t| Ok(vec![b.max(&t[0], Some(axis))?]))
+                .twin(move |a| vec![twin::max(&a[0], Some(axis))])
+                .tolerance(Tolerance::EXACT)
+                .dtypes(FLOATS)
+                .no_bad_inputs()
+                .build(),
+        );
+        cases.extend(
+            OpCase::new(Op::Argmax, format!("argmax {config}"))
+                .input(Input::new(x.clone()).shape_free())
+                .call(move |b: &B, t| Ok(vec![b.argmax(&t[0], axis)?]))
+                .twin(move |a| vec![twin::argmax(&a[0], axis)])
+                .tolerance(Tolerance::EXACT)
+                .dtypes(FLOATS)
+                .no_bad_inputs()
+                .build(),
+        );
+    }
+    cases
+}
+
 /// Every case of the family.
 pub fn cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     let mut cases = Vec::new();
@@ -298,6 +342,7 @@ pub fn cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     cases.extend(axis_reduction::<B>(Op::Var, |b, x, a| b.var(x, a), twin::var, |_| Tolerance::F32));
     cases.extend(axis_reduction::<B>(Op::SumAbs, |b, x, a| b.sum_abs(x, a), twin::sum_abs, sum_tolerance));
     cases.extend(argmax_cases());
+    cases.extend(special_value_cases());
     cases.extend(topk_cases());
     cases.extend(max_backward_cases());
     cases.extend(sum_to_shape_cases());

@@ -5,6 +5,7 @@ use fusebox::{ComputeBackend, DType, GeluForm, PairGradients, Result, Tensor, To
 
 use crate::backend::WgpuBackend;
 use crate::kernels;
+use crate::ops::convert::common_float;
 use crate::ops::{u, Bin, Un};
 
 pub(crate) fn silu(be: &WgpuBackend, x: &Tensor) -> Result<Tensor> {
@@ -88,15 +89,16 @@ pub(crate) fn silu_mul(be: &WgpuBackend, gate: &Tensor, up: &Tensor) -> Result<T
 
 pub(crate) fn silu_mul_backward(be: &WgpuBackend, gate: &Tensor, up: &Tensor, d_out: &Tensor) -> Result<PairGradients> {
     const OP: &str = "silu_mul_backward";
-    if !WgpuBackend::all_f32(&[gate, up, d_out]) || gate.shape() != up.shape() || gate.shape() != d_out.shape() {
+    let same = gate.shape() == up.shape() && gate.shape() == d_out.shape();
+    let Some(dtype) = common_float(&[gate, up, d_out]).filter(|_| same) else {
         return fallback!(be, cpu::activation::silu_mul_backward; [gate, up, d_out]);
-    }
-    let (g, up, dy) = (be.dev(gate)?, be.dev(up)?, be.dev(d_out)?);
+    };
+    let (g, up, dy) = (be.widen(OP, gate)?, be.widen(OP, up)?, be.widen(OP, d_out)?);
     let da = be.ctx.empty(OP, g.shape().clone(), DType::F32)?;
     let db = be.ctx.empty(OP, g.shape().clone(), DType::F32)?;
     let n = g.elem_count();
     be.ctx.flat(OP, &kernels::SILU_MUL_BACKWARD, &[&g, &up, &dy, &da, &db], &[0, u(n)?], n)?;
-    Ok(PairGradients { da, db })
+    Ok(PairGradients { da: be.narrow(OP, da, dtype)?, db: be.narrow(OP, db, dtype)? })
 }
 
 pub(crate) fn stable_softplus(be: &WgpuBackend, x: &Tensor) -> Result<Tensor> {

@@ -1,14 +1,18 @@
-//! Attention: forward (full, causal, decode), backward, KV-cache writes.
+//! Attention: forward (full, causal, decode), backward, KV-cache writes. F16/BF16 q, k,
+//! v (and d_out, the saved output) are widened to f32 on the device; outputs and
+//! gradients are stored in q's dtype, the logsumexp stays F32, as on the CPU.
 
 use fusebox::cpu;
 use fusebox::{
-    in_place_on_cpu, AttentionGradients, CausalAttentionResult, ComputeBackend, DType, Error, Result, Tensor, ToBackend,
+    in_place_on_cpu, AttentionGradients, CausalAttentionResult, ComputeBackend, DType, Error, Result, Shape, Tensor,
+    ToBackend,
 };
 
 use crate::backend::WgpuBackend;
 use crate::context::buffer_of;
 use crate::kernels;
-use crate::ops::{f, u};
+use crate::ops::convert::common_float;
+use crate::ops::{f, is_f32, u};
 
 /// Keys (or query rows) one attention dispatch covers: llvmpipe ends a shader's loops
 /// after 65535 iterations, so long loops are split across dispatches.
@@ -58,7 +62,8 @@ pub(crate) fn causal_attention_backward(
     const OP: &str = "causal_attention_backward";
     let dims = WgpuBackend::attention_dims(q, k, v).filter(|d| {
         d.3 <= d.4
-            && WgpuBackend::all_f32(&[&result.output, &result.logsumexp, d_out])
+            && common_float(&[q, &result.output, d_out]).is_some()
+            && is_f32(&result.logsumexp)
             && result.output.shape() == q.shape()
             && d_out.shape() == q.shape()
             && result.logsumexp.dims() == [d.0, d.1, d.3]
@@ -69,8 +74,9 @@ pub(crate) fn causal_attention_backward(
         let d_out = be.to_host(d_out)?;
         return fallback!(be, cpu::attention::causal_attention_backward; [q, k, v], &result, &d_out, scale);
     };
-    let (q, k, v) = (be.dev(q)?, be.dev(k)?, be.dev(v)?);
-    let (o, lse, dout) = (be.dev(&result.output)?, be.dev(&result.logsumexp)?, be.dev(d_out)?);
+    let dtype = q.dtype();
+    let (q, k, v) = (be.widen(OP, q)?, be.widen(OP, k)?, be.widen(OP, v)?);
+    let (o, lse, dout) = (be.widen(OP, &result.output)?, be.dev(&result.logsumexp)?, be.widen(OP, d_out)?);
     let rows = b * hq * tq;
     let delta = be.ctx.empty(OP, [rows], DType::F32)?;
     be.ctx.dispatch(OP, &kernels::ATTN_DELTA, &[&o, &dout, &delta], &[u(rows)?, u(d)?], (rows as u64).div_ceil(64))?;
@@ -96,7 +102,11 @@ pub(crate) fn causal_attention_backward(
             be.ctx.dispatch(OP, &kernels::ATTN_DKV, &args, &p, groups)?;
         }
     }
-    Ok(AttentionGradients { dq, dk, dv })
+    Ok(AttentionGradients {
+        dq: be.narrow(OP, dq, dtype)?,
+        dk: be.narrow(OP, dk, dtype)?,
+        dv: be.narrow(OP, dv, dtype)?,
+    })
 }
 
 pub(crate) fn supports_causal_attention(_be: &WgpuBackend, q: &Tensor, k: &Tensor, v: &Tensor, _scale: f32) -> bool {
@@ -106,7 +116,7 @@ pub(crate) fn supports_causal_attention(_be: &WgpuBackend, q: &Tensor, k: &Tenso
 pub(crate) fn write_head_cache(be: &WgpuBackend, cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
     const OP: &str = "write_head_cache";
     let ok = !cache.is_host()
-        && WgpuBackend::all_f32(&[cache, new])
+        && common_float(&[cache, new]).is_some()
         && cache.rank() == 4
         && new.rank() == 4
         && cache.dims()[0] == new.dims()[0]
@@ -126,10 +136,18 @@ pub(crate) fn write_head_cache(be: &WgpuBackend, cache: &mut Tensor, new: &Tenso
     if cb.raw() == nb.raw() {
         return Err(Error::SharedStorage { op: OP });
     }
+    // Rows are copied buffer to buffer when their byte ranges are 4-byte aligned (F32,
+    // or 16-bit with an even head dim), else by the 16-bit copy kernel.
+    let elem = cache.dtype().storage_bytes(1);
+    let row_bytes = (t * d * elem) as u64;
     for bh in 0..b * h {
-        let dst = cache.byte_offset() as u64 + ((bh * cap + pos) * d * 4) as u64;
-        let src = new.byte_offset() as u64 + (bh * t * d * 4) as u64;
-        be.ctx.copy(nb.raw(), src, cb.raw(), dst, (t * d * 4) as u64);
+        let (dst, src) = ((bh * cap + pos) * d, bh * t * d);
+        if (d * elem).is_multiple_of(4) {
+            let dst_b = cache.byte_offset() as u64 + (dst * elem) as u64;
+            be.ctx.copy(nb.raw(), new.byte_offset() as u64 + (src * elem) as u64, cb.raw(), dst_b, row_bytes);
+        } else {
+            be.permute_into(OP, (&new, src), &Shape::new(vec![t * d]), &[0], (cache, dst))?;
+        }
     }
     Ok(())
 }
@@ -151,13 +169,14 @@ pub(crate) fn decode_attention(
 }
 
 impl WgpuBackend {
-    /// Whether q/k/v are attention inputs the kernels take: returns (B, Hq, Hkv, Tq, Tk, D).
+    /// Whether q/k/v are attention inputs the kernels take (one float dtype, shapes):
+    /// returns (B, Hq, Hkv, Tq, Tk, D).
     pub(crate) fn attention_dims(
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
     ) -> Option<(usize, usize, usize, usize, usize, usize)> {
-        if !Self::all_f32(&[q, k, v]) || q.rank() != 4 || k.rank() != 4 || k.shape() != v.shape() {
+        if common_float(&[q, k, v]).is_none() || q.rank() != 4 || k.rank() != 4 || k.shape() != v.shape() {
             return None;
         }
         let (qd, kd) = (q.dims(), k.dims());
@@ -180,7 +199,8 @@ impl WgpuBackend {
         causal: bool,
     ) -> Result<CausalAttentionResult> {
         let (b, hq, hkv, tq, cap, d) = dims;
-        let (q, k, v) = (self.dev(q)?, self.dev(k)?, self.dev(v)?);
+        let dtype = q.dtype();
+        let (q, k, v) = (self.widen(op, q)?, self.widen(op, k)?, self.widen(op, v)?);
         let output = self.ctx.empty(op, q.shape().clone(), DType::F32)?;
         let logsumexp = self.ctx.empty(op, [b, hq, tq], DType::F32)?;
         let rows = b * hq * tq;
@@ -206,6 +226,6 @@ impl WgpuBackend {
             let args = [&q, &k, &v, &output, &logsumexp, &lsum];
             self.ctx.dispatch(op, &kernels::ATTENTION, &args, &params, (rows as u64).div_ceil(64))?;
         }
-        Ok(CausalAttentionResult { output, logsumexp })
+        Ok(CausalAttentionResult { output: self.narrow(op, output, dtype)?, logsumexp })
     }
 }

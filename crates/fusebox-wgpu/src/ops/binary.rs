@@ -227,14 +227,18 @@ impl WgpuBackend {
         self.narrow(op, out, dt).map(Some)
     }
 
+    /// `a ← binop(a, b)` on the device (a 16-bit `a` through an f32 copy); false when the
+    /// kernel does not take these operands.
     pub(crate) fn assign_op(&self, op: &'static str, a: &mut Tensor, b: &Tensor, code: Bin) -> Result<bool> {
-        if a.is_host() || !Self::all_f32(&[a, b]) || a.shape() != b.shape() {
+        if a.is_host() || common_float(&[a, b]).is_none() || a.shape() != b.shape() {
             return Ok(false);
         }
         a.ensure_writable(op)?;
-        let b = self.dev(b)?;
+        let b = self.widen(op, b)?;
         let n = a.elem_count();
-        self.ctx.flat(op, &kernels::BINARY_INPLACE, &[a, &b], &[code as u32, u(n)?], n)?;
+        self.update_widened(op, &[&*a], |a| {
+            self.ctx.flat(op, &kernels::BINARY_INPLACE, &[&a[0], &b], &[code as u32, u(n)?], n)
+        })?;
         Ok(true)
     }
 

@@ -26,12 +26,28 @@ pub(crate) fn convert(
     ok: u32,
     dtype: DType,
 ) -> Result<Tensor> {
-    let x = be.dev(x)?;
     let out = be.ctx.empty(op, x.shape().clone(), dtype)?;
-    let n = x.elem_count();
-    let items = if ok == 0 { n } else { n.div_ceil(2) };
-    be.ctx.flat(op, &kernels::CAST, &[&x, &out], &[u(n)?, ik, ok], items)?;
+    convert_into(be, op, x, ik, &out, ok)?;
     Ok(out)
+}
+
+/// `x` (kind `ik`) converted into the existing device tensor `out` (kind `ok`, same
+/// element count, word-aligned); only `out`'s own elements are written. Tensors beyond
+/// one storage binding (as f32) go in pieces of an even element count, so every piece
+/// starts on a word in either dtype.
+fn convert_into(be: &WgpuBackend, op: &'static str, x: &Tensor, ik: u32, out: &Tensor, ok: u32) -> Result<()> {
+    let x = be.dev(x)?;
+    let n = x.elem_count();
+    let per = (be.ctx.rows_per_binding(1) & !1).max(2);
+    let mut e0 = 0;
+    while e0 < n {
+        let len = per.min(n - e0);
+        let (xp, outp) = if len == n { (x.clone(), out.clone()) } else { (x.view(e0, [len])?, out.view(e0, [len])?) };
+        let items = if ok == 0 { len } else { len.div_ceil(2) };
+        be.ctx.flat(op, &kernels::CAST, &[&xp, &outp], &[u(len)?, ik, ok], items)?;
+        e0 += len;
+    }
+    Ok(())
 }
 
 pub(crate) fn cast(be: &WgpuBackend, x: &Tensor, dtype: DType) -> Result<Tensor> {
@@ -65,6 +81,16 @@ impl WgpuBackend {
         match float_kind(dtype) {
             Some(k) if k != 0 => convert(self, op, &t, 0, k, dtype),
             _ => Ok(t),
+        }
+    }
+
+    /// Stores the F32 device tensor `src` into `dst` (F32, F16 or BF16, same element
+    /// count, a word-aligned device tensor), rounding each element once.
+    pub(crate) fn narrow_into(&self, op: &'static str, src: &Tensor, dst: &Tensor) -> Result<()> {
+        match float_kind(dst.dtype()) {
+            Some(0) => self.copy_device(dst, src),
+            Some(k) => convert_into(self, op, src, 0, dst, k),
+            None => Err(fusebox::Error::dtype(op, "destination", "f32, f16 or bf16", dst.dtype())),
         }
     }
 }

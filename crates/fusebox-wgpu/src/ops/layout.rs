@@ -1,14 +1,17 @@
-//! Layout ops: permute, transpose, head split/merge, row slices.
+//! Layout ops: permute, transpose, head split/merge, row slices. They move bits: F32
+//! through the 32-bit permutation kernel, F16/BF16 through the 16-bit one (no
+//! conversion, so every bit pattern survives).
 
 use fusebox::cpu;
 use fusebox::{ComputeBackend, DType, Result, Shape, Tensor, ToBackend};
 
 use crate::backend::WgpuBackend;
 use crate::kernels;
-use crate::ops::{is_f32, u};
+use crate::ops::convert::common_float;
+use crate::ops::u;
 
 pub(crate) fn split_heads(be: &WgpuBackend, x: &Tensor, heads: usize) -> Result<Tensor> {
-    let ok = is_f32(x) && x.rank() == 3 && heads > 0 && x.dims()[2].is_multiple_of(heads);
+    let ok = movable(x) && x.rank() == 3 && heads > 0 && x.dims()[2].is_multiple_of(heads);
     if !ok {
         return fallback!(be, cpu::attention::split_heads; [x], heads);
     }
@@ -18,7 +21,7 @@ pub(crate) fn split_heads(be: &WgpuBackend, x: &Tensor, heads: usize) -> Result<
 }
 
 pub(crate) fn merge_heads(be: &WgpuBackend, x: &Tensor) -> Result<Tensor> {
-    if !is_f32(x) || x.rank() != 4 {
+    if !movable(x) || x.rank() != 4 {
         return fallback!(be, cpu::attention::merge_heads; [x]);
     }
     let (b, h, t, d) = (x.dims()[0], x.dims()[1], x.dims()[2], x.dims()[3]);
@@ -27,25 +30,34 @@ pub(crate) fn merge_heads(be: &WgpuBackend, x: &Tensor) -> Result<Tensor> {
 }
 
 pub(crate) fn slice_rows(be: &WgpuBackend, x: &Tensor, start: usize, len: usize) -> Result<Tensor> {
+    const OP: &str = "slice_rows";
     let ok = !x.is_host()
         && x.rank() >= 1
         && start.checked_add(len).is_some_and(|e| e <= x.dims()[0])
-        && matches!(x.dtype(), DType::F32 | DType::U32);
+        && (x.dtype() == DType::U32 || movable(x));
     if !ok {
         return fallback!(be, cpu::embedding::slice_rows; [x], start, len);
     }
     let row = x.elem_count() / x.dims()[0].max(1);
     let mut dims = x.dims().to_vec();
     dims[0] = len;
-    let view = x.view(start * row, Shape::new(dims))?;
-    be.ctx.copy_tensor("slice_rows", &view)
+    let first = start * row;
+    if x.dtype().storage_bytes(first).is_multiple_of(4) {
+        return be.ctx.copy_tensor(OP, &x.view(first, Shape::new(dims))?);
+    }
+    // A 16-bit slice starting inside a word: the identity permutation from element `first`.
+    let shape = Shape::new(dims);
+    let perm: Vec<usize> = (0..shape.rank()).collect();
+    be.permute_from(OP, x, first, &shape, &perm)
 }
 
 pub(crate) fn permute(be: &WgpuBackend, x: &Tensor, perm: &[usize]) -> Result<Tensor> {
     let r = x.rank();
     let mut seen = [false; 6];
-    let ok =
-        is_f32(x) && r <= 6 && perm.len() == r && perm.iter().all(|&p| p < r && !std::mem::replace(&mut seen[p], true));
+    let ok = movable(x)
+        && r <= 6
+        && perm.len() == r
+        && perm.iter().all(|&p| p < r && !std::mem::replace(&mut seen[p], true));
     if !ok {
         return fallback!(be, cpu::layout::permute; [x], perm);
     }
@@ -55,7 +67,7 @@ pub(crate) fn permute(be: &WgpuBackend, x: &Tensor, perm: &[usize]) -> Result<Te
 
 pub(crate) fn transpose(be: &WgpuBackend, x: &Tensor, dim0: usize, dim1: usize) -> Result<Tensor> {
     let r = x.rank();
-    if !is_f32(x) || r > 6 || dim0 >= r || dim1 >= r {
+    if !movable(x) || r > 6 || dim0 >= r || dim1 >= r {
         return fallback!(be, cpu::layout::transpose; [x], dim0, dim1);
     }
     let mut perm: Vec<usize> = (0..r).collect();
@@ -64,27 +76,66 @@ pub(crate) fn transpose(be: &WgpuBackend, x: &Tensor, dim0: usize, dim1: usize) 
     be.permute_native("transpose", &x, &perm)
 }
 
+/// Whether the permutation kernels move `x`: F32, F16 or BF16 at a word-aligned offset.
+fn movable(x: &Tensor) -> bool {
+    common_float(&[x]).is_some()
+}
+
 impl WgpuBackend {
-    /// The permutation kernel for f32 tensors of rank ≤ 6.
+    /// The permutation kernel (32- or 16-bit by x's dtype) for tensors of rank ≤ 6.
     pub(crate) fn permute_native(&self, op: &'static str, x: &Tensor, perm: &[usize]) -> Result<Tensor> {
-        let dims = x.dims();
+        self.permute_from(op, x, 0, x.shape(), perm)
+    }
+
+    /// `permute_native` of the `shape`-shaped tensor that starts `first` elements into
+    /// `x` (16-bit `x` only when `first` > 0).
+    pub(crate) fn permute_from(
+        &self,
+        op: &'static str,
+        x: &Tensor,
+        first: usize,
+        shape: &Shape,
+        perm: &[usize],
+    ) -> Result<Tensor> {
+        let out_dims: Vec<usize> = perm.iter().map(|&p| shape.dims()[p]).collect();
+        let out = self.ctx.empty(op, Shape::new(out_dims), x.dtype())?;
+        self.permute_into(op, (x, first), shape, perm, (&out, 0))?;
+        Ok(out)
+    }
+
+    /// Permutes the `shape`-shaped tensor starting `first` elements into `x`, storing
+    /// it from element `at` of `out` on (out of x's dtype; 32-bit tensors only with
+    /// both offsets 0).
+    pub(crate) fn permute_into(
+        &self,
+        op: &'static str,
+        (x, first): (&Tensor, usize),
+        shape: &Shape,
+        perm: &[usize],
+        (out, at): (&Tensor, usize),
+    ) -> Result<()> {
+        let dims = shape.dims();
         let r = dims.len();
         let mut strides = vec![1usize; r];
         for d in (0..r.saturating_sub(1)).rev() {
             strides[d] = strides[d + 1] * dims[d + 1];
         }
-        let out_dims: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
-        let out = self.ctx.empty(op, Shape::new(out_dims.clone()), DType::F32)?;
-        let n = x.elem_count();
+        let n = shape.elem_count();
         let mut params = vec![u(n)?, r as u32];
         // Six dims (unused ones 1) and six input strides in output-axis order (unused 0).
-        for &dim in out_dims.iter().chain(std::iter::repeat(&1)).take(6) {
-            params.push(u(dim)?);
+        for &p in perm.iter().chain(std::iter::repeat(&usize::MAX)).take(6) {
+            params.push(if p == usize::MAX { 1 } else { u(dims[p])? });
         }
         for i in 0..6 {
             params.push(if let Some(&p) = perm.get(i) { u(strides[p])? } else { 0 });
         }
-        self.ctx.flat(op, &kernels::PERMUTE, &[x, &out], &params, n)?;
-        Ok(out)
+        if x.dtype() == DType::F32 && first == 0 && at == 0 {
+            self.ctx.flat(op, &kernels::PERMUTE, &[x, out], &params, n)
+        } else {
+            params.extend([u(first)?, u(at)?]);
+            // One thread per output word touched.
+            let words = u(at + n)?.div_ceil(2) - (at / 2) as u32;
+            self.ctx.flat(op, &kernels::PERMUTE16, &[x, out], &params, words as usize)
+        }
     }
 }

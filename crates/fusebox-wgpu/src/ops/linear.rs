@@ -1,39 +1,46 @@
-//! Linear layer forward and backward (weight row blocks, accumulating gradients).
+//! Linear layer forward and backward (weight row blocks, accumulating gradients). F16/BF16
+//! operands are widened to f32 on the device, results and the accumulated gradients are
+//! stored in that dtype.
 
 use fusebox::cpu;
 use fusebox::{ComputeBackend, DType, LinearGradients, Result, Shape, Tensor, ToBackend};
 
 use crate::backend::WgpuBackend;
 use crate::context::Context;
-use crate::ops::{is_f32, MatView};
+use crate::ops::convert::common_float;
+use crate::ops::MatView;
 
 pub(crate) fn linear_forward(be: &WgpuBackend, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     const OP: &str = "linear_forward";
-    let ok = WgpuBackend::all_f32(&[x, w])
-        && x.rank() >= 1
-        && w.rank() == 2
-        && x.shape().last_dim() == w.dims()[1]
-        && bias.is_none_or(|b| is_f32(b) && b.rank() == 1 && b.dims()[0] == w.dims()[0]);
-    if !ok {
+    let mut operands = vec![x, w];
+    operands.extend(bias);
+    let dtype = common_float(&operands).filter(|_| {
+        x.rank() >= 1
+            && w.rank() == 2
+            && x.shape().last_dim() == w.dims()[1]
+            && bias.is_none_or(|b| b.rank() == 1 && b.dims()[0] == w.dims()[0])
+    });
+    let Some(dtype) = dtype else {
         if matches!(w.dtype(), DType::Q8_0 | DType::Q4_1) && bias.is_none() {
             return be.quantized_matmul(x, w);
         }
         let bias = bias.map(|b| be.to_host(b)).transpose()?;
         return fallback!(be, cpu::matmul::linear_forward; [x, w], bias.as_ref());
-    }
+    };
     let (out, k) = (w.dims()[0], w.dims()[1]);
     let m = x.elem_count() / k.max(1);
     let mut dims = x.dims().to_vec();
     *dims.last_mut().unwrap_or(&mut 0) = out;
-    let (x, w) = (be.dev(x)?, be.dev(w)?);
-    let bias = bias.map(|b| be.dev(b)).transpose()?;
+    let (x, w) = (be.widen(OP, x)?, be.widen(OP, w)?);
+    let bias = bias.map(|b| be.widen(OP, b)).transpose()?;
     let y = be.ctx.empty(OP, Shape::new(dims), DType::F32)?;
     if k == 0 {
         let z = be.ctx.zeros(OP, y.shape().clone(), DType::F32)?;
-        return match bias {
-            Some(b) => be.add_row(&z, &b),
-            None => Ok(z),
+        let z = match bias {
+            Some(b) => be.add_row(&z, &b)?,
+            None => z,
         };
+        return be.narrow(OP, z, dtype);
     }
     // W in row blocks that each fit one binding (a large vocabulary's lm head).
     let per = be.ctx.rows_per_binding(k);
@@ -54,7 +61,7 @@ pub(crate) fn linear_forward(be: &WgpuBackend, x: &Tensor, w: &Tensor, bias: Opt
         )?;
         r0 = r1;
     }
-    Ok(y)
+    be.narrow(OP, y, dtype)
 }
 
 pub(crate) fn linear_backward(
@@ -65,13 +72,17 @@ pub(crate) fn linear_backward(
     with_bias: bool,
 ) -> Result<LinearGradients> {
     const OP: &str = "linear_backward";
-    if !WgpuBackend::linear_backward_ok(x, w, d_out) {
+    let Some(dtype) = WgpuBackend::linear_backward_dtype(x, w, d_out) else {
         return fallback!(be, cpu::matmul::linear_backward; [x, w, d_out], with_bias);
-    }
+    };
     let dweight = be.ctx.empty(OP, w.shape().clone(), DType::F32)?;
     let dbias = if with_bias { Some(be.ctx.empty(OP, [w.dims()[0]], DType::F32)?) } else { None };
     let dx = be.linear_backward_native(OP, x, w, d_out, &dweight, dbias.as_ref(), false)?;
-    Ok(LinearGradients { dx, dweight, dbias })
+    Ok(LinearGradients {
+        dx: be.narrow(OP, dx, dtype)?,
+        dweight: be.narrow(OP, dweight, dtype)?,
+        dbias: dbias.map(|b| be.narrow(OP, b, dtype)).transpose()?,
+    })
 }
 
 pub(crate) fn linear_backward_accumulate(
@@ -83,11 +94,13 @@ pub(crate) fn linear_backward_accumulate(
     dbias: Option<&mut Tensor>,
 ) -> Result<Tensor> {
     const OP: &str = "linear_backward_accumulate";
-    let ok = WgpuBackend::linear_backward_ok(x, w, d_out)
+    let dtype = WgpuBackend::linear_backward_dtype(x, w, d_out);
+    let same_dtype = |t: &Tensor| common_float(&[x, t]).is_some();
+    let ok = dtype.is_some()
         && !dweight.is_host()
-        && is_f32(dweight)
+        && same_dtype(dweight)
         && dweight.shape() == w.shape()
-        && dbias.as_ref().is_none_or(|b| !b.is_host() && is_f32(b) && b.dims() == [w.dims()[0]]);
+        && dbias.as_ref().is_none_or(|b| !b.is_host() && same_dtype(b) && b.dims() == [w.dims()[0]]);
     if !ok {
         be.ctx.note_fallback("in place");
         let (x, w, d_out) = (be.to_host(x)?, be.to_host(w)?, be.to_host(d_out)?);
@@ -107,22 +120,26 @@ pub(crate) fn linear_backward_accumulate(
     if let Some(b) = dbias.as_ref() {
         b.ensure_writable(OP)?;
     }
-    be.linear_backward_native(OP, x, w, d_out, dweight, dbias.as_deref(), true)
+    let mut grads = vec![&*dweight];
+    grads.extend(dbias.as_deref());
+    let dx = be.update_widened(OP, &grads, |g| be.linear_backward_native(OP, x, w, d_out, &g[0], g.get(1), true))?;
+    be.narrow(OP, dx, dtype.unwrap_or(DType::F32))
 }
 
 impl WgpuBackend {
-    pub(crate) fn linear_backward_ok(x: &Tensor, w: &Tensor, d_out: &Tensor) -> bool {
-        Self::all_f32(&[x, w, d_out])
-            && x.rank() >= 1
+    /// The common dtype of a linear backward's operands when the kernels take them.
+    pub(crate) fn linear_backward_dtype(x: &Tensor, w: &Tensor, d_out: &Tensor) -> Option<DType> {
+        let ok = x.rank() >= 1
             && w.rank() == 2
             && x.shape().last_dim() == w.dims()[1]
             && d_out.rank() == x.rank()
             && d_out.dims()[..x.rank() - 1] == x.dims()[..x.rank() - 1]
-            && d_out.shape().last_dim() == w.dims()[0]
+            && d_out.shape().last_dim() == w.dims()[0];
+        common_float(&[x, w, d_out]).filter(|_| ok)
     }
 
-    /// dx = dy·W (returned), dW (+)= dyᵀ·x, dbias (+)= Σ_rows dy; W in row blocks
-    /// that each fit one binding.
+    /// dx = dy·W (returned, F32), dW (+)= dyᵀ·x, dbias (+)= Σ_rows dy into F32 device
+    /// tensors; W in row blocks that each fit one binding.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn linear_backward_native(
         &self,
@@ -136,7 +153,7 @@ impl WgpuBackend {
     ) -> Result<Tensor> {
         let (out, k) = (w.dims()[0], w.dims()[1]);
         let m = x.elem_count() / k.max(1);
-        let (x, w, dy) = (self.dev(x)?, self.dev(w)?, self.dev(d_out)?);
+        let (x, w, dy) = (self.widen(op, x)?, self.widen(op, w)?, self.widen(op, d_out)?);
         let dx = self.ctx.zeros(op, x.shape().clone(), DType::F32)?;
         if !accumulate && (m == 0 || k == 0) {
             self.ctx.zeros_into(op, dweight)?;

@@ -1,10 +1,12 @@
-//! Matmul family: plain, batched and backward through the strided GEMM kernel.
+//! Matmul family: plain, batched and backward through the strided GEMM kernel. F16/BF16
+//! operands are widened to f32 on the device and results stored in their dtype.
 
 use fusebox::cpu;
 use fusebox::{ComputeBackend, DType, MatmulGradients, Result, Shape, Tensor, ToBackend};
 
 use crate::backend::WgpuBackend;
-use crate::ops::{is_f32, MatView};
+use crate::ops::convert::common_float;
+use crate::ops::MatView;
 
 /// What `matmul` computes for given operands: shapes and strided views.
 #[derive(Debug, Clone)]
@@ -19,6 +21,8 @@ pub struct MatmulPlan {
     pub(crate) ta: bool,
     pub(crate) tb: bool,
     pub(crate) out_dims: Vec<usize>,
+    /// The operands' (and the result's) storage dtype.
+    pub(crate) dtype: DType,
 }
 
 pub(crate) fn matmul(be: &WgpuBackend, a: &Tensor, b: &Tensor, transpose_a: bool, transpose_b: bool) -> Result<Tensor> {
@@ -38,7 +42,9 @@ pub(crate) fn matmul_backward(
 ) -> Result<MatmulGradients> {
     let plan = be.matmul_plan(a, b, transpose_a, transpose_b);
     match plan {
-        Some(p) if is_f32(d_out) && d_out.dims() == p.out_dims.as_slice() => be.matmul_backward_native(a, b, d_out, p),
+        Some(p) if common_float(&[a, b, d_out]).is_some() && d_out.dims() == p.out_dims.as_slice() => {
+            be.matmul_backward_native(a, b, d_out, p)
+        }
         _ => fallback!(be, cpu::matmul::matmul_backward; [a, b, d_out], transpose_a, transpose_b),
     }
 }
@@ -58,7 +64,8 @@ pub(crate) fn batched_matmul(
 
 impl WgpuBackend {
     pub(crate) fn matmul_plan(&self, a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Option<MatmulPlan> {
-        if !Self::all_f32(&[a, b]) || a.rank() < 2 || b.rank() < 2 {
+        let dtype = common_float(&[a, b])?;
+        if a.rank() < 2 || b.rank() < 2 {
             return None;
         }
         let (ad, bd) = (a.dims(), b.dims());
@@ -78,25 +85,24 @@ impl WgpuBackend {
         let b_view = if tb { MatView::rows(k, bb).t() } else { MatView::rows(n, bb) };
         let mut out_dims = ad[..ar - 2].to_vec();
         out_dims.extend([m, n]);
-        Some(MatmulPlan { m, n, k, batch, a_view, b_view, b_shared, ta, tb, out_dims })
+        Some(MatmulPlan { m, n, k, batch, a_view, b_view, b_shared, ta, tb, out_dims, dtype })
     }
 
     pub(crate) fn matmul_native(&self, op: &'static str, a: &Tensor, b: &Tensor, p: MatmulPlan) -> Result<Tensor> {
-        let (a, b) = (self.dev(a)?, self.dev(b)?);
+        let (a, b) = (self.widen(op, a)?, self.widen(op, b)?);
         let c = self.ctx.zeros(op, Shape::new(p.out_dims.clone()), DType::F32)?;
-        if p.k == 0 {
-            return Ok(c);
+        if p.k > 0 {
+            self.ctx.gemm(
+                op,
+                (&a, p.a_view),
+                (&b, p.b_view),
+                None,
+                (&c, MatView::rows(p.n, p.m * p.n)),
+                (p.m, p.n, p.k, p.batch),
+                false,
+            )?;
         }
-        self.ctx.gemm(
-            op,
-            (&a, p.a_view),
-            (&b, p.b_view),
-            None,
-            (&c, MatView::rows(p.n, p.m * p.n)),
-            (p.m, p.n, p.k, p.batch),
-            false,
-        )?;
-        Ok(c)
+        self.narrow(op, c, p.dtype)
     }
 
     pub(crate) fn matmul_backward_native(
@@ -107,7 +113,7 @@ impl WgpuBackend {
         p: MatmulPlan,
     ) -> Result<MatmulGradients> {
         const OP: &str = "matmul_backward";
-        let (a, b, dc) = (self.dev(a)?, self.dev(b)?, self.dev(d_out)?);
+        let (a, b, dc) = (self.widen(OP, a)?, self.widen(OP, b)?, self.widen(OP, d_out)?);
         let (m, n, k, batch) = (p.m, p.n, p.k, p.batch);
         let dc_view = MatView::rows(n, m * n);
         let da = self.ctx.zeros(OP, a.shape().clone(), DType::F32)?;
@@ -158,6 +164,6 @@ impl WgpuBackend {
                 self.ctx.sum_rows(OP, db_target, batch, b_rows * b_cols, &db)?;
             }
         }
-        Ok(MatmulGradients { da, db })
+        Ok(MatmulGradients { da: self.narrow(OP, da, p.dtype)?, db: self.narrow(OP, db, p.dtype)? })
     }
 }

@@ -1,10 +1,13 @@
-//! RMS norm and layer norm, forward and backward.
+//! RMS norm and layer norm, forward and backward. F16/BF16 inputs are widened to f32 on
+//! the device and outputs and gradients stored in their dtype; the saved statistics
+//! (mean, rstd) are F32 whatever the input dtype, as on the CPU.
 
 use fusebox::cpu;
 use fusebox::{ComputeBackend, DType, NormGradients, NormOutput, Result, Shape, Tensor, ToBackend};
 
 use crate::backend::WgpuBackend;
 use crate::kernels;
+use crate::ops::convert::common_float;
 use crate::ops::{f, is_f32, u};
 
 /// The norms' `eps` rule (finite, ≥ 0); other values go to the CPU, which reports them.
@@ -17,16 +20,16 @@ pub(crate) const MAX_DW_ROWS: usize = 32768;
 
 pub(crate) fn rms_norm(be: &WgpuBackend, x: &Tensor, weight: &Tensor, eps: f32) -> Result<NormOutput> {
     const OP: &str = "rms_norm";
-    let dims = WgpuBackend::norm_dims(x, weight).filter(|_| WgpuBackend::all_f32(&[x, weight]) && eps_ok(eps));
-    let Some((rows, d)) = dims else {
+    let dims = WgpuBackend::norm_dims(x, weight).filter(|_| eps_ok(eps));
+    let (Some((rows, d)), Some(dtype)) = (dims, common_float(&[x, weight])) else {
         return fallback!(be, cpu::norm::rms_norm; [x, weight], eps);
     };
-    let (x, w) = (be.dev(x)?, be.dev(weight)?);
+    let (x, w) = (be.widen(OP, x)?, be.widen(OP, weight)?);
     let output = be.ctx.empty(OP, x.shape().clone(), DType::F32)?;
     let rstd = be.ctx.empty(OP, Shape::new(x.dims()[..x.rank() - 1].to_vec()), DType::F32)?;
     let params = [u(rows)?, u(d)?, f(eps)];
     be.ctx.dispatch(OP, &kernels::RMS_NORM, &[&x, &w, &output, &rstd], &params, rows as u64)?;
-    Ok(NormOutput { output, mean: None, rstd })
+    Ok(NormOutput { output: be.narrow(OP, output, dtype)?, mean: None, rstd })
 }
 
 pub(crate) fn rms_norm_backward(
@@ -38,7 +41,7 @@ pub(crate) fn rms_norm_backward(
 ) -> Result<NormGradients> {
     let dims = WgpuBackend::norm_dims(x, weight).filter(|&(rows, _)| {
         rows <= MAX_DW_ROWS
-            && WgpuBackend::all_f32(&[x, weight, d_out])
+            && common_float(&[x, weight, d_out]).is_some()
             && WgpuBackend::stat_ok(rstd, x)
             && d_out.shape() == x.shape()
     });
@@ -50,19 +53,18 @@ pub(crate) fn rms_norm_backward(
 
 pub(crate) fn layer_norm(be: &WgpuBackend, x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f32) -> Result<NormOutput> {
     const OP: &str = "layer_norm";
-    let dims = WgpuBackend::norm_dims(x, weight)
-        .filter(|_| WgpuBackend::all_f32(&[x, weight, bias]) && bias.shape() == weight.shape() && eps_ok(eps));
-    let Some((rows, d)) = dims else {
+    let dims = WgpuBackend::norm_dims(x, weight).filter(|_| bias.shape() == weight.shape() && eps_ok(eps));
+    let (Some((rows, d)), Some(dtype)) = (dims, common_float(&[x, weight, bias])) else {
         return fallback!(be, cpu::norm::layer_norm; [x, weight, bias], eps);
     };
-    let (x, w, b) = (be.dev(x)?, be.dev(weight)?, be.dev(bias)?);
+    let (x, w, b) = (be.widen(OP, x)?, be.widen(OP, weight)?, be.widen(OP, bias)?);
     let output = be.ctx.empty(OP, x.shape().clone(), DType::F32)?;
     let stat = Shape::new(x.dims()[..x.rank() - 1].to_vec());
     let mean = be.ctx.empty(OP, stat.clone(), DType::F32)?;
     let rstd = be.ctx.empty(OP, stat, DType::F32)?;
     let params = [u(rows)?, u(d)?, f(eps)];
     be.ctx.dispatch(OP, &kernels::LAYER_NORM, &[&x, &w, &b, &output, &mean, &rstd], &params, rows as u64)?;
-    Ok(NormOutput { output, mean: Some(mean), rstd })
+    Ok(NormOutput { output: be.narrow(OP, output, dtype)?, mean: Some(mean), rstd })
 }
 
 pub(crate) fn layer_norm_backward(
@@ -75,7 +77,7 @@ pub(crate) fn layer_norm_backward(
 ) -> Result<NormGradients> {
     let dims = WgpuBackend::norm_dims(x, weight).filter(|&(rows, _)| {
         rows <= MAX_DW_ROWS
-            && WgpuBackend::all_f32(&[x, weight, d_out])
+            && common_float(&[x, weight, d_out]).is_some()
             && WgpuBackend::stat_ok(rstd, x)
             && WgpuBackend::stat_ok(mean, x)
             && d_out.shape() == x.shape()
@@ -94,18 +96,17 @@ pub(crate) fn add_rms_norm(
     eps: f32,
 ) -> Result<(Tensor, NormOutput)> {
     const OP: &str = "add_rms_norm";
-    let dims = WgpuBackend::norm_dims(a, weight)
-        .filter(|_| WgpuBackend::all_f32(&[a, b, weight]) && a.shape() == b.shape() && eps_ok(eps));
-    let Some((rows, d)) = dims else {
+    let dims = WgpuBackend::norm_dims(a, weight).filter(|_| a.shape() == b.shape() && eps_ok(eps));
+    let (Some((rows, d)), Some(dtype)) = (dims, common_float(&[a, b, weight])) else {
         return fallback!(be, cpu::norm::add_rms_norm; [a, b, weight], eps);
     };
-    let (a, b, w) = (be.dev(a)?, be.dev(b)?, be.dev(weight)?);
+    let (a, b, w) = (be.widen(OP, a)?, be.widen(OP, b)?, be.widen(OP, weight)?);
     let s = be.ctx.empty(OP, a.shape().clone(), DType::F32)?;
     let output = be.ctx.empty(OP, a.shape().clone(), DType::F32)?;
     let rstd = be.ctx.empty(OP, Shape::new(a.dims()[..a.rank() - 1].to_vec()), DType::F32)?;
     let params = [u(rows)?, u(d)?, f(eps)];
     be.ctx.dispatch(OP, &kernels::ADD_RMS_NORM, &[&a, &b, &w, &s, &output, &rstd], &params, rows as u64)?;
-    Ok((s, NormOutput { output, mean: None, rstd }))
+    Ok((be.narrow(OP, s, dtype)?, NormOutput { output: be.narrow(OP, output, dtype)?, mean: None, rstd }))
 }
 
 impl WgpuBackend {
@@ -121,7 +122,8 @@ impl WgpuBackend {
         is_f32(t) && t.dims() == &x.dims()[..x.rank() - 1]
     }
 
-    /// dx of rms (mean None) or layer norm, plus dw and db.
+    /// dx of rms (mean None) or layer norm, plus dw and db, in x's dtype (x, w and dy of
+    /// one float dtype, the statistics F32).
     pub(crate) fn norm_backward_native(
         &self,
         op: &'static str,
@@ -132,7 +134,8 @@ impl WgpuBackend {
         dy: &Tensor,
         (rows, d): (usize, usize),
     ) -> Result<NormGradients> {
-        let (x, w, rstd, dy) = (self.dev(x)?, self.dev(w)?, self.dev(rstd)?, self.dev(dy)?);
+        let dtype = x.dtype();
+        let (x, w, rstd, dy) = (self.widen(op, x)?, self.widen(op, w)?, self.dev(rstd)?, self.widen(op, dy)?);
         let mean = mean.map(|m| self.dev(m)).transpose()?;
         let has_mean = mean.is_some() as u32;
         let m = mean.as_ref().unwrap_or(&rstd);
@@ -142,6 +145,10 @@ impl WgpuBackend {
         let params = [u(rows)?, u(d)?, has_mean];
         self.ctx.dispatch(op, &kernels::NORM_BACKWARD, &[&x, &w, m, &rstd, &dy, &dx], &params, rows as u64)?;
         self.ctx.flat(op, &kernels::NORM_DW, &[&x, m, &rstd, &dy, &dweight, &dbias], &params, d)?;
-        Ok(NormGradients { dx, dweight, dbias: mean.is_some().then_some(dbias) })
+        Ok(NormGradients {
+            dx: self.narrow(op, dx, dtype)?,
+            dweight: self.narrow(op, dweight, dtype)?,
+            dbias: mean.is_some().then(|| self.narrow(op, dbias, dtype)).transpose()?,
+        })
     }
 }

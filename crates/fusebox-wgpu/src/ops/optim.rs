@@ -1,11 +1,14 @@
-//! Optimizer ops: AdamW update and global gradient norm.
+//! Optimizer ops: AdamW update and global gradient norm. F16/BF16 parameters and
+//! gradients are widened on the device (the moments are F32, as the CPU requires); a
+//! 16-bit parameter is stepped in f32 and rounded once on the way back.
 
 use fusebox::cpu;
 use fusebox::{AdamWConfig, ComputeBackend, DType, Result, Tensor};
 
 use crate::backend::WgpuBackend;
 use crate::kernels;
-use crate::ops::{f, is_f32, u};
+use crate::ops::convert::common_float;
+use crate::ops::{f, u};
 
 pub(crate) fn adamw_update(
     be: &WgpuBackend,
@@ -28,7 +31,8 @@ pub(crate) fn adamw_update(
         && !param.is_host()
         && !m.is_host()
         && !v.is_host()
-        && WgpuBackend::all_f32(&[param, grad, m, v])
+        && common_float(&[param, grad]).is_some()
+        && WgpuBackend::all_f32(&[m, v])
         && grad.shape() == param.shape()
         && m.shape() == param.shape()
         && v.shape() == param.shape();
@@ -47,7 +51,7 @@ pub(crate) fn adamw_update(
     param.ensure_writable(OP)?;
     m.ensure_writable(OP)?;
     v.ensure_writable(OP)?;
-    let grad = be.dev(grad)?;
+    let grad = be.widen(OP, grad)?;
     let bc1 = 1.0 - (config.beta1 as f64).powf(step as f64);
     let bc2 = 1.0 - (config.beta2 as f64).powf(step as f64);
     let n = param.elem_count();
@@ -62,17 +66,18 @@ pub(crate) fn adamw_update(
         f((1.0 / bc2.sqrt()) as f32),
         f(config.grad_scale),
     ];
-    be.ctx.flat(OP, &kernels::ADAMW, &[param, &grad, m, v], &params, n)
+    be.update_widened(OP, &[&*param], |p| be.ctx.flat(OP, &kernels::ADAMW, &[&p[0], &grad, m, v], &params, n))
 }
 
 pub(crate) fn global_norm(be: &WgpuBackend, tensors: &[Tensor]) -> Result<f32> {
-    if tensors.iter().any(|t| t.is_host() || !is_f32(t)) {
+    if tensors.iter().any(|t| t.is_host() || common_float(&[t]).is_none()) {
         be.ctx.note_fallback("in place");
         let host = tensors.iter().map(|t| be.to_host(t)).collect::<Result<Vec<_>>>()?;
         return cpu::optim::global_norm(be.cpu(), &host);
     }
     // Every tensor's partials are queued before the first read, so they go out together.
-    let parts = tensors.iter().map(|t| be.queue_sum_squares(t)).collect::<Result<Vec<_>>>()?;
+    let parts =
+        tensors.iter().map(|t| be.queue_sum_squares(&be.widen("global_norm", t)?)).collect::<Result<Vec<_>>>()?;
     let mut total = 0.0f64;
     for part in parts.iter().flatten() {
         let host = be.to_host(part)?;

@@ -1,4 +1,7 @@
-//! Rotary position embedding, embedding lookup and row scatters.
+//! Rotary position embedding, embedding lookup and row scatters. F16/BF16: rope widens x
+//! (the tables stay F32) and narrows its output, a 16-bit table is gathered as bits, the
+//! embedding gradient is F32 from any float d_out, and a 16-bit scatter destination is
+//! updated through an f32 copy (each element rounded once).
 
 use fusebox::cpu;
 use fusebox::{in_place_on_cpu, ComputeBackend, DType, Result, RopeStyle, Shape, Tensor, ToBackend};
@@ -6,7 +9,8 @@ use fusebox::{in_place_on_cpu, ComputeBackend, DType, Result, RopeStyle, Shape, 
 use crate::backend::WgpuBackend;
 use crate::context::Context;
 use crate::kernels;
-use crate::ops::{f, is_f32, u};
+use crate::ops::convert::common_float;
+use crate::ops::{f, u};
 
 pub(crate) fn rope(
     be: &WgpuBackend,
@@ -38,7 +42,7 @@ pub(crate) fn rope_backward(
 
 pub(crate) fn embedding(be: &WgpuBackend, ids: &Tensor, table: &Tensor) -> Result<Tensor> {
     const OP: &str = "embedding";
-    let ok = ids.dtype() == DType::U32 && is_f32(table) && table.rank() == 2 && table.dims()[1] > 0;
+    let ok = ids.dtype() == DType::U32 && common_float(&[table]).is_some() && table.rank() == 2 && table.dims()[1] > 0;
     if !ok {
         return fallback!(be, cpu::embedding::embedding; [ids, table]);
     }
@@ -49,18 +53,23 @@ pub(crate) fn embedding(be: &WgpuBackend, ids: &Tensor, table: &Tensor) -> Resul
     }
     let mut dims = ids.dims().to_vec();
     dims.push(d);
-    let out = be.ctx.empty(OP, Shape::new(dims), DType::F32)?;
+    let out = be.ctx.empty(OP, Shape::new(dims), table.dtype())?;
     let n = out.elem_count();
     if n == 0 {
         return Ok(out);
     }
     let (ids, table) = (be.dev(ids)?, be.dev(table)?);
-    let per = be.ctx.rows_per_binding(d);
+    // 16-bit tables: one thread per output word, blocks starting on a word.
+    let (kernel, items, per) = if table.dtype() == DType::F32 {
+        (&kernels::EMBEDDING, n, be.ctx.rows_per_binding(d))
+    } else {
+        (&kernels::EMBEDDING16, n.div_ceil(2), (be.ctx.rows_per_binding(d) & !1).max(2))
+    };
     let mut r0 = 0;
     while r0 < vocab {
         let r1 = (r0 + per).min(vocab);
         let block = Context::row_block(&table, d, r0, r1 - r0)?;
-        be.ctx.flat(OP, &kernels::EMBEDDING, &[&ids, &block, &out], &[u(n)?, u(d)?, u(r0)?, u(r1)?], n)?;
+        be.ctx.flat(OP, kernel, &[&ids, &block, &out], &[u(n)?, u(d)?, u(r0)?, u(r1)?], items)?;
         r0 = r1;
     }
     Ok(out)
@@ -69,7 +78,7 @@ pub(crate) fn embedding(be: &WgpuBackend, ids: &Tensor, table: &Tensor) -> Resul
 pub(crate) fn embedding_backward(be: &WgpuBackend, ids: &Tensor, d_out: &Tensor, vocab: usize) -> Result<Tensor> {
     const OP: &str = "embedding_backward";
     let ok = ids.dtype() == DType::U32
-        && is_f32(d_out)
+        && common_float(&[d_out]).is_some()
         && d_out.rank() == ids.rank() + 1
         && d_out.dims()[..ids.rank()] == *ids.dims()
         && d_out.shape().last_dim() > 0;
@@ -83,7 +92,7 @@ pub(crate) fn embedding_backward(be: &WgpuBackend, ids: &Tensor, d_out: &Tensor,
     }
     let d = d_out.shape().last_dim();
     let table = be.ctx.zeros(OP, [vocab, d], DType::F32)?;
-    let src = be.dev(d_out)?;
+    let src = be.widen(OP, d_out)?;
     be.scatter_rows(OP, &table, idv, &src, d, false)?;
     Ok(table)
 }
@@ -91,7 +100,7 @@ pub(crate) fn embedding_backward(be: &WgpuBackend, ids: &Tensor, d_out: &Tensor,
 pub(crate) fn scatter_add_rows(be: &WgpuBackend, dst: &mut Tensor, ids: &Tensor, src: &Tensor) -> Result<()> {
     const OP: &str = "scatter_add_rows";
     let ok = !dst.is_host()
-        && WgpuBackend::all_f32(&[dst, src])
+        && common_float(&[dst, src]).is_some()
         && ids.dtype() == DType::U32
         && ids.rank() == 1
         && dst.rank() >= 1
@@ -111,9 +120,9 @@ pub(crate) fn scatter_add_rows(be: &WgpuBackend, dst: &mut Tensor, ids: &Tensor,
     }
     dst.ensure_writable(OP)?;
     let d = dst.elem_count() / rows.max(1);
-    let src = be.dev(src)?;
+    let src = be.widen(OP, src)?;
     let idv = host_ids.as_ref().map(|h| h.as_slice::<u32>()).transpose()?.unwrap_or(&[]);
-    be.scatter_rows(OP, dst, idv, &src, d, true)
+    be.update_widened(OP, &[&*dst], |dst| be.scatter_rows(OP, &dst[0], idv, &src, d, true))
 }
 
 impl WgpuBackend {
@@ -184,9 +193,10 @@ impl WgpuBackend {
         offset: usize,
         sign: f32,
     ) -> Result<Option<Tensor>> {
-        if !Self::all_f32(&[x, cos, sin]) || x.rank() != 4 || cos.rank() != 2 || cos.shape() != sin.shape() {
+        let tables_ok = Self::all_f32(&[cos, sin]) && cos.rank() == 2 && cos.shape() == sin.shape();
+        let Some(dtype) = common_float(&[x]).filter(|_| tables_ok && x.rank() == 4) else {
             return Ok(None);
-        }
+        };
         let dx = x.dims();
         let (t, dim) = (dx[2], dx[3]);
         let half = dim / 2;
@@ -197,11 +207,11 @@ impl WgpuBackend {
         {
             return Ok(None);
         }
-        let (x, cos, sin) = (self.dev(x)?, self.dev(cos)?, self.dev(sin)?);
+        let (x, cos, sin) = (self.widen(op, x)?, self.dev(cos)?, self.dev(sin)?);
         let out = self.ctx.empty(op, x.shape().clone(), DType::F32)?;
         let n = x.elem_count() / 2;
         let params = [u(n)?, u(t)?, u(half)?, (style == RopeStyle::Interleaved) as u32, u(offset)?, f(sign)];
         self.ctx.flat(op, &kernels::ROPE, &[&x, &cos, &sin, &out], &params, n)?;
-        Ok(Some(out))
+        self.narrow(op, out, dtype).map(Some)
     }
 }

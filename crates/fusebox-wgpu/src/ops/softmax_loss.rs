@@ -1,4 +1,6 @@
-//! Softmax, log-softmax and cross-entropy.
+//! Softmax, log-softmax and cross-entropy. F16/BF16 inputs are widened to f32 on the
+//! device; softmax results are stored in the input dtype, cross-entropy's loss and
+//! d_logits are F32 whatever the logits' dtype, as on the CPU.
 
 use fusebox::cpu;
 use fusebox::{ComputeBackend, CrossEntropyOutput, DType, Result, Shape, Tensor, ToBackend};
@@ -6,7 +8,7 @@ use fusebox::{ComputeBackend, CrossEntropyOutput, DType, Result, Shape, Tensor, 
 use crate::backend::WgpuBackend;
 use crate::kernels;
 use crate::ops::convert::common_float;
-use crate::ops::{f, is_f32, u, Un};
+use crate::ops::{f, u, Un};
 
 pub(crate) fn softmax(be: &WgpuBackend, x: &Tensor, dim: usize) -> Result<Tensor> {
     match be.softmax_native("softmax", x, dim, 0)? {
@@ -17,16 +19,16 @@ pub(crate) fn softmax(be: &WgpuBackend, x: &Tensor, dim: usize) -> Result<Tensor
 
 pub(crate) fn softmax_backward(be: &WgpuBackend, y: &Tensor, d_out: &Tensor, dim: usize) -> Result<Tensor> {
     const OP: &str = "softmax_backward";
-    let ok = WgpuBackend::all_f32(&[y, d_out]) && y.rank() > 0 && dim + 1 == y.rank() && y.shape() == d_out.shape();
-    if !ok || y.shape().last_dim() == 0 {
+    let ok = y.rank() > 0 && dim + 1 == y.rank() && y.shape() == d_out.shape() && y.shape().last_dim() > 0;
+    let Some(dtype) = common_float(&[y, d_out]).filter(|_| ok) else {
         return fallback!(be, cpu::softmax::softmax_backward; [y, d_out], dim);
-    }
-    let (y, dy) = (be.dev(y)?, be.dev(d_out)?);
+    };
+    let (y, dy) = (be.widen(OP, y)?, be.widen(OP, d_out)?);
     let d = y.shape().last_dim();
     let rows = y.elem_count() / d;
     let dx = be.ctx.empty(OP, y.shape().clone(), DType::F32)?;
     be.ctx.dispatch(OP, &kernels::SOFTMAX_BACKWARD, &[&y, &dy, &dx], &[u(rows)?, u(d)?], rows as u64)?;
-    Ok(dx)
+    be.narrow(OP, dx, dtype)
 }
 
 pub(crate) fn log_softmax(be: &WgpuBackend, x: &Tensor, dim: usize) -> Result<Tensor> {
@@ -79,7 +81,11 @@ impl WgpuBackend {
         ignore: Option<u32>,
         d_loss: f32,
     ) -> Result<Option<(Tensor, Tensor, usize)>> {
-        if !is_f32(logits) || logits.rank() != 2 || targets.dtype() != DType::U32 || targets.rank() != 1 {
+        if common_float(&[logits]).is_none()
+            || logits.rank() != 2
+            || targets.dtype() != DType::U32
+            || targets.rank() != 1
+        {
             return Ok(None);
         }
         let (n, vocab) = (logits.dims()[0], logits.dims()[1]);
@@ -92,7 +98,7 @@ impl WgpuBackend {
             return Ok(None);
         }
         let count = ts.iter().filter(|&&t| Some(t) != ignore).count();
-        let (logits, targets) = (self.dev(logits)?, self.dev(targets)?);
+        let (logits, targets) = (self.widen(op, logits)?, self.dev(targets)?);
         let row_loss = self.ctx.empty(op, [n], DType::F32)?;
         let d_logits = self.ctx.empty(op, [n, vocab], DType::F32)?;
         let scale = if count > 0 { d_loss / count as f32 } else { 0.0 };

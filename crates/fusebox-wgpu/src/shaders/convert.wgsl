@@ -59,7 +59,8 @@ fn store16(k: u32, bits: u32) -> u32 {
 }
 
 // params: n, input kind, output kind. One thread per output element (f32 output) or
-// per output word (two 16-bit elements).
+// per output word (two 16-bit elements). Writes only the output's own elements, so a
+// 16-bit output may be a view into a live tensor (`narrow_into`).
 @compute @workgroup_size(256)
 fn cast_float(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let i = flat_group(wid) * 256u + lid.x;
@@ -74,6 +75,12 @@ fn cast_float(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     let e = 2u * i;
     if (e >= n) { return; }
     var w = store16(outk, load_bits(ik, e));
-    if (e + 1u < n) { w = w | (store16(outk, load_bits(ik, e + 1u)) << 16u); }
+    if (e + 1u < n) {
+        w = w | (store16(outk, load_bits(ik, e + 1u)) << 16u);
+    } else {
+        // An odd count's last word: its high half is not ours (the next part of a
+        // partitioned buffer, or padding), keep it.
+        w = w | (yout[off(1u) + i] & 0xffff0000u);
+    }
     yout[off(1u) + i] = w;
 }
