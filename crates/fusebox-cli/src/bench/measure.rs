@@ -60,6 +60,47 @@ pub fn time(budget: Budget, mut f: impl FnMut() -> Result<()>) -> Result<Timing>
     Ok(Timing { median_s: times[times.len() / 2], min_s: times[0], reps: times.len() })
 }
 
+/// Interleaved timing of `n` calls that are compared with each other: every rep calls
+/// `f(0)`, `f(1)`, … `f(n − 1)` once each, timing each call, after `budget.warmup` untimed
+/// rounds; reps continue until `min_time` (all calls together) and `min_reps`, or
+/// `max_reps`. Returns the times per call, rep by rep. On a machine shared with other
+/// work the speed drifts by tens of percent within seconds; calls timed side by side see
+/// the same state, so per-rep ratios ([`median_ratio`]) are far steadier than ratios of
+/// separately measured medians.
+pub fn time_interleaved(budget: Budget, n: usize, mut f: impl FnMut(usize) -> Result<()>) -> Result<Vec<Vec<f64>>> {
+    for _ in 0..budget.warmup {
+        for k in 0..n {
+            f(k)?;
+        }
+    }
+    let mut times = vec![Vec::new(); n];
+    let start = Instant::now();
+    let mut reps = 0;
+    while reps < budget.max_reps.max(1) && (reps < budget.min_reps.max(1) || start.elapsed() < budget.min_time) {
+        for (k, t) in times.iter_mut().enumerate() {
+            let s = Instant::now();
+            f(k)?;
+            t.push(s.elapsed().as_secs_f64());
+        }
+        reps += 1;
+    }
+    Ok(times)
+}
+
+/// Median and fastest of a set of call times.
+pub fn timing_of(times: &[f64]) -> Timing {
+    let mut sorted = times.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    Timing { median_s: sorted[sorted.len() / 2], min_s: sorted[0], reps: sorted.len() }
+}
+
+/// The median over reps of `a[i] / b[i]`.
+pub fn median_ratio(a: &[f64], b: &[f64]) -> f64 {
+    let mut r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+    r.sort_by(f64::total_cmp);
+    r[r.len() / 2]
+}
+
 /// Runs `f`, turning a panic (a kernel that is not written yet, say) into an error, so one
 /// missing kernel does not end the whole bench. The panic message is not printed.
 pub fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
@@ -111,9 +152,9 @@ pub fn random_ids(n: usize, bound: u32, seed: u64) -> Result<Tensor> {
 
 /// Best sgemm GFLOP/s of the backend's own `matmul` at `n`³ (f32, no transposes).
 ///
-/// Peak references (this and the bandwidths below) use the fastest call, not the median:
-/// on a machine that other work shares, the best call is the closest to what the hardware
-/// can do, so "% of peak" stays conservative.
+/// The peak reference uses the fastest call, not the median: on a machine that other work
+/// shares, the best call is the closest to what the hardware can do, so "% of peak" stays
+/// conservative. (Bandwidth references are timed beside their op instead, [`Bandwidth`].)
 pub fn sgemm_gflops(cpu: &CpuBackend, n: usize, budget: Budget) -> Result<f64> {
     let a = random(&[n, n], 11, 1.0)?;
     let b = random(&[n, n], 12, 1.0)?;
@@ -137,30 +178,50 @@ fn sum_lanes(x: &[f32]) -> f32 {
 /// The block each worker reads or copies: large enough that the split costs nothing.
 const BLOCK: usize = 64 * 1024;
 
-/// Read bandwidth in GB/s (fastest call): a vectorized sum over `bytes` of f32 on the backend's threads.
-pub fn read_bandwidth(cpu: &CpuBackend, bytes: usize, budget: Budget) -> Result<f64> {
-    let x = vec![1f32; (bytes / 4).max(BLOCK)];
-    let mut sink = 0f32;
-    let t = time(budget, || {
-        sink += cpu.install(|| x.par_chunks(BLOCK).map(sum_lanes).sum::<f32>());
-        Ok(())
-    })?;
-    std::hint::black_box(sink);
-    Ok((x.len() * 4) as f64 / t.min_s / 1e9)
+/// A memory bandwidth reference, called beside the op it is compared with
+/// ([`time_interleaved`]): its buffers are made once.
+pub enum Bandwidth {
+    /// A vectorized sum over the buffer (bytes read).
+    Read { x: Vec<f32>, sink: f32 },
+    /// `copy_from_slice` between two buffers (bytes read + bytes written).
+    Copy { src: Vec<f32>, dst: Vec<f32> },
 }
 
-/// Copy bandwidth in GB/s (fastest call; bytes read + bytes written): `copy_from_slice` between two
-/// buffers that together hold `bytes`, on the backend's threads.
-pub fn copy_bandwidth(cpu: &CpuBackend, bytes: usize, budget: Budget) -> Result<f64> {
-    let n = (bytes / 8).max(BLOCK);
-    let src = vec![1f32; n];
-    let mut dst = vec![0f32; n];
-    let t = time(budget, || {
-        cpu.install(|| dst.par_chunks_mut(BLOCK).zip(src.par_chunks(BLOCK)).for_each(|(d, s)| d.copy_from_slice(s)));
-        std::hint::black_box(&mut dst);
-        Ok(())
-    })?;
-    Ok((n * 8) as f64 / t.min_s / 1e9)
+impl Bandwidth {
+    /// Reads `bytes` of f32.
+    pub fn read(bytes: usize) -> Bandwidth {
+        Bandwidth::Read { x: vec![1f32; (bytes / 4).max(BLOCK)], sink: 0.0 }
+    }
+
+    /// Copies between two buffers that together hold `bytes`.
+    pub fn copy(bytes: usize) -> Bandwidth {
+        let n = (bytes / 8).max(BLOCK);
+        Bandwidth::Copy { src: vec![1f32; n], dst: vec![0f32; n] }
+    }
+
+    /// Bytes one call moves.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Bandwidth::Read { x, .. } => x.len() * 4,
+            Bandwidth::Copy { src, .. } => src.len() * 8,
+        }
+    }
+
+    /// One pass, on the backend's threads.
+    pub fn run(&mut self, cpu: &CpuBackend) {
+        match self {
+            Bandwidth::Read { x, sink } => {
+                *sink += cpu.install(|| x.par_chunks(BLOCK).map(sum_lanes).sum::<f32>());
+                std::hint::black_box(sink);
+            }
+            Bandwidth::Copy { src, dst } => {
+                cpu.install(|| {
+                    dst.par_chunks_mut(BLOCK).zip(src.par_chunks(BLOCK)).for_each(|(d, s)| d.copy_from_slice(s))
+                });
+                std::hint::black_box(dst);
+            }
+        }
+    }
 }
 
 /// `VmHWM` and `VmRSS` from `/proc/self/status`, in bytes (Linux only).
