@@ -17,3 +17,14 @@ fn single_threaded_cpu_backend_passes_the_conformance_suite() {
     let report = fusebox_conformance::run_suite(&backend);
     assert!(report.passed(), "conformance failures (1 thread):\n{}", report.summary());
 }
+
+/// Every fresh output streamed (non-temporal stores, see `fusebox::cpu::output`) instead of
+/// only those beyond the caches. The threshold is process-wide, so the other tests may
+/// stream too while this one runs; stored values are the same either way.
+#[test]
+fn cpu_backend_passes_with_streaming_stores_everywhere() {
+    fusebox::cpu::output::set_stream_threshold(1);
+    let report = fusebox_conformance::run_suite(&CpuBackend::new());
+    fusebox::cpu::output::set_stream_threshold(0);
+    assert!(report.passed(), "conformance failures (streaming stores):\n{}", report.summary());
+}

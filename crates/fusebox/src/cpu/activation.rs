@@ -16,10 +16,9 @@
 
 use std::borrow::Cow;
 
-use crate::cpu::pool::SharedMut;
-use crate::cpu::simd::{fast_exp, multiversion, Isa};
+use crate::cpu::output::{self, Dst, OutputSpec};
+use crate::cpu::simd::{fast_exp, multiversion};
 use crate::cpu::{check, convert, CpuBackend};
-use crate::dtype::DType;
 use crate::error::Result;
 use crate::tensor::Tensor;
 use crate::types::{GeluForm, PairGradients};
@@ -40,16 +39,16 @@ const GELU_CUBIC: f32 = 0.044_715;
 
 /// `σ(x) = 1/(1 + e^−x)`; `e^−x` overflowing to +∞ gives exactly 0.
 #[inline(always)]
-fn sigmoid1(x: f32) -> f32 {
-    1.0 / (1.0 + fast_exp(-x))
+fn sigmoid1<const FMA: bool>(x: f32) -> f32 {
+    1.0 / (1.0 + fast_exp::<FMA>(-x))
 }
 
 /// `tanh(x)`, branch-free: a short Taylor series near 0 (where `1 − e^−2|x|` would cancel),
 /// the exp form elsewhere.
 #[inline(always)]
-fn tanh1(x: f32) -> f32 {
+fn tanh1<const FMA: bool>(x: f32) -> f32 {
     let a = x.abs();
-    let e = fast_exp(-2.0 * a);
+    let e = fast_exp::<FMA>(-2.0 * a);
     let far = ((1.0 - e) / (1.0 + e)).copysign(x);
     // tanh x = x − x³/3 + 2x⁵/15 − 17x⁷/315 + 62x⁹/2835 − 1382x¹¹/155925 + …
     let x2 = x * x;
@@ -67,7 +66,7 @@ fn tanh1(x: f32) -> f32 {
 /// `erfc(x)` (Numerical Recipes `erfcc`, fractional error < 1.2e-7): `t·exp(−z² + P(t))`,
 /// `t = 1/(1 + z/2)`, `z = |x|`, reflected with `erfc(−z) = 2 − erfc(z)`.
 #[inline(always)]
-fn erfc1(x: f32) -> f32 {
+fn erfc1<const FMA: bool>(x: f32) -> f32 {
     let z = x.abs();
     let t = 1.0 / (1.0 + 0.5 * z);
     let p = -1.265_512_2
@@ -77,7 +76,7 @@ fn erfc1(x: f32) -> f32 {
                     + t * (-0.186_288_06
                         + t * (0.278_868_07
                             + t * (-1.135_204 + t * (1.488_515_9 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
-    let r = t * fast_exp(-z * z + p);
+    let r = t * fast_exp::<FMA>(-z * z + p);
     if x >= 0.0 {
         r
     } else {
@@ -87,15 +86,15 @@ fn erfc1(x: f32) -> f32 {
 
 /// `Φ(x) = ½·erfc(−x/√2)`, the standard normal CDF (accurate in both tails).
 #[inline(always)]
-fn normal_cdf1(x: f32) -> f32 {
-    0.5 * erfc1(-x * std::f32::consts::FRAC_1_SQRT_2)
+fn normal_cdf1<const FMA: bool>(x: f32) -> f32 {
+    0.5 * erfc1::<FMA>(-x * std::f32::consts::FRAC_1_SQRT_2)
 }
 
 /// `φ(x) = e^(−x²/2)/√(2π)`, the standard normal density.
 #[inline(always)]
-fn normal_pdf1(x: f32) -> f32 {
+fn normal_pdf1<const FMA: bool>(x: f32) -> f32 {
     const INV_SQRT_2PI: f32 = 0.398_942_3;
-    INV_SQRT_2PI * fast_exp(-0.5 * x * x)
+    INV_SQRT_2PI * fast_exp::<FMA>(-0.5 * x * x)
 }
 
 /// `ln(1 + u)` for `u ∈ [0, 1]`: `2·atanh(s)`, `s = u/(2 + u) ≤ 1/3`, by the odd series.
@@ -113,70 +112,78 @@ fn ln_1p_unit(u: f32) -> f32 {
 /// `gelu(x)` tanh form: `½x(1 + tanh u) = x·σ(2u)`, `u = √(2/π)(x + 0.044715x³)`; the σ form
 /// does not cancel for large negative x.
 #[inline(always)]
-fn gelu_tanh1(x: f32) -> f32 {
+fn gelu_tanh1<const FMA: bool>(x: f32) -> f32 {
     let u = SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x);
-    x * sigmoid1(2.0 * u)
+    x * sigmoid1::<FMA>(2.0 * u)
 }
 
 /// `gelu'(x)` tanh form: with `s = σ(2u)`, `d/dx x·s = s + 2x·s(1 − s)·u'`, `u' = √(2/π)(1 + 3·0.044715x²)`.
 #[inline(always)]
-fn gelu_tanh_grad1(x: f32) -> f32 {
+fn gelu_tanh_grad1<const FMA: bool>(x: f32) -> f32 {
     let u = SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x);
     let du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * x * x);
-    let s = sigmoid1(2.0 * u);
+    let s = sigmoid1::<FMA>(2.0 * u);
     s + 2.0 * x * s * (1.0 - s) * du
 }
 
 /// `softplus(x) = max(x, 0) + ln(1 + e^−|x|)`: equal to `max(x, ln(1 + e^min(x, 88)))` within
 /// f32 rounding, without overflow, and exact in relative terms for very negative x.
 #[inline(always)]
-fn softplus1(x: f32) -> f32 {
+fn softplus1<const FMA: bool>(x: f32) -> f32 {
     let pos = if x > 0.0 { x } else { 0.0 };
-    pos + ln_1p_unit(fast_exp(-x.abs()))
+    pos + ln_1p_unit(fast_exp::<FMA>(-x.abs()))
 }
 
 // ──────────────────────────────────── per-ISA kernels ────────────────────────────────────
 
-/// Defines a multiversioned `$name(src, dst)` with `dst[i] = f(src[i])`, over 16-lane chunks.
+/// Defines a multiversioned `$name(src, out)` writing `out[i] = f(src[i])` tile by tile,
+/// over 16-lane chunks.
 macro_rules! unary_kernel {
     ($name:ident, $doc:literal, |$x:ident| $e:expr) => {
         multiversion! {
             #[doc = $doc]
-            pub fn $name(src: &[f32], dst: &mut [f32]) {
-                let mut sc = src.chunks_exact(LANES);
-                let mut dc = dst.chunks_exact_mut(LANES);
-                for (sv, dv) in (&mut sc).zip(&mut dc) {
-                    for l in 0..LANES {
-                        let $x = sv[l];
-                        dv[l] = $e;
+            pub fn $name(src: &[f32], out: Dst<'_>) {
+                out.write(#[inline(always)] |start, tile| {
+                    let src = &src[start..start + tile.len()];
+                    let mut sc = src.chunks_exact(LANES);
+                    let mut dc = tile.chunks_exact_mut(LANES);
+                    for (sv, dv) in (&mut sc).zip(&mut dc) {
+                        for l in 0..LANES {
+                            let $x = sv[l];
+                            dv[l] = $e;
+                        }
                     }
-                }
-                for (&$x, d) in sc.remainder().iter().zip(dc.into_remainder()) {
-                    *d = $e;
-                }
+                    for (&$x, d) in sc.remainder().iter().zip(dc.into_remainder()) {
+                        *d = $e;
+                    }
+                })
             }
         }
     };
 }
 
-/// Defines a multiversioned `$name(a, b, dst)` with `dst[i] = f(a[i], b[i])`, over 16-lane chunks.
+/// Defines a multiversioned `$name(a, b, out)` writing `out[i] = f(a[i], b[i])` tile by
+/// tile, over 16-lane chunks.
 macro_rules! binary_kernel {
     ($name:ident, $doc:literal, |$a:ident, $b:ident| $e:expr) => {
         multiversion! {
             #[doc = $doc]
-            pub fn $name(a: &[f32], b: &[f32], dst: &mut [f32]) {
-                let mut ac = a.chunks_exact(LANES);
-                let mut bc = b.chunks_exact(LANES);
-                let mut dc = dst.chunks_exact_mut(LANES);
-                for ((av, bv), dv) in (&mut ac).zip(&mut bc).zip(&mut dc) {
-                    for l in 0..LANES {
-                        let ($a, $b) = (av[l], bv[l]);
-                        dv[l] = $e;
+            pub fn $name(a: &[f32], b: &[f32], out: Dst<'_>) {
+                out.write(#[inline(always)] |start, tile| {
+                    let range = start..start + tile.len();
+                    let mut ac = a[range.clone()].chunks_exact(LANES);
+                    let mut bc = b[range].chunks_exact(LANES);
+                    let mut dc = tile.chunks_exact_mut(LANES);
+                    for ((av, bv), dv) in (&mut ac).zip(&mut bc).zip(&mut dc) {
+                        for l in 0..LANES {
+                            let ($a, $b) = (av[l], bv[l]);
+                            dv[l] = $e;
+                        }
                     }
-                }
-                for ((&$a, &$b), d) in ac.remainder().iter().zip(bc.remainder()).zip(dc.into_remainder()) {
-                    *d = $e;
-                }
+                    for ((&$a, &$b), d) in ac.remainder().iter().zip(bc.remainder()).zip(dc.into_remainder()) {
+                        *d = $e;
+                    }
+                })
             }
         }
     };
@@ -186,57 +193,54 @@ macro_rules! binary_kernel {
 mod lanes {
     use super::*;
 
-    unary_kernel!(silu, "`x·σ(x)`", |x| x * sigmoid1(x));
-    unary_kernel!(sigmoid, "`σ(x)`", |x| sigmoid1(x));
-    unary_kernel!(tanh, "`tanh(x)`", |x| tanh1(x));
+    unary_kernel!(silu, "`x·σ(x)`", |x| x * sigmoid1::<FMA>(x));
+    unary_kernel!(sigmoid, "`σ(x)`", |x| sigmoid1::<FMA>(x));
+    unary_kernel!(tanh, "`tanh(x)`", |x| tanh1::<FMA>(x));
     unary_kernel!(relu, "`max(x, 0)` (NaN stays NaN)", |x| if x < 0.0 { 0.0 } else { x });
-    unary_kernel!(gelu_tanh, "GELU, tanh form", |x| gelu_tanh1(x));
-    unary_kernel!(gelu_erf, "GELU, erf form: `x·Φ(x)`", |x| x * normal_cdf1(x));
-    unary_kernel!(softplus, "`max(x, 0) + ln(1 + e^−|x|)`", |x| softplus1(x));
+    unary_kernel!(gelu_tanh, "GELU, tanh form", |x| gelu_tanh1::<FMA>(x));
+    unary_kernel!(gelu_erf, "GELU, erf form: `x·Φ(x)`", |x| x * normal_cdf1::<FMA>(x));
+    unary_kernel!(softplus, "`max(x, 0) + ln(1 + e^−|x|)`", |x| softplus1::<FMA>(x));
 
     binary_kernel!(silu_grad, "`dy·σ(x)·(1 + x·(1 − σ(x)))`", |x, dy| {
-        let s = sigmoid1(x);
+        let s = sigmoid1::<FMA>(x);
         dy * s * (1.0 + x * (1.0 - s))
     });
     binary_kernel!(sigmoid_grad, "`dy·σ(x)·(1 − σ(x))`", |x, dy| {
-        let s = sigmoid1(x);
+        let s = sigmoid1::<FMA>(x);
         dy * s * (1.0 - s)
     });
     binary_kernel!(tanh_grad, "`dy·(1 − tanh²(x))`", |x, dy| {
-        let t = tanh1(x);
+        let t = tanh1::<FMA>(x);
         dy * (1.0 - t * t)
     });
     binary_kernel!(relu_grad, "`dy·[x > 0]`", |x, dy| if x > 0.0 { dy } else { 0.0 });
-    binary_kernel!(gelu_tanh_grad, "`dy·gelu'(x)`, tanh form", |x, dy| dy * gelu_tanh_grad1(x));
+    binary_kernel!(gelu_tanh_grad, "`dy·gelu'(x)`, tanh form", |x, dy| dy * gelu_tanh_grad1::<FMA>(x));
     binary_kernel!(gelu_erf_grad, "`dy·(Φ(x) + x·φ(x))`, erf form", |x, dy| dy
-        * (normal_cdf1(x) + x * normal_pdf1(x)));
-    binary_kernel!(silu_mul, "`silu(gate)·up`", |g, u| g * sigmoid1(g) * u);
+        * (normal_cdf1::<FMA>(x) + x * normal_pdf1::<FMA>(x)));
+    binary_kernel!(silu_mul, "`silu(gate)·up`", |g, u| g * sigmoid1::<FMA>(g) * u);
 
     multiversion! {
         /// `d_gate = dy·up·σ(g)(1 + g(1 − σ(g)))`, `d_up = dy·g·σ(g)`.
-        pub fn silu_mul_grad(gate: &[f32], up: &[f32], dy: &[f32], d_gate: &mut [f32], d_up: &mut [f32]) {
-            let n = gate.len().min(up.len()).min(dy.len()).min(d_gate.len()).min(d_up.len());
-            let (gate, up, dy, d_gate, d_up) = (&gate[..n], &up[..n], &dy[..n], &mut d_gate[..n], &mut d_up[..n]);
-            for i in 0..n {
-                let (g, u, d) = (gate[i], up[i], dy[i]);
-                let s = sigmoid1(g);
-                d_gate[i] = d * u * s * (1.0 + g * (1.0 - s));
-                d_up[i] = d * g * s;
-            }
+        pub fn silu_mul_grad(gate: &[f32], up: &[f32], dy: &[f32], d_gate: Dst<'_>, d_up: Dst<'_>) {
+            d_gate.write_pair(d_up, #[inline(always)] |start, dg, du| {
+                let n = dg.len();
+                let (gate, up, dy) = (&gate[start..start + n], &up[start..start + n], &dy[start..start + n]);
+                let du = &mut du[..n];
+                for i in 0..n {
+                    let (g, u, d) = (gate[i], up[i], dy[i]);
+                    let s = sigmoid1::<FMA>(g);
+                    dg[i] = d * u * s * (1.0 + g * (1.0 - s));
+                    du[i] = d * g * s;
+                }
+            })
         }
     }
 }
 
 // ─────────────────────────────────────── drivers ───────────────────────────────────────
 
-/// Elements per parallel task: about four tasks per thread, at least 4096 elements (below
-/// that a task costs more than it saves), a multiple of the lane count.
-fn chunk_len(cpu: &CpuBackend, n: usize) -> usize {
-    n.div_ceil(cpu.threads().max(1) * 4).max(4096).next_multiple_of(LANES)
-}
-
-/// Elements per output block of the elementwise maps: L1-sized, so the block is zeroed and
-/// then written while cache-hot (see `convert::f32_output_chunks`); a multiple of the lanes.
+/// Elements per parallel task of the elementwise maps (written tile by tile through
+/// `output::Dst`); a multiple of the lanes.
 const OUT_BLOCK: usize = 8192;
 
 /// `y = kernel(x)` elementwise, in x's dtype.
@@ -245,13 +249,13 @@ fn map_unary(
     op: &'static str,
     x: &Tensor,
     work: usize,
-    kernel: fn(&[f32], &mut [f32]),
+    kernel: fn(&[f32], Dst<'_>),
 ) -> Result<Tensor> {
     check::float(op, "x", x)?;
     let xs = convert::f32_data(op, "x", x)?;
-    convert::f32_output_chunks(cpu, x.shape(), x.dtype(), OUT_BLOCK, work, |i, dst| {
-        let start = i * OUT_BLOCK;
-        kernel(&xs[start..start + dst.len()], dst);
+    output::fresh_tensor(cpu, op, x.shape(), x.dtype(), OUT_BLOCK, work, |i, dst| {
+        let at = i * OUT_BLOCK;
+        kernel(&xs[at..at + dst.len()], dst)
     })
 }
 
@@ -277,12 +281,12 @@ fn map_binary(
     a: (&str, &Tensor),
     b: (&str, &Tensor),
     work: usize,
-    kernel: fn(&[f32], &[f32], &mut [f32]),
+    kernel: fn(&[f32], &[f32], Dst<'_>),
 ) -> Result<Tensor> {
     let (av, bv) = read_pair(op, a, b)?;
-    convert::f32_output_chunks(cpu, a.1.shape(), a.1.dtype(), OUT_BLOCK, work, |i, dst| {
+    output::fresh_tensor(cpu, op, a.1.shape(), a.1.dtype(), OUT_BLOCK, work, |i, dst| {
         let range = i * OUT_BLOCK..i * OUT_BLOCK + dst.len();
-        kernel(&av[range.clone()], &bv[range], dst);
+        kernel(&av[range.clone()], &bv[range], dst)
     })
 }
 
@@ -293,7 +297,7 @@ fn unary_backward(
     x: &Tensor,
     d_out: &Tensor,
     work: usize,
-    kernel: fn(&[f32], &[f32], &mut [f32]),
+    kernel: fn(&[f32], &[f32], Dst<'_>),
 ) -> Result<Tensor> {
     map_binary(cpu, op, ("x", x), ("d_out", d_out), work, kernel)
 }
@@ -407,21 +411,13 @@ pub fn silu_mul_backward(cpu: &CpuBackend, gate: &Tensor, up: &Tensor, d_out: &T
     check::same_shape(OP, "d_out", gate, d_out)?;
     let dy = convert::f32_data(OP, "d_out", d_out)?;
     let (shape, dtype) = (gate.shape(), gate.dtype());
-    let mut d_up = Tensor::zeros(shape.clone(), DType::F32)?;
-    let d_up_ptr = SharedMut(d_up.as_mut_slice::<f32>()?.as_mut_ptr());
-    let chunk = chunk_len(cpu, g.len());
-    let d_gate = convert::f32_output(cpu, shape, dtype, |d_gate| {
-        cpu.for_each_chunk(d_gate, chunk, EXP_WORK, |i, dg| {
-            let start = i * chunk;
-            let range = start..start + dg.len();
-            // SAFETY: d_up has d_gate's length; chunk i covers [start, start + dg.len()), chunks
-            // are disjoint, and d_up's storage outlives the loop.
-            let du = unsafe { d_up_ptr.slice(start, dg.len()) };
-            lanes::silu_mul_grad(&g[range.clone()], &u[range.clone()], &dy[range], dg, du);
-        })
-    })?;
-    let d_up =
-        if dtype == DType::F32 { d_up } else { Tensor::from_f32_as(d_up.as_slice::<f32>()?, shape.clone(), dtype)? };
+    let spec = || OutputSpec { shape: shape.clone(), dtype, per_task: OUT_BLOCK };
+    let tasks = g.len().div_ceil(OUT_BLOCK);
+    let [d_gate, d_up] =
+        output::fresh_tensors(cpu, OP, tasks, OUT_BLOCK * EXP_WORK, [spec(), spec()], |i, [dg, du]| {
+            let range = i * OUT_BLOCK..i * OUT_BLOCK + dg.len();
+            lanes::silu_mul_grad(&g[range.clone()], &u[range.clone()], &dy[range], dg, du)
+        })?;
     Ok(PairGradients { da: d_gate, db: d_up })
 }
 

@@ -6,7 +6,7 @@
 //! over the length, vectorized as shifted `axpy`s (K is small).
 
 use crate::cpu::matmul::{sgemm, sgemm_serial, PARALLEL_GEMM_WORK};
-use crate::cpu::simd::{self, Isa};
+use crate::cpu::simd::{self};
 use crate::cpu::{check, convert, CpuBackend};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -597,7 +597,7 @@ simd::multiversion! {
     /// `v ← v·sigmoid(v) = v / (1 + e^(−v))` (SiLU), with the branch-free exp.
     pub fn silu_in_place(v: &mut [f32]) {
         for x in v.iter_mut() {
-            *x /= 1.0 + simd::fast_exp(-*x);
+            *x /= 1.0 + simd::fast_exp::<false>(-*x);
         }
     }
 }

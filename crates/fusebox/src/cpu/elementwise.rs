@@ -12,6 +12,7 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
+use crate::cpu::output::{self, Dst};
 use crate::cpu::simd::{fast_exp, Isa};
 use crate::cpu::{check, convert, CpuBackend};
 use crate::dtype::DType;
@@ -32,21 +33,19 @@ const LIBM_COST: usize = 16;
 
 /// Defines a generic lane-wise loop compiled for AVX-512, AVX2+FMA and the portable
 /// baseline, dispatching on [`Isa::selected`]: the generic counterpart of
-/// `simd::multiversion!`. The op closure is inlined into each version, so its
-/// arithmetic is vectorized for that ISA. Generic parameters go in square brackets.
+/// `simd::multiversion!`. The body is expanded into each version, so the op closure and
+/// the closures inside the body are vectorized for that ISA. Generic parameters go in square brackets.
 macro_rules! lanewise {
     ($(#[$meta:meta])* fn $name:ident[$($gen:tt)*]($($arg:ident: $ty:ty),*) $body:block) => {
         $(#[$meta])*
         #[inline]
         fn $name<$($gen)*>($($arg: $ty),*) {
-            #[inline(always)]
-            fn body<$($gen)*>($($arg: $ty),*) $body
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-                unsafe fn v4<$($gen)*>($($arg: $ty),*) { body($($arg),*) }
+                fn v4<$($gen)*>($($arg: $ty),*) $body
                 #[target_feature(enable = "avx2,fma")]
-                unsafe fn v3<$($gen)*>($($arg: $ty),*) { body($($arg),*) }
+                fn v3<$($gen)*>($($arg: $ty),*) $body
                 match Isa::selected() {
                     // SAFETY: the selected ISA was detected on this CPU.
                     Isa::Avx512 => return unsafe { v4($($arg),*) },
@@ -55,35 +54,49 @@ macro_rules! lanewise {
                     Isa::Scalar => {}
                 }
             }
-            body($($arg),*)
+            $body
         }
     };
 }
 
 lanewise! {
-    /// `out[i] = f(x[i])`.
-    fn map1[F: Fn(f32) -> f32](out: &mut [f32], x: &[f32], f: F) {
-        for (o, &x) in out.iter_mut().zip(x) {
-            *o = f(x);
-        }
+    /// Piece `out` (flat elements `start..`) of `f(x)`.
+    fn map1[F: Fn(f32) -> f32](out: Dst<'_>, start: usize, x: Src<'_>, f: F) {
+        let mut tx = [0.0; output::TILE];
+        out.write(#[inline(always)] |s, tile| {
+            let xv = x.get(start + s, tile.len(), &mut tx);
+            for (o, &x) in tile.iter_mut().zip(xv) {
+                *o = f(x);
+            }
+        })
     }
 }
 
 lanewise! {
-    /// `out[i] = f(a[i], b[i])`.
-    fn map2[F: Fn(f32, f32) -> f32](out: &mut [f32], a: &[f32], b: &[f32], f: F) {
-        for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
-            *o = f(a, b);
-        }
+    /// Piece `out` (flat elements `start..`) of `f(a, b)`.
+    fn map2[F: Fn(f32, f32) -> f32](out: Dst<'_>, start: usize, a: Src<'_>, b: Src<'_>, f: F) {
+        let (mut ta, mut tb) = ([0.0; output::TILE], [0.0; output::TILE]);
+        out.write(#[inline(always)] |s, tile| {
+            let n = tile.len();
+            let (av, bv) = (a.get(start + s, n, &mut ta), b.get(start + s, n, &mut tb));
+            for ((o, &a), &b) in tile.iter_mut().zip(av).zip(bv) {
+                *o = f(a, b);
+            }
+        })
     }
 }
 
 lanewise! {
-    /// `out[i] = f(a[i], b[i], c[i])`.
-    fn map3[F: Fn(f32, f32, f32) -> f32](out: &mut [f32], a: &[f32], b: &[f32], c: &[f32], f: F) {
-        for (((o, &a), &b), &c) in out.iter_mut().zip(a).zip(b).zip(c) {
-            *o = f(a, b, c);
-        }
+    /// Piece `out` (flat elements `start..`) of `f(a, b, c)`.
+    fn map3[F: Fn(f32, f32, f32) -> f32](out: Dst<'_>, start: usize, a: Src<'_>, b: Src<'_>, c: Src<'_>, f: F) {
+        let (mut ta, mut tb, mut tc) = ([0.0; output::TILE], [0.0; output::TILE], [0.0; output::TILE]);
+        out.write(#[inline(always)] |s, tile| {
+            let n = tile.len();
+            let (av, bv, cv) = (a.get(start + s, n, &mut ta), b.get(start + s, n, &mut tb), c.get(start + s, n, &mut tc));
+            for (((o, &a), &b), &c) in tile.iter_mut().zip(av).zip(bv).zip(cv) {
+                *o = f(a, b, c);
+            }
+        })
     }
 }
 
@@ -106,28 +119,36 @@ lanewise! {
 }
 
 lanewise! {
-    /// Row broadcast over a piece of a matrix with `n` columns whose first element has
-    /// flat index `start`: `out[k] = f(x[k], row[(start + k) % n])`.
-    fn map_rows[F: Fn(f32, f32) -> f32](out: &mut [f32], x: &[f32], row: &[f32], start: usize, f: F) {
-        for (off, _, j, len) in row_segments(start, out.len(), row.len()) {
-            let (o, x) = (&mut out[off..off + len], &x[off..off + len]);
-            for ((o, &x), &r) in o.iter_mut().zip(x).zip(&row[j..j + len]) {
-                *o = f(x, r);
+    /// Row broadcast: piece `out` (flat elements `start..`) of a matrix with `row.len()`
+    /// columns, `out[k] = f(x[k], row[(start + k) % n])`.
+    fn map_rows[F: Fn(f32, f32) -> f32](out: Dst<'_>, start: usize, x: Src<'_>, row: &[f32], f: F) {
+        let mut tx = [0.0; output::TILE];
+        out.write(#[inline(always)] |s, tile| {
+            let xv = x.get(start + s, tile.len(), &mut tx);
+            for (off, _, j, len) in row_segments(start + s, tile.len(), row.len()) {
+                let (o, x) = (&mut tile[off..off + len], &xv[off..off + len]);
+                for ((o, &x), &r) in o.iter_mut().zip(x).zip(&row[j..j + len]) {
+                    *o = f(x, r);
+                }
             }
-        }
+        })
     }
 }
 
 lanewise! {
-    /// Column broadcast over a piece of a matrix with `n` columns whose first element has
-    /// flat index `start`: `out[k] = f(x[k], col[(start + k) / n])`.
-    fn map_cols[F: Fn(f32, f32) -> f32](out: &mut [f32], x: &[f32], col: &[f32], start: usize, n: usize, f: F) {
-        for (off, r, _, len) in row_segments(start, out.len(), n) {
-            let c = col[r];
-            for (o, &x) in out[off..off + len].iter_mut().zip(&x[off..off + len]) {
-                *o = f(x, c);
+    /// Column broadcast: piece `out` (flat elements `start..`) of a matrix with `n`
+    /// columns, `out[k] = f(x[k], col[(start + k) / n])`.
+    fn map_cols[F: Fn(f32, f32) -> f32](out: Dst<'_>, start: usize, x: Src<'_>, col: &[f32], n: usize, f: F) {
+        let mut tx = [0.0; output::TILE];
+        out.write(#[inline(always)] |s, tile| {
+            let xv = x.get(start + s, tile.len(), &mut tx);
+            for (off, r, _, len) in row_segments(start + s, tile.len(), n) {
+                let c = col[r];
+                for (o, &x) in tile[off..off + len].iter_mut().zip(&xv[off..off + len]) {
+                    *o = f(x, c);
+                }
             }
-        }
+        })
     }
 }
 
@@ -168,10 +189,10 @@ impl<'a> Src<'a> {
         })
     }
 
-    /// Elements `start..start + len` as f32. Half inputs only occur with half outputs,
-    /// whose pieces are at most `TILE` long (see [`drive`]).
+    /// Elements `start..start + len` as f32 (F16/BF16 converted into `tile`, which must
+    /// hold `len`: pieces are at most `TILE` long in [`drive`], `output::TILE` in [`produce`]).
     #[inline]
-    fn get<'b>(self, start: usize, len: usize, tile: &'b mut [f32; TILE]) -> &'b [f32]
+    fn get<'b>(self, start: usize, len: usize, tile: &'b mut [f32]) -> &'b [f32]
     where
         'a: 'b,
     {
@@ -225,43 +246,17 @@ where
     });
 }
 
-/// A new tensor of `like`'s shape and dtype, written by `f(start, values)` chunk by
-/// chunk (see [`drive`]; `values` arrive zeroed, no separate zero-fill pass).
+/// A new tensor of `like`'s shape and dtype, written by `f(start, piece)` for its pieces
+/// of `CHUNK` elements (one task each; see [`output::Dst`]: no zero-fill pass, streaming
+/// stores beyond the caches, F16/BF16 rounded on store).
 fn produce(
     cpu: &CpuBackend,
     op: &'static str,
     like: &Tensor,
     cost: usize,
-    f: impl Fn(usize, &mut [f32]) + Sync + Send,
+    f: impl Fn(usize, Dst<'_>) + Sync + Send,
 ) -> Result<Tensor> {
-    let (shape, n) = (like.shape().clone(), like.elem_count());
-    match like.dtype() {
-        DType::F32 => Tensor::from_vec(convert::filled_chunks(cpu, n, CHUNK, cost, |c, v| f(c * CHUNK, v)), shape),
-        DType::F16 => Tensor::from_vec(produce_half::<f16>(cpu, n, cost, &f), shape),
-        DType::BF16 => Tensor::from_vec(produce_half::<bf16>(cpu, n, cost, &f), shape),
-        other => Err(Error::dtype(op, "output", "f32, f16 or bf16", other)),
-    }
-}
-
-/// [`produce`] for F16/BF16 results: each chunk computed in `TILE`-long f32 pieces (the
-/// length [`Src::get`] converts half inputs in) and rounded once into the fresh chunk.
-fn produce_half<H: Copy + Default + Send>(
-    cpu: &CpuBackend,
-    n: usize,
-    cost: usize,
-    f: &(impl Fn(usize, &mut [f32]) + Sync),
-) -> Vec<H>
-where
-    [H]: HalfFloatSliceExt,
-{
-    convert::filled_chunks(cpu, n, CHUNK, cost, |c, chunk: &mut [H]| {
-        let mut tile = [0.0f32; TILE];
-        for (t, half) in chunk.chunks_mut(TILE).enumerate() {
-            let values = &mut tile[..half.len()];
-            f(c * CHUNK + t * TILE, values);
-            half.convert_from_f32_slice(values);
-        }
-    })
+    output::fresh_tensor(cpu, op, like.shape(), like.dtype(), CHUNK, cost, |c, dst| f(c * CHUNK, dst))
 }
 
 /// `out = f(x)` elementwise, any shape.
@@ -274,11 +269,7 @@ fn unary(
 ) -> Result<Tensor> {
     check::float(op, "x", x)?;
     let xs = Src::new(op, "x", x)?;
-    produce(cpu, op, x, cost, |start, out| {
-        let mut tile = [0.0; TILE];
-        let n = out.len();
-        map1(out, xs.get(start, n, &mut tile), f)
-    })
+    produce(cpu, op, x, cost, |start, out| map1(out, start, xs, f))
 }
 
 /// `x ← f(x)` in place; `x` must be writable.
@@ -305,11 +296,7 @@ fn binary(
 ) -> Result<Tensor> {
     check::float_pair(op, a, b)?;
     let (sa, sb) = (Src::new(op, "a", a)?, Src::new(op, "b", b)?);
-    produce(cpu, op, a, cost, |start, out| {
-        let (mut ta, mut tb) = ([0.0; TILE], [0.0; TILE]);
-        let n = out.len();
-        map2(out, sa.get(start, n, &mut ta), sb.get(start, n, &mut tb), f)
-    })
+    produce(cpu, op, a, cost, |start, out| map2(out, start, sa, sb, f))
 }
 
 /// `a ← f(a, b)` in place over equal shapes and dtypes; `a` must be writable.
@@ -341,11 +328,7 @@ fn ternary(
     check::same_dtype(op, "c", a, c)?;
     check::same_shape(op, "c", a, c)?;
     let (sa, sb, sc) = (Src::new(op, "a", a)?, Src::new(op, "b", b)?, Src::new(op, "c", c)?);
-    produce(cpu, op, a, CHEAP, |start, out| {
-        let (mut ta, mut tb, mut tc) = ([0.0; TILE], [0.0; TILE], [0.0; TILE]);
-        let n = out.len();
-        map3(out, sa.get(start, n, &mut ta), sb.get(start, n, &mut tb), sc.get(start, n, &mut tc), f)
-    })
+    produce(cpu, op, a, CHEAP, |start, out| map3(out, start, sa, sb, sc, f))
 }
 
 /// `out[..., j] = f(x[..., j], row[j])` for x `[..., N]` and row `[N]`.
@@ -363,11 +346,7 @@ fn row_broadcast(
     let xs = Src::new(op, "x", x)?;
     // The row is short: read it as f32 once.
     let row = convert::f32_data(op, "row", row)?;
-    produce(cpu, op, x, CHEAP, |start, out| {
-        let mut tx = [0.0; TILE];
-        let n = out.len();
-        map_rows(out, xs.get(start, n, &mut tx), &row, start, f)
-    })
+    produce(cpu, op, x, CHEAP, |start, out| map_rows(out, start, xs, &row, f))
 }
 
 /// `out[i, j] = f(x[i, j], col[i])` for x `[..., N]` with M rows and col `[M]` or
@@ -391,11 +370,7 @@ fn col_broadcast(
     let xs = Src::new(op, "x", x)?;
     // One value per row: read it as f32 once.
     let col = convert::f32_data(op, "col", col)?;
-    produce(cpu, op, x, CHEAP, |start, out| {
-        let mut tx = [0.0; TILE];
-        let len = out.len();
-        map_cols(out, xs.get(start, len, &mut tx), &col, start, n, f)
-    })
+    produce(cpu, op, x, CHEAP, |start, out| map_cols(out, start, xs, &col, n, f))
 }
 
 /// Clamp bounds must be ordered and not NaN (`!(lo <= hi)` catches both).
@@ -526,7 +501,7 @@ pub fn add3(cpu: &CpuBackend, a: &Tensor, b: &Tensor, c: &Tensor) -> Result<Tens
 
 /// `x · exp(y)`.
 pub fn exp_mul(cpu: &CpuBackend, x: &Tensor, y: &Tensor) -> Result<Tensor> {
-    binary(cpu, "exp_mul", x, y, EXP_COST, |x, y| x * fast_exp(y))
+    binary(cpu, "exp_mul", x, y, EXP_COST, |x, y| x * fast_exp::<false>(y))
 }
 
 /// `(a − b) · c`.
@@ -542,12 +517,12 @@ pub fn add_scaled(cpu: &CpuBackend, a: &Tensor, b: &Tensor, c: f32) -> Result<Te
 
 /// `exp(x)` (by [`fast_exp`], about 2 ulp).
 pub fn exp(cpu: &CpuBackend, x: &Tensor) -> Result<Tensor> {
-    unary(cpu, "exp", x, EXP_COST, fast_exp)
+    unary(cpu, "exp", x, EXP_COST, fast_exp::<false>)
 }
 
 /// `x ← exp(x)`, in place.
 pub fn exp_inplace(cpu: &CpuBackend, x: &mut Tensor) -> Result<()> {
-    unary_inplace(cpu, "exp_inplace", x, EXP_COST, fast_exp)
+    unary_inplace(cpu, "exp_inplace", x, EXP_COST, fast_exp::<false>)
 }
 
 /// `ln(x)` (NaN for x < 0, −∞ at 0).

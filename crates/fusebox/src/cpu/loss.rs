@@ -6,8 +6,9 @@
 //! per-row losses are summed afterwards in row order in f64, so the loss is the same for
 //! any thread count.
 
+use crate::cpu::output::{self, Dst};
 use crate::cpu::pool::SharedMut;
-use crate::cpu::simd;
+use crate::cpu::simd::{self, multiversion};
 use crate::cpu::{check, convert, CpuBackend};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -52,20 +53,40 @@ fn read<'a>(op: &'static str, logits: &'a Tensor, targets: &'a Tensor, ignore: O
     Ok(Rows { logits: convert::f32_data(op, "logits", logits)?, targets: ids, n, vocab, ignore, count })
 }
 
+multiversion! {
+    /// `d = k·e` for a row of exps, with `scale` subtracted at `target`, prefetching
+    /// `next` (the next row of logits).
+    pub fn scaled_minus_onehot(e: &[f32], d: Dst<'_>, k: f32, target: usize, scale: f32, next: &[f32]) {
+        d.write(#[inline(always)] |start, tile| {
+            let n = tile.len();
+            simd::prefetch(next, start, n);
+            for (o, &x) in tile.iter_mut().zip(&e[start..start + n]) {
+                *o = x * k;
+            }
+            if (start..start + tile.len()).contains(&target) {
+                tile[target - start] -= scale;
+            }
+        })
+    }
+}
+
 /// One row: `d = scale·softmax(z)` with `scale` subtracted at the target, returning the
-/// row's loss `logsumexp(z) − z[target]` in f64.
-fn fused_row(z: &[f32], target: usize, scale: f32, d: &mut [f32]) -> f64 {
+/// row's loss `logsumexp(z) − z[target]` in f64. The exps go to a scratch row; `d` is
+/// written once.
+fn fused_row(z: &[f32], target: usize, scale: f32, d: Dst<'_>, next: &[f32]) -> f64 {
     let m = simd::max(z);
-    d.copy_from_slice(z);
-    let s = simd::exp_sub_sum(d, m);
-    simd::scale(d, scale / s);
-    d[target] -= scale;
+    let s = output::with_scratch(z.len(), |e| {
+        let s = simd::exp_sub_sum_into(z, e, m);
+        scaled_minus_onehot(e, d, scale / s, target, scale, next);
+        s
+    });
     (s as f64).ln() + m as f64 - z[target] as f64
 }
 
 /// The shared pass: d_logits scaled by `d_loss/count`, and the sum of the per-row losses
 /// (in row order, f64). All rows ignored → zeros and 0.
 fn fused(cpu: &CpuBackend, rows: &Rows, d_loss: f32) -> Result<(Tensor, f64)> {
+    const OP: &str = "cross_entropy";
     let (n, v) = (rows.n, rows.vocab);
     if rows.count == 0 || v == 0 {
         return Ok((Tensor::zeros([n, v], DType::F32)?, 0.0));
@@ -73,12 +94,13 @@ fn fused(cpu: &CpuBackend, rows: &Rows, d_loss: f32) -> Result<(Tensor, f64)> {
     let scale = d_loss / rows.count as f32;
     let mut losses = vec![0.0f64; n];
     let loss_ptr = SharedMut(losses.as_mut_ptr());
-    // Each row is written once into a fresh (not pre-zeroed) buffer, see `f32_output_chunks`.
-    let d_logits = convert::f32_output_chunks(cpu, &Shape::from([n, v]), DType::F32, v, ROW_WORK, |r, d_row| {
+    // Each row is written once into a fresh (not pre-zeroed) buffer, see `output::Dst`.
+    let d_logits = output::fresh_tensor(cpu, OP, &Shape::from([n, v]), DType::F32, v, ROW_WORK, |r, d_row| {
         if rows.ignored(r) {
-            return; // d_row stays zero, loss slot stays 0.
+            return; // d_row dropped unwritten reads as zero; the loss slot stays 0.
         }
-        let loss = fused_row(&rows.logits[r * v..(r + 1) * v], rows.targets[r] as usize, scale, d_row);
+        let next = rows.logits.get((r + 1) * v..(r + 2) * v).unwrap_or(&[]);
+        let loss = fused_row(&rows.logits[r * v..(r + 1) * v], rows.targets[r] as usize, scale, d_row, next);
         // SAFETY: r < n and each row's task writes only its own slot.
         unsafe { loss_ptr.slice(r, 1)[0] = loss };
     })?;

@@ -15,6 +15,7 @@ pub mod matmul;
 pub mod memory;
 pub mod norm;
 pub mod optim;
+pub mod output;
 pub mod pool;
 pub mod quant;
 pub mod reduce;

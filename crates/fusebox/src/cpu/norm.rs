@@ -11,13 +11,13 @@
 //! rows and add the partials in block order (deterministic too). Saved statistics
 //! (mean, rstd) are F32 with the input's shape minus its last dim.
 
-use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use crate::cpu::check;
 use crate::cpu::convert::F32Output;
 
-use crate::cpu::convert::{f32_data, from_f32, from_f32_par, init_default};
+use crate::cpu::convert::{f32_data, from_f32};
+use crate::cpu::output::{self, Dst, OutputSpec};
 use crate::cpu::pool::SharedMut;
 use crate::cpu::simd;
 use crate::cpu::CpuBackend;
@@ -82,10 +82,6 @@ fn check_stat(op: &'static str, what: &str, x: &Tensor, s: &Tensor) -> Result<()
     check::shape(op, what, s, stat_dims(x))
 }
 
-fn stat_tensor(x: &Tensor, values: Vec<f32>) -> Result<Tensor> {
-    Tensor::from_vec(values, Shape::new(stat_dims(x)))
-}
-
 /// `1/sqrt(Σx²/D + eps)`.
 #[inline]
 fn rms_rstd(sum_squares: f32, d: usize, eps: f32) -> f32 {
@@ -122,43 +118,33 @@ fn for_each_block<const K: usize>(
     });
 }
 
-/// [`for_each_block`] over `K` new buffers of `lens[k] = (total, per block)` elements:
-/// each block's pieces are zeroed by the task that fills them, in cache, so no
-/// whole-buffer zero pass precedes the kernel. Returns the filled buffers.
-fn fresh_blocks<const K: usize>(
-    cpu: &CpuBackend,
-    rows: usize,
-    per_block: usize,
-    work_per_row: usize,
-    lens: [(usize, usize); K],
-    f: impl Fn(Range<usize>, [&mut [f32]; K]) + Sync + Send,
-) -> [Vec<f32>; K] {
-    let per_block = per_block.max(1);
-    let blocks = rows.div_ceil(per_block);
-    let mut out: [Vec<f32>; K] = lens.map(|(total, _)| Vec::with_capacity(total));
-    {
-        let mut iters: Vec<_> = out
-            .iter_mut()
-            .zip(lens)
-            .map(|(v, (total, per))| v.spare_capacity_mut()[..total].chunks_mut(per.max(1)))
-            .collect();
-        let mut pieces: Vec<[&mut [MaybeUninit<f32>]; K]> =
-            (0..blocks).map(|_| std::array::from_fn(|k| iters[k].next().unwrap_or_default())).collect();
-        // set_len below relies on the blocks covering every slot of every buffer.
-        assert!(iters.iter_mut().all(|it| it.next().is_none()), "fresh_blocks: buffer longer than its blocks");
-        cpu.for_each_chunk(&mut pieces, 1, per_block.saturating_mul(work_per_row), |i, block| {
-            let first = i * per_block;
-            for p in block.iter_mut() {
-                f(first..(first + per_block).min(rows), p.each_mut().map(|s| init_default(s)));
-            }
-        });
-    }
-    for (v, (total, _)) in out.iter_mut().zip(lens) {
-        // SAFETY: every slot of the first `total` was initialised by `init_default` (the
-        // blocks cover the buffer, asserted above) before `f` wrote it.
-        unsafe { v.set_len(total) };
-    }
-    out
+/// The spec of a row-wise output shaped like `like` (in its dtype), `per` rows of `d` per task.
+fn row_spec(like: &Tensor, per: usize, d: usize) -> OutputSpec {
+    OutputSpec { shape: like.shape().clone(), dtype: like.dtype(), per_task: per * d }
+}
+
+/// The spec of a per-row F32 statistic of `x` (shape `stat_dims(x)`), `per` rows per task.
+fn stat_spec(x: &Tensor, per: usize) -> OutputSpec {
+    OutputSpec { shape: Shape::new(stat_dims(x)), dtype: DType::F32, per_task: per }
+}
+
+/// The spec of `tasks` partial sums of a `[d]` parameter gradient, one row per task.
+fn partial_spec(tasks: usize, d: usize) -> OutputSpec {
+    OutputSpec { shape: Shape::new([tasks, d]), dtype: DType::F32, per_task: d }
+}
+
+/// Row `r + 1` of `xs` (rows of `d`), empty past the end: what a row kernel prefetches.
+fn next_row(xs: &[f32], r: usize, d: usize) -> &[f32] {
+    xs.get((r + 1) * d..(r + 2) * d).unwrap_or(&[])
+}
+
+/// Runs `f` on a zeroed f32 buffer of `dst`'s length (statistics a task collects row by
+/// row, or partial sums it accumulates), then writes the buffer into `dst`.
+fn fill_small<R>(dst: Dst<'_>, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    let mut values = vec![0.0f32; dst.len()];
+    let r = f(&mut values);
+    dst.copy_from(&values);
+    r
 }
 
 /// Rows per task of a row-wise forward over rows of `d` elements.
@@ -186,7 +172,8 @@ fn sum_partials(partials: &[f32], d: usize) -> Vec<f32> {
 /// The vectorized per-row loops, compiled per ISA. Slices are re-sliced to the length
 /// of the output first so the compiler drops the bounds checks.
 mod lanes {
-    use crate::cpu::simd::{fast_exp, multiversion, Isa};
+    use crate::cpu::output::Dst;
+    use crate::cpu::simd::{fast_exp, multiversion, prefetch};
 
     const LANES: usize = 16;
 
@@ -264,24 +251,58 @@ mod lanes {
     }
 
     multiversion! {
-        /// `out = x·r·w` (RMS norm).
-        pub fn scale_mul(out: &mut [f32], x: &[f32], w: &[f32], r: f32) {
-            let n = out.len();
-            let (x, w) = (&x[..n], &w[..n]);
-            for i in 0..n {
-                out[i] = x[i] * r * w[i];
-            }
+        /// `out = x·r·w` (RMS norm), written once, prefetching `next` (the next row).
+        pub fn scale_mul(out: Dst<'_>, x: &[f32], w: &[f32], r: f32, next: &[f32]) {
+            out.write(#[inline(always)] |start, tile| {
+                let n = tile.len();
+                prefetch(next, start, n);
+                let (x, w) = (&x[start..start + n], &w[start..start + n]);
+                for i in 0..n {
+                    tile[i] = x[i] * r * w[i];
+                }
+            })
         }
     }
 
     multiversion! {
-        /// `out = (x − m)·r·w + b` (layer norm).
-        pub fn affine_norm(out: &mut [f32], x: &[f32], w: &[f32], b: &[f32], m: f32, r: f32) {
-            let n = out.len();
-            let (x, w, b) = (&x[..n], &w[..n], &b[..n]);
-            for i in 0..n {
-                out[i] = (x[i] - m) * r * w[i] + b[i];
-            }
+        /// `out = (x − m)·r·w + b` (layer norm; `(x − m)·r` without affine), written once;
+        /// prefetches `next` (the next row).
+        pub fn affine_norm(out: Dst<'_>, x: &[f32], affine: Option<(&[f32], &[f32])>, m: f32, r: f32, next: &[f32]) {
+            out.write(#[inline(always)] |start, tile| {
+                let n = tile.len();
+                prefetch(next, start, n);
+                let x = &x[start..start + n];
+                match affine {
+                    Some((w, b)) => {
+                        let (w, b) = (&w[start..start + n], &b[start..start + n]);
+                        for i in 0..n {
+                            tile[i] = (x[i] - m) * r * w[i] + b[i];
+                        }
+                    }
+                    None => {
+                        for i in 0..n {
+                            tile[i] = (x[i] - m) * r;
+                        }
+                    }
+                }
+            })
+        }
+    }
+
+    multiversion! {
+        /// `sum = s` and `out = s·r·w` (the residual add RMS norm), both written once;
+        /// prefetches `next` (the next rows of both addends).
+        pub fn sum_and_scale(sum: Dst<'_>, out: Dst<'_>, s: &[f32], w: &[f32], r: f32, next: [&[f32]; 2]) {
+            sum.write_pair(out, #[inline(always)] |start, ts, to| {
+                let n = ts.len();
+                prefetch(next[0], start, n);
+                prefetch(next[1], start, n);
+                let (s, w, to) = (&s[start..start + n], &w[start..start + n], &mut to[..n]);
+                for i in 0..n {
+                    ts[i] = s[i];
+                    to[i] = s[i] * r * w[i];
+                }
+            })
         }
     }
 
@@ -303,7 +324,7 @@ mod lanes {
             let (x, w, z) = (&x[..n], &w[..n], &z[..n]);
             for i in 0..n {
                 // e^−z overflows to +∞ for z < −88.7: z/∞ = −0, the right limit.
-                let silu = z[i] / (1.0 + fast_exp(-z[i]));
+                let silu = z[i] / (1.0 + fast_exp::<FMA>(-z[i]));
                 out[i] = x[i] * r * w[i] * silu;
             }
         }
@@ -343,14 +364,22 @@ mod lanes {
     }
 
     multiversion! {
-        /// RMS norm backward of one row: `dx = r·w·dy − k·x`, `dw += dy·x·r`.
-        pub fn rms_backward_row(dx: &mut [f32], dw: &mut [f32], x: &[f32], dy: &[f32], w: &[f32], r: f32, k: f32) {
-            let n = dx.len();
-            let (dw, x, dy, w) = (&mut dw[..n], &x[..n], &dy[..n], &w[..n]);
-            for i in 0..n {
-                dx[i] = r * w[i] * dy[i] - k * x[i];
-                dw[i] += dy[i] * x[i] * r;
-            }
+        /// RMS norm backward of one row: `dx = r·w·dy − k·x` (written once), `dw += dy·x·r`;
+        /// prefetches `next` (the next rows of x and dy).
+        pub fn rms_backward_row(
+            dx: Dst<'_>, dw: &mut [f32], x: &[f32], dy: &[f32], w: &[f32], r: f32, k: f32, next: [&[f32]; 2]
+        ) {
+            dx.write(#[inline(always)] |start, tile| {
+                let n = tile.len();
+                prefetch(next[0], start, n);
+                prefetch(next[1], start, n);
+                let range = start..start + n;
+                let (dw, x, dy, w) = (&mut dw[range.clone()], &x[range.clone()], &dy[range.clone()], &w[range]);
+                for i in 0..n {
+                    tile[i] = r * w[i] * dy[i] - k * x[i];
+                    dw[i] += dy[i] * x[i] * r;
+                }
+            })
         }
     }
 
@@ -374,18 +403,33 @@ mod lanes {
 
     multiversion! {
         /// Layer norm backward of one row, with `x̂ = (x − m)·r`:
-        /// `dx = r·(dy·w − mg − x̂·mgx)`, `dw += dy·x̂`, `db += dy`.
+        /// `dx = r·(dy·w − mg − x̂·mgx)` (written once), `dw += dy·x̂`, `db += dy`, with
+        /// `stats = (m, r, mg, mgx)`; prefetches `next` (the next rows of x and dy).
         pub fn layer_backward_row(
-            dx: &mut [f32], dw: &mut [f32], db: &mut [f32], x: &[f32], dy: &[f32], w: &[f32], m: f32, r: f32, mg: f32, mgx: f32
+            dx: Dst<'_>,
+            dw: &mut [f32],
+            db: &mut [f32],
+            x: &[f32],
+            dy: &[f32],
+            w: &[f32],
+            stats: (f32, f32, f32, f32),
+            next: [&[f32]; 2]
         ) {
-            let n = dx.len();
-            let (dw, db, x, dy, w) = (&mut dw[..n], &mut db[..n], &x[..n], &dy[..n], &w[..n]);
-            for i in 0..n {
-                let xh = (x[i] - m) * r;
-                dx[i] = r * (dy[i] * w[i] - mg - xh * mgx);
-                dw[i] += dy[i] * xh;
-                db[i] += dy[i];
-            }
+            let (m, r, mg, mgx) = stats;
+            dx.write(#[inline(always)] |start, tile| {
+                let n = tile.len();
+                prefetch(next[0], start, n);
+                prefetch(next[1], start, n);
+                let range = start..start + n;
+                let (dw, db) = (&mut dw[range.clone()], &mut db[range.clone()]);
+                let (x, dy, w) = (&x[range.clone()], &dy[range.clone()], &w[range]);
+                for i in 0..n {
+                    let xh = (x[i] - m) * r;
+                    tile[i] = r * (dy[i] * w[i] - mg - xh * mgx);
+                    dw[i] += dy[i] * xh;
+                    db[i] += dy[i];
+                }
+            })
         }
     }
 }
@@ -415,15 +459,18 @@ pub fn rms_norm(cpu: &CpuBackend, x: &Tensor, weight: &Tensor, eps: f32) -> Resu
     let (xs, w) = (f32_data(OP, "x", x)?, f32_data(OP, "weight", weight)?);
     let rows = x.elem_count() / d;
     let per = forward_block_rows(d);
-    let [out, rstd] = fresh_blocks(cpu, rows, per, 2 * d, [(rows * d, per * d), (rows, per)], |range, [out, rstd]| {
-        for (k, r) in range.enumerate() {
-            let xr = &xs[r * d..][..d];
-            let inv = rms_rstd(simd::sum_squares(xr), d, eps);
-            rstd[k] = inv;
-            lanes::scale_mul(&mut out[k * d..][..d], xr, &w, inv);
-        }
-    });
-    Ok(NormOutput { output: from_f32_par(cpu, out, x)?, mean: None, rstd: stat_tensor(x, rstd)? })
+    let specs = [row_spec(x, per, d), stat_spec(x, per)];
+    let [output, rstd] = output::fresh_tensors(cpu, OP, rows.div_ceil(per), per * 2 * d, specs, |i, [out, rstd]| {
+        fill_small(rstd, |rstd| {
+            for (k, out_row) in out.into_chunks(d).enumerate() {
+                let r = i * per + k;
+                let xr = &xs[r * d..][..d];
+                rstd[k] = rms_rstd(simd::sum_squares(xr), d, eps);
+                lanes::scale_mul(out_row, xr, &w, rstd[k], next_row(&xs, r, d));
+            }
+        })
+    })?;
+    Ok(NormOutput { output, mean: None, rstd })
 }
 
 /// With `x̂ = x·r`: `dx = r·(dy·w − x̂·mean(dy·w·x̂))`, `dw = Σ_rows dy·x̂`.
@@ -446,47 +493,62 @@ pub fn rms_norm_backward(
     let rs = rstd.as_slice::<f32>()?;
     let rows = x.elem_count() / d;
     let per = backward_block_rows(rows);
-    let lens = [(rows * d, per * d), (rows.div_ceil(per) * d, d)];
-    let [dx, partial_dw] = fresh_blocks(cpu, rows, per, 4 * d, lens, |range, [dx, dw]| {
-        for (k, r) in range.enumerate() {
-            let (xr, gr, inv) = (&xs[r * d..][..d], &dy[r * d..][..d], rs[r]);
-            // mean(dy·w·x̂)·r = r³·Σ(dy·w·x)/D: the term through rstd's dependence on x.
-            let k_coef = inv * inv * inv * lanes::dot3(gr, &w, xr) / d as f32;
-            lanes::rms_backward_row(&mut dx[k * d..][..d], dw, xr, gr, &w, inv, k_coef);
-        }
-    });
+    let tasks = rows.div_ceil(per);
+    let specs = [row_spec(x, per, d), partial_spec(tasks, d)];
+    let [dx, partial_dw] = output::fresh_tensors(cpu, OP, tasks, per * 4 * d, specs, |i, [dx, dw]| {
+        fill_small(dw, |dw| {
+            for (k, dx_row) in dx.into_chunks(d).enumerate() {
+                let r = i * per + k;
+                let (xr, gr, inv) = (&xs[r * d..][..d], &dy[r * d..][..d], rs[r]);
+                // mean(dy·w·x̂)·r = r³·Σ(dy·w·x)/D: the term through rstd's dependence on x.
+                let k_coef = inv * inv * inv * lanes::dot3(gr, &w, xr) / d as f32;
+                lanes::rms_backward_row(
+                    dx_row,
+                    dw,
+                    xr,
+                    gr,
+                    &w,
+                    inv,
+                    k_coef,
+                    [next_row(&xs, r, d), next_row(&dy, r, d)],
+                );
+            }
+        })
+    })?;
     Ok(NormGradients {
-        dx: from_f32_par(cpu, dx, x)?,
-        dweight: from_f32(sum_partials(&partial_dw, d), weight.shape().clone(), weight.dtype())?,
+        dx,
+        dweight: from_f32(sum_partials(partial_dw.as_slice()?, d), weight.shape().clone(), weight.dtype())?,
         dbias: None,
     })
 }
 
-/// Layer norm rows: per row mean, rstd (two-pass variance, the row in cache) and
-/// `out = (x − mean)·rstd·w + b` (or without affine). Returns (out, mean, rstd) in f32.
+/// Layer norm rows of `x` (its values `xs`): per row mean, rstd (two-pass variance, the
+/// row in cache) and `out = (x − mean)·rstd·w + b` (or without affine), written once.
+/// Returns (out in x's dtype, mean, rstd).
 fn layer_norm_rows(
     cpu: &CpuBackend,
+    op: &'static str,
+    x: &Tensor,
     xs: &[f32],
     d: usize,
     eps: f32,
     affine: Option<(&[f32], &[f32])>,
-) -> [Vec<f32>; 3] {
+) -> Result<[Tensor; 3]> {
     let rows = xs.len() / d;
     let per = forward_block_rows(d);
-    let lens = [(rows * d, per * d), (rows, per), (rows, per)];
-    fresh_blocks(cpu, rows, per, 3 * d, lens, |range, [out, mean, rstd]| {
-        for (k, r) in range.enumerate() {
-            let xr = &xs[r * d..][..d];
-            let (m, var) = mean_var(xr);
-            let inv = 1.0 / (var + eps).sqrt();
-            mean[k] = m;
-            rstd[k] = inv;
-            let o = &mut out[k * d..][..d];
-            match affine {
-                Some((w, b)) => lanes::affine_norm(o, xr, w, b, m, inv),
-                None => lanes::center_affine(o, xr, m, inv, 0.0),
-            }
-        }
+    let specs = [row_spec(x, per, d), stat_spec(x, per), stat_spec(x, per)];
+    output::fresh_tensors(cpu, op, rows.div_ceil(per), per * 3 * d, specs, |i, [out, mean, rstd]| {
+        fill_small(mean, |mean| {
+            fill_small(rstd, |rstd| {
+                for (k, out_row) in out.into_chunks(d).enumerate() {
+                    let r = i * per + k;
+                    let xr = &xs[r * d..][..d];
+                    let (m, var) = mean_var(xr);
+                    (mean[k], rstd[k]) = (m, 1.0 / (var + eps).sqrt());
+                    lanes::affine_norm(out_row, xr, affine, m, rstd[k], next_row(xs, r, d));
+                }
+            })
+        })
     })
 }
 
@@ -501,12 +563,8 @@ pub fn layer_norm(cpu: &CpuBackend, x: &Tensor, weight: &Tensor, bias: &Tensor, 
     check_vector(OP, "bias", x, bias, d)?;
     check_eps(OP, eps)?;
     let (xs, w, b) = (f32_data(OP, "x", x)?, f32_data(OP, "weight", weight)?, f32_data(OP, "bias", bias)?);
-    let [out, mean, rstd] = layer_norm_rows(cpu, &xs, d, eps, Some((&w, &b)));
-    Ok(NormOutput {
-        output: from_f32_par(cpu, out, x)?,
-        mean: Some(stat_tensor(x, mean)?),
-        rstd: stat_tensor(x, rstd)?,
-    })
+    let [output, mean, rstd] = layer_norm_rows(cpu, OP, x, &xs, d, eps, Some((&w, &b)))?;
+    Ok(NormOutput { output, mean: Some(mean), rstd })
 }
 
 /// With `x̂ = (x − μ)·r`, `g = dy·w`: `dx = r·(g − mean(g) − x̂·mean(g·x̂))`,
@@ -532,22 +590,27 @@ pub fn layer_norm_backward(
     let (ms, rs) = (mean.as_slice::<f32>()?, rstd.as_slice::<f32>()?);
     let rows = x.elem_count() / d;
     let per = backward_block_rows(rows);
-    let blocks = rows.div_ceil(per);
-    let lens = [(rows * d, per * d), (blocks * d, d), (blocks * d, d)];
-    let [dx, partial_dw, partial_db] = fresh_blocks(cpu, rows, per, 5 * d, lens, |range, [dx, dw, db]| {
-        for (k, r) in range.enumerate() {
-            let (xr, gr, m, inv) = (&xs[r * d..][..d], &dy[r * d..][..d], ms[r], rs[r]);
-            // mean(g) and mean(g·x̂) with g = dy·w, x̂ = (x − m)·r.
-            let mg = simd::dot(gr, &w) / d as f32;
-            let mgx = lanes::dot_centered(xr, gr, &w, m) * inv / d as f32;
-            lanes::layer_backward_row(&mut dx[k * d..][..d], dw, db, xr, gr, &w, m, inv, mg, mgx);
-        }
-    });
-    Ok(NormGradients {
-        dx: from_f32_par(cpu, dx, x)?,
-        dweight: from_f32(sum_partials(&partial_dw, d), weight.shape().clone(), weight.dtype())?,
-        dbias: Some(from_f32(sum_partials(&partial_db, d), weight.shape().clone(), weight.dtype())?),
-    })
+    let tasks = rows.div_ceil(per);
+    let specs = [row_spec(x, per, d), partial_spec(tasks, d), partial_spec(tasks, d)];
+    let [dx, partial_dw, partial_db] = output::fresh_tensors(cpu, OP, tasks, per * 5 * d, specs, |i, [dx, dw, db]| {
+        fill_small(dw, |dw| {
+            fill_small(db, |db| {
+                for (k, dx_row) in dx.into_chunks(d).enumerate() {
+                    let r = i * per + k;
+                    let (xr, gr, m, inv) = (&xs[r * d..][..d], &dy[r * d..][..d], ms[r], rs[r]);
+                    // mean(g) and mean(g·x̂) with g = dy·w, x̂ = (x − m)·r.
+                    let mg = simd::dot(gr, &w) / d as f32;
+                    let mgx = lanes::dot_centered(xr, gr, &w, m) * inv / d as f32;
+                    let next = [next_row(&xs, r, d), next_row(&dy, r, d)];
+                    lanes::layer_backward_row(dx_row, dw, db, xr, gr, &w, (m, inv, mg, mgx), next);
+                }
+            })
+        })
+    })?;
+    let partial = |p: &Tensor| -> Result<Tensor> {
+        from_f32(sum_partials(p.as_slice()?, d), weight.shape().clone(), weight.dtype())
+    };
+    Ok(NormGradients { dx, dweight: partial(&partial_dw)?, dbias: Some(partial(&partial_db)?) })
 }
 
 /// `s = a + b` and `rms_norm(s, w)` in one pass over the row. The norm is taken of the
@@ -570,17 +633,27 @@ pub fn add_rms_norm(
     let (av, bv, w) = (f32_data(OP, "a", a)?, f32_data(OP, "b", b)?, f32_data(OP, "weight", weight)?);
     let rows = a.elem_count() / d;
     let per = forward_block_rows(d);
-    let lens = [(rows * d, per * d), (rows * d, per * d), (rows, per)];
-    let [sum, out, rstd] = fresh_blocks(cpu, rows, per, 3 * d, lens, |range, [sum, out, rstd]| {
-        for (k, r) in range.enumerate() {
-            let s = &mut sum[k * d..][..d];
-            let inv = rms_rstd(lanes::add_sum_squares(s, &av[r * d..][..d], &bv[r * d..][..d]), d, eps);
-            rstd[k] = inv;
-            lanes::scale_mul(&mut out[k * d..][..d], s, &w, inv);
-        }
-    });
-    let norm = NormOutput { output: from_f32_par(cpu, out, a)?, mean: None, rstd: stat_tensor(a, rstd)? };
-    Ok((from_f32_par(cpu, sum, a)?, norm))
+    let specs = [row_spec(a, per, d), row_spec(a, per, d), stat_spec(a, per)];
+    let [sum, output, rstd] =
+        output::fresh_tensors(cpu, OP, rows.div_ceil(per), per * 3 * d, specs, |i, [sum, out, rstd]| {
+            fill_small(rstd, |rstd| {
+                output::with_scratch(d, |s| {
+                    for (k, (sum_row, out_row)) in sum.into_chunks(d).zip(out.into_chunks(d)).enumerate() {
+                        let r = i * per + k;
+                        rstd[k] = rms_rstd(lanes::add_sum_squares(s, &av[r * d..][..d], &bv[r * d..][..d]), d, eps);
+                        lanes::sum_and_scale(
+                            sum_row,
+                            out_row,
+                            s,
+                            &w,
+                            rstd[k],
+                            [next_row(&av, r, d), next_row(&bv, r, d)],
+                        );
+                    }
+                })
+            })
+        })?;
+    Ok((sum, NormOutput { output, mean: None, rstd }))
 }
 
 /// `rms_norm(x, w)·silu(z)`.
@@ -783,8 +856,8 @@ pub fn normalize(cpu: &CpuBackend, x: &Tensor, eps: f32) -> Result<Tensor> {
     let d = check_rows(OP, "x", x)?;
     check_eps(OP, eps)?;
     let xs = f32_data(OP, "x", x)?;
-    let [out, _, _] = layer_norm_rows(cpu, &xs, d, eps, None);
-    from_f32_par(cpu, out, x)
+    let [out, _, _] = layer_norm_rows(cpu, OP, x, &xs, d, eps, None)?;
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! the clipping factor.
 
 use crate::cpu::pool::SharedMut;
-use crate::cpu::simd::{multiversion, Isa};
+use crate::cpu::simd::multiversion;
 use crate::cpu::{check, convert, CpuBackend};
 use crate::dtype::DType;
 use crate::error::{Error, Result};

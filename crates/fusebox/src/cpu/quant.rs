@@ -17,7 +17,7 @@ use half::f16;
 
 use crate::cpu::memory::{f32_to_f8e4m3, f8e4m3_table, host};
 use crate::cpu::pool::SharedMut;
-use crate::cpu::simd::{self, multiversion, Isa};
+use crate::cpu::simd::{self, multiversion};
 use crate::cpu::{check, convert, CpuBackend};
 use crate::dtype::DType;
 use crate::error::{Error, Result};

@@ -29,7 +29,7 @@ const UNIT_WORK: usize = 1 << 15;
 
 /// Lane-wise loops compiled per ISA (see `simd::multiversion!`).
 mod lanes {
-    use crate::cpu::simd::{multiversion, Isa};
+    use crate::cpu::simd::multiversion;
 
     const LANES: usize = 16;
 

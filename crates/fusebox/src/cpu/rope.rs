@@ -16,7 +16,7 @@ use crate::types::*;
 
 /// The vectorized rotations of one row, compiled per ISA.
 mod lanes {
-    use crate::cpu::simd::{multiversion, Isa};
+    use crate::cpu::simd::multiversion;
 
     multiversion! {
         /// Pairs `(i, i + D/2)`: `(x₁, x₂) → (x₁·c − x₂·s, x₁·s + x₂·c)` with `s = sign·sin`.

@@ -93,28 +93,42 @@ pub fn cpu_features() -> Vec<&'static str> {
 
 /// Defines `pub fn $name` compiled for AVX-512, AVX2+FMA and the portable baseline,
 /// dispatching on [`Isa::selected`].
+///
+/// The body is expanded into each version (not called through one shared function), so
+/// closures inside it inherit the version's target features and are vectorized for it
+/// even when the compiler does not inline them. The body may read `FMA`: whether fused
+/// multiply-adds are in hardware (true for the x86 AVX versions and on aarch64), for
+/// [`madd`].
 macro_rules! multiversion {
     ($(#[$meta:meta])* pub fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? $body:block) => {
         $(#[$meta])*
         #[inline]
         pub fn $name($($arg: $ty),*) $(-> $ret)? {
-            #[inline(always)]
-            fn body($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-                unsafe fn v4($($arg: $ty),*) $(-> $ret)? { body($($arg),*) }
+                fn v4($($arg: $ty),*) $(-> $ret)? {
+                    #[allow(dead_code)]
+                    const FMA: bool = true;
+                    $body
+                }
                 #[target_feature(enable = "avx2,fma")]
-                unsafe fn v3($($arg: $ty),*) $(-> $ret)? { body($($arg),*) }
-                match Isa::selected() {
+                fn v3($($arg: $ty),*) $(-> $ret)? {
+                    #[allow(dead_code)]
+                    const FMA: bool = true;
+                    $body
+                }
+                match $crate::cpu::simd::Isa::selected() {
                     // SAFETY: the selected ISA was detected on this CPU.
-                    Isa::Avx512 => return unsafe { v4($($arg),*) },
+                    $crate::cpu::simd::Isa::Avx512 => return unsafe { v4($($arg),*) },
                     // SAFETY: as above.
-                    Isa::Avx2 => return unsafe { v3($($arg),*) },
-                    Isa::Scalar => {}
+                    $crate::cpu::simd::Isa::Avx2 => return unsafe { v3($($arg),*) },
+                    $crate::cpu::simd::Isa::Scalar => {}
                 }
             }
-            body($($arg),*)
+            #[allow(dead_code)]
+            const FMA: bool = cfg!(target_arch = "aarch64");
+            $body
         }
     };
 }
@@ -211,36 +225,126 @@ multiversion! {
     }
 }
 
-/// `e^x` to about 2 ulp on f32, branch-free so loops over it vectorize; `x < −87.3`
-/// (including −∞) gives exactly 0 and `x > 88.7` gives +∞.
+/// Hints the cache lines of `data[start..start + len]` into L2 ahead of their use (the
+/// part past `data`'s end is ignored; a no-op off x86-64). Row kernels call it for the
+/// next row while they write the current one, so its loads overlap their stores.
 #[inline(always)]
-pub fn fast_exp(x: f32) -> f32 {
-    // e^x = 2^n · e^r with n = round(x·log2 e) and r = x − n·ln 2, |r| ≤ ln2/2, computed
-    // in two parts (Cody–Waite: ln 2 = LN2_HI + LN2_LO, LN2_HI exact in few bits) so r
-    // keeps full precision even for |x| ≈ 88; e^r by its degree-6 Taylor polynomial
-    // (truncation < 1.3e-7 relative); 2^n by building the exponent bits. Every step is
-    // plain float arithmetic so loops over it vectorize (no saturating casts).
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    // Adding 1.5·2^23 rounds to the nearest integer (ties to even) in the low mantissa bits.
-    const ROUND: f32 = 12_582_912.0;
-    let xc = x.clamp(-87.3, 88.7);
-    let n = (xc * LOG2E + ROUND) - ROUND;
-    let r = xc - n * LN2_HI - n * LN2_LO;
-    let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    // n ∈ [−126, 128]. (n' + 127) + 2^23 holds n' + 127 in its mantissa bits; shifting
-    // them into the exponent field gives 2^n'. 2^128 is not an f32, so n = 128 uses
-    // 2^127 and doubles once more.
-    let clamped = n.min(127.0);
-    let scale = f32::from_bits((clamped + (127.0 + 8_388_608.0)).to_bits() << 23);
-    let r = p * scale * if n > 127.0 { 2.0 } else { 1.0 };
-    if x < -87.3 {
-        0.0
-    } else if x > 88.7 {
+pub fn prefetch(data: &[f32], start: usize, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let end = start.saturating_add(len).min(data.len());
+        let mut i = start;
+        while i < end {
+            // SAFETY: i < data.len(); prefetching never faults and SSE is part of x86-64.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(data.as_ptr().add(i).cast())
+            };
+            i += 16;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, start, len);
+}
+
+/// `a·b + c`: one fused multiply-add (one rounding) when `FMA` (the multiversioned
+/// bodies' `FMA`: the instruction is in hardware), else a multiply and an add (a software
+/// `fmaf` would be far slower).
+#[inline(always)]
+pub fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+/// `e^r` for `|r| ≤ ln2/2`: `1 + r·q(r)` with the degree-4 `q` of least maximum relative
+/// error (fitted by Lawson's iteration; the constant term is exactly 1, so `e^0 = 1`),
+/// within 1.8e-7 relative in f32 Horner arithmetic.
+#[inline(always)]
+fn exp_reduced<const FMA: bool>(r: f32) -> f32 {
+    const C: [f32; 6] = [1.0, 0.999_999_7, 0.499_991_5, 0.166_676_36, 0.041_897_93, 0.008_290_313];
+    let mut p = C[5];
+    for &c in C[..5].iter().rev() {
+        p = madd::<FMA>(p, r, c);
+    }
+    p
+}
+
+/// Shared by [`exp_lane`] and [`fast_exp`]: for `x ∈ [−88, 88.73]` returns `(e^r, n)` with
+/// `e^x = e^r·2^n`, `n = round(x·log2 e) ∈ [−127, 128]` as a float and `r = x − n·ln 2`.
+/// `n` is found by adding 1.5·2²³, which rounds to an integer in the low mantissa bits
+/// (no float→int conversion, so loops vectorize); `r` in two steps (Cody–Waite:
+/// `n·LN2_HI` is exact), so it keeps full precision even at |x| ≈ 88.
+#[inline(always)]
+fn exp_parts<const FMA: bool>(x: f32) -> (f32, f32, f32) {
+    const MAGIC: f32 = 12_582_912.0; // 1.5·2²³
+    const LN2_HI: f32 = 0.693_145_75; // = 0.693145751953125 exactly (bits 0x3F31_7200)
+    const LN2_LO: f32 = 1.428_606_8e-6; // ln 2 − LN2_HI
+    let big = madd::<FMA>(x, std::f32::consts::LOG2_E, MAGIC);
+    let n = big - MAGIC;
+    let r = madd::<FMA>(n, -LN2_LO, madd::<FMA>(n, -LN2_HI, x));
+    (exp_reduced::<FMA>(r), n, big)
+}
+
+/// `2^n` for an integer `n ∈ [−127, 127]` given `big = n + 1.5·2²³` (from [`exp_parts`]):
+/// the low mantissa bits of `big` hold `n`, moved into the exponent field (`n = −127`
+/// gives exactly 0).
+#[inline(always)]
+fn pow2_from_magic(big: f32) -> f32 {
+    f32::from_bits(big.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23)
+}
+
+/// `e^x` for `x ≤ 88.3` — the arguments of softmax, `x − max ≤ 0` — within 2.5e-7
+/// relative, branch-free so loops over it vectorize. `x < −88` (and −∞) gives exactly 0
+/// (results below 2^−126.5 flush to 0), NaN stays NaN; above 88.3 the result is wrong
+/// (use [`fast_exp`]).
+#[inline(always)]
+pub fn exp_lane<const FMA: bool>(x: f32) -> f32 {
+    // Written as a comparison so NaN passes through (x86 `maxps` keeps its second operand).
+    let xc = if x < -88.0 { -88.0 } else { x };
+    let (p, _, big) = exp_parts::<FMA>(xc);
+    p * pow2_from_magic(big)
+}
+
+/// `e^x` on the whole f32 range, within 2.5e-7 relative, branch-free: `x < −88` (and −∞)
+/// gives 0, `x > 88.72` gives +∞, NaN stays NaN.
+#[inline(always)]
+pub fn fast_exp<const FMA: bool>(x: f32) -> f32 {
+    let xc = x.clamp(-88.0, 88.72);
+    let (p, n, big) = exp_parts::<FMA>(xc);
+    // 2^128 is not an f32: n = 128 builds 2^127 and doubles once more.
+    let top = n > 127.0;
+    let scale = pow2_from_magic(if top { big - 1.0 } else { big });
+    let r = p * scale * if top { 2.0 } else { 1.0 };
+    if x > 88.72 {
         f32::INFINITY
     } else {
         r
+    }
+}
+
+multiversion! {
+    /// `e[i] = e^(x[i] − m)` (equal lengths), returning `Σ e[i]`: the softmax inner loop,
+    /// reading the row where it lies and writing the exps to a scratch row.
+    pub fn exp_sub_sum_into(x: &[f32], e: &mut [f32], m: f32) -> f32 {
+        let n = x.len().min(e.len());
+        let (x, e) = (&x[..n], &mut e[..n]);
+        let mut acc = [0.0f32; LANES];
+        let mut cx = x.chunks_exact(LANES);
+        let mut ce = e.chunks_exact_mut(LANES);
+        for (v, o) in (&mut cx).zip(&mut ce) {
+            for l in 0..LANES {
+                o[l] = exp_lane::<FMA>(v[l] - m);
+                acc[l] += o[l];
+            }
+        }
+        let mut tail = 0.0;
+        for (v, o) in cx.remainder().iter().zip(ce.into_remainder()) {
+            *o = exp_lane::<FMA>(*v - m);
+            tail += *o;
+        }
+        acc.iter().sum::<f32>() + tail
     }
 }
 
@@ -251,13 +355,13 @@ multiversion! {
         let mut c = x.chunks_exact_mut(LANES);
         for v in &mut c {
             for l in 0..LANES {
-                v[l] = fast_exp(v[l] - m);
+                v[l] = exp_lane::<FMA>(v[l] - m);
                 acc[l] += v[l];
             }
         }
         let mut tail = 0.0;
         for v in c.into_remainder() {
-            *v = fast_exp(*v - m);
+            *v = exp_lane::<FMA>(*v - m);
             tail += *v;
         }
         acc.iter().sum::<f32>() + tail
@@ -268,21 +372,37 @@ multiversion! {
 mod tests {
     use super::*;
 
+    /// Both exps, with and without fused multiply-adds, against f64 over their ranges.
     #[test]
-    fn fast_exp_is_accurate() {
-        let mut worst = 0.0f64;
-        let mut x = -87.0f32;
-        while x < 88.0 {
-            let rel = ((fast_exp(x) as f64 - (x as f64).exp()) / (x as f64).exp()).abs();
-            worst = worst.max(rel);
-            x += 0.0137;
+    fn exps_are_accurate() {
+        fn check(name: &str, f: impl Fn(f32) -> f32, lo: f32, hi: f32) {
+            let mut worst = 0.0f64;
+            let mut x = lo;
+            while x < hi {
+                let want = (x as f64).exp();
+                worst = worst.max(((f(x) as f64 - want) / want).abs());
+                x += 0.0137;
+            }
+            assert!(worst < 3e-7, "{name}: worst relative error {worst}");
         }
-        assert!(worst < 5e-7, "worst relative error {worst}");
-        assert_eq!(fast_exp(f32::NEG_INFINITY), 0.0);
-        assert_eq!(fast_exp(-100.0), 0.0);
-        assert_eq!(fast_exp(100.0), f32::INFINITY);
-        let near_max = fast_exp(88.5);
-        assert!(near_max.is_finite() && ((near_max as f64 - 88.5f64.exp()) / 88.5f64.exp()).abs() < 1e-6);
+        check("exp_lane fma", exp_lane::<true>, -87.0, 88.3);
+        check("exp_lane", exp_lane::<false>, -87.0, 88.3);
+        check("fast_exp fma", fast_exp::<true>, -87.0, 88.7);
+        check("fast_exp", fast_exp::<false>, -87.0, 88.7);
+        type Exp = fn(f32) -> f32;
+        let pairs: [(Exp, Exp); 2] = [(exp_lane::<true>, fast_exp::<true>), (exp_lane::<false>, fast_exp::<false>)];
+        for (lane, full) in pairs {
+            assert_eq!(lane(f32::NEG_INFINITY), 0.0);
+            assert_eq!(lane(-100.0), 0.0);
+            assert!(lane(f32::NAN).is_nan());
+            assert_eq!(lane(0.0), 1.0);
+            assert_eq!(full(f32::NEG_INFINITY), 0.0);
+            assert_eq!(full(100.0), f32::INFINITY);
+            assert_eq!(full(f32::INFINITY), f32::INFINITY);
+            assert!(full(f32::NAN).is_nan());
+            let (top, want) = (88.7f32, (88.7f32 as f64).exp());
+            assert!(full(top).is_finite() && ((full(top) as f64 - want) / want).abs() < 1e-6);
+        }
     }
 
     #[test]

@@ -10,8 +10,9 @@
 //! A row (or column) of all `−∞` has no finite maximum: softmax gives zeros and
 //! log-softmax `−∞`, never NaN (`−∞ − (−∞)` is never formed).
 
+use crate::cpu::output::{self, Dst};
 use crate::cpu::pool::SharedMut;
-use crate::cpu::simd::{self, fast_exp, multiversion, Isa};
+use crate::cpu::simd::{self, exp_lane, multiversion};
 use crate::cpu::{check, convert, CpuBackend};
 use crate::error::Result;
 use crate::tensor::Tensor;
@@ -47,22 +48,16 @@ struct Tile {
     width: usize,
 }
 
-/// Runs `row(start, dst_row)` over contiguous rows when `inner == 1`, else
-/// `tile(tile, out)` over disjoint column tiles; both in parallel when the work is large.
+/// Runs `tile(tile, out)` over the disjoint column tiles of a strided layout
+/// (`inner > 1`), in parallel when the work is large.
 fn along_dim(
     cpu: &CpuBackend,
     layout: Layout,
     out: &mut [f32],
     work: usize,
-    row: impl Fn(usize, &mut [f32]) + Sync + Send,
     tile: impl Fn(Tile, SharedMut<f32>) + Sync + Send,
 ) {
     if layout.len == 0 || out.is_empty() {
-        return;
-    }
-    if layout.inner == 1 {
-        let len = layout.len;
-        cpu.for_each_chunk(out, len, work, |r, dst| row(r * len, dst));
         return;
     }
     let blocks = layout.inner.div_ceil(COLS);
@@ -80,22 +75,30 @@ fn along_dim(
     });
 }
 
-/// The output of an op along `dim`: contiguous rows (`inner == 1`) are filled chunk by
-/// chunk into a fresh buffer ([`convert::f32_output_chunks`]: no whole-buffer zeroing, F16/BF16
-/// converted per row); strided tiles go through [`along_dim`].
+/// The output of an op along `dim`: contiguous rows (`inner == 1`) are written row by row
+/// into a fresh tensor through [`Dst`] (no zeroing pass, streaming stores beyond the
+/// caches, F16/BF16 rounded on store); strided tiles go through [`along_dim`].
 fn dim_output(
     cpu: &CpuBackend,
+    op: &'static str,
     x: &Tensor,
     layout: Layout,
     work: usize,
-    row: impl Fn(usize, &mut [f32]) + Sync + Send,
+    row: impl Fn(usize, Dst<'_>) + Sync + Send,
     tile: impl Fn(Tile, SharedMut<f32>) + Sync + Send,
 ) -> Result<Tensor> {
     let len = layout.len;
     if layout.inner == 1 && len > 0 && x.shape().elem_count() > 0 {
-        return convert::f32_output_chunks(cpu, x.shape(), x.dtype(), len, work, |r, dst| row(r * len, dst));
+        // Tasks of several rows when rows are short (about 16 Ki elements a task).
+        let rows_per_task = ((1 << 14) / len).max(1);
+        let chunk = rows_per_task * len;
+        return output::fresh_tensor(cpu, op, x.shape(), x.dtype(), chunk, work, |t, dst| {
+            for (k, row_dst) in dst.into_chunks(len).enumerate() {
+                row(t * chunk + k * len, row_dst);
+            }
+        });
     }
-    convert::f32_output(cpu, x.shape(), x.dtype(), |out| along_dim(cpu, layout, out, work, row, tile))
+    convert::f32_output(cpu, x.shape(), x.dtype(), |out| along_dim(cpu, layout, out, work, tile))
 }
 
 /// Row `j` of a tile in a read-only buffer.
@@ -117,44 +120,67 @@ unsafe fn tile_row_mut(out: &SharedMut<f32>, t: Tile, j: usize) -> &mut [f32] {
 }
 
 multiversion! {
-    /// `dst[i] = (src[i] − a) − b` (log-softmax: subtract the max, then ln Σ).
-    pub fn shift2(src: &[f32], dst: &mut [f32], a: f32, b: f32) {
-        for (d, &s) in dst.iter_mut().zip(src) {
-            *d = (s - a) - b;
-        }
+    /// `dst = (src − a) − b` (log-softmax: subtract the max, then ln Σ).
+    pub fn shift2(src: &[f32], dst: Dst<'_>, a: f32, b: f32) {
+        dst.write(#[inline(always)] |start, tile| {
+            let n = tile.len();
+            for (d, &s) in tile.iter_mut().zip(&src[start..start + n]) {
+                *d = (s - a) - b;
+            }
+        })
     }
 }
 
 multiversion! {
-    /// `dx[i] = y[i]·(dy[i] − d)` (softmax backward with `d = Σ y·dy`).
-    pub fn softmax_grad_row(y: &[f32], dy: &[f32], dx: &mut [f32], d: f32) {
-        for ((o, &y), &g) in dx.iter_mut().zip(y).zip(dy) {
-            *o = y * (g - d);
-        }
+    /// `dx = y·(dy − d)` (softmax backward with `d = Σ y·dy`), prefetching the next rows
+    /// of y and dy (`next_y`, `next_dy`).
+    pub fn softmax_grad_row(y: &[f32], dy: &[f32], dx: Dst<'_>, d: f32, next_y: &[f32], next_dy: &[f32]) {
+        dx.write(#[inline(always)] |start, tile| {
+            let n = tile.len();
+            simd::prefetch(next_y, start, n);
+            simd::prefetch(next_dy, start, n);
+            for ((o, &y), &g) in tile.iter_mut().zip(&y[start..start + n]).zip(&dy[start..start + n]) {
+                *o = y * (g - d);
+            }
+        })
     }
 }
 
-/// `dst = softmax(src)` for one contiguous row.
-fn softmax_row(src: &[f32], dst: &mut [f32]) {
+multiversion! {
+    /// `dst = s·src` for a row of equal length, prefetching `next` (the next input row).
+    pub fn scaled(src: &[f32], dst: Dst<'_>, s: f32, next: &[f32]) {
+        dst.write(#[inline(always)] |start, tile| {
+            let n = tile.len();
+            simd::prefetch(next, start, n);
+            for (d, &x) in tile.iter_mut().zip(&src[start..start + n]) {
+                *d = x * s;
+            }
+        })
+    }
+}
+
+/// `dst = softmax(src)` for one contiguous row: the max, then `e^(x − max)` into a
+/// scratch row with its sum, then the scaled row written once, prefetching `next` (the
+/// next row) meanwhile, so its reads overlap this row's compute and stores.
+fn softmax_row(src: &[f32], dst: Dst<'_>, next: &[f32]) {
     let m = simd::max(src);
     if m == f32::NEG_INFINITY {
-        dst.fill(0.0);
-        return;
+        return; // dropped unwritten: zeros
     }
-    dst.copy_from_slice(src);
-    let s = simd::exp_sub_sum(dst, m);
-    simd::scale(dst, 1.0 / s);
+    output::with_scratch(src.len(), |e| {
+        let s = simd::exp_sub_sum_into(src, e, m);
+        scaled(e, dst, 1.0 / s, next);
+    })
 }
 
 /// `dst = log_softmax(src)` for one contiguous row: `(x − m) − ln Σ e^(x − m)`.
-fn log_softmax_row(src: &[f32], dst: &mut [f32]) {
+fn log_softmax_row(src: &[f32], dst: Dst<'_>) {
     let m = simd::max(src);
     if m == f32::NEG_INFINITY {
         dst.fill(f32::NEG_INFINITY);
         return;
     }
-    dst.copy_from_slice(src);
-    let s = simd::exp_sub_sum(dst, m);
+    let s = output::with_scratch(src.len(), |e| simd::exp_sub_sum_into(src, e, m));
     shift2(src, dst, m, s.ln());
 }
 
@@ -173,7 +199,7 @@ struct ColumnStats {
 /// # Safety
 /// As [`tile_row_mut`].
 #[inline(always)]
-unsafe fn tile_exp(src: &[f32], t: Tile, out: &SharedMut<f32>) -> ColumnStats {
+unsafe fn tile_exp<const FMA: bool>(src: &[f32], t: Tile, out: &SharedMut<f32>) -> ColumnStats {
     let mut st = ColumnStats { max: [f32::NEG_INFINITY; COLS], dead: [false; COLS], sum: [0.0; COLS] };
     for j in 0..t.len {
         for (m, &x) in st.max.iter_mut().zip(tile_row(src, t, j)) {
@@ -188,7 +214,7 @@ unsafe fn tile_exp(src: &[f32], t: Tile, out: &SharedMut<f32>) -> ColumnStats {
         // SAFETY: forwarded from the caller.
         let dst = unsafe { tile_row_mut(out, t, j) };
         for (((d, &x), &m), s) in dst.iter_mut().zip(tile_row(src, t, j)).zip(&st.max).zip(st.sum.iter_mut()) {
-            *d = fast_exp(x - m);
+            *d = exp_lane::<FMA>(x - m);
             *s += *d;
         }
     }
@@ -203,7 +229,7 @@ mod tiles {
         /// Softmax of one strided tile.
         pub fn softmax_tile(src: &[f32], t: Tile, out: SharedMut<f32>) {
             // SAFETY: `along_dim` gives each tile to exactly one task and tiles lie inside `out`.
-            let st = unsafe { tile_exp(src, t, &out) };
+            let st = unsafe { tile_exp::<FMA>(src, t, &out) };
             // A dead column summed exactly 0 (every e^−∞ is 0): its scale is 0, not 1/0.
             let inv: [f32; COLS] = std::array::from_fn(|c| if st.sum[c] > 0.0 { 1.0 / st.sum[c] } else { 0.0 });
             for j in 0..t.len {
@@ -220,7 +246,7 @@ mod tiles {
         /// Log-softmax of one strided tile: `(x − max) − ln Σ`, `−∞` for a dead column.
         pub fn log_softmax_tile(src: &[f32], t: Tile, out: SharedMut<f32>) {
             // SAFETY: `along_dim` gives each tile to exactly one task and tiles lie inside `out`.
-            let st = unsafe { tile_exp(src, t, &out) };
+            let st = unsafe { tile_exp::<FMA>(src, t, &out) };
             // Dead columns: shift by +∞ so that (x − 0) − ∞ = −∞ (x is −∞ or finite there).
             let shift: [f32; COLS] = std::array::from_fn(|c| if st.dead[c] { f32::INFINITY } else { st.sum[c].ln() });
             for j in 0..t.len {
@@ -265,10 +291,14 @@ pub fn softmax(cpu: &CpuBackend, x: &Tensor, dim: usize) -> Result<Tensor> {
     let layout = Layout::of(x.dims(), dim);
     dim_output(
         cpu,
+        OP,
         x,
         layout,
         EXP_WORK,
-        |start, dst| softmax_row(&xs[start..start + dst.len()], dst),
+        |start, dst| {
+            let n = dst.len();
+            softmax_row(&xs[start..start + n], dst, xs.get(start + n..start + 2 * n).unwrap_or(&[]))
+        },
         |t, o| tiles::softmax_tile(&xs, t, o),
     )
 }
@@ -288,13 +318,16 @@ pub fn softmax_backward(cpu: &CpuBackend, y: &Tensor, d_out: &Tensor, dim: usize
     let layout = Layout::of(y.dims(), dim);
     dim_output(
         cpu,
+        OP,
         y,
         layout,
         GRAD_WORK,
         |start, dst| {
-            let range = start..start + dst.len();
-            let (yr, dyr) = (&ys[range.clone()], &dys[range]);
-            softmax_grad_row(yr, dyr, dst, simd::dot(yr, dyr));
+            let n = dst.len();
+            let (yr, dyr) = (&ys[start..start + n], &dys[start..start + n]);
+            let next = start + n..start + 2 * n;
+            let (next_y, next_dy) = (ys.get(next.clone()).unwrap_or(&[]), dys.get(next).unwrap_or(&[]));
+            softmax_grad_row(yr, dyr, dst, simd::dot(yr, dyr), next_y, next_dy);
         },
         |t, o| tiles::softmax_grad_tile(&ys, &dys, t, o),
     )
@@ -312,6 +345,7 @@ pub fn log_softmax(cpu: &CpuBackend, x: &Tensor, dim: usize) -> Result<Tensor> {
     let layout = Layout::of(x.dims(), dim);
     dim_output(
         cpu,
+        OP,
         x,
         layout,
         EXP_WORK,

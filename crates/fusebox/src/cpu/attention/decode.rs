@@ -14,7 +14,7 @@
 
 use super::{Dims, Problem};
 use crate::cpu::pool::SharedMut;
-use crate::cpu::simd::{self, multiversion, Isa};
+use crate::cpu::simd::{self, multiversion};
 use crate::cpu::CpuBackend;
 
 /// Keys per softmax block (the scores of one block stay in L1).
@@ -81,7 +81,7 @@ fn group_forward(p: &Problem, kv_head: usize, out: &SharedMut<f32>, lse: &Shared
                 // A head whose scores are all −∞ so far shifts by 0 (never −∞ − −∞).
                 let shift = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
                 let block_sum = simd::exp_sub_sum(sg, shift);
-                alpha[g] = simd::fast_exp(m[g] - shift);
+                alpha[g] = simd::exp_lane::<false>(m[g] - shift);
                 l[g] = alpha[g] * l[g] + block_sum;
                 m[g] = m_new;
             }

@@ -23,7 +23,7 @@
 //! AVX2 and AVX-512 builds; the portable build multiplies and adds (a software `fmaf`
 //! would be far slower).
 
-use crate::cpu::simd::{multiversion, Isa};
+use crate::cpu::simd::{exp_lane, multiversion};
 
 /// Rows of one register tile (query rows, or key rows in the backward's `Pᵀ·dO`).
 pub const TILE_ROWS: usize = 4;
@@ -31,12 +31,6 @@ pub const TILE_ROWS: usize = 4;
 /// ([`softmax_cols`] also takes blocks of 16).
 pub const QUERY_COLS: usize = 64;
 const LANES: usize = 16;
-
-/// Whether the running ISA has hardware FMA.
-#[inline(always)]
-fn has_fma() -> bool {
-    Isa::selected() != Isa::Scalar
-}
 
 /// `acc[l] += x·b[l]` on one register of lanes.
 #[inline(always)]
@@ -199,11 +193,7 @@ multiversion! {
         ld_b: usize,
         cols: &[(usize, usize)]
     ) {
-        if has_fma() {
-            scores_impl::<true>(s, ld_s, a, lda, depth, bt, ld_b, cols)
-        } else {
-            scores_impl::<false>(s, ld_s, a, lda, depth, bt, ld_b, cols)
-        }
+        scores_impl::<FMA>(s, ld_s, a, lda, depth, bt, ld_b, cols)
     }
 }
 
@@ -290,11 +280,7 @@ multiversion! {
         alpha: Option<&[f32]>
     ) {
         let a = AView { a, lda };
-        if has_fma() {
-            accumulate_impl::<false, true>(c, dp, a, b, ranges, alpha)
-        } else {
-            accumulate_impl::<false, false>(c, dp, a, b, ranges, alpha)
-        }
+        accumulate_impl::<false, FMA>(c, dp, a, b, ranges, alpha)
     }
 }
 
@@ -312,40 +298,7 @@ multiversion! {
         alpha: Option<&[f32]>
     ) {
         let a = AView { a, lda };
-        if has_fma() {
-            accumulate_impl::<true, true>(c, dp, a, b, ranges, alpha)
-        } else {
-            accumulate_impl::<true, false>(c, dp, a, b, ranges, alpha)
-        }
-    }
-}
-
-/// `e^x` for `x ≤ 88` to about 2e-7 relative, vectorizable (no float→int conversion):
-/// `n` = the integer nearest `x·log2 e`, found by adding 1.5·2²³ so the rounding lands in
-/// the low mantissa bits; `r = x − n·ln 2` in two steps (Cody–Waite: `n·LN2_HI` is exact,
-/// so r keeps full precision even for large |x|); `e^x = 2^n · e^r` with `e^r` by a
-/// degree-6 Taylor polynomial (|r| ≤ 0.35, error < 2e-7) and `2^n` built as exponent
-/// bits from the same mantissa bits. `x < −87` (and −∞) gives 0.
-#[inline(always)]
-fn exp_lane<const FMA: bool>(x: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0; // 1.5·2²³
-    const LN2_HI: f32 = 0.693_145_75; // = 0.693145751953125 exactly (bits 0x3F31_7200)
-    const LN2_LO: f32 = 1.428_606_8e-6; // ln 2 − LN2_HI
-    let madd = |a: f32, b: f32, c: f32| if FMA { a.mul_add(b, c) } else { a * b + c };
-    let xc = x.clamp(-87.0, 88.0);
-    let big = xc * std::f32::consts::LOG2_E + MAGIC;
-    let n = big - MAGIC;
-    let r = madd(-n, LN2_LO, madd(-n, LN2_HI, xc));
-    let mut p = 1.0 / 720.0;
-    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
-        p = madd(p, r, c);
-    }
-    // big's bits are 0x4B40_0000 + n; the exponent field of 2^n is n + 127.
-    let two_n = f32::from_bits(big.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23);
-    if x < -87.0 {
-        0.0
-    } else {
-        p * two_n
+        accumulate_impl::<true, FMA>(c, dp, a, b, ranges, alpha)
     }
 }
 
@@ -466,11 +419,10 @@ multiversion! {
         l: &mut [f32],
         alpha: &mut [f32]
     ) {
-        match (has_fma(), cols == 16) {
-            (true, true) => softmax_cols_impl::<true, 16>(st, keys, first_query, m, l, alpha),
-            (true, false) => softmax_cols_impl::<true, QUERY_COLS>(st, keys, first_query, m, l, alpha),
-            (false, true) => softmax_cols_impl::<false, 16>(st, keys, first_query, m, l, alpha),
-            (false, false) => softmax_cols_impl::<false, QUERY_COLS>(st, keys, first_query, m, l, alpha),
+        if cols == 16 {
+            softmax_cols_impl::<FMA, 16>(st, keys, first_query, m, l, alpha)
+        } else {
+            softmax_cols_impl::<FMA, QUERY_COLS>(st, keys, first_query, m, l, alpha)
         }
     }
 }
@@ -481,35 +433,6 @@ multiversion! {
     /// holding `dP` on entry, `dS_j = p_j·(dP_j − delta[r])` for `j < n`; both rows are
     /// zeroed from `n` to `ld`, and entirely when `n = 0` or `lse = −∞`.
     pub fn probs_and_grads(p: &mut [f32], ds: &mut [f32], ld: usize, visible: &[usize], lse: &[f32], delta: &[f32]) {
-        if has_fma() {
-            probs_and_grads_impl::<true>(p, ds, ld, visible, lse, delta)
-        } else {
-            probs_and_grads_impl::<false>(p, ds, ld, visible, lse, delta)
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn exp_lane_is_accurate() {
-        for fma in [false, true] {
-            let mut worst = 0.0f64;
-            let mut x = -87.0f32;
-            while x < 88.0 {
-                let got = if fma { exp_lane::<true>(x) } else { exp_lane::<false>(x) };
-                let want = (x as f64).exp();
-                worst = worst.max(((got as f64 - want) / want).abs());
-                x += 0.0137;
-            }
-            assert!(worst < 5e-7, "fma={fma}: worst relative error {worst}");
-        }
-        assert_eq!(exp_lane::<false>(f32::NEG_INFINITY), 0.0);
-        assert_eq!(exp_lane::<false>(-100.0), 0.0);
-        assert!(exp_lane::<false>(f32::NAN).is_nan());
-        // The high part of ln 2 has 16 significant bits, so n·LN2_HI is exact.
-        assert_eq!(0.693_145_75f32.to_bits(), 0x3F31_7200);
+        probs_and_grads_impl::<FMA>(p, ds, ld, visible, lse, delta)
     }
 }

@@ -1,0 +1,616 @@
+//! Fresh outputs, written once, tile by tile, with streaming stores beyond the caches.
+//!
+//! A kernel that fills a new tensor receives it in pieces ([`Dst`]: a row, or a chunk of
+//! elements), each of which it writes exactly once: [`Dst::write`] hands the kernel one
+//! small f32 tile at a time ([`TILE`] elements, in registers or L1), and stores the
+//! finished tile into the output in its dtype (F16/BF16 rounded here, so kernels compute
+//! in f32 only). No pass zeroes the output beforehand.
+//!
+//! Why tiles: a plain store to a line that is not in cache first reads the line from
+//! memory (read-for-ownership), so a fresh output beyond the caches crosses the memory
+//! bus twice. A non-temporal store writes whole lines through write-combining buffers
+//! without reading them, as `memcpy` does for large copies. Outputs of at least
+//! [`stream_threshold`] bytes are therefore stored with non-temporal stores, tile by tile,
+//! right after each tile is computed (computing a whole row into a scratch buffer first
+//! and streaming it afterwards measured far slower: the stores then come in bursts).
+//! Smaller outputs keep plain stores: they are likely still cached when the next op
+//! reads them, and streaming would push them out.
+//!
+//! A piece the kernel does not write is zero-filled when dropped, so "untouched means
+//! zero" holds as it did for zeroed buffers.
+//!
+//! Hazard: non-temporal stores are weakly ordered. Every task of [`fresh_tensors`] ends
+//! with `sfence`, so its stores are globally visible before the task signals completion
+//! and another thread reads them; [`Dst`]s exist only inside those tasks.
+
+use std::cell::Cell;
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
+
+use crate::cpu::CpuBackend;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::shape::Shape;
+use crate::tensor::Tensor;
+
+/// Elements of one f32 tile: four cache lines. Small on purpose: each tile's streaming
+/// stores then go out between the loads of the next tile's inputs; tiles of 256 and more
+/// elements measured slower than plain stores (the stores come in bursts that stall on
+/// the write-combining buffers while no loads are in flight). Kernels therefore call
+/// [`Dst::write`] inside their own vectorized loop (so the per-tile work is inlined),
+/// not once per tile through a dispatching call.
+pub const TILE: usize = 64;
+
+/// How a piece of output is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    /// Plain stores (the output stays in cache for the next op).
+    Cached,
+    /// Non-temporal stores for whole 64-byte lines (no read-for-ownership).
+    Stream,
+}
+
+impl Store {
+    /// Streaming for an output of at least [`stream_threshold`] bytes, else cached.
+    pub fn for_output(bytes: usize) -> Store {
+        if bytes >= stream_threshold() {
+            Store::Stream
+        } else {
+            Store::Cached
+        }
+    }
+}
+
+/// Outputs of at least this many bytes are streamed: by default a quarter of the
+/// last-level cache (read from sysfs on Linux, else 32 MiB assumed), at least 4 MiB. An
+/// output that large, together with its inputs, fills most of the cache, so it would be
+/// evicted before the next op reads it anyway. `FUSEBOX_STREAM_MIN_BYTES` or
+/// [`set_stream_threshold`] override it.
+pub fn stream_threshold() -> usize {
+    match THRESHOLD.load(Ordering::Relaxed) {
+        0 => {
+            let t = default_threshold();
+            THRESHOLD.store(t, Ordering::Relaxed);
+            t
+        }
+        t => t,
+    }
+}
+
+/// Sets the streaming threshold in bytes for the whole process (`usize::MAX`: never
+/// stream; 0 restores the default).
+pub fn set_stream_threshold(bytes: usize) {
+    THRESHOLD.store(if bytes == 0 { default_threshold() } else { bytes }, Ordering::Relaxed);
+}
+
+/// The threshold in use; 0 until first read.
+static THRESHOLD: AtomicUsize = AtomicUsize::new(0);
+
+fn default_threshold() -> usize {
+    static DEFAULT: OnceLock<usize> = OnceLock::new();
+    *DEFAULT.get_or_init(|| {
+        let env = std::env::var("FUSEBOX_STREAM_MIN_BYTES").ok().and_then(|v| v.parse::<usize>().ok());
+        env.filter(|&b| b > 0).unwrap_or_else(|| (last_level_cache_bytes().unwrap_or(32 << 20) / 4).max(4 << 20))
+    })
+}
+
+/// The size of the largest cache `cpu0` reports in sysfs (`index*/size`, e.g. `32768K`).
+fn last_level_cache_bytes() -> Option<usize> {
+    let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
+    dir.filter_map(|entry| {
+        let size = std::fs::read_to_string(entry.ok()?.path().join("size")).ok()?;
+        let size = size.trim();
+        let split = size.find(|c: char| !c.is_ascii_digit()).unwrap_or(size.len());
+        let n: usize = size[..split].parse().ok()?;
+        Some(match &size[split..] {
+            "K" => n << 10,
+            "M" => n << 20,
+            "G" => n << 30,
+            _ => n,
+        })
+    })
+    .max()
+}
+
+/// The slots of one output piece, by element type.
+enum Slots<'a> {
+    F32(&'a mut [MaybeUninit<f32>]),
+    F16(&'a mut [MaybeUninit<f16>]),
+    BF16(&'a mut [MaybeUninit<bf16>]),
+}
+
+impl Slots<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Slots::F32(s) => s.len(),
+            Slots::F16(s) => s.len(),
+            Slots::BF16(s) => s.len(),
+        }
+    }
+}
+
+/// One piece of a fresh output (see the module docs), written once by value: by
+/// [`write`](Dst::write), [`fill`](Dst::fill) or [`copy_from`](Dst::copy_from), or split
+/// into smaller pieces by [`into_chunks`](Dst::into_chunks). Dropped unwritten, it is
+/// zero-filled.
+pub struct Dst<'a> {
+    slots: Slots<'a>,
+    store: Store,
+}
+
+impl<'a> Dst<'a> {
+    fn new(slots: Slots<'a>, store: Store) -> Dst<'a> {
+        Dst { slots, store }
+    }
+
+    /// A piece of no elements.
+    fn empty() -> Dst<'a> {
+        Dst::new(Slots::F32(&mut []), Store::Cached)
+    }
+
+    /// Elements in this piece.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The slots, leaving this piece empty (so its drop writes nothing).
+    fn take(&mut self) -> Slots<'a> {
+        std::mem::replace(&mut self.slots, Slots::F32(&mut []))
+    }
+
+    /// Writes every element: `f(start, tile)` stores elements `start .. start + tile.len()`
+    /// of this piece, as f32, into `tile` (whose contents on entry are unspecified), tile
+    /// after tile in order. Streamed pieces start their second tile at a 64-byte
+    /// boundary, so every tile after the first covers whole cache lines. A cached F32
+    /// piece is handed over whole, as one tile (its own memory, zeroed).
+    #[inline(always)]
+    pub fn write(mut self, mut f: impl FnMut(usize, &mut [f32])) {
+        let store = self.store;
+        match self.take() {
+            // Cached f32: the kernel writes the (zeroed) piece in place, in one call.
+            Slots::F32(s) if store == Store::Cached => f(0, crate::cpu::convert::init_default(s)),
+            Slots::F32(s) => write_tiles(s, store, &mut f),
+            Slots::F16(s) => write_tiles(s, store, &mut f),
+            Slots::BF16(s) => write_tiles(s, store, &mut f),
+        }
+    }
+
+    /// Sets every element to `value`.
+    pub fn fill(self, value: f32) {
+        self.write(|_, tile| tile.fill(value));
+    }
+
+    /// Writes `src` (this piece's length) as the values.
+    pub fn copy_from(self, src: &[f32]) {
+        assert_eq!(src.len(), self.len(), "Dst::copy_from: length");
+        self.write(|start, tile| tile.copy_from_slice(&src[start..start + tile.len()]));
+    }
+
+    /// Writes this piece and `other` (of the same length and dtype) together, tile by
+    /// tile: `f(start, a, b)` fills both tiles (see [`write`](Dst::write)).
+    ///
+    /// # Panics
+    /// When the lengths or dtypes differ (a kernel bug: both come from one op).
+    #[inline(always)]
+    pub fn write_pair(mut self, mut other: Dst<'a>, mut f: impl FnMut(usize, &mut [f32], &mut [f32])) {
+        assert_eq!(self.len(), other.len(), "Dst::write_pair: lengths differ");
+        let store = self.store;
+        match (self.take(), other.take()) {
+            (Slots::F32(a), Slots::F32(b)) => write_tile_pairs(a, b, store, &mut f),
+            (Slots::F16(a), Slots::F16(b)) => write_tile_pairs(a, b, store, &mut f),
+            (Slots::BF16(a), Slots::BF16(b)) => write_tile_pairs(a, b, store, &mut f),
+            _ => panic!("Dst::write_pair: the two outputs have different dtypes"),
+        }
+    }
+
+    /// Splits this piece into consecutive pieces of `len` elements (the last may be
+    /// shorter), each to be written on its own.
+    pub fn into_chunks(mut self, len: usize) -> impl Iterator<Item = Dst<'a>> {
+        let store = self.store;
+        let len = len.max(1);
+        let pieces: Vec<Slots<'a>> = match self.take() {
+            Slots::F32(s) => s.chunks_mut(len).map(Slots::F32).collect(),
+            Slots::F16(s) => s.chunks_mut(len).map(Slots::F16).collect(),
+            Slots::BF16(s) => s.chunks_mut(len).map(Slots::BF16).collect(),
+        };
+        pieces.into_iter().map(move |s| Dst::new(s, store))
+    }
+}
+
+impl Drop for Dst<'_> {
+    fn drop(&mut self) {
+        if !self.is_empty() {
+            let rest = Dst::new(self.take(), self.store);
+            rest.fill(0.0);
+        }
+    }
+}
+
+/// An element type outputs are stored in.
+trait Elem: Copy {
+    /// Stores an f32 tile into `dst` (same length), rounded to this type.
+    fn store_tile(dst: &mut [MaybeUninit<Self>], tile: &[f32], store: Store);
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn store_tile(dst: &mut [MaybeUninit<f32>], tile: &[f32], store: Store) {
+        store_elems(dst, tile, store);
+    }
+}
+
+impl Elem for f16 {
+    #[inline(always)]
+    fn store_tile(dst: &mut [MaybeUninit<f16>], tile: &[f32], store: Store) {
+        let mut rounded = [f16::ZERO; TILE];
+        rounded[..tile.len()].convert_from_f32_slice(tile);
+        store_elems(dst, &rounded[..tile.len()], store);
+    }
+}
+
+impl Elem for bf16 {
+    #[inline(always)]
+    fn store_tile(dst: &mut [MaybeUninit<bf16>], tile: &[f32], store: Store) {
+        let mut rounded = [bf16::ZERO; TILE];
+        rounded[..tile.len()].convert_from_f32_slice(tile);
+        store_elems(dst, &rounded[..tile.len()], store);
+    }
+}
+
+/// [`Dst::write`] for one element type: tiles computed in f32, then stored (rounded).
+#[inline(always)]
+fn write_tiles<T: Elem>(slots: &mut [MaybeUninit<T>], store: Store, f: &mut impl FnMut(usize, &mut [f32])) {
+    let n = slots.len();
+    if n == 0 {
+        return;
+    }
+    let mut tile = [0.0f32; TILE];
+    let mut start = 0;
+    let mut end = first_tile_end(slots, store).min(n);
+    while start < n {
+        let len = end - start;
+        f(start, &mut tile[..len]);
+        T::store_tile(&mut slots[start..end], &tile[..len], store);
+        start = end;
+        end = (start + TILE).min(n);
+    }
+}
+
+/// [`Dst::write_pair`] for one element type (tiles aligned as `a`'s).
+#[inline(always)]
+fn write_tile_pairs<T: Elem>(
+    a: &mut [MaybeUninit<T>],
+    b: &mut [MaybeUninit<T>],
+    store: Store,
+    f: &mut impl FnMut(usize, &mut [f32], &mut [f32]),
+) {
+    let n = a.len();
+    let (mut ta, mut tb) = ([0.0f32; TILE], [0.0f32; TILE]);
+    let mut start = 0;
+    let mut end = first_tile_end(a, store).min(n);
+    while start < n {
+        let len = end - start;
+        f(start, &mut ta[..len], &mut tb[..len]);
+        T::store_tile(&mut a[start..end], &ta[..len], store);
+        T::store_tile(&mut b[start..end], &tb[..len], store);
+        start = end;
+        end = (start + TILE).min(n);
+    }
+}
+
+/// Where the first tile of `slots` ends: streamed, at the first 64-byte boundary (a whole
+/// tile when the slots start on one), so later tiles cover whole lines.
+#[inline(always)]
+fn first_tile_end<T>(slots: &[MaybeUninit<T>], store: Store) -> usize {
+    match store {
+        Store::Stream => match slots.as_ptr().align_offset(64) {
+            0 => TILE,
+            k => k.min(TILE),
+        },
+        Store::Cached => TILE,
+    }
+}
+
+/// `dst = src`: plain stores, or (streamed) non-temporal stores for the whole 64-byte
+/// lines of a 64-byte-aligned destination and plain stores for the rest. Never a partial
+/// line with non-temporal stores: a partly written write-combining buffer is flushed as
+/// slow partial writes, and the line's other bytes may belong to another task's piece,
+/// which writes them with plain stores from another core (measured: 2.5× slower
+/// softmax rows on two threads).
+#[inline(always)]
+fn store_elems<T: Copy>(dst: &mut [MaybeUninit<T>], src: &[T], store: Store) {
+    let bytes = std::mem::size_of_val(src);
+    let (d, s) = (dst.as_mut_ptr().cast::<u8>(), src.as_ptr().cast::<u8>());
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if store == Store::Stream && d.align_offset(64) == 0 {
+        use std::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
+        done = bytes / 64 * 64;
+        // SAFETY: dst and src are `bytes` long and disjoint (dst is exclusively
+        // borrowed); `d` is 64-byte aligned; SSE is part of x86-64. Any byte pattern
+        // copied from a T is that T.
+        unsafe {
+            for g in 0..done / 16 {
+                _mm_stream_ps(d.add(16 * g).cast(), _mm_loadu_ps(s.add(16 * g).cast()));
+            }
+        }
+    }
+    let _ = store;
+    // The rest one byte at a time: at most a line, and a copy call per tile would cost more.
+    for b in done..bytes {
+        // SAFETY: b < bytes, inside both ranges.
+        unsafe { *d.add(b) = *s.add(b) };
+    }
+}
+
+/// Orders this thread's non-temporal stores before its later stores.
+#[inline(always)]
+fn fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE is part of x86-64.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+}
+
+/// A fresh buffer of one float dtype, filled through [`Dst`] pieces.
+enum Buffer {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+}
+
+impl Buffer {
+    fn with_capacity(op: &'static str, dtype: DType, n: usize) -> Result<Buffer> {
+        match dtype {
+            DType::F32 => Ok(Buffer::F32(Vec::with_capacity(n))),
+            DType::F16 => Ok(Buffer::F16(Vec::with_capacity(n))),
+            DType::BF16 => Ok(Buffer::BF16(Vec::with_capacity(n))),
+            other => Err(Error::dtype(op, "output", "f32, f16 or bf16", other)),
+        }
+    }
+
+    /// The first `n` (uninitialised) slots cut into `chunk`-sized pieces.
+    fn pieces(&mut self, n: usize, chunk: usize, store: Store) -> Vec<Dst<'_>> {
+        let chunk = chunk.max(1);
+        match self {
+            Buffer::F32(v) => {
+                v.spare_capacity_mut()[..n].chunks_mut(chunk).map(|s| Dst::new(Slots::F32(s), store)).collect()
+            }
+            Buffer::F16(v) => {
+                v.spare_capacity_mut()[..n].chunks_mut(chunk).map(|s| Dst::new(Slots::F16(s), store)).collect()
+            }
+            Buffer::BF16(v) => {
+                v.spare_capacity_mut()[..n].chunks_mut(chunk).map(|s| Dst::new(Slots::BF16(s), store)).collect()
+            }
+        }
+    }
+
+    /// Marks the first `n` slots initialised.
+    ///
+    /// # Safety
+    /// Every one of them must have been written (every [`Dst`] over them written or dropped).
+    unsafe fn assume_filled(&mut self, n: usize) {
+        // SAFETY: guaranteed by the caller; the capacity is at least n.
+        unsafe {
+            match self {
+                Buffer::F32(v) => v.set_len(n),
+                Buffer::F16(v) => v.set_len(n),
+                Buffer::BF16(v) => v.set_len(n),
+            }
+        }
+    }
+
+    fn into_tensor(self, shape: Shape) -> Result<Tensor> {
+        match self {
+            Buffer::F32(v) => Tensor::from_vec(v, shape),
+            Buffer::F16(v) => Tensor::from_vec(v, shape),
+            Buffer::BF16(v) => Tensor::from_vec(v, shape),
+        }
+    }
+}
+
+/// One output of [`fresh_tensors`]: its shape, dtype, and the elements each task writes.
+pub struct OutputSpec {
+    pub shape: Shape,
+    pub dtype: DType,
+    pub per_task: usize,
+}
+
+/// New tensors filled in parallel tasks: task `i` receives piece `i` of every output
+/// (`per_task` consecutive elements of output k, the last piece shorter, missing ones
+/// empty) and writes them through their [`Dst`]s; `tasks · work_per_task` decides whether
+/// the tasks run in parallel. Outputs beyond the caches are streamed (see the module docs).
+pub fn fresh_tensors<const K: usize>(
+    cpu: &CpuBackend,
+    op: &'static str,
+    tasks: usize,
+    work_per_task: usize,
+    specs: [OutputSpec; K],
+    fill: impl Fn(usize, [Dst<'_>; K]) + Sync + Send,
+) -> Result<[Tensor; K]> {
+    let mut buffers = Vec::with_capacity(K);
+    for s in &specs {
+        buffers.push(Buffer::with_capacity(op, s.dtype, s.shape.elem_count())?);
+    }
+    {
+        let mut columns: Vec<std::vec::IntoIter<Dst<'_>>> = buffers
+            .iter_mut()
+            .zip(&specs)
+            .map(|(b, s)| {
+                let n = s.shape.elem_count();
+                let store = Store::for_output(s.dtype.storage_bytes(n));
+                let pieces = b.pieces(n, s.per_task, store);
+                assert!(pieces.len() <= tasks, "fresh_tensors: {op} output has more pieces than tasks");
+                pieces.into_iter()
+            })
+            .collect();
+        // Task i's pieces; outputs with fewer pieces give empty ones.
+        let mut per_task: Vec<Option<[Dst<'_>; K]>> =
+            (0..tasks).map(|_| Some(std::array::from_fn(|k| columns[k].next().unwrap_or_else(Dst::empty)))).collect();
+        cpu.for_each_chunk(&mut per_task, 1, work_per_task, |i, task| {
+            if let Some(pieces) = task[0].take() {
+                fill(i, pieces);
+                // One fence per task (after all its pieces): fencing every row stalls on
+                // the write-combining buffers each time.
+                fence();
+            }
+        });
+    }
+    // SAFETY: every piece of every buffer was handed to a task and either written or
+    // zero-filled when dropped (a panicking task propagates before this line).
+    for (b, s) in buffers.iter_mut().zip(&specs) {
+        unsafe { b.assume_filled(s.shape.elem_count()) };
+    }
+    let tensors: Vec<Tensor> =
+        buffers.into_iter().zip(specs).map(|(b, s)| b.into_tensor(s.shape)).collect::<Result<_>>()?;
+    Ok(tensors.try_into().unwrap_or_else(|_| unreachable!("K buffers make K tensors")))
+}
+
+/// A new tensor of `shape` and `dtype` filled by `fill(i, dst)` over chunks of
+/// `chunk_len` elements (in parallel when `len · work_per_elem` is large): see
+/// [`fresh_tensors`].
+pub fn fresh_tensor(
+    cpu: &CpuBackend,
+    op: &'static str,
+    shape: &Shape,
+    dtype: DType,
+    chunk_len: usize,
+    work_per_elem: usize,
+    fill: impl Fn(usize, Dst<'_>) + Sync + Send,
+) -> Result<Tensor> {
+    let chunk_len = chunk_len.max(1);
+    let tasks = shape.elem_count().div_ceil(chunk_len);
+    let spec = OutputSpec { shape: shape.clone(), dtype, per_task: chunk_len };
+    let [t] = fresh_tensors(cpu, op, tasks, chunk_len.saturating_mul(work_per_elem), [spec], |i, [dst]| fill(i, dst))?;
+    Ok(t)
+}
+
+thread_local! {
+    /// Per-thread scratch of [`with_scratch`] (taken out while in use, so a nested call
+    /// allocates its own).
+    static SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+/// Runs `f` on a thread-local f32 scratch slice of `len` elements (contents unspecified:
+/// left from earlier use), for kernels that need a row of temporaries.
+pub fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    let mut buf = SCRATCH.with(|s| s.take());
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    let r = f(&mut buf[..len]);
+    SCRATCH.with(|s| s.set(buf));
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(t: &Tensor) -> Vec<f32> {
+        t.to_vec_f32().expect("float tensor")
+    }
+
+    #[test]
+    fn pieces_are_written_at_every_alignment_and_store() {
+        let cpu = CpuBackend::with_threads(2).expect("pool");
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for n in [0usize, 1, 15, 17, 511, 513, 1500, 4099] {
+                for chunk in [1usize, 7, 100, 512, 4096] {
+                    let shape = Shape::from([n]);
+                    let t = fresh_tensor(&cpu, "test", &shape, dtype, chunk, 1, |i, dst| {
+                        let base = i * chunk;
+                        dst.write(|s, tile| {
+                            for (k, v) in tile.iter_mut().enumerate() {
+                                *v = ((base + s + k) % 256) as f32;
+                            }
+                        })
+                    })
+                    .expect("fresh tensor");
+                    let want: Vec<f32> = (0..n).map(|i| (i % 256) as f32).collect();
+                    assert_eq!(values(&t), want, "{dtype:?} n {n} chunk {chunk}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn streamed_tiles_match_plain_ones() {
+        for offset in 0..20 {
+            let n = 3000;
+            let src: Vec<f32> = (0..n).map(|i| i as f32 * 0.25).collect();
+            let mut buf = vec![MaybeUninit::new(-1.0f32); n + 20];
+            Dst::new(Slots::F32(&mut buf[offset..offset + n]), Store::Stream).copy_from(&src);
+            for (i, slot) in buf.iter().enumerate() {
+                // SAFETY: every slot was initialised (to −1, then maybe overwritten).
+                let got = unsafe { slot.assume_init() };
+                let want = if (offset..offset + n).contains(&i) { src[i - offset] } else { -1.0 };
+                assert_eq!(got, want, "offset {offset} index {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn unwritten_pieces_read_as_zero_and_chunks_split() {
+        let cpu = CpuBackend::with_threads(1).expect("pool");
+        let shape = Shape::from([10, 6]);
+        let t = fresh_tensor(&cpu, "test", &shape, DType::F32, 12, 1, |i, dst| {
+            if i % 2 == 0 {
+                for (r, row) in dst.into_chunks(6).enumerate() {
+                    if r == 0 {
+                        row.fill((i + 1) as f32);
+                    }
+                }
+            }
+        })
+        .expect("fresh tensor");
+        let v = values(&t);
+        for (row, vals) in v.chunks(6).enumerate() {
+            let want = if row % 4 == 0 { (row / 2 + 1) as f32 } else { 0.0 };
+            assert!(vals.iter().all(|&x| x == want), "row {row}: {vals:?}");
+        }
+    }
+
+    #[test]
+    fn several_outputs_of_different_piece_sizes() {
+        let cpu = CpuBackend::with_threads(2).expect("pool");
+        let specs = [
+            OutputSpec { shape: Shape::from([7, 3]), dtype: DType::F32, per_task: 3 },
+            OutputSpec { shape: Shape::from([7]), dtype: DType::BF16, per_task: 1 },
+        ];
+        let [a, b] = fresh_tensors(&cpu, "test", 7, 1, specs, |i, [a, b]| {
+            a.fill(i as f32);
+            b.fill(-(i as f32));
+        })
+        .expect("fresh tensors");
+        assert_eq!(values(&a), (0..21).map(|i| (i / 3) as f32).collect::<Vec<_>>());
+        assert_eq!(values(&b), (0..7).map(|i| -(i as f32)).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn threshold_is_at_least_4_mib() {
+        assert!(stream_threshold() >= 1 << 20);
+        assert_eq!(Store::for_output(1 << 20), Store::Cached);
+    }
+
+    #[test]
+    fn scratch_nests() {
+        let total = with_scratch(10, |a| {
+            a.fill(1.0);
+            with_scratch(5, |b| {
+                b.fill(2.0);
+                b.iter().sum::<f32>()
+            }) + a.iter().sum::<f32>()
+        });
+        assert_eq!(total, 20.0);
+    }
+}
