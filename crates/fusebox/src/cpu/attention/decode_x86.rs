@@ -4,15 +4,17 @@
 //! * Scores: for a tile of 16 keys, each key's `q·k` is accumulated in one 16-lane
 //!   vector per head, and the 16 vectors are then reduced together by a transposing
 //!   tree (unpack, shuffle, 128-bit lane shuffles: about 3 instructions per score),
-//!   instead of one full horizontal sum per key and head. Only the real heads of a
-//!   group are scored (no zero-padded ones).
-//! * Accumulation: `o_g = α_g·o_g + Σ_j p_gj·v_j` with every output row of the heads
+//!   instead of one full horizontal sum per key and head. The queries of 2 heads (d =
+//!   128) or 4 (d = 64) stay in registers, so each K row is loaded once per pass for
+//!   all of them. Only the real heads of a group are scored (no zero-padded ones).
+//! * Accumulation: `o_g = α_g·o_g + Σ_j p_gj·v_j` with 64 output columns of every head
 //!   in registers for the whole block of keys, each V row loaded once.
+//! * Both prefetch the next block (see `decode.rs`).
 
 use std::arch::x86_64::*;
 
 use super::decode::{BLOCK_K, HEADS};
-use crate::cpu::simd::Isa;
+use crate::cpu::simd::{self, Isa};
 
 /// Keys per score tile (one per lane of the reduced vector).
 const TILE: usize = 16;
@@ -23,69 +25,87 @@ pub(super) fn applies(d: usize) -> bool {
 }
 
 /// `s[g·BLOCK_K + j] = q[g]·k_j` for the first `heads` heads of `q` (`[HEADS, d]`) and
-/// every row `k_j` of `k` (`[keys, d]`, keys ≤ BLOCK_K). Only where [`applies`]`(d)`.
-pub(super) fn scores(k: &[f32], d: usize, q: &[f32], heads: usize, s: &mut [f32]) {
+/// every row `k_j` of `k` (`[keys, d]`, keys ≤ BLOCK_K), prefetching `ahead` (the next
+/// block's V rows) alongside the first pass. Heads are scored in passes of as many as fit in
+/// registers beside their queries (4 at d = 64, 2 at d = 128), each K row loaded once per
+/// pass for all of them. Only where [`applies`]`(d)`.
+pub(super) fn scores(k: &[f32], d: usize, q: &[f32], heads: usize, s: &mut [f32], ahead: &[f32]) {
     let keys = k.len() / d;
     assert!(applies(d) && heads <= HEADS && keys <= BLOCK_K && q.len() >= heads * d && s.len() >= HEADS * BLOCK_K);
-    // SAFETY: AVX-512 was detected (`applies`); the bounds were asserted above.
-    unsafe {
-        for g in 0..heads {
-            let (qg, sg) = (&q[g * d..(g + 1) * d], &mut s[g * BLOCK_K..g * BLOCK_K + keys]);
-            if d == 64 {
-                head_scores::<4>(k, qg, sg);
-            } else {
-                head_scores::<8>(k, qg, sg);
+    let per_pass = if d == 64 { 4 } else { 2 };
+    let mut g0 = 0;
+    while g0 < heads {
+        let h = per_pass.min(heads - g0);
+        let (q, s) = (&q[g0 * d..(g0 + h) * d], &mut s[g0 * BLOCK_K..]);
+        let ahead = if g0 == 0 { ahead } else { &[] };
+        // SAFETY: AVX-512 was detected (`applies`); the slices hold h heads' queries and
+        // score rows (asserted above).
+        unsafe {
+            match (d, h) {
+                (64, 1) => heads_scores::<4, 1>(k, q, s, keys, ahead),
+                (64, 2) => heads_scores::<4, 2>(k, q, s, keys, ahead),
+                (64, 3) => heads_scores::<4, 3>(k, q, s, keys, ahead),
+                (64, _) => heads_scores::<4, 4>(k, q, s, keys, ahead),
+                (_, 1) => heads_scores::<8, 1>(k, q, s, keys, ahead),
+                _ => heads_scores::<8, 2>(k, q, s, keys, ahead),
             }
         }
+        g0 += h;
     }
 }
 
-/// One head's scores against all rows of `k` (`[s.len(), 16·D16]`).
+/// `H` heads' scores against the first `keys` rows of `k` (rows of `16·D16`), their
+/// queries (`q`: `[H, 16·D16]`) held in registers, written to `s[g·BLOCK_K + j]`; rows of
+/// `ahead` (same row length; empty: none) are prefetched with the same indices.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-unsafe fn head_scores<const D16: usize>(k: &[f32], q: &[f32], s: &mut [f32]) {
+unsafe fn heads_scores<const D16: usize, const H: usize>(
+    k: &[f32],
+    q: &[f32],
+    s: &mut [f32],
+    keys: usize,
+    ahead: &[f32],
+) {
     let d = 16 * D16;
-    let keys = s.len();
-    let mut qv = [_mm512_setzero_ps(); D16];
-    for (c, v) in qv.iter_mut().enumerate() {
-        // SAFETY: q holds 16·D16 values (it is one head's query).
-        *v = unsafe { _mm512_loadu_ps(q[16 * c..16 * c + 16].as_ptr()) };
+    let (k, q, s) = (&k[..keys * d], &q[..H * d], &mut s[..(H - 1) * BLOCK_K + keys]);
+    let mut qv = [[_mm512_setzero_ps(); D16]; H];
+    for (g, qg) in qv.iter_mut().enumerate() {
+        for (c, v) in qg.iter_mut().enumerate() {
+            // SAFETY: g·d + 16c + 16 ≤ H·d = q.len().
+            *v = unsafe { _mm512_loadu_ps(q.as_ptr().add(g * d + 16 * c)) };
+        }
     }
     let mut j0 = 0;
     while j0 < keys {
         let n = (keys - j0).min(TILE);
-        let mut acc = [_mm512_setzero_ps(); TILE];
-        if n == TILE {
-            for (j, a) in acc.iter_mut().enumerate() {
-                *a = row_dot::<D16>(&k[(j0 + j) * d..(j0 + j + 1) * d], &qv);
+        // acc[g][j]: the 16 lane partials of head g's score with key j0 + j.
+        let mut acc = [[_mm512_setzero_ps(); TILE]; H];
+        for j in 0..n {
+            simd::prefetch(ahead, (j0 + j) * d, d);
+            let row = &k[(j0 + j) * d..(j0 + j + 1) * d];
+            // Two chains per head, so consecutive FMAs do not wait on each other.
+            let (mut a, mut b) = ([_mm512_setzero_ps(); H], [_mm512_setzero_ps(); H]);
+            for c in (0..D16).step_by(2) {
+                // SAFETY: 16·(c + 2) ≤ row.len() (D16 is even: 4 or 8).
+                let (x0, x1) = unsafe {
+                    (_mm512_loadu_ps(row.as_ptr().add(16 * c)), _mm512_loadu_ps(row.as_ptr().add(16 * c + 16)))
+                };
+                for g in 0..H {
+                    a[g] = _mm512_fmadd_ps(x0, qv[g][c], a[g]);
+                    b[g] = _mm512_fmadd_ps(x1, qv[g][c + 1], b[g]);
+                }
             }
-        } else {
-            for (j, a) in acc.iter_mut().enumerate().take(n) {
-                *a = row_dot::<D16>(&k[(j0 + j) * d..(j0 + j + 1) * d], &qv);
+            for g in 0..H {
+                acc[g][j] = _mm512_add_ps(a[g], b[g]);
             }
         }
-        let r = reduce16(&acc);
         let mask: __mmask16 = if n == TILE { 0xFFFF } else { (1u16 << n) - 1 };
-        // SAFETY: lanes < n are stored, and s[j0..j0 + n] is in bounds.
-        unsafe { _mm512_mask_storeu_ps(s.as_mut_ptr().add(j0), mask, r) };
+        for (g, acc) in acc.iter().enumerate() {
+            let r = reduce16(acc);
+            // SAFETY: lanes < n are stored, and s[g·BLOCK_K + j0 .. + n] is in bounds.
+            unsafe { _mm512_mask_storeu_ps(s.as_mut_ptr().add(g * BLOCK_K + j0), mask, r) };
+        }
         j0 += TILE;
     }
-}
-
-/// The 16 lanes of `Σ_c row[16c..16c + 16]·q[c]` (`row` has 16·D16 values).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-fn row_dot<const D16: usize>(row: &[f32], q: &[__m512; D16]) -> __m512 {
-    let row = &row[..16 * D16];
-    // Two chains, so consecutive FMAs do not wait on each other.
-    let (mut a, mut b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    for c in (0..D16).step_by(2) {
-        // SAFETY: 16·(c + 2) ≤ row.len() (D16 is even: 4 or 8).
-        unsafe {
-            a = _mm512_fmadd_ps(_mm512_loadu_ps(row.as_ptr().add(16 * c)), q[c], a);
-            b = _mm512_fmadd_ps(_mm512_loadu_ps(row.as_ptr().add(16 * c + 16)), q[c + 1], b);
-        }
-    }
-    _mm512_add_ps(a, b)
 }
 
 /// Lane j of the result is the sum of the 16 lanes of `v[j]`.
@@ -118,54 +138,69 @@ fn reduce16(v: &[__m512; 16]) -> __m512 {
 }
 
 /// `o[g] = α_g·o[g] + Σ_j p[g·BLOCK_K + j]·v_j` for the first `heads` heads (`o`
-/// `[HEADS, d]`, `v` `[keys, d]`). Only where [`applies`]`(d)`.
-pub(super) fn accumulate(o: &mut [f32], d: usize, p: &[f32], v: &[f32], alpha: &[f32; HEADS], heads: usize) {
+/// `[HEADS, d]`, `v` `[keys, d]`), prefetching `ahead` (the next block's K rows) during the
+/// first column pass over V. Only where [`applies`]`(d)`.
+pub(super) fn accumulate(
+    o: &mut [f32],
+    d: usize,
+    p: &[f32],
+    v: &[f32],
+    alpha: &[f32; HEADS],
+    heads: usize,
+    ahead: &[f32],
+) {
     let keys = v.len() / d;
     assert!(applies(d) && heads <= HEADS && keys <= BLOCK_K && o.len() >= heads * d && p.len() >= HEADS * BLOCK_K);
-    // Up to 16 accumulator registers: all heads at d = 64, two at a time at d = 128.
-    let step = if d == 64 { HEADS } else { 2 };
-    let mut g0 = 0;
-    while g0 < heads {
-        let h = step.min(heads - g0);
-        let (o, p, alpha) = (&mut o[g0 * d..(g0 + h) * d], &p[g0 * BLOCK_K..], &alpha[g0..g0 + h]);
-        // SAFETY: AVX-512 was detected (`applies`); the slices hold h heads' rows and
-        // scores (asserted above).
+    // 16 accumulator registers: every head's output over 64 columns, so each V row is
+    // loaded once for all heads (at d = 128 in two column passes).
+    for col0 in (0..d).step_by(64) {
+        let ahead = if col0 == 0 { ahead } else { &[] };
+        // SAFETY: AVX-512 was detected (`applies`); the slices hold `heads` heads' rows and
+        // scores (asserted above), and col0 + 64 ≤ d.
         unsafe {
-            match (d, h) {
-                (64, 1) => heads_accumulate::<4, 1>(o, p, v, alpha),
-                (64, 2) => heads_accumulate::<4, 2>(o, p, v, alpha),
-                (64, 3) => heads_accumulate::<4, 3>(o, p, v, alpha),
-                (64, _) => heads_accumulate::<4, 4>(o, p, v, alpha),
-                (_, 1) => heads_accumulate::<8, 1>(o, p, v, alpha),
-                _ => heads_accumulate::<8, 2>(o, p, v, alpha),
+            match heads {
+                1 => heads_accumulate::<1>(o, p, v, alpha, d, col0, ahead),
+                2 => heads_accumulate::<2>(o, p, v, alpha, d, col0, ahead),
+                3 => heads_accumulate::<3>(o, p, v, alpha, d, col0, ahead),
+                _ => heads_accumulate::<4>(o, p, v, alpha, d, col0, ahead),
             }
         }
-        g0 += h;
     }
 }
 
-/// `H` heads of [`accumulate`], the `H × D16` output vectors held in registers.
+/// Columns `col0 .. col0 + 64` of [`accumulate`] for `H` heads, the `H × 4` output vectors
+/// held in registers; row j of `ahead` (rows of `d`; empty: none) is prefetched with V's row j.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-unsafe fn heads_accumulate<const D16: usize, const H: usize>(o: &mut [f32], p: &[f32], v: &[f32], alpha: &[f32]) {
-    let d = 16 * D16;
+unsafe fn heads_accumulate<const H: usize>(
+    o: &mut [f32],
+    p: &[f32],
+    v: &[f32],
+    alpha: &[f32],
+    d: usize,
+    col0: usize,
+    ahead: &[f32],
+) {
+    const C16: usize = 4;
     let keys = v.len() / d;
     let (o, p, v, alpha) = (&mut o[..H * d], &p[..(H - 1) * BLOCK_K + keys], &v[..keys * d], &alpha[..H]);
-    let mut acc = [[_mm512_setzero_ps(); D16]; H];
+    assert!(col0 + 16 * C16 <= d);
+    let mut acc = [[_mm512_setzero_ps(); C16]; H];
     for (g, a) in acc.iter_mut().enumerate() {
         let s = _mm512_set1_ps(alpha[g]);
         for (c, a) in a.iter_mut().enumerate() {
-            // SAFETY: g·d + 16c + 16 ≤ H·d = o.len().
-            *a = _mm512_mul_ps(s, unsafe { _mm512_loadu_ps(o.as_ptr().add(g * d + 16 * c)) });
+            // SAFETY: g·d + col0 + 16c + 16 ≤ H·d = o.len().
+            *a = _mm512_mul_ps(s, unsafe { _mm512_loadu_ps(o.as_ptr().add(g * d + col0 + 16 * c)) });
         }
     }
     for j in 0..keys {
+        simd::prefetch(ahead, j * d, d);
         let mut w = [_mm512_setzero_ps(); H];
         for (g, w) in w.iter_mut().enumerate() {
             *w = _mm512_set1_ps(p[g * BLOCK_K + j]);
         }
-        for c in 0..D16 {
-            // SAFETY: j·d + 16c + 16 ≤ keys·d = v.len().
-            let x = unsafe { _mm512_loadu_ps(v.as_ptr().add(j * d + 16 * c)) };
+        for c in 0..C16 {
+            // SAFETY: j·d + col0 + 16c + 16 ≤ keys·d = v.len().
+            let x = unsafe { _mm512_loadu_ps(v.as_ptr().add(j * d + col0 + 16 * c)) };
             for (a, w) in acc.iter_mut().zip(&w) {
                 a[c] = _mm512_fmadd_ps(*w, x, a[c]);
             }
@@ -174,7 +209,7 @@ unsafe fn heads_accumulate<const D16: usize, const H: usize>(o: &mut [f32], p: &
     for (g, a) in acc.iter().enumerate() {
         for (c, a) in a.iter().enumerate() {
             // SAFETY: as for the loads above.
-            unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(g * d + 16 * c), *a) };
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(g * d + col0 + 16 * c), *a) };
         }
     }
 }
