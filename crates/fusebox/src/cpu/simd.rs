@@ -159,6 +159,95 @@ multiversion! {
     }
 }
 
+/// `dst[c·dst_stride + r] = src[r·src_stride + c]` for `r < rows`, `c < cols`: a
+/// transposed copy in 16 × 16 blocks, so both sides move a cache line at a time; with
+/// AVX-512 a whole block is transposed in registers (64 shuffles for 256 values), else
+/// and for the partial edge blocks element by element.
+pub fn transpose_into(src: &[f32], src_stride: usize, rows: usize, cols: usize, dst: &mut [f32], dst_stride: usize) {
+    const B: usize = 16;
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    assert!(
+        (rows - 1) * src_stride + cols <= src.len() && (cols - 1) * dst_stride + rows <= dst.len(),
+        "transpose_into: a view exceeds its slice"
+    );
+    for r0 in (0..rows).step_by(B) {
+        for c0 in (0..cols).step_by(B) {
+            let whole = r0 + B <= rows && c0 + B <= cols;
+            #[cfg(target_arch = "x86_64")]
+            if whole && Isa::selected() == Isa::Avx512 {
+                // SAFETY: AVX-512 was detected; the block's 16 rows of 16 (source) and 16
+                // columns of 16 (destination) lie inside the slices (asserted above).
+                unsafe {
+                    transpose16_avx512(
+                        src.as_ptr().add(r0 * src_stride + c0),
+                        src_stride,
+                        dst.as_mut_ptr().add(c0 * dst_stride + r0),
+                        dst_stride,
+                    )
+                };
+                continue;
+            }
+            let _ = whole;
+            for r in r0..(r0 + B).min(rows) {
+                for c in c0..(c0 + B).min(cols) {
+                    dst[c * dst_stride + r] = src[r * src_stride + c];
+                }
+            }
+        }
+    }
+}
+
+/// One 16 × 16 block of [`transpose_into`] in registers: 32-bit then 64-bit interleaves
+/// within 128-bit lanes (afterwards lane L of `u[4k + j]` holds column `4L + j`, rows
+/// `4k .. 4k + 4`), then a 4 × 4 transpose of the 128-bit lanes per `j`.
+///
+/// # Safety
+/// AVX-512F must be present; `src + r·src_stride + [0, 16)` and `dst + c·dst_stride + [0, 16)`
+/// must be valid for `r, c < 16`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose16_avx512(src: *const f32, src_stride: usize, dst: *mut f32, dst_stride: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY (whole body): the caller guarantees the 16 source rows and 16 destination rows.
+    unsafe {
+        let mut r = [_mm512_setzero_ps(); 16];
+        for (i, v) in r.iter_mut().enumerate() {
+            *v = _mm512_loadu_ps(src.add(i * src_stride));
+        }
+        let mut t = [_mm512_setzero_ps(); 16];
+        for k in 0..8 {
+            t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+            t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+        }
+        let mut u = [_mm512_setzero_ps(); 16];
+        for k in 0..4 {
+            let (a, b, c, d) = (
+                _mm512_castps_pd(t[4 * k]),
+                _mm512_castps_pd(t[4 * k + 1]),
+                _mm512_castps_pd(t[4 * k + 2]),
+                _mm512_castps_pd(t[4 * k + 3]),
+            );
+            u[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+            u[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+            u[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+            u[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+        }
+        for j in 0..4 {
+            let (v0, v1, v2, v3) = (u[j], u[4 + j], u[8 + j], u[12 + j]);
+            let x0 = _mm512_shuffle_f32x4::<0x44>(v0, v1);
+            let x1 = _mm512_shuffle_f32x4::<0xEE>(v0, v1);
+            let x2 = _mm512_shuffle_f32x4::<0x44>(v2, v3);
+            let x3 = _mm512_shuffle_f32x4::<0xEE>(v2, v3);
+            _mm512_storeu_ps(dst.add(j * dst_stride), _mm512_shuffle_f32x4::<0x88>(x0, x2));
+            _mm512_storeu_ps(dst.add((4 + j) * dst_stride), _mm512_shuffle_f32x4::<0xDD>(x0, x2));
+            _mm512_storeu_ps(dst.add((8 + j) * dst_stride), _mm512_shuffle_f32x4::<0x88>(x1, x3));
+            _mm512_storeu_ps(dst.add((12 + j) * dst_stride), _mm512_shuffle_f32x4::<0xDD>(x1, x3));
+        }
+    }
+}
+
 multiversion! {
     /// `y[i] += alpha·x[i]`.
     pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
@@ -402,6 +491,22 @@ mod tests {
             assert!(full(f32::NAN).is_nan());
             let (top, want) = (88.7f32, (88.7f32 as f64).exp());
             assert!(full(top).is_finite() && ((full(top) as f64 - want) / want).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn transpose_into_matches_plain_loops() {
+        for (rows, cols) in [(16, 16), (37, 50), (128, 64), (5, 3), (0, 4)] {
+            let (ss, ds) = (cols + 3, rows + 5);
+            let src: Vec<f32> = (0..rows * ss).map(|i| i as f32).collect();
+            let mut dst = vec![-1.0f32; cols * ds];
+            transpose_into(&src, ss, rows, cols, &mut dst, ds);
+            for c in 0..cols {
+                for r in 0..ds {
+                    let want = if r < rows { src[r * ss + c] } else { -1.0 };
+                    assert_eq!(dst[c * ds + r], want, "{rows}x{cols} at ({r}, {c})");
+                }
+            }
         }
     }
 

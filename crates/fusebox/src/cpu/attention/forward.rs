@@ -31,7 +31,9 @@
 
 use super::tiles::{self, TILE_ROWS};
 use super::{Dims, Problem};
+use crate::cpu::output;
 use crate::cpu::pool::SharedMut;
+use crate::cpu::simd;
 use crate::cpu::CpuBackend;
 
 /// Keys per block.
@@ -171,26 +173,53 @@ struct Rows<'a> {
 
 /// One block of `COLS` query columns over every key block they can see.
 fn forward_block<const COLS: usize>(p: &Problem, v: Rows, dp: usize, blk: &QueryBlock, outputs: &Outputs) {
+    let d = p.dims.d;
+    // The block's buffers come from the thread's scratch (no allocation per block, which
+    // the allocator would fault in and trim again): qt, o, st, tail.
+    let lens = [d * COLS, COLS * dp, BLOCK_K * COLS, TILE_ROWS * d];
+    output::with_scratch(lens.iter().sum(), |buf| {
+        let (qt, rest) = buf.split_at_mut(lens[0]);
+        let (o, rest) = rest.split_at_mut(lens[1]);
+        let (st, tail) = rest.split_at_mut(lens[2]);
+        forward_block_in::<COLS>(p, v, dp, blk, outputs, [qt, o, st, tail]);
+    })
+}
+
+/// [`forward_block`] with its buffers: `qt` `[d][COLS]`, `o` `[COLS][dp]`, `st`
+/// `[BLOCK_K][COLS]`, `tail` `[TILE_ROWS][d]` (contents unspecified on entry).
+fn forward_block_in<const COLS: usize>(
+    p: &Problem,
+    v: Rows,
+    dp: usize,
+    blk: &QueryBlock,
+    outputs: &Outputs,
+    [qt, o, st, tail]: [&mut [f32]; 4],
+) {
     let Dims { tq, tk, d, .. } = p.dims;
     let n = blk.len(tq);
     let k = &p.k[blk.kv_head * p.kv_stride..];
     let v = &v.data[blk.kv_head * v.head_stride..];
     // qt[d][j] = scale·q[column j][d]; columns past n stay 0.
-    let mut qt = vec![0.0f32; d * COLS];
-    for j in 0..n {
-        let (bh, i) = blk.column(j);
-        let src = &p.q[(bh * tq + i) * d..(bh * tq + i + 1) * d];
-        for (dd, &x) in src.iter().enumerate() {
-            qt[dd * COLS + j] = x * p.scale;
+    qt.fill(0.0);
+    if blk.heads == 1 {
+        // The columns are consecutive rows of one head: one blocked transpose.
+        let src = &p.q[(blk.bh0 * tq + blk.i0) * d..];
+        simd::transpose_into(src, d, n, d, qt, COLS);
+        simd::scale(qt, p.scale);
+    } else {
+        for j in 0..n {
+            let (bh, i) = blk.column(j);
+            let src = &p.q[(bh * tq + i) * d..(bh * tq + i + 1) * d];
+            for (dd, &x) in src.iter().enumerate() {
+                qt[dd * COLS + j] = x * p.scale;
+            }
         }
     }
-    let mut o = vec![0.0f32; COLS * dp];
-    let mut st = vec![0.0f32; BLOCK_K * COLS];
-    let mut tail = vec![0.0f32; TILE_ROWS * d];
+    o.fill(0.0);
     let (mut m, mut l, mut alpha) = ([f32::NEG_INFINITY; COLS], [0.0f32; COLS], [1.0f32; COLS]);
     let mut first_col = [0usize; BLOCK_K];
     let mut key_cols = [(0usize, 0usize); BLOCK_K / TILE_ROWS];
-    let mut ranges = vec![(0usize, 0usize); COLS / TILE_ROWS];
+    let mut ranges = [(0usize, 0usize); tiles::QUERY_COLS / TILE_ROWS];
     let col_tiles = n.div_ceil(TILE_ROWS);
     let visible = |j: usize| p.dims.visible(p.causal, blk.column(j).1);
     // The last column sees the most keys; blocks past them are skipped.
@@ -212,27 +241,27 @@ fn forward_block<const COLS: usize>(p: &Problem, v: Rows, dp: usize, blk: &Query
         // Whole key tiles read K in place; a partial last one goes through a zero-padded
         // copy, so no row past the block's keys is read.
         let whole = keys / TILE_ROWS;
-        tiles::scores(&mut st, COLS, &k[k0 * d..], d, d, &qt, COLS, &key_cols[..whole]);
+        tiles::scores(st, COLS, &k[k0 * d..], d, d, qt, COLS, &key_cols[..whole]);
         if whole < key_tiles {
             let rest = keys - whole * TILE_ROWS;
             tail.fill(0.0);
             tail[..rest * d].copy_from_slice(&k[(k0 + whole * TILE_ROWS) * d..(k0 + keys) * d]);
             let st_tail = &mut st[whole * TILE_ROWS * COLS..];
-            tiles::scores(st_tail, COLS, &tail, d, d, &qt, COLS, &key_cols[whole..key_tiles]);
+            tiles::scores(st_tail, COLS, tail, d, d, qt, COLS, &key_cols[whole..key_tiles]);
         }
         if let Some(mask) = p.mask {
             for j in 0..n {
                 let (bh, i) = blk.column(j);
-                mask.apply(&p.dims, bh, i, k0, keys, &mut st, COLS, j);
+                mask.apply(&p.dims, bh, i, k0, keys, st, COLS, j);
             }
         }
-        tiles::softmax_cols(&mut st, COLS, keys, &first_col[..keys], &mut m, &mut l, &mut alpha);
+        tiles::softmax_cols(st, COLS, keys, &first_col[..keys], &mut m, &mut l, &mut alpha);
         // O = α∘O + P·V; each 4-column tile runs over the keys its last column sees.
         for (t, range) in ranges[..col_tiles].iter_mut().enumerate() {
             let last = (t * TILE_ROWS + TILE_ROWS - 1).min(n - 1);
             *range = (0, visible(last).saturating_sub(k0).min(keys));
         }
-        tiles::accumulate_cols(&mut o, dp, &st, COLS, &v[k0 * dp..], &ranges[..col_tiles], Some(&alpha));
+        tiles::accumulate_cols(o, dp, st, COLS, &v[k0 * dp..], &ranges[..col_tiles], Some(&alpha));
     }
     for j in 0..n {
         let (bh, i) = blk.column(j);
