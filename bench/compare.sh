@@ -30,13 +30,13 @@ BIN=target/release/fusebox
 
 # case name | our arguments | peers (script:arguments, ';'-separated)
 CASES=(
-  "attention/fwd/b1_hq8_hkv8_t1024_d64|attention --batch 1 --heads 8 --kv-heads 8 --seq 1024 --head-dim 64 --pass fwd|torch_bench.py:attention --batch 1 --heads 8 --kv-heads 8 --seq 1024 --head-dim 64 --pass fwd"
-  "attention/fwdbwd/b1_hq8_hkv8_t1024_d64|attention --batch 1 --heads 8 --kv-heads 8 --seq 1024 --head-dim 64 --pass fwdbwd|torch_bench.py:attention --batch 1 --heads 8 --kv-heads 8 --seq 1024 --head-dim 64 --pass fwdbwd"
-  "attention/fwdbwd/b4_hq12_hkv12_t256_d64|attention --batch 4 --heads 12 --kv-heads 12 --seq 256 --head-dim 64 --pass fwdbwd|torch_bench.py:attention --batch 4 --heads 12 --kv-heads 12 --seq 256 --head-dim 64 --pass fwdbwd"
-  "attention/fwdbwd/b1_hq32_hkv8_t512_d128|attention --batch 1 --heads 32 --kv-heads 8 --seq 512 --head-dim 128 --pass fwdbwd|torch_bench.py:attention --batch 1 --heads 32 --kv-heads 8 --seq 512 --head-dim 128 --pass fwdbwd"
-  "attention/decode/b1_hq32_hkv8_t4096_d128|attention --batch 1 --heads 32 --kv-heads 8 --seq 4096 --head-dim 128 --pass decode|torch_bench.py:attention --batch 1 --heads 32 --kv-heads 8 --seq 4096 --head-dim 128 --pass decode"
-  "matmul/1024x1024x1024|matmul --m 1024 --n 1024 --k 1024|numpy_bench.py:matmul --m 1024 --n 1024 --k 1024;torch_bench.py:matmul --m 1024 --n 1024 --k 1024"
-  "matmul/2048x2048x2048|matmul --m 2048 --n 2048 --k 2048|numpy_bench.py:matmul --m 2048 --n 2048 --k 2048;torch_bench.py:matmul --m 2048 --n 2048 --k 2048"
+  "attention/fwd/b1_hq8_hkv8_t1024_d64|attention --batch 1 --heads 8 --kv-heads 8 --seq 1024 --head-dim 64 --pass fwd --speedup|torch_bench.py:attention --batch 1 --heads 8 --kv-heads 8 --seq 1024 --head-dim 64 --pass fwd"
+  "attention/fwdbwd/b1_hq8_hkv8_t1024_d64|attention --batch 1 --heads 8 --kv-heads 8 --seq 1024 --head-dim 64 --pass fwdbwd --speedup|torch_bench.py:attention --batch 1 --heads 8 --kv-heads 8 --seq 1024 --head-dim 64 --pass fwdbwd"
+  "attention/fwdbwd/b4_hq12_hkv12_t256_d64|attention --batch 4 --heads 12 --kv-heads 12 --seq 256 --head-dim 64 --pass fwdbwd --speedup|torch_bench.py:attention --batch 4 --heads 12 --kv-heads 12 --seq 256 --head-dim 64 --pass fwdbwd"
+  "attention/fwdbwd/b1_hq32_hkv8_t512_d128|attention --batch 1 --heads 32 --kv-heads 8 --seq 512 --head-dim 128 --pass fwdbwd --speedup|torch_bench.py:attention --batch 1 --heads 32 --kv-heads 8 --seq 512 --head-dim 128 --pass fwdbwd"
+  "attention/decode/b1_hq32_hkv8_t4096_d128|attention --batch 1 --heads 32 --kv-heads 8 --seq 4096 --head-dim 128 --pass decode --speedup|torch_bench.py:attention --batch 1 --heads 32 --kv-heads 8 --seq 4096 --head-dim 128 --pass decode"
+  "matmul/1024x1024x1024|matmul --m 1024 --n 1024 --k 1024 --speedup|numpy_bench.py:matmul --m 1024 --n 1024 --k 1024;torch_bench.py:matmul --m 1024 --n 1024 --k 1024"
+  "matmul/2048x2048x2048|matmul --m 2048 --n 2048 --k 2048 --speedup|numpy_bench.py:matmul --m 2048 --n 2048 --k 2048;torch_bench.py:matmul --m 2048 --n 2048 --k 2048"
   "ops|ops|torch_bench.py:ops"
 )
 

@@ -88,6 +88,8 @@ def main():
             if ours.get("ms") and p.get("ms"):
                 ratio = f"{p['ms'] / ours['ms']:.2f}"
             speedup = fmt(ours.get("speedup")) if ours.get("speedup") is not None else "-"
+            if ours.get("copy_speedup") is not None:
+                speedup += f" (copy {fmt(ours['copy_speedup'])})"
             print(f"| {name} | {ours_ms} | {ours_rate} | {pct(ours)} | {speedup} | {peer} | {peer_ms} | "
                   f"{rate(p) if p else '-'} | {ratio} |")
     for side, reason in skipped.items():

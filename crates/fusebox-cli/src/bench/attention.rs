@@ -55,6 +55,9 @@ pub struct AttentionBenchArgs {
     /// Worker threads (default: every available core).
     #[arg(long)]
     threads: Option<usize>,
+    /// Also time the same call on 1 thread, interleaved, for the speedup of N threads over 1.
+    #[arg(long)]
+    speedup: bool,
     /// Instead of timing: forward + backward once at T/4, T/2 and T, each in a fresh
     /// process, printing the peak RSS the call added and its growth per doubling of T.
     #[arg(long)]
@@ -164,14 +167,21 @@ pub fn run(a: &AttentionBenchArgs) -> Result<()> {
     // the other passes alone.
     let kv_bytes = 2 * b * hkv * t * d * 4;
     let mut read = (a.pass == Pass::Decode).then(|| Bandwidth::read(kv_bytes));
-    let calls = if read.is_some() { 2 } else { 1 };
+    let single = if a.speedup && cpu.threads() > 1 { Some(CpuBackend::with_threads(1)?) } else { None };
+    // Calls per rep: the op; the read (decode); the op on 1 thread (--speedup).
+    let read_call = read.is_some().then_some(1);
+    let single_call = single.as_ref().map(|_| 1 + usize::from(read.is_some()));
+    let calls = 1 + usize::from(read_call.is_some()) + usize::from(single_call.is_some());
     let measured = guarded(a.pass.name(), || {
-        time_interleaved(budget, calls, |k| match (k, read.as_mut()) {
-            (1, Some(read)) => {
-                read.run(&cpu);
+        time_interleaved(budget, calls, |k| {
+            if Some(k) == read_call {
+                read.as_mut().expect("a read reference for decode").run(&cpu);
                 Ok(())
+            } else if Some(k) == single_call {
+                call(single.as_ref().expect("a 1-thread backend with --speedup"), a.pass, &x, t)
+            } else {
+                call(&cpu, a.pass, &x, t)
             }
-            _ => call(&cpu, a.pass, &x, t),
         })
     });
     let times = match measured {
@@ -184,14 +194,21 @@ pub fn run(a: &AttentionBenchArgs) -> Result<()> {
     };
     let timing = timing_of(&times[0]);
     row = row.set("ms", round(timing.ms())).set("min_ms", round(timing.min_s * 1e3)).set("reps", timing.reps);
-    let columns: Vec<(&str, &str)>;
+    if let Some(k) = single_call {
+        row = row
+            .set("ms_1thread", round(timing_of(&times[k]).ms()))
+            .set("speedup", round(median_ratio(&times[k], &times[0])));
+    }
+    let mut columns: Vec<(&str, &str)>;
     if let Some(read) = &read {
         // Bytes that must come from memory: the first kv_len rows of K and V.
         let gbps = kv_bytes as f64 / timing.median_s / 1e9;
         let flops = 4.0 * (b * hq * a.q_len * t * d) as f64;
-        let read_gbps = read.bytes() as f64 / timing_of(&times[1]).median_s / 1e9;
+        let read_gbps =
+            read.bytes() as f64 / timing_of(&times[read_call.expect("decode is timed beside a read")]).median_s / 1e9;
         // Per rep: (kv_bytes / t_decode) / (read bytes / t_read), then the median.
-        let pct = 100.0 * kv_bytes as f64 / read.bytes() as f64 * median_ratio(&times[1], &times[0]);
+        let reads = &times[read_call.expect("decode is timed beside a read")];
+        let pct = 100.0 * kv_bytes as f64 / read.bytes() as f64 * median_ratio(reads, &times[0]);
         row = row
             .set("q_len", a.q_len)
             .set("kv_bytes", kv_bytes)
@@ -225,6 +242,9 @@ pub fn run(a: &AttentionBenchArgs) -> Result<()> {
             ("sgemm peak", "peak_sgemm_gflops"),
             ("% of peak", "pct_of_peak"),
         ];
+    }
+    if single_call.is_some() {
+        columns.extend([("1-thread ms", "ms_1thread"), ("speedup", "speedup")]);
     }
     if !a.json {
         println!("{}", header(&cpu, ""));

@@ -2,9 +2,12 @@
 //! best sgemm measured in the same run.
 
 use clap::Args;
-use fusebox::{ComputeBackend, Error, Result};
+use fusebox::{ComputeBackend, CpuBackend, Error, Result};
 
-use super::measure::{cpu_backend, emit, guarded, header, random, round, sgemm_gflops, time, Budget, Row};
+use super::measure::{
+    cpu_backend, emit, guarded, header, median_ratio, random, round, sgemm_gflops, time_interleaved, timing_of, Budget,
+    Row,
+};
 
 #[derive(Args, Debug)]
 pub struct MatmulBenchArgs {
@@ -20,6 +23,9 @@ pub struct MatmulBenchArgs {
     /// Worker threads (default: every available core).
     #[arg(long)]
     threads: Option<usize>,
+    /// Also time the same product on 1 thread, interleaved, for the speedup of N threads over 1.
+    #[arg(long)]
+    speedup: bool,
     #[arg(long)]
     json: bool,
 }
@@ -37,8 +43,17 @@ pub fn run(a: &MatmulBenchArgs) -> Result<()> {
         name.push_str("_bt");
     }
     let row = Row::new(name).set("m", a.m).set("n", a.n).set("k", a.k).set("threads", cpu.threads());
-    let row = match guarded("matmul", || time(budget, || cpu.matmul(&x, &y, false, a.transpose_b).map(drop))) {
-        Ok(t) => {
+    let single = if a.speedup && cpu.threads() > 1 { Some(CpuBackend::with_threads(1)?) } else { None };
+    let calls = if single.is_some() { 2 } else { 1 };
+    let measured = guarded("matmul", || {
+        time_interleaved(budget, calls, |k| {
+            let backend = if k == 0 { &cpu } else { single.as_ref().expect("a 1-thread backend with --speedup") };
+            backend.matmul(&x, &y, false, a.transpose_b).map(drop)
+        })
+    });
+    let row = match measured {
+        Ok(times) => {
+            let t = timing_of(&times[0]);
             let flops = 2.0 * (a.m * a.n * a.k) as f64;
             let gflops = flops / t.median_s / 1e9;
             // The peak is the best sgemm of this run: the 1024³ reference or this case's
@@ -50,12 +65,19 @@ pub fn run(a: &MatmulBenchArgs) -> Result<()> {
             };
             let best = flops / t.min_s / 1e9;
             let peak = reference.map_or(best, |r| r.max(best));
-            row.set("ms", round(t.ms()))
+            let row = row
+                .set("ms", round(t.ms()))
                 .set("min_ms", round(t.min_s * 1e3))
                 .set("reps", t.reps)
                 .set("gflops", round(gflops))
                 .set("peak_sgemm_gflops", round(peak))
-                .set("pct_of_peak", round(100.0 * gflops / peak))
+                .set("pct_of_peak", round(100.0 * gflops / peak));
+            match times.get(1) {
+                Some(t1) => {
+                    row.set("ms_1thread", round(timing_of(t1).ms())).set("speedup", round(median_ratio(t1, &times[0])))
+                }
+                None => row,
+            }
         }
         Err(e) => row.set("error", e.to_string()),
     };
@@ -70,6 +92,8 @@ pub fn run(a: &MatmulBenchArgs) -> Result<()> {
             ("GFLOP/s", "gflops"),
             ("sgemm peak", "peak_sgemm_gflops"),
             ("% of peak", "pct_of_peak"),
+            ("1-thread ms", "ms_1thread"),
+            ("speedup", "speedup"),
             ("error", "error"),
         ],
         &[row],

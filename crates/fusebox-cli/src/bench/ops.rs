@@ -216,14 +216,16 @@ pub fn run(a: &OpsBenchArgs) -> Result<()> {
         let measured = guarded(case.name, || {
             let mut f = (case.make)(&cpu)?;
             let mut copy = Bandwidth::copy(case.footprint);
-            let calls = if single.is_some() { 3 } else { 2 };
-            let times = time_interleaved(budget, calls, |k| match k {
-                0 => f(&cpu),
-                1 => {
-                    copy.run(&cpu);
-                    Ok(())
+            // op and copy on N threads, then (for the speedups) both on 1 thread.
+            let calls = if single.is_some() { 4 } else { 2 };
+            let times = time_interleaved(budget, calls, |k| {
+                let one = || single.as_ref().expect("a 1-thread backend when 4 calls");
+                match k {
+                    0 => f(&cpu),
+                    1 => Ok(copy.run(&cpu)),
+                    2 => f(one()),
+                    _ => Ok(copy.run(one())),
                 }
-                _ => f(single.as_ref().expect("a 1-thread backend when 3 calls")),
             })?;
             Ok((times, copy.bytes()))
         });
@@ -240,10 +242,12 @@ pub fn run(a: &OpsBenchArgs) -> Result<()> {
                     .set("gbps", round(case.bytes as f64 / t.median_s / 1e9))
                     .set("copy_gbps", round(copy_bytes as f64 / copy.median_s / 1e9))
                     .set("pct_of_copy", round(pct));
-                if let Some(t1) = times.get(2) {
+                if let (Some(t1), Some(c1)) = (times.get(2), times.get(3)) {
+                    // The copy's own speedup is the ceiling for a memory-bound op.
                     row = row
                         .set("ms_1thread", round(timing_of(t1).ms()))
-                        .set("speedup", round(median_ratio(t1, &times[0])));
+                        .set("speedup", round(median_ratio(t1, &times[0])))
+                        .set("copy_speedup", round(median_ratio(c1, &times[1])));
                 }
             }
             Err(e) => row = row.set("error", e.to_string()),
@@ -265,6 +269,7 @@ pub fn run(a: &OpsBenchArgs) -> Result<()> {
                 ("% of copy", "pct_of_copy"),
                 ("1-thread ms", "ms_1thread"),
                 ("speedup", "speedup"),
+                ("copy speedup", "copy_speedup"),
                 ("error", "error"),
             ],
             &rows,
