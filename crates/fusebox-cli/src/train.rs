@@ -46,8 +46,9 @@ pub struct TrainArgs {
     /// Tokens per sequence for --data (the addition task uses 12).
     #[arg(long, default_value_t = 128)]
     pub seq: usize,
-    /// Peak learning rate.
-    #[arg(long, default_value_t = 3e-3)]
+    /// Peak learning rate (2e-3 learns the default addition task for each of ten seeds
+    /// tried; 3e-3 and 5e-3 stalled on some below 99% in 3,000 steps).
+    #[arg(long, default_value_t = 2e-3)]
     pub lr: f32,
     /// Warmup steps.
     #[arg(long, default_value_t = 100)]
