@@ -54,12 +54,10 @@ fn read<'a>(op: &'static str, logits: &'a Tensor, targets: &'a Tensor, ignore: O
 }
 
 multiversion! {
-    /// `d = k·e` for a row of exps, with `scale` subtracted at `target`, prefetching
-    /// `next` (the next row of logits).
-    pub fn scaled_minus_onehot(e: &[f32], d: Dst<'_>, k: f32, target: usize, scale: f32, next: &[f32]) {
+    /// `d = k·e` for a row of exps, with `scale` subtracted at `target`.
+    pub fn scaled_minus_onehot(e: &[f32], d: Dst<'_>, k: f32, target: usize, scale: f32) {
         d.write(#[inline(always)] |start, tile| {
             let n = tile.len();
-            simd::prefetch(next, start, n);
             for (o, &x) in tile.iter_mut().zip(&e[start..start + n]) {
                 *o = x * k;
             }
@@ -71,13 +69,13 @@ multiversion! {
 }
 
 /// One row: `d = scale·softmax(z)` with `scale` subtracted at the target, returning the
-/// row's loss `logsumexp(z) − z[target]` in f64. The exps go to a scratch row; `d` is
-/// written once.
+/// row's loss `logsumexp(z) − z[target]` in f64. The exps go to a scratch row (while
+/// `next`, the next row, is prefetched); `d` is written once.
 fn fused_row(z: &[f32], target: usize, scale: f32, d: Dst<'_>, next: &[f32]) -> f64 {
     let m = simd::max(z);
     let s = output::with_scratch(z.len(), |e| {
-        let s = simd::exp_sub_sum_into(z, e, m);
-        scaled_minus_onehot(e, d, scale / s, target, scale, next);
+        let s = simd::exp_sub_sum_into(z, e, m, next);
+        scaled_minus_onehot(e, d, scale / s, target, scale);
         s
     });
     (s as f64).ln() + m as f64 - z[target] as f64

@@ -415,14 +415,17 @@ pub fn fast_exp<const FMA: bool>(x: f32) -> f32 {
 
 multiversion! {
     /// `e[i] = e^(x[i] − m)` (equal lengths), returning `Σ e[i]`: the softmax inner loop,
-    /// reading the row where it lies and writing the exps to a scratch row.
-    pub fn exp_sub_sum_into(x: &[f32], e: &mut [f32], m: f32) -> f32 {
+    /// reading the row where it lies and writing the exps to a scratch row. `ahead[i]`
+    /// (the next row; may be empty) is prefetched alongside `x[i]`, so its reads overlap
+    /// this compute-heavy pass.
+    pub fn exp_sub_sum_into(x: &[f32], e: &mut [f32], m: f32, ahead: &[f32]) -> f32 {
         let n = x.len().min(e.len());
         let (x, e) = (&x[..n], &mut e[..n]);
         let mut acc = [0.0f32; LANES];
         let mut cx = x.chunks_exact(LANES);
         let mut ce = e.chunks_exact_mut(LANES);
-        for (v, o) in (&mut cx).zip(&mut ce) {
+        for (i, (v, o)) in (&mut cx).zip(&mut ce).enumerate() {
+            prefetch(ahead, i * LANES, LANES);
             for l in 0..LANES {
                 o[l] = exp_lane::<FMA>(v[l] - m);
                 acc[l] += o[l];

@@ -147,11 +147,10 @@ multiversion! {
 }
 
 multiversion! {
-    /// `dst = s·src` for a row of equal length, prefetching `next` (the next input row).
-    pub fn scaled(src: &[f32], dst: Dst<'_>, s: f32, next: &[f32]) {
+    /// `dst = s·src` for a row of equal length.
+    pub fn scaled(src: &[f32], dst: Dst<'_>, s: f32) {
         dst.write(#[inline(always)] |start, tile| {
             let n = tile.len();
-            simd::prefetch(next, start, n);
             for (d, &x) in tile.iter_mut().zip(&src[start..start + n]) {
                 *d = x * s;
             }
@@ -160,16 +159,16 @@ multiversion! {
 }
 
 /// `dst = softmax(src)` for one contiguous row: the max, then `e^(x − max)` into a
-/// scratch row with its sum, then the scaled row written once, prefetching `next` (the
-/// next row) meanwhile, so its reads overlap this row's compute and stores.
+/// scratch row with its sum (prefetching `next`, the next row, meanwhile, so its reads
+/// overlap this row's compute), then the scaled row written once.
 fn softmax_row(src: &[f32], dst: Dst<'_>, next: &[f32]) {
     let m = simd::max(src);
     if m == f32::NEG_INFINITY {
         return; // dropped unwritten: zeros
     }
     output::with_scratch(src.len(), |e| {
-        let s = simd::exp_sub_sum_into(src, e, m);
-        scaled(e, dst, 1.0 / s, next);
+        let s = simd::exp_sub_sum_into(src, e, m, next);
+        scaled(e, dst, 1.0 / s);
     })
 }
 
@@ -180,7 +179,7 @@ fn log_softmax_row(src: &[f32], dst: Dst<'_>) {
         dst.fill(f32::NEG_INFINITY);
         return;
     }
-    let s = output::with_scratch(src.len(), |e| simd::exp_sub_sum_into(src, e, m));
+    let s = output::with_scratch(src.len(), |e| simd::exp_sub_sum_into(src, e, m, &[]));
     shift2(src, dst, m, s.ln());
 }
 
