@@ -198,6 +198,13 @@ pub(crate) fn filled_chunks<T: Copy + Default + Send>(
     values
 }
 
+/// `n` zeros written by the pool's threads in parallel: a buffer that a parallel kernel
+/// then overwrites. (`vec![0.0; n]` is one serial memset whenever the allocator reuses a
+/// block, leaving the other cores idle: ~5% of the attention backward at B4 H12 T256.)
+pub(crate) fn zeroed_f32(cpu: &CpuBackend, n: usize) -> Vec<f32> {
+    filled_chunks(cpu, n, 1 << 14, 1, |_, _: &mut [f32]| {})
+}
+
 /// Writes `T::default()` into every slot and returns the now initialised slice.
 pub(crate) fn init_default<T: Copy + Default>(slots: &mut [MaybeUninit<T>]) -> &mut [T] {
     for slot in slots.iter_mut() {

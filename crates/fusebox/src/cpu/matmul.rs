@@ -326,7 +326,7 @@ impl MatmulProblem {
 
 /// `op(a)·op(b)` for a validated problem, in f32.
 fn matmul_f32(cpu: &CpuBackend, p: &MatmulProblem, a: &[f32], b: &[f32]) -> Vec<f32> {
-    let mut out = vec![0.0f32; p.batches * p.m * p.n];
+    let mut out = convert::zeroed_f32(cpu, p.batches * p.m * p.n);
     gemm_batched(cpu, p.batches, (p.m, p.n, p.k), a, p.a_layout(), b, p.b_layout(), &mut out);
     out
 }
@@ -366,7 +366,7 @@ pub fn matmul_backward(
     let (m, n, k) = (p.m, p.n, p.k);
     let (la, lb, lc) = (p.a_layout(), p.b_layout(), p.out_layout());
 
-    let mut da = vec![0.0f32; a.elem_count()];
+    let mut da = convert::zeroed_f32(cpu, a.elem_count());
     if transpose_a {
         // a holds Aᵀ, so da = dAᵀ = B·dCᵀ  ([k, n]·[n, m]).
         gemm_batched(cpu, p.batches, (k, m, n), &bd, lb, &dc, lc.t(), &mut da);
@@ -375,7 +375,7 @@ pub fn matmul_backward(
         gemm_batched(cpu, p.batches, (m, k, n), &dc, lc, &bd, lb.t(), &mut da);
     }
 
-    let mut db = vec![0.0f32; b.elem_count()];
+    let mut db = convert::zeroed_f32(cpu, b.elem_count());
     // db = Aᵀ·dC ([k, m]·[m, n]), or dbᵀ = dCᵀ·A ([n, m]·[m, k]) when b holds Bᵀ.
     let (dims, lhs, l_lhs, rhs, l_rhs) =
         if transpose_b { ((n, k, m), &dc, lc.t(), &ad, la) } else { ((k, n, m), &ad, la.t(), &dc, lc) };

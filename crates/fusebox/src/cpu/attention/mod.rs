@@ -33,7 +33,7 @@ pub use layout::{causal_mask, causal_softmax, merge_heads, split_heads, write_he
 use std::borrow::Cow;
 
 use crate::cpu::check;
-use crate::cpu::convert::f32_data;
+use crate::cpu::convert::{self, f32_data};
 use crate::cpu::CpuBackend;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -156,10 +156,15 @@ struct Problem<'a> {
 /// Runs the forward and writes the output in `dtype`; returns it with the f32 logsumexp.
 fn run_forward(cpu: &CpuBackend, p: &Problem, dtype: DType) -> Result<(Tensor, Tensor)> {
     let Dims { batch, hq, tq, d, .. } = p.dims;
-    let mut out = Tensor::zeros(Shape::new([batch, hq, tq, d]), DType::F32)?;
-    let mut lse = Tensor::zeros(Shape::new([batch, hq, tq]), DType::F32)?;
+    let mut out = zeroed_f32(cpu, Shape::new([batch, hq, tq, d]))?;
+    let mut lse = zeroed_f32(cpu, Shape::new([batch, hq, tq]))?;
     forward::forward(cpu, p, out.as_mut_slice::<f32>()?, lse.as_mut_slice::<f32>()?);
     Ok((in_dtype(out, dtype)?, lse))
+}
+
+/// A zeroed f32 tensor for the kernels to write (zeroed in parallel).
+fn zeroed_f32(cpu: &CpuBackend, shape: Shape) -> Result<Tensor> {
+    Tensor::from_vec(convert::zeroed_f32(cpu, shape.elem_count()), shape)
 }
 
 /// An f32 result tensor in the op's dtype (F32: as is; F16/BF16: converted once).
@@ -299,9 +304,9 @@ pub fn causal_attention_backward(
     let dof = f32_data(OP, "d_out", d_out)?;
     let lse = result.logsumexp.as_slice::<f32>()?;
     let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride: dims.tk * dims.d, scale, causal: true, mask: None };
-    let mut dq = Tensor::zeros(q.shape().clone(), DType::F32)?;
-    let mut dk = Tensor::zeros(k.shape().clone(), DType::F32)?;
-    let mut dv = Tensor::zeros(v.shape().clone(), DType::F32)?;
+    let mut dq = zeroed_f32(cpu, q.shape().clone())?;
+    let mut dk = zeroed_f32(cpu, k.shape().clone())?;
+    let mut dv = zeroed_f32(cpu, v.shape().clone())?;
     let grads = (dq.as_mut_slice::<f32>()?, dk.as_mut_slice::<f32>()?, dv.as_mut_slice::<f32>()?);
     backward::backward(cpu, &p, &of, lse, &dof, grads);
     let dtype = q.dtype();
