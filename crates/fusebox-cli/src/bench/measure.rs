@@ -44,20 +44,7 @@ impl Timing {
 /// Runs `f` `budget.warmup` times, then repeats it until `min_time` and `min_reps` are
 /// both reached (or `max_reps`), and returns the median wall time of one call.
 pub fn time(budget: Budget, mut f: impl FnMut() -> Result<()>) -> Result<Timing> {
-    for _ in 0..budget.warmup {
-        f()?;
-    }
-    let mut times = Vec::new();
-    let start = Instant::now();
-    while times.len() < budget.max_reps.max(1)
-        && (times.len() < budget.min_reps.max(1) || start.elapsed() < budget.min_time)
-    {
-        let t = Instant::now();
-        f()?;
-        times.push(t.elapsed().as_secs_f64());
-    }
-    times.sort_by(f64::total_cmp);
-    Ok(Timing { median_s: times[times.len() / 2], min_s: times[0], reps: times.len() })
+    Ok(timing_of(&time_interleaved(budget, 1, |_| f())?[0]))
 }
 
 /// Interleaved timing of `n` calls that are compared with each other: every rep calls

@@ -123,7 +123,25 @@ enum Slots<'a> {
     BF16(&'a mut [MaybeUninit<bf16>]),
 }
 
-impl Slots<'_> {
+impl<'a> Slots<'a> {
+    /// The first `mid` slots and the rest.
+    fn split_at(self, mid: usize) -> (Slots<'a>, Slots<'a>) {
+        match self {
+            Slots::F32(s) => {
+                let (a, b) = s.split_at_mut(mid);
+                (Slots::F32(a), Slots::F32(b))
+            }
+            Slots::F16(s) => {
+                let (a, b) = s.split_at_mut(mid);
+                (Slots::F16(a), Slots::F16(b))
+            }
+            Slots::BF16(s) => {
+                let (a, b) = s.split_at_mut(mid);
+                (Slots::BF16(a), Slots::BF16(b))
+            }
+        }
+    }
+
     fn len(&self) -> usize {
         match self {
             Slots::F32(s) => s.len(),
@@ -212,16 +230,31 @@ impl<'a> Dst<'a> {
     }
 
     /// Splits this piece into consecutive pieces of `len` elements (the last may be
-    /// shorter), each to be written on its own.
-    pub fn into_chunks(mut self, len: usize) -> impl Iterator<Item = Dst<'a>> {
-        let store = self.store;
-        let len = len.max(1);
-        let pieces: Vec<Slots<'a>> = match self.take() {
-            Slots::F32(s) => s.chunks_mut(len).map(Slots::F32).collect(),
-            Slots::F16(s) => s.chunks_mut(len).map(Slots::F16).collect(),
-            Slots::BF16(s) => s.chunks_mut(len).map(Slots::BF16).collect(),
-        };
-        pieces.into_iter().map(move |s| Dst::new(s, store))
+    /// shorter), each to be written on its own. Pieces the caller does not take are
+    /// zero-filled when the iterator is dropped, as an unwritten piece is.
+    pub fn into_chunks(self, len: usize) -> Chunks<'a> {
+        Chunks { rest: self, len: len.max(1) }
+    }
+}
+
+/// The iterator of [`Dst::into_chunks`]: splits pieces off the front of what is left
+/// (no allocation; the rest is a [`Dst`], so it zero-fills itself when dropped).
+pub struct Chunks<'a> {
+    rest: Dst<'a>,
+    len: usize,
+}
+
+impl<'a> Iterator for Chunks<'a> {
+    type Item = Dst<'a>;
+
+    fn next(&mut self) -> Option<Dst<'a>> {
+        if self.rest.is_empty() {
+            return None;
+        }
+        let mid = self.len.min(self.rest.len());
+        let (head, tail) = self.rest.take().split_at(mid);
+        self.rest.slots = tail;
+        Some(Dst::new(head, self.rest.store))
     }
 }
 
@@ -268,19 +301,10 @@ impl Elem for bf16 {
 /// [`Dst::write`] for one element type: tiles computed in f32, then stored (rounded).
 #[inline(always)]
 fn write_tiles<T: Elem>(slots: &mut [MaybeUninit<T>], store: Store, f: &mut impl FnMut(usize, &mut [f32])) {
-    let n = slots.len();
-    if n == 0 {
-        return;
-    }
     let mut tile = [0.0f32; TILE];
-    let mut start = 0;
-    let mut end = first_tile_end(slots, store).min(n);
-    while start < n {
-        let len = end - start;
-        f(start, &mut tile[..len]);
-        T::store_tile(&mut slots[start..end], &tile[..len], store);
-        start = end;
-        end = (start + TILE).min(n);
+    for (start, end) in tiles(slots, store) {
+        f(start, &mut tile[..end - start]);
+        T::store_tile(&mut slots[start..end], &tile[..end - start], store);
     }
 }
 
@@ -292,31 +316,36 @@ fn write_tile_pairs<T: Elem>(
     store: Store,
     f: &mut impl FnMut(usize, &mut [f32], &mut [f32]),
 ) {
-    let n = a.len();
     let (mut ta, mut tb) = ([0.0f32; TILE], [0.0f32; TILE]);
-    let mut start = 0;
-    let mut end = first_tile_end(a, store).min(n);
-    while start < n {
+    for (start, end) in tiles(a, store) {
         let len = end - start;
         f(start, &mut ta[..len], &mut tb[..len]);
         T::store_tile(&mut a[start..end], &ta[..len], store);
         T::store_tile(&mut b[start..end], &tb[..len], store);
-        start = end;
-        end = (start + TILE).min(n);
     }
 }
 
-/// Where the first tile of `slots` ends: streamed, at the first 64-byte boundary (a whole
-/// tile when the slots start on one), so later tiles cover whole lines.
+/// The tiles of `slots` as `(start, end)`: at most [`TILE`] long; streamed, the first
+/// ends at the first 64-byte boundary (a whole tile when the slots start on one), so
+/// later tiles cover whole lines.
 #[inline(always)]
-fn first_tile_end<T>(slots: &[MaybeUninit<T>], store: Store) -> usize {
-    match store {
+fn tiles<T>(slots: &[MaybeUninit<T>], store: Store) -> impl Iterator<Item = (usize, usize)> {
+    let n = slots.len();
+    let first = match store {
         Store::Stream => match slots.as_ptr().align_offset(64) {
             0 => TILE,
             k => k.min(TILE),
         },
         Store::Cached => TILE,
-    }
+    };
+    let mut next = (0, first.min(n));
+    std::iter::from_fn(move || {
+        let (start, end) = next;
+        (start < n).then(|| {
+            next = (end, (end + TILE).min(n));
+            (start, end)
+        })
+    })
 }
 
 /// `dst = src`: plain stores, or (streamed) non-temporal stores for the whole 64-byte
@@ -564,11 +593,16 @@ mod tests {
         let cpu = CpuBackend::with_threads(1).expect("pool");
         let shape = Shape::from([10, 6]);
         let t = fresh_tensor(&cpu, "test", &shape, DType::F32, 12, 1, |i, dst| {
-            if i % 2 == 0 {
+            if i % 4 == 0 {
                 for (r, row) in dst.into_chunks(6).enumerate() {
                     if r == 0 {
                         row.fill((i + 1) as f32);
                     }
+                }
+            } else if i % 4 == 2 {
+                // The iterator dropped after one piece: the rest still reads as zero.
+                if let Some(row) = dst.into_chunks(6).next() {
+                    row.fill((i + 1) as f32);
                 }
             }
         })
