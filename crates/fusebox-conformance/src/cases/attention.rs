@@ -281,6 +281,8 @@ fn causal_attention_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>
     v.extend(causal_case(Cfg::new(2, 4, 1, 17, 130, 64), f32_only, false)); // Tq < Tk, per-head blocks
     v.extend(causal_case(Cfg::new(1, 2, 1, 5, 130, 128), f32_only, false)); // Tq < Tk, group blocks
     v.extend(causal_case(Cfg::new(1, 3, 3, 64, 128, 64), f32_only, false)); // exact block multiples
+    v.extend(causal_case(Cfg::new(2, 4, 2, 128, 128, 64), f32_only, false)); // GQA 2, every gradient in place
+    v.extend(causal_case(Cfg::new(1, 2, 1, 64, 70, 32), f32_only, false)); // dQ in place, a partial key tile
     v.extend(causal_case(Cfg::new(1, 2, 1, 33, 33, 24), &[DType::F32, DType::F16], false)); // D 24: padded rows
     v.extend(causal_case(Cfg::new(1, 2, 1, 20, 21, 0), f32_only, false)); // D 0: lse = ln(keys seen)
                                                                           // Large logits: scale·q·k of order ±80; the online max keeps exp in range.

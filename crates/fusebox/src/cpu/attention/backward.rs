@@ -14,22 +14,34 @@
 //!
 //! and, with GQA, dK and dV of a kv head sum over its query group. One task per
 //! (batch, kv head) walks the key blocks; for each it runs every query block of every
-//! query head of the group that sees the block, accumulating dK, dV of the block in
-//! scratch and dQ of the group's heads in a per-task buffer. No two tasks write the
-//! same gradient, so no atomics and the result is deterministic. Accumulation is f32.
+//! query head of the group that sees the block, accumulating dK, dV of the block and dQ
+//! of the group's heads straight into the (zeroed) outputs, or into padded scratch when
+//! D or Tq do not fit the register tiles. No two tasks write the same gradient, so no
+//! atomics and the result is deterministic. Accumulation is f32. The kernels keep the
+//! scores unscaled (`q·k`) and fold `scale` into dS once, so neither Q nor the
+//! gradients are rescaled in a pass of their own.
 
 /// Query rows per block of the backward.
 const BLOCK_Q: usize = 64;
 /// Keys per block of the backward (its scratch holds five `[BLOCK_K][dp]` buffers).
 const BLOCK_K: usize = 128;
+use std::borrow::Cow;
+use std::mem::MaybeUninit;
+
 use super::tiles::{self, TILE_ROWS};
 use super::{Dims, Problem};
+use crate::cpu::convert::{init_copy, init_default};
 use crate::cpu::pool::SharedMut;
 use crate::cpu::simd;
 use crate::cpu::CpuBackend;
 
-/// Writes `(dq, dk, dv)` (every element) of causal problem `p` given its output `o`,
-/// logsumexp and `d_out`.
+/// An uninitialized output buffer.
+type Slots<'a> = &'a mut [MaybeUninit<f32>];
+
+/// Writes every element of the gradients `(dq, dk, dv)` of causal problem `p`, given its
+/// output `o`, logsumexp and `d_out`. The buffers come uninitialized: each task zeroes
+/// the rows it owns just before accumulating into them (while they are in its cache,
+/// instead of a zeroing pass over all of them beforehand).
 ///
 /// One task per (batch, kv head). When there are fewer kv heads than threads, each kv
 /// head's key blocks are also split into contiguous ranges of about equal causal work:
@@ -42,7 +54,7 @@ pub(super) fn backward(
     o: &[f32],
     lse: &[f32],
     d_out: &[f32],
-    (dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]),
+    (dq, dk, dv): (Slots, Slots, Slots),
 ) {
     let Dims { batch, hq, hkv, tq, tk, d } = p.dims;
     let group = p.dims.group();
@@ -51,10 +63,12 @@ pub(super) fn backward(
     let splits = if heads >= cpu.threads() { 1 } else { cpu.threads().div_ceil(heads).min(key_blocks).max(1) };
     let ranges = split_key_blocks(p, splits);
     let group_len = group * tq * d;
-    // dq shares of the key ranges, [heads][splits][group·Tq·D] (empty with one range).
-    let mut shares = vec![0.0f32; if splits > 1 { heads * splits * group_len } else { 0 }];
+    // dq shares of the key ranges, [heads][splits][group·Tq·D] (empty with one range);
+    // task t initializes share t.
+    let mut shares: Vec<f32> = Vec::with_capacity(if splits > 1 { heads * splits * group_len } else { 0 });
+    let share_slots = &mut shares.spare_capacity_mut()[..if splits > 1 { heads * splits * group_len } else { 0 }];
     let (dq_ptr, dk_ptr, dv_ptr) = (SharedMut(dq.as_mut_ptr()), SharedMut(dk.as_mut_ptr()), SharedMut(dv.as_mut_ptr()));
-    let share_ptr = SharedMut(shares.as_mut_ptr());
+    let share_ptr = SharedMut(share_slots.as_mut_ptr());
     cpu.for_each_index(heads * splits, group * tq * tk * d / splits, |task| {
         let (kv_head, split) = (task / splits, task % splits);
         let (kb_lo, kb_hi) = ranges[split];
@@ -74,22 +88,26 @@ pub(super) fn backward(
                 dv_ptr.slice((kv_head * tk + k_lo) * d, (k_hi - k_lo) * d),
             )
         };
+        let (dq_out, dk_out, dv_out) = (init_default(dq_out), init_default(dk_out), init_default(dv_out));
         let mut ws = WORKSPACE.with(|w| w.take());
         let dp = p.dims.d.next_multiple_of(16);
         let mut blk = ws.block.take().filter(|b| b.kr.len() == BLOCK_K * dp).unwrap_or_else(|| KeyBlock::new(dp));
+        let mut grads = ws.grads.take().filter(|g| g.dk.len() == BLOCK_K * dp).unwrap_or_else(|| KeyGrads::new(dp));
         let mut task = KvHeadBackward::new(p, kv_head, o, lse, d_out, &mut ws);
-        task.run((kb_lo, kb_hi), dq_out, dk_out, dv_out, &mut blk);
+        task.run((kb_lo, kb_hi), dq_out, dk_out, dv_out, &mut blk, &mut grads);
         task.release(&mut ws);
-        ws.block = Some(blk);
+        (ws.block, ws.grads) = (Some(blk), Some(grads));
         WORKSPACE.with(|w| w.set(ws));
     });
     if splits > 1 {
+        // SAFETY: the tasks above initialized every share (task t wrote all of share t).
+        unsafe { shares.set_len(heads * splits * group_len) };
         // dq of each group = Σ of its shares, in range order.
         cpu.for_each_chunk(dq, group_len, splits, |kv_head, dq_g| {
-            dq_g.copy_from_slice(&shares[kv_head * splits * group_len..][..group_len]);
-            for share in
-                shares[kv_head * splits * group_len..(kv_head + 1) * splits * group_len].chunks_exact(group_len).skip(1)
-            {
+            let mut parts =
+                shares[kv_head * splits * group_len..(kv_head + 1) * splits * group_len].chunks_exact(group_len);
+            let dq_g = init_copy(dq_g, parts.next().unwrap_or(&[]));
+            for share in parts {
                 for (y, &x) in dq_g.iter_mut().zip(share) {
                     *y += x;
                 }
@@ -138,6 +156,7 @@ struct Workspace {
     lse: Vec<f32>,
     delta: Vec<f32>,
     block: Option<KeyBlock>,
+    grads: Option<KeyGrads>,
 }
 
 thread_local! {
@@ -153,56 +172,79 @@ fn refill(mut v: Vec<f32>, len: usize, value: f32) -> Vec<f32> {
 }
 
 /// The backward of one (batch, kv head) and its query group.
+///
+/// The group's rows of Q, dO and dQ are `[group][tq_p][dp]`. When no padding is needed
+/// (D a multiple of 16 and Tq of [`BLOCK_Q`]) that is exactly their layout in the inputs
+/// and in the (zeroed) dq output, so Q and dO are read and dQ is accumulated in place;
+/// otherwise they are zero-padded copies in the workspace.
 struct KvHeadBackward<'a> {
     p: &'a Problem<'a>,
     kv_head: usize,
     dp: usize,
-    /// Rows per query head in the padded per-group buffers (a multiple of BLOCK_Q).
+    /// Rows per query head in the group's buffers (a multiple of BLOCK_Q).
     tq_p: usize,
-    /// `[group][tq_p][dp]`: scale·Q, dO, and the dQ accumulator (scaled at the end).
-    qs: Vec<f32>,
-    dos: Vec<f32>,
-    dqa: Vec<f32>,
+    /// Q and dO of the group (unscaled: the score scale is folded into dS).
+    qs: Cow<'a, [f32]>,
+    dos: Cow<'a, [f32]>,
+    /// The padded dQ accumulator; `None` when dQ is accumulated in the output.
+    dqa: Option<Vec<f32>>,
     /// `[group][tq_p]`: saved logsumexp and `D_i = dO_i·O_i`.
     lse: Vec<f32>,
     delta: Vec<f32>,
 }
 
 impl<'a> KvHeadBackward<'a> {
-    fn new(p: &'a Problem<'a>, kv_head: usize, o: &[f32], lse: &[f32], d_out: &[f32], ws: &mut Workspace) -> Self {
+    fn new(p: &'a Problem<'a>, kv_head: usize, o: &[f32], lse: &[f32], d_out: &'a [f32], ws: &mut Workspace) -> Self {
         let Dims { hq, hkv, tq, d, .. } = p.dims;
         let group = p.dims.group();
         let dp = d.next_multiple_of(16);
         let tq_p = tq.div_ceil(BLOCK_Q) * BLOCK_Q;
         let bh0 = (kv_head / hkv) * hq + (kv_head % hkv) * group;
-        let len = group * tq_p * dp;
-        let mut qs = refill(std::mem::take(&mut ws.qs), len, 0.0);
-        let mut dos = refill(std::mem::take(&mut ws.dos), len, 0.0);
+        let rows = bh0 * tq * d..(bh0 + group) * tq * d;
+        let (qs, dos, dqa) = if d == dp && tq == tq_p {
+            (Cow::Borrowed(&p.q[rows.clone()]), Cow::Borrowed(&d_out[rows]), None)
+        } else {
+            let len = group * tq_p * dp;
+            let mut qs = refill(std::mem::take(&mut ws.qs), len, 0.0);
+            let mut dos = refill(std::mem::take(&mut ws.dos), len, 0.0);
+            for h in 0..group {
+                for i in 0..tq {
+                    let (src, dst) = (((bh0 + h) * tq + i) * d, (h * tq_p + i) * dp);
+                    qs[dst..dst + d].copy_from_slice(&p.q[src..src + d]);
+                    dos[dst..dst + d].copy_from_slice(&d_out[src..src + d]);
+                }
+            }
+            (Cow::Owned(qs), Cow::Owned(dos), Some(refill(std::mem::take(&mut ws.dqa), len, 0.0)))
+        };
         let mut lse_g = refill(std::mem::take(&mut ws.lse), group * tq_p, f32::NEG_INFINITY);
         let mut delta = refill(std::mem::take(&mut ws.delta), group * tq_p, 0.0);
         for h in 0..group {
             for i in 0..tq {
                 let src = ((bh0 + h) * tq + i) * d;
-                let dst = (h * tq_p + i) * dp;
-                for (x, &y) in qs[dst..dst + d].iter_mut().zip(&p.q[src..src + d]) {
-                    *x = y * p.scale;
-                }
-                dos[dst..dst + d].copy_from_slice(&d_out[src..src + d]);
                 lse_g[h * tq_p + i] = lse[(bh0 + h) * tq + i];
                 delta[h * tq_p + i] = simd::dot(&d_out[src..src + d], &o[src..src + d]);
             }
         }
-        let dqa = refill(std::mem::take(&mut ws.dqa), len, 0.0);
         KvHeadBackward { p, kv_head, dp, tq_p, qs, dos, dqa, lse: lse_g, delta }
     }
 
     /// Returns the buffers to the workspace.
     fn release(self, ws: &mut Workspace) {
-        (ws.qs, ws.dos, ws.dqa, ws.lse, ws.delta) = (self.qs, self.dos, self.dqa, self.lse, self.delta);
+        if let Cow::Owned(v) = self.qs {
+            ws.qs = v;
+        }
+        if let Cow::Owned(v) = self.dos {
+            ws.dos = v;
+        }
+        if let Some(v) = self.dqa {
+            ws.dqa = v;
+        }
+        (ws.lse, ws.delta) = (self.lse, self.delta);
     }
 
-    /// Runs key blocks `kb_lo..kb_hi`: writes dk, dv of their keys (`dk_out`, `dv_out`
-    /// start at key `kb_lo·BLOCK_K`) and the group's dq from these keys (`dq_out`).
+    /// Runs key blocks `kb_lo..kb_hi`: adds dk, dv of their keys into `dk_out`, `dv_out`
+    /// (zeroed; they start at key `kb_lo·BLOCK_K`) and the group's dq from these keys
+    /// into `dq_out` (zeroed too).
     fn run(
         &mut self,
         (kb_lo, kb_hi): (usize, usize),
@@ -210,40 +252,67 @@ impl<'a> KvHeadBackward<'a> {
         dk_out: &mut [f32],
         dv_out: &mut [f32],
         blk: &mut KeyBlock,
+        grads: &mut KeyGrads,
     ) {
         let Dims { tq, tk, d, .. } = self.p.dims;
         let dp = self.dp;
         let k_lo = kb_lo * BLOCK_K;
+        let mut dqa = self.dqa.take();
         for kb in kb_lo..kb_hi {
             let k0 = kb * BLOCK_K;
             let nk = BLOCK_K.min(tk - k0);
             blk.load(self.p, self.kv_head, k0, nk);
+            // dK and dV go straight into the outputs when their rows are the kernels'
+            // (D a multiple of 16) and the block is whole register tiles of keys.
+            let direct = d == dp && nk.is_multiple_of(TILE_ROWS);
+            let out_rows = (k0 - k_lo) * d..(k0 - k_lo + nk) * d;
+            let (dk, dv) = if direct {
+                (&mut dk_out[out_rows.clone()], &mut dv_out[out_rows.clone()])
+            } else {
+                grads.dk.fill(0.0);
+                grads.dv.fill(0.0);
+                (&mut grads.dk[..], &mut grads.dv[..])
+            };
+            let dq: &mut [f32] = dqa.as_deref_mut().unwrap_or(dq_out);
             // Query rows see key k0 from i = k0 − (Tk − Tq) on: earlier query blocks are skipped.
             let first_block = k0.saturating_sub(tk - tq) / BLOCK_Q;
             for h in 0..self.p.dims.group() {
                 for qb in first_block..tq.div_ceil(BLOCK_Q) {
-                    self.query_block(blk, h, qb * BLOCK_Q, k0, nk);
+                    self.query_block(blk, (&mut *dk, &mut *dv), &mut *dq, h, qb * BLOCK_Q, k0, nk);
                 }
             }
-            for c in 0..nk {
-                let row = (k0 - k_lo + c) * d..(k0 - k_lo + c + 1) * d;
-                dk_out[row.clone()].copy_from_slice(&blk.dk[c * dp..c * dp + d]);
-                dv_out[row].copy_from_slice(&blk.dv[c * dp..c * dp + d]);
+            if !direct {
+                for c in 0..nk {
+                    let row = (k0 - k_lo + c) * d..(k0 - k_lo + c + 1) * d;
+                    dk_out[row.clone()].copy_from_slice(&grads.dk[c * dp..c * dp + d]);
+                    dv_out[row].copy_from_slice(&grads.dv[c * dp..c * dp + d]);
+                }
             }
         }
-        let group = self.p.dims.group();
-        for h in 0..group {
-            for i in 0..tq {
-                let src = (h * self.tq_p + i) * dp;
-                for (y, &x) in dq_out[(h * tq + i) * d..(h * tq + i + 1) * d].iter_mut().zip(&self.dqa[src..src + d]) {
-                    *y = x * self.p.scale;
+        if let Some(dqa) = dqa {
+            for h in 0..self.p.dims.group() {
+                for i in 0..tq {
+                    let src = (h * self.tq_p + i) * dp;
+                    dq_out[(h * tq + i) * d..(h * tq + i + 1) * d].copy_from_slice(&dqa[src..src + d]);
                 }
             }
+            self.dqa = Some(dqa);
         }
     }
 
-    /// Query rows `q0 .. q0 + BLOCK_Q` of group head `h` against key block `k0 .. k0 + nk`.
-    fn query_block(&mut self, blk: &mut KeyBlock, h: usize, q0: usize, k0: usize, nk: usize) {
+    /// Query rows `q0 .. q0 + BLOCK_Q` of group head `h` against key block `k0 .. k0 + nk`,
+    /// adding into the block's `(dk, dv)` (rows of `dp`) and the group's `dq`.
+    #[allow(clippy::too_many_arguments)]
+    fn query_block(
+        &self,
+        blk: &mut KeyBlock,
+        (dk, dv): (&mut [f32], &mut [f32]),
+        dq: &mut [f32],
+        h: usize,
+        q0: usize,
+        k0: usize,
+        nk: usize,
+    ) {
         let Dims { tq, .. } = self.p.dims;
         let dp = self.dp;
         let rows = BLOCK_Q.min(tq - q0);
@@ -262,10 +331,10 @@ impl<'a> KvHeadBackward<'a> {
         let dos = &self.dos[base * dp..(base + rows_p) * dp];
         let d = self.p.dims.d;
         let cols = &blk.q_ranges[..tiles];
-        // S = (scale·Q)·Kᵀ and dP = dO·Vᵀ on the tiles the mask leaves visible.
+        // S = Q·Kᵀ and dP = dO·Vᵀ on the tiles the mask leaves visible.
         tiles::scores(&mut blk.p, BLOCK_K, qs, dp, d, &blk.kt, BLOCK_K, cols);
         tiles::scores(&mut blk.ds, BLOCK_K, dos, dp, d, &blk.vt, BLOCK_K, cols);
-        // P = e^(S − lse); dS = P∘(dP − D); zero past the diagonal.
+        // P = e^(scale·S − lse); dS = scale·P∘(dP − D); zero past the diagonal.
         tiles::probs_and_grads(
             &mut blk.p,
             &mut blk.ds,
@@ -273,6 +342,7 @@ impl<'a> KvHeadBackward<'a> {
             &blk.visible[..rows_p],
             &self.lse[base..base + rows_p],
             &self.delta[base..base + rows_p],
+            self.p.scale,
         );
         // Key row j of the block is seen by query rows i ≥ k0 + j − (Tk − Tq) − q0.
         let key_tiles = nk.div_ceil(TILE_ROWS);
@@ -281,25 +351,23 @@ impl<'a> KvHeadBackward<'a> {
             blk.k_ranges[t] = ((k0 + t * TILE_ROWS).saturating_sub(shift).min(rows), rows);
         }
         let k_ranges = &blk.k_ranges[..key_tiles];
-        // dV += Pᵀ·dO and dK += dSᵀ·(scale·Q): A read transposed through its strides.
-        tiles::accumulate_cols(&mut blk.dv, dp, &blk.p, BLOCK_K, dos, k_ranges, None);
-        tiles::accumulate_cols(&mut blk.dk, dp, &blk.ds, BLOCK_K, qs, k_ranges, None);
-        // dQ += dS·K (the factor `scale` is applied once at the end).
-        let dq = &mut self.dqa[base * dp..(base + rows_p) * dp];
+        // dV += Pᵀ·dO and dK += dSᵀ·Q: A read transposed through its strides.
+        tiles::accumulate_cols(dv, dp, &blk.p, BLOCK_K, dos, k_ranges, None);
+        tiles::accumulate_cols(dk, dp, &blk.ds, BLOCK_K, qs, k_ranges, None);
+        // dQ += dS·K.
+        let dq = &mut dq[base * dp..(base + rows_p) * dp];
         tiles::accumulate_rows(dq, dp, &blk.ds, BLOCK_K, &blk.kr, &blk.q_ranges[..tiles], None);
     }
 }
 
-/// Scratch of one key block: K and V packed for the products, the dK/dV accumulators,
-/// and a block of P and dS.
+/// Scratch of one key block: K and V packed for the products, and a block of P and dS.
 struct KeyBlock {
     /// `[dp][BLOCK_K]`: K and V transposed.
     kt: Vec<f32>,
     vt: Vec<f32>,
-    /// `[BLOCK_K][dp]`: K rows, and the dK, dV accumulators.
+    /// `[BLOCK_K][dp]`: K rows (read by dQ += dS·K), and V rows on their way to `vt`.
     kr: Vec<f32>,
-    dk: Vec<f32>,
-    dv: Vec<f32>,
+    vr: Vec<f32>,
     /// `[BLOCK_Q][BLOCK_K]`: probabilities, and dP turned into dS in place.
     p: Vec<f32>,
     ds: Vec<f32>,
@@ -308,14 +376,26 @@ struct KeyBlock {
     k_ranges: [(usize, usize); BLOCK_K / TILE_ROWS],
 }
 
+/// The dK, dV accumulators `[BLOCK_K][dp]` of a key block whose rows cannot be
+/// accumulated in the outputs directly (D not a multiple of 16, or a partial tile).
+struct KeyGrads {
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+}
+
+impl KeyGrads {
+    fn new(dp: usize) -> KeyGrads {
+        KeyGrads { dk: vec![0.0; BLOCK_K * dp], dv: vec![0.0; BLOCK_K * dp] }
+    }
+}
+
 impl KeyBlock {
     fn new(dp: usize) -> KeyBlock {
         KeyBlock {
             kt: vec![0.0; dp * BLOCK_K],
             vt: vec![0.0; dp * BLOCK_K],
             kr: vec![0.0; BLOCK_K * dp],
-            dk: vec![0.0; BLOCK_K * dp],
-            dv: vec![0.0; BLOCK_K * dp],
+            vr: vec![0.0; BLOCK_K * dp],
             p: vec![0.0; BLOCK_Q * BLOCK_K],
             ds: vec![0.0; BLOCK_Q * BLOCK_K],
             visible: [0; BLOCK_Q],
@@ -324,7 +404,7 @@ impl KeyBlock {
         }
     }
 
-    /// Packs keys `k0 .. k0 + nk` of `kv_head` (zeros past `nk`) and clears dK, dV.
+    /// Packs keys `k0 .. k0 + nk` of `kv_head` (zeros past `nk`).
     fn load(&mut self, p: &Problem, kv_head: usize, k0: usize, nk: usize) {
         let d = p.dims.d;
         let dp = self.kr.len() / BLOCK_K;
@@ -336,14 +416,12 @@ impl KeyBlock {
         let start = kv_head * p.kv_stride + k0 * d;
         // The rows are first copied in order (a sequential read the hardware prefetches),
         // then transposed from cache: transposing straight from memory stalled on every
-        // strided miss. V's rows pass through the dV buffer before it is cleared.
+        // strided miss.
         for c in 0..nk {
             self.kr[c * dp..c * dp + d].copy_from_slice(&p.k[start + c * d..start + (c + 1) * d]);
-            self.dv[c * dp..c * dp + d].copy_from_slice(&p.v[start + c * d..start + (c + 1) * d]);
+            self.vr[c * dp..c * dp + d].copy_from_slice(&p.v[start + c * d..start + (c + 1) * d]);
         }
         simd::transpose_into(&self.kr, dp, nk, d, &mut self.kt, BLOCK_K);
-        simd::transpose_into(&self.dv, dp, nk, d, &mut self.vt, BLOCK_K);
-        self.dk.fill(0.0);
-        self.dv.fill(0.0);
+        simd::transpose_into(&self.vr, dp, nk, d, &mut self.vt, BLOCK_K);
     }
 }

@@ -13,6 +13,8 @@
 //! scores are dropped), K and V are read in place with their true head dim.
 
 use super::{Dims, Problem};
+use std::mem::MaybeUninit;
+
 use crate::cpu::pool::SharedMut;
 use crate::cpu::simd::{self, multiversion};
 use crate::cpu::CpuBackend;
@@ -30,7 +32,7 @@ pub(super) fn applies(p: &Problem) -> bool {
 }
 
 /// Writes the output `[B, Hq, 1, D]` and logsumexp `[B, Hq, 1]` of a single-query problem.
-pub(super) fn forward(cpu: &CpuBackend, p: &Problem, out: &mut [f32], lse: &mut [f32]) {
+pub(super) fn forward(cpu: &CpuBackend, p: &Problem, out: &mut [MaybeUninit<f32>], lse: &mut [MaybeUninit<f32>]) {
     let Dims { batch, hkv, tk, d, .. } = p.dims;
     let out = SharedMut(out.as_mut_ptr());
     let lse = SharedMut(lse.as_mut_ptr());
@@ -39,7 +41,7 @@ pub(super) fn forward(cpu: &CpuBackend, p: &Problem, out: &mut [f32], lse: &mut 
 }
 
 /// The G query heads that read kv head `kv_head` (a `b·Hkv + h` index).
-fn group_forward(p: &Problem, kv_head: usize, out: &SharedMut<f32>, lse: &SharedMut<f32>) {
+fn group_forward(p: &Problem, kv_head: usize, out: &SharedMut<MaybeUninit<f32>>, lse: &SharedMut<MaybeUninit<f32>>) {
     let Dims { hq, hkv, tk, d, .. } = p.dims;
     let group = p.dims.group();
     let first = (kv_head / hkv) * hq + (kv_head % hkv) * group;

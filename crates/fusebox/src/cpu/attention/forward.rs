@@ -31,6 +31,8 @@
 
 use super::tiles::{self, TILE_ROWS};
 use super::{Dims, Problem};
+use std::mem::MaybeUninit;
+
 use crate::cpu::output;
 use crate::cpu::pool::SharedMut;
 use crate::cpu::simd;
@@ -42,8 +44,8 @@ const BLOCK_K: usize = 128;
 const PER_HEAD_MIN_TQ: usize = 16;
 
 /// Writes the output `[B, Hq, Tq, D]` and logsumexp `[B, Hq, Tq]` of problem `p`
-/// (every element of both).
-pub(super) fn forward(cpu: &CpuBackend, p: &Problem, out: &mut [f32], lse: &mut [f32]) {
+/// (every element of both: they may come uninitialized).
+pub(super) fn forward(cpu: &CpuBackend, p: &Problem, out: &mut [MaybeUninit<f32>], lse: &mut [MaybeUninit<f32>]) {
     let Dims { batch, hkv, tk, d, .. } = p.dims;
     if lse.is_empty() {
         return;
@@ -62,9 +64,18 @@ pub(super) fn forward(cpu: &CpuBackend, p: &Problem, out: &mut [f32], lse: &mut 
     let outputs = Outputs { out: SharedMut(out.as_mut_ptr()), lse: SharedMut(lse.as_mut_ptr()) };
     let blocks_per_group = layout.blocks_per_group();
     let work = layout.cols * tk * d;
-    cpu.for_each_index(batch * hkv * blocks_per_group, work, |task| {
-        let (kv_head, idx) = (task / blocks_per_group, task % blocks_per_group);
-        let block = layout.block(kv_head, idx);
+    let tasks = batch * hkv * blocks_per_group;
+    let block_of = |task: usize| layout.block(task / blocks_per_group, task % blocks_per_group);
+    cpu.for_each_index(tasks, work, |task| {
+        let block = block_of(task);
+        // The next task is most often this thread's next block: its query rows are
+        // fetched while this block computes (they are read first, by one transpose).
+        if task + 1 < tasks {
+            let next = block_of(task + 1);
+            if next.heads == 1 {
+                simd::prefetch(p.q, (next.bh0 * p.dims.tq + next.i0) * d, next.len(p.dims.tq) * d);
+            }
+        }
         if layout.cols == 16 {
             forward_block::<16>(p, v, dp, &block, &outputs);
         } else {
@@ -146,8 +157,8 @@ impl QueryBlock {
 
 /// The output buffers, written row by row by the block that owns each query row.
 struct Outputs {
-    out: SharedMut<f32>,
-    lse: SharedMut<f32>,
+    out: SharedMut<MaybeUninit<f32>>,
+    lse: SharedMut<MaybeUninit<f32>>,
 }
 
 /// V with rows padded to `dp` floats (zeros past D), `[B·Hkv][Tk][dp]`, for a head dim
@@ -273,16 +284,13 @@ fn forward_block_in<const COLS: usize>(
     }
 }
 
-/// `out = o/l`, `lse = m + ln l`; zeros and −∞ for a row that saw no key.
-pub(super) fn finish_row(o: &[f32], m: f32, l: f32, out: &mut [f32], lse: &mut f32) {
-    if l > 0.0 {
-        let inv = 1.0 / l;
-        for (y, &x) in out.iter_mut().zip(o) {
-            *y = x * inv;
-        }
-        *lse = m + l.ln();
-    } else {
-        out.fill(0.0);
-        *lse = f32::NEG_INFINITY;
+/// `out = o/l`, `lse = m + ln l`; zeros and −∞ for a row that saw no key. Writes every
+/// element of `out` (`o` is at least as long) and `lse`.
+pub(super) fn finish_row(o: &[f32], m: f32, l: f32, out: &mut [MaybeUninit<f32>], lse: &mut MaybeUninit<f32>) {
+    let (inv, row_lse) = if l > 0.0 { (1.0 / l, m + l.ln()) } else { (0.0, f32::NEG_INFINITY) };
+    let o = &o[..out.len()];
+    for (y, &x) in out.iter_mut().zip(o) {
+        y.write(x * inv);
     }
+    lse.write(row_lse);
 }

@@ -17,7 +17,8 @@
 //!
 //! Memory: besides inputs and outputs, the forward keeps per task one block of scores
 //! (128 keys × 64 queries) and the block's accumulators; the backward keeps per task
-//! padded copies of its group's Q and dO (O(T·D)) and one 64 × 128 block of P and dS.
+//! padded copies of its group's Q and dO (O(T·D)) when D or Tq need padding, and one
+//! 64 × 128 block of P and dS.
 //! No T×T buffer is ever allocated.
 
 mod backward;
@@ -33,7 +34,7 @@ pub use layout::{causal_mask, causal_softmax, merge_heads, split_heads, write_he
 use std::borrow::Cow;
 
 use crate::cpu::check;
-use crate::cpu::convert::{self, f32_data};
+use crate::cpu::convert::f32_data;
 use crate::cpu::CpuBackend;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -156,15 +157,14 @@ struct Problem<'a> {
 /// Runs the forward and writes the output in `dtype`; returns it with the f32 logsumexp.
 fn run_forward(cpu: &CpuBackend, p: &Problem, dtype: DType) -> Result<(Tensor, Tensor)> {
     let Dims { batch, hq, tq, d, .. } = p.dims;
-    let mut out = zeroed_f32(cpu, Shape::new([batch, hq, tq, d]))?;
-    let mut lse = zeroed_f32(cpu, Shape::new([batch, hq, tq]))?;
-    forward::forward(cpu, p, out.as_mut_slice::<f32>()?, lse.as_mut_slice::<f32>()?);
-    Ok((in_dtype(out, dtype)?, lse))
-}
-
-/// A zeroed f32 tensor for the kernels to write (zeroed in parallel).
-fn zeroed_f32(cpu: &CpuBackend, shape: Shape) -> Result<Tensor> {
-    Tensor::from_vec(convert::zeroed_f32(cpu, shape.elem_count()), shape)
+    let (out_shape, lse_shape) = (Shape::new([batch, hq, tq, d]), Shape::new([batch, hq, tq]));
+    let (n_out, n_lse) = (out_shape.elem_count(), lse_shape.elem_count());
+    let (mut out, mut lse) = (Vec::<f32>::with_capacity(n_out), Vec::<f32>::with_capacity(n_lse));
+    forward::forward(cpu, p, &mut out.spare_capacity_mut()[..n_out], &mut lse.spare_capacity_mut()[..n_lse]);
+    // SAFETY: `forward` writes every element of both (a panic in it propagates before
+    // this line, dropping them empty).
+    unsafe { (out.set_len(n_out), lse.set_len(n_lse)) };
+    Ok((in_dtype(Tensor::from_vec(out, out_shape)?, dtype)?, Tensor::from_vec(lse, lse_shape)?))
 }
 
 /// An f32 result tensor in the op's dtype (F32: as is; F16/BF16: converted once).
@@ -304,13 +304,25 @@ pub fn causal_attention_backward(
     let dof = f32_data(OP, "d_out", d_out)?;
     let lse = result.logsumexp.as_slice::<f32>()?;
     let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride: dims.tk * dims.d, scale, causal: true, mask: None };
-    let mut dq = zeroed_f32(cpu, q.shape().clone())?;
-    let mut dk = zeroed_f32(cpu, k.shape().clone())?;
-    let mut dv = zeroed_f32(cpu, v.shape().clone())?;
-    let grads = (dq.as_mut_slice::<f32>()?, dk.as_mut_slice::<f32>()?, dv.as_mut_slice::<f32>()?);
-    backward::backward(cpu, &p, &of, lse, &dof, grads);
-    let dtype = q.dtype();
-    Ok(AttentionGradients { dq: in_dtype(dq, dtype)?, dk: in_dtype(dk, dtype)?, dv: in_dtype(dv, dtype)? })
+    let lens = [q, k, v].map(|t| t.shape().elem_count());
+    let [mut dq, mut dk, mut dv] = lens.map(Vec::<f32>::with_capacity);
+    backward::backward(
+        cpu,
+        &p,
+        &of,
+        lse,
+        &dof,
+        (
+            &mut dq.spare_capacity_mut()[..lens[0]],
+            &mut dk.spare_capacity_mut()[..lens[1]],
+            &mut dv.spare_capacity_mut()[..lens[2]],
+        ),
+    );
+    // SAFETY: `backward` writes every element of its three buffers (a panic in it
+    // propagates before this line, dropping them empty).
+    unsafe { (dq.set_len(lens[0]), dk.set_len(lens[1]), dv.set_len(lens[2])) };
+    let grad = |g: Vec<f32>, like: &Tensor| in_dtype(Tensor::from_vec(g, like.shape().clone())?, q.dtype());
+    Ok(AttentionGradients { dq: grad(dq, q)?, dk: grad(dk, k)?, dv: grad(dv, v)? })
 }
 
 /// Attention of `Tq` new queries over the first `kv_len` rows of preallocated caches,

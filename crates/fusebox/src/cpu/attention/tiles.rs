@@ -23,7 +23,7 @@
 //! AVX2 and AVX-512 builds; the portable build multiplies and adds (a software `fmaf`
 //! would be far slower).
 
-use crate::cpu::simd::{exp_lane, multiversion};
+use crate::cpu::simd::{exp_lane, madd, multiversion};
 
 /// Rows of one register tile (query rows, or key rows in the backward's `Pᵀ·dO`).
 pub const TILE_ROWS: usize = 4;
@@ -302,37 +302,24 @@ multiversion! {
     }
 }
 
-/// Tree reduction of 16 lanes with `op` (log-depth, so it vectorizes into shuffles
-/// instead of a 16-step dependency chain).
+/// `p ← e^(scale·p − shift)` and `g ← scale·p·(g − delta)` on equal rows: the backward's
+/// probabilities and score gradients, one register of lanes at a time.
 #[inline(always)]
-fn reduce_lanes(mut acc: [f32; LANES], op: impl Fn(f32, f32) -> f32) -> f32 {
-    let mut half = LANES / 2;
-    while half > 0 {
-        for l in 0..half {
-            acc[l] = op(acc[l], acc[l + half]);
-        }
-        half /= 2;
-    }
-    acc[0]
-}
-
-/// `x[i] ← e^(x[i] − m)`, returning `Σ x[i]`.
-#[inline(always)]
-fn exp_shift_sum<const FMA: bool>(x: &mut [f32], m: f32) -> f32 {
-    let mut acc = [0.0f32; LANES];
-    let mut chunks = x.chunks_exact_mut(LANES);
-    for v in &mut chunks {
+fn probs_and_grads_row<const FMA: bool>(p: &mut [f32], g: &mut [f32], scale: f32, shift: f32, delta: f32) {
+    let mut pc = p.chunks_exact_mut(LANES);
+    let mut gc = g.chunks_exact_mut(LANES);
+    for (pv, gv) in (&mut pc).zip(&mut gc) {
         for l in 0..LANES {
-            v[l] = exp_lane::<FMA>(v[l] - m);
-            acc[l] += v[l];
+            let e = exp_lane::<FMA>(madd::<FMA>(pv[l], scale, -shift));
+            pv[l] = e;
+            gv[l] = scale * e * (gv[l] - delta);
         }
     }
-    let mut tail = 0.0;
-    for v in chunks.into_remainder() {
-        *v = exp_lane::<FMA>(*v - m);
-        tail += *v;
+    for (pj, gj) in pc.into_remainder().iter_mut().zip(gc.into_remainder()) {
+        let e = exp_lane::<FMA>(madd::<FMA>(*pj, scale, -shift));
+        *pj = e;
+        *gj = scale * e * (*gj - delta);
     }
-    reduce_lanes(acc, |a, b| a + b) + tail
 }
 
 #[inline(always)]
@@ -343,19 +330,17 @@ fn probs_and_grads_impl<const FMA: bool>(
     visible: &[usize],
     lse: &[f32],
     delta: &[f32],
+    scale: f32,
 ) {
     for (r, &n) in visible.iter().enumerate() {
         let p_row = &mut p[r * ld..(r + 1) * ld];
         let ds_row = &mut ds[r * ld..(r + 1) * ld];
         let n = if lse[r] == f32::NEG_INFINITY { 0 } else { n };
-        // −∞ up to a whole register, so the exp runs on whole registers and gives 0 there.
+        // Whole registers up to `end`: the lanes past `n` hold whatever the widened score
+        // tiles left there (finite or not) and are zeroed afterwards.
         let end = n.next_multiple_of(LANES).min(ld);
-        p_row[n..end].fill(f32::NEG_INFINITY);
-        exp_shift_sum::<FMA>(&mut p_row[..end], lse[r]);
-        for (g, &pj) in ds_row[..end].iter_mut().zip(&p_row[..end]) {
-            *g = pj * (*g - delta[r]);
-        }
-        p_row[end..].fill(0.0);
+        probs_and_grads_row::<FMA>(&mut p_row[..end], &mut ds_row[..end], scale, lse[r], delta[r]);
+        p_row[n..].fill(0.0);
         ds_row[n..].fill(0.0);
     }
 }
@@ -428,11 +413,21 @@ multiversion! {
 }
 
 multiversion! {
-    /// The backward's probabilities and score gradients on a block: for row r with
-    /// `n = visible[r]` keys and saved `lse[r]`, `p_j = e^(s_j − lse)` and, with `ds`
-    /// holding `dP` on entry, `dS_j = p_j·(dP_j − delta[r])` for `j < n`; both rows are
-    /// zeroed from `n` to `ld`, and entirely when `n = 0` or `lse = −∞`.
-    pub fn probs_and_grads(p: &mut [f32], ds: &mut [f32], ld: usize, visible: &[usize], lse: &[f32], delta: &[f32]) {
-        probs_and_grads_impl::<FMA>(p, ds, ld, visible, lse, delta)
+    /// The backward's probabilities and score gradients on a block of unscaled scores
+    /// `s = q·k`: for row r with `n = visible[r]` keys and saved `lse[r]`,
+    /// `p_j = e^(scale·s_j − lse)` and, with `ds` holding `dP` on entry,
+    /// `dS_j = scale·p_j·(dP_j − delta[r])` for `j < n` (the softmax backward with the
+    /// score scale folded in, so dQ and dK need no final scaling); both rows are zeroed
+    /// from `n` to `ld`, and entirely when `n = 0` or `lse = −∞`.
+    pub fn probs_and_grads(
+        p: &mut [f32],
+        ds: &mut [f32],
+        ld: usize,
+        visible: &[usize],
+        lse: &[f32],
+        delta: &[f32],
+        scale: f32
+    ) {
+        probs_and_grads_impl::<FMA>(p, ds, ld, visible, lse, delta, scale)
     }
 }
