@@ -503,6 +503,9 @@ fn decode_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
                                                                                                    // GQA 3 (SmolLM2's 9/3 heads), two softmax blocks of keys, a partial score tile.
     v.extend(decode_case(Cfg::new(1, 9, 3, 1, 300, 64), 320, f32_only, false));
     v.extend(decode_case(Cfg::new(1, 6, 1, 1, 275, 128), 280, f32_only, false)); // GQA 6, D 128
+                                                                                 // Few kv heads, long cache: each head's keys are split over tasks and merged.
+    v.extend(decode_case(Cfg::new(1, 4, 1, 1, 1100, 64), 1200, f32_only, false));
+    v.extend(decode_case(Cfg::new(1, 6, 2, 1, 2051, 80), 2051, f32_only, false)); // D 80: portable kernels
     v.extend(decode_case(Cfg::new(1, 6, 2, 1, 1, 80), 9, f32_only, false)); // first token
     v.extend(decode_case(Cfg::new(1, 4, 2, 16, 40, 32), 50, f32_only, false)); // per-head blocks over a cache
     v.extend(decode_case(Cfg::new(1, 3, 3, 20, 20, 64), 33, f32_only, false)); // kv_len = Tq

@@ -1,5 +1,6 @@
 //! The single-query forward (Tq = 1, no explicit mask): every query row sees all `Tk`
-//! keys, so each kv head is one task that streams its K rows once, scoring the
+//! keys, so each kv head (or each range of its keys, when kv heads are few) is one task
+//! that streams its K rows once, scoring the
 //! `G = Hq/Hkv` query heads of its group against each row while it is in L1, and then
 //! its V rows once, accumulating the G outputs. The softmax is the same online one as
 //! the blocked forward (see `forward.rs`), one block of [`BLOCK_K`] keys at a time:
@@ -32,21 +33,97 @@ pub(super) fn applies(p: &Problem) -> bool {
 }
 
 /// Writes the output `[B, Hq, 1, D]` and logsumexp `[B, Hq, 1]` of a single-query problem.
+///
+/// One task per kv head, or, when there are too few kv heads to keep every thread busy
+/// to the end (see [`key_splits`]), one per contiguous range of each head's keys: such a
+/// task leaves its unnormalized `(o, m, l)` per query head, and the ranges of a head are
+/// then merged in order (`M = max m_i`, `l = Σ e^(m_i − M)·l_i`, `o = Σ e^(m_i − M)·o_i`),
+/// deterministic for a given thread count.
 pub(super) fn forward(cpu: &CpuBackend, p: &Problem, out: &mut [MaybeUninit<f32>], lse: &mut [MaybeUninit<f32>]) {
     let Dims { batch, hkv, tk, d, .. } = p.dims;
-    let out = SharedMut(out.as_mut_ptr());
-    let lse = SharedMut(lse.as_mut_ptr());
-    let work = 2 * p.dims.group() * tk * d;
-    cpu.for_each_index(batch * hkv, work, |kv_head| group_forward(p, kv_head, &out, &lse));
+    let (out, lse) = (SharedMut(out.as_mut_ptr()), SharedMut(lse.as_mut_ptr()));
+    let group = p.dims.group();
+    let heads = batch * hkv;
+    let work = 2 * group * tk * d;
+    let splits = key_splits(cpu.threads(), heads, tk);
+    let finish = |row: usize, o: &[f32], m: f32, l: f32| {
+        // SAFETY: query row `row` (< B·Hq) belongs to one kv head's task (or merge) alone
+        // (groups partition the query heads, Tq = 1); row·D + D ≤ out's length, row < lse's.
+        let (out, lse) = unsafe { (out.slice(row * d, d), lse.slice(row, 1)) };
+        super::forward::finish_row(o, m, l, out, &mut lse[0]);
+    };
+    let first_row = |kv_head: usize| (kv_head / hkv) * p.dims.hq + (kv_head % hkv) * group;
+    if splits == 1 {
+        cpu.for_each_index(heads, work, |kv_head| {
+            let first = first_row(kv_head);
+            group_forward(p, kv_head, 0..tk, |g, o, m, l| finish(first + g, o, m, l));
+        });
+        return;
+    }
+    // partials[kv_head][split][g] = (o[0..d], m, l).
+    let stride = d + 2;
+    let mut partials = vec![0.0f32; heads * splits * group * stride];
+    cpu.for_each_chunk(&mut partials, group * stride, work / splits, |task, part| {
+        let (kv_head, split) = (task / splits, task % splits);
+        let keys = tk * split / splits..tk * (split + 1) / splits;
+        group_forward(p, kv_head, keys, |g, o, m, l| {
+            let slot = &mut part[g * stride..(g + 1) * stride];
+            slot[..d].copy_from_slice(o);
+            (slot[d], slot[d + 1]) = (m, l);
+        });
+    });
+    cpu.for_each_index(heads, group * splits * d, |kv_head| {
+        let mut o = vec![0.0f32; d];
+        for g in 0..group {
+            let part = |i: usize| &partials[((kv_head * splits + i) * group + g) * stride..][..stride];
+            let m_all = (0..splits).map(|i| part(i)[d]).fold(f32::NEG_INFINITY, f32::max);
+            // All ranges saw only −∞ scores: l = 0 gives zeros (and no −∞ − −∞).
+            let shift = if m_all == f32::NEG_INFINITY { 0.0 } else { m_all };
+            o.fill(0.0);
+            let mut l = 0.0f32;
+            for i in 0..splits {
+                let pi = part(i);
+                let w = simd::exp_lane::<false>(pi[d] - shift);
+                l += w * pi[d + 1];
+                for (y, &x) in o.iter_mut().zip(&pi[..d]) {
+                    *y += w * x;
+                }
+            }
+            finish(first_row(kv_head) + g, &o, m_all, l);
+        }
+    });
 }
 
-/// The G query heads that read kv head `kv_head` (a `b·Hkv + h` index).
-fn group_forward(p: &Problem, kv_head: usize, out: &SharedMut<MaybeUninit<f32>>, lse: &SharedMut<MaybeUninit<f32>>) {
-    let Dims { hq, hkv, tk, d, .. } = p.dims;
+/// Ranges each kv head's keys are cut into: at least two tasks per thread (with fewer kv
+/// heads than that, some threads would sit idle), each range at least [`MIN_SPLIT_KEYS`]
+/// long; 1 on one thread. More splits than needed measured no faster: each range's
+/// first block starts without its prefetch.
+fn key_splits(threads: usize, heads: usize, tk: usize) -> usize {
+    if threads <= 1 || heads == 0 {
+        return 1;
+    }
+    (2 * threads).div_ceil(heads).min(tk / MIN_SPLIT_KEYS).max(1)
+}
+
+/// Shortest key range of a split task (its K and V rows: 512 KiB at D = 128).
+const MIN_SPLIT_KEYS: usize = 512;
+
+/// Keys `keys` of kv head `kv_head` (a `b·Hkv + h` index) for the G query heads that read
+/// it: `emit(g, o, m, l)` receives each head's unnormalized output `o` (`d` long), its
+/// running max and sum.
+fn group_forward(
+    p: &Problem,
+    kv_head: usize,
+    keys: std::ops::Range<usize>,
+    mut emit: impl FnMut(usize, &[f32], f32, f32),
+) {
+    let Dims { hq, hkv, d, .. } = p.dims;
     let group = p.dims.group();
     let first = (kv_head / hkv) * hq + (kv_head % hkv) * group;
-    let k = &p.k[kv_head * p.kv_stride..kv_head * p.kv_stride + tk * d];
-    let v = &p.v[kv_head * p.kv_stride..kv_head * p.kv_stride + tk * d];
+    let base = kv_head * p.kv_stride;
+    let k = &p.k[base + keys.start * d..base + keys.end * d];
+    let v = &p.v[base + keys.start * d..base + keys.end * d];
+    let tk = keys.len();
     let mut q = vec![0.0f32; HEADS * d];
     let mut o = vec![0.0f32; HEADS * d];
     let mut s = vec![0.0f32; HEADS * BLOCK_K];
@@ -101,11 +178,7 @@ fn group_forward(p: &Problem, kv_head: usize, out: &SharedMut<MaybeUninit<f32>>,
             }
         }
         for g in 0..heads {
-            let row = first + h0 + g;
-            // SAFETY: query row `row` belongs to kv head `kv_head`'s task alone (groups
-            // partition the query heads, Tq = 1); row·D + D ≤ out's length, row < lse's.
-            let (out, lse) = unsafe { (out.slice(row * d, d), lse.slice(row, 1)) };
-            super::forward::finish_row(&o[g * d..(g + 1) * d], m[g], l[g], out, &mut lse[0]);
+            emit(h0 + g, &o[g * d..(g + 1) * d], m[g], l[g]);
         }
     }
 }
