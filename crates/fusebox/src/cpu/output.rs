@@ -31,6 +31,7 @@ use std::sync::OnceLock;
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
+use crate::cpu::simd::Isa;
 use crate::cpu::CpuBackend;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -364,11 +365,15 @@ fn store_elems<T: Copy>(dst: &mut [MaybeUninit<T>], src: &[T], store: Store) {
         use std::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
         done = bytes / 64 * 64;
         // SAFETY: dst and src are `bytes` long and disjoint (dst is exclusively
-        // borrowed); `d` is 64-byte aligned; SSE is part of x86-64. Any byte pattern
-        // copied from a T is that T.
+        // borrowed); `d` is 64-byte aligned; SSE is part of x86-64, AVX-512 is checked.
+        // Any byte pattern copied from a T is that T.
         unsafe {
-            for g in 0..done / 16 {
-                _mm_stream_ps(d.add(16 * g).cast(), _mm_loadu_ps(s.add(16 * g).cast()));
+            if Isa::selected() == Isa::Avx512 {
+                stream_lines_avx512(d, s, done / 64);
+            } else {
+                for g in 0..done / 16 {
+                    _mm_stream_ps(d.add(16 * g).cast(), _mm_loadu_ps(s.add(16 * g).cast()));
+                }
             }
         }
     }
@@ -377,6 +382,23 @@ fn store_elems<T: Copy>(dst: &mut [MaybeUninit<T>], src: &[T], store: Store) {
     for b in done..bytes {
         // SAFETY: b < bytes, inside both ranges.
         unsafe { *d.add(b) = *s.add(b) };
+    }
+}
+
+/// Copies `lines` 64-byte lines from `s` to the 64-byte-aligned `d` with one 512-bit
+/// non-temporal store each (inlined into the AVX-512 builds of the kernels; the 128-bit
+/// loop takes four stores and four loads per line).
+///
+/// # Safety
+/// AVX-512F must be present; both ranges valid for `64·lines` bytes, disjoint.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn stream_lines_avx512(d: *mut u8, s: *const u8, lines: usize) {
+    use std::arch::x86_64::{_mm512_loadu_ps, _mm512_stream_ps};
+    for l in 0..lines {
+        // SAFETY: guaranteed by the caller.
+        unsafe { _mm512_stream_ps(d.add(64 * l).cast(), _mm512_loadu_ps(s.add(64 * l).cast())) };
     }
 }
 
