@@ -88,7 +88,7 @@ pub(super) fn backward(
                 dv_ptr.slice((kv_head * tk + k_lo) * d, (k_hi - k_lo) * d),
             )
         };
-        let (dq_out, dk_out, dv_out) = (init_default(dq_out), init_default(dk_out), init_default(dv_out));
+        let dq_out = init_default(dq_out);
         let mut ws = WORKSPACE.with(|w| w.take());
         let dp = p.dims.d.next_multiple_of(16);
         let mut blk = ws.block.take().filter(|b| b.kr.len() == BLOCK_K * dp).unwrap_or_else(|| KeyBlock::new(dp));
@@ -242,15 +242,16 @@ impl<'a> KvHeadBackward<'a> {
         (ws.lse, ws.delta) = (self.lse, self.delta);
     }
 
-    /// Runs key blocks `kb_lo..kb_hi`: adds dk, dv of their keys into `dk_out`, `dv_out`
-    /// (zeroed; they start at key `kb_lo·BLOCK_K`) and the group's dq from these keys
-    /// into `dq_out` (zeroed too).
+    /// Runs key blocks `kb_lo..kb_hi`: writes dk, dv of their keys (every element of
+    /// `dk_out`, `dv_out`, which start at key `kb_lo·BLOCK_K`; each block's rows are zeroed
+    /// just before its accumulation, while they stay in cache) and adds the group's dq
+    /// from these keys into `dq_out` (zeroed).
     fn run(
         &mut self,
         (kb_lo, kb_hi): (usize, usize),
         dq_out: &mut [f32],
-        dk_out: &mut [f32],
-        dv_out: &mut [f32],
+        dk_out: &mut [MaybeUninit<f32>],
+        dv_out: &mut [MaybeUninit<f32>],
         blk: &mut KeyBlock,
         grads: &mut KeyGrads,
     ) {
@@ -267,7 +268,7 @@ impl<'a> KvHeadBackward<'a> {
             let direct = d == dp && nk.is_multiple_of(TILE_ROWS);
             let out_rows = (k0 - k_lo) * d..(k0 - k_lo + nk) * d;
             let (dk, dv) = if direct {
-                (&mut dk_out[out_rows.clone()], &mut dv_out[out_rows.clone()])
+                (init_default(&mut dk_out[out_rows.clone()]), init_default(&mut dv_out[out_rows.clone()]))
             } else {
                 grads.dk.fill(0.0);
                 grads.dv.fill(0.0);
@@ -284,8 +285,8 @@ impl<'a> KvHeadBackward<'a> {
             if !direct {
                 for c in 0..nk {
                     let row = (k0 - k_lo + c) * d..(k0 - k_lo + c + 1) * d;
-                    dk_out[row.clone()].copy_from_slice(&grads.dk[c * dp..c * dp + d]);
-                    dv_out[row].copy_from_slice(&grads.dv[c * dp..c * dp + d]);
+                    init_copy(&mut dk_out[row.clone()], &grads.dk[c * dp..c * dp + d]);
+                    init_copy(&mut dv_out[row], &grads.dv[c * dp..c * dp + d]);
                 }
             }
         }
