@@ -3,6 +3,7 @@
 //! kernels in these modules, one file per op family.
 
 pub mod activation;
+mod affinity;
 pub mod attention;
 pub mod check;
 pub mod conv;
@@ -53,14 +54,24 @@ impl CpuBackend {
         Self::with_threads(threads).expect("a thread pool of the available core count")
     }
 
-    /// A backend with exactly `threads` worker threads.
+    /// A backend with exactly `threads` worker threads, each pinned to a CPU of its own
+    /// when the process may use at least `threads` CPUs (Linux; `FUSEBOX_PIN_THREADS=0`
+    /// leaves them unpinned).
     pub fn with_threads(threads: usize) -> Result<Self> {
         if threads == 0 {
             return Err(Error::value("CpuBackend::with_threads", "threads", "at least 1", 0));
         }
+        // Each worker on a CPU of its own (see `affinity`: woken workers otherwise start
+        // stacked on one CPU).
+        let cpus = affinity::plan(threads);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("fusebox-cpu-{i}"))
+            .start_handler(move |i| {
+                if let Some(cpus) = &cpus {
+                    affinity::pin_current_thread(cpus[i]);
+                }
+            })
             .build()
             .map_err(|e| Error::unsupported("CpuBackend::with_threads", e.to_string()))?;
         Ok(CpuBackend { pool, threads, isa: Isa::selected() })
