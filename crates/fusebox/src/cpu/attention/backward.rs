@@ -23,7 +23,7 @@
 
 /// Query rows per block of the backward.
 const BLOCK_Q: usize = 64;
-/// Keys per block of the backward (its scratch holds five `[BLOCK_K][dp]` buffers).
+/// Keys per block of the backward (its scratch holds six `[BLOCK_K][dp]` buffers).
 const BLOCK_K: usize = 128;
 use std::borrow::Cow;
 use std::mem::MaybeUninit;

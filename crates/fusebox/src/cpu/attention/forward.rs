@@ -287,10 +287,18 @@ fn forward_block_in<const COLS: usize>(
 /// `out = o/l`, `lse = m + ln l`; zeros and −∞ for a row that saw no key. Writes every
 /// element of `out` (`o` is at least as long) and `lse`.
 pub(super) fn finish_row(o: &[f32], m: f32, l: f32, out: &mut [MaybeUninit<f32>], lse: &mut MaybeUninit<f32>) {
-    let (inv, row_lse) = if l > 0.0 { (1.0 / l, m + l.ln()) } else { (0.0, f32::NEG_INFINITY) };
     let o = &o[..out.len()];
-    for (y, &x) in out.iter_mut().zip(o) {
-        y.write(x * inv);
+    if l > 0.0 {
+        let inv = 1.0 / l;
+        for (y, &x) in out.iter_mut().zip(o) {
+            y.write(x * inv);
+        }
+        lse.write(m + l.ln());
+    } else {
+        // Exactly zero (not 0·o: o may hold 0·∞ = NaN from masked keys' values).
+        for y in out.iter_mut() {
+            y.write(0.0);
+        }
+        lse.write(f32::NEG_INFINITY);
     }
-    lse.write(row_lse);
 }
