@@ -9,17 +9,20 @@
 //! back with no serial work between, both measure the same.
 //!
 //! Worker `i` is pinned to the `i`-th CPU of the process's affinity mask, so `taskset` and
-//! cpusets are respected, and only when the pool has no more workers than the mask has CPUs.
+//! cpusets are respected, and only when the pool has exactly one worker per CPU of the mask:
+//! a smaller pool is left free to move, so that several processes with a few threads each
+//! (`FUSEBOX_THREADS=4` four times on 16 cores, say) are not all pinned onto the same CPUs.
 //! `FUSEBOX_PIN_THREADS=0` leaves the workers unpinned.
 
 /// The CPUs the workers of a `threads`-worker pool are pinned to, or `None` when they are
-/// not pinned (switched off, more workers than CPUs, or no affinity API here).
+/// not pinned (switched off, a pool that does not span the affinity mask one worker per
+/// CPU, or no affinity API here).
 pub(crate) fn plan(threads: usize) -> Option<Vec<usize>> {
     if std::env::var("FUSEBOX_PIN_THREADS").is_ok_and(|v| v == "0") {
         return None;
     }
     let cpus = allowed_cpus()?;
-    (threads <= cpus.len()).then(|| cpus[..threads].to_vec())
+    (threads == cpus.len()).then_some(cpus)
 }
 
 /// The CPUs the calling thread may run on.
@@ -60,13 +63,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn plans_at_most_the_allowed_cpus() {
+    fn pins_only_a_pool_that_spans_the_allowed_cpus() {
         let Some(cpus) = allowed_cpus() else { return };
         assert!(!cpus.is_empty());
         assert_eq!(plan(cpus.len() + 1), None);
+        if cpus.len() > 1 {
+            assert_eq!(plan(cpus.len() - 1), None, "a pool smaller than the mask stays free to move");
+        }
         if std::env::var("FUSEBOX_PIN_THREADS").as_deref() != Ok("0") {
             assert_eq!(plan(cpus.len()), Some(cpus.clone()));
-            assert_eq!(plan(1), Some(cpus[..1].to_vec()));
         }
     }
 }

@@ -55,7 +55,7 @@ impl CpuBackend {
     }
 
     /// A backend with exactly `threads` worker threads, each pinned to a CPU of its own
-    /// when the process may use at least `threads` CPUs (Linux; `FUSEBOX_PIN_THREADS=0`
+    /// when the process may use exactly `threads` CPUs (Linux; `FUSEBOX_PIN_THREADS=0`
     /// leaves them unpinned).
     pub fn with_threads(threads: usize) -> Result<Self> {
         if threads == 0 {
