@@ -205,16 +205,6 @@ pub(crate) fn zeroed_f32(cpu: &CpuBackend, n: usize) -> Vec<f32> {
     filled_chunks(cpu, n, 1 << 14, 1, |_, _: &mut [f32]| {})
 }
 
-/// Copies `src` into the slots (equal lengths) and returns them as the initialised slice.
-pub(crate) fn init_copy<'a, T: Copy>(slots: &'a mut [MaybeUninit<T>], src: &[T]) -> &'a mut [T] {
-    assert_eq!(slots.len(), src.len(), "init_copy: lengths differ");
-    for (slot, &x) in slots.iter_mut().zip(src) {
-        slot.write(x);
-    }
-    // SAFETY: every element was just written, and `MaybeUninit<T>` has the layout of `T`.
-    unsafe { &mut *(slots as *mut [MaybeUninit<T>] as *mut [T]) }
-}
-
 /// Writes `T::default()` into every slot and returns the now initialised slice.
 pub(crate) fn init_default<T: Copy + Default>(slots: &mut [MaybeUninit<T>]) -> &mut [T] {
     for slot in slots.iter_mut() {

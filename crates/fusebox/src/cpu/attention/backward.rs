@@ -30,7 +30,7 @@ use std::mem::MaybeUninit;
 
 use super::tiles::{self, TILE_ROWS};
 use super::{Dims, Problem};
-use crate::cpu::convert::{init_copy, init_default};
+use crate::cpu::convert::init_default;
 use crate::cpu::pool::SharedMut;
 use crate::cpu::simd;
 use crate::cpu::CpuBackend;
@@ -65,8 +65,9 @@ pub(super) fn backward(
     let group_len = group * tq * d;
     // dq shares of the key ranges, [heads][splits][group·Tq·D] (empty with one range);
     // task t initializes share t.
-    let mut shares: Vec<f32> = Vec::with_capacity(if splits > 1 { heads * splits * group_len } else { 0 });
-    let share_slots = &mut shares.spare_capacity_mut()[..if splits > 1 { heads * splits * group_len } else { 0 }];
+    let shares_len = if splits > 1 { heads * splits * group_len } else { 0 };
+    let mut shares: Vec<f32> = Vec::with_capacity(shares_len);
+    let share_slots = &mut shares.spare_capacity_mut()[..shares_len];
     let (dq_ptr, dk_ptr, dv_ptr) = (SharedMut(dq.as_mut_ptr()), SharedMut(dk.as_mut_ptr()), SharedMut(dv.as_mut_ptr()));
     let share_ptr = SharedMut(share_slots.as_mut_ptr());
     cpu.for_each_index(heads * splits, group * tq * tk * d / splits, |task| {
@@ -101,12 +102,12 @@ pub(super) fn backward(
     });
     if splits > 1 {
         // SAFETY: the tasks above initialized every share (task t wrote all of share t).
-        unsafe { shares.set_len(heads * splits * group_len) };
+        unsafe { shares.set_len(shares_len) };
         // dq of each group = Σ of its shares, in range order.
         cpu.for_each_chunk(dq, group_len, splits, |kv_head, dq_g| {
             let mut parts =
                 shares[kv_head * splits * group_len..(kv_head + 1) * splits * group_len].chunks_exact(group_len);
-            let dq_g = init_copy(dq_g, parts.next().unwrap_or(&[]));
+            let dq_g = dq_g.write_copy_of_slice(parts.next().unwrap_or(&[]));
             for share in parts {
                 for (y, &x) in dq_g.iter_mut().zip(share) {
                     *y += x;
@@ -285,8 +286,8 @@ impl<'a> KvHeadBackward<'a> {
             if !direct {
                 for c in 0..nk {
                     let row = (k0 - k_lo + c) * d..(k0 - k_lo + c + 1) * d;
-                    init_copy(&mut dk_out[row.clone()], &grads.dk[c * dp..c * dp + d]);
-                    init_copy(&mut dv_out[row], &grads.dv[c * dp..c * dp + d]);
+                    dk_out[row.clone()].write_copy_of_slice(&grads.dk[c * dp..c * dp + d]);
+                    dv_out[row].write_copy_of_slice(&grads.dv[c * dp..c * dp + d]);
                 }
             }
         }

@@ -323,29 +323,6 @@ fn probs_and_grads_row<const FMA: bool>(p: &mut [f32], g: &mut [f32], scale: f32
 }
 
 #[inline(always)]
-fn probs_and_grads_impl<const FMA: bool>(
-    p: &mut [f32],
-    ds: &mut [f32],
-    ld: usize,
-    visible: &[usize],
-    lse: &[f32],
-    delta: &[f32],
-    scale: f32,
-) {
-    for (r, &n) in visible.iter().enumerate() {
-        let p_row = &mut p[r * ld..(r + 1) * ld];
-        let ds_row = &mut ds[r * ld..(r + 1) * ld];
-        let n = if lse[r] == f32::NEG_INFINITY { 0 } else { n };
-        // Whole registers up to `end`: the lanes past `n` hold whatever the widened score
-        // tiles left there (finite or not) and are zeroed afterwards.
-        let end = n.next_multiple_of(LANES).min(ld);
-        probs_and_grads_row::<FMA>(&mut p_row[..end], &mut ds_row[..end], scale, lse[r], delta[r]);
-        p_row[n..].fill(0.0);
-        ds_row[n..].fill(0.0);
-    }
-}
-
-#[inline(always)]
 fn softmax_cols_impl<const FMA: bool, const W: usize>(
     st: &mut [f32],
     keys: usize,
@@ -428,6 +405,16 @@ multiversion! {
         delta: &[f32],
         scale: f32
     ) {
-        probs_and_grads_impl::<FMA>(p, ds, ld, visible, lse, delta, scale)
+        for (r, &n) in visible.iter().enumerate() {
+            let p_row = &mut p[r * ld..(r + 1) * ld];
+            let ds_row = &mut ds[r * ld..(r + 1) * ld];
+            let n = if lse[r] == f32::NEG_INFINITY { 0 } else { n };
+            // Whole registers up to `end`: the lanes past `n` hold whatever the widened score
+            // tiles left there (finite or not) and are zeroed afterwards.
+            let end = n.next_multiple_of(LANES).min(ld);
+            probs_and_grads_row::<FMA>(&mut p_row[..end], &mut ds_row[..end], scale, lse[r], delta[r]);
+            p_row[n..].fill(0.0);
+            ds_row[n..].fill(0.0);
+        }
     }
 }
