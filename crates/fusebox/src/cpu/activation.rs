@@ -143,20 +143,21 @@ macro_rules! unary_kernel {
         multiversion! {
             #[doc = $doc]
             pub fn $name(src: &[f32], out: Dst<'_>) {
-                out.write(#[inline(always)] |start, tile| {
+                // SAFETY: the chunks and their remainder cover every slot of the tile.
+                unsafe { out.write(#[inline(always)] |start, tile| {
                     let src = &src[start..start + tile.len()];
                     let mut sc = src.chunks_exact(LANES);
                     let mut dc = tile.chunks_exact_mut(LANES);
                     for (sv, dv) in (&mut sc).zip(&mut dc) {
                         for l in 0..LANES {
                             let $x = sv[l];
-                            dv[l] = $e;
+                            dv[l].write($e);
                         }
                     }
                     for (&$x, d) in sc.remainder().iter().zip(dc.into_remainder()) {
-                        *d = $e;
+                        d.write($e);
                     }
-                })
+                }) }
             }
         }
     };
@@ -169,7 +170,8 @@ macro_rules! binary_kernel {
         multiversion! {
             #[doc = $doc]
             pub fn $name(a: &[f32], b: &[f32], out: Dst<'_>) {
-                out.write(#[inline(always)] |start, tile| {
+                // SAFETY: the chunks and their remainder cover every slot of the tile.
+                unsafe { out.write(#[inline(always)] |start, tile| {
                     let range = start..start + tile.len();
                     let mut ac = a[range.clone()].chunks_exact(LANES);
                     let mut bc = b[range].chunks_exact(LANES);
@@ -177,13 +179,13 @@ macro_rules! binary_kernel {
                     for ((av, bv), dv) in (&mut ac).zip(&mut bc).zip(&mut dc) {
                         for l in 0..LANES {
                             let ($a, $b) = (av[l], bv[l]);
-                            dv[l] = $e;
+                            dv[l].write($e);
                         }
                     }
                     for ((&$a, &$b), d) in ac.remainder().iter().zip(bc.remainder()).zip(dc.into_remainder()) {
-                        *d = $e;
+                        d.write($e);
                     }
-                })
+                }) }
             }
         }
     };
@@ -222,17 +224,18 @@ mod lanes {
     multiversion! {
         /// `d_gate = dy·up·σ(g)(1 + g(1 − σ(g)))`, `d_up = dy·g·σ(g)`.
         pub fn silu_mul_grad(gate: &[f32], up: &[f32], dy: &[f32], d_gate: Dst<'_>, d_up: Dst<'_>) {
-            d_gate.write_pair(d_up, #[inline(always)] |start, dg, du| {
+            // SAFETY: the loop writes every slot of both tiles.
+            unsafe { d_gate.write_pair(d_up, #[inline(always)] |start, dg, du| {
                 let n = dg.len();
                 let (gate, up, dy) = (&gate[start..start + n], &up[start..start + n], &dy[start..start + n]);
                 let du = &mut du[..n];
                 for i in 0..n {
                     let (g, u, d) = (gate[i], up[i], dy[i]);
                     let s = sigmoid1::<FMA>(g);
-                    dg[i] = d * u * s * (1.0 + g * (1.0 - s));
-                    du[i] = d * g * s;
+                    dg[i].write(d * u * s * (1.0 + g * (1.0 - s)));
+                    du[i].write(d * g * s);
                 }
-            })
+            }) }
         }
     }
 }

@@ -63,12 +63,15 @@ lanewise! {
     /// Piece `out` (flat elements `start..`) of `f(x)`.
     fn map1[F: Fn(f32) -> f32](out: Dst<'_>, start: usize, x: Src<'_>, f: F) {
         let mut tx = [0.0; output::TILE];
-        out.write(#[inline(always)] |s, tile| {
-            let xv = x.get(start + s, tile.len(), &mut tx);
-            for (o, &x) in tile.iter_mut().zip(xv) {
-                *o = f(x);
-            }
-        })
+        // SAFETY: `x.get` returns the tile's length, so every slot is written.
+        unsafe {
+            out.write(#[inline(always)] |s, tile| {
+                let xv = x.get(start + s, tile.len(), &mut tx);
+                for (o, &x) in tile.iter_mut().zip(xv) {
+                    o.write(f(x));
+                }
+            })
+        }
     }
 }
 
@@ -76,13 +79,16 @@ lanewise! {
     /// Piece `out` (flat elements `start..`) of `f(a, b)`.
     fn map2[F: Fn(f32, f32) -> f32](out: Dst<'_>, start: usize, a: Src<'_>, b: Src<'_>, f: F) {
         let (mut ta, mut tb) = ([0.0; output::TILE], [0.0; output::TILE]);
-        out.write(#[inline(always)] |s, tile| {
-            let n = tile.len();
-            let (av, bv) = (a.get(start + s, n, &mut ta), b.get(start + s, n, &mut tb));
-            for ((o, &a), &b) in tile.iter_mut().zip(av).zip(bv) {
-                *o = f(a, b);
-            }
-        })
+        // SAFETY: `get` returns the tile's length, so every slot is written.
+        unsafe {
+            out.write(#[inline(always)] |s, tile| {
+                let n = tile.len();
+                let (av, bv) = (a.get(start + s, n, &mut ta), b.get(start + s, n, &mut tb));
+                for ((o, &a), &b) in tile.iter_mut().zip(av).zip(bv) {
+                    o.write(f(a, b));
+                }
+            })
+        }
     }
 }
 
@@ -90,13 +96,17 @@ lanewise! {
     /// Piece `out` (flat elements `start..`) of `f(a, b, c)`.
     fn map3[F: Fn(f32, f32, f32) -> f32](out: Dst<'_>, start: usize, a: Src<'_>, b: Src<'_>, c: Src<'_>, f: F) {
         let (mut ta, mut tb, mut tc) = ([0.0; output::TILE], [0.0; output::TILE], [0.0; output::TILE]);
-        out.write(#[inline(always)] |s, tile| {
-            let n = tile.len();
-            let (av, bv, cv) = (a.get(start + s, n, &mut ta), b.get(start + s, n, &mut tb), c.get(start + s, n, &mut tc));
-            for (((o, &a), &b), &c) in tile.iter_mut().zip(av).zip(bv).zip(cv) {
-                *o = f(a, b, c);
-            }
-        })
+        // SAFETY: `get` returns the tile's length, so every slot is written.
+        unsafe {
+            out.write(#[inline(always)] |s, tile| {
+                let n = tile.len();
+                let (av, bv, cv) =
+                    (a.get(start + s, n, &mut ta), b.get(start + s, n, &mut tb), c.get(start + s, n, &mut tc));
+                for (((o, &a), &b), &c) in tile.iter_mut().zip(av).zip(bv).zip(cv) {
+                    o.write(f(a, b, c));
+                }
+            })
+        }
     }
 }
 
@@ -123,15 +133,18 @@ lanewise! {
     /// columns, `out[k] = f(x[k], row[(start + k) % n])`.
     fn map_rows[F: Fn(f32, f32) -> f32](out: Dst<'_>, start: usize, x: Src<'_>, row: &[f32], f: F) {
         let mut tx = [0.0; output::TILE];
-        out.write(#[inline(always)] |s, tile| {
-            let xv = x.get(start + s, tile.len(), &mut tx);
-            for (off, _, j, len) in row_segments(start + s, tile.len(), row.len()) {
-                let (o, x) = (&mut tile[off..off + len], &xv[off..off + len]);
-                for ((o, &x), &r) in o.iter_mut().zip(x).zip(&row[j..j + len]) {
-                    *o = f(x, r);
+        // SAFETY: the row segments cover the whole tile, so every slot is written.
+        unsafe {
+            out.write(#[inline(always)] |s, tile| {
+                let xv = x.get(start + s, tile.len(), &mut tx);
+                for (off, _, j, len) in row_segments(start + s, tile.len(), row.len()) {
+                    let (o, x) = (&mut tile[off..off + len], &xv[off..off + len]);
+                    for ((o, &x), &r) in o.iter_mut().zip(x).zip(&row[j..j + len]) {
+                        o.write(f(x, r));
+                    }
                 }
-            }
-        })
+            })
+        }
     }
 }
 
@@ -140,15 +153,18 @@ lanewise! {
     /// columns, `out[k] = f(x[k], col[(start + k) / n])`.
     fn map_cols[F: Fn(f32, f32) -> f32](out: Dst<'_>, start: usize, x: Src<'_>, col: &[f32], n: usize, f: F) {
         let mut tx = [0.0; output::TILE];
-        out.write(#[inline(always)] |s, tile| {
-            let xv = x.get(start + s, tile.len(), &mut tx);
-            for (off, r, _, len) in row_segments(start + s, tile.len(), n) {
-                let c = col[r];
-                for (o, &x) in tile[off..off + len].iter_mut().zip(&xv[off..off + len]) {
-                    *o = f(x, c);
+        // SAFETY: the row segments cover the whole tile, so every slot is written.
+        unsafe {
+            out.write(#[inline(always)] |s, tile| {
+                let xv = x.get(start + s, tile.len(), &mut tx);
+                for (off, r, _, len) in row_segments(start + s, tile.len(), n) {
+                    let c = col[r];
+                    for (o, &x) in tile[off..off + len].iter_mut().zip(&xv[off..off + len]) {
+                        o.write(f(x, c));
+                    }
                 }
-            }
-        })
+            })
+        }
     }
 }
 

@@ -56,23 +56,27 @@ fn read<'a>(op: &'static str, logits: &'a Tensor, targets: &'a Tensor, ignore: O
 multiversion! {
     /// `d = k·e` for a row of exps, with `scale` subtracted at `target`.
     pub fn scaled_minus_onehot(e: &[f32], d: Dst<'_>, k: f32, target: usize, scale: f32) {
-        d.write(#[inline(always)] |start, tile| {
-            let n = tile.len();
-            for (o, &x) in tile.iter_mut().zip(&e[start..start + n]) {
-                *o = x * k;
-            }
-            if (start..start + tile.len()).contains(&target) {
-                tile[target - start] -= scale;
-            }
-        })
+        // SAFETY: the loop writes every slot of the tile (the target's twice).
+        unsafe {
+            d.write(#[inline(always)] |start, tile| {
+                let n = tile.len();
+                for (o, &x) in tile.iter_mut().zip(&e[start..start + n]) {
+                    o.write(x * k);
+                }
+                if (start..start + n).contains(&target) {
+                    tile[target - start].write(e[target] * k - scale);
+                }
+            })
+        }
     }
 }
 
 /// One row: `d = scale·softmax(z)` with `scale` subtracted at the target, returning the
 /// row's loss `logsumexp(z) − z[target]` in f64. The exps go to a scratch row (while
-/// `next`, the next row, is prefetched); `d` is written once.
+/// `next`, the next row, is prefetched when `d` streams); `d` is written once.
 fn fused_row(z: &[f32], target: usize, scale: f32, d: Dst<'_>, next: &[f32]) -> f64 {
     let m = simd::max(z);
+    let next = d.ahead(next);
     let s = output::with_scratch(z.len(), |e| {
         let s = simd::exp_sub_sum_into(z, e, m, next);
         scaled_minus_onehot(e, d, scale / s, target, scale);

@@ -27,8 +27,9 @@ use crate::shape::Shape;
 use crate::tensor::Tensor;
 use crate::types::*;
 
-/// Elements of work per parallel task in the row-wise forward kernels.
-const TASK_ELEMS: usize = 1 << 14;
+/// Elements of work per parallel task in the row-wise forward kernels (16 rows of 4096:
+/// a task's first row is reduced alone, the others while the previous row is written).
+const TASK_ELEMS: usize = 1 << 16;
 /// A backward splits its rows into at most this many fixed blocks, one partial
 /// dweight (and dbias) each.
 const MAX_PARTIALS: usize = 64;
@@ -173,7 +174,7 @@ fn sum_partials(partials: &[f32], d: usize) -> Vec<f32> {
 /// of the output first so the compiler drops the bounds checks.
 mod lanes {
     use crate::cpu::output::Dst;
-    use crate::cpu::simd::{fast_exp, multiversion, prefetch};
+    use crate::cpu::simd::{fast_exp, fold_sq, multiversion, prefetch, prefetch_write, Fold, OWN_AHEAD};
 
     const LANES: usize = 16;
 
@@ -233,76 +234,90 @@ mod lanes {
     }
 
     multiversion! {
-        /// `Σ a[i]·b[i]·c[i]`.
-        pub fn dot3(a: &[f32], b: &[f32], c: &[f32]) -> f32 {
-            let mut acc = [0.0f32; LANES];
-            let (mut ca, mut cb, mut cc) = (a.chunks_exact(LANES), b.chunks_exact(LANES), c.chunks_exact(LANES));
-            for ((va, vb), vc) in (&mut ca).zip(&mut cb).zip(&mut cc) {
-                for l in 0..LANES {
-                    acc[l] += va[l] * vb[l] * vc[l];
-                }
+        /// `out = x·r·w` (RMS norm), written once, while folding `Σ next²` (the next row,
+        /// empty at a task's last row), which it returns: the next row's loads overlap
+        /// this row's stores (see `simd::Fold`).
+        pub fn scale_mul(out: Dst<'_>, x: &[f32], w: &[f32], r: f32, next: &[f32]) -> f32 {
+            let mut fold = Fold::new([next], 0.0);
+            let own = out.in_place();
+            // SAFETY: the chunks and the tail write every slot of the tile.
+            unsafe {
+                out.write(#[inline(always)] |start, tile| {
+                    let n = tile.len();
+                    let (x, w) = (&x[start..start + n], &w[start..start + n]);
+                    let mut i = 0;
+                    while i + LANES <= n {
+                        if own {
+                            prefetch_write(tile.as_ptr().wrapping_add(i + OWN_AHEAD));
+                        }
+                        // Every load before any store, so the lanes vectorize without
+                        // proving that `tile` and the inputs do not overlap.
+                        let (xc, wc) = (&x[i..i + LANES], &w[i..i + LANES]);
+                        let mut v = [0.0f32; LANES];
+                        for l in 0..LANES {
+                            v[l] = xc[l] * r * wc[l];
+                        }
+                        tile[i..i + LANES].write_copy_of_slice(&v);
+                        fold.fold_behind(start + i, fold_sq);
+                        i += LANES;
+                    }
+                    for j in i..n {
+                        tile[j].write(x[j] * r * w[j]);
+                    }
+                    fold.step(start + n, fold_sq);
+                })
             }
-            let mut tail = 0.0;
-            for ((va, vb), vc) in ca.remainder().iter().zip(cb.remainder()).zip(cc.remainder()) {
-                tail += va * vb * vc;
-            }
-            acc.iter().sum::<f32>() + tail
-        }
-    }
-
-    multiversion! {
-        /// `out = x·r·w` (RMS norm), written once, prefetching `next` (the next row).
-        pub fn scale_mul(out: Dst<'_>, x: &[f32], w: &[f32], r: f32, next: &[f32]) {
-            out.write(#[inline(always)] |start, tile| {
-                let n = tile.len();
-                prefetch(next, start, n);
-                let (x, w) = (&x[start..start + n], &w[start..start + n]);
-                for i in 0..n {
-                    tile[i] = x[i] * r * w[i];
-                }
-            })
+            fold.finish(fold_sq, |a, b| a + b)
         }
     }
 
     multiversion! {
         /// `out = (x − m)·r·w + b` (layer norm; `(x − m)·r` without affine), written once;
-        /// prefetches `next` (the next row).
+        /// prefetches `next` (the next row) when `out` streams.
         pub fn affine_norm(out: Dst<'_>, x: &[f32], affine: Option<(&[f32], &[f32])>, m: f32, r: f32, next: &[f32]) {
-            out.write(#[inline(always)] |start, tile| {
-                let n = tile.len();
-                prefetch(next, start, n);
-                let x = &x[start..start + n];
-                match affine {
-                    Some((w, b)) => {
-                        let (w, b) = (&w[start..start + n], &b[start..start + n]);
-                        for i in 0..n {
-                            tile[i] = (x[i] - m) * r * w[i] + b[i];
+            let next = out.ahead(next);
+            // SAFETY: either loop writes every slot of the tile.
+            unsafe {
+                out.write(#[inline(always)] |start, tile| {
+                    let n = tile.len();
+                    prefetch(next, start, n);
+                    let x = &x[start..start + n];
+                    match affine {
+                        Some((w, b)) => {
+                            let (w, b) = (&w[start..start + n], &b[start..start + n]);
+                            for i in 0..n {
+                                tile[i].write((x[i] - m) * r * w[i] + b[i]);
+                            }
+                        }
+                        None => {
+                            for i in 0..n {
+                                tile[i].write((x[i] - m) * r);
+                            }
                         }
                     }
-                    None => {
-                        for i in 0..n {
-                            tile[i] = (x[i] - m) * r;
-                        }
-                    }
-                }
-            })
+                })
+            }
         }
     }
 
     multiversion! {
         /// `sum = s` and `out = s·r·w` (the residual add RMS norm), both written once;
-        /// prefetches `next` (the next rows of both addends).
+        /// prefetches `next` (the next rows of both addends) when the outputs stream.
         pub fn sum_and_scale(sum: Dst<'_>, out: Dst<'_>, s: &[f32], w: &[f32], r: f32, next: [&[f32]; 2]) {
-            sum.write_pair(out, #[inline(always)] |start, ts, to| {
-                let n = ts.len();
-                prefetch(next[0], start, n);
-                prefetch(next[1], start, n);
-                let (s, w, to) = (&s[start..start + n], &w[start..start + n], &mut to[..n]);
-                for i in 0..n {
-                    ts[i] = s[i];
-                    to[i] = s[i] * r * w[i];
-                }
-            })
+            let next = next.map(|row| sum.ahead(row));
+            // SAFETY: the loop writes every slot of both tiles.
+            unsafe {
+                sum.write_pair(out, #[inline(always)] |start, ts, to| {
+                    let n = ts.len();
+                    prefetch(next[0], start, n);
+                    prefetch(next[1], start, n);
+                    let (s, w, to) = (&s[start..start + n], &w[start..start + n], &mut to[..n]);
+                    for i in 0..n {
+                        ts[i].write(s[i]);
+                        to[i].write(s[i] * r * w[i]);
+                    }
+                })
+            }
         }
     }
 
@@ -364,22 +379,60 @@ mod lanes {
     }
 
     multiversion! {
-        /// RMS norm backward of one row: `dx = r·w·dy − k·x` (written once), `dw += dy·x·r`;
-        /// prefetches `next` (the next rows of x and dy).
+        /// RMS norm backward of one row: `dx = r·w·dy − k·x` (written once), `dw += dy·x·r`,
+        /// while folding `Σ dy'·w·x'` of the next row (`next = [x', dy']`, empty at a
+        /// task's last row, so nothing is folded), which it returns (see `scale_mul`).
         pub fn rms_backward_row(
             dx: Dst<'_>, dw: &mut [f32], x: &[f32], dy: &[f32], w: &[f32], r: f32, k: f32, next: [&[f32]; 2]
-        ) {
-            dx.write(#[inline(always)] |start, tile| {
-                let n = tile.len();
-                prefetch(next[0], start, n);
-                prefetch(next[1], start, n);
-                let range = start..start + n;
-                let (dw, x, dy, w) = (&mut dw[range.clone()], &x[range.clone()], &dy[range.clone()], &w[range]);
-                for i in 0..n {
-                    tile[i] = r * w[i] * dy[i] - k * x[i];
-                    dw[i] += dy[i] * x[i] * r;
-                }
-            })
+        ) -> f32 {
+            let [next_x, next_dy] = next;
+            let mut fold = Fold::new([next_dy, w, next_x], 0.0);
+            let own = dx.in_place();
+            // SAFETY: the chunks and the tail write every slot of the tile.
+            unsafe {
+                dx.write(#[inline(always)] |start, tile| {
+                    let n = tile.len();
+                    let range = start..start + n;
+                    let (dw, x, dy, w) = (&mut dw[range.clone()], &x[range.clone()], &dy[range.clone()], &w[range]);
+                    let mut i = 0;
+                    while i + LANES <= n {
+                        if own {
+                            prefetch_write(tile.as_ptr().wrapping_add(i + OWN_AHEAD));
+                        }
+                        // Every load before any store (see `scale_mul`).
+                        let c = i..i + LANES;
+                        let (xc, gc, wc, dwc) = (&x[c.clone()], &dy[c.clone()], &w[c.clone()], &dw[c.clone()]);
+                        let (mut v, mut g) = ([0.0f32; LANES], [0.0f32; LANES]);
+                        for l in 0..LANES {
+                            v[l] = r * wc[l] * gc[l] - k * xc[l];
+                            g[l] = dwc[l] + gc[l] * xc[l] * r;
+                        }
+                        tile[c.clone()].write_copy_of_slice(&v);
+                        dw[c].copy_from_slice(&g);
+                        fold.fold_behind(start + i, fold_dot3);
+                        i += LANES;
+                    }
+                    for j in i..n {
+                        tile[j].write(r * w[j] * dy[j] - k * x[j]);
+                        dw[j] += dy[j] * x[j] * r;
+                    }
+                    fold.step(start + n, fold_dot3);
+                })
+            }
+            fold.finish(fold_dot3, |a, b| a + b)
+        }
+    }
+
+    /// `Σ a·b·c` folded by `Fold` (the RMS norm backward's `Σ dy·w·x`).
+    #[inline(always)]
+    pub fn fold_dot3(acc: f32, [a, b, c]: [f32; 3]) -> f32 {
+        acc + a * b * c
+    }
+
+    multiversion! {
+        /// `Σ dy·w·x` of one row with `Fold` (what `rms_backward_row` folds for the next row).
+        pub fn row_dot3(dy: &[f32], w: &[f32], x: &[f32]) -> f32 {
+            Fold::new([dy, w, x], 0.0).finish(fold_dot3, |a, b| a + b)
         }
     }
 
@@ -404,7 +457,8 @@ mod lanes {
     multiversion! {
         /// Layer norm backward of one row, with `x̂ = (x − m)·r`:
         /// `dx = r·(dy·w − mg − x̂·mgx)` (written once), `dw += dy·x̂`, `db += dy`, with
-        /// `stats = (m, r, mg, mgx)`; prefetches `next` (the next rows of x and dy).
+        /// `stats = (m, r, mg, mgx)`; prefetches `next` (the next rows of x and dy) when `dx`
+        /// streams.
         pub fn layer_backward_row(
             dx: Dst<'_>,
             dw: &mut [f32],
@@ -416,20 +470,24 @@ mod lanes {
             next: [&[f32]; 2]
         ) {
             let (m, r, mg, mgx) = stats;
-            dx.write(#[inline(always)] |start, tile| {
-                let n = tile.len();
-                prefetch(next[0], start, n);
-                prefetch(next[1], start, n);
-                let range = start..start + n;
-                let (dw, db) = (&mut dw[range.clone()], &mut db[range.clone()]);
-                let (x, dy, w) = (&x[range.clone()], &dy[range.clone()], &w[range]);
-                for i in 0..n {
-                    let xh = (x[i] - m) * r;
-                    tile[i] = r * (dy[i] * w[i] - mg - xh * mgx);
-                    dw[i] += dy[i] * xh;
-                    db[i] += dy[i];
-                }
-            })
+            let next = next.map(|row| dx.ahead(row));
+            // SAFETY: the loop writes every slot of the tile.
+            unsafe {
+                dx.write(#[inline(always)] |start, tile| {
+                    let n = tile.len();
+                    prefetch(next[0], start, n);
+                    prefetch(next[1], start, n);
+                    let range = start..start + n;
+                    let (dw, db) = (&mut dw[range.clone()], &mut db[range.clone()]);
+                    let (x, dy, w) = (&x[range.clone()], &dy[range.clone()], &w[range]);
+                    for i in 0..n {
+                        let xh = (x[i] - m) * r;
+                        tile[i].write(r * (dy[i] * w[i] - mg - xh * mgx));
+                        dw[i] += dy[i] * xh;
+                        db[i] += dy[i];
+                    }
+                })
+            }
         }
     }
 }
@@ -462,11 +520,17 @@ pub fn rms_norm(cpu: &CpuBackend, x: &Tensor, weight: &Tensor, eps: f32) -> Resu
     let specs = [row_spec(x, per, d), stat_spec(x, per)];
     let [output, rstd] = output::fresh_tensors(cpu, OP, rows.div_ceil(per), per * 2 * d, specs, |i, [out, rstd]| {
         fill_small(rstd, |rstd| {
+            // Each row's Σx² is folded while the previous row is written (the task's
+            // first row alone, by the same fold, so results do not depend on blocking).
+            let rows_here = out.len() / d;
+            let mut folded = None;
             for (k, out_row) in out.into_chunks(d).enumerate() {
                 let r = i * per + k;
                 let xr = &xs[r * d..][..d];
-                rstd[k] = rms_rstd(simd::sum_squares(xr), d, eps);
-                lanes::scale_mul(out_row, xr, &w, rstd[k], next_row(&xs, r, d));
+                let sum_sq = folded.take().unwrap_or_else(|| simd::row_sum_squares(xr));
+                rstd[k] = rms_rstd(sum_sq, d, eps);
+                let next = if k + 1 < rows_here { next_row(&xs, r, d) } else { &[] };
+                folded = Some(lanes::scale_mul(out_row, xr, &w, rstd[k], next));
             }
         })
     })?;
@@ -497,21 +561,17 @@ pub fn rms_norm_backward(
     let specs = [row_spec(x, per, d), partial_spec(tasks, d)];
     let [dx, partial_dw] = output::fresh_tensors(cpu, OP, tasks, per * 4 * d, specs, |i, [dx, dw]| {
         fill_small(dw, |dw| {
+            // Each row's Σ dy·w·x is folded while the previous row is written (see rms_norm).
+            let rows_here = dx.len() / d;
+            let mut folded = None;
             for (k, dx_row) in dx.into_chunks(d).enumerate() {
                 let r = i * per + k;
                 let (xr, gr, inv) = (&xs[r * d..][..d], &dy[r * d..][..d], rs[r]);
+                let dot = folded.take().unwrap_or_else(|| lanes::row_dot3(gr, &w, xr));
                 // mean(dy·w·x̂)·r = r³·Σ(dy·w·x)/D: the term through rstd's dependence on x.
-                let k_coef = inv * inv * inv * lanes::dot3(gr, &w, xr) / d as f32;
-                lanes::rms_backward_row(
-                    dx_row,
-                    dw,
-                    xr,
-                    gr,
-                    &w,
-                    inv,
-                    k_coef,
-                    [next_row(&xs, r, d), next_row(&dy, r, d)],
-                );
+                let k_coef = inv * inv * inv * dot / d as f32;
+                let next = if k + 1 < rows_here { [next_row(&xs, r, d), next_row(&dy, r, d)] } else { [&[][..]; 2] };
+                folded = Some(lanes::rms_backward_row(dx_row, dw, xr, gr, &w, inv, k_coef, next));
             }
         })
     })?;

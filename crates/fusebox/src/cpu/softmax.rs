@@ -122,12 +122,15 @@ unsafe fn tile_row_mut(out: &SharedMut<f32>, t: Tile, j: usize) -> &mut [f32] {
 multiversion! {
     /// `dst = (src − a) − b` (log-softmax: subtract the max, then ln Σ).
     pub fn shift2(src: &[f32], dst: Dst<'_>, a: f32, b: f32) {
-        dst.write(#[inline(always)] |start, tile| {
-            let n = tile.len();
-            for (d, &s) in tile.iter_mut().zip(&src[start..start + n]) {
-                *d = (s - a) - b;
-            }
-        })
+        // SAFETY: `src` has the row's length, so the loop writes every slot.
+        unsafe {
+            dst.write(#[inline(always)] |start, tile| {
+                let n = tile.len();
+                for (d, &s) in tile.iter_mut().zip(&src[start..start + n]) {
+                    d.write((s - a) - b);
+                }
+            })
+        }
     }
 }
 
@@ -135,37 +138,45 @@ multiversion! {
     /// `dx = y·(dy − d)` (softmax backward with `d = Σ y·dy`), prefetching the next rows
     /// of y and dy (`next_y`, `next_dy`).
     pub fn softmax_grad_row(y: &[f32], dy: &[f32], dx: Dst<'_>, d: f32, next_y: &[f32], next_dy: &[f32]) {
-        dx.write(#[inline(always)] |start, tile| {
-            let n = tile.len();
-            simd::prefetch(next_y, start, n);
-            simd::prefetch(next_dy, start, n);
-            for ((o, &y), &g) in tile.iter_mut().zip(&y[start..start + n]).zip(&dy[start..start + n]) {
-                *o = y * (g - d);
-            }
-        })
+        let (next_y, next_dy) = (dx.ahead(next_y), dx.ahead(next_dy));
+        // SAFETY: `y` and `dy` have the row's length, so the loop writes every slot.
+        unsafe {
+            dx.write(#[inline(always)] |start, tile| {
+                let n = tile.len();
+                simd::prefetch(next_y, start, n);
+                simd::prefetch(next_dy, start, n);
+                for ((o, &y), &g) in tile.iter_mut().zip(&y[start..start + n]).zip(&dy[start..start + n]) {
+                    o.write(y * (g - d));
+                }
+            })
+        }
     }
 }
 
 multiversion! {
     /// `dst = s·src` for a row of equal length.
     pub fn scaled(src: &[f32], dst: Dst<'_>, s: f32) {
-        dst.write(#[inline(always)] |start, tile| {
-            let n = tile.len();
-            for (d, &x) in tile.iter_mut().zip(&src[start..start + n]) {
-                *d = x * s;
-            }
-        })
+        // SAFETY: `src` has the row's length, so the loop writes every slot.
+        unsafe {
+            dst.write(#[inline(always)] |start, tile| {
+                let n = tile.len();
+                for (d, &x) in tile.iter_mut().zip(&src[start..start + n]) {
+                    d.write(x * s);
+                }
+            })
+        }
     }
 }
 
 /// `dst = softmax(src)` for one contiguous row: the max, then `e^(x − max)` into a
-/// scratch row with its sum (prefetching `next`, the next row, meanwhile, so its reads
-/// overlap this row's compute), then the scaled row written once.
+/// scratch row with its sum (prefetching `next`, the next row, meanwhile when `dst`
+/// streams, so its reads overlap this row's compute), then the scaled row written once.
 fn softmax_row(src: &[f32], dst: Dst<'_>, next: &[f32]) {
     let m = simd::max(src);
     if m == f32::NEG_INFINITY {
         return; // dropped unwritten: zeros
     }
+    let next = dst.ahead(next);
     output::with_scratch(src.len(), |e| {
         let s = simd::exp_sub_sum_into(src, e, m, next);
         scaled(e, dst, 1.0 / s);
