@@ -8,7 +8,7 @@
 
 use crate::cpu::output::{self, Dst};
 use crate::cpu::pool::SharedMut;
-use crate::cpu::simd::{self, multiversion};
+use crate::cpu::simd::{self, fold_max, fold_max2, multiversion, Fold};
 use crate::cpu::{check, convert, CpuBackend};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -18,6 +18,10 @@ use crate::types::CrossEntropyOutput;
 
 /// Work units per logit (max, exp and sum, scale).
 const ROW_WORK: usize = 4;
+/// Logits per parallel task (8 rows of a 32 000-token vocabulary).
+const TASK_ELEMS: usize = 1 << 18;
+/// Lanes of the row kernels' inner loops (one AVX-512 register, two AVX2 ones).
+const LANES: usize = 16;
 
 /// Validated inputs: logits as f32, targets, and which rows count.
 struct Rows<'a> {
@@ -54,35 +58,51 @@ fn read<'a>(op: &'static str, logits: &'a Tensor, targets: &'a Tensor, ignore: O
 }
 
 multiversion! {
-    /// `d = k·e` for a row of exps, with `scale` subtracted at `target`.
-    pub fn scaled_minus_onehot(e: &[f32], d: Dst<'_>, k: f32, target: usize, scale: f32) {
-        // SAFETY: the loop writes every slot of the tile (the target's twice).
+    /// `d = k·e` for a row of exps, with `scale` subtracted at `target`, folding `max next`
+    /// (the next row of logits; empty at a task's last row) meanwhile, which it returns.
+    pub fn scaled_minus_onehot(e: &[f32], d: Dst<'_>, k: f32, target: usize, scale: f32, next: &[f32]) -> f32 {
+        let mut fold = Fold::new([next], f32::NEG_INFINITY);
+        // SAFETY: the chunks and the tail write every slot of the tile (the target's twice).
         unsafe {
             d.write(#[inline(always)] |start, tile| {
                 let n = tile.len();
-                for (o, &x) in tile.iter_mut().zip(&e[start..start + n]) {
-                    o.write(x * k);
+                let e = &e[start..start + n];
+                let mut i = 0;
+                while i + LANES <= n {
+                    let ec = &e[i..i + LANES];
+                    let mut v = [0.0f32; LANES];
+                    for l in 0..LANES {
+                        v[l] = ec[l] * k;
+                    }
+                    tile[i..i + LANES].write_copy_of_slice(&v);
+                    fold.fold_behind(start + i, fold_max);
+                    i += LANES;
+                }
+                for j in i..n {
+                    tile[j].write(e[j] * k);
                 }
                 if (start..start + n).contains(&target) {
-                    tile[target - start].write(e[target] * k - scale);
+                    tile[target - start].write(e[target - start] * k - scale);
                 }
+                fold.step(start + n, fold_max);
             })
         }
+        fold.finish(fold_max, fold_max2)
     }
 }
 
-/// One row: `d = scale·softmax(z)` with `scale` subtracted at the target, returning the
-/// row's loss `logsumexp(z) − z[target]` in f64. The exps go to a scratch row (while
-/// `next`, the next row, is prefetched when `d` streams); `d` is written once.
-fn fused_row(z: &[f32], target: usize, scale: f32, d: Dst<'_>, next: &[f32]) -> f64 {
-    let m = simd::max(z);
-    let next = d.ahead(next);
-    let s = output::with_scratch(z.len(), |e| {
-        let s = simd::exp_sub_sum_into(z, e, m, next);
-        scaled_minus_onehot(e, d, scale / s, target, scale);
-        s
+/// One row whose max `m` is known (folded while the previous row was written):
+/// `d = scale·softmax(z)` with `scale` subtracted at the target, returning the row's loss
+/// `logsumexp(z) − z[target]` in f64 and the max of `next` (the next row, folded while
+/// `d` is written). The exps go to a scratch row while `d`'s lines are prefetched for
+/// writing (or the next row is prefetched when `d` streams); `d` is written once.
+fn fused_row(z: &[f32], m: f32, target: usize, scale: f32, d: Dst<'_>, next: &[f32]) -> (f64, f32) {
+    let (own, ahead) = (d.own_lines(), d.ahead(next));
+    let (s, next_max) = output::with_scratch(z.len(), |e| {
+        let s = simd::exp_sub_sum_into(z, e, m, own, ahead);
+        (s, scaled_minus_onehot(e, d, scale / s, target, scale, next))
     });
-    (s as f64).ln() + m as f64 - z[target] as f64
+    ((s as f64).ln() + m as f64 - z[target] as f64, next_max)
 }
 
 /// The shared pass: d_logits scaled by `d_loss/count`, and the sum of the per-row losses
@@ -97,15 +117,28 @@ fn fused(cpu: &CpuBackend, rows: &Rows, d_loss: f32) -> Result<(Tensor, f64)> {
     let mut losses = vec![0.0f64; n];
     let loss_ptr = SharedMut(losses.as_mut_ptr());
     // Each row is written once into a fresh (not pre-zeroed) buffer, see `output::Dst`.
-    let d_logits = output::fresh_tensor(cpu, OP, &Shape::from([n, v]), DType::F32, v, ROW_WORK, |r, d_row| {
-        if rows.ignored(r) {
-            return; // d_row dropped unwritten reads as zero; the loss slot stays 0.
-        }
-        let next = rows.logits.get((r + 1) * v..(r + 2) * v).unwrap_or(&[]);
-        let loss = fused_row(&rows.logits[r * v..(r + 1) * v], rows.targets[r] as usize, scale, d_row, next);
-        // SAFETY: r < n and each row's task writes only its own slot.
-        unsafe { loss_ptr.slice(r, 1)[0] = loss };
-    })?;
+    // Tasks of several rows: a row's max is folded while the row before it is written
+    // (a task's first row, and a row after an ignored one, take a pass of their own).
+    let per = (TASK_ELEMS / v).max(1);
+    let d_logits =
+        output::fresh_tensor(cpu, OP, &Shape::from([n, v]), DType::F32, per * v, ROW_WORK, |t, rows_dst| {
+            let rows_here = rows_dst.len() / v;
+            let mut folded = None;
+            for (k, d_row) in rows_dst.into_chunks(v).enumerate() {
+                let r = t * per + k;
+                let z = &rows.logits[r * v..(r + 1) * v];
+                let max = folded.take();
+                if rows.ignored(r) {
+                    continue; // d_row dropped unwritten reads as zero; the loss slot stays 0.
+                }
+                let next = if k + 1 < rows_here { &rows.logits[(r + 1) * v..(r + 2) * v] } else { &[][..] };
+                let m = max.unwrap_or_else(|| simd::row_max(z));
+                let (loss, next_max) = fused_row(z, m, rows.targets[r] as usize, scale, d_row, next);
+                folded = Some(next_max);
+                // SAFETY: r < n and each row's task writes only its own slot.
+                unsafe { loss_ptr.slice(r, 1)[0] = loss };
+            }
+        })?;
     Ok((d_logits, losses.iter().sum()))
 }
 

@@ -213,6 +213,16 @@ impl<'a> Dst<'a> {
         self.store == Store::Cached && matches!(self.slots, Slots::F32(_))
     }
 
+    /// The first element of this piece's memory when [`write`](Dst::write) writes it in
+    /// place (see [`in_place`](Dst::in_place)), for prefetching its lines for writing
+    /// during an earlier pass; null otherwise.
+    pub fn own_lines(&self) -> *const f32 {
+        match &self.slots {
+            Slots::F32(s) if self.store == Store::Cached => s.as_ptr().cast(),
+            _ => std::ptr::null(),
+        }
+    }
+
     /// Writes every element: `f(start, tile)` sets every slot of `tile` (elements
     /// `start .. start + tile.len()` of this piece, as f32, with `slot.write(v)`), tile
     /// after tile in order. A cached F32 piece is handed over whole, as one tile: the

@@ -580,10 +580,12 @@ pub fn fast_exp<const FMA: bool>(x: f32) -> f32 {
 
 multiversion! {
     /// `e[i] = e^(x[i] − m)` (equal lengths), returning `Σ e[i]`: the softmax inner loop,
-    /// reading the row where it lies and writing the exps to a scratch row. `ahead[i]`
-    /// (the next row; may be empty) is prefetched alongside `x[i]`, so its reads overlap
-    /// this compute-heavy pass.
-    pub fn exp_sub_sum_into(x: &[f32], e: &mut [f32], m: f32, ahead: &[f32]) -> f32 {
+    /// reading the row where it lies and writing the exps to a scratch row. Meanwhile the
+    /// lines of `own` (the output row this pass's results go to, when it is written in
+    /// place; null for none) are prefetched for writing, so that the pass storing the
+    /// results runs on lines already owned, and `ahead` (the next row; may be empty) is
+    /// prefetched: both memory streams overlap this compute-heavy pass.
+    pub fn exp_sub_sum_into(x: &[f32], e: &mut [f32], m: f32, own: *const f32, ahead: &[f32]) -> f32 {
         let n = x.len().min(e.len());
         let (x, e) = (&x[..n], &mut e[..n]);
         let mut acc = [0.0f32; LANES];
@@ -591,6 +593,9 @@ multiversion! {
         let mut ce = e.chunks_exact_mut(LANES);
         for (i, (v, o)) in (&mut cx).zip(&mut ce).enumerate() {
             prefetch(ahead, i * LANES, LANES);
+            if !own.is_null() {
+                prefetch_write(own.wrapping_add(i * LANES));
+            }
             for l in 0..LANES {
                 o[l] = exp_lane::<FMA>(v[l] - m);
                 acc[l] += o[l];

@@ -12,15 +12,19 @@
 
 use crate::cpu::output::{self, Dst};
 use crate::cpu::pool::SharedMut;
-use crate::cpu::simd::{self, exp_lane, multiversion};
+use crate::cpu::simd::{self, exp_lane, fold_dot, fold_max, fold_max2, multiversion, Fold};
 use crate::cpu::{check, convert, CpuBackend};
 use crate::error::Result;
 use crate::tensor::Tensor;
 
+/// Elements per task of the contiguous-row path.
+const TASK_ELEMS: usize = 1 << 16;
 /// Columns per tile of the strided path (its per-column statistics live on the stack).
 const COLS: usize = 64;
 /// Work units per element (an exp, a sum, a scale).
 const EXP_WORK: usize = 4;
+/// Lanes of the row kernels' inner loops (one AVX-512 register, two AVX2 ones).
+const LANES: usize = 16;
 /// Work units per element of the backward (a dot and an axpy).
 const GRAD_WORK: usize = 2;
 
@@ -78,23 +82,31 @@ fn along_dim(
 /// The output of an op along `dim`: contiguous rows (`inner == 1`) are written row by row
 /// into a fresh tensor through [`Dst`] (no zeroing pass, streaming stores beyond the
 /// caches, F16/BF16 rounded on store); strided tiles go through [`along_dim`].
+///
+/// `row(start, dst, folded, last)` writes the row at flat index `start`; `folded` is what
+/// the task's previous row returned (a reduction of this row folded while that one was
+/// written, `None` for a task's first row) and `last` says whether this is the task's
+/// last row (so there is no next row to fold).
 fn dim_output(
     cpu: &CpuBackend,
     op: &'static str,
     x: &Tensor,
     layout: Layout,
     work: usize,
-    row: impl Fn(usize, Dst<'_>) + Sync + Send,
+    row: impl Fn(usize, Dst<'_>, Option<f32>, bool) -> f32 + Sync + Send,
     tile: impl Fn(Tile, SharedMut<f32>) + Sync + Send,
 ) -> Result<Tensor> {
     let len = layout.len;
     if layout.inner == 1 && len > 0 && x.shape().elem_count() > 0 {
-        // Tasks of several rows when rows are short (about 16 Ki elements a task).
-        let rows_per_task = ((1 << 14) / len).max(1);
+        // Tasks of several rows (about 64 Ki elements a task): only a task's first row
+        // is reduced on its own, the others while the row before is written.
+        let rows_per_task = (TASK_ELEMS / len).max(1);
         let chunk = rows_per_task * len;
         return output::fresh_tensor(cpu, op, x.shape(), x.dtype(), chunk, work, |t, dst| {
+            let rows_here = dst.len() / len;
+            let mut folded = None;
             for (k, row_dst) in dst.into_chunks(len).enumerate() {
-                row(t * chunk + k * len, row_dst);
+                folded = Some(row(t * chunk + k * len, row_dst, folded, k + 1 == rows_here));
             }
         });
     }
@@ -135,51 +147,86 @@ multiversion! {
 }
 
 multiversion! {
-    /// `dx = y·(dy − d)` (softmax backward with `d = Σ y·dy`), prefetching the next rows
-    /// of y and dy (`next_y`, `next_dy`).
-    pub fn softmax_grad_row(y: &[f32], dy: &[f32], dx: Dst<'_>, d: f32, next_y: &[f32], next_dy: &[f32]) {
-        let (next_y, next_dy) = (dx.ahead(next_y), dx.ahead(next_dy));
-        // SAFETY: `y` and `dy` have the row's length, so the loop writes every slot.
+    /// `dx = y·(dy − d)` (softmax backward with `d = Σ y·dy`), folding `Σ y'·dy'` of the
+    /// next row (`next = [y', dy']`, empty at a task's last row) meanwhile, which it
+    /// returns (see `simd::Fold`).
+    pub fn softmax_grad_row(y: &[f32], dy: &[f32], dx: Dst<'_>, d: f32, next: [&[f32]; 2]) -> f32 {
+        let mut fold = Fold::new(next, 0.0);
+        let own = dx.in_place();
+        // SAFETY: the chunks and the tail write every slot of the tile.
         unsafe {
             dx.write(#[inline(always)] |start, tile| {
                 let n = tile.len();
-                simd::prefetch(next_y, start, n);
-                simd::prefetch(next_dy, start, n);
-                for ((o, &y), &g) in tile.iter_mut().zip(&y[start..start + n]).zip(&dy[start..start + n]) {
-                    o.write(y * (g - d));
+                let (y, dy) = (&y[start..start + n], &dy[start..start + n]);
+                let mut i = 0;
+                while i + LANES <= n {
+                    if own {
+                        simd::prefetch_write(tile.as_ptr().wrapping_add(i + simd::OWN_AHEAD));
+                    }
+                    let (yc, gc) = (&y[i..i + LANES], &dy[i..i + LANES]);
+                    let mut v = [0.0f32; LANES];
+                    for l in 0..LANES {
+                        v[l] = yc[l] * (gc[l] - d);
+                    }
+                    tile[i..i + LANES].write_copy_of_slice(&v);
+                    fold.fold_behind(start + i, fold_dot);
+                    i += LANES;
                 }
+                for j in i..n {
+                    tile[j].write(y[j] * (dy[j] - d));
+                }
+                fold.step(start + n, fold_dot);
             })
         }
+        fold.finish(fold_dot, |a, b| a + b)
     }
 }
 
 multiversion! {
-    /// `dst = s·src` for a row of equal length.
-    pub fn scaled(src: &[f32], dst: Dst<'_>, s: f32) {
-        // SAFETY: `src` has the row's length, so the loop writes every slot.
+    /// `dst = s·src` for a row of equal length, folding `max next` (the next row; empty
+    /// at a task's last row) meanwhile, which it returns (see `simd::Fold`).
+    pub fn scaled_fold_max(src: &[f32], dst: Dst<'_>, s: f32, next: &[f32]) -> f32 {
+        let mut fold = Fold::new([next], f32::NEG_INFINITY);
+        // SAFETY: the chunks and the tail write every slot of the tile.
         unsafe {
             dst.write(#[inline(always)] |start, tile| {
                 let n = tile.len();
-                for (d, &x) in tile.iter_mut().zip(&src[start..start + n]) {
-                    d.write(x * s);
+                let src = &src[start..start + n];
+                let mut i = 0;
+                while i + LANES <= n {
+                    let sc = &src[i..i + LANES];
+                    let mut v = [0.0f32; LANES];
+                    for l in 0..LANES {
+                        v[l] = sc[l] * s;
+                    }
+                    tile[i..i + LANES].write_copy_of_slice(&v);
+                    fold.fold_behind(start + i, fold_max);
+                    i += LANES;
                 }
+                for j in i..n {
+                    tile[j].write(src[j] * s);
+                }
+                fold.step(start + n, fold_max);
             })
         }
+        fold.finish(fold_max, fold_max2)
     }
 }
 
-/// `dst = softmax(src)` for one contiguous row: the max, then `e^(x − max)` into a
-/// scratch row with its sum (prefetching `next`, the next row, meanwhile when `dst`
-/// streams, so its reads overlap this row's compute), then the scaled row written once.
-fn softmax_row(src: &[f32], dst: Dst<'_>, next: &[f32]) {
-    let m = simd::max(src);
+/// `dst = softmax(src)` for one contiguous row whose max `m` is known (folded while the
+/// previous row was written): `e^(x − m)` into a scratch row with its sum (the output
+/// row's lines prefetched for writing meanwhile, or the next row prefetched when `dst`
+/// streams), then the scaled row written once while the next row's max is folded, which
+/// it returns.
+fn softmax_row(src: &[f32], m: f32, dst: Dst<'_>, next: &[f32]) -> f32 {
     if m == f32::NEG_INFINITY {
-        return; // dropped unwritten: zeros
+        drop(dst); // dropped unwritten: zeros
+        return simd::row_max(next);
     }
-    let next = dst.ahead(next);
+    let (own, ahead) = (dst.own_lines(), dst.ahead(next));
     output::with_scratch(src.len(), |e| {
-        let s = simd::exp_sub_sum_into(src, e, m, next);
-        scaled(e, dst, 1.0 / s);
+        let s = simd::exp_sub_sum_into(src, e, m, own, ahead);
+        scaled_fold_max(e, dst, 1.0 / s, next)
     })
 }
 
@@ -190,7 +237,7 @@ fn log_softmax_row(src: &[f32], dst: Dst<'_>) {
         dst.fill(f32::NEG_INFINITY);
         return;
     }
-    let s = output::with_scratch(src.len(), |e| simd::exp_sub_sum_into(src, e, m, &[]));
+    let s = output::with_scratch(src.len(), |e| simd::exp_sub_sum_into(src, e, m, std::ptr::null(), &[]));
     shift2(src, dst, m, s.ln());
 }
 
@@ -305,9 +352,11 @@ pub fn softmax(cpu: &CpuBackend, x: &Tensor, dim: usize) -> Result<Tensor> {
         x,
         layout,
         EXP_WORK,
-        |start, dst| {
+        |start, dst, folded_max, last| {
             let n = dst.len();
-            softmax_row(&xs[start..start + n], dst, xs.get(start + n..start + 2 * n).unwrap_or(&[]))
+            let src = &xs[start..start + n];
+            let next = if last { &[][..] } else { &xs[start + n..start + 2 * n] };
+            softmax_row(src, folded_max.unwrap_or_else(|| simd::row_max(src)), dst, next)
         },
         |t, o| tiles::softmax_tile(&xs, t, o),
     )
@@ -332,12 +381,12 @@ pub fn softmax_backward(cpu: &CpuBackend, y: &Tensor, d_out: &Tensor, dim: usize
         y,
         layout,
         GRAD_WORK,
-        |start, dst| {
+        |start, dst, folded_dot, last| {
             let n = dst.len();
             let (yr, dyr) = (&ys[start..start + n], &dys[start..start + n]);
-            let next = start + n..start + 2 * n;
-            let (next_y, next_dy) = (ys.get(next.clone()).unwrap_or(&[]), dys.get(next).unwrap_or(&[]));
-            softmax_grad_row(yr, dyr, dst, simd::dot(yr, dyr), next_y, next_dy);
+            let next =
+                if last { [&[][..]; 2] } else { [&ys[start + n..start + 2 * n], &dys[start + n..start + 2 * n]] };
+            softmax_grad_row(yr, dyr, dst, folded_dot.unwrap_or_else(|| simd::row_dot(yr, dyr)), next)
         },
         |t, o| tiles::softmax_grad_tile(&ys, &dys, t, o),
     )
@@ -359,7 +408,10 @@ pub fn log_softmax(cpu: &CpuBackend, x: &Tensor, dim: usize) -> Result<Tensor> {
         x,
         layout,
         EXP_WORK,
-        |start, dst| log_softmax_row(&xs[start..start + dst.len()], dst),
+        |start, dst, _, _| {
+            log_softmax_row(&xs[start..start + dst.len()], dst);
+            0.0
+        },
         |t, o| tiles::log_softmax_tile(&xs, t, o),
     )
 }
