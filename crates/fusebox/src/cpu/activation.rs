@@ -17,7 +17,7 @@
 use std::borrow::Cow;
 
 use crate::cpu::output::{self, Dst, OutputSpec};
-use crate::cpu::simd::{fast_exp, multiversion};
+use crate::cpu::simd::{fast_exp, multiversion, stream_ahead};
 use crate::cpu::{check, convert, CpuBackend};
 use crate::error::Result;
 use crate::tensor::Tensor;
@@ -143,12 +143,17 @@ macro_rules! unary_kernel {
         multiversion! {
             #[doc = $doc]
             pub fn $name(src: &[f32], out: Dst<'_>) {
+                let own = out.in_place();
                 // SAFETY: the chunks and their remainder cover every slot of the tile.
                 unsafe { out.write(#[inline(always)] |start, tile| {
                     let src = &src[start..start + tile.len()];
                     let mut sc = src.chunks_exact(LANES);
+                    let tp = tile.as_ptr().cast::<f32>();
                     let mut dc = tile.chunks_exact_mut(LANES);
-                    for (sv, dv) in (&mut sc).zip(&mut dc) {
+                    for (i, (sv, dv)) in (&mut sc).zip(&mut dc).enumerate() {
+                        if own {
+                            stream_ahead([src], tp, i * LANES);
+                        }
                         for l in 0..LANES {
                             let $x = sv[l];
                             dv[l].write($e);
@@ -170,13 +175,19 @@ macro_rules! binary_kernel {
         multiversion! {
             #[doc = $doc]
             pub fn $name(a: &[f32], b: &[f32], out: Dst<'_>) {
+                let own = out.in_place();
                 // SAFETY: the chunks and their remainder cover every slot of the tile.
                 unsafe { out.write(#[inline(always)] |start, tile| {
                     let range = start..start + tile.len();
-                    let mut ac = a[range.clone()].chunks_exact(LANES);
-                    let mut bc = b[range].chunks_exact(LANES);
+                    let (ar, br) = (&a[range.clone()], &b[range.clone()]);
+                    let mut ac = ar.chunks_exact(LANES);
+                    let mut bc = br.chunks_exact(LANES);
+                    let tp = tile.as_ptr().cast::<f32>();
                     let mut dc = tile.chunks_exact_mut(LANES);
-                    for ((av, bv), dv) in (&mut ac).zip(&mut bc).zip(&mut dc) {
+                    for (i, ((av, bv), dv)) in (&mut ac).zip(&mut bc).zip(&mut dc).enumerate() {
+                        if own {
+                            stream_ahead([ar, br], tp, i * LANES);
+                        }
                         for l in 0..LANES {
                             let ($a, $b) = (av[l], bv[l]);
                             dv[l].write($e);

@@ -174,7 +174,7 @@ fn sum_partials(partials: &[f32], d: usize) -> Vec<f32> {
 /// of the output first so the compiler drops the bounds checks.
 mod lanes {
     use crate::cpu::output::Dst;
-    use crate::cpu::simd::{fast_exp, fold_sq, multiversion, prefetch, prefetch_write, Fold, OWN_AHEAD};
+    use crate::cpu::simd::{fast_exp, fold_sq, multiversion, prefetch, prefetch_write, Fold, FOLD_LAG, OWN_AHEAD};
 
     const LANES: usize = 16;
 
@@ -210,26 +210,69 @@ mod lanes {
         }
     }
 
-    multiversion! {
-        /// `s = a + b`, returning `Σ s²`.
-        pub fn add_sum_squares(s: &mut [f32], a: &[f32], b: &[f32]) -> f32 {
-            let mut acc = [0.0f32; LANES];
-            let mut cs = s.chunks_exact_mut(LANES);
-            let (mut ca, mut cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-            for ((vs, va), vb) in (&mut cs).zip(&mut ca).zip(&mut cb) {
+    /// `s = a + b` for one row, chunk by chunk, with `Σ s²` folded (16 lanes in order, the
+    /// remainder apart, as `simd::Fold`): `add_sum_squares` runs it over a whole row,
+    /// `sum_and_scale` a few chunks at a time while it writes the previous row, so both
+    /// give the same value.
+    pub struct AddFold<'a> {
+        a: &'a [f32],
+        b: &'a [f32],
+        s: &'a mut [f32],
+        full: usize,
+        acc: [f32; LANES],
+        done: usize,
+    }
+
+    impl<'a> AddFold<'a> {
+        /// Over rows `a`, `b` (one length, or empty: nothing to do) into `s` (as long).
+        #[inline(always)]
+        pub fn new(a: &'a [f32], b: &'a [f32], s: &'a mut [f32]) -> AddFold<'a> {
+            let full = a.len().min(b.len()).min(s.len()) / LANES * LANES;
+            AddFold { a, b, s, full, acc: [0.0; LANES], done: 0 }
+        }
+
+        /// Adds and folds the whole chunks that start below `end - FOLD_LAG` (behind a
+        /// kernel's writes at `end`, see `Fold::fold_behind`).
+        #[inline(always)]
+        pub fn step_behind(&mut self, end: usize) {
+            self.step(end.saturating_sub(FOLD_LAG));
+        }
+
+        /// Adds and folds the whole chunks below `end`.
+        #[inline(always)]
+        pub fn step(&mut self, end: usize) {
+            let end = end.min(self.full);
+            while self.done + LANES <= end {
+                let c = self.done..self.done + LANES;
+                let (ac, bc) = (&self.a[c.clone()], &self.b[c.clone()]);
+                let mut v = [0.0f32; LANES];
                 for l in 0..LANES {
-                    vs[l] = va[l] + vb[l];
+                    v[l] = ac[l] + bc[l];
+                    self.acc[l] += v[l] * v[l];
                 }
-                for l in 0..LANES {
-                    acc[l] += vs[l] * vs[l];
-                }
+                self.s[c].copy_from_slice(&v);
+                self.done += LANES;
             }
+        }
+
+        /// Finishes the row; returns `Σ s²`.
+        #[inline(always)]
+        pub fn finish(mut self) -> f32 {
+            self.step(self.full);
+            let len = self.a.len().min(self.b.len()).min(self.s.len());
             let mut tail = 0.0;
-            for ((vs, va), vb) in cs.into_remainder().iter_mut().zip(ca.remainder()).zip(cb.remainder()) {
-                *vs = va + vb;
-                tail += *vs * *vs;
+            for i in self.full..len {
+                self.s[i] = self.a[i] + self.b[i];
+                tail += self.s[i] * self.s[i];
             }
-            acc.iter().sum::<f32>() + tail
+            self.acc.iter().sum::<f32>() + tail
+        }
+    }
+
+    multiversion! {
+        /// `s = a + b`, returning `Σ s²` (see `AddFold`).
+        pub fn add_sum_squares(s: &mut [f32], a: &[f32], b: &[f32]) -> f32 {
+            AddFold::new(a, b, s).finish()
         }
     }
 
@@ -301,23 +344,44 @@ mod lanes {
     }
 
     multiversion! {
-        /// `sum = s` and `out = s·r·w` (the residual add RMS norm), both written once;
-        /// prefetches `next` (the next rows of both addends) when the outputs stream.
-        pub fn sum_and_scale(sum: Dst<'_>, out: Dst<'_>, s: &[f32], w: &[f32], r: f32, next: [&[f32]; 2]) {
-            let next = next.map(|row| sum.ahead(row));
-            // SAFETY: the loop writes every slot of both tiles.
+        /// `sum = s` and `out = s·r·w` (the residual add RMS norm), both written once,
+        /// while `s' = a' + b'` of the next row (`next = [a', b']`, empty at a task's last
+        /// row) is computed into `s_next` with `Σ s'²` folded, which it returns (see
+        /// `AddFold`); the outputs' lines are prefetched for writing ahead.
+        pub fn sum_and_scale(
+            sum: Dst<'_>, out: Dst<'_>, s: &[f32], w: &[f32], r: f32, next: [&[f32]; 2], s_next: &mut [f32]
+        ) -> f32 {
+            let mut fold = AddFold::new(next[0], next[1], s_next);
+            let (own_sum, own_out) = (sum.own_lines(), out.own_lines());
+            // SAFETY: the chunks and the tail write every slot of both tiles.
             unsafe {
                 sum.write_pair(out, #[inline(always)] |start, ts, to| {
                     let n = ts.len();
-                    prefetch(next[0], start, n);
-                    prefetch(next[1], start, n);
                     let (s, w, to) = (&s[start..start + n], &w[start..start + n], &mut to[..n]);
-                    for i in 0..n {
-                        ts[i].write(s[i]);
-                        to[i].write(s[i] * r * w[i]);
+                    let mut i = 0;
+                    while i + LANES <= n {
+                        if !own_sum.is_null() {
+                            prefetch_write(own_sum.wrapping_add(start + i + OWN_AHEAD));
+                            prefetch_write(own_out.wrapping_add(start + i + OWN_AHEAD));
+                        }
+                        let (sc, wc) = (&s[i..i + LANES], &w[i..i + LANES]);
+                        let mut v = [0.0f32; LANES];
+                        for l in 0..LANES {
+                            v[l] = sc[l] * r * wc[l];
+                        }
+                        ts[i..i + LANES].write_copy_of_slice(sc);
+                        to[i..i + LANES].write_copy_of_slice(&v);
+                        fold.step_behind(start + i);
+                        i += LANES;
                     }
+                    for j in i..n {
+                        ts[j].write(s[j]);
+                        to[j].write(s[j] * r * w[j]);
+                    }
+                    fold.step_behind(start + n);
                 })
             }
+            fold.finish()
         }
     }
 
@@ -697,18 +761,23 @@ pub fn add_rms_norm(
     let [sum, output, rstd] =
         output::fresh_tensors(cpu, OP, rows.div_ceil(per), per * 3 * d, specs, |i, [sum, out, rstd]| {
             fill_small(rstd, |rstd| {
-                output::with_scratch(d, |s| {
+                // Two scratch rows: this row's s = a + b, and the next row's, computed
+                // (with its Σs²) while this row is written.
+                output::with_scratch(2 * d, |scratch| {
+                    let (mut s, mut s_next) = scratch.split_at_mut(d);
+                    let rows_here = sum.len() / d;
+                    let mut folded = None;
                     for (k, (sum_row, out_row)) in sum.into_chunks(d).zip(out.into_chunks(d)).enumerate() {
                         let r = i * per + k;
-                        rstd[k] = rms_rstd(lanes::add_sum_squares(s, &av[r * d..][..d], &bv[r * d..][..d]), d, eps);
-                        lanes::sum_and_scale(
-                            sum_row,
-                            out_row,
-                            s,
-                            &w,
-                            rstd[k],
-                            [next_row(&av, r, d), next_row(&bv, r, d)],
-                        );
+                        let sum_sq = match folded.take() {
+                            Some(v) => v,
+                            None => lanes::add_sum_squares(s, &av[r * d..][..d], &bv[r * d..][..d]),
+                        };
+                        rstd[k] = rms_rstd(sum_sq, d, eps);
+                        let next =
+                            if k + 1 < rows_here { [next_row(&av, r, d), next_row(&bv, r, d)] } else { [&[][..]; 2] };
+                        folded = Some(lanes::sum_and_scale(sum_row, out_row, s, &w, rstd[k], next, s_next));
+                        std::mem::swap(&mut s, &mut s_next);
                     }
                 })
             })

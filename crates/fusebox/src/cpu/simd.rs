@@ -483,6 +483,23 @@ pub fn prefetch(data: &[f32], start: usize, len: usize) {
 /// of a read-for-ownership from L3 at this loop's pace.
 pub const OWN_AHEAD: usize = 512;
 
+/// For a kernel that writes an output in place (`Dst::in_place`) while it reads `inputs`
+/// at the same index, element by element: at element `i` (called once per 16), asks for
+/// the inputs' lines [`OWN_AHEAD`] elements ahead and for ownership of the output's line
+/// there (`out` is the output's first element). A loop with much arithmetic per element
+/// (an exp, a divide) keeps too few iterations in flight for the out-of-order window to
+/// reach that far by itself; silu_mul with the working set in L3 went from 67% to 84% of
+/// copy bandwidth. Not for plain streams such as `add`, which the hardware prefetchers
+/// serve better alone.
+#[inline(always)]
+pub fn stream_ahead<const K: usize>(inputs: [&[f32]; K], out: *const f32, i: usize) {
+    let j = i + OWN_AHEAD;
+    for x in inputs {
+        prefetch(x, j, 1);
+    }
+    prefetch_write(out.wrapping_add(j));
+}
+
 /// Hints the cache line at `p` into L1 for writing (`prefetchw`: read-for-ownership ahead
 /// of the stores; a no-op off x86-64, and a NOP on x86 CPUs without PREFETCHW).
 ///
