@@ -175,3 +175,38 @@ pub fn cross_entropy_backward(
     let rows = read("cross_entropy_backward", logits, targets, ignore_index)?;
     Ok(fused(cpu, &rows, d_loss)?.0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row's max is folded alone or while the row before it is written (and a row after
+    /// an ignored one starts over): each row of a batch must match the same row on its
+    /// own, bit for bit, and so must its loss.
+    #[test]
+    fn a_row_gives_the_same_bits_wherever_it_falls_in_a_task() {
+        let cpu = CpuBackend::with_threads(2).unwrap();
+        for v in [100usize, 1000, 32000] {
+            let rows = 19;
+            let z: Vec<f32> = (0..(rows * v) as u32)
+                .map(|i| ((i.wrapping_mul(2_654_435_761) >> 8) as f32 / 8_388_608.0 - 1.0) * 8.0)
+                .collect();
+            let ids: Vec<u32> = (0..rows as u32).map(|r| (r * 7919) % v as u32).collect();
+            let ignore = ids[5];
+            let logits = Tensor::from_vec(z.clone(), [rows, v]).unwrap();
+            let targets = Tensor::from_vec(ids.clone(), [rows]).unwrap();
+            let all = cross_entropy_backward(&cpu, &logits, &targets, Some(ignore), 1.0).unwrap();
+            let all = all.to_vec_f32().unwrap();
+            let count = ids.iter().filter(|&&t| t != ignore).count() as f32;
+            for r in 0..rows {
+                let one = Tensor::from_vec(z[r * v..(r + 1) * v].to_vec(), [1, v]).unwrap();
+                let t = Tensor::from_vec(vec![ids[r]], [1]).unwrap();
+                // One counted row, scaled as the batch scales it (1/count).
+                let d = cross_entropy_backward(&cpu, &one, &t, Some(ignore), 1.0 / count).unwrap();
+                let got: Vec<u32> = d.to_vec_f32().unwrap().iter().map(|x| x.to_bits()).collect();
+                let want: Vec<u32> = all[r * v..(r + 1) * v].iter().map(|x| x.to_bits()).collect();
+                assert_eq!(got, want, "vocab {v} row {r}");
+            }
+        }
+    }
+}

@@ -1038,6 +1038,35 @@ mod tests {
         }
     }
 
+    /// A row's reduction is folded alone (a task's first row) or while the row before it
+    /// is written (every other row): both must give the same bits, so each row of a
+    /// batch matches the same row normalized on its own. Widths below and above the
+    /// fold's lag, with and without a remainder past the 16-lane chunks.
+    #[test]
+    fn a_row_gives_the_same_bits_wherever_it_falls_in_a_task() {
+        let cpu = CpuBackend::with_threads(2).unwrap();
+        for d in [100usize, 1000, 4096] {
+            let rows = 37;
+            let (x, b, dy, w) = (tensor(&[rows, d], 1), tensor(&[rows, d], 7), tensor(&[rows, d], 2), tensor(&[d], 3));
+            let batch = rms_norm(&cpu, &x, &w, 1e-5).unwrap();
+            let grads = rms_norm_backward(&cpu, &x, &w, &batch.rstd, &dy).unwrap();
+            let (sum, added) = add_rms_norm(&cpu, &x, &b, &w, 1e-5).unwrap();
+            let (xv, bv, gv) = (x.to_vec_f32().unwrap(), b.to_vec_f32().unwrap(), dy.to_vec_f32().unwrap());
+            let row_of = |v: &[f32], r: usize| Tensor::from_vec(v[r * d..(r + 1) * d].to_vec(), [1, d]).unwrap();
+            let slice = |t: &Tensor, r: usize| bits(t)[r * d..(r + 1) * d].to_vec();
+            for r in 0..rows {
+                let one = rms_norm(&cpu, &row_of(&xv, r), &w, 1e-5).unwrap();
+                assert_eq!(bits(&one.output), slice(&batch.output, r), "rms_norm d {d} row {r}");
+                assert_eq!(bits(&one.rstd)[0], bits(&batch.rstd)[r], "rms_norm rstd d {d} row {r}");
+                let g = rms_norm_backward(&cpu, &row_of(&xv, r), &w, &one.rstd, &row_of(&gv, r)).unwrap();
+                assert_eq!(bits(&g.dx), slice(&grads.dx, r), "rms_norm_backward d {d} row {r}");
+                let (s1, a1) = add_rms_norm(&cpu, &row_of(&xv, r), &row_of(&bv, r), &w, 1e-5).unwrap();
+                assert_eq!(bits(&s1), slice(&sum, r), "add_rms_norm sum d {d} row {r}");
+                assert_eq!(bits(&a1.output), slice(&added.output, r), "add_rms_norm d {d} row {r}");
+            }
+        }
+    }
+
     /// Staged (F16/BF16) and direct (F32) outputs hold what was written, in their dtype.
     #[test]
     fn outputs_keep_their_dtype() {

@@ -684,6 +684,32 @@ mod tests {
         }
     }
 
+    /// A fold gives the same bits however its row is split into steps (and with the lag
+    /// of `fold_behind`), for every length around the 16-lane chunks.
+    #[test]
+    fn a_fold_does_not_depend_on_its_steps() {
+        for n in [0usize, 1, 15, 16, 17, 100, 257, 1000] {
+            let a: Vec<f32> = (0..n).map(|i| ((i * 37) % 101) as f32 * 0.013 - 0.6).collect();
+            let b: Vec<f32> = (0..n).map(|i| ((i * 11) % 53) as f32 * 0.021 - 0.5).collect();
+            let whole = row_dot(&a, &b);
+            for step in [1usize, 5, 16, 64, 300] {
+                let mut fold = Fold::new([&a[..], &b[..]], 0.0);
+                let mut i = 0;
+                while i < n {
+                    fold.fold_behind(i, fold_dot);
+                    fold.step(i.saturating_sub(3), fold_dot);
+                    i += step;
+                }
+                let split = fold.finish(fold_dot, |x, y| x + y);
+                assert_eq!(split.to_bits(), whole.to_bits(), "n {n} step {step}");
+            }
+            let m = row_max(&a);
+            assert_eq!(m, a.iter().cloned().fold(f32::NEG_INFINITY, f32::max), "max n {n}");
+            let sq: f32 = a.iter().map(|v| v * v).sum();
+            assert!((row_sum_squares(&a) - sq).abs() <= 1e-4 * sq.max(1.0), "squares n {n}");
+        }
+    }
+
     #[test]
     fn transpose_into_matches_plain_loops() {
         for (rows, cols) in [(16, 16), (37, 50), (128, 64), (5, 3), (0, 4)] {

@@ -415,3 +415,40 @@ pub fn log_softmax(cpu: &CpuBackend, x: &Tensor, dim: usize) -> Result<Tensor> {
         |t, o| tiles::log_softmax_tile(&xs, t, o),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor(rows: usize, d: usize, seed: u32, scale: f32) -> Tensor {
+        let v: Vec<f32> = (0..(rows * d) as u32)
+            .map(|i| ((i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32 / 8_388_608.0 - 1.0) * scale)
+            .collect();
+        Tensor::from_vec(v, [rows, d]).unwrap()
+    }
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        t.to_vec_f32().unwrap().iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// A row's max (or Σ y·dy) is folded alone or while the row before it is written:
+    /// each row of a batch must match the same row computed on its own, bit for bit.
+    #[test]
+    fn a_row_gives_the_same_bits_wherever_it_falls_in_a_task() {
+        let cpu = CpuBackend::with_threads(2).unwrap();
+        for d in [100usize, 1000, 4096] {
+            let rows = 37;
+            let (x, dy) = (tensor(rows, d, 1, 8.0), tensor(rows, d, 2, 1.0));
+            let y = softmax(&cpu, &x, 1).unwrap();
+            let dx = softmax_backward(&cpu, &y, &dy, 1).unwrap();
+            let (xv, yv, gv) = (x.to_vec_f32().unwrap(), y.to_vec_f32().unwrap(), dy.to_vec_f32().unwrap());
+            let row_of = |v: &[f32], r: usize| Tensor::from_vec(v[r * d..(r + 1) * d].to_vec(), [1, d]).unwrap();
+            for r in 0..rows {
+                let want = |t: &Tensor| bits(t)[r * d..(r + 1) * d].to_vec();
+                assert_eq!(bits(&softmax(&cpu, &row_of(&xv, r), 1).unwrap()), want(&y), "softmax d {d} row {r}");
+                let g = softmax_backward(&cpu, &row_of(&yv, r), &row_of(&gv, r), 1).unwrap();
+                assert_eq!(bits(&g), want(&dx), "softmax_backward d {d} row {r}");
+            }
+        }
+    }
+}
