@@ -4,10 +4,13 @@
 //!
 //! Every kernel computes in f32 (F16/BF16 inputs are converted once, outputs are
 //! written back in the input dtype) and works one row at a time: a reduction over the
-//! row (`simd::sum_squares`, or sum then squared deviations), then one sweep that
-//! writes the row while it is still in cache. Blocks of rows run in parallel; each
-//! row's result does not depend on the blocking, so outputs are bit-identical for any
-//! thread count. Backwards reduce dweight/dbias into one partial per fixed block of
+//! row (`Σx²`, or sum then squared deviations), then one sweep that writes the row while
+//! it is still in cache. RMS norm, its backward and the residual-add RMS norm fold the
+//! *next* row's reduction into the sweep that writes the current one (`simd::Fold`), so
+//! the next row's loads overlap this row's stores instead of running as a pass of their
+//! own; only a task's first row is reduced alone, by the same fold, so each row's result
+//! does not depend on the blocking. Blocks of rows run in parallel and outputs are
+//! bit-identical for any thread count. Backwards reduce dweight/dbias into one partial per fixed block of
 //! rows and add the partials in block order (deterministic too). Saved statistics
 //! (mean, rstd) are F32 with the input's shape minus its last dim.
 
