@@ -3,7 +3,7 @@
 //! the clipping factor.
 
 use crate::cpu::pool::SharedMut;
-use crate::cpu::simd::multiversion;
+use crate::cpu::simd::{multiversion, prefetch, prefetch_write, OWN_AHEAD};
 use crate::cpu::{check, convert, CpuBackend};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -20,6 +20,9 @@ const NORM_CHUNK: usize = 1 << 14;
 /// The kernels: `pub` only because `multiversion!` defines `pub fn`s; the module is private.
 mod lanes {
     use super::*;
+
+    /// Lanes of the inner loops (one AVX-512 register, two AVX2 ones).
+    const LANES: usize = 16;
 
     /// The per-step constants of AdamW, in f32 (the bias corrections come from f64).
     #[derive(Debug, Clone, Copy)]
@@ -40,17 +43,40 @@ mod lanes {
     multiversion! {
         /// With `g = grad_scale·grad`: `m ← β₁m + (1−β₁)g`, `v ← β₂v + (1−β₂)g²`,
         /// `p ← p − lr·(m̂/(√v̂ + ε) + λ·p)` with `m̂ = m/(1−β₁ᵗ)`, `√v̂ = √v/√(1−β₂ᵗ)`.
+        ///
+        /// A square root and a divide per element leave too few iterations in flight for
+        /// the out-of-order window to reach the memory ahead, so every 16 elements the
+        /// lines [`OWN_AHEAD`] elements ahead are requested (`g`) and prefetched for
+        /// writing (`p`, `m`, `v`).
         pub fn adamw(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c: AdamCoef) {
             let n = p.len().min(g.len()).min(m.len()).min(v.len());
             let (p, g, m, v) = (&mut p[..n], &g[..n], &mut m[..n], &mut v[..n]);
-            for i in 0..n {
-                let gi = c.grad_scale * g[i];
-                let mi = c.beta1 * m[i] + (1.0 - c.beta1) * gi;
-                let vi = c.beta2 * v[i] + (1.0 - c.beta2) * gi * gi;
-                m[i] = mi;
-                v[i] = vi;
-                let update = (mi * c.inv_bc1) / (vi.sqrt() * c.rsqrt_bc2 + c.eps) + c.weight_decay * p[i];
-                p[i] -= c.lr * update;
+            let step = |p: &mut f32, g: f32, m: &mut f32, v: &mut f32| {
+                let gi = c.grad_scale * g;
+                let mi = c.beta1 * *m + (1.0 - c.beta1) * gi;
+                let vi = c.beta2 * *v + (1.0 - c.beta2) * gi * gi;
+                *m = mi;
+                *v = vi;
+                let update = (mi * c.inv_bc1) / (vi.sqrt() * c.rsqrt_bc2 + c.eps) + c.weight_decay * *p;
+                *p -= c.lr * update;
+            };
+            let (pp, mp, vp) = (p.as_ptr(), m.as_ptr(), v.as_ptr());
+            let mut i = 0;
+            while i + LANES <= n {
+                let ahead = i + OWN_AHEAD;
+                prefetch(g, ahead, 1);
+                for ptr in [pp, mp, vp] {
+                    prefetch_write(ptr.wrapping_add(ahead));
+                }
+                let c = i..i + LANES;
+                let (pc, gc, mc, vc) = (&mut p[c.clone()], &g[c.clone()], &mut m[c.clone()], &mut v[c]);
+                for l in 0..LANES {
+                    step(&mut pc[l], gc[l], &mut mc[l], &mut vc[l]);
+                }
+                i += LANES;
+            }
+            for j in i..n {
+                step(&mut p[j], g[j], &mut m[j], &mut v[j]);
             }
         }
     }
