@@ -364,12 +364,12 @@ impl<'a, const K: usize> Fold<'a, K> {
         for (c, r) in chunk.iter_mut().zip(&self.rows) {
             c.copy_from_slice(&r[i..i + LANES]);
         }
-        for l in 0..LANES {
+        for (l, acc) in self.acc.iter_mut().enumerate() {
             let mut v = [0.0f32; K];
-            for k in 0..K {
-                v[k] = chunk[k][l];
+            for (vk, c) in v.iter_mut().zip(&chunk) {
+                *vk = c[l];
             }
-            self.acc[l] = f(self.acc[l], v);
+            *acc = f(*acc, v);
         }
     }
 
@@ -600,7 +600,9 @@ multiversion! {
     /// lines of `own` (the output row this pass's results go to, when it is written in
     /// place; null for none) are prefetched for writing, so that the pass storing the
     /// results runs on lines already owned, and `ahead` (the next row; may be empty) is
-    /// prefetched: both memory streams overlap this compute-heavy pass.
+    /// prefetched: both memory streams overlap this compute-heavy pass. (`own` is only
+    /// ever a prefetch address, never dereferenced.)
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
     pub fn exp_sub_sum_into(x: &[f32], e: &mut [f32], m: f32, own: *const f32, ahead: &[f32]) -> f32 {
         let n = x.len().min(e.len());
         let (x, e) = (&x[..n], &mut e[..n]);
