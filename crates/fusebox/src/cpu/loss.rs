@@ -8,7 +8,8 @@
 
 use crate::cpu::output::{self, Dst};
 use crate::cpu::pool::SharedMut;
-use crate::cpu::simd::{self, fold_max, fold_max2, multiversion, Fold};
+use crate::cpu::simd;
+use crate::cpu::softmax;
 use crate::cpu::{check, convert, CpuBackend};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -20,8 +21,6 @@ use crate::types::CrossEntropyOutput;
 const ROW_WORK: usize = 4;
 /// Logits per parallel task (8 rows of a 32 000-token vocabulary).
 const TASK_ELEMS: usize = 1 << 18;
-/// Lanes of the row kernels' inner loops (one AVX-512 register, two AVX2 ones).
-const LANES: usize = 16;
 
 /// Validated inputs: logits as f32, targets, and which rows count.
 struct Rows<'a> {
@@ -57,40 +56,6 @@ fn read<'a>(op: &'static str, logits: &'a Tensor, targets: &'a Tensor, ignore: O
     Ok(Rows { logits: convert::f32_data(op, "logits", logits)?, targets: ids, n, vocab, ignore, count })
 }
 
-multiversion! {
-    /// `d = k·e` for a row of exps, with `scale` subtracted at `target`, folding `max next`
-    /// (the next row of logits; empty at a task's last row) meanwhile, which it returns.
-    pub fn scaled_minus_onehot(e: &[f32], d: Dst<'_>, k: f32, target: usize, scale: f32, next: &[f32]) -> f32 {
-        let mut fold = Fold::new([next], f32::NEG_INFINITY);
-        // SAFETY: the chunks and the tail write every slot of the tile (the target's twice).
-        unsafe {
-            d.write(#[inline(always)] |start, tile| {
-                let n = tile.len();
-                let e = &e[start..start + n];
-                let mut i = 0;
-                while i + LANES <= n {
-                    let ec = &e[i..i + LANES];
-                    let mut v = [0.0f32; LANES];
-                    for l in 0..LANES {
-                        v[l] = ec[l] * k;
-                    }
-                    tile[i..i + LANES].write_copy_of_slice(&v);
-                    fold.fold_behind(start + i, fold_max);
-                    i += LANES;
-                }
-                for j in i..n {
-                    tile[j].write(e[j] * k);
-                }
-                if (start..start + n).contains(&target) {
-                    tile[target - start].write(e[target - start] * k - scale);
-                }
-                fold.step(start + n, fold_max);
-            })
-        }
-        fold.finish(fold_max, fold_max2)
-    }
-}
-
 /// One row whose max `m` is known (folded while the previous row was written):
 /// `d = scale·softmax(z)` with `scale` subtracted at the target, returning the row's loss
 /// `logsumexp(z) − z[target]` in f64 and the max of `next` (the next row, folded while
@@ -100,7 +65,7 @@ fn fused_row(z: &[f32], m: f32, target: usize, scale: f32, d: Dst<'_>, next: &[f
     let (own, ahead) = (d.own_lines(), d.ahead(next));
     let (s, next_max) = output::with_scratch(z.len(), |e| {
         let s = simd::exp_sub_sum_into(z, e, m, own, ahead);
-        (s, scaled_minus_onehot(e, d, scale / s, target, scale, next))
+        (s, softmax::scaled_fold_max(e, d, scale / s, (target, scale), next))
     });
     ((s as f64).ln() + m as f64 - z[target] as f64, next_max)
 }

@@ -183,11 +183,14 @@ multiversion! {
 }
 
 multiversion! {
-    /// `dst = s·src` for a row of equal length, folding `max next` (the next row; empty
-    /// at a task's last row) meanwhile, which it returns (see `simd::Fold`).
-    pub fn scaled_fold_max(src: &[f32], dst: Dst<'_>, s: f32, next: &[f32]) -> f32 {
+    /// `dst = s·src` for a row of equal length, less `minus.1` at index `minus.0` when
+    /// given (cross-entropy's one-hot; an index past the row subtracts nothing), folding
+    /// `max next` (the next row; empty at a task's last row) meanwhile, which it returns
+    /// (see `simd::Fold`).
+    pub fn scaled_fold_max(src: &[f32], dst: Dst<'_>, s: f32, minus: (usize, f32), next: &[f32]) -> f32 {
         let mut fold = Fold::new([next], f32::NEG_INFINITY);
-        // SAFETY: the chunks and the tail write every slot of the tile.
+        let (at, sub) = minus;
+        // SAFETY: the chunks and the tail write every slot of the tile (`at` twice).
         unsafe {
             dst.write(#[inline(always)] |start, tile| {
                 let n = tile.len();
@@ -205,6 +208,9 @@ multiversion! {
                 }
                 for j in i..n {
                     tile[j].write(src[j] * s);
+                }
+                if (start..start + n).contains(&at) {
+                    tile[at - start].write(src[at - start] * s - sub);
                 }
                 fold.step(start + n, fold_max);
             })
@@ -226,7 +232,7 @@ fn softmax_row(src: &[f32], m: f32, dst: Dst<'_>, next: &[f32]) -> f32 {
     let (own, ahead) = (dst.own_lines(), dst.ahead(next));
     output::with_scratch(src.len(), |e| {
         let s = simd::exp_sub_sum_into(src, e, m, own, ahead);
-        scaled_fold_max(e, dst, 1.0 / s, next)
+        scaled_fold_max(e, dst, 1.0 / s, (usize::MAX, 0.0), next)
     })
 }
 
