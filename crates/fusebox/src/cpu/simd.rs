@@ -321,7 +321,8 @@ pub const FOLD_LAG: usize = 256;
 /// at a time, in order, possibly a few chunks per call from inside another loop: a row
 /// kernel folds the *next* row while it writes the current one, so the next row's loads
 /// overlap this row's stores instead of running as a separate pass (measured on a Xeon
-/// with the working set in L3: rms_norm 80% → 90–100% of copy bandwidth).
+/// with the working set in L3: rms_norm 72% → 88% of copy bandwidth, add_rms_norm
+/// 74% → 92–99%).
 ///
 /// Lane `l` folds elements `l, 16 + l, 32 + l, …` of the whole chunks; the remainder is
 /// folded separately and [`finish`](Fold::finish) combines the lanes and the remainder
@@ -379,9 +380,11 @@ impl<'a, const K: usize> Fold<'a, K> {
     ///
     /// Why the lag: rows of large tensors sit at one offset modulo 4 KiB (every big
     /// allocation starts 16 bytes into a page), so a load of the next row's element `i`
-    /// right after the store of this row's element `i` is "4K-aliased": the core takes it
-    /// for a possible dependence and replays it. Folding `FOLD_LAG` elements (1 KiB)
-    /// behind the stores keeps their addresses apart (rms_norm backward: 71% → …% of copy).
+    /// right after the store of this row's element `i` is "4K-aliased": the core may take
+    /// it for a dependence on the store and replay it. Folding `FOLD_LAG` elements (1 KiB)
+    /// behind the stores keeps their addresses apart. Measured on the Xeon, the lag made
+    /// no difference either way (rms_norm backward 69–72% of copy with and without); it
+    /// is kept because it costs nothing and removes the hazard on cores that pay it.
     #[inline(always)]
     pub fn fold_behind(&mut self, i: usize, f: impl Fn(f32, [f32; K]) -> f32) {
         if let Some(j) = i.checked_sub(FOLD_LAG) {
@@ -488,7 +491,7 @@ pub const OWN_AHEAD: usize = 512;
 /// the inputs' lines [`OWN_AHEAD`] elements ahead and for ownership of the output's line
 /// there (`out` is the output's first element). A loop with much arithmetic per element
 /// (an exp, a divide) keeps too few iterations in flight for the out-of-order window to
-/// reach that far by itself; silu_mul with the working set in L3 went from 67% to 84% of
+/// reach that far by itself; silu_mul with the working set in L3 went from 73% to 86% of
 /// copy bandwidth. Not used for plain streams such as `add`: no gain measured there.
 #[inline(always)]
 pub fn stream_ahead<const K: usize>(inputs: [&[f32]; K], out: *const f32, i: usize) {
