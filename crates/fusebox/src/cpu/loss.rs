@@ -97,7 +97,7 @@ fn fused(cpu: &CpuBackend, rows: &Rows, d_loss: f32) -> Result<(Tensor, f64)> {
                     continue; // d_row dropped unwritten reads as zero; the loss slot stays 0.
                 }
                 let next = if k + 1 < rows_here { &rows.logits[(r + 1) * v..(r + 2) * v] } else { &[][..] };
-                let m = max.unwrap_or_else(|| simd::row_max(z));
+                let m = max.unwrap_or_else(|| simd::max(z));
                 let (loss, next_max) = fused_row(z, m, rows.targets[r] as usize, scale, d_row, next);
                 folded = Some(next_max);
                 // SAFETY: r < n and each row's task writes only its own slot.

@@ -10,9 +10,9 @@
 //! the next row's loads overlap this row's stores instead of running as a pass of their
 //! own; only a task's first row is reduced alone, by the same fold, so each row's result
 //! does not depend on the blocking. Blocks of rows run in parallel and outputs are
-//! bit-identical for any thread count. Backwards reduce dweight/dbias into one partial per fixed block of
-//! rows and add the partials in block order (deterministic too). Saved statistics
-//! (mean, rstd) are F32 with the input's shape minus its last dim.
+//! bit-identical for any thread count. Backwards reduce dweight/dbias into one partial
+//! per fixed block of rows and add the partials in block order (deterministic too).
+//! Saved statistics (mean, rstd) are F32 with the input's shape minus its last dim.
 
 use std::ops::Range;
 
@@ -594,7 +594,7 @@ pub fn rms_norm(cpu: &CpuBackend, x: &Tensor, weight: &Tensor, eps: f32) -> Resu
             for (k, out_row) in out.into_chunks(d).enumerate() {
                 let r = i * per + k;
                 let xr = &xs[r * d..][..d];
-                let sum_sq = folded.take().unwrap_or_else(|| simd::row_sum_squares(xr));
+                let sum_sq = folded.take().unwrap_or_else(|| simd::sum_squares(xr));
                 rstd[k] = rms_rstd(sum_sq, d, eps);
                 let next = if k + 1 < rows_here { next_row(&xs, r, d) } else { &[] };
                 folded = Some(lanes::scale_mul(out_row, xr, &w, rstd[k], next));

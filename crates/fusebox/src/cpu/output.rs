@@ -190,20 +190,15 @@ impl<'a> Dst<'a> {
         std::mem::replace(&mut self.slots, Slots::F32(&mut []))
     }
 
-    /// Whether this piece is stored with non-temporal stores (the output is beyond the
-    /// caches, so its inputs most likely stream from memory too).
-    pub fn streams(&self) -> bool {
-        self.store == Store::Stream
-    }
-
     /// What a row kernel should prefetch while it writes this piece: `next` (its next
-    /// row) when the output streams, nothing when it stays in cache. With a working set
+    /// row) when the output is streamed (it is beyond the caches, so the inputs most
+    /// likely stream from memory too), nothing when it stays in cache. With a working set
     /// in the last-level cache, software prefetches only compete with the demand loads
     /// and the hardware prefetchers (measured on a Xeon with a 480 MiB L3: rms_norm
     /// 10–15% slower with them); from DRAM they overlap the next row's reads with this
     /// row's compute.
     pub fn ahead<'n>(&self, next: &'n [f32]) -> &'n [f32] {
-        if self.streams() {
+        if self.store == Store::Stream {
             next
         } else {
             &[]
@@ -215,7 +210,7 @@ impl<'a> Dst<'a> {
     /// ([`simd::prefetch_write`](crate::cpu::simd::prefetch_write)) takes their
     /// read-for-ownership off the stores' critical path.
     pub fn in_place(&self) -> bool {
-        self.store == Store::Cached && matches!(self.slots, Slots::F32(_))
+        !self.own_lines().is_null()
     }
 
     /// The first element of this piece's memory when [`write`](Dst::write) writes it in

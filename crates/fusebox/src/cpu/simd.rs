@@ -138,27 +138,6 @@ pub(crate) use multiversion;
 /// Lanes of the accumulators: 16 f32 = one AVX-512 register, two AVX2 ones.
 const LANES: usize = 16;
 
-multiversion! {
-    /// `Σ a[i]·b[i]` (16 partial sums, combined in a fixed order).
-    pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-        let n = a.len().min(b.len());
-        let (a, b) = (&a[..n], &b[..n]);
-        let mut acc = [0.0f32; LANES];
-        let mut ca = a.chunks_exact(LANES);
-        let mut cb = b.chunks_exact(LANES);
-        for (x, y) in (&mut ca).zip(&mut cb) {
-            for l in 0..LANES {
-                acc[l] += x[l] * y[l];
-            }
-        }
-        let mut tail = 0.0;
-        for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
-            tail += x * y;
-        }
-        acc.iter().sum::<f32>() + tail
-    }
-}
-
 /// `dst[c·dst_stride + r] = src[r·src_stride + c]` for `r < rows`, `c < cols`: a
 /// transposed copy in 16 × 16 blocks, so both sides move a cache line at a time; with
 /// AVX-512 a whole block is transposed in registers (64 shuffles for 256 values), else
@@ -277,40 +256,6 @@ multiversion! {
             }
         }
         acc.iter().sum::<f32>() + c.remainder().iter().sum::<f32>()
-    }
-}
-
-multiversion! {
-    /// `Σ x[i]²`.
-    pub fn sum_squares(x: &[f32]) -> f32 {
-        let mut acc = [0.0f32; LANES];
-        let mut c = x.chunks_exact(LANES);
-        for v in &mut c {
-            for l in 0..LANES {
-                acc[l] += v[l] * v[l];
-            }
-        }
-        acc.iter().sum::<f32>() + c.remainder().iter().map(|v| v * v).sum::<f32>()
-    }
-}
-
-multiversion! {
-    /// `max x[i]` (−∞ for an empty slice; NaN-free inputs assumed).
-    pub fn max(x: &[f32]) -> f32 {
-        let mut acc = [f32::NEG_INFINITY; LANES];
-        let mut c = x.chunks_exact(LANES);
-        for v in &mut c {
-            for l in 0..LANES {
-                acc[l] = if v[l] > acc[l] { v[l] } else { acc[l] };
-            }
-        }
-        let mut m = f32::NEG_INFINITY;
-        for &v in acc.iter().chain(c.remainder()) {
-            if v > m {
-                m = v;
-            }
-        }
-        m
     }
 }
 
@@ -433,23 +378,23 @@ pub fn fold_dot(acc: f32, [a, b]: [f32; 2]) -> f32 {
 }
 
 multiversion! {
-    /// `Σ x[i]²` of one row with [`Fold`] (what a row kernel folding the row while writing
-    /// the previous one returns).
-    pub fn row_sum_squares(x: &[f32]) -> f32 {
+    /// `Σ x[i]²` (16 partial sums, combined in a fixed order: a [`Fold`], so the value a
+    /// row kernel folds for its next row is this one).
+    pub fn sum_squares(x: &[f32]) -> f32 {
         Fold::new([x], 0.0).finish(fold_sq, |a, b| a + b)
     }
 }
 
 multiversion! {
-    /// `max x[i]` of one row with [`Fold`] (−∞ when empty).
-    pub fn row_max(x: &[f32]) -> f32 {
+    /// `max x[i]` (−∞ for an empty slice; NaN-free inputs assumed), by a [`Fold`].
+    pub fn max(x: &[f32]) -> f32 {
         Fold::new([x], f32::NEG_INFINITY).finish(fold_max, fold_max2)
     }
 }
 
 multiversion! {
-    /// `Σ a[i]·b[i]` of one row with [`Fold`].
-    pub fn row_dot(a: &[f32], b: &[f32]) -> f32 {
+    /// `Σ a[i]·b[i]` (16 partial sums, combined in a fixed order), by a [`Fold`].
+    pub fn dot(a: &[f32], b: &[f32]) -> f32 {
         Fold::new([a, b], 0.0).finish(fold_dot, |x, y| x + y)
     }
 }
@@ -695,7 +640,7 @@ mod tests {
         for n in [0usize, 1, 15, 16, 17, 100, 257, 1000] {
             let a: Vec<f32> = (0..n).map(|i| ((i * 37) % 101) as f32 * 0.013 - 0.6).collect();
             let b: Vec<f32> = (0..n).map(|i| ((i * 11) % 53) as f32 * 0.021 - 0.5).collect();
-            let whole = row_dot(&a, &b);
+            let whole = dot(&a, &b);
             for step in [1usize, 5, 16, 64, 300] {
                 let mut fold = Fold::new([&a[..], &b[..]], 0.0);
                 let mut i = 0;
@@ -707,10 +652,10 @@ mod tests {
                 let split = fold.finish(fold_dot, |x, y| x + y);
                 assert_eq!(split.to_bits(), whole.to_bits(), "n {n} step {step}");
             }
-            let m = row_max(&a);
+            let m = max(&a);
             assert_eq!(m, a.iter().cloned().fold(f32::NEG_INFINITY, f32::max), "max n {n}");
             let sq: f32 = a.iter().map(|v| v * v).sum();
-            assert!((row_sum_squares(&a) - sq).abs() <= 1e-4 * sq.max(1.0), "squares n {n}");
+            assert!((sum_squares(&a) - sq).abs() <= 1e-4 * sq.max(1.0), "squares n {n}");
         }
     }
 

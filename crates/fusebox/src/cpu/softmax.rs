@@ -227,7 +227,7 @@ multiversion! {
 fn softmax_row(src: &[f32], m: f32, dst: Dst<'_>, next: &[f32]) -> f32 {
     if m == f32::NEG_INFINITY {
         drop(dst); // dropped unwritten: zeros
-        return simd::row_max(next);
+        return simd::max(next);
     }
     let (own, ahead) = (dst.own_lines(), dst.ahead(next));
     output::with_scratch(src.len(), |e| {
@@ -362,7 +362,7 @@ pub fn softmax(cpu: &CpuBackend, x: &Tensor, dim: usize) -> Result<Tensor> {
             let n = dst.len();
             let src = &xs[start..start + n];
             let next = if last { &[][..] } else { &xs[start + n..start + 2 * n] };
-            softmax_row(src, folded_max.unwrap_or_else(|| simd::row_max(src)), dst, next)
+            softmax_row(src, folded_max.unwrap_or_else(|| simd::max(src)), dst, next)
         },
         |t, o| tiles::softmax_tile(&xs, t, o),
     )
@@ -392,7 +392,7 @@ pub fn softmax_backward(cpu: &CpuBackend, y: &Tensor, d_out: &Tensor, dim: usize
             let (yr, dyr) = (&ys[start..start + n], &dys[start..start + n]);
             let next =
                 if last { [&[][..]; 2] } else { [&ys[start + n..start + 2 * n], &dys[start + n..start + 2 * n]] };
-            softmax_grad_row(yr, dyr, dst, folded_dot.unwrap_or_else(|| simd::row_dot(yr, dyr)), next)
+            softmax_grad_row(yr, dyr, dst, folded_dot.unwrap_or_else(|| simd::dot(yr, dyr)), next)
         },
         |t, o| tiles::softmax_grad_tile(&ys, &dys, t, o),
     )
