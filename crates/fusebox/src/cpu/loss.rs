@@ -57,16 +57,11 @@ fn read<'a>(op: &'static str, logits: &'a Tensor, targets: &'a Tensor, ignore: O
 }
 
 /// One row whose max `m` is known (folded while the previous row was written):
-/// `d = scale·softmax(z)` with `scale` subtracted at the target, returning the row's loss
-/// `logsumexp(z) − z[target]` in f64 and the max of `next` (the next row, folded while
-/// `d` is written). The exps go to a scratch row while `d`'s lines are prefetched for
-/// writing (or the next row is prefetched when `d` streams); `d` is written once.
+/// `d = scale·softmax(z)` with `scale` subtracted at the target, written once (see
+/// `softmax::scaled_softmax_row`), returning the row's loss `logsumexp(z) − z[target]` in
+/// f64 and the max of `next` (the next row, folded while `d` is scaled).
 fn fused_row(z: &[f32], m: f32, target: usize, scale: f32, d: Dst<'_>, next: &[f32]) -> (f64, f32) {
-    let (own, ahead) = (d.own_lines(), d.ahead(next));
-    let (s, next_max) = output::with_scratch(z.len(), |e| {
-        let s = simd::exp_sub_sum_into(z, e, m, own, ahead);
-        (s, softmax::scaled_fold_max(e, d, scale / s, (target, scale), next))
-    });
+    let (s, next_max) = softmax::scaled_softmax_row(z, m, scale, (target, scale), d, next);
     ((s as f64).ln() + m as f64 - z[target] as f64, next_max)
 }
 

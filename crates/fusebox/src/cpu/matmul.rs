@@ -9,7 +9,7 @@ use std::mem::MaybeUninit;
 
 use half::{bf16, f16};
 
-use crate::cpu::{check, convert, simd, CpuBackend};
+use crate::cpu::{check, convert, output, simd, CpuBackend};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -42,7 +42,7 @@ pub fn sgemm(
     c: &mut [f32],
     accumulate: bool,
 ) {
-    sgemm_to(cpu, m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, as_uninit(c), accumulate);
+    sgemm_to(cpu, m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, output::as_uninit(c), accumulate);
 }
 
 /// `a·b` as a new row-major `[m, n]` vector (see [`sgemm`]). The GEMM writes every
@@ -66,13 +66,6 @@ pub fn sgemm_new(
     // SAFETY: without `accumulate`, `gemm_f32` writes all `m·n` elements (zeros when k = 0).
     unsafe { c.set_len(len) };
     c
-}
-
-/// `c` viewed as possibly-uninitialised slots. Sound: only initialised f32 are ever
-/// written through the view, so `c` stays initialised.
-fn as_uninit(c: &mut [f32]) -> &mut [MaybeUninit<f32>] {
-    // SAFETY: `MaybeUninit<f32>` has the layout of `f32`; see above for initialisation.
-    unsafe { &mut *(c as *mut [f32] as *mut [MaybeUninit<f32>]) }
 }
 
 /// [`sgemm`] into slots that must be initialised when `accumulate` (the GEMM reads them).
@@ -116,7 +109,7 @@ pub fn sgemm_serial(
     c: &mut [f32],
     accumulate: bool,
 ) {
-    gemm_f32(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, as_uninit(c), accumulate, gemm::Parallelism::None);
+    gemm_f32(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, output::as_uninit(c), accumulate, gemm::Parallelism::None);
 }
 
 /// One past the largest flat index a `rows×cols` strided view touches.

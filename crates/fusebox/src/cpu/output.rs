@@ -634,6 +634,14 @@ pub fn fresh_tensor(
     Ok(t)
 }
 
+/// `c` viewed as possibly-uninitialised slots, for a kernel that writes through
+/// `MaybeUninit` into an initialised buffer. Sound: only initialised f32 are ever
+/// written through the view, so `c` stays initialised.
+pub fn as_uninit(c: &mut [f32]) -> &mut [MaybeUninit<f32>] {
+    // SAFETY: `MaybeUninit<f32>` has the layout of `f32`; see above for initialisation.
+    unsafe { &mut *(c as *mut [f32] as *mut [MaybeUninit<f32>]) }
+}
+
 thread_local! {
     /// Per-thread scratch of [`with_scratch`] (taken out while in use, so a nested call
     /// allocates its own).

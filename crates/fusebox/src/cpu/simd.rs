@@ -6,6 +6,7 @@
 //! CPU has; `FUSEBOX_ISA=avx512|avx2|scalar` forces one of our paths (the gemm crate
 //! keeps its own dispatch), so the conformance suite can run on each.
 
+use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
 /// The instruction set level our own kernels run with.
@@ -543,15 +544,16 @@ pub fn fast_exp<const FMA: bool>(x: f32) -> f32 {
 }
 
 multiversion! {
-    /// `e[i] = e^(x[i] − m)` (equal lengths), returning `Σ e[i]`: the softmax inner loop,
-    /// reading the row where it lies and writing the exps to a scratch row. Meanwhile the
-    /// lines of `own` (the output row this pass's results go to, when it is written in
-    /// place; null for none) are prefetched for writing, so that the pass storing the
-    /// results runs on lines already owned, and `ahead` (the next row; may be empty) is
-    /// prefetched: both memory streams overlap this compute-heavy pass. (`own` is only
-    /// ever a prefetch address, never dereferenced.)
+    /// `e[i] = e^(x[i] − m)` (equal lengths; every slot of `e` written), returning `Σ e[i]`:
+    /// the softmax inner loop, reading the row where it lies and writing the exps to a
+    /// scratch row or to the output row itself. Meanwhile the lines from `own` on (the
+    /// output row this pass's results go to, or a point ahead in `e` itself; null for
+    /// none) are prefetched for writing, one line per 16 elements, so that the stores
+    /// find their lines owned, and `ahead` (the next row; may be empty) is prefetched:
+    /// both memory streams overlap this compute-heavy pass. (`own` is only ever a
+    /// prefetch address, never dereferenced.)
     #[allow(clippy::not_unsafe_ptr_arg_deref)]
-    pub fn exp_sub_sum_into(x: &[f32], e: &mut [f32], m: f32, own: *const f32, ahead: &[f32]) -> f32 {
+    pub fn exp_sub_sum_into(x: &[f32], e: &mut [MaybeUninit<f32>], m: f32, own: *const f32, ahead: &[f32]) -> f32 {
         let n = x.len().min(e.len());
         let (x, e) = (&x[..n], &mut e[..n]);
         let mut acc = [0.0f32; LANES];
@@ -562,15 +564,16 @@ multiversion! {
             if !own.is_null() {
                 prefetch_write(own.wrapping_add(i * LANES));
             }
+            let mut w = [0.0f32; LANES];
             for l in 0..LANES {
-                o[l] = exp_lane::<FMA>(v[l] - m);
-                acc[l] += o[l];
+                w[l] = exp_lane::<FMA>(v[l] - m);
+                acc[l] += w[l];
             }
+            o.write_copy_of_slice(&w);
         }
         let mut tail = 0.0;
         for (v, o) in cx.remainder().iter().zip(ce.into_remainder()) {
-            *o = exp_lane::<FMA>(*v - m);
-            tail += *o;
+            tail += *o.write(exp_lane::<FMA>(*v - m));
         }
         acc.iter().sum::<f32>() + tail
     }
