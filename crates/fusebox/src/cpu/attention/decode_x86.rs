@@ -26,37 +26,48 @@ pub(super) fn applies(d: usize) -> bool {
 
 /// `s[g·BLOCK_K + j] = q[g]·k_j` for the first `heads` heads of `q` (`[HEADS, d]`) and
 /// every row `k_j` of `k` (`[keys, d]`, keys ≤ BLOCK_K), prefetching `ahead` (the next
-/// block's V rows) alongside the first pass. Heads are scored in passes of as many as fit in
-/// registers beside their queries (4 at d = 64, 2 at d = 128), each K row loaded once per
-/// pass for all of them. Only where [`applies`]`(d)`.
+/// block's V rows) meanwhile. All heads are scored in one pass, each K row loaded once
+/// for all of them; at d = 128 four heads' queries fill every register, so the compiler
+/// keeps some in L1, which costs less than a second pass over the K rows (measured on a
+/// Xeon, Hq32 Hkv8 D128 kv 4096: two passes 63–64%, one 63–70% of read bandwidth, a
+/// small gain inside the noise, for simpler code). Only where [`applies`]`(d)`.
 pub(super) fn scores(k: &[f32], d: usize, q: &[f32], heads: usize, s: &mut [f32], ahead: &[f32]) {
     let keys = k.len() / d;
     assert!(applies(d) && heads <= HEADS && keys <= BLOCK_K && q.len() >= heads * d && s.len() >= HEADS * BLOCK_K);
-    let per_pass = if d == 64 { 4 } else { 2 };
-    let mut g0 = 0;
-    while g0 < heads {
-        let h = per_pass.min(heads - g0);
-        let (q, s) = (&q[g0 * d..(g0 + h) * d], &mut s[g0 * BLOCK_K..]);
-        let ahead = if g0 == 0 { ahead } else { &[] };
-        // SAFETY: AVX-512 was detected (`applies`); the slices hold h heads' queries and
-        // score rows (asserted above).
-        unsafe {
-            match (d, h) {
-                (64, 1) => heads_scores::<4, 1>(k, q, s, keys, ahead),
-                (64, 2) => heads_scores::<4, 2>(k, q, s, keys, ahead),
-                (64, 3) => heads_scores::<4, 3>(k, q, s, keys, ahead),
-                (64, _) => heads_scores::<4, 4>(k, q, s, keys, ahead),
-                (_, 1) => heads_scores::<8, 1>(k, q, s, keys, ahead),
-                _ => heads_scores::<8, 2>(k, q, s, keys, ahead),
-            }
+    // SAFETY: AVX-512 was detected (`applies`); the slices hold the heads' queries and
+    // score rows (asserted above).
+    unsafe {
+        match (d, heads) {
+            (64, 1) => heads_scores::<4, 1>(k, q, s, keys, ahead),
+            (64, 2) => heads_scores::<4, 2>(k, q, s, keys, ahead),
+            (64, 3) => heads_scores::<4, 3>(k, q, s, keys, ahead),
+            (64, _) => heads_scores::<4, 4>(k, q, s, keys, ahead),
+            (_, 1) => heads_scores::<8, 1>(k, q, s, keys, ahead),
+            (_, 2) => heads_scores::<8, 2>(k, q, s, keys, ahead),
+            (_, 3) => heads_scores::<8, 3>(k, q, s, keys, ahead),
+            _ => heads_scores::<8, 4>(k, q, s, keys, ahead),
         }
-        g0 += h;
     }
 }
 
 /// `H` heads' scores against the first `keys` rows of `k` (rows of `16·D16`), their
 /// queries (`q`: `[H, 16·D16]`) held in registers, written to `s[g·BLOCK_K + j]`; rows of
 /// `ahead` (same row length; empty: none) are prefetched with the same indices.
+/// Part `i` of `n` (equal, whole lines) of `ahead`: the passes of a kernel over one block
+/// (the column halves of the accumulation at d = 128) share the prefetch of the next
+/// block, so that every pass overlaps some of it rather than the first all of it.
+fn share(ahead: &[f32], i: usize, n: usize) -> &[f32] {
+    let part = ahead.len().div_ceil(n.max(1)).next_multiple_of(16);
+    let start = (i * part).min(ahead.len());
+    &ahead[start..(start + part).min(ahead.len())]
+}
+
+/// Floats of `ahead` to prefetch per key row so that the whole of it is requested over
+/// `keys` rows (whole lines).
+fn prefetch_per_row(ahead: &[f32], keys: usize) -> usize {
+    ahead.len().div_ceil(keys.max(1)).next_multiple_of(16)
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
 unsafe fn heads_scores<const D16: usize, const H: usize>(
     k: &[f32],
@@ -67,6 +78,7 @@ unsafe fn heads_scores<const D16: usize, const H: usize>(
 ) {
     let d = 16 * D16;
     let (k, q, s) = (&k[..keys * d], &q[..H * d], &mut s[..(H - 1) * BLOCK_K + keys]);
+    let per_row = prefetch_per_row(ahead, keys);
     let mut qv = [[_mm512_setzero_ps(); D16]; H];
     for (g, qg) in qv.iter_mut().enumerate() {
         for (c, v) in qg.iter_mut().enumerate() {
@@ -80,7 +92,7 @@ unsafe fn heads_scores<const D16: usize, const H: usize>(
         // acc[g][j]: the 16 lane partials of head g's score with key j0 + j.
         let mut acc = [[_mm512_setzero_ps(); TILE]; H];
         for j in 0..n {
-            simd::prefetch(ahead, (j0 + j) * d, d);
+            simd::prefetch(ahead, (j0 + j) * per_row, per_row);
             let row = &k[(j0 + j) * d..(j0 + j + 1) * d];
             // Two chains per head, so consecutive FMAs do not wait on each other.
             let (mut a, mut b) = ([_mm512_setzero_ps(); H], [_mm512_setzero_ps(); H]);
@@ -154,7 +166,7 @@ pub(super) fn accumulate(
     // 16 accumulator registers: every head's output over 64 columns, so each V row is
     // loaded once for all heads (at d = 128 in two column passes).
     for col0 in (0..d).step_by(64) {
-        let ahead = if col0 == 0 { ahead } else { &[] };
+        let ahead = share(ahead, col0 / 64, d / 64);
         // SAFETY: AVX-512 was detected (`applies`); the slices hold `heads` heads' rows and
         // scores (asserted above), and col0 + 64 ≤ d.
         unsafe {
@@ -184,6 +196,7 @@ unsafe fn heads_accumulate<const H: usize>(
     let keys = v.len() / d;
     let (o, p, v, alpha) = (&mut o[..H * d], &p[..(H - 1) * BLOCK_K + keys], &v[..keys * d], &alpha[..H]);
     assert!(col0 + 16 * C16 <= d);
+    let per_row = prefetch_per_row(ahead, keys);
     let mut acc = [[_mm512_setzero_ps(); C16]; H];
     for (g, a) in acc.iter_mut().enumerate() {
         let s = _mm512_set1_ps(alpha[g]);
@@ -193,7 +206,7 @@ unsafe fn heads_accumulate<const H: usize>(
         }
     }
     for j in 0..keys {
-        simd::prefetch(ahead, j * d, d);
+        simd::prefetch(ahead, j * per_row, per_row);
         let mut w = [_mm512_setzero_ps(); H];
         for (g, w) in w.iter_mut().enumerate() {
             *w = _mm512_set1_ps(p[g * BLOCK_K + j]);
