@@ -50,9 +50,6 @@ pub(super) fn scores(k: &[f32], d: usize, q: &[f32], heads: usize, s: &mut [f32]
     }
 }
 
-/// `H` heads' scores against the first `keys` rows of `k` (rows of `16·D16`), their
-/// queries (`q`: `[H, 16·D16]`) held in registers, written to `s[g·BLOCK_K + j]`; rows of
-/// `ahead` (same row length; empty: none) are prefetched with the same indices.
 /// Part `i` of `n` (equal, whole lines) of `ahead`: the passes of a kernel over one block
 /// (the column halves of the accumulation at d = 128) share the prefetch of the next
 /// block, so that every pass overlaps some of it rather than the first all of it.
@@ -68,6 +65,9 @@ fn prefetch_per_row(ahead: &[f32], keys: usize) -> usize {
     ahead.len().div_ceil(keys.max(1)).next_multiple_of(16)
 }
 
+/// `H` heads' scores against the first `keys` rows of `k` (rows of `16·D16`), their
+/// queries (`q`: `[H, 16·D16]`) held in registers (some in L1 at H·D16 = 32), written to
+/// `s[g·BLOCK_K + j]`; `ahead` (empty: none) is prefetched evenly over the rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
 unsafe fn heads_scores<const D16: usize, const H: usize>(
     k: &[f32],
@@ -150,8 +150,8 @@ fn reduce16(v: &[__m512; 16]) -> __m512 {
 }
 
 /// `o[g] = α_g·o[g] + Σ_j p[g·BLOCK_K + j]·v_j` for the first `heads` heads (`o`
-/// `[HEADS, d]`, `v` `[keys, d]`), prefetching `ahead` (the next block's K rows) during the
-/// first column pass over V. Only where [`applies`]`(d)`.
+/// `[HEADS, d]`, `v` `[keys, d]`), prefetching `ahead` (the next block's K rows), shared
+/// between the column passes over V (two at d = 128). Only where [`applies`]`(d)`.
 pub(super) fn accumulate(
     o: &mut [f32],
     d: usize,
@@ -181,7 +181,7 @@ pub(super) fn accumulate(
 }
 
 /// Columns `col0 .. col0 + 64` of [`accumulate`] for `H` heads, the `H × 4` output vectors
-/// held in registers; row j of `ahead` (rows of `d`; empty: none) is prefetched with V's row j.
+/// held in registers; `ahead` (empty: none) is prefetched evenly over V's rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
 unsafe fn heads_accumulate<const H: usize>(
     o: &mut [f32],
