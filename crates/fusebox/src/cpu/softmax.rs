@@ -265,6 +265,8 @@ pub fn scaled_softmax_row(
     dst: Dst<'_>,
     next: &[f32],
 ) -> (f32, f32) {
+    // The in-place path's safety rests on this: the exps fill the whole output row.
+    assert_eq!(z.len(), dst.len(), "scaled_softmax_row: the row and its output differ in length");
     if dst.in_place() {
         let mut out = (0.0, f32::NEG_INFINITY);
         // SAFETY: `exp_sub_sum_into` writes every slot of the row (an in-place piece is
