@@ -147,6 +147,12 @@ fn next_row(xs: &[f32], r: usize, d: usize) -> &[f32] {
     xs.get((r + 1) * d..(r + 2) * d).unwrap_or(&[])
 }
 
+/// `xs` from row `r + 1` (rows of `d`) to its end, empty past it: what a row kernel
+/// prefetches far ahead (`simd::prefetch_far`).
+fn rows_after(xs: &[f32], r: usize, d: usize) -> &[f32] {
+    xs.get((r + 1) * d..).unwrap_or(&[])
+}
+
 /// Runs `f` on a zeroed f32 buffer of `dst`'s length (statistics a task collects row by
 /// row, or partial sums it accumulates), then writes the buffer into `dst`.
 fn fill_small<R>(dst: Dst<'_>, f: impl FnOnce(&mut [f32]) -> R) -> R {
@@ -184,7 +190,9 @@ fn sum_partials(partials: &[f32], d: usize) -> Vec<f32> {
 /// of the output first so the compiler drops the bounds checks.
 mod lanes {
     use crate::cpu::output::Dst;
-    use crate::cpu::simd::{fast_exp, fold_sq, multiversion, prefetch, prefetch_write, Fold, FOLD_LAG, OWN_AHEAD};
+    use crate::cpu::simd::{
+        fast_exp, fold_sq, multiversion, prefetch, prefetch_far, prefetch_write, Fold, FOLD_LAG, OWN_AHEAD,
+    };
 
     const LANES: usize = 16;
 
@@ -289,10 +297,12 @@ mod lanes {
     multiversion! {
         /// `out = x·r·w` (RMS norm), written once, while folding `Σ next²` (the next row,
         /// empty at a task's last row), which it returns: the next row's loads overlap
-        /// this row's stores (see `simd::Fold`).
-        pub fn scale_mul(out: Dst<'_>, x: &[f32], w: &[f32], r: f32, next: &[f32]) -> f32 {
+        /// this row's stores (see `simd::Fold`). `ahead` (x from the next row on) is
+        /// prefetched far ahead when `out` streams (`simd::prefetch_far`).
+        pub fn scale_mul(out: Dst<'_>, x: &[f32], w: &[f32], r: f32, next: &[f32], ahead: &[f32]) -> f32 {
             let mut fold = Fold::new([next], 0.0);
             let own = out.in_place();
+            let ahead = out.ahead(ahead);
             // SAFETY: the chunks and the tail write every slot of the tile.
             unsafe {
                 out.write(#[inline(always)] |start, tile| {
@@ -303,6 +313,7 @@ mod lanes {
                         if own {
                             prefetch_write(tile.as_ptr().wrapping_add(i + OWN_AHEAD));
                         }
+                        prefetch_far([ahead], start + i);
                         // Every load before any store, so the lanes vectorize without
                         // proving that `tile` and the inputs do not overlap.
                         let (xc, wc) = (&x[i..i + LANES], &w[i..i + LANES]);
@@ -357,12 +368,21 @@ mod lanes {
         /// `sum = s` and `out = s·r·w` (the residual add RMS norm), both written once,
         /// while `s' = a' + b'` of the next row (`next = [a', b']`, empty at a task's last
         /// row) is computed into `s_next` with `Σ s'²` folded, which it returns (see
-        /// `AddFold`); the outputs' lines are prefetched for writing ahead.
+        /// `AddFold`); the outputs' lines are prefetched for writing ahead, and `ahead` (a
+        /// and b from the next row on) far ahead when `out` streams (see `scale_mul`).
         pub fn sum_and_scale(
-            sum: Dst<'_>, out: Dst<'_>, s: &[f32], w: &[f32], r: f32, next: [&[f32]; 2], s_next: &mut [f32]
+            sum: Dst<'_>,
+            out: Dst<'_>,
+            s: &[f32],
+            w: &[f32],
+            r: f32,
+            next: [&[f32]; 2],
+            ahead: [&[f32]; 2],
+            s_next: &mut [f32]
         ) -> f32 {
             let mut fold = AddFold::new(next[0], next[1], s_next);
             let (own_sum, own_out) = (sum.own_lines(), out.own_lines());
+            let ahead = ahead.map(|rest| out.ahead(rest));
             // SAFETY: the chunks and the tail write every slot of both tiles.
             unsafe {
                 sum.write_pair(out, #[inline(always)] |start, ts, to| {
@@ -374,6 +394,7 @@ mod lanes {
                             prefetch_write(own_sum.wrapping_add(start + i + OWN_AHEAD));
                             prefetch_write(own_out.wrapping_add(start + i + OWN_AHEAD));
                         }
+                        prefetch_far(ahead, start + i);
                         let (sc, wc) = (&s[i..i + LANES], &w[i..i + LANES]);
                         let mut v = [0.0f32; LANES];
                         for l in 0..LANES {
@@ -455,13 +476,23 @@ mod lanes {
     multiversion! {
         /// RMS norm backward of one row: `dx = r·w·dy − k·x` (written once), `dw += dy·x·r`,
         /// while folding `Σ dy'·w·x'` of the next row (`next = [x', dy']`, empty at a
-        /// task's last row, so nothing is folded), which it returns (see `scale_mul`).
+        /// task's last row, so nothing is folded), which it returns; `ahead` (x and dy from
+        /// the next row on) is prefetched far ahead when `dx` streams (see `scale_mul`).
         pub fn rms_backward_row(
-            dx: Dst<'_>, dw: &mut [f32], x: &[f32], dy: &[f32], w: &[f32], r: f32, k: f32, next: [&[f32]; 2]
+            dx: Dst<'_>,
+            dw: &mut [f32],
+            x: &[f32],
+            dy: &[f32],
+            w: &[f32],
+            r: f32,
+            k: f32,
+            next: [&[f32]; 2],
+            ahead: [&[f32]; 2]
         ) -> f32 {
             let [next_x, next_dy] = next;
             let mut fold = Fold::new([next_dy, w, next_x], 0.0);
             let own = dx.in_place();
+            let ahead = ahead.map(|rest| dx.ahead(rest));
             // SAFETY: the chunks and the tail write every slot of the tile.
             unsafe {
                 dx.write(#[inline(always)] |start, tile| {
@@ -473,6 +504,7 @@ mod lanes {
                         if own {
                             prefetch_write(tile.as_ptr().wrapping_add(i + OWN_AHEAD));
                         }
+                        prefetch_far(ahead, start + i);
                         // Every load before any store (see `scale_mul`).
                         let c = i..i + LANES;
                         let (xc, gc, wc, dwc) = (&x[c.clone()], &dy[c.clone()], &w[c.clone()], &dw[c.clone()]);
@@ -604,7 +636,7 @@ pub fn rms_norm(cpu: &CpuBackend, x: &Tensor, weight: &Tensor, eps: f32) -> Resu
                 let sum_sq = folded.take().unwrap_or_else(|| simd::sum_squares(xr));
                 rstd[k] = rms_rstd(sum_sq, d, eps);
                 let next = if k + 1 < rows_here { next_row(&xs, r, d) } else { &[] };
-                folded = Some(lanes::scale_mul(out_row, xr, &w, rstd[k], next));
+                folded = Some(lanes::scale_mul(out_row, xr, &w, rstd[k], next, rows_after(&xs, r, d)));
             }
         })
     })?;
@@ -645,7 +677,8 @@ pub fn rms_norm_backward(
                 // mean(dy·w·x̂)·r = r³·Σ(dy·w·x)/D: the term through rstd's dependence on x.
                 let k_coef = inv * inv * inv * dot / d as f32;
                 let next = if k + 1 < rows_here { [next_row(&xs, r, d), next_row(&dy, r, d)] } else { [&[][..]; 2] };
-                folded = Some(lanes::rms_backward_row(dx_row, dw, xr, gr, &w, inv, k_coef, next));
+                let ahead = [rows_after(&xs, r, d), rows_after(&dy, r, d)];
+                folded = Some(lanes::rms_backward_row(dx_row, dw, xr, gr, &w, inv, k_coef, next, ahead));
             }
         })
     })?;
@@ -786,7 +819,8 @@ pub fn add_rms_norm(
                         rstd[k] = rms_rstd(sum_sq, d, eps);
                         let next =
                             if k + 1 < rows_here { [next_row(&av, r, d), next_row(&bv, r, d)] } else { [&[][..]; 2] };
-                        folded = Some(lanes::sum_and_scale(sum_row, out_row, s, &w, rstd[k], next, s_next));
+                        let ahead = [rows_after(&av, r, d), rows_after(&bv, r, d)];
+                        folded = Some(lanes::sum_and_scale(sum_row, out_row, s, &w, rstd[k], next, ahead, s_next));
                         std::mem::swap(&mut s, &mut s_next);
                     }
                 })

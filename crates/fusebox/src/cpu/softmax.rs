@@ -151,10 +151,12 @@ multiversion! {
 multiversion! {
     /// `dx = y·(dy − d)` (softmax backward with `d = Σ y·dy`), folding `Σ y'·dy'` of the
     /// next row (`next = [y', dy']`, empty at a task's last row) meanwhile, which it
-    /// returns (see `simd::Fold`).
-    pub fn softmax_grad_row(y: &[f32], dy: &[f32], dx: Dst<'_>, d: f32, next: [&[f32]; 2]) -> f32 {
+    /// returns (see `simd::Fold`); `ahead` (y and dy from the next row on) is prefetched
+    /// far ahead when `dx` streams (`simd::prefetch_far`).
+    pub fn softmax_grad_row(y: &[f32], dy: &[f32], dx: Dst<'_>, d: f32, next: [&[f32]; 2], ahead: [&[f32]; 2]) -> f32 {
         let mut fold = Fold::new(next, 0.0);
         let own = dx.in_place();
+        let ahead = ahead.map(|rest| dx.ahead(rest));
         // SAFETY: the chunks and the tail write every slot of the tile.
         unsafe {
             dx.write(#[inline(always)] |start, tile| {
@@ -165,6 +167,7 @@ multiversion! {
                     if own {
                         simd::prefetch_write(tile.as_ptr().wrapping_add(i + simd::OWN_AHEAD));
                     }
+                    simd::prefetch_far(ahead, start + i);
                     let (yc, gc) = (&y[i..i + LANES], &dy[i..i + LANES]);
                     let mut v = [0.0f32; LANES];
                     for l in 0..LANES {
@@ -456,7 +459,8 @@ pub fn softmax_backward(cpu: &CpuBackend, y: &Tensor, d_out: &Tensor, dim: usize
             let (yr, dyr) = (&ys[start..start + n], &dys[start..start + n]);
             let next =
                 if last { [&[][..]; 2] } else { [&ys[start + n..start + 2 * n], &dys[start + n..start + 2 * n]] };
-            softmax_grad_row(yr, dyr, dst, folded_dot.unwrap_or_else(|| simd::dot(yr, dyr)), next)
+            let ahead = [&ys[start + n..], &dys[start + n..]];
+            softmax_grad_row(yr, dyr, dst, folded_dot.unwrap_or_else(|| simd::dot(yr, dyr)), next, ahead)
         },
         |t, o| tiles::softmax_grad_tile(&ys, &dys, t, o),
     )
