@@ -17,7 +17,7 @@
 use std::borrow::Cow;
 
 use crate::cpu::output::{self, Dst, OutputSpec};
-use crate::cpu::simd::{fast_exp, multiversion, stream_ahead};
+use crate::cpu::simd::{fast_exp, multiversion, prefetch, stream_ahead, FAR_AHEAD};
 use crate::cpu::{check, convert, CpuBackend};
 use crate::error::Result;
 use crate::tensor::Tensor;
@@ -233,13 +233,21 @@ mod lanes {
     binary_kernel!(silu_mul, "`silu(gate)·up`", |g, u| g * sigmoid1::<FMA>(g) * u);
 
     multiversion! {
-        /// `d_gate = dy·up·σ(g)(1 + g(1 − σ(g)))`, `d_up = dy·g·σ(g)`.
-        pub fn silu_mul_grad(gate: &[f32], up: &[f32], dy: &[f32], d_gate: Dst<'_>, d_up: Dst<'_>) {
+        /// `d_gate = dy·up·σ(g)(1 + g(1 − σ(g)))`, `d_up = dy·g·σ(g)`. `rest` (the three
+        /// inputs from this piece's start to their ends) is prefetched far ahead when the
+        /// outputs stream (`simd::prefetch_far`).
+        pub fn silu_mul_grad(gate: &[f32], up: &[f32], dy: &[f32], d_gate: Dst<'_>, d_up: Dst<'_>, rest: [&[f32]; 3]) {
+            let rest = rest.map(|r| d_gate.ahead(r));
             // SAFETY: the loop writes every slot of both tiles.
             unsafe { d_gate.write_pair(d_up, #[inline(always)] |start, dg, du| {
                 let n = dg.len();
                 let (gate, up, dy) = (&gate[start..start + n], &up[start..start + n], &dy[start..start + n]);
                 let du = &mut du[..n];
+                // A streamed tile is 4 lines: their lines FAR_AHEAD on, outside the loop
+                // (a test inside it cost the loop its vectorization).
+                for r in rest {
+                    prefetch(r, start + FAR_AHEAD, n);
+                }
                 for i in 0..n {
                     let (g, u, d) = (gate[i], up[i], dy[i]);
                     let s = sigmoid1::<FMA>(g);
@@ -430,7 +438,8 @@ pub fn silu_mul_backward(cpu: &CpuBackend, gate: &Tensor, up: &Tensor, d_out: &T
     let [d_gate, d_up] =
         output::fresh_tensors(cpu, OP, tasks, OUT_BLOCK * EXP_WORK, [spec(), spec()], |i, [dg, du]| {
             let range = i * OUT_BLOCK..i * OUT_BLOCK + dg.len();
-            lanes::silu_mul_grad(&g[range.clone()], &u[range.clone()], &dy[range], dg, du)
+            let rest = [&g[range.start..], &u[range.start..], &dy[range.start..]];
+            lanes::silu_mul_grad(&g[range.clone()], &u[range.clone()], &dy[range], dg, du, rest)
         })?;
     Ok(PairGradients { da: d_gate, db: d_up })
 }
