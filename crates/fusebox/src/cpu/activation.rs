@@ -243,8 +243,8 @@ mod lanes {
                 let n = dg.len();
                 let (gate, up, dy) = (&gate[start..start + n], &up[start..start + n], &dy[start..start + n]);
                 let du = &mut du[..n];
-                // A streamed tile is 4 lines: their lines FAR_AHEAD on, outside the loop
-                // (a test inside it cost the loop its vectorization).
+                // The lines FAR_AHEAD past this tile (4 lines when streamed), before the
+                // loop: a test inside it cost the loop its vectorization.
                 for r in rest {
                     prefetch(r, start + FAR_AHEAD, n);
                 }

@@ -430,8 +430,8 @@ pub fn prefetch(data: &[f32], start: usize, len: usize) {
 /// How far (in elements: 8 KiB) ahead of its reads from memory a row kernel prefetches
 /// the rows that follow ([`prefetch_far`]) when its output streams, i.e. when the working
 /// set is beyond the last-level cache. Demand loads and the hardware prefetchers alone
-/// left rms_norm at 46% of copy bandwidth on a Zen 5 with a 32 MiB L3 (data from DRAM);
-/// 8 KiB ahead gave 86% (4 KiB 63%, 16 KiB 63%).
+/// left rms_norm at 46–50% of copy bandwidth on a Zen 5 with a 32 MiB L3 (data from
+/// DRAM); 8 KiB ahead gave 78–86%, 4 KiB and 16 KiB 63%.
 pub const FAR_AHEAD: usize = 2048;
 
 /// Prefetches element `i + FAR_AHEAD` of each of `rest` into L2 (one line; the part past
