@@ -23,6 +23,8 @@ pub mod reduce;
 pub mod rope;
 pub mod simd;
 pub mod softmax;
+#[cfg(target_arch = "x86_64")]
+pub mod stream_x86;
 
 use std::sync::OnceLock;
 

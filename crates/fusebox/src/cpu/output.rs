@@ -190,6 +190,23 @@ impl<'a> Dst<'a> {
         std::mem::replace(&mut self.slots, Slots::F32(&mut []))
     }
 
+    /// This piece's own F32 slots when it streams (an F32 output beyond the caches), for a
+    /// kernel that issues its own streaming stores straight from registers
+    /// (`cpu::stream_x86`); otherwise the piece back, unchanged. The task's closing
+    /// `sfence` (see the module docs) covers those stores too.
+    ///
+    /// # Safety
+    /// The caller must write every slot it receives: the tensor takes them as written.
+    pub unsafe fn into_streamed_f32(mut self) -> std::result::Result<&'a mut [MaybeUninit<f32>], Dst<'a>> {
+        match (self.store, self.take()) {
+            (Store::Stream, Slots::F32(s)) => Ok(s),
+            (_, slots) => {
+                self.slots = slots;
+                Err(self)
+            }
+        }
+    }
+
     /// What a row kernel should prefetch while it writes this piece: `next` (its next
     /// row) when the output is streamed (it is beyond the caches, so the inputs most
     /// likely stream from memory too), nothing when it stays in cache. With a working set
