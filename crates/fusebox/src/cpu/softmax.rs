@@ -15,6 +15,8 @@ use std::mem::MaybeUninit;
 use crate::cpu::output::{self, Dst};
 use crate::cpu::pool::SharedMut;
 use crate::cpu::simd::{self, exp_lane, fold_dot, fold_max, fold_max2, multiversion, Fold};
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::stream_x86;
 use crate::cpu::{check, convert, CpuBackend};
 use crate::error::Result;
 use crate::tensor::Tensor;
@@ -288,19 +290,15 @@ pub fn scaled_softmax_row(
         return out;
     }
     #[cfg(target_arch = "x86_64")]
-    let dst = if crate::cpu::stream_x86::has_kernel() {
-        // SAFETY: `scale_stream_fold_max` writes every slot of the row.
-        match unsafe { dst.into_streamed_f32() } {
-            Ok(out) => {
-                return output::with_scratch(z.len(), |e| {
-                    let s = simd::exp_sub_sum_into(z, output::as_uninit(e), m, std::ptr::null(), next);
-                    (s, crate::cpu::stream_x86::scale_stream_fold_max(e, out, scale / s, minus, next))
-                });
-            }
-            Err(dst) => dst,
+    // SAFETY: `scale_stream_fold_max` writes every slot of the row.
+    let dst = match unsafe { stream_x86::streamed_row(dst) } {
+        Ok(out) => {
+            return output::with_scratch(z.len(), |e| {
+                let s = simd::exp_sub_sum_into(z, output::as_uninit(e), m, std::ptr::null(), next);
+                (s, stream_x86::scale_stream_fold_max(e, out, scale / s, minus, next))
+            });
         }
-    } else {
-        dst
+        Err(dst) => dst,
     };
     let (own, ahead) = (dst.own_lines(), dst.ahead(next));
     output::with_scratch(z.len(), |e| {

@@ -26,11 +26,25 @@
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
+use crate::cpu::output::Dst;
 use crate::cpu::simd::{fold_max, Isa};
 
 /// Whether a kernel here runs with the ISA in use.
 pub fn has_kernel() -> bool {
     matches!(Isa::selected(), Isa::Avx512 | Isa::Avx2)
+}
+
+/// A row's own slots, for the kernels here, when it streams as F32 and they run with the
+/// ISA in use; otherwise the row back, unchanged.
+///
+/// # Safety
+/// The caller must write every slot it receives (see `Dst::into_streamed_f32`).
+pub unsafe fn streamed_row(dst: Dst<'_>) -> std::result::Result<&mut [MaybeUninit<f32>], Dst<'_>> {
+    if !has_kernel() {
+        return Err(dst);
+    }
+    // SAFETY: forwarded to the caller.
+    unsafe { dst.into_streamed_f32() }
 }
 
 /// `out = s·e`, less `minus.1` at index `minus.0` (an index past the row subtracts
