@@ -289,22 +289,25 @@ pub fn scaled_softmax_row(
         };
         return out;
     }
+    // Not in place, so there are no output lines of its own to prefetch for writing.
+    let ahead = dst.ahead(next);
+    output::with_scratch(z.len(), |e| {
+        let s = simd::exp_sub_sum_into(z, output::as_uninit(e), m, std::ptr::null(), ahead);
+        (s, store_scaled_fold_max(e, dst, scale / s, minus, next))
+    })
+}
+
+/// `dst = s·e` less `minus` (see [`scaled_fold_max`]), returning the max of `next`: a
+/// streamed F32 row on x86-64 by `stream_x86`, from registers, any other through
+/// [`scaled_fold_max`].
+fn store_scaled_fold_max(e: &[f32], dst: Dst<'_>, s: f32, minus: (usize, f32), next: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `scale_stream_fold_max` writes every slot of the row.
     let dst = match unsafe { stream_x86::streamed_row(dst) } {
-        Ok(out) => {
-            return output::with_scratch(z.len(), |e| {
-                let s = simd::exp_sub_sum_into(z, output::as_uninit(e), m, std::ptr::null(), next);
-                (s, stream_x86::scale_stream_fold_max(e, out, scale / s, minus, next))
-            });
-        }
+        Ok(out) => return stream_x86::scale_stream_fold_max(e, out, s, minus, next),
         Err(dst) => dst,
     };
-    let (own, ahead) = (dst.own_lines(), dst.ahead(next));
-    output::with_scratch(z.len(), |e| {
-        let s = simd::exp_sub_sum_into(z, output::as_uninit(e), m, own, ahead);
-        (s, scaled_fold_max(e, dst, scale / s, minus, next))
-    })
+    scaled_fold_max(e, dst, s, minus, next)
 }
 
 /// `dst = softmax(src)` for one contiguous row whose max `m` is known (folded while the
