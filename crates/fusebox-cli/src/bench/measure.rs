@@ -5,7 +5,6 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
 use fusebox::{ComputeBackend, CpuBackend, Error, Result, Tensor};
-use rayon::prelude::*;
 use serde_json::{Map, Value};
 
 /// How long and how often a case is repeated.
@@ -198,13 +197,13 @@ impl Bandwidth {
     pub fn run(&mut self, cpu: &CpuBackend) {
         match self {
             Bandwidth::Read { x, sink } => {
-                *sink += cpu.install(|| x.par_chunks(BLOCK).map(sum_lanes).sum::<f32>());
+                let blocks = x.len().div_ceil(BLOCK);
+                let part = |i: usize| sum_lanes(&x[i * BLOCK..((i + 1) * BLOCK).min(x.len())]);
+                *sink += cpu.map_indices(blocks, BLOCK, part).iter().sum::<f32>();
                 std::hint::black_box(sink);
             }
             Bandwidth::Copy { src, dst } => {
-                cpu.install(|| {
-                    dst.par_chunks_mut(BLOCK).zip(src.par_chunks(BLOCK)).for_each(|(d, s)| d.copy_from_slice(s))
-                });
+                cpu.for_each_chunk(dst, BLOCK, 1, |i, d| d.copy_from_slice(&src[i * BLOCK..i * BLOCK + d.len()]));
                 std::hint::black_box(dst);
             }
         }

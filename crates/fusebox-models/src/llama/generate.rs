@@ -22,8 +22,7 @@ impl Session<'_> {
     pub fn step(&mut self, b: &dyn ComputeBackend, ids: &[u32]) -> Result<Vec<f32>> {
         match self {
             Session::Llama(m, state) => m.forward(b, ids, state),
-            // On a pool thread, as the Llama pass runs (see `LlamaModel::forward`).
-            Session::Gpt2(m, cache) => b.cpu().install(|| m.forward_cached(b, ids, cache)),
+            Session::Gpt2(m, cache) => m.forward_cached(b, ids, cache),
         }
     }
 

@@ -117,22 +117,18 @@ impl LlamaModel {
     /// Runs `ids` at positions `state.len() ..`, appending their keys and values to the
     /// caches; returns the logits of the last position `[vocab]` (f32, host).
     pub fn forward(&self, b: &dyn ComputeBackend, ids: &[u32], state: &mut LlamaState) -> Result<Vec<f32>> {
-        in_pool(b, || {
-            let h = self.forward_hidden(b, ids, state)?;
-            let t = ids.len();
-            let last = b.slice_rows(&h.reshape([t, self.config.d_model])?, t - 1, 1)?;
-            let logits = self.head.forward(b, &last)?;
-            b.to_host(&logits)?.to_vec::<f32>()
-        })
+        let h = self.forward_hidden(b, ids, state)?;
+        let t = ids.len();
+        let last = b.slice_rows(&h.reshape([t, self.config.d_model])?, t - 1, 1)?;
+        let logits = self.head.forward(b, &last)?;
+        b.to_host(&logits)?.to_vec::<f32>()
     }
 
     /// As [`forward`](Self::forward) but returns the logits of every new position `[T, vocab]`.
     pub fn forward_all(&self, b: &dyn ComputeBackend, ids: &[u32], state: &mut LlamaState) -> Result<Tensor> {
-        in_pool(b, || {
-            let h = self.forward_hidden(b, ids, state)?;
-            let logits = self.head.forward(b, &h.reshape([ids.len(), self.config.d_model])?)?;
-            b.to_host(&logits)
-        })
+        let h = self.forward_hidden(b, ids, state)?;
+        let logits = self.head.forward(b, &h.reshape([ids.len(), self.config.d_model])?)?;
+        b.to_host(&logits)
     }
 
     /// The final-normed hidden states `[1, T, D]` of `ids` at positions `state.len() ..`.
@@ -201,12 +197,4 @@ impl LlamaModel {
         state.cache.len = pos + t;
         Ok(h)
     }
-}
-
-/// Runs a whole pass on a thread of the CPU backend's pool. Each parallel op then starts
-/// from inside the pool, the calling thread taking a share of the work, instead of
-/// handing every op to the pool and sleeping until it ends — two thread wake-ups per op,
-/// which dominated token-by-token decoding (about 2× slower on 2 threads).
-fn in_pool<R: Send>(b: &dyn ComputeBackend, f: impl FnOnce() -> Result<R> + Send) -> Result<R> {
-    b.cpu().install(f)
 }

@@ -12,7 +12,8 @@
 //! cpusets are respected, and only when the pool has exactly one worker per CPU of the mask:
 //! a smaller pool is left free to move, so that several processes with a few threads each
 //! (`FUSEBOX_THREADS=4` four times on 16 cores, say) are not all pinned onto the same CPUs.
-//! `FUSEBOX_PIN_THREADS=0` leaves the workers unpinned.
+//! `FUSEBOX_PIN_THREADS=0` leaves the workers unpinned. The same plan pins the fork-join
+//! team's helpers (`team`): helper `i` to the `i`-th CPU, the first left to the caller.
 
 /// The CPUs the workers of a `threads`-worker pool are pinned to, or `None` when they are
 /// not pinned (switched off, a pool that does not span the affinity mask one worker per

@@ -85,7 +85,8 @@ fn sgemm_to(
     accumulate: bool,
 ) {
     let work = m.saturating_mul(n).saturating_mul(k);
-    if cpu.threads() > 1 && work >= PARALLEL_GEMM_WORK {
+    // Inside a team job the other participants are busy with the outer loop.
+    if cpu.threads() > 1 && work >= PARALLEL_GEMM_WORK && !super::team::in_team() {
         let threads = cpu.threads();
         cpu.install(|| {
             gemm_f32(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, accumulate, gemm::Parallelism::Rayon(threads))

@@ -1,5 +1,6 @@
-//! `CpuBackend`: every operation of the trait, multithreaded in its own rayon pool,
-//! with runtime ISA dispatch (see [`simd`]). The trait's default methods call the
+//! `CpuBackend`: every operation of the trait, multithreaded on its own threads (a
+//! spinning fork-join [`team`] for the kernels' loops, a rayon pool for gemm), with
+//! runtime ISA dispatch (see [`simd`]). The trait's default methods call the
 //! kernels in these modules, one file per op family.
 
 pub mod activation;
@@ -25,6 +26,7 @@ pub mod simd;
 pub mod softmax;
 #[cfg(target_arch = "x86_64")]
 pub mod stream_x86;
+pub mod team;
 
 use std::sync::OnceLock;
 
@@ -35,11 +37,15 @@ use crate::tensor::{Device, Tensor};
 
 pub use simd::Isa;
 
-/// The CPU backend. Owns a thread pool of a fixed size (default: available cores);
-/// every parallel kernel, gemm included, runs inside it, so results are bit-identical
-/// run to run for a fixed thread count.
+/// The CPU backend. Owns a fixed number of threads (default: available cores): the
+/// caller and `threads − 1` team helpers run the kernels' parallel loops, a rayon pool
+/// of `threads` workers runs gemm. Work is split by index, never by who runs it, so
+/// results are bit-identical run to run for a fixed thread count.
 #[derive(Debug)]
 pub struct CpuBackend {
+    /// Runs the flat parallel loops (`pool`'s helpers), started from outside the backend.
+    team: team::Team,
+    /// Runs gemm, and loops started inside [`CpuBackend::install`].
     pool: rayon::ThreadPool,
     threads: usize,
     isa: Isa,
@@ -66,6 +72,8 @@ impl CpuBackend {
         // Each worker on a CPU of its own (see `affinity`: woken workers otherwise start
         // stacked on one CPU).
         let cpus = affinity::plan(threads);
+        let team = team::Team::new(threads, cpus.clone())
+            .map_err(|e| Error::unsupported("CpuBackend::with_threads", e.to_string()))?;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("fusebox-cpu-{i}"))
@@ -76,7 +84,7 @@ impl CpuBackend {
             })
             .build()
             .map_err(|e| Error::unsupported("CpuBackend::with_threads", e.to_string()))?;
-        Ok(CpuBackend { pool, threads, isa: Isa::selected() })
+        Ok(CpuBackend { team, pool, threads, isa: Isa::selected() })
     }
 
     /// Number of worker threads.
@@ -89,8 +97,10 @@ impl CpuBackend {
         self.isa
     }
 
-    /// Runs `f` inside this backend's thread pool.
+    /// Runs `f` inside this backend's rayon pool (the team's spinning helpers park first,
+    /// leaving the CPUs to the pool's workers).
     pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.team.rest();
         self.pool.install(f)
     }
 }
