@@ -65,12 +65,20 @@ impl Sampler {
         if self.config.temperature == 0.0 {
             return Ok(argmax(&logits));
         }
-        // Candidates sorted by logit (ties by id, so the order is deterministic).
+        // Candidates sorted by logit, ties by id: a total order, so the result is
+        // deterministic. With top-k, the k best are selected first (linear time) and only
+        // they are sorted: sorting a 49k vocabulary every token cost a tenth of decoding.
         let mut order: Vec<usize> = (0..logits.len()).filter(|&i| !logits[i].is_nan()).collect();
-        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-        if self.config.top_k > 0 {
-            order.truncate(self.config.top_k);
+        if order.is_empty() {
+            return Err(Error::value("Sampler::sample", "logits", "at least one that is not NaN", "all NaN"));
         }
+        let by_logit = |&a: &usize, &b: &usize| logits[b].total_cmp(&logits[a]).then(a.cmp(&b));
+        let k = self.config.top_k;
+        if k > 0 && k < order.len() {
+            order.select_nth_unstable_by(k - 1, by_logit);
+            order.truncate(k);
+        }
+        order.sort_unstable_by(by_logit);
         let t = self.config.temperature;
         let max = logits[order[0]];
         let mut probs: Vec<f32> = order.iter().map(|&i| ((logits[i] - max) / t).exp()).collect();
@@ -158,6 +166,27 @@ mod tests {
         for _ in 0..20 {
             assert_eq!(s.sample(&[-10.0, 3.0, -10.0, 1.35], &[]).unwrap(), 1);
         }
+    }
+
+    #[test]
+    fn top_k_draws_only_the_k_best_ties_broken_by_id() {
+        // Logits 0..64 shuffled, with ties: the best 5 by (logit, then lower id) are
+        // ids 3 (9.0), 10 (9.0), 7 (8.5), 0 (8.0), 60 (8.0); 61 (8.0) is sixth.
+        let mut logits: Vec<f32> = (0..64).map(|i| ((i * 37) % 64) as f32 / 10.0).collect();
+        for (id, l) in [(3, 9.0), (10, 9.0), (7, 8.5), (0, 8.0), (60, 8.0), (61, 8.0)] {
+            logits[id] = l;
+        }
+        let cfg = SamplerConfig { temperature: 100.0, top_k: 5, seed: 11, ..Default::default() };
+        let mut s = Sampler::new(cfg).unwrap();
+        let drawn: std::collections::BTreeSet<u32> = (0..400).map(|_| s.sample(&logits, &[]).unwrap()).collect();
+        assert_eq!(drawn, [0, 3, 7, 10, 60].into_iter().collect());
+    }
+
+    #[test]
+    fn all_nan_logits_are_an_error() {
+        let cfg = SamplerConfig { temperature: 1.0, ..Default::default() };
+        let err = Sampler::new(cfg).unwrap().sample(&[f32::NAN, f32::NAN], &[]).unwrap_err();
+        assert!(err.to_string().contains("NaN"), "{err}");
     }
 
     #[test]
