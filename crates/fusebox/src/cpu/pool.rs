@@ -112,6 +112,11 @@ unsafe impl<T> Send for SharedMut<T> {}
 unsafe impl<T> Sync for SharedMut<T> {}
 
 impl<T> SharedMut<T> {
+    /// The pointer (a method, so closures capture the `Sync` wrapper, not the field).
+    pub fn ptr(self) -> *mut T {
+        self.0
+    }
+
     /// A mutable slice `[start, start + len)` of the buffer.
     ///
     /// # Safety
