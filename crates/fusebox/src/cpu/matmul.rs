@@ -42,7 +42,8 @@ pub fn sgemm(
     c: &mut [f32],
     accumulate: bool,
 ) {
-    sgemm_to(cpu, m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, output::as_uninit(c), accumulate);
+    let (a, b) = (View::new(a, a_rs, a_cs), View::new(b, b_rs, b_cs));
+    sgemm_to(cpu, m, n, k, a, b, output::as_uninit(c), accumulate);
 }
 
 /// `a·b` as a new row-major `[m, n]` vector (see [`sgemm`]). The GEMM writes every
@@ -62,10 +63,42 @@ pub fn sgemm_new(
 ) -> Vec<f32> {
     let len = m * n;
     let mut c: Vec<f32> = Vec::with_capacity(len);
-    sgemm_to(cpu, m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, &mut c.spare_capacity_mut()[..len], false);
+    let (a, b) = (View::new(a, a_rs, a_cs), View::new(b, b_rs, b_cs));
+    sgemm_to(cpu, m, n, k, a, b, &mut c.spare_capacity_mut()[..len], false);
     // SAFETY: without `accumulate`, `gemm_f32` writes all `m·n` elements (zeros when k = 0).
     unsafe { c.set_len(len) };
     c
+}
+
+/// A strided f32 matrix operand: element `(i, p)` is `data[i·rs + p·cs]`.
+#[derive(Clone, Copy)]
+struct View<'a> {
+    data: &'a [f32],
+    rs: usize,
+    cs: usize,
+}
+
+impl<'a> View<'a> {
+    fn new(data: &'a [f32], rs: usize, cs: usize) -> Self {
+        View { data, rs, cs }
+    }
+
+    /// The same matrix from row `r` on.
+    fn rows_from(self, r: usize) -> Self {
+        View { data: &self.data[r * self.rs..], ..self }
+    }
+
+    /// The same matrix from column `c` on.
+    fn cols_from(self, c: usize) -> Self {
+        View { data: &self.data[c * self.cs..], ..self }
+    }
+
+    /// Asserts that a `rows×cols` view stays inside the slice (a caller bug otherwise).
+    fn check(&self, side: &str, rows: usize, cols: usize) {
+        let extent = (rows - 1) * self.rs + (cols - 1) * self.cs + 1;
+        let (rs, cs) = (self.rs, self.cs);
+        assert!(extent <= self.data.len(), "sgemm: {side} view [{rows}x{cols}] rs {rs} cs {cs} exceeds its slice");
+    }
 }
 
 /// [`sgemm`] into slots that must be initialised when `accumulate` (the GEMM reads them).
@@ -75,12 +108,8 @@ fn sgemm_to(
     m: usize,
     n: usize,
     k: usize,
-    a: &[f32],
-    a_rs: usize,
-    a_cs: usize,
-    b: &[f32],
-    b_rs: usize,
-    b_cs: usize,
+    a: View<'_>,
+    b: View<'_>,
     c: &mut [MaybeUninit<f32>],
     accumulate: bool,
 ) {
@@ -88,7 +117,7 @@ fn sgemm_to(
     let none = gemm::Parallelism::None;
     // Inside a team job the other participants are busy with the outer loop.
     if cpu.threads() == 1 || work < PARALLEL_GEMM_WORK || super::team::in_team() {
-        return gemm_f32(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, accumulate, none);
+        return gemm_f32(m, n, k, a, b, c, accumulate, none);
     }
     // Blocks of rows (or, for a short product, of columns) on the team: each block packs
     // its own A rows and all of B (or all of A and its B columns), a small share of its
@@ -105,8 +134,7 @@ fn sgemm_to(
             let (r0, r1) = (blk * rows, ((blk + 1) * rows).min(m));
             // SAFETY: row blocks of `c` are disjoint and each index runs once.
             let c_rows = unsafe { c_at.slice(r0 * n, (r1 - r0) * n) };
-            let a_rows = &a[r0 * a_rs..];
-            gemm_f32(r1 - r0, n, k, a_rows, a_rs, a_cs, b, b_rs, b_cs, c_rows, accumulate, none);
+            gemm_f32(r1 - r0, n, k, a.rows_from(r0), b, c_rows, accumulate, none);
         });
     } else if on_team && n >= 2 * TEAM_GEMM_MIN {
         let cols = n.div_ceil(blocks).max(TEAM_GEMM_MIN).next_multiple_of(16);
@@ -116,29 +144,11 @@ fn sgemm_to(
             // SAFETY: column blocks of `c` are disjoint (gemm writes only columns
             // c0..c1 of each row through the row stride `n`), each index runs once, and
             // `c` holds `m·n` elements, so the view ends inside it.
-            unsafe {
-                gemm_f32_raw(
-                    m,
-                    c1 - c0,
-                    k,
-                    a,
-                    a_rs,
-                    a_cs,
-                    &b[c0 * b_cs..],
-                    b_rs,
-                    b_cs,
-                    c_at.ptr().add(c0),
-                    n,
-                    accumulate,
-                    none,
-                )
-            };
+            unsafe { gemm_f32_raw(m, c1 - c0, k, a, b.cols_from(c0), c_at.ptr().add(c0), n, accumulate, none) };
         });
     } else {
         let threads = cpu.threads();
-        cpu.install(|| {
-            gemm_f32(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, accumulate, gemm::Parallelism::Rayon(threads))
-        });
+        cpu.install(|| gemm_f32(m, n, k, a, b, c, accumulate, gemm::Parallelism::Rayon(threads)));
     }
 }
 
@@ -162,24 +172,17 @@ pub fn sgemm_serial(
     c: &mut [f32],
     accumulate: bool,
 ) {
-    gemm_f32(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, output::as_uninit(c), accumulate, gemm::Parallelism::None);
+    let (a, b) = (View::new(a, a_rs, a_cs), View::new(b, b_rs, b_cs));
+    gemm_f32(m, n, k, a, b, output::as_uninit(c), accumulate, gemm::Parallelism::None);
 }
 
-/// One past the largest flat index a `rows×cols` strided view touches.
-fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
-    (rows - 1) * rs + (cols - 1) * cs + 1
-}
-
+#[allow(clippy::too_many_arguments)]
 fn gemm_f32(
     m: usize,
     n: usize,
     k: usize,
-    a: &[f32],
-    a_rs: usize,
-    a_cs: usize,
-    b: &[f32],
-    b_rs: usize,
-    b_cs: usize,
+    a: View<'_>,
+    b: View<'_>,
     c: &mut [MaybeUninit<f32>],
     accumulate: bool,
     parallelism: gemm::Parallelism,
@@ -187,7 +190,7 @@ fn gemm_f32(
     let c = &mut c[..m * n];
     // SAFETY: `c` is exactly `m·n` elements, row-major with row stride `n`, exclusively
     // borrowed.
-    unsafe { gemm_f32_raw(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c.as_mut_ptr(), n, accumulate, parallelism) }
+    unsafe { gemm_f32_raw(m, n, k, a, b, c.as_mut_ptr(), n, accumulate, parallelism) }
 }
 
 /// The GEMM behind [`gemm_f32`], writing `c(i, j) = c[i·c_rs + j]`.
@@ -200,12 +203,8 @@ unsafe fn gemm_f32_raw(
     m: usize,
     n: usize,
     k: usize,
-    a: &[f32],
-    a_rs: usize,
-    a_cs: usize,
-    b: &[f32],
-    b_rs: usize,
-    b_cs: usize,
+    a: View<'_>,
+    b: View<'_>,
     c: *mut MaybeUninit<f32>,
     c_rs: usize,
     accumulate: bool,
@@ -224,8 +223,8 @@ unsafe fn gemm_f32_raw(
         }
         return;
     }
-    assert!(extent(m, k, a_rs, a_cs) <= a.len(), "sgemm: lhs view [{m}x{k}] rs {a_rs} cs {a_cs} exceeds its slice");
-    assert!(extent(k, n, b_rs, b_cs) <= b.len(), "sgemm: rhs view [{k}x{n}] rs {b_rs} cs {b_cs} exceeds its slice");
+    a.check("lhs", m, k);
+    b.check("rhs", k, n);
     // SAFETY: the asserts above keep every element the views address inside `a` and `b`;
     // `c`'s elements are ours by the contract. gemm computes dst := alpha·dst +
     // beta·lhs·rhs, reading dst only if asked (`accumulate`, when the caller guarantees it
@@ -239,12 +238,12 @@ unsafe fn gemm_f32_raw(
             1,
             c_rs as isize,
             accumulate,
-            a.as_ptr(),
-            a_cs as isize,
-            a_rs as isize,
-            b.as_ptr(),
-            b_cs as isize,
-            b_rs as isize,
+            a.data.as_ptr(),
+            a.cs as isize,
+            a.rs as isize,
+            b.data.as_ptr(),
+            b.cs as isize,
+            b.rs as isize,
             1.0f32,
             1.0f32,
             false,
