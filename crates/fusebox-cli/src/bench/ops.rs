@@ -23,19 +23,50 @@ pub struct OpsBenchArgs {
     /// Skip the 1-thread run (no speedup column; halves the time).
     #[arg(long)]
     no_speedup: bool,
+    /// Rows of 4096 in the norm, activation and softmax cases (cross-entropy takes an
+    /// eighth as many rows of 32000, AdamW `rows × 4096` parameters). The default, 1024,
+    /// gives 16 MiB tensors; 256 keeps the working set of most ops in a 32 MiB L3.
+    #[arg(long, default_value_t = Size::DEFAULT_ROWS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(8..=1 << 20))]
+    rows: usize,
     #[arg(long)]
     json: bool,
 }
 
-/// Rows × hidden size of the norm, activation and softmax cases: 4 Mi f32 = 16 MiB per
-/// tensor, far beyond a 2 MiB L2.
-pub const ROWS: usize = 1024;
+/// Hidden size of the norm, activation and softmax cases.
 pub const DIM: usize = 4096;
-/// Cross-entropy: 128 rows of a 32000-token vocabulary (16 MiB of logits).
-pub const CE_ROWS: usize = 128;
+/// Cross-entropy vocabulary.
 pub const VOCAB: usize = 32000;
-/// Elements of the AdamW case.
-pub const PARAMS: usize = ROWS * DIM;
+
+/// The size of every case, from the rows of the row-wise ops.
+#[derive(Clone, Copy, Debug)]
+pub struct Size {
+    pub rows: usize,
+}
+
+impl Size {
+    /// 1024 rows of 4096: 4 Mi f32 = 16 MiB per tensor, far beyond a 2 MiB L2.
+    pub const DEFAULT_ROWS: usize = 1024;
+
+    fn shape(self) -> [usize; 2] {
+        [self.rows, DIM]
+    }
+
+    /// Elements of one `[rows, DIM]` tensor.
+    fn n(self) -> usize {
+        self.rows * DIM
+    }
+
+    /// Cross-entropy rows: an eighth of `rows`, so the logits are about the size of the
+    /// other cases' tensors (128 rows of 32000, 16 MiB, at the default).
+    fn ce_rows(self) -> usize {
+        (self.rows / 8).max(1)
+    }
+
+    /// Elements of the AdamW case.
+    fn params(self) -> usize {
+        self.n()
+    }
+}
 
 /// A prepared call of one op on given inputs (state such as AdamW's moments lives inside).
 type Runner = Box<dyn FnMut(&CpuBackend) -> Result<()>>;
@@ -48,28 +79,24 @@ pub struct OpCase {
     pub shape: String,
     pub bytes: usize,
     pub footprint: usize,
-    make: fn(&CpuBackend) -> Result<Runner>,
+    make: fn(&CpuBackend, Size) -> Result<Runner>,
 }
 
 const EPS: f32 = 1e-5;
 
-fn rows() -> [usize; 2] {
-    [ROWS, DIM]
-}
-
 /// The cases, in the order the issue lists them; `add` is a reference elementwise op.
-pub fn cases() -> Vec<OpCase> {
-    let n = ROWS * DIM;
-    let nd = format!("[{ROWS}, {DIM}]");
-    let ce = format!("[{CE_ROWS}, {VOCAB}]");
+pub fn cases(size: Size) -> Vec<OpCase> {
+    let (n, ce_rows, params) = (size.n(), size.ce_rows(), size.params());
+    let nd = format!("[{}, {DIM}]", size.rows);
+    let ce = format!("[{ce_rows}, {VOCAB}]");
     vec![
         OpCase {
             name: "add",
             shape: nd.clone(),
             bytes: 12 * n,
             footprint: 12 * n,
-            make: |_| {
-                let (a, b) = (random(&rows(), 1, 1.0)?, random(&rows(), 2, 1.0)?);
+            make: |_, size| {
+                let (a, b) = (random(&size.shape(), 1, 1.0)?, random(&size.shape(), 2, 1.0)?);
                 Ok(Box::new(move |cpu| cpu.add(&a, &b).map(drop)))
             },
         },
@@ -78,8 +105,8 @@ pub fn cases() -> Vec<OpCase> {
             shape: nd.clone(),
             bytes: 8 * n,
             footprint: 8 * n,
-            make: |_| {
-                let (x, w) = (random(&rows(), 1, 1.0)?, random(&[DIM], 2, 1.0)?);
+            make: |_, size| {
+                let (x, w) = (random(&size.shape(), 1, 1.0)?, random(&[DIM], 2, 1.0)?);
                 Ok(Box::new(move |cpu| cpu.rms_norm(&x, &w, EPS).map(drop)))
             },
         },
@@ -88,8 +115,9 @@ pub fn cases() -> Vec<OpCase> {
             shape: nd.clone(),
             bytes: 12 * n,
             footprint: 12 * n,
-            make: |cpu| {
-                let (x, w, dy) = (random(&rows(), 1, 1.0)?, random(&[DIM], 2, 1.0)?, random(&rows(), 3, 1.0)?);
+            make: |cpu, size| {
+                let (x, w, dy) =
+                    (random(&size.shape(), 1, 1.0)?, random(&[DIM], 2, 1.0)?, random(&size.shape(), 3, 1.0)?);
                 let rstd = cpu.rms_norm(&x, &w, EPS)?.rstd;
                 Ok(Box::new(move |cpu| cpu.rms_norm_backward(&x, &w, &rstd, &dy).map(drop)))
             },
@@ -99,8 +127,9 @@ pub fn cases() -> Vec<OpCase> {
             shape: nd.clone(),
             bytes: 16 * n,
             footprint: 16 * n,
-            make: |_| {
-                let (a, b, w) = (random(&rows(), 1, 1.0)?, random(&rows(), 2, 1.0)?, random(&[DIM], 3, 1.0)?);
+            make: |_, size| {
+                let (a, b, w) =
+                    (random(&size.shape(), 1, 1.0)?, random(&size.shape(), 2, 1.0)?, random(&[DIM], 3, 1.0)?);
                 Ok(Box::new(move |cpu| cpu.add_rms_norm(&a, &b, &w, EPS).map(drop)))
             },
         },
@@ -109,8 +138,8 @@ pub fn cases() -> Vec<OpCase> {
             shape: nd.clone(),
             bytes: 12 * n,
             footprint: 12 * n,
-            make: |_| {
-                let (g, u) = (random(&rows(), 1, 4.0)?, random(&rows(), 2, 1.0)?);
+            make: |_, size| {
+                let (g, u) = (random(&size.shape(), 1, 4.0)?, random(&size.shape(), 2, 1.0)?);
                 Ok(Box::new(move |cpu| cpu.silu_mul(&g, &u).map(drop)))
             },
         },
@@ -119,8 +148,9 @@ pub fn cases() -> Vec<OpCase> {
             shape: nd.clone(),
             bytes: 20 * n,
             footprint: 20 * n,
-            make: |_| {
-                let (g, u, dy) = (random(&rows(), 1, 4.0)?, random(&rows(), 2, 1.0)?, random(&rows(), 3, 1.0)?);
+            make: |_, size| {
+                let (g, u, dy) =
+                    (random(&size.shape(), 1, 4.0)?, random(&size.shape(), 2, 1.0)?, random(&size.shape(), 3, 1.0)?);
                 Ok(Box::new(move |cpu| cpu.silu_mul_backward(&g, &u, &dy).map(drop)))
             },
         },
@@ -129,8 +159,8 @@ pub fn cases() -> Vec<OpCase> {
             shape: nd.clone(),
             bytes: 8 * n,
             footprint: 8 * n,
-            make: |_| {
-                let x = random(&rows(), 1, 8.0)?;
+            make: |_, size| {
+                let x = random(&size.shape(), 1, 8.0)?;
                 Ok(Box::new(move |cpu| cpu.softmax(&x, 1).map(drop)))
             },
         },
@@ -139,43 +169,44 @@ pub fn cases() -> Vec<OpCase> {
             shape: nd.clone(),
             bytes: 12 * n,
             footprint: 12 * n,
-            make: |cpu| {
-                let y = cpu.softmax(&random(&rows(), 1, 8.0)?, 1)?;
-                let dy = random(&rows(), 2, 1.0)?;
+            make: |cpu, size| {
+                let y = cpu.softmax(&random(&size.shape(), 1, 8.0)?, 1)?;
+                let dy = random(&size.shape(), 2, 1.0)?;
                 Ok(Box::new(move |cpu| cpu.softmax_backward(&y, &dy, 1).map(drop)))
             },
         },
         OpCase {
             name: "cross_entropy",
             shape: ce.clone(),
-            bytes: 8 * CE_ROWS * VOCAB + 4 * CE_ROWS,
-            footprint: 8 * CE_ROWS * VOCAB + 4 * CE_ROWS,
-            make: |_| {
-                let (z, t) = (random(&[CE_ROWS, VOCAB], 1, 8.0)?, random_ids(CE_ROWS, VOCAB as u32, 2)?);
+            bytes: 8 * ce_rows * VOCAB + 4 * ce_rows,
+            footprint: 8 * ce_rows * VOCAB + 4 * ce_rows,
+            make: |_, size| {
+                let (z, t) = (random(&[size.ce_rows(), VOCAB], 1, 8.0)?, random_ids(size.ce_rows(), VOCAB as u32, 2)?);
                 Ok(Box::new(move |cpu| cpu.cross_entropy(&z, &t, None).map(drop)))
             },
         },
         OpCase {
             name: "cross_entropy_backward",
             shape: ce,
-            bytes: 8 * CE_ROWS * VOCAB + 4 * CE_ROWS,
-            footprint: 8 * CE_ROWS * VOCAB + 4 * CE_ROWS,
-            make: |_| {
-                let (z, t) = (random(&[CE_ROWS, VOCAB], 1, 8.0)?, random_ids(CE_ROWS, VOCAB as u32, 2)?);
+            bytes: 8 * ce_rows * VOCAB + 4 * ce_rows,
+            footprint: 8 * ce_rows * VOCAB + 4 * ce_rows,
+            make: |_, size| {
+                let (z, t) = (random(&[size.ce_rows(), VOCAB], 1, 8.0)?, random_ids(size.ce_rows(), VOCAB as u32, 2)?);
                 Ok(Box::new(move |cpu| cpu.cross_entropy_backward(&z, &t, None, 1.0).map(drop)))
             },
         },
         OpCase {
             name: "adamw_update",
-            shape: format!("[{PARAMS}]"),
+            shape: format!("[{params}]"),
             // Reads p, g, m, v and writes p, m, v in place: 7 passes over 4 buffers.
-            bytes: 28 * PARAMS,
-            footprint: 16 * PARAMS,
-            make: |_| {
-                let g = random(&[PARAMS], 2, 1e-2)?;
-                let mut p = random(&[PARAMS], 1, 1.0)?;
-                let mut m = Tensor::from_vec(vec![0f32; PARAMS], [PARAMS])?;
-                let mut v = Tensor::from_vec(vec![0f32; PARAMS], [PARAMS])?;
+            bytes: 28 * params,
+            footprint: 16 * params,
+            make: |_, size| {
+                let params = size.params();
+                let g = random(&[params], 2, 1e-2)?;
+                let mut p = random(&[params], 1, 1.0)?;
+                let mut m = Tensor::from_vec(vec![0f32; params], [params])?;
+                let mut v = Tensor::from_vec(vec![0f32; params], [params])?;
                 let hyper =
                     AdamWConfig { lr: 1e-4, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, grad_scale: 1.0 };
                 let mut step = 0u64;
@@ -203,7 +234,7 @@ pub fn run(a: &OpsBenchArgs) -> Result<()> {
             )
         );
     }
-    for case in cases() {
+    for case in cases(Size { rows: a.rows }) {
         if !a.only.is_empty() && !a.only.iter().any(|o| o == case.name) {
             continue;
         }
@@ -214,7 +245,7 @@ pub fn run(a: &OpsBenchArgs) -> Result<()> {
             .set("working_set_bytes", case.footprint)
             .set("threads", cpu.threads());
         let measured = guarded(case.name, || {
-            let mut f = (case.make)(&cpu)?;
+            let mut f = (case.make)(&cpu, Size { rows: a.rows })?;
             let mut copy = Bandwidth::copy(case.footprint);
             // op and copy on N threads, then (for the speedups) both on 1 thread.
             let calls = if single.is_some() { 4 } else { 2 };

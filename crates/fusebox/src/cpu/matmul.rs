@@ -121,7 +121,7 @@ fn sgemm_to(
     }
     // Blocks of rows (or, for a short product, of columns) on the team: each block packs
     // its own A rows and all of B (or all of A and its B columns), a small share of its
-    // multiply-adds, and starts in a microsecond where the rayon pool takes 22 µs (and
+    // multiply-adds, and starts in a microsecond where the rayon pool takes 17–22 µs (and
     // 2 threads ran a 256³ product slower than one: 220 µs against 80).
     // Larger products stay with gemm's own threading, which packs each panel of B once
     // for all threads (a block per thread repacked all of B: 1024³ ran 2% slower).
