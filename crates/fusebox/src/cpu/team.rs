@@ -17,9 +17,9 @@
 //! `remaining / (2·participants)` indices, at least one), so a helper that starts late
 //! (asleep, or descheduled) only finds less to do, and the caller never waits for a
 //! helper that has not started. The caller returns when every index has finished.
-//! Helpers spin for [`SPIN`] after their last job, then park until the next one; they
-//! park at once when the rayon pool is about to run (`rest`), so they do not take CPU
-//! time from its workers (gemm runs there).
+//! Helpers spin for [`SPIN`] (or `FUSEBOX_SPIN_US`) after their last job, then park
+//! until the next one; they park at once when the rayon pool is about to run (`rest`),
+//! so they do not take CPU time from its workers (gemm runs there).
 //!
 //! Which index runs where never changes a result: each index writes its own outputs, as
 //! with the rayon loops before (bit-identical run to run).
@@ -39,10 +39,17 @@ use std::time::{Duration, Instant};
 
 use super::affinity;
 
-/// How long a helper spins after its last job before it parks. Long enough to cover
-/// the serial work between two ops of a training or decoding step; short enough that an
-/// idle backend stops burning its CPUs at once.
+/// How long a helper spins after its last job before it parks, by default. Long enough
+/// to cover the serial work between two ops of a training or decoding step; short enough
+/// that an idle backend stops burning its CPUs at once. `FUSEBOX_SPIN_US` overrides it
+/// (0: park at once, for a process that shares its CPUs with other busy work).
 pub const SPIN: Duration = Duration::from_micros(300);
+
+/// [`SPIN`], or `FUSEBOX_SPIN_US` when set to a number of microseconds.
+pub fn spin_time() -> Duration {
+    let env = std::env::var("FUSEBOX_SPIN_US").ok().and_then(|v| v.trim().parse::<u64>().ok());
+    env.map_or(SPIN, Duration::from_micros)
+}
 
 thread_local! {
     /// Set on helper threads, and on the caller while it runs a job: a loop started
@@ -122,6 +129,8 @@ struct Shared {
     /// has CPUs, where a spinning thread would take the CPU from one still working, so
     /// waiting threads yield instead.
     spin: bool,
+    /// How long helpers spin after a job before parking ([`spin_time`]).
+    spin_for: Duration,
     /// Per helper: parked (or about to park) and waiting for an unpark.
     parked: Vec<AtomicBool>,
 }
@@ -152,6 +161,7 @@ impl Team {
             rest: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             spin: std::thread::available_parallelism().is_ok_and(|cpus| threads <= cpus.get()),
+            spin_for: spin_time(),
             parked: (0..helpers).map(|_| AtomicBool::new(false)).collect(),
         });
         let mut handles = Vec::with_capacity(helpers);
@@ -212,7 +222,7 @@ impl Team {
         IN_TEAM.with(|t| t.set(true));
         job.work();
         IN_TEAM.with(|t| t.set(false));
-        wait_until(s.spin, || job.finished());
+        wait_until(s.spin, s.spin_for, || job.finished());
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let panic = job.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(p) = panic {
@@ -238,7 +248,7 @@ impl Drop for Team {
     }
 }
 
-/// A helper: spin on the epoch, run each new job, park when idle for [`SPIN`].
+/// A helper: spin on the epoch, run each new job, park when idle for `spin_for`.
 fn helper_loop(s: &Shared, h: usize) {
     IN_TEAM.with(|t| t.set(true));
     let mut seen = 0;
@@ -255,7 +265,7 @@ fn helper_loop(s: &Shared, h: usize) {
                 break;
             }
             spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(64) && (s.rest.load(Ordering::Relaxed) || idle_since.elapsed() >= SPIN) {
+            if spins.is_multiple_of(64) && (s.rest.load(Ordering::Relaxed) || idle_since.elapsed() >= s.spin_for) {
                 s.parked[h].store(true, Ordering::SeqCst);
                 if s.epoch.load(Ordering::SeqCst) == seen && !s.shutdown.load(Ordering::SeqCst) {
                     std::thread::park();
@@ -272,14 +282,14 @@ fn helper_loop(s: &Shared, h: usize) {
     }
 }
 
-/// Waits for `cond`: spins (when `spin`) for up to [`SPIN`], then yields between checks
-/// (a participant still running may share this CPU).
-fn wait_until(spin: bool, cond: impl Fn() -> bool) {
+/// Waits for `cond`: spins (when `spin`) for up to `spin_for`, then yields between
+/// checks (a participant still running may share this CPU).
+fn wait_until(spin: bool, spin_for: Duration, cond: impl Fn() -> bool) {
     let start = Instant::now();
     let (mut spins, mut yielding) = (0u32, !spin);
     while !cond() {
         spins = spins.wrapping_add(1);
-        yielding = yielding || (spins.is_multiple_of(64) && start.elapsed() >= SPIN);
+        yielding = yielding || (spins.is_multiple_of(64) && start.elapsed() >= spin_for);
         pause(!yielding);
     }
 }
