@@ -125,26 +125,21 @@ fn sgemm_to(
     // 2 threads ran a 256³ product slower than one: 220 µs against 80).
     // Larger products stay with gemm's own threading, which packs each panel of B once
     // for all threads (a block per thread repacked all of B: 1024³ ran 2% slower).
-    let blocks = cpu.threads() * 2;
     let on_team = work < TEAM_GEMM_MAX_WORK && cpu.pool.current_thread_index().is_none();
-    if on_team && m >= 2 * TEAM_GEMM_MIN {
-        let rows = m.div_ceil(blocks).max(TEAM_GEMM_MIN).next_multiple_of(16);
+    let by_rows = m >= 2 * TEAM_GEMM_MIN;
+    if on_team && (by_rows || n >= 2 * TEAM_GEMM_MIN) {
+        let len = if by_rows { m } else { n };
+        let step = len.div_ceil(cpu.threads() * 2).max(TEAM_GEMM_MIN).next_multiple_of(16);
         let c_at = super::pool::SharedMut(c.as_mut_ptr());
-        cpu.for_each_index(m.div_ceil(rows), PARALLEL_GEMM_WORK, |blk| {
-            let (r0, r1) = (blk * rows, ((blk + 1) * rows).min(m));
-            // SAFETY: row blocks of `c` are disjoint and each index runs once.
-            let c_rows = unsafe { c_at.slice(r0 * n, (r1 - r0) * n) };
-            gemm_f32(r1 - r0, n, k, a.rows_from(r0), b, c_rows, accumulate, none);
-        });
-    } else if on_team && n >= 2 * TEAM_GEMM_MIN {
-        let cols = n.div_ceil(blocks).max(TEAM_GEMM_MIN).next_multiple_of(16);
-        let c_at = super::pool::SharedMut(c.as_mut_ptr());
-        cpu.for_each_index(n.div_ceil(cols), PARALLEL_GEMM_WORK, |blk| {
-            let (c0, c1) = (blk * cols, ((blk + 1) * cols).min(n));
-            // SAFETY: column blocks of `c` are disjoint (gemm writes only columns
-            // c0..c1 of each row through the row stride `n`), each index runs once, and
-            // `c` holds `m·n` elements, so the view ends inside it.
-            unsafe { gemm_f32_raw(m, c1 - c0, k, a, b.cols_from(c0), c_at.ptr().add(c0), n, accumulate, none) };
+        cpu.for_each_index(len.div_ceil(step), PARALLEL_GEMM_WORK, |blk| {
+            let (lo, hi) = (blk * step, ((blk + 1) * step).min(len));
+            // Rows lo..hi of A and C, or columns lo..hi of B and C (C's row stride is n).
+            let (rows, cols, a, b, at) =
+                if by_rows { (hi - lo, n, a.rows_from(lo), b, lo * n) } else { (m, hi - lo, a, b.cols_from(lo), lo) };
+            // SAFETY: blocks of `c` are disjoint (gemm writes only the block's rows, or
+            // only its columns of each row through the stride n), each index runs once,
+            // and `c` holds `m·n` elements, so every block's view ends inside it.
+            unsafe { gemm_f32_raw(rows, cols, k, a, b, c_at.ptr().add(at), n, accumulate, none) };
         });
     } else {
         let threads = cpu.threads();
