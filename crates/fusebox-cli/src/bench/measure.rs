@@ -107,7 +107,8 @@ pub fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     }
 }
 
-/// A deterministic pseudo-random f32 tensor, values in `[-scale, scale)`.
+/// A deterministic pseudo-random f32 tensor, values in `[-scale, scale)`, 64-byte
+/// aligned as the outputs of ops are (so the bench's inputs are what a model's ops read).
 pub fn random(shape: &[usize], seed: u64, scale: f32) -> Result<Tensor> {
     let n: usize = shape.iter().product();
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -119,7 +120,7 @@ pub fn random(shape: &[usize], seed: u64, scale: f32) -> Result<Tensor> {
             ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
         })
         .collect();
-    Tensor::from_vec(data, shape.to_vec())
+    Tensor::from_slice(&data, shape.to_vec())
 }
 
 /// Uniform ids in `0..bound`, U32.

@@ -235,9 +235,11 @@ mod lanes {
     multiversion! {
         /// `d_gate = dy·up·σ(g)(1 + g(1 − σ(g)))`, `d_up = dy·g·σ(g)`. `rest` (the three
         /// inputs from this piece's start to their ends) is prefetched far ahead when the
-        /// outputs stream (`simd::prefetch_far`).
+        /// outputs stream (`simd::prefetch_far`), not when they stay in cache, whatever
+        /// their size (unlike `Dst::ahead`): on a Xeon with a 480 MiB L3, cached 16 MiB
+        /// outputs ran at 96% of copy bandwidth with those prefetches and 99% without.
         pub fn silu_mul_grad(gate: &[f32], up: &[f32], dy: &[f32], d_gate: Dst<'_>, d_up: Dst<'_>, rest: [&[f32]; 3]) {
-            let rest = rest.map(|r| d_gate.ahead(r));
+            let rest = if d_gate.streams() { rest } else { [&[][..]; 3] };
             // SAFETY: the loop writes every slot of both tiles.
             unsafe { d_gate.write_pair(d_up, #[inline(always)] |start, dg, du| {
                 let n = dg.len();

@@ -325,7 +325,7 @@ impl<'a, const K: usize> Fold<'a, K> {
     /// (else nothing; [`step`](Fold::step) catches up after the loop).
     ///
     /// Why the lag: rows of large tensors sit at one offset modulo 4 KiB (every big
-    /// allocation starts 16 bytes into a page), so a load of the next row's element `i`
+    /// allocation starts at the same small offset into a page), so a load of the next row's element `i`
     /// right after the store of this row's element `i` is "4K-aliased": the core may take
     /// it for a dependence on the store and replay it. Folding `FOLD_LAG` elements (1 KiB)
     /// behind the stores keeps their addresses apart. Measured on the Xeon, the lag made
@@ -425,6 +425,19 @@ pub fn prefetch(data: &[f32], start: usize, len: usize) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (data, start, len);
+}
+
+/// Prefetches the line holding element `i` of `data` into L1 (`prefetcht0`; nothing past
+/// the end, and nothing off x86-64).
+#[inline(always)]
+pub fn prefetch_l1(data: &[f32], i: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if i < data.len() {
+        // SAFETY: i < data.len(); prefetching never faults and SSE is part of x86-64.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(data.as_ptr().add(i).cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, i);
 }
 
 /// How far (in elements: 8 KiB) ahead of its reads from memory a row kernel prefetches
