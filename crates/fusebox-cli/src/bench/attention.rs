@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::measure::{
     cpu_backend, emit, guarded, header, median_ratio, random, reset_peak_rss, round, rss, sgemm_gflops,
-    time_interleaved, timing_of, Bandwidth, Budget, Row,
+    time_interleaved, timing_of, wake, Bandwidth, Budget, Row,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -173,7 +173,13 @@ pub fn run(a: &AttentionBenchArgs) -> Result<()> {
     let single_call = single.as_ref().map(|_| 1 + usize::from(read.is_some()));
     let calls = 1 + usize::from(read_call.is_some()) + usize::from(single_call.is_some());
     let measured = guarded(a.pass.name(), || {
-        time_interleaved(budget, calls, |k| {
+        // The N-thread calls start with the helpers awake (see `wake`).
+        let before = |k: usize| {
+            if Some(k) != single_call {
+                wake(&cpu)
+            }
+        };
+        time_interleaved(budget, calls, before, |k| {
             if Some(k) == read_call {
                 read.as_mut().expect("a read reference for decode").run(&cpu);
                 Ok(())

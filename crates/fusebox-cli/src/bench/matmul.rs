@@ -5,8 +5,8 @@ use clap::Args;
 use fusebox::{ComputeBackend, CpuBackend, Error, Result};
 
 use super::measure::{
-    cpu_backend, emit, guarded, header, median_ratio, random, round, sgemm_gflops, time_interleaved, timing_of, Budget,
-    Row,
+    cpu_backend, emit, guarded, header, median_ratio, random, round, sgemm_gflops, time_interleaved, timing_of, wake,
+    Budget, Row,
 };
 
 #[derive(Args, Debug)]
@@ -46,10 +46,20 @@ pub fn run(a: &MatmulBenchArgs) -> Result<()> {
     let single = if a.speedup && cpu.threads() > 1 { Some(CpuBackend::with_threads(1)?) } else { None };
     let calls = if single.is_some() { 2 } else { 1 };
     let measured = guarded("matmul", || {
-        time_interleaved(budget, calls, |k| {
-            let backend = if k == 0 { &cpu } else { single.as_ref().expect("a 1-thread backend with --speedup") };
-            backend.matmul(&x, &y, false, a.transpose_b).map(drop)
-        })
+        time_interleaved(
+            budget,
+            calls,
+            // The N-thread calls start with the helpers awake (see `wake`).
+            |k| {
+                if k == 0 {
+                    wake(&cpu)
+                }
+            },
+            |k| {
+                let backend = if k == 0 { &cpu } else { single.as_ref().expect("a 1-thread backend with --speedup") };
+                backend.matmul(&x, &y, false, a.transpose_b).map(drop)
+            },
+        )
     });
     let row = match measured {
         Ok(times) => {

@@ -43,7 +43,7 @@ impl Timing {
 /// Runs `f` `budget.warmup` times, then repeats it until `min_time` and `min_reps` are
 /// both reached (or `max_reps`), and returns the median wall time of one call.
 pub fn time(budget: Budget, mut f: impl FnMut() -> Result<()>) -> Result<Timing> {
-    Ok(timing_of(&time_interleaved(budget, 1, |_| f())?[0]))
+    Ok(timing_of(&time_interleaved(budget, 1, |_| {}, |_| f())?[0]))
 }
 
 /// Interleaved timing of `n` calls that are compared with each other: every rep calls
@@ -52,10 +52,17 @@ pub fn time(budget: Budget, mut f: impl FnMut() -> Result<()>) -> Result<Timing>
 /// `max_reps`. Returns the times per call, rep by rep. On a machine shared with other
 /// work the speed drifts by tens of percent within seconds; calls timed side by side see
 /// the same state, so per-rep ratios ([`median_ratio`]) are far steadier than ratios of
-/// separately measured medians.
-pub fn time_interleaved(budget: Budget, n: usize, mut f: impl FnMut(usize) -> Result<()>) -> Result<Vec<Vec<f64>>> {
+/// separately measured medians. `before(k)` runs untimed before every call `f(k)` (see
+/// [`wake`]).
+pub fn time_interleaved(
+    budget: Budget,
+    n: usize,
+    mut before: impl FnMut(usize),
+    mut f: impl FnMut(usize) -> Result<()>,
+) -> Result<Vec<Vec<f64>>> {
     for _ in 0..budget.warmup {
         for k in 0..n {
+            before(k);
             f(k)?;
         }
     }
@@ -64,6 +71,7 @@ pub fn time_interleaved(budget: Budget, n: usize, mut f: impl FnMut(usize) -> Re
     let mut reps = 0;
     while reps < budget.max_reps.max(1) && (reps < budget.min_reps.max(1) || start.elapsed() < budget.min_time) {
         for (k, t) in times.iter_mut().enumerate() {
+            before(k);
             let s = Instant::now();
             f(k)?;
             t.push(s.elapsed().as_secs_f64());
@@ -71,6 +79,18 @@ pub fn time_interleaved(budget: Budget, n: usize, mut f: impl FnMut(usize) -> Re
         reps += 1;
     }
     Ok(times)
+}
+
+/// Wakes the backend's helper threads, untimed, so that the call timed next finds them
+/// spinning, as an op does that follows another in a model. Interleaved with 1-thread
+/// calls (the speedup columns), the helpers park between reps, and waking them costs
+/// tens of microseconds: on a Xeon VM, cross-entropy (0.75 ms) measured 79% of copy
+/// bandwidth with that wake-up inside the timed call and 87% without. The copy timed
+/// beside an op followed it at once, so it never paid the wake-up. (What waking costs is
+/// measured on its own by `cargo bench -p fusebox --bench dispatch`.)
+pub fn wake(cpu: &CpuBackend) {
+    // One index per thread, each long enough that every helper takes one.
+    cpu.for_each_index(cpu.threads(), 1 << 20, |_| std::thread::sleep(Duration::from_micros(100)));
 }
 
 /// Median and fastest of a set of call times.

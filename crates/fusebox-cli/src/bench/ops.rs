@@ -7,7 +7,7 @@ use clap::Args;
 use fusebox::{AdamWConfig, ComputeBackend, CpuBackend, Result, Tensor};
 
 use super::measure::{
-    cpu_backend, emit, guarded, header, median_ratio, random, random_ids, round, time_interleaved, timing_of,
+    cpu_backend, emit, guarded, header, median_ratio, random, random_ids, round, time_interleaved, timing_of, wake,
     Bandwidth, Budget, Row,
 };
 
@@ -249,7 +249,13 @@ pub fn run(a: &OpsBenchArgs) -> Result<()> {
             let mut copy = Bandwidth::copy(case.footprint);
             // op and copy on N threads, then (for the speedups) both on 1 thread.
             let calls = if single.is_some() { 4 } else { 2 };
-            let times = time_interleaved(budget, calls, |k| {
+            // The N-thread calls start with the helpers awake (see `wake`).
+            let before = |k: usize| {
+                if k < 2 {
+                    wake(&cpu)
+                }
+            };
+            let times = time_interleaved(budget, calls, before, |k| {
                 let one = || single.as_ref().expect("a 1-thread backend when 4 calls");
                 match k {
                     0 => f(&cpu),
