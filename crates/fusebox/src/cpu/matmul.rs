@@ -119,17 +119,27 @@ fn sgemm_to(
     if cpu.threads() == 1 || work < PARALLEL_GEMM_WORK || super::team::in_team() {
         return gemm_f32(m, n, k, a, b, c, accumulate, none);
     }
-    // Blocks of rows (or, for a short product, of columns) on the team: each block packs
-    // its own A rows and all of B (or all of A and its B columns), a small share of its
-    // multiply-adds, and starts in a microsecond where the rayon pool takes 17–22 µs (and
-    // 2 threads ran a 256³ product slower than one: 220 µs against 80).
-    // Larger products stay with gemm's own threading, which packs each panel of B once
-    // for all threads (a block per thread repacked all of B: 1024³ ran 2% slower).
-    let on_team = work < TEAM_GEMM_MAX_WORK && cpu.pool.current_thread_index().is_none();
-    let by_rows = m >= 2 * TEAM_GEMM_MIN;
+    // Blocks on the team, each a serial GEMM that packs its own operands; the team
+    // starts in a microsecond where the rayon pool takes 17–22 µs (2 threads ran a 256³
+    // product slower than one there: 220 µs against 80).
+    // - Under TEAM_GEMM_SPLIT_WORK: blocks of rows (of columns when m is short), two per
+    //   thread, so a late thread finds less to do. Each packs all of B (or of A), a small
+    //   share of its multiply-adds.
+    // - From there on: one block of columns per thread (of rows when n is short), so the
+    //   repacking of A is paid once per thread, not per block. gemm's own rayon threading
+    //   packs each panel of B once but meets its threads at every panel: on a Xeon VM
+    //   (2 threads, interleaved with PyTorch/MKL), 1024³ ran at 291–332 GFLOP/s with it
+    //   and 324–343 this way (MKL 335–354), 2048³ at 325–340 against 337–346. (On a
+    //   Zen 5, a row block per thread measured 2% slower than gemm's threading at 1024³.)
+    // Rayon stays for a product called from one of its workers, and for products
+    // whose m and n are both too short to split.
+    let on_team = cpu.pool.current_thread_index().is_none();
+    let big = work >= TEAM_GEMM_SPLIT_WORK;
+    let by_rows = if big { n < 2 * TEAM_GEMM_MIN } else { m >= 2 * TEAM_GEMM_MIN };
     if on_team && (by_rows || n >= 2 * TEAM_GEMM_MIN) {
         let len = if by_rows { m } else { n };
-        let step = len.div_ceil(cpu.threads() * 2).max(TEAM_GEMM_MIN).next_multiple_of(16);
+        let per_thread = if big { 1 } else { 2 };
+        let step = len.div_ceil(cpu.threads() * per_thread).max(TEAM_GEMM_MIN).next_multiple_of(16);
         let c_at = super::pool::SharedMut(c.as_mut_ptr());
         cpu.for_each_index(len.div_ceil(step), PARALLEL_GEMM_WORK, |blk| {
             let (lo, hi) = (blk * step, ((blk + 1) * step).min(len));
@@ -150,8 +160,9 @@ fn sgemm_to(
 /// The fewest rows (or columns) of a block of a product split on the team.
 const TEAM_GEMM_MIN: usize = 64;
 
-/// Products of at least this many multiply-adds (645³) run on the rayon pool.
-const TEAM_GEMM_MAX_WORK: usize = 1 << 28;
+/// Products of at least this many multiply-adds (645³) are split into one block per
+/// thread (see `sgemm_to`).
+const TEAM_GEMM_SPLIT_WORK: usize = 1 << 28;
 
 /// [`sgemm`] on the calling thread only (for callers already parallel over products).
 pub fn sgemm_serial(
@@ -714,12 +725,16 @@ mod tests {
     }
 
     /// Products split into row blocks, column blocks, or left to rayon, with transposed
-    /// operands and accumulation, on 3 threads, against an f64 reference.
+    /// operands and accumulation, on 3 threads, against an f64 reference (every element
+    /// of the small products, every 11th row of the large ones).
     #[test]
     fn products_split_on_the_team_match_the_definition() {
         let cpu = CpuBackend::with_threads(3).expect("pool");
-        // (m, n, k): rows split, columns split (m too short), neither (both short).
-        for (m, n, k) in [(300, 70, 40), (50, 400, 40), (100, 100, 90)] {
+        // (m, n, k): rows split, columns split (m too short), neither (both short); then
+        // from TEAM_GEMM_SPLIT_WORK on, one block per thread: columns, rows (n too short).
+        for (m, n, k) in [(300, 70, 40), (50, 400, 40), (100, 100, 90), (1000, 1030, 262), (16400, 70, 240)] {
+            assert_eq!(m * n * k >= TEAM_GEMM_SPLIT_WORK, m >= 1000, "{m}x{n}x{k}");
+            let row_step = if m >= 1000 { 11 } else { 1 };
             let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
             let b: Vec<f32> = (0..k * n).map(|i| ((i * 104_729) % 997) as f32 / 997.0 - 0.5).collect();
             for (transpose_a, transpose_b, accumulate) in
@@ -739,7 +754,7 @@ mod tests {
                 let start = |i: usize| if accumulate { (i % 5) as f32 } else { f32::NAN };
                 let mut c: Vec<f32> = (0..m * n).map(start).collect();
                 sgemm(&cpu, m, n, k, &a_data, a_rs, a_cs, &b_data, b_rs, b_cs, &mut c, accumulate);
-                for i in 0..m {
+                for i in (0..m).step_by(row_step) {
                     for j in 0..n {
                         let dot: f64 = (0..k).map(|p| a[i * k + p] as f64 * b[p * n + j] as f64).sum();
                         let want = dot + if accumulate { start(i * n + j) as f64 } else { 0.0 };
