@@ -25,6 +25,8 @@ pub mod rope;
 pub mod simd;
 pub mod softmax;
 #[cfg(target_arch = "x86_64")]
+pub mod softmax_x86;
+#[cfg(target_arch = "x86_64")]
 pub mod stream_x86;
 pub mod team;
 
