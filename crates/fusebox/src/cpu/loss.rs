@@ -10,6 +10,8 @@ use crate::cpu::output::{self, Dst};
 use crate::cpu::pool::SharedMut;
 use crate::cpu::simd;
 use crate::cpu::softmax;
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::softmax_x86;
 use crate::cpu::{check, convert, CpuBackend};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -65,6 +67,49 @@ fn fused_row(z: &[f32], m: f32, target: usize, scale: f32, d: Dst<'_>, next: &[f
     ((s as f64).ln() + m as f64 - z[target] as f64, next_max)
 }
 
+/// Rows at least this long (beyond L1) take the pipelined kernel when it applies.
+#[cfg(target_arch = "x86_64")]
+const PIPELINE_MIN_VOCAB: usize = 8192;
+
+/// The rows `first .. first + count` of one task by `softmax_x86::scaled_rows_pipelined`
+/// when it applies (AVX-512, an output written in place, rows beyond L1, none of them
+/// ignored): each row's exps computed in the loop that scales the row before, with the
+/// same bits as the row-by-row path. Otherwise hands `dst` back untouched.
+#[cfg(target_arch = "x86_64")]
+fn pipelined<'a>(
+    rows: &Rows,
+    first: usize,
+    count: usize,
+    scale: f32,
+    dst: Dst<'a>,
+    loss_ptr: SharedMut<f64>,
+) -> std::result::Result<(), Dst<'a>> {
+    let v = rows.vocab;
+    let applies = softmax_x86::has_kernel()
+        && dst.in_place()
+        && v >= PIPELINE_MIN_VOCAB
+        && count > 0
+        && !(first..first + count).any(|r| rows.ignored(r));
+    if !applies {
+        return Err(dst);
+    }
+    let z = &rows.logits[first * v..(first + count) * v];
+    // SAFETY: an in-place piece is handed over whole, and `scaled_rows_pipelined` writes
+    // every slot of it.
+    unsafe {
+        dst.write(|_, out| {
+            let minus = |k: usize| (rows.targets[first + k] as usize, scale);
+            softmax_x86::scaled_rows_pipelined(z, out, v, simd::max(&z[..v]), scale, minus, |k, s, m| {
+                let r = first + k;
+                let loss = (s as f64).ln() + m as f64 - rows.logits[r * v + rows.targets[r] as usize] as f64;
+                // SAFETY: r < n and each row's task writes only its own slot.
+                loss_ptr.slice(r, 1)[0] = loss;
+            });
+        })
+    };
+    Ok(())
+}
+
 /// The shared pass: d_logits scaled by `d_loss/count`, and the sum of the per-row losses
 /// (in row order, f64). All rows ignored → zeros and 0.
 fn fused(cpu: &CpuBackend, rows: &Rows, d_loss: f32) -> Result<(Tensor, f64)> {
@@ -83,6 +128,11 @@ fn fused(cpu: &CpuBackend, rows: &Rows, d_loss: f32) -> Result<(Tensor, f64)> {
     let d_logits =
         output::fresh_tensor(cpu, OP, &Shape::from([n, v]), DType::F32, per * v, ROW_WORK, |t, rows_dst| {
             let rows_here = rows_dst.len() / v;
+            #[cfg(target_arch = "x86_64")]
+            let rows_dst = match pipelined(rows, t * per, rows_here, scale, rows_dst, loss_ptr) {
+                Ok(()) => return,
+                Err(rows_dst) => rows_dst,
+            };
             let mut folded = None;
             for (k, d_row) in rows_dst.into_chunks(v).enumerate() {
                 let r = t * per + k;
