@@ -35,7 +35,7 @@ pub fn exp_sub_sum(z: &[f32], e: &mut [MaybeUninit<f32>], m: f32) -> f32 {
     assert!(has_kernel(), "softmax_x86::exp_sub_sum without AVX-512");
     assert_eq!(z.len(), e.len(), "softmax_x86::exp_sub_sum: the row and its output differ in length");
     // SAFETY: AVX-512F is present (selected only when detected); the lengths match.
-    unsafe { exp_sub_sum_avx512(z, e, m) }
+    unsafe { pipelined_row_avx512(z, e, m, None, &[]).0 }
 }
 
 /// `row ← s·row`, less `minus.1` at index `minus.0` (past the end: nothing), returning the
@@ -115,7 +115,8 @@ pub fn scaled_rows_pipelined(
 }
 
 /// One step of [`scaled_rows_pipelined`]: the exps of `z` into `e` (their sum returned),
-/// `prev ← factor·prev` less its one-hot, and the max of `next` (−∞ when empty).
+/// `prev ← factor·prev` less its one-hot, and the max of `next` (−∞ when empty). With
+/// neither a `prev` nor a `next`, the exp pass of [`exp_sub_sum`].
 ///
 /// # Safety
 /// AVX-512F must be present; `e`, `prev`'s row and a non-empty `next` as long as `z`.
@@ -173,11 +174,12 @@ unsafe fn pipelined_row_avx512(
         }
     }
     let sum = sums.iter().sum::<f32>() + tail;
-    if !fold {
-        return (sum, f32::NEG_INFINITY);
-    }
-    let m = maxes.iter().fold(f32::NEG_INFINITY, |acc, &x| fold_max(acc, [x]));
-    (sum, next[body..].iter().fold(m, |acc, &x| fold_max(acc, [x])))
+    (sum, if fold { max_of(&maxes, &next[body..]) } else { f32::NEG_INFINITY })
+}
+
+/// The max of a fold's 16 lanes and the elements past its last whole vector.
+fn max_of(lanes: &[f32; 16], tail: &[f32]) -> f32 {
+    lanes.iter().chain(tail).fold(f32::NEG_INFINITY, |acc, &x| fold_max(acc, [x]))
 }
 
 /// e^x per lane exactly as `simd::exp_lane::<true>`.
@@ -202,37 +204,6 @@ unsafe fn exp16(x: __m512) -> __m512 {
     let pow2 =
         _mm512_slli_epi32::<23>(_mm512_sub_epi32(_mm512_castps_si512(big), _mm512_set1_epi32(0x4B40_0000 - 127)));
     _mm512_mul_ps(p, _mm512_castsi512_ps(pow2))
-}
-
-/// See [`exp_sub_sum`].
-///
-/// # Safety
-/// AVX-512F must be present; `z` and `e` of equal length.
-#[target_feature(enable = "avx512f")]
-unsafe fn exp_sub_sum_avx512(z: &[f32], e: &mut [MaybeUninit<f32>], m: f32) -> f32 {
-    let n = z.len();
-    let body = n / 16 * 16;
-    let mut lanes = [0.0f32; 16];
-    // SAFETY: i + 16 <= body <= n for every vector, in both slices; prefetches never fault.
-    unsafe {
-        let (zp, ep) = (z.as_ptr(), e.as_mut_ptr().cast::<f32>());
-        let mm = _mm512_set1_ps(m);
-        let mut acc = _mm512_setzero_ps();
-        let mut i = 0;
-        while i < body {
-            _mm_prefetch::<_MM_HINT_ET0>(ep.wrapping_add(i + OWN_AHEAD).cast());
-            let w = exp16(_mm512_sub_ps(_mm512_loadu_ps(zp.add(i)), mm));
-            acc = _mm512_add_ps(acc, w);
-            _mm512_storeu_ps(ep.add(i), w);
-            i += 16;
-        }
-        _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
-    }
-    let mut tail = 0.0;
-    for (v, o) in z[body..].iter().zip(&mut e[body..]) {
-        tail += *o.write(exp_lane::<true>(*v - m));
-    }
-    lanes.iter().sum::<f32>() + tail
 }
 
 /// The scale and the fold of [`scale_fold_max`], without the one-hot.
@@ -266,11 +237,11 @@ unsafe fn scale_fold_max_avx512(row: &mut [f32], s: f32, next: &[f32]) -> f32 {
     for v in &mut row[body..] {
         *v *= s;
     }
-    if !fold {
-        return f32::NEG_INFINITY;
+    if fold {
+        max_of(&lanes, &next[body..])
+    } else {
+        f32::NEG_INFINITY
     }
-    let m = lanes.iter().fold(f32::NEG_INFINITY, |acc, &x| fold_max(acc, [x]));
-    next[body..].iter().fold(m, |acc, &x| fold_max(acc, [x]))
 }
 
 #[cfg(test)]
