@@ -669,13 +669,18 @@ thread_local! {
 }
 
 /// Runs `f` on a thread-local f32 scratch slice of `len` elements (contents unspecified:
-/// left from earlier use), for kernels that need a row of temporaries.
+/// left from earlier use), for kernels that need a row of temporaries. The slice starts
+/// on a 64-byte line, so the kernels' vectors never straddle two lines (the allocator
+/// aligns a `Vec` to 16 bytes only).
 pub fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    const LINE: usize = 64 / std::mem::size_of::<f32>();
     let mut buf = SCRATCH.with(|s| s.take());
-    if buf.len() < len {
-        buf.resize(len, 0.0);
+    if buf.len() < len + LINE {
+        buf.resize(len + LINE, 0.0);
     }
-    let r = f(&mut buf[..len]);
+    // Fewer than LINE elements to the next line: a Vec<f32> is at least 4-byte aligned.
+    let start = buf.as_ptr().align_offset(64).min(LINE);
+    let r = f(&mut buf[start..start + len]);
     SCRATCH.with(|s| s.set(buf));
     r
 }
