@@ -325,9 +325,9 @@ impl<'a, const K: usize> Fold<'a, K> {
     /// (else nothing; [`step`](Fold::step) catches up after the loop).
     ///
     /// Why the lag: rows of large tensors sit at one offset modulo 4 KiB (every big
-    /// allocation starts at the same small offset into a page), so a load of the next row's element `i`
-    /// right after the store of this row's element `i` is "4K-aliased": the core may take
-    /// it for a dependence on the store and replay it. Folding `FOLD_LAG` elements (1 KiB)
+    /// allocation starts at the same small offset into a page), so a load of the next
+    /// row's element `i` right after the store of this row's element `i` is "4K-aliased":
+    /// the core may take it for a dependence on the store and replay it. Folding `FOLD_LAG` elements (1 KiB)
     /// behind the stores keeps their addresses apart. Measured on the Xeon, the lag made
     /// no difference either way (rms_norm backward 69–72% of copy with and without); it
     /// is kept because it costs nothing and removes the hazard on cores that pay it.
