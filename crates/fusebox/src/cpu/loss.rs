@@ -64,7 +64,12 @@ fn read<'a>(op: &'static str, logits: &'a Tensor, targets: &'a Tensor, ignore: O
 /// f64 and the max of `next` (the next row, folded while `d` is scaled).
 fn fused_row(z: &[f32], m: f32, target: usize, scale: f32, d: Dst<'_>, next: &[f32]) -> (f64, f32) {
     let (s, next_max) = softmax::scaled_softmax_row(z, m, scale, (target, scale), d, next);
-    ((s as f64).ln() + m as f64 - z[target] as f64, next_max)
+    (row_loss(s, m, z[target]), next_max)
+}
+
+/// A row's loss `logsumexp(z) − z[target]` in f64, from its max `m` and `s = Σ e^(z − m)`.
+fn row_loss(s: f32, m: f32, z_target: f32) -> f64 {
+    (s as f64).ln() + m as f64 - z_target as f64
 }
 
 /// Rows at least this long (beyond L1) take the pipelined kernel when it applies.
@@ -101,7 +106,7 @@ fn pipelined<'a>(
             let minus = |k: usize| (rows.targets[first + k] as usize, scale);
             softmax_x86::scaled_rows_pipelined(z, out, v, simd::max(&z[..v]), scale, minus, |k, s, m| {
                 let r = first + k;
-                let loss = (s as f64).ln() + m as f64 - rows.logits[r * v + rows.targets[r] as usize] as f64;
+                let loss = row_loss(s, m, rows.logits[r * v + rows.targets[r] as usize]);
                 // SAFETY: r < n and each row's task writes only its own slot.
                 loss_ptr.slice(r, 1)[0] = loss;
             });

@@ -131,8 +131,8 @@ fn sgemm_to(
     //   (2 threads, interleaved with PyTorch/MKL), 1024³ ran at 291–332 GFLOP/s with it
     //   and 324–343 this way (MKL 335–354), 2048³ at 325–340 against 337–346. (On a
     //   Zen 5, a row block per thread measured 2% slower than gemm's threading at 1024³.)
-    // Rayon stays for a product called from one of its workers, and for products
-    // whose m and n are both too short to split.
+    // Rayon stays for a product called from one of its workers, and for a product under
+    // TEAM_GEMM_SPLIT_WORK whose m and n are both too short to split.
     let on_team = cpu.pool.current_thread_index().is_none();
     let big = work >= TEAM_GEMM_SPLIT_WORK;
     let by_rows = if big { n < 2 * TEAM_GEMM_MIN } else { m >= 2 * TEAM_GEMM_MIN };
