@@ -28,9 +28,8 @@ pub(super) fn applies(d: usize) -> bool {
 /// every row `k_j` of `k` (`[keys, d]`, keys ≤ BLOCK_K), prefetching `ahead` (the next
 /// block's V rows) meanwhile. All heads are scored in one pass, each K row loaded once
 /// for all of them; at d = 128 four heads' queries fill every register, so the compiler
-/// keeps some in L1, which costs less than a second pass over the K rows (measured on a
-/// Xeon, Hq32 Hkv8 D128 kv 4096: two passes 63–64%, one 63–70% of read bandwidth, a
-/// small gain inside the noise, for simpler code). Only where [`applies`]`(d)`.
+/// keeps some in L1, which costs no more than a second pass over the K rows and keeps
+/// the code simpler. Only where [`applies`]`(d)`.
 pub(super) fn scores(k: &[f32], d: usize, q: &[f32], heads: usize, s: &mut [f32], ahead: &[f32]) {
     let keys = k.len() / d;
     assert!(applies(d) && heads <= HEADS && keys <= BLOCK_K && q.len() >= heads * d && s.len() >= HEADS * BLOCK_K);
