@@ -67,6 +67,10 @@ fn prefetch_per_row(ahead: &[f32], keys: usize) -> usize {
 /// `H` heads' scores against the first `keys` rows of `k` (rows of `16·D16`), their
 /// queries (`q`: `[H, 16·D16]`) held in registers (some in L1 at H·D16 = 32), written to
 /// `s[g·BLOCK_K + j]`; `ahead` (empty: none) is prefetched evenly over the rows.
+///
+/// # Safety
+/// The CPU must support AVX-512 (F, BW, VL), AVX2 and FMA. The slices' lengths are
+/// checked (a short one panics).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
 unsafe fn heads_scores<const D16: usize, const H: usize>(
     k: &[f32],
@@ -181,6 +185,10 @@ pub(super) fn accumulate(
 
 /// Columns `col0 .. col0 + 64` of [`accumulate`] for `H` heads, the `H × 4` output vectors
 /// held in registers; `ahead` (empty: none) is prefetched evenly over V's rows.
+///
+/// # Safety
+/// The CPU must support AVX-512 (F, BW, VL), AVX2 and FMA. The slices' lengths and
+/// `col0 + 64 ≤ d` are checked (a violation panics).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
 unsafe fn heads_accumulate<const H: usize>(
     o: &mut [f32],
