@@ -21,9 +21,8 @@ def set_thread_env(threads):
 
     OpenMP workers sleep between parallel regions (OMP_WAIT_POLICY=PASSIVE, as our
     rayon pool does) unless the caller set a policy: with the default busy-waiting, a
-    peer loses 5-10x on a machine where anything else runs (measured here: torch add on
-    16 MiB, 16 ms spinning vs 2.3 ms passive with 2 threads on 2 loaded cores), which
-    would make every ratio meaningless. Set OMP_WAIT_POLICY=ACTIVE to measure the other way.
+    peer loses several-fold on a machine where anything else runs (its spinning workers
+    take the CPUs from the ones still working), which would make every ratio meaningless. Set OMP_WAIT_POLICY=ACTIVE to measure the other way.
     """
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(threads)

@@ -153,6 +153,10 @@ pub struct CachingAllocator;
 // layout), and every block returned is either kept for the same layout or freed by
 // `System` with its layout.
 unsafe impl GlobalAlloc for CachingAllocator {
+    /// A block of `layout`: a cached one of the same layout, else a fresh one from `System`.
+    ///
+    /// # Safety
+    /// `layout` must have a non-zero size (the `GlobalAlloc::alloc` contract).
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         match take(layout) {
             Some(p) => p,
@@ -161,6 +165,10 @@ unsafe impl GlobalAlloc for CachingAllocator {
         }
     }
 
+    /// As `alloc`, zero-filled.
+    ///
+    /// # Safety
+    /// As for `alloc`: `layout` must have a non-zero size.
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         match take(layout) {
             Some(p) => {
@@ -173,6 +181,12 @@ unsafe impl GlobalAlloc for CachingAllocator {
         }
     }
 
+    /// Keeps the block for reuse when it is large enough and the cache has room, else
+    /// returns it to `System`.
+    ///
+    /// # Safety
+    /// `ptr` must have been returned by this allocator for the same `layout` and not
+    /// freed since (the `GlobalAlloc::dealloc` contract).
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         if !keep(ptr, layout) {
             // SAFETY: allocated by `System` with `layout` (fresh or cached).

@@ -106,10 +106,7 @@ impl Drop for HostBuffer {
 ///
 /// Why not a `Vec`: the allocator aligns large blocks to 16 bytes only (glibc puts a
 /// 16-byte header before every mapped block), so every 64-byte vector load or store of a
-/// row kernel straddles two cache lines. On a Xeon with a 480 MiB L3 (`fusebox bench ops`,
-/// 16 MiB tensors in cache, 2 threads, % of copy bandwidth), aligning the ops' outputs and
-/// then their inputs too took rms_norm from 75 to 82 and 85, softmax from 75 to 74 and 77,
-/// cross-entropy from 67 to 67 and 71.
+/// row kernel straddles two cache lines (docs/performance.md has the measurements).
 pub struct UninitHost<T: Element> {
     buf: HostBuffer,
     len: usize,

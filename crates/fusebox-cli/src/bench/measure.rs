@@ -84,10 +84,9 @@ pub fn time_interleaved(
 /// Wakes the backend's helper threads, untimed, so that the call timed next finds them
 /// spinning, as an op does that follows another in a model. Interleaved with 1-thread
 /// calls (the speedup columns), the helpers park between reps, so the N-thread op paid
-/// their wake-up inside its timed call while the copy timed right after it did not. On
-/// a Xeon VM the 2-thread speedups of the memory-bound ops went from 1.76–1.88 to
-/// 1.88–2.00 with this. (What waking costs is measured on its own by `cargo bench -p
-/// fusebox --bench dispatch`.)
+/// their wake-up inside its timed call while the copy timed right after it did not.
+/// (What waking costs is measured on its own by `cargo bench -p fusebox --bench
+/// dispatch`.)
 pub fn wake(cpu: &CpuBackend) {
     if cpu.threads() > 1 {
         // One index per thread, each long enough that every helper takes one.

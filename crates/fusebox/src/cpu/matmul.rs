@@ -120,17 +120,15 @@ fn sgemm_to(
         return gemm_f32(m, n, k, a, b, c, accumulate, none);
     }
     // Blocks on the team, each a serial GEMM that packs its own operands; the team
-    // starts in a microsecond where the rayon pool takes 17–22 µs (2 threads ran a 256³
-    // product slower than one there: 220 µs against 80).
+    // starts a loop in about a microsecond, where waking the rayon pool from outside
+    // costs a futex wake (tens of µs in a VM, more than a small product's work).
     // - Under TEAM_GEMM_SPLIT_WORK: blocks of rows (of columns when m is short), two per
     //   thread, so a late thread finds less to do. Each packs all of B (or of A), a small
     //   share of its multiply-adds.
     // - From there on: one block of columns per thread (of rows when n is short), so the
     //   repacking of A is paid once per thread, not per block. gemm's own rayon threading
-    //   packs each panel of B once but meets its threads at every panel: on a Xeon VM
-    //   (2 threads, interleaved with PyTorch/MKL), 1024³ ran at 291–332 GFLOP/s with it
-    //   and 324–343 this way (MKL 335–354), 2048³ at 325–340 against 337–346. (On a
-    //   Zen 5, a row block per thread measured 2% slower than gemm's threading at 1024³.)
+    //   packs each panel of B once but meets its threads at every panel, which costs
+    //   more (docs/performance.md, "Matrix products").
     // Rayon stays for a product called from one of its workers, and for a product under
     // TEAM_GEMM_SPLIT_WORK whose m and n are both too short to split.
     let on_team = cpu.pool.current_thread_index().is_none();

@@ -218,10 +218,7 @@ impl<'a> Dst<'a> {
     /// [`FAR_MIN_BYTES`], nothing for a smaller one. Beyond that size the inputs come from
     /// the last-level cache or memory, and the prefetches overlap the next row's reads with
     /// this row's compute; below it they only compete with the demand loads and the
-    /// hardware prefetchers. Measured on a Xeon with a 480 MiB L3, outputs in cache, %
-    /// of copy bandwidth at 2 threads, without → with: 16 MiB outputs, rms_norm backward
-    /// 72 → 88, add_rms_norm 88 → 110, softmax backward 80 → 97, rms_norm 94 → 96;
-    /// 4 MiB outputs, rms_norm 95 → 91, add_rms_norm 93 → 89.
+    /// hardware prefetchers (docs/performance.md, "Row kernels", has the measurements).
     ///
     /// [`simd::prefetch_far`]: crate::cpu::simd::prefetch_far
     pub fn ahead<'n>(&self, next: &'n [f32]) -> &'n [f32] {
@@ -467,8 +464,8 @@ fn tiles<T>(slots: &[MaybeUninit<T>], store: Store) -> impl Iterator<Item = (usi
 /// lines of a 64-byte-aligned destination and plain stores for the rest. Never a partial
 /// line with non-temporal stores: a partly written write-combining buffer is flushed as
 /// slow partial writes, and the line's other bytes may belong to another task's piece,
-/// which writes them with plain stores from another core (measured: 2.5× slower
-/// softmax rows on two threads).
+/// which writes them with plain stores from another core (softmax rows on two threads
+/// measured several times slower).
 #[inline(always)]
 fn store_elems<T: Copy>(dst: &mut [MaybeUninit<T>], src: &[T], store: Store) {
     let bytes = std::mem::size_of_val(src);

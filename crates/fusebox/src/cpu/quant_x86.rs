@@ -85,6 +85,9 @@ mod avx512 {
 
     /// The block header `d` (and, for Q4_1, `m` in lane 1) as f32 lanes, from the 8
     /// bytes at `p` (lanes 2 and 3 hold whatever follows the header and are ignored).
+    ///
+    /// # Safety
+    /// `p` must point to 8 readable bytes, and the CPU must support AVX2, FMA and F16C.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn header(p: *const u8) -> __m128 {
@@ -94,6 +97,11 @@ mod avx512 {
 
     /// Q4_1 (`OFFSET`) or Q4_0 rows: per block `d·Σ x·q + m·Σx`, where Q4_0 is Q4_1
     /// with `m = −8d`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 (F, BW, VL), AVX2, FMA and F16C; `x.len()` must be a
+    /// multiple of 32, `xsum32` must hold at least `x.len() / 32` sums, and `w` exactly
+    /// `out.len()` rows of `x.len() / 32` blocks (20 bytes each for Q4_1, 18 for Q4_0).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     pub(super) unsafe fn q4_rows<const OFFSET: bool>(w: &[u8], x: &[f32], xsum32: &[f32], out: &mut [f32]) {
         let nb = x.len() / QK;
@@ -143,6 +151,11 @@ mod avx512 {
     }
 
     /// Q8_0 rows: per block `d·Σ x·q`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 (F, BW, VL), AVX2, FMA and F16C; `x.len()` must be a
+    /// multiple of 32 and `w` hold exactly `out.len()` rows of `x.len() / 32` blocks of 34
+    /// bytes.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     pub(super) unsafe fn q8_0_rows(w: &[u8], x: &[f32], out: &mut [f32]) {
         let nb = x.len() / QK;
@@ -185,6 +198,9 @@ mod avx2 {
     use super::*;
 
     /// As `avx512::header`.
+    ///
+    /// # Safety
+    /// `p` must point to 8 readable bytes, and the CPU must support AVX2, FMA and F16C.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn header(p: *const u8) -> __m128 {
@@ -203,6 +219,9 @@ mod avx2 {
     }
 
     /// 8 bytes at `p` as i8 → f32 lanes.
+    ///
+    /// # Safety
+    /// `p` must point to 8 readable bytes, and the CPU must support AVX2 and FMA.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn i8x8(p: *const u8) -> __m256 {
@@ -212,6 +231,9 @@ mod avx2 {
 
     /// As `avx512::q4_rows`, 8 lanes: element j < 16 is the low nibble of byte j, element
     /// j + 16 its high nibble.
+    ///
+    /// # Safety
+    /// As `avx512::q4_rows`, with a CPU that supports AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn q4_rows<const OFFSET: bool>(w: &[u8], x: &[f32], xsum32: &[f32], out: &mut [f32]) {
         let nb = x.len() / QK;
@@ -252,6 +274,9 @@ mod avx2 {
     }
 
     /// As `avx512::q8_0_rows`, 8 lanes.
+    ///
+    /// # Safety
+    /// As `avx512::q8_0_rows`, with a CPU that supports AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn q8_0_rows(w: &[u8], x: &[f32], out: &mut [f32]) {
         let nb = x.len() / QK;

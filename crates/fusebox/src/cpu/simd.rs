@@ -266,9 +266,7 @@ pub const FOLD_LAG: usize = 256;
 /// A reduction over one row (of `K` equal-length slices, read in step) folded 16 lanes
 /// at a time, in order, possibly a few chunks per call from inside another loop: a row
 /// kernel folds the *next* row while it writes the current one, so the next row's loads
-/// overlap this row's stores instead of running as a separate pass (measured on a Xeon
-/// with the working set in L3: rms_norm 72% → 88% of copy bandwidth, add_rms_norm
-/// 74% → 92–99%).
+/// overlap this row's stores instead of running as a separate pass.
 ///
 /// Lane `l` folds elements `l, 16 + l, 32 + l, …` of the whole chunks; the remainder is
 /// folded separately and [`finish`](Fold::finish) combines the lanes and the remainder
@@ -328,9 +326,8 @@ impl<'a, const K: usize> Fold<'a, K> {
     /// allocation starts at the same small offset into a page), so a load of the next
     /// row's element `i` right after the store of this row's element `i` is "4K-aliased":
     /// the core may take it for a dependence on the store and replay it. Folding `FOLD_LAG` elements (1 KiB)
-    /// behind the stores keeps their addresses apart. Measured on the Xeon, the lag made
-    /// no difference either way (rms_norm backward 69–72% of copy with and without); it
-    /// is kept because it costs nothing and removes the hazard on cores that pay it.
+    /// behind the stores keeps their addresses apart. It costs nothing and removes the
+    /// hazard on cores that pay it.
     #[inline(always)]
     pub fn fold_behind(&mut self, i: usize, f: impl Fn(f32, [f32; K]) -> f32) {
         if let Some(j) = i.checked_sub(FOLD_LAG) {
@@ -442,9 +439,8 @@ pub fn prefetch_l1(data: &[f32], i: usize) {
 
 /// How far (in elements: 8 KiB) ahead of its reads from memory a row kernel prefetches
 /// the rows that follow ([`prefetch_far`]) when its output streams, i.e. when the working
-/// set is beyond the last-level cache. Demand loads and the hardware prefetchers alone
-/// left rms_norm at 46–50% of copy bandwidth on a Zen 5 with a 32 MiB L3 (data from
-/// DRAM); 8 KiB ahead gave 78–86%, 4 KiB and 16 KiB 63%.
+/// set is beyond the last-level cache, where demand loads and the hardware prefetchers
+/// alone leave the row kernels well short of copy bandwidth; 8 KiB beat 4 and 16 KiB.
 pub const FAR_AHEAD: usize = 2048;
 
 /// Prefetches element `i + FAR_AHEAD` of each of `rest` into L2 (one line; the part past
@@ -468,8 +464,7 @@ pub const OWN_AHEAD: usize = 512;
 /// the inputs' lines [`OWN_AHEAD`] elements ahead and for ownership of the output's line
 /// there (`out` is the output's first element). A loop with much arithmetic per element
 /// (an exp, a divide) keeps too few iterations in flight for the out-of-order window to
-/// reach that far by itself; silu_mul with the working set in L3 went from 73% to 86% of
-/// copy bandwidth. Not used for plain streams such as `add`: no gain measured there.
+/// reach that far by itself. Not used for plain streams such as `add`, which gain nothing.
 #[inline(always)]
 pub fn stream_ahead<const K: usize>(inputs: [&[f32]; K], out: *const f32, i: usize) {
     let j = i + OWN_AHEAD;

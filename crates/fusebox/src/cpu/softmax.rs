@@ -231,10 +231,8 @@ multiversion! {
     /// `max next` meanwhile, which it returns: the second pass of a row whose exps were
     /// written into the output itself. `next` is prefetched into L1 [`simd::OWN_AHEAD`]
     /// elements ahead: this loop is too short to keep enough of its loads in flight by
-    /// itself (Xeon, 480 MiB L3, 16 MiB outputs in cache, 2 threads, % of copy: softmax
-    /// 78 → 86–88, cross-entropy 76 → 84–89; prefetching into L2 instead gave 80–84, and
-    /// prefetching the whole next row during the exp pass helped softmax by 4 points and
-    /// cost cross-entropy's 125 KiB rows 4).
+    /// itself; into L1 because a prefetch into L2 left the fold waiting, and not the whole
+    /// next row during the exp pass, which cross-entropy's 125 KiB rows cannot afford.
     pub fn scale_in_place_fold_max(row: &mut [f32], s: f32, minus: (usize, f32), next: &[f32]) -> f32 {
         let mut fold = Fold::new([next], f32::NEG_INFINITY);
         let mut chunks = row.chunks_exact_mut(LANES);
@@ -264,16 +262,12 @@ multiversion! {
 /// When `dst` is written in place, the exps go straight into the output row (its lines
 /// prefetched for writing 2 KiB ahead of the stores) and are scaled there: no scratch
 /// row, so two fewer lines per 16 elements move between L2 and L1 — the pass is bound by
-/// line fills, not arithmetic (on the Xeon, working set in L3: softmax 80% → 91% of copy
-/// bandwidth, cross-entropy 77% → 85%). With AVX-512 both passes run as the plain
-/// intrinsic loops of `softmax_x86` (same bits): on a Xeon VM with 16 MiB tensors in
-/// cache, 2 threads, 4 alternating runs, softmax 82–85 → 86–90% of copy, cross-entropy
-/// 77–82 → 80–84%. Otherwise (streamed or F16/BF16 outputs) the exps
+/// line fills, not arithmetic. With AVX-512 both passes run as the plain intrinsic loops
+/// of `softmax_x86` (same bits). Otherwise (streamed or F16/BF16 outputs) the exps
 /// go to a scratch row while `dst`'s lines, or the next row when `dst` streams, are
 /// prefetched, and the scaled row is written once: for a streamed F32 row on x86-64 by
-/// `stream_x86::scale_stream_fold_max`, with its streaming stores issued from registers
-/// (on a Zen 5 at 1 thread, % of copy bandwidth: softmax 69 → 93, cross-entropy
-/// 68 → 87), else through `Dst::write`.
+/// `stream_x86::scale_stream_fold_max`, with its streaming stores issued from registers,
+/// else through `Dst::write`.
 pub fn scaled_softmax_row(
     z: &[f32],
     m: f32,

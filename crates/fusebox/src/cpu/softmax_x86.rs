@@ -6,9 +6,8 @@
 //! compute the same values; these exist because the exp pass is bound by arithmetic
 //! (an exp is 15 vector operations) and every instruction of loop overhead shows. The
 //! portable loops carry the generic prefetch helpers' bounds checks and the fold's
-//! bookkeeping; here a pass is one plain loop. Measured on a Xeon VM (480 MiB L3, 2
-//! threads, `fusebox bench ops`, 16 MiB tensors in cache), % of copy bandwidth, see
-//! `scaled_softmax_row` for the figures.
+//! bookkeeping; here a pass is one plain loop (docs/performance.md, "Softmax and
+//! cross-entropy", has the measurements).
 //!
 //! Every value is the portable path's, bit for bit: the same operations in the same order
 //! per lane (`exp_lane` with fused multiply-adds), the sum over the same 16 lanes folded
@@ -67,10 +66,8 @@ pub fn scale_fold_max(row: &mut [f32], s: f32, minus: (usize, f32), next: &[f32]
 /// For rows beyond L1 (cross-entropy's vocabulary rows), where the separate scale pass
 /// read the row back from L2. The next row is prefetched into L1 [`OWN_AHEAD`] elements
 /// ahead of the fold's loads: without it they stalled the loop (a third of its samples
-/// on the fold's `vmaxps`) and the pipelining gained nothing. On a Xeon VM (`fusebox
-/// bench ops`, 128 rows of 32000, 2 threads, 4 alternating runs, % of copy bandwidth):
-/// cross-entropy 84–86 → 86–90, its backward 85–90 → 89–91. A C model of the same loops
-/// on rows of 4096 gained nothing (95–96% both ways), so softmax keeps its two passes.
+/// on the fold's `vmaxps`) and the pipelining gained nothing. Rows of 4096 gain nothing
+/// from the pipelining, so softmax keeps its two passes.
 ///
 /// # Panics
 /// When AVX-512 is not the ISA in use, or `z`, `out` and `len` disagree.

@@ -6,18 +6,10 @@
 //! 64-element staging tiles copied out by streaming stores, a call per tile, with the
 //! next row folded 1 KiB behind the stores (`simd::Fold::fold_behind`). Here a row costs
 //! one loop: load the exps, scale, stream the vector out, load and fold the next row's
-//! vector. On a Zen 5 VM with a 32 MiB L3 (outputs of 16 MiB, from DRAM), interleaved
-//! A/B of `fusebox bench ops`, medians of 6 runs a side, % of copy bandwidth:
-//!
-//! | op | 1 thread | 2 threads |
-//! |---|---|---|
-//! | softmax | 69 → 93 | 75 → 76 |
-//! | cross_entropy | 68 → 87 | 77 → 82 |
-//! | cross_entropy_backward | 67 → 86 | 78 → 79 |
-//!
-//! Which of the differences counts (the staging tile, the call per tile, the fold's lag)
-//! was not isolated: modelled in C (`bench/models/softmax_rows.c`), each alone moved the
-//! loop by less than this VM's noise.
+//! vector, which moves more bytes per second than the portable path when the rows stream
+//! from DRAM (docs/performance.md, "Softmax and cross-entropy"). Which of the differences
+//! counts (the staging tile, the call per tile, the fold's lag) is not known: modelled in
+//! C (`bench/models/softmax_rows.c`), none alone moved the loop beyond the noise.
 //!
 //! Every value is the portable path's, bit for bit: the same products `e·s`, the one-hot
 //! subtracted after the product, and a max, which does not depend on the order it is

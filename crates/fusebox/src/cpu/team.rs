@@ -5,11 +5,8 @@
 //! Why not the rayon pool alone: a loop submitted to a rayon pool from a thread outside
 //! it is injected into the pool and the caller sleeps on a futex until the pool is done.
 //! Waking a sleeping thread takes a futex wake and, in a VM, an inter-processor
-//! interrupt: measured on a 2-vCPU KVM guest, `install` of an empty closure cost 17–22 µs,
-//! against 2.2 µs for an OpenMP parallel region whose threads spin and 68 µs for one
-//! whose threads sleep (`OMP_WAIT_POLICY=passive`). The Llama decoder used to run each
-//! whole pass inside the pool to avoid it (decoding on 2 threads ran about 2× slower
-//! without that), and the default training run gains 17–25% tokens/s from the team.
+//! interrupt: tens of microseconds, against about one for a team whose helpers spin
+//! (docs/performance.md, "Threads", has the measurements).
 //!
 //! How: [`Team::run`] publishes a job (the loop body and its index count) and bumps an
 //! epoch; helpers spinning on the epoch pick it up. Every participant, the caller

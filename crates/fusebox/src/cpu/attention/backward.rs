@@ -147,8 +147,7 @@ fn split_key_blocks(p: &Problem, splits: usize) -> Vec<(usize, usize)> {
 
 /// The buffers of one backward task, reused by the next task on the same thread (and the
 /// next call): a task allocates nothing, so the allocator neither faults fresh pages in nor
-/// trims them (which measured 10% of the backward at T = 256, in page faults and TLB
-/// shootdowns).
+/// trims them (page faults and TLB shootdowns, a tenth of the backward at T = 256).
 #[derive(Default)]
 struct Workspace {
     qs: Vec<f32>,

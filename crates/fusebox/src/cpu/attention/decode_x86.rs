@@ -28,9 +28,8 @@ pub(super) fn applies(d: usize) -> bool {
 /// every row `k_j` of `k` (`[keys, d]`, keys ≤ BLOCK_K), prefetching `ahead` (the next
 /// block's V rows) meanwhile. All heads are scored in one pass, each K row loaded once
 /// for all of them; at d = 128 four heads' queries fill every register, so the compiler
-/// keeps some in L1, which costs less than a second pass over the K rows (measured on a
-/// Xeon, Hq32 Hkv8 D128 kv 4096: two passes 63–64%, one 63–70% of read bandwidth, a
-/// small gain inside the noise, for simpler code). Only where [`applies`]`(d)`.
+/// keeps some in L1, which costs no more than a second pass over the K rows and keeps
+/// the code simpler. Only where [`applies`]`(d)`.
 pub(super) fn scores(k: &[f32], d: usize, q: &[f32], heads: usize, s: &mut [f32], ahead: &[f32]) {
     let keys = k.len() / d;
     assert!(applies(d) && heads <= HEADS && keys <= BLOCK_K && q.len() >= heads * d && s.len() >= HEADS * BLOCK_K);
@@ -68,6 +67,10 @@ fn prefetch_per_row(ahead: &[f32], keys: usize) -> usize {
 /// `H` heads' scores against the first `keys` rows of `k` (rows of `16·D16`), their
 /// queries (`q`: `[H, 16·D16]`) held in registers (some in L1 at H·D16 = 32), written to
 /// `s[g·BLOCK_K + j]`; `ahead` (empty: none) is prefetched evenly over the rows.
+///
+/// # Safety
+/// The CPU must support AVX-512 (F, BW, VL), AVX2 and FMA. The slices' lengths are
+/// checked (a short one panics).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
 unsafe fn heads_scores<const D16: usize, const H: usize>(
     k: &[f32],
@@ -182,6 +185,10 @@ pub(super) fn accumulate(
 
 /// Columns `col0 .. col0 + 64` of [`accumulate`] for `H` heads, the `H × 4` output vectors
 /// held in registers; `ahead` (empty: none) is prefetched evenly over V's rows.
+///
+/// # Safety
+/// The CPU must support AVX-512 (F, BW, VL), AVX2 and FMA. The slices' lengths and
+/// `col0 + 64 ≤ d` are checked (a violation panics).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
 unsafe fn heads_accumulate<const H: usize>(
     o: &mut [f32],

@@ -39,9 +39,8 @@ use crate::cpu::simd;
 use crate::cpu::CpuBackend;
 
 /// Keys per block: a block's K rows, its score tile and its V rows (16 KiB each at
-/// D = 64, 64 query columns) then fit L1 beside the block's queries (measured on a Xeon
-/// with 48 KiB of L1: 128 keys 277 GFLOP/s at B1 H8 T1024 D64 and 257 at Hq32 Hkv8 T512
-/// D128; 64 keys 286 and 280; 32 keys 271 and 266).
+/// D = 64, 64 query columns) then fit L1 beside the block's queries; blocks of 128 and
+/// of 32 keys ran slower (docs/performance.md, "Attention").
 const BLOCK_K: usize = 64;
 /// From this many queries per head on, blocks hold 64 queries of one head.
 const PER_HEAD_MIN_TQ: usize = 16;
