@@ -26,6 +26,7 @@ fn backend_status() -> Vec<(String, bool, String)> {
 }
 
 pub fn run(args: &InfoArgs) -> fusebox::Result<()> {
+    // The CPU as the environment configures it (see `fusebox --help`).
     let cpu = fusebox::default_cpu();
     let detected = Isa::detected();
     let used = cpu.isa();
@@ -42,17 +43,20 @@ pub fn run(args: &InfoArgs) -> fusebox::Result<()> {
                 "arch": std::env::consts::ARCH,
                 "isa_detected": detected.name(),
                 "isa_used": used.name(),
+                "isa_available": Isa::available().iter().map(|i| i.name()).collect::<Vec<_>>(),
                 "features": features,
                 "threads": cpu.threads(),
                 "ops": Op::ALL.len(),
                 "native_ops": native_ops,
             },
-            "wgpu": wgpu.as_ref().map(|(adapter, limits, ops)| json!({
-                "adapter": adapter,
-                "limits": limits,
-                "native_ops": ops,
-                "native_op_count": ops.len(),
-                "fallback_ops": Op::ALL.iter().map(|o| o.name()).filter(|n| !ops.contains(n)).collect::<Vec<_>>(),
+            "wgpu": wgpu.as_ref().map(|w| json!({
+                "adapters": w.adapters,
+                "adapter": w.opened.as_ref().ok().map(|(adapter, _)| adapter),
+                "limits": w.opened.as_ref().ok().map(|(_, limits)| limits),
+                "error": w.opened.as_ref().err(),
+                "native_ops": w.native_ops,
+                "native_op_count": w.native_ops.len(),
+                "fallback_ops": Op::ALL.iter().map(|o| o.name()).filter(|n| !w.native_ops.contains(n)).collect::<Vec<_>>(),
             })),
         });
         println!("{value}");
@@ -70,13 +74,23 @@ pub fn run(args: &InfoArgs) -> fusebox::Result<()> {
         used.name(),
         cpu.threads()
     );
+    println!("ISA paths available: {}", Isa::available().iter().map(|i| i.name()).collect::<Vec<_>>().join(", "));
     println!("cpu features: {}", features.join(" "));
     println!("ops: {} in the ComputeBackend trait, {native_ops} native on cpu", Op::ALL.len());
-    if let Some((adapter, limits, ops)) = &wgpu {
-        println!("wgpu adapter: {adapter}");
-        println!("wgpu limits: {limits}");
-        println!("wgpu: {} ops native (the rest fall back to the cpu):", ops.len());
-        for chunk in ops.chunks(8) {
+    if let Some(w) = &wgpu {
+        println!("wgpu adapters (FUSEBOX_WGPU_ADAPTER takes an index or a name):");
+        for a in &w.adapters {
+            println!("  {a}");
+        }
+        match &w.opened {
+            Ok((adapter, limits)) => {
+                println!("wgpu adapter: {adapter}");
+                println!("wgpu limits: {limits}");
+            }
+            Err(e) => println!("wgpu: {e}"),
+        }
+        println!("wgpu: {} ops native (the rest fall back to the cpu):", w.native_ops.len());
+        for chunk in w.native_ops.chunks(8) {
             println!("  {}", chunk.join(" "));
         }
     }

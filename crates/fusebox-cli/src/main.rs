@@ -18,7 +18,7 @@ static ALLOCATOR: fusebox::host_cache::CachingAllocator = fusebox::host_cache::C
 
 /// fusebox: transformer training and inference on one ComputeBackend trait.
 #[derive(Parser)]
-#[command(name = "fusebox", version, about)]
+#[command(name = "fusebox", version, about, after_help = backends::ENV_HELP)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -40,6 +40,11 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    // The environment's CPU settings also hold for the CPU that other backends fall back to.
+    if let Err(e) = backends::configure_default_cpu() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
     let result = match cli.command {
         Command::Info(args) => info::run(&args),
         Command::Demo(args) => demo::run(&args),

@@ -11,7 +11,13 @@ fn main() {
         eprintln!("unknown family '{family}'; known: {}", suite::FAMILIES.join(", "));
         std::process::exit(2);
     };
-    let backend = CpuBackend::new();
+    let backend = match CpuBackend::new() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
     let mut report = run_cases(&backend, &cases, filter.as_deref());
     if family == "all" {
         report.coverage_gaps = coverage_gaps(&cases);

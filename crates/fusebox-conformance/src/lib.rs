@@ -6,7 +6,7 @@
 //! A new backend passes by instantiating the suite:
 //!
 //! ```no_run
-//! let report = fusebox_conformance::run_suite(&fusebox::CpuBackend::new());
+//! let report = fusebox_conformance::run_suite(&fusebox::CpuBackend::new().unwrap());
 //! assert!(report.passed(), "{}", report.summary());
 //! ```
 

@@ -1,30 +1,65 @@
-//! The conformance suite on `CpuBackend`, with the ISA path `FUSEBOX_ISA` selects.
+//! The conformance suite on `CpuBackend`: once per ISA path this CPU has (each backend
+//! dispatches on its own ISA, so every path runs in this one process), on one thread,
+//! and with streaming stores for every output.
 
-use fusebox::CpuBackend;
+use fusebox::{CpuBackend, Isa};
+
+/// Runs the suite on `backend`, failing with the report (and `what`) if any case fails.
+fn passes(backend: &CpuBackend, what: &str) {
+    let report = fusebox_conformance::run_suite(backend);
+    println!("{what}: {}", report.summary());
+    assert!(report.passed(), "conformance failures ({what}):\n{}", report.summary());
+}
+
+/// One test per ISA path, so a failure names its path and the paths run in parallel.
+fn passes_on(isa: Isa) {
+    if !isa.is_available() {
+        println!("skipped: this CPU has no {isa} (available: {:?})", Isa::available());
+        return;
+    }
+    let backend = CpuBackend::builder().isa(isa).build().unwrap();
+    assert_eq!(backend.isa(), isa);
+    passes(&backend, &format!("ISA path {isa}"));
+}
 
 #[test]
-fn cpu_backend_passes_the_conformance_suite() {
-    let backend = CpuBackend::new();
-    let report = fusebox_conformance::run_suite(&backend);
-    println!("ISA path: {}", backend.isa().name());
-    println!("{}", report.summary());
-    assert!(report.passed(), "conformance failures:\n{}", report.summary());
+fn cpu_backend_passes_the_conformance_suite_with_avx512() {
+    passes_on(Isa::Avx512);
+}
+
+#[test]
+fn cpu_backend_passes_the_conformance_suite_with_avx2() {
+    passes_on(Isa::Avx2);
+}
+
+#[test]
+fn cpu_backend_passes_the_conformance_suite_with_scalar() {
+    passes_on(Isa::Scalar);
 }
 
 #[test]
 fn single_threaded_cpu_backend_passes_the_conformance_suite() {
-    let backend = CpuBackend::with_threads(1).unwrap();
-    let report = fusebox_conformance::run_suite(&backend);
-    assert!(report.passed(), "conformance failures (1 thread):\n{}", report.summary());
+    passes(&CpuBackend::with_threads(1).unwrap(), "1 thread");
 }
 
-/// Every fresh output streamed (non-temporal stores, see `fusebox::cpu::output`) instead of
-/// only those beyond the caches. The threshold is process-wide, so the other tests may
-/// stream too while this one runs; stored values are the same either way.
+/// Every fresh output streamed (non-temporal stores, see `fusebox::cpu::output`) instead
+/// of only those beyond the caches.
 #[test]
 fn cpu_backend_passes_with_streaming_stores_everywhere() {
-    fusebox::cpu::output::set_stream_threshold(1);
-    let report = fusebox_conformance::run_suite(&CpuBackend::new());
-    fusebox::cpu::output::set_stream_threshold(0);
-    assert!(report.passed(), "conformance failures (streaming stores):\n{}", report.summary());
+    let backend = CpuBackend::builder().stream_min_bytes(1).build().unwrap();
+    passes(&backend, "streaming stores");
+}
+
+/// The builder refuses what it cannot honour, with an error rather than a panic.
+#[test]
+fn the_builder_refuses_bad_settings() {
+    assert!(CpuBackend::builder().threads(0).build().is_err());
+    assert!(CpuBackend::builder().stream_min_bytes(0).build().is_err());
+    for isa in Isa::ALL {
+        let built = CpuBackend::builder().threads(1).isa(isa).build();
+        assert_eq!(built.is_ok(), isa.is_available(), "{isa}");
+        if let Err(e) = built {
+            assert!(e.to_string().contains(isa.name()), "{e}");
+        }
+    }
 }

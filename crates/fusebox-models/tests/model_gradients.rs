@@ -85,7 +85,7 @@ fn llama_style_gradients_match_finite_differences() {
 
 #[test]
 fn bad_ids_are_errors_not_panics() {
-    let b = CpuBackend::new();
+    let b = CpuBackend::new().unwrap();
     let model = Model::new(&b, tiny(Style::Llama), 1).unwrap();
     let too_long = Tensor::from_vec(vec![0u32; 17], [1, 17]).unwrap();
     assert!(model.forward(&b, &too_long).is_err());

@@ -41,7 +41,7 @@ fn check_against_torch(style: &str) {
     let st = fixture(style);
     let cfg = config_of(&st);
     assert_eq!(cfg.style.name(), style, "fixture style");
-    let b = CpuBackend::new();
+    let b = CpuBackend::new().unwrap();
     let (specs, _) = param_specs(&cfg);
 
     // Every fixture parameter is a fusebox parameter and the other way round.

@@ -14,6 +14,7 @@ use fusebox::{
     Result, RopeStyle, Shape, Tensor, ToBackend,
 };
 
+use crate::builder::WgpuBackendBuilder;
 use crate::context::{buffer_of, Context};
 use crate::kernels;
 use crate::native_ops::NATIVE_OPS;
@@ -30,11 +31,33 @@ pub struct WgpuBackend {
 }
 
 impl WgpuBackend {
-    /// Opens the best available adapter; errors (naming what was tried) when none exists.
+    /// Opens the best available adapter with the default settings
+    /// (`WgpuBackend::builder().build()`); errors (naming what was tried) when none exists.
     pub fn new() -> Result<WgpuBackend> {
-        let ctx = Context::new()?;
+        Self::builder().build()
+    }
+
+    /// The settings of a backend, defaults filled in: see [`WgpuBackendBuilder`].
+    pub fn builder() -> WgpuBackendBuilder {
+        WgpuBackendBuilder::default()
+    }
+
+    /// The adapters there are, as `index: name (backend API, device type)`; the index and
+    /// the name are what [`AdapterChoice`](crate::AdapterChoice) takes.
+    pub fn adapters() -> Vec<String> {
+        Context::adapters()
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                let info = a.get_info();
+                format!("{i}: {} ({:?}, {:?})", info.name, info.backend, info.device_type)
+            })
+            .collect()
+    }
+
+    pub(crate) fn from_context(ctx: Context) -> WgpuBackend {
         let name = format!("wgpu ({} / {:?})", ctx.info.name, ctx.info.backend);
-        Ok(WgpuBackend { ctx: Arc::new(ctx), name })
+        WgpuBackend { ctx: Arc::new(ctx), name }
     }
 
     /// Native kernel dispatches and buffer copies recorded since creation.

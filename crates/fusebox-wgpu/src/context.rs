@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use fusebox::{DType, DeviceBuffer, Error, Result, Shape, Tensor};
 
 use crate::buffer::WgpuBuffer;
+use crate::builder::{AdapterChoice, WgpuBackendBuilder};
 
 /// Dispatches recorded before the pending encoder is submitted on its own.
 const MAX_PENDING_DISPATCHES: u32 = 256;
@@ -111,28 +112,64 @@ impl std::fmt::Debug for Context {
     }
 }
 
+/// A wgpu instance on every backend this build has, configured by our settings only
+/// (not by wgpu's `WGPU_*` environment variables).
+fn instance() -> wgpu::Instance {
+    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle())
+}
+
 fn gpu_error(op: &'static str, e: impl std::fmt::Display) -> Error {
     Error::unsupported(op, format!("wgpu error: {e}"))
 }
 
 impl Context {
-    /// Opens the first adapter that has compute (high performance preferred), with
-    /// the adapter's own limits.
-    pub fn new() -> Result<Context> {
-        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
-            power_preference: wgpu::PowerPreference::HighPerformance,
-            ..Default::default()
-        }))
-        .map_err(|e| {
-            Error::unsupported(
-                "WgpuBackend::new",
-                format!(
-                    "no GPU adapter found (tried Vulkan, Metal and DX12 through wgpu; on Linux install a Vulkan \
-                     driver, e.g. Debian's mesa-vulkan-drivers for the llvmpipe software adapter): {e}"
-                ),
-            )
-        })?;
+    /// The adapters wgpu finds on every backend (Vulkan, Metal, DX12, GL), in its order.
+    pub fn adapters() -> Vec<wgpu::Adapter> {
+        pollster::block_on(instance().enumerate_adapters(wgpu::Backends::all()))
+    }
+
+    /// Opens the adapter `options` choose, with the adapter's own limits.
+    pub fn new(options: &WgpuBackendBuilder) -> Result<Context> {
+        const OP: &str = "WgpuBackend::builder";
+        let adapter = match &options.adapter {
+            AdapterChoice::Preferred => pollster::block_on(instance().request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: options.power.to_wgpu(),
+                ..Default::default()
+            }))
+            .map_err(|e| {
+                Error::unsupported(
+                    OP,
+                    format!(
+                        "no GPU adapter found (tried Vulkan, Metal and DX12 through wgpu; on Linux install a Vulkan \
+                         driver, e.g. Debian's mesa-vulkan-drivers for the llvmpipe software adapter): {e}"
+                    ),
+                )
+            })?,
+            choice => {
+                let mut all = Context::adapters();
+                let found = match choice {
+                    AdapterChoice::Index(i) => (*i < all.len()).then_some(*i),
+                    AdapterChoice::Name(name) => {
+                        let name = name.to_lowercase();
+                        all.iter().position(|a| a.get_info().name.to_lowercase().contains(&name))
+                    }
+                    AdapterChoice::Preferred => None,
+                };
+                match found {
+                    Some(i) => all.swap_remove(i),
+                    None => {
+                        let names: Vec<String> =
+                            all.iter().enumerate().map(|(i, a)| format!("{i}: {}", a.get_info().name)).collect();
+                        return Err(Error::value(
+                            OP,
+                            "adapter",
+                            format!("one of [{}]", names.join(", ")),
+                            format!("{choice:?}"),
+                        ));
+                    }
+                }
+            }
+        };
         let info = adapter.get_info();
         let limits = adapter.limits();
         let features = adapter.features() & wgpu::Features::SHADER_F16;
@@ -142,7 +179,7 @@ impl Context {
             required_limits: limits.clone(),
             ..Default::default()
         }))
-        .map_err(|e| Error::unsupported("WgpuBackend::new", format!("adapter '{}' gave no device: {e}", info.name)))?;
+        .map_err(|e| Error::unsupported(OP, format!("adapter '{}' gave no device: {e}", info.name)))?;
         let uncaptured: Arc<Mutex<Vec<String>>> = Arc::default();
         let sink = uncaptured.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -163,7 +200,7 @@ impl Context {
             uncaptured,
             dispatches: AtomicU64::new(0),
             fallbacks: AtomicU64::new(0),
-            trace: std::env::var("FUSEBOX_WGPU_TRACE").is_ok_and(|v| v == "1"),
+            trace: options.trace,
         })
     }
 

@@ -11,12 +11,16 @@
 //! path does not recognise as valid goes there too, so errors match the CPU backend
 //! exactly.
 //! `supports(op)` lists the native ops; `native_dispatches` counts the GPU work.
+//!
+//! Built by [`WgpuBackend::builder`] (which adapter, whether to trace CPU fallbacks), or
+//! [`WgpuBackend::new`] for the defaults; nothing in this crate reads the environment.
 
 #[macro_use]
 mod macros;
 
 mod backend;
 mod buffer;
+mod builder;
 mod context;
 mod kernels;
 mod native_ops;
@@ -24,3 +28,4 @@ mod ops;
 
 pub use backend::WgpuBackend;
 pub use buffer::WgpuBuffer;
+pub use builder::{AdapterChoice, PowerPreference, WgpuBackendBuilder};

@@ -48,7 +48,7 @@ fn a_tensor_beyond_the_largest_buffer_is_an_error_naming_the_limit() {
 #[test]
 fn tables_beyond_one_binding_are_split_into_row_blocks() {
     let Some(b) = backend_or_skip() else { return };
-    let cpu = CpuBackend::new();
+    let cpu = CpuBackend::new().unwrap();
     println!("{}", b.limits_summary());
     // 36,000 × 1,024 f32 = 147 MB (> 128 MiB), like GPT-2's 50,257 × 768 embedding.
     let (vocab, d) = (36_000usize, 1_024usize);
@@ -71,7 +71,7 @@ fn tables_beyond_one_binding_are_split_into_row_blocks() {
 #[test]
 fn f16_tables_that_widen_beyond_one_binding_are_converted_in_pieces() {
     let Some(b) = backend_or_skip() else { return };
-    let cpu = CpuBackend::new();
+    let cpu = CpuBackend::new().unwrap();
     // 36,000 × 1,024 f16 = 74 MB fits one binding; widened to f32 (147 MB) it does not.
     let (vocab, d) = (36_000usize, 1_024usize);
     let table = Tensor::from_f32_as(&values(vocab * d, 11), [vocab, d], DType::F16).unwrap();

@@ -83,7 +83,9 @@ struct_to_backend!(TopK { values, indices });
 macro_rules! on_cpu {
     ($self:ident, $kernel:path; [$($t:ident),*] $(, $arg:expr)*) => {{
         $(let $t = $self.to_host($t)?;)*
-        $kernel($self.cpu(), $(&$t,)* $($arg),*)?.to_backend($self)
+        let cpu = $self.cpu();
+        let _isa = cpu.enter();
+        $kernel(cpu, $(&$t,)* $($arg),*)?.to_backend($self)
     }};
 }
 
@@ -98,11 +100,16 @@ pub fn in_place_on_cpu<B: ComputeBackend + ?Sized>(
     dst: &mut Tensor,
     kernel: impl FnOnce(&CpuBackend, &mut Tensor) -> Result<()>,
 ) -> Result<()> {
+    let cpu = backend.cpu();
     if dst.is_host() {
-        return kernel(backend.cpu(), dst);
+        let _isa = cpu.enter();
+        return kernel(cpu, dst);
     }
     let mut host = backend.to_host(dst)?;
-    kernel(backend.cpu(), &mut host)?;
+    {
+        let _isa = cpu.enter();
+        kernel(cpu, &mut host)?;
+    }
     let back = backend.upload(&host)?;
     backend.copy_into(dst, &back)
 }
@@ -112,7 +119,7 @@ pub fn in_place_on_cpu<B: ComputeBackend + ?Sized>(
 pub fn create_backend(name: &str) -> Result<Arc<dyn ComputeBackend>> {
     let lower = name.trim().to_ascii_lowercase();
     if lower == "cpu" {
-        return Ok(Arc::new(CpuBackend::new()));
+        return Ok(Arc::new(CpuBackend::new()?));
     }
     if let Some(threads) = lower.strip_prefix("cpu:") {
         let n: usize = threads

@@ -5,7 +5,7 @@
 //!
 //! ```
 //! use fusebox::{ComputeBackend, CpuBackend, Tensor};
-//! let cpu = CpuBackend::new();
+//! let cpu = CpuBackend::new().unwrap();
 //! let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2]).unwrap();
 //! let w = Tensor::from_vec(vec![1.0f32, 1.0], [2]).unwrap();
 //! let y = cpu.rms_norm(&x, &w, 1e-6).unwrap().output;

@@ -167,7 +167,7 @@ pub fn run(a: &AttentionBenchArgs) -> Result<()> {
     // the other passes alone.
     let kv_bytes = 2 * b * hkv * t * d * 4;
     let mut read = (a.pass == Pass::Decode).then(|| Bandwidth::read(kv_bytes));
-    let single = if a.speedup && cpu.threads() > 1 { Some(CpuBackend::with_threads(1)?) } else { None };
+    let single = if a.speedup && cpu.threads() > 1 { Some(cpu_backend(Some(1))?) } else { None };
     // Calls per rep: the op; the read (decode); the op on 1 thread (--speedup).
     let read_call = read.is_some().then_some(1);
     let single_call = single.as_ref().map(|_| 1 + usize::from(read.is_some()));

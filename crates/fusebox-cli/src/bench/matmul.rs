@@ -2,7 +2,7 @@
 //! best sgemm measured in the same run.
 
 use clap::Args;
-use fusebox::{ComputeBackend, CpuBackend, Error, Result};
+use fusebox::{ComputeBackend, Error, Result};
 
 use super::measure::{
     cpu_backend, emit, guarded, header, median_ratio, random, round, sgemm_gflops, time_interleaved, timing_of, wake,
@@ -43,7 +43,7 @@ pub fn run(a: &MatmulBenchArgs) -> Result<()> {
         name.push_str("_bt");
     }
     let row = Row::new(name).set("m", a.m).set("n", a.n).set("k", a.k).set("threads", cpu.threads());
-    let single = if a.speedup && cpu.threads() > 1 { Some(CpuBackend::with_threads(1)?) } else { None };
+    let single = if a.speedup && cpu.threads() > 1 { Some(cpu_backend(Some(1))?) } else { None };
     let calls = if single.is_some() { 2 } else { 1 };
     let measured = guarded("matmul", || {
         time_interleaved(

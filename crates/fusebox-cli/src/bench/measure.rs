@@ -351,12 +351,10 @@ pub fn emit(json: bool, columns: &[(&str, &str)], rows: &[Row]) {
     }
 }
 
-/// The backend for `--threads N` (default: every available core).
+/// The backend for `--threads N` (default: `FUSEBOX_THREADS`, else every available core),
+/// with the environment's other settings (see `fusebox --help`).
 pub fn cpu_backend(threads: Option<usize>) -> Result<CpuBackend> {
-    match threads {
-        Some(n) => CpuBackend::with_threads(n),
-        None => Ok(CpuBackend::new()),
-    }
+    crate::backends::cpu(threads)
 }
 
 /// `(machine, isa)`: the CPU model name from `/proc/cpuinfo` and the ISA our kernels use.

@@ -221,7 +221,7 @@ pub fn cases(size: Size) -> Vec<OpCase> {
 
 pub fn run(a: &OpsBenchArgs) -> Result<()> {
     let cpu = cpu_backend(a.threads)?;
-    let single = if cpu.threads() > 1 && !a.no_speedup { Some(CpuBackend::with_threads(1)?) } else { None };
+    let single = if cpu.threads() > 1 && !a.no_speedup { Some(cpu_backend(Some(1))?) } else { None };
     let budget = Budget::default();
     let mut rows = Vec::new();
     if !a.json {

@@ -19,9 +19,9 @@ pub fn config() -> Criterion {
         .configure_from_args()
 }
 
-/// The backend benches run on: `FUSEBOX_THREADS` or every core.
+/// The backend benches run on: every core, the best ISA.
 pub fn backend() -> CpuBackend {
-    CpuBackend::new()
+    CpuBackend::new().expect("a CPU backend of every core")
 }
 
 /// Deterministic values in `[-scale, scale)`.

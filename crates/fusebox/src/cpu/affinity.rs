@@ -11,17 +11,15 @@
 //! Worker `i` is pinned to the `i`-th CPU of the process's affinity mask, so `taskset` and
 //! cpusets are respected, and only when the pool has exactly one worker per CPU of the mask:
 //! a smaller pool is left free to move, so that several processes with a few threads each
-//! (`FUSEBOX_THREADS=4` four times on 16 cores, say) are not all pinned onto the same CPUs.
-//! `FUSEBOX_PIN_THREADS=0` leaves the workers unpinned. The same plan pins the fork-join
-//! team's helpers (`team`): helper `i` to the `i`-th CPU, the first left to the caller.
+//! (four 4-thread backends on 16 cores, say) are not all pinned onto the same CPUs.
+//! `CpuBackendBuilder::pin_threads(false)` leaves the workers unpinned. The same plan pins
+//! the fork-join team's helpers (`team`): helper `i` to the `i`-th CPU, the first left to
+//! the caller.
 
 /// The CPUs the workers of a `threads`-worker pool are pinned to, or `None` when they are
-/// not pinned (switched off, a pool that does not span the affinity mask one worker per
-/// CPU, or no affinity API here).
+/// not pinned (a pool that does not span the affinity mask one worker per CPU, or no
+/// affinity API here).
 pub(crate) fn plan(threads: usize) -> Option<Vec<usize>> {
-    if std::env::var("FUSEBOX_PIN_THREADS").is_ok_and(|v| v == "0") {
-        return None;
-    }
     let cpus = allowed_cpus()?;
     (threads == cpus.len()).then_some(cpus)
 }
@@ -71,8 +69,6 @@ mod tests {
         if cpus.len() > 1 {
             assert_eq!(plan(cpus.len() - 1), None, "a pool smaller than the mask stays free to move");
         }
-        if std::env::var("FUSEBOX_PIN_THREADS").as_deref() != Ok("0") {
-            assert_eq!(plan(cpus.len()), Some(cpus.clone()));
-        }
+        assert_eq!(plan(cpus.len()), Some(cpus.clone()));
     }
 }

@@ -32,7 +32,7 @@ const EXP_COST: usize = 4;
 const LIBM_COST: usize = 16;
 
 /// Defines a generic lane-wise loop compiled for AVX-512, AVX2+FMA and the portable
-/// baseline, dispatching on [`Isa::selected`]: the generic counterpart of
+/// baseline, dispatching on [`Isa::active`]: the generic counterpart of
 /// `simd::multiversion!`. The body is expanded into each version, so the op closure and
 /// the closures inside the body are vectorized for that ISA. Generic parameters go in square brackets.
 macro_rules! lanewise {
@@ -46,8 +46,8 @@ macro_rules! lanewise {
                 fn v4<$($gen)*>($($arg: $ty),*) $body
                 #[target_feature(enable = "avx2,fma")]
                 fn v3<$($gen)*>($($arg: $ty),*) $body
-                match Isa::selected() {
-                    // SAFETY: the selected ISA was detected on this CPU.
+                match Isa::active() {
+                    // SAFETY: the active ISA is available on this CPU (see `simd`).
                     Isa::Avx512 => return unsafe { v4($($arg),*) },
                     // SAFETY: as above.
                     Isa::Avx2 => return unsafe { v3($($arg),*) },

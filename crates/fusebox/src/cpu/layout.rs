@@ -384,6 +384,8 @@ pub fn select(cpu: &CpuBackend, x: &Tensor, axis: usize, index: usize) -> Result
 /// # Shapes
 /// `[..., Nᵢ, ...]` each (at least one) → `[..., ΣNᵢ, ...]`.
 pub fn concat(cpu: &CpuBackend, xs: &[Tensor], axis: usize) -> Result<Tensor> {
+    // Called directly by backends (not through `on_cpu!`): hold this backend's ISA.
+    let _isa = cpu.enter();
     const OP: &str = "concat";
     let Some(first) = xs.first() else {
         return Err(Error::value(OP, "xs", "at least one tensor", "an empty list"));

@@ -131,7 +131,7 @@ fn sgemm_to(
     //   more (docs/performance.md, "Matrix products").
     // Rayon stays for a product called from one of its workers, and for a product under
     // TEAM_GEMM_SPLIT_WORK whose m and n are both too short to split.
-    let on_team = cpu.pool.current_thread_index().is_none();
+    let on_team = !cpu.on_pool_worker();
     let big = work >= TEAM_GEMM_SPLIT_WORK;
     let by_rows = if big { n < 2 * TEAM_GEMM_MIN } else { m >= 2 * TEAM_GEMM_MIN };
     if on_team && (by_rows || n >= 2 * TEAM_GEMM_MIN) {
@@ -585,6 +585,8 @@ pub fn linear_backward_accumulate(
     dbias: Option<&mut Tensor>,
 ) -> Result<Tensor> {
     const OP: &str = "linear_backward_accumulate";
+    // Called directly by backends (not through `on_cpu!`): hold this backend's ISA.
+    let _isa = cpu.enter();
     let (rows, fin, fout) = linear_dims(OP, x, w)?;
     check_linear_d_out(OP, x, d_out, fout)?;
     check::same_dtype(OP, "dweight", x, dweight)?;
@@ -698,7 +700,7 @@ mod tests {
     /// against a few dot products and prints the rate it reached.
     #[test]
     fn sgemm_1024_cubed_rate() {
-        let cpu = CpuBackend::new();
+        let cpu = CpuBackend::new().unwrap();
         let n = 1024;
         let a: Vec<f32> = (0..n * n).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
         let b: Vec<f32> = (0..n * n).map(|i| ((i * 104_729) % 997) as f32 / 997.0 - 0.5).collect();

@@ -75,6 +75,8 @@ pub fn copy(cpu: &CpuBackend, x: &Tensor) -> Result<Tensor> {
 /// # Shapes
 /// `dst`, `src`: equal shapes and dtypes.
 pub fn copy_into(cpu: &CpuBackend, dst: &mut Tensor, src: &Tensor) -> Result<()> {
+    // Called directly by backends (not through `on_cpu!`): hold this backend's ISA.
+    let _isa = cpu.enter();
     const OP: &str = "copy_into";
     host(OP, dst)?;
     host(OP, src)?;

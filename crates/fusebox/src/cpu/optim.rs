@@ -160,6 +160,8 @@ pub fn adamw_update(
     config: &AdamWConfig,
     step: u64,
 ) -> Result<()> {
+    // Called directly by backends (not through `on_cpu!`): hold this backend's ISA.
+    let _isa = cpu.enter();
     const OP: &str = "adamw_update";
     if step == 0 {
         return Err(Error::value(OP, "step", "≥ 1 (steps count from 1)", step));
@@ -206,6 +208,8 @@ pub fn adamw_update(
 /// # Shapes
 /// any number of float tensors of any shapes → a number.
 pub fn global_norm(cpu: &CpuBackend, tensors: &[Tensor]) -> Result<f32> {
+    // Called directly by backends (not through `on_cpu!`): hold this backend's ISA.
+    let _isa = cpu.enter();
     const OP: &str = "global_norm";
     for (i, t) in tensors.iter().enumerate() {
         check::float(OP, &format!("tensor {i}"), t)?;

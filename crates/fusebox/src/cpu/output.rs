@@ -14,8 +14,8 @@
 //! Why tiles: a plain store to a line that is not in cache first reads the line from
 //! memory (read-for-ownership), so a fresh output beyond the caches crosses the memory
 //! bus twice. A non-temporal store writes whole lines through write-combining buffers
-//! without reading them, as `memcpy` does for large copies. Outputs of at least
-//! [`stream_threshold`] bytes are therefore stored with non-temporal stores, tile by tile,
+//! without reading them, as `memcpy` does for large copies. Outputs of at least the
+//! backend's `stream_min_bytes` (default [`default_stream_min_bytes`]) are therefore stored with non-temporal stores, tile by tile,
 //! right after each tile is computed (computing a whole row into a scratch buffer first
 //! and streaming it afterwards measured far slower: the stores then come in bursts).
 //! Smaller outputs keep plain stores: they are likely still cached when the next op
@@ -30,7 +30,6 @@
 
 use std::cell::Cell;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use half::slice::HalfFloatSliceExt;
@@ -61,9 +60,10 @@ pub enum Store {
 }
 
 impl Store {
-    /// Streaming for an output of at least [`stream_threshold`] bytes, else cached.
-    pub fn for_output(bytes: usize) -> Store {
-        if bytes >= stream_threshold() {
+    /// Streaming for an output of at least `cpu`'s
+    /// [`stream_min_bytes`](CpuBackend::stream_min_bytes), else cached.
+    pub fn for_output(cpu: &CpuBackend, bytes: usize) -> Store {
+        if bytes >= cpu.stream_min_bytes() {
             Store::Stream
         } else {
             Store::Cached
@@ -75,37 +75,13 @@ impl Store {
 /// ahead even when the output stays in cache (see [`Dst::ahead`]).
 pub const FAR_MIN_BYTES: usize = 8 << 20;
 
-/// Outputs of at least this many bytes are streamed: by default a quarter of the
-/// last-level cache (read from sysfs on Linux, else 32 MiB assumed), at least 4 MiB. An
-/// output that large, together with its inputs, fills most of the cache, so it would be
-/// evicted before the next op reads it anyway. `FUSEBOX_STREAM_MIN_BYTES` or
-/// [`set_stream_threshold`] override it.
-pub fn stream_threshold() -> usize {
-    match THRESHOLD.load(Ordering::Relaxed) {
-        0 => {
-            let t = default_threshold();
-            THRESHOLD.store(t, Ordering::Relaxed);
-            t
-        }
-        t => t,
-    }
-}
-
-/// Sets the streaming threshold in bytes for the whole process (`usize::MAX`: never
-/// stream; 0 restores the default).
-pub fn set_stream_threshold(bytes: usize) {
-    THRESHOLD.store(if bytes == 0 { default_threshold() } else { bytes }, Ordering::Relaxed);
-}
-
-/// The threshold in use; 0 until first read.
-static THRESHOLD: AtomicUsize = AtomicUsize::new(0);
-
-fn default_threshold() -> usize {
+/// The default streaming threshold of a backend: a quarter of the last-level cache (read
+/// from sysfs on Linux, else 32 MiB assumed), at least 4 MiB. An output that large,
+/// together with its inputs, fills most of the cache, so it would be evicted before the
+/// next op reads it anyway. `CpuBackendBuilder::stream_min_bytes` sets another.
+pub fn default_stream_min_bytes() -> usize {
     static DEFAULT: OnceLock<usize> = OnceLock::new();
-    *DEFAULT.get_or_init(|| {
-        let env = std::env::var("FUSEBOX_STREAM_MIN_BYTES").ok().and_then(|v| v.parse::<usize>().ok());
-        env.filter(|&b| b > 0).unwrap_or_else(|| (last_level_cache_bytes().unwrap_or(32 << 20) / 4).max(4 << 20))
-    })
+    *DEFAULT.get_or_init(|| (last_level_cache_bytes().unwrap_or(32 << 20) / 4).max(4 << 20))
 }
 
 /// The size of the largest cache `cpu0` reports in sysfs (`index*/size`, e.g. `32768K`).
@@ -479,7 +455,7 @@ fn store_elems<T: Copy>(dst: &mut [MaybeUninit<T>], src: &[T], store: Store) {
         // borrowed); `d` is 64-byte aligned; SSE is part of x86-64, AVX-512 is checked.
         // Any byte pattern copied from a T is that T.
         unsafe {
-            if Isa::selected() == Isa::Avx512 {
+            if Isa::active() == Isa::Avx512 {
                 stream_lines_avx512(d, s, done / 64);
             } else {
                 for g in 0..done / 16 {
@@ -604,7 +580,7 @@ pub fn fresh_tensors<const K: usize>(
             .map(|(b, s)| {
                 let n = s.shape.elem_count();
                 let bytes = s.dtype.storage_bytes(n);
-                let store = Store::for_output(bytes);
+                let store = Store::for_output(cpu, bytes);
                 let pieces = b.pieces(s.per_task, store, store == Store::Stream || bytes >= FAR_MIN_BYTES);
                 assert!(pieces.len() <= tasks, "fresh_tensors: {op} output has more pieces than tasks");
                 pieces.into_iter()
@@ -795,9 +771,14 @@ mod tests {
     }
 
     #[test]
-    fn threshold_is_at_least_4_mib() {
-        assert!(stream_threshold() >= 1 << 20);
-        assert_eq!(Store::for_output(1 << 20), Store::Cached);
+    fn threshold_is_at_least_4_mib_and_per_backend() {
+        assert!(default_stream_min_bytes() >= 4 << 20);
+        let cpu = CpuBackend::with_threads(1).unwrap();
+        assert_eq!(Store::for_output(&cpu, 1 << 20), Store::Cached);
+        let streaming = CpuBackend::builder().threads(1).stream_min_bytes(1).build().unwrap();
+        assert_eq!(Store::for_output(&streaming, 1), Store::Stream);
+        assert_eq!(streaming.stream_min_bytes(), 1);
+        assert_eq!(cpu.stream_min_bytes(), default_stream_min_bytes());
     }
 
     #[test]

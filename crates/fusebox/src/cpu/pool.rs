@@ -30,7 +30,7 @@ impl CpuBackend {
     fn place(&self, items: usize, work: usize) -> Place {
         if self.threads() == 1 || items <= 1 || work < SERIAL_WORK || in_team() {
             Place::Serial
-        } else if self.pool.current_thread_index().is_some() {
+        } else if self.on_pool_worker() {
             Place::Rayon
         } else {
             Place::Team

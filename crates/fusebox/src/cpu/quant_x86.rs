@@ -42,9 +42,9 @@ pub(super) fn fused_rows(dtype: DType, w: &[u8], x: &[f32], xsum32: &[f32], out:
     if !x.len().is_multiple_of(QK) || xsum32.len() < nb || w.len() != out.len() * nb * block_bytes {
         return false;
     }
-    let isa = Isa::selected();
-    // SAFETY: each kernel runs only where its ISA was detected (`Isa::selected` never
-    // picks a level the CPU lacks; f16c comes with every AVX2 CPU we select), and the
+    let isa = Isa::active();
+    // SAFETY: each kernel runs only where its ISA is available (`Isa::active` is never a
+    // level the CPU lacks, see `simd`; f16c is checked where the AVX2 kernels need it), and the
     // bounds were checked above: `w` holds `out.len()` rows of `nb` blocks, `x` and
     // `xsum32` `nb` blocks' worth.
     unsafe {

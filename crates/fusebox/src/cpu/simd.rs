@@ -2,53 +2,80 @@
 //!
 //! Each primitive is written once as plain lane-wise Rust and compiled three times:
 //! for AVX-512 (x86-64-v4), for AVX2+FMA (x86-64-v3) and portable (scalar, and NEON
-//! through the compiler's baseline on aarch64). [`Isa::selected`] picks the best the
-//! CPU has; `FUSEBOX_ISA=avx512|avx2|scalar` forces one of our paths (the gemm crate
-//! keeps its own dispatch), so the conformance suite can run on each.
+//! through the compiler's baseline on aarch64). Which one runs is the ISA of the
+//! backend running the kernel ([`Isa::active`]): every thread that runs a backend's
+//! kernels holds that backend's ISA — its team helpers and rayon workers from their
+//! start, the calling thread for the duration of each call ([`IsaGuard`]). So backends
+//! with different ISAs run side by side in one process (the conformance suite runs every
+//! path this CPU has). The gemm crate keeps its own dispatch.
+//!
+//! Hazard: a kernel compiled for an ISA executes its instructions unchecked. The only
+//! ISAs a thread can hold are [`Isa::detected`] and those a `CpuBackend` was built with,
+//! which its builder accepts only when [`Isa::is_available`] (the CPU has it).
 
+use std::cell::Cell;
 use std::mem::MaybeUninit;
 use std::sync::OnceLock;
+
+use crate::error::{Error, Result};
 
 /// The instruction set level our own kernels run with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Isa {
+    /// AVX-512 F, BW and VL with FMA (x86-64-v4).
     Avx512,
+    /// AVX2 with FMA (x86-64-v3).
     Avx2,
+    /// The portable baseline (SSE2 on x86-64, NEON on aarch64).
     Scalar,
 }
 
+thread_local! {
+    /// The ISA of the backend whose kernels this thread runs; `None` outside any backend.
+    static ACTIVE: Cell<Option<Isa>> = const { Cell::new(None) };
+}
+
 impl Isa {
-    /// The best level this CPU supports.
+    /// Every level, best first.
+    pub const ALL: [Isa; 3] = [Isa::Avx512, Isa::Avx2, Isa::Scalar];
+
+    /// The best level this CPU supports (probed once per process).
     pub fn detected() -> Isa {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512bw")
-                && std::arch::is_x86_feature_detected!("avx512vl")
-                && std::arch::is_x86_feature_detected!("fma")
+        static DETECTED: OnceLock<Isa> = OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
             {
-                return Isa::Avx512;
+                if std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    return Isa::Avx512;
+                }
+                if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                    return Isa::Avx2;
+                }
             }
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                return Isa::Avx2;
-            }
-        }
-        Isa::Scalar
+            Isa::Scalar
+        })
     }
 
-    /// The level in use: `FUSEBOX_ISA` when set (and supported here), else [`Isa::detected`].
-    /// Read once per process.
-    pub fn selected() -> Isa {
-        static SELECTED: OnceLock<Isa> = OnceLock::new();
-        *SELECTED.get_or_init(|| {
-            let best = Isa::detected();
-            match std::env::var("FUSEBOX_ISA").ok().as_deref().map(str::to_ascii_lowercase).as_deref() {
-                Some("scalar") => Isa::Scalar,
-                Some("avx2") if best != Isa::Scalar => Isa::Avx2,
-                Some("avx512") if best == Isa::Avx512 => Isa::Avx512,
-                _ => best,
-            }
-        })
+    /// Whether this CPU can run the kernels compiled for `self` (every level up to
+    /// [`Isa::detected`]).
+    pub fn is_available(self) -> bool {
+        self.rank() <= Isa::detected().rank()
+    }
+
+    /// The levels this CPU can run, best first (always ends with [`Isa::Scalar`]).
+    pub fn available() -> Vec<Isa> {
+        Isa::ALL.into_iter().filter(|isa| isa.is_available()).collect()
+    }
+
+    /// The level the calling thread's kernels dispatch on: the ISA of the backend it is
+    /// running a kernel for (see the module docs), else [`Isa::detected`].
+    #[inline]
+    pub fn active() -> Isa {
+        ACTIVE.with(Cell::get).unwrap_or_else(Isa::detected)
     }
 
     /// Short name (`avx512`, `avx2`, `scalar`).
@@ -58,6 +85,63 @@ impl Isa {
             Isa::Avx2 => "avx2",
             Isa::Scalar => "scalar",
         }
+    }
+
+    /// 0 for scalar, higher for wider levels.
+    fn rank(self) -> u8 {
+        match self {
+            Isa::Scalar => 0,
+            Isa::Avx2 => 1,
+            Isa::Avx512 => 2,
+        }
+    }
+}
+
+impl std::fmt::Display for Isa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Isa {
+    type Err = Error;
+
+    /// Parses a level by its [`name`](Isa::name), ignoring case and surrounding spaces.
+    fn from_str(s: &str) -> Result<Isa> {
+        let lower = s.trim().to_ascii_lowercase();
+        Isa::ALL
+            .into_iter()
+            .find(|isa| isa.name() == lower)
+            .ok_or_else(|| Error::value("Isa::from_str", "instruction set", "one of avx512, avx2, scalar", s))
+    }
+}
+
+/// Makes `isa` the calling thread's level for the rest of its life (a backend's own
+/// threads, at their start). Only for ISAs a backend was built with (available here).
+pub(crate) fn hold_isa(isa: Isa) {
+    ACTIVE.with(|a| a.set(Some(isa)));
+}
+
+/// Holds an ISA on the calling thread while it lives (a backend's kernel call) and
+/// restores the previous one when dropped, also when unwinding. Not `Send`: it belongs to
+/// the thread that made it.
+#[must_use = "the ISA is held only while the guard lives"]
+pub struct IsaGuard {
+    previous: Option<Isa>,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl IsaGuard {
+    /// Holds `isa` on the calling thread (only for ISAs a backend was built with).
+    pub(crate) fn enter(isa: Isa) -> IsaGuard {
+        let previous = ACTIVE.with(|a| a.replace(Some(isa)));
+        IsaGuard { previous, _not_send: std::marker::PhantomData }
+    }
+}
+
+impl Drop for IsaGuard {
+    fn drop(&mut self) {
+        ACTIVE.with(|a| a.set(self.previous));
     }
 }
 
@@ -93,7 +177,7 @@ pub fn cpu_features() -> Vec<&'static str> {
 }
 
 /// Defines `pub fn $name` compiled for AVX-512, AVX2+FMA and the portable baseline,
-/// dispatching on [`Isa::selected`].
+/// dispatching on [`Isa::active`].
 ///
 /// The body is expanded into each version (not called through one shared function), so
 /// closures inside it inherit the version's target features and are vectorized for it
@@ -119,8 +203,8 @@ macro_rules! multiversion {
                     const FMA: bool = true;
                     $body
                 }
-                match $crate::cpu::simd::Isa::selected() {
-                    // SAFETY: the selected ISA was detected on this CPU.
+                match $crate::cpu::simd::Isa::active() {
+                    // SAFETY: the active ISA is available on this CPU (see the module docs).
                     $crate::cpu::simd::Isa::Avx512 => return unsafe { v4($($arg),*) },
                     // SAFETY: as above.
                     $crate::cpu::simd::Isa::Avx2 => return unsafe { v3($($arg),*) },
@@ -156,8 +240,8 @@ pub fn transpose_into(src: &[f32], src_stride: usize, rows: usize, cols: usize, 
         for c0 in (0..cols).step_by(B) {
             let whole = r0 + B <= rows && c0 + B <= cols;
             #[cfg(target_arch = "x86_64")]
-            if whole && Isa::selected() == Isa::Avx512 {
-                // SAFETY: AVX-512 was detected; the block's 16 rows of 16 (source) and 16
+            if whole && Isa::active() == Isa::Avx512 {
+                // SAFETY: AVX-512 is available (the active ISA); the block's 16 rows of 16 (source) and 16
                 // columns of 16 (destination) lie inside the slices (asserted above).
                 unsafe {
                     transpose16_avx512(

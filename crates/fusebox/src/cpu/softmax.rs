@@ -539,17 +539,17 @@ mod tests {
     /// their alignment (row lengths off a multiple of 16) and wherever the target falls.
     #[test]
     fn streamed_rows_give_the_bits_of_cached_ones() {
-        let cpu = CpuBackend::with_threads(2).unwrap();
+        let backend = |bytes| CpuBackend::builder().threads(2).stream_min_bytes(bytes).build().unwrap();
+        let (cached, streamed) = (backend(usize::MAX), backend(1));
         for d in [100usize, 1000, 4099] {
             let rows = 9;
             let x = tensor(rows, d, 3, 8.0);
             let targets: Vec<u32> = (0..rows as u32).map(|r| (r * 617) % d as u32).collect();
             let targets = Tensor::from_vec(targets, [rows]).unwrap();
             let run = |threshold: usize| {
-                output::set_stream_threshold(threshold);
-                let y = softmax(&cpu, &x, 1).unwrap();
-                let ce = crate::cpu::loss::cross_entropy(&cpu, &x, &targets, None).unwrap();
-                output::set_stream_threshold(0);
+                let cpu = if threshold == 1 { &streamed } else { &cached };
+                let y = softmax(cpu, &x, 1).unwrap();
+                let ce = crate::cpu::loss::cross_entropy(cpu, &x, &targets, None).unwrap();
                 (bits(&y), bits(&ce.d_logits), bits(&ce.loss))
             };
             assert_eq!(run(usize::MAX), run(1), "d {d}");

@@ -21,7 +21,7 @@ use crate::cpu::simd::{exp_lane, fold_max, Isa, OWN_AHEAD};
 
 /// Whether the kernels here run with the ISA in use.
 pub fn has_kernel() -> bool {
-    Isa::selected() == Isa::Avx512
+    Isa::active() == Isa::Avx512
 }
 
 /// `e[i] = e^(z[i] − m)` for every slot of `e` (as long as `z`), returning `Σ e[i]` as
@@ -33,7 +33,7 @@ pub fn has_kernel() -> bool {
 pub fn exp_sub_sum(z: &[f32], e: &mut [MaybeUninit<f32>], m: f32) -> f32 {
     assert!(has_kernel(), "softmax_x86::exp_sub_sum without AVX-512");
     assert_eq!(z.len(), e.len(), "softmax_x86::exp_sub_sum: the row and its output differ in length");
-    // SAFETY: AVX-512F is present (selected only when detected); the lengths match.
+    // SAFETY: AVX-512F is present (the active ISA is always available, see `simd`); the lengths match.
     unsafe { pipelined_row_avx512(z, e, m, None, &[]).0 }
 }
 

@@ -23,7 +23,7 @@ use crate::cpu::simd::{fold_max, Isa};
 
 /// Whether a kernel here runs with the ISA in use.
 pub fn has_kernel() -> bool {
-    matches!(Isa::selected(), Isa::Avx512 | Isa::Avx2)
+    matches!(Isa::active(), Isa::Avx512 | Isa::Avx2)
 }
 
 /// A row's own slots, for the kernels here, when it streams as F32 and they run with the
@@ -56,10 +56,10 @@ pub fn scale_stream_fold_max(
 ) -> f32 {
     assert_eq!(e.len(), out.len(), "scale_stream_fold_max: the exps and the output differ in length");
     assert!(next.is_empty() || next.len() == out.len(), "scale_stream_fold_max: the next row's length");
-    match Isa::selected() {
-        // SAFETY: AVX-512F is present (selected only when detected); the lengths match.
+    match Isa::active() {
+        // SAFETY: AVX-512F is present (the active ISA is always available, see `simd`); the lengths match.
         Isa::Avx512 => unsafe { scale_stream_fold_max_avx512(e, out, s, minus, next) },
-        // SAFETY: AVX and FMA are present (selected only when detected); the lengths match.
+        // SAFETY: AVX and FMA are present (the active ISA is always available, see `simd`); the lengths match.
         Isa::Avx2 => unsafe { scale_stream_fold_max_avx2(e, out, s, minus, next) },
         Isa::Scalar => panic!("scale_stream_fold_max: no kernel for the scalar ISA"),
     }

@@ -14,8 +14,8 @@
 //! `remaining / (2·participants)` indices, at least one), so a helper that starts late
 //! (asleep, or descheduled) only finds less to do, and the caller never waits for a
 //! helper that has not started. The caller returns when every index has finished.
-//! Helpers spin for [`SPIN`] (or `FUSEBOX_SPIN_US`) after their last job, then park
-//! until the next one; they park at once when the rayon pool is about to run (`rest`),
+//! Helpers spin for the backend's spin time (default [`SPIN`]) after their last job, then
+//! park until the next one; they park at once when the rayon pool is about to run (`rest`),
 //! so they do not take CPU time from its workers (gemm runs there).
 //!
 //! Which index runs where never changes a result: each index writes its own outputs, as
@@ -35,18 +35,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::affinity;
+use super::simd::{self, Isa};
 
 /// How long a helper spins after its last job before it parks, by default. Long enough
 /// to cover the serial work between two ops of a training or decoding step; short enough
-/// that an idle backend stops burning its CPUs at once. `FUSEBOX_SPIN_US` overrides it
-/// (0: park at once, for a process that shares its CPUs with other busy work).
+/// that an idle backend stops burning its CPUs at once. `CpuBackendBuilder::spin_time`
+/// sets it per backend (0: park at once, for a process that shares its CPUs with other
+/// busy work).
 pub const SPIN: Duration = Duration::from_micros(300);
-
-/// [`SPIN`], or `FUSEBOX_SPIN_US` when set to a number of microseconds.
-pub fn spin_time() -> Duration {
-    let env = std::env::var("FUSEBOX_SPIN_US").ok().and_then(|v| v.trim().parse::<u64>().ok());
-    env.map_or(SPIN, Duration::from_micros)
-}
 
 thread_local! {
     /// Set on helper threads, and on the caller while it runs a job: a loop started
@@ -126,8 +122,10 @@ struct Shared {
     /// has CPUs, where a spinning thread would take the CPU from one still working, so
     /// waiting threads yield instead.
     spin: bool,
-    /// How long helpers spin after a job before parking ([`spin_time`]).
+    /// How long helpers spin after a job before parking (the backend's spin time).
     spin_for: Duration,
+    /// The ISA every participant's kernels run with (the backend's).
+    isa: Isa,
     /// Per helper: parked (or about to park) and waiting for an unpark.
     parked: Vec<AtomicBool>,
 }
@@ -149,22 +147,16 @@ impl std::fmt::Debug for Team {
 
 impl Team {
     /// A team of `threads` participants: the caller and `threads − 1` helpers, helper
-    /// `i` pinned to `cpus[i]` when given (worker 0's CPU is left to the caller).
-    pub fn new(threads: usize, cpus: Option<Vec<usize>>) -> std::io::Result<Team> {
+    /// `i` pinned to `cpus[i]` when given (worker 0's CPU is left to the caller), each
+    /// holding `isa` for its kernels (see `simd`) and spinning for `spin_for` when idle.
+    pub fn new(threads: usize, cpus: Option<Vec<usize>>, isa: Isa, spin_for: Duration) -> std::io::Result<Team> {
         let helpers = threads.saturating_sub(1);
-        let shared = Arc::new(Shared {
-            epoch: AtomicU64::new(0),
-            job: Mutex::new(None),
-            rest: AtomicBool::new(false),
-            shutdown: AtomicBool::new(false),
-            spin: std::thread::available_parallelism().is_ok_and(|cpus| threads <= cpus.get()),
-            spin_for: spin_time(),
-            parked: (0..helpers).map(|_| AtomicBool::new(false)).collect(),
-        });
+        let shared = Team::shared(threads, isa, spin_for);
         let mut handles = Vec::with_capacity(helpers);
         for h in 0..helpers {
             let (mine, cpu) = (Arc::clone(&shared), cpus.as_ref().map(|c| c[h + 1]));
             let spawned = std::thread::Builder::new().name(format!("fusebox-team-{}", h + 1)).spawn(move || {
+                simd::hold_isa(isa);
                 if let Some(cpu) = cpu {
                     affinity::pin_current_thread(cpu);
                 }
@@ -180,6 +172,26 @@ impl Team {
             }
         }
         Ok(Team { shared, helpers: handles, busy: Mutex::new(()) })
+    }
+
+    /// A team of the caller alone running `isa` (no helper; starts no thread, so it
+    /// cannot fail).
+    pub fn solo(isa: Isa) -> Team {
+        Team { shared: Team::shared(1, isa, SPIN), helpers: Vec::new(), busy: Mutex::new(()) }
+    }
+
+    /// The state shared by a team of `threads` participants.
+    fn shared(threads: usize, isa: Isa, spin_for: Duration) -> Arc<Shared> {
+        Arc::new(Shared {
+            epoch: AtomicU64::new(0),
+            job: Mutex::new(None),
+            rest: AtomicBool::new(false),
+            shutdown: AtomicBool::new(false),
+            spin: std::thread::available_parallelism().is_ok_and(|cpus| threads <= cpus.get()),
+            spin_for,
+            isa,
+            parked: (0..threads.saturating_sub(1)).map(|_| AtomicBool::new(false)).collect(),
+        })
     }
 
     /// Runs `body(i)` for `i in 0..n` on the caller and the helpers, returning once all
@@ -217,7 +229,12 @@ impl Team {
             }
         }
         IN_TEAM.with(|t| t.set(true));
-        job.work();
+        {
+            // The caller's share runs with the team's ISA too (the trait's methods hold it
+            // already; a direct kernel call may not).
+            let _isa = simd::IsaGuard::enter(s.isa);
+            job.work();
+        }
         IN_TEAM.with(|t| t.set(false));
         wait_until(s.spin, s.spin_for, || job.finished());
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
@@ -306,7 +323,7 @@ mod tests {
 
     #[test]
     fn every_index_runs_exactly_once() {
-        let team = Team::new(3, None).unwrap();
+        let team = Team::new(3, None, Isa::detected(), SPIN).unwrap();
         for n in [0, 1, 2, 5, 100, 10_007] {
             let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
             assert!(team.run(n, &|i| {
@@ -318,7 +335,7 @@ mod tests {
 
     #[test]
     fn the_body_runs_inside_the_team() {
-        let team = Team::new(2, None).unwrap();
+        let team = Team::new(2, None, Isa::detected(), SPIN).unwrap();
         let inner_ran_in_team = AtomicUsize::new(0);
         team.run(4, &|_| {
             if in_team() {
@@ -331,7 +348,7 @@ mod tests {
 
     #[test]
     fn a_panic_reaches_the_caller_after_the_loop_ends() {
-        let team = Team::new(2, None).unwrap();
+        let team = Team::new(2, None, Isa::detected(), SPIN).unwrap();
         let ran = AtomicUsize::new(0);
         let result = catch_unwind(AssertUnwindSafe(|| {
             team.run(1000, &|i| {
@@ -352,9 +369,23 @@ mod tests {
         assert_eq!(count.load(Ordering::Relaxed), 10);
     }
 
+    /// Helpers and the caller's share of a job run with the team's ISA, and the caller
+    /// gets its own back afterwards.
+    #[test]
+    fn every_participant_runs_the_team_isa() {
+        let team = Team::new(3, None, Isa::Scalar, SPIN).unwrap();
+        let seen: Vec<Mutex<Option<Isa>>> = (0..64).map(|_| Mutex::new(None)).collect();
+        team.run(64, &|i| {
+            std::thread::sleep(Duration::from_micros(50));
+            *seen[i].lock().unwrap() = Some(Isa::active());
+        });
+        assert!(seen.iter().all(|s| *s.lock().unwrap() == Some(Isa::Scalar)));
+        assert_eq!(Isa::active(), Isa::detected());
+    }
+
     #[test]
     fn helpers_wake_from_park() {
-        let team = Team::new(2, None).unwrap();
+        let team = Team::new(2, None, Isa::detected(), SPIN).unwrap();
         for _ in 0..3 {
             std::thread::sleep(SPIN * 3);
             let count = AtomicUsize::new(0);

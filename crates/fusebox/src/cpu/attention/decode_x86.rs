@@ -21,7 +21,7 @@ const TILE: usize = 16;
 
 /// Whether the kernels here run for head dim `d` with the ISA in use.
 pub(super) fn applies(d: usize) -> bool {
-    (d == 64 || d == 128) && Isa::selected() == Isa::Avx512
+    (d == 64 || d == 128) && Isa::active() == Isa::Avx512
 }
 
 /// `s[g·BLOCK_K + j] = q[g]·k_j` for the first `heads` heads of `q` (`[HEADS, d]`) and
@@ -33,7 +33,7 @@ pub(super) fn applies(d: usize) -> bool {
 pub(super) fn scores(k: &[f32], d: usize, q: &[f32], heads: usize, s: &mut [f32], ahead: &[f32]) {
     let keys = k.len() / d;
     assert!(applies(d) && heads <= HEADS && keys <= BLOCK_K && q.len() >= heads * d && s.len() >= HEADS * BLOCK_K);
-    // SAFETY: AVX-512 was detected (`applies`); the slices hold the heads' queries and
+    // SAFETY: AVX-512 is available (`applies`: the active ISA); the slices hold the heads' queries and
     // score rows (asserted above).
     unsafe {
         match (d, heads) {
@@ -170,7 +170,7 @@ pub(super) fn accumulate(
     // loaded once for all heads (at d = 128 in two column passes).
     for col0 in (0..d).step_by(64) {
         let ahead = share(ahead, col0 / 64, d / 64);
-        // SAFETY: AVX-512 was detected (`applies`); the slices hold `heads` heads' rows and
+        // SAFETY: AVX-512 is available (`applies`: the active ISA); the slices hold `heads` heads' rows and
         // scores (asserted above), and col0 + 64 ≤ d.
         unsafe {
             match heads {

@@ -15,6 +15,8 @@ use crate::tensor::Tensor;
 /// # Shapes
 /// → `[seq, kv_len]` f32; `seq ≤ kv_len`.
 pub fn causal_mask(cpu: &CpuBackend, seq: usize, kv_len: usize) -> Result<Tensor> {
+    // Called directly by backends (not through `on_cpu!`): hold this backend's ISA.
+    let _isa = cpu.enter();
     if seq > kv_len {
         return Err(Error::value("causal_mask", "seq", format!("≤ kv_len = {kv_len}"), seq));
     }
