@@ -20,9 +20,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let model = llama::load(b.as_ref(), &args.model)?;
     let tok = &model.tokenizer;
     let text = if args.chat {
-        let template = model.chat_template.as_ref().ok_or_else(|| {
-            Error::unsupported("generate", format!("{} has no (ChatML) chat template for --chat", args.model.display()))
-        })?;
+        let template = model.chat_template()?;
         template.apply(&[("user", args.prompt.as_str())], true)
     } else {
         args.prompt.clone()

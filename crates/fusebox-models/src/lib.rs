@@ -8,6 +8,7 @@ pub mod chat;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod files;
 pub mod generate;
 pub mod gguf;
 pub mod kv_cache;

@@ -1,31 +1,62 @@
 //! safetensors files: an 8-byte little-endian header length, a JSON header
 //! `{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}`,
-//! then the data. Reading checks every offset and size against the file; writing is
-//! atomic (temp file, then rename).
+//! then the data. Reading memory-maps the file and validates the header with the
+//! [`safetensors`](::safetensors) crate: the tensors must tile the data section exactly
+//! (no overlap, no gap, no trailing bytes) and each size must match its dtype and shape.
+//! Writing is atomic (temp file, then rename).
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::ops::Deref;
 use std::path::Path;
 
+use ::safetensors::tensor::{Metadata as StMetadata, SafeTensors as StFile};
+use ::safetensors::{Dtype as StDtype, SafeTensorError};
 use fusebox::{DType, Error, Result, Tensor};
+use memmap2::Mmap;
 use serde_json::{json, Map, Value};
+
+use crate::files::open_regular;
 
 /// One tensor's entry in a safetensors file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TensorInfo {
+    /// The element type.
     pub dtype: DType,
+    /// The row-major shape.
     pub shape: Vec<usize>,
-    /// Byte range inside the data section.
+    /// Start of the bytes inside the data section.
     pub begin: usize,
+    /// End (exclusive) of the bytes inside the data section.
     pub end: usize,
 }
 
-/// A parsed safetensors file held in memory.
+/// The file's bytes: memory-mapped from disk, or owned (tests, fuzzing).
+#[derive(Debug)]
+enum Bytes {
+    Mapped(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
+/// A validated safetensors file, memory-mapped (or held in memory); tensors are
+/// copied out on request.
 #[derive(Debug)]
 pub struct SafeTensors {
-    bytes: Vec<u8>,
+    bytes: Bytes,
     data_start: usize,
+    /// Every tensor by name.
     pub tensors: BTreeMap<String, TensorInfo>,
+    /// The string pairs of `__metadata__`.
     pub metadata: BTreeMap<String, String>,
 }
 
@@ -33,13 +64,13 @@ fn bad(what: impl std::fmt::Display) -> Error {
     Error::Io(format!("safetensors: {what}"))
 }
 
-fn dtype_from_name(name: &str) -> Option<DType> {
-    Some(match name {
-        "F32" => DType::F32,
-        "F16" => DType::F16,
-        "BF16" => DType::BF16,
-        "U32" => DType::U32,
-        "F8_E4M3" => DType::F8E4M3,
+fn dtype_of(d: StDtype) -> Option<DType> {
+    Some(match d {
+        StDtype::F32 => DType::F32,
+        StDtype::F16 => DType::F16,
+        StDtype::BF16 => DType::BF16,
+        StDtype::U32 => DType::U32,
+        StDtype::F8_E4M3 => DType::F8E4M3,
         _ => return None,
     })
 }
@@ -55,79 +86,126 @@ fn dtype_name(dtype: DType) -> Result<&'static str> {
     })
 }
 
+/// Bytes per element of a dtype name, for the diagnosis of a refused header.
+fn elem_bytes(name: &str) -> Option<usize> {
+    Some(match name {
+        "BOOL" | "U8" | "I8" | "F8_E5M2" | "F8_E4M3" | "F8_E8M0" | "F8_E4M3FNUZ" | "F8_E5M2FNUZ" => 1,
+        "I16" | "U16" | "F16" | "BF16" => 2,
+        "I32" | "U32" | "F32" => 4,
+        "F64" | "I64" | "U64" | "C64" => 8,
+        _ => return None,
+    })
+}
+
+/// Why the crate refused a header, told with tensor names: the header is re-read as
+/// plain JSON and each rule checked in turn. Falls back to the crate's own message.
+fn diagnose(bytes: &[u8], e: &SafeTensorError) -> String {
+    let fallback = || format!("{e}");
+    let Some(n) = bytes.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()).map(u64::from_le_bytes) else {
+        return format!("file of {} bytes is too short for the 8-byte header length", bytes.len());
+    };
+    let Some(data_start) = n.checked_add(8).filter(|&end| end <= bytes.len() as u64) else {
+        return format!("header length {n} runs past the end of the file ({} bytes)", bytes.len());
+    };
+    let data_len = bytes.len() as u64 - data_start;
+    let Ok(Value::Object(header)) = serde_json::from_slice::<Value>(&bytes[8..data_start as usize]) else {
+        return fallback();
+    };
+    let mut spans: Vec<(u64, u64, &str)> = Vec::new();
+    for (name, entry) in &header {
+        if name == "__metadata__" {
+            continue;
+        }
+        let dtype = entry.get("dtype").and_then(Value::as_str).unwrap_or("?");
+        let shape: Option<Vec<u64>> =
+            entry.get("shape").and_then(Value::as_array).and_then(|a| a.iter().map(Value::as_u64).collect());
+        let offsets = entry.get("data_offsets").and_then(Value::as_array).and_then(|a| match a.as_slice() {
+            [b, e] => Some((b.as_u64()?, e.as_u64()?)),
+            _ => None,
+        });
+        let (Some(shape), Some((begin, end))) = (shape, offsets) else {
+            return format!("tensor '{name}': expected {{dtype, shape, data_offsets: [begin, end]}}, found {entry}");
+        };
+        if begin > end || end > data_len {
+            return format!("tensor '{name}': bytes {begin}..{end} lie outside the data section ({data_len} bytes)");
+        }
+        let need = shape
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .and_then(|elems| elem_bytes(dtype).and_then(|b| elems.checked_mul(b as u64)));
+        if need != Some(end - begin) {
+            return format!(
+                "tensor '{name}': {dtype} {shape:?} needs {} bytes, data_offsets give {}",
+                need.map_or("an unrepresentable number of".into(), |n| n.to_string()),
+                end - begin
+            );
+        }
+        spans.push((begin, end, name));
+    }
+    spans.sort_unstable();
+    let mut at = (0u64, "the start of the data section");
+    for &(begin, end, name) in &spans {
+        if begin < at.0 {
+            return format!("tensor '{name}': bytes {begin}..{end} overlap tensor '{}' (which ends at {})", at.1, at.0);
+        }
+        if begin > at.0 {
+            return format!("bytes {}..{begin} (before tensor '{name}') belong to no tensor", at.0);
+        }
+        at = (end, name);
+    }
+    if at.0 != data_len {
+        return format!("{} trailing bytes after tensor '{}' belong to no tensor", data_len - at.0, at.1);
+    }
+    fallback()
+}
+
 impl SafeTensors {
-    /// Reads and validates a file.
+    /// Memory-maps and validates the regular file at `path`.
+    ///
+    /// The file must not be modified while the `SafeTensors` is alive (the map would
+    /// change under it); checkpoints are replaced by renaming, which keeps the mapped
+    /// file intact.
     pub fn read(path: &Path) -> Result<SafeTensors> {
-        let bytes = std::fs::read(path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
-        Self::parse(bytes).map_err(|e| Error::Io(format!("{}: {e}", path.display())))
+        let (file, _) = open_regular(path, "safetensors file")?;
+        // SAFETY: the map is read-only and every access is bounds-checked against its
+        // length; the documented contract is that the file is not modified while open.
+        let map = unsafe { Mmap::map(&file) }
+            .map_err(|e| Error::Io(format!("{}: cannot memory-map: {e}", path.display())))?;
+        Self::from_bytes(Bytes::Mapped(map)).map_err(|e| match e {
+            Error::Io(msg) => Error::Io(format!("{}: {msg}", path.display())),
+            other => other,
+        })
     }
 
-    /// Parses and validates file contents.
+    /// Parses and validates file contents held in memory.
     pub fn parse(bytes: Vec<u8>) -> Result<SafeTensors> {
-        let len_bytes: [u8; 8] = bytes
-            .get(..8)
-            .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| bad(format!("file of {} bytes is too short for the 8-byte header length", bytes.len())))?;
-        let header_len = u64::from_le_bytes(len_bytes);
-        let data_start = 8u64.checked_add(header_len).filter(|&e| e <= bytes.len() as u64).ok_or_else(|| {
-            bad(format!("header length {header_len} runs past the end of the file ({} bytes)", bytes.len()))
-        })? as usize;
-        let header: Value =
-            serde_json::from_slice(&bytes[8..data_start]).map_err(|e| bad(format!("header is not valid JSON: {e}")))?;
-        let obj = header.as_object().ok_or_else(|| bad("header is not a JSON object"))?;
-        let data_len = bytes.len() - data_start;
+        Self::from_bytes(Bytes::Owned(bytes))
+    }
+
+    fn from_bytes(bytes: Bytes) -> Result<SafeTensors> {
+        let (header_len, meta): (usize, StMetadata) =
+            StFile::read_metadata(&bytes).map_err(|e| bad(diagnose(&bytes, &e)))?;
+        let data_start = 8 + header_len;
         let mut tensors = BTreeMap::new();
-        let mut metadata = BTreeMap::new();
-        for (name, entry) in obj {
-            if name == "__metadata__" {
-                if let Some(m) = entry.as_object() {
-                    for (k, v) in m {
-                        metadata.insert(k.clone(), v.as_str().unwrap_or_default().to_string());
-                    }
-                }
-                continue;
-            }
-            let field = |f: &str| entry.get(f).ok_or_else(|| bad(format!("tensor '{name}' has no '{f}'")));
-            let dtype_s =
-                field("dtype")?.as_str().ok_or_else(|| bad(format!("tensor '{name}': dtype is not a string")))?;
-            let dtype =
-                dtype_from_name(dtype_s).ok_or_else(|| bad(format!("tensor '{name}': unsupported dtype {dtype_s}")))?;
-            let shape: Vec<usize> = field("shape")?
-                .as_array()
-                .ok_or_else(|| bad(format!("tensor '{name}': shape is not an array")))?
-                .iter()
-                .map(|d| d.as_u64().map(|d| d as usize))
-                .collect::<Option<_>>()
-                .ok_or_else(|| bad(format!("tensor '{name}': shape has a non-integer dimension")))?;
-            let offsets = field("data_offsets")?
-                .as_array()
-                .filter(|a| a.len() == 2)
-                .and_then(|a| Some((a[0].as_u64()? as usize, a[1].as_u64()? as usize)))
-                .ok_or_else(|| bad(format!("tensor '{name}': data_offsets is not [begin, end]")))?;
-            let elems = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
-            let need = elems.and_then(|n| n.checked_mul(dtype.block_bytes()));
-            let (begin, end) = offsets;
-            if begin > end || end > data_len {
-                return Err(bad(format!(
-                    "tensor '{name}': bytes {begin}..{end} lie outside the data section ({data_len} bytes)"
-                )));
-            }
-            if need != Some(end - begin) {
-                return Err(bad(format!(
-                    "tensor '{name}': {dtype_s} {shape:?} needs {} bytes, the file gives {}",
-                    need.map_or("too many".into(), |n| n.to_string()),
-                    end - begin
-                )));
-            }
-            tensors.insert(name.clone(), TensorInfo { dtype, shape, begin, end });
+        for (name, info) in meta.tensors() {
+            let dtype = dtype_of(info.dtype).ok_or_else(|| {
+                bad(format!("tensor '{name}': dtype {:?} is not supported (F32, F16, BF16, U32, F8_E4M3)", info.dtype))
+            })?;
+            let (begin, end) = info.data_offsets;
+            tensors.insert(name, TensorInfo { dtype, shape: info.shape.clone(), begin, end });
         }
+        let metadata = meta.metadata().iter().flatten().map(|(k, v)| (k.clone(), v.clone())).collect();
         Ok(SafeTensors { bytes, data_start, tensors, metadata })
     }
 
     /// A tensor by name, copied into a host tensor.
     pub fn tensor(&self, name: &str) -> Result<Tensor> {
         let info = self.tensors.get(name).ok_or_else(|| bad(format!("no tensor named '{name}'")))?;
-        let data = &self.bytes[self.data_start + info.begin..self.data_start + info.end];
+        // In range: the crate checked every tensor against the data section.
+        let data = self
+            .bytes
+            .get(self.data_start + info.begin..self.data_start + info.end)
+            .ok_or_else(|| bad(format!("tensor '{name}': bytes {}..{} out of range", info.begin, info.end)))?;
         Tensor::from_bytes(data, info.shape.clone(), info.dtype)
     }
 }
@@ -193,5 +271,43 @@ mod tests {
         huge[..8].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(SafeTensors::parse(huge).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A file from a header JSON and a data section.
+    fn file(header: &str, data_len: usize) -> Vec<u8> {
+        let mut out = (header.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(header.as_bytes());
+        out.extend(std::iter::repeat_n(0u8, data_len));
+        out
+    }
+
+    fn err(bytes: Vec<u8>) -> String {
+        SafeTensors::parse(bytes).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn overlap_gaps_trailing_bytes_and_sizes_are_refused_by_name() {
+        let two = |a: (u64, u64), b: (u64, u64)| {
+            format!(
+                r#"{{"a":{{"dtype":"F32","shape":[2],"data_offsets":[{},{}]}},"b":{{"dtype":"F32","shape":[2],"data_offsets":[{},{}]}}}}"#,
+                a.0, a.1, b.0, b.1
+            )
+        };
+        assert!(SafeTensors::parse(file(&two((0, 8), (8, 16)), 16)).is_ok());
+        let e = err(file(&two((0, 8), (4, 12)), 12));
+        assert!(e.contains("'b'") && e.contains("overlap") && e.contains("'a'"), "{e}");
+        let e = err(file(&two((0, 8), (0, 8)), 8));
+        assert!(e.contains("overlap"), "{e}");
+        let e = err(file(&two((0, 8), (8, 16)), 20));
+        assert!(e.contains("4 trailing bytes") && e.contains("'b'"), "{e}");
+        let e = err(file(&two((0, 8), (12, 20)), 20));
+        assert!(e.contains("bytes 8..12") && e.contains("'b'"), "{e}");
+        let e = err(file(&two((0, 8), (8, 12)), 12));
+        assert!(e.contains("'b'") && e.contains("needs 8 bytes"), "{e}");
+        let e = err(file(&two((0, 8), (8, 16)), 12));
+        assert!(e.contains("'b'") && e.contains("outside the data section"), "{e}");
+        let i64s = r#"{"a":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}}"#;
+        let e = err(file(i64s, 8));
+        assert!(e.contains("'a'") && e.contains("I64"), "{e}");
     }
 }

@@ -62,7 +62,10 @@ impl HostBuffer {
                 alloc::alloc(layout)
             }
         };
-        let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
+        // A failed allocation is an error the caller can report, not an abort: sizes
+        // often come from files or flags.
+        let ptr = NonNull::new(raw)
+            .ok_or_else(|| Error::value(op, "allocation", "memory for the tensor", format!("{bytes} bytes refused")))?;
         Ok(HostBuffer { ptr, bytes, layout })
     }
 

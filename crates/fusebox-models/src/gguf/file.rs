@@ -1,12 +1,13 @@
 //! Opening a GGUF file: the header, metadata, tensor infos and data section.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::ops::Deref;
 use std::path::Path;
 
 use fusebox::{DType, Error, Result, Tensor};
 use memmap2::Mmap;
+
+use crate::files::open_regular;
 
 use super::cursor::{Context, Cursor, PResult, ParseError};
 use super::ggml_type::GgmlType;
@@ -154,7 +155,8 @@ impl GgufFile {
     /// change under it); model files are only ever read.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
         let path = path.as_ref();
-        let file = File::open(path).map_err(|e| Error::Io(format!("gguf: cannot open '{}': {e}", path.display())))?;
+        let (file, _) =
+            open_regular(path, "the GGUF file").map_err(|e| Error::Io(format!("gguf: {}", error_text(e))))?;
         // SAFETY: the map is read-only; the documented contract is that model files
         // are not modified while open. Every access is bounds-checked against its length.
         let map = unsafe { Mmap::map(&file) }
@@ -332,7 +334,81 @@ fn parse_header(bytes: &[u8]) -> PResult<Header> {
             data_range(data_offset, info, len, bytes.len())?;
         }
     }
+    check_padding(bytes, end_of_infos, data_offset, alignment)?;
+    check_layout(&tensors, alignment, (bytes.len() as u64).saturating_sub(data_offset))?;
     Ok(Header { version, metadata, tensors, alignment, data_offset })
+}
+
+/// The bytes between the tensor infos and the data section are the padding writers
+/// fill with zeros; anything else means `general.alignment` places the data section
+/// elsewhere than the writer did.
+fn check_padding(bytes: &[u8], end_of_infos: u64, data_offset: u64, alignment: u64) -> PResult<()> {
+    let end = data_offset.min(bytes.len() as u64) as usize;
+    let padding = &bytes[(end_of_infos as usize).min(end)..end];
+    match padding.iter().position(|&b| b != 0) {
+        None => Ok(()),
+        Some(i) => Err(ParseError(format!(
+            "byte {} of the padding before the data section (offsets {end_of_infos}..{data_offset}, \
+             general.alignment {alignment}) is {:#04x}, expected 0: the alignment contradicts where the data starts",
+            end_of_infos + i as u64,
+            padding[i]
+        ))),
+    }
+}
+
+/// The tensors must tile the data section as llama.cpp's `gguf.cpp` requires: in
+/// file order, each tensor's offset is the end of the one before padded to the
+/// alignment (so no two overlap and no bytes are unexplained), and the data section
+/// ends with the last tensor (plus at most its padding).
+///
+/// A tensor of unknown type has no known size; when the file has one, only overlaps
+/// between the tensors of known size are checked.
+fn check_layout(tensors: &[TensorInfo], alignment: u64, data_len: u64) -> PResult<()> {
+    if tensors.iter().any(|t| t.byte_len.is_none()) {
+        let mut spans: Vec<(u64, u64, &str)> = tensors
+            .iter()
+            .filter_map(|t| t.byte_len.map(|len| (t.offset, t.offset.saturating_add(len), t.name.as_str())))
+            .collect();
+        spans.sort_unstable();
+        for w in spans.windows(2) {
+            let ((_, end_a, a), (start_b, end_b, b)) = (w[0], w[1]);
+            if start_b < end_a && end_b > start_b {
+                return Err(ParseError(format!(
+                    "tensor '{b}' data [{start_b}, {end_b}) overlaps tensor '{a}' (which ends at {end_a})"
+                )));
+            }
+        }
+        return Ok(());
+    }
+    let mut expected = 0u64;
+    let mut previous: Option<&str> = None;
+    for t in tensors {
+        let len = t.byte_len.unwrap_or(0);
+        if t.offset != expected {
+            let after = previous.map_or("the start of the data section".to_string(), |p| format!("tensor '{p}'"));
+            let why = if t.offset < expected { "overlapping" } else { "leaving unexplained bytes after" };
+            return Err(ParseError(format!(
+                "tensor '{}' has data offset {}, expected {expected} (right after {after}, padded to the \
+                 alignment {alignment}): its data would start {why} it",
+                t.name, t.offset
+            )));
+        }
+        expected = t
+            .offset
+            .checked_add(len)
+            .and_then(|e| e.checked_next_multiple_of(alignment))
+            .ok_or_else(|| ParseError(format!("tensor '{}': data end overflows", t.name)))?;
+        previous = Some(&t.name);
+    }
+    if data_len > expected.max(alignment) {
+        let last = previous.map_or("the tensor infos".to_string(), |p| format!("tensor '{p}'"));
+        return Err(ParseError(format!(
+            "the data section is {data_len} bytes but the tensors fill {expected}: {} bytes after {last} \
+             belong to no tensor (does general.alignment match the file?)",
+            data_len - expected
+        )));
+    }
+    Ok(())
 }
 
 /// `general.alignment`: a u32 power of two, 32 when absent.

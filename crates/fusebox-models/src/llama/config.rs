@@ -53,24 +53,40 @@ fn io(msg: impl Into<String>) -> Error {
 }
 
 impl LlamaConfig {
-    /// Checks that the sizes fit together.
+    /// Checks that the sizes fit together; an error names the field, what was
+    /// expected and what came.
     pub fn validate(&self) -> Result<()> {
         let bad = |what: &str, expected: String, got: String| Err(Error::value("LlamaConfig", what, expected, got));
-        if self.vocab_size == 0
-            || self.n_layers == 0
-            || self.d_model == 0
-            || self.d_ff == 0
-            || self.context_length == 0
-            || self.head_dim == 0
-        {
-            return bad("sizes", "all positive".into(), format!("{self:?}"));
+        let sizes = [
+            ("vocab_size", self.vocab_size),
+            ("n_layers", self.n_layers),
+            ("d_model", self.d_model),
+            ("d_ff", self.d_ff),
+            ("context_length", self.context_length),
+            ("head_dim", self.head_dim),
+            ("n_heads", self.n_heads),
+            ("n_kv_heads", self.n_kv_heads),
+        ];
+        for (what, v) in sizes {
+            if v == 0 {
+                return bad(what, "> 0".into(), "0".into());
+            }
         }
-        if self.n_heads == 0 || self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
-            return bad(
-                "heads",
-                "n_kv_heads > 0 dividing n_heads".into(),
-                format!("{} heads, {} kv heads", self.n_heads, self.n_kv_heads),
-            );
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
+            return bad("n_kv_heads", format!("a divisor of n_heads ({})", self.n_heads), self.n_kv_heads.to_string());
+        }
+        // Every width the model allocates must be representable; a layer's KV cache
+        // per position is `kv_dim` floats and a projection `q_dim × d_model`.
+        let widths = [
+            ("n_heads × head_dim", self.n_heads.checked_mul(self.head_dim)),
+            ("n_kv_heads × head_dim", self.n_kv_heads.checked_mul(self.head_dim)),
+            ("vocab_size × d_model", self.vocab_size.checked_mul(self.d_model)),
+            ("d_ff × d_model", self.d_ff.checked_mul(self.d_model)),
+        ];
+        for (what, v) in widths {
+            if v.is_none_or(|v| v > isize::MAX as usize / 8) {
+                return bad(what, "a size that fits in memory".into(), "an overflowing product".into());
+            }
         }
         if !self.head_dim.is_multiple_of(2) {
             return bad("head_dim", "even (rotary pairs)".into(), self.head_dim.to_string());
@@ -160,20 +176,46 @@ impl LlamaConfig {
             ));
         }
         let key = |k: &str| format!("{arch}.{k}");
-        let req = |k: &str| -> Result<usize> { Ok(meta.require_u64(&key(k))? as usize) };
-        let opt = |k: &str| -> Result<Option<usize>> { Ok(meta.get_u64(&key(k))?.map(|v| v as usize)) };
+        let size = |k: &str, v: u64| -> Result<usize> {
+            match usize::try_from(v) {
+                Ok(v) if v > 0 => Ok(v),
+                _ => Err(Error::value("LlamaConfig::from_gguf", format!("metadata '{}'", key(k)), "> 0", v)),
+            }
+        };
+        let req = |k: &str| -> Result<usize> { size(k, meta.require_u64(&key(k))?) };
+        let opt = |k: &str| -> Result<Option<usize>> { meta.get_u64(&key(k))?.map(|v| size(k, v)).transpose() };
         let d_model = req("embedding_length")?;
         let n_heads = req("attention.head_count")?;
         let n_kv_heads = opt("attention.head_count_kv")?.unwrap_or(n_heads);
-        if n_heads == 0 {
-            return Err(io(format!("gguf: {} is 0", key("attention.head_count"))));
+        if !n_heads.is_multiple_of(n_kv_heads) {
+            return Err(Error::value(
+                "LlamaConfig::from_gguf",
+                format!("metadata '{}'", key("attention.head_count_kv")),
+                format!("a divisor of {} = {n_heads}", key("attention.head_count")),
+                n_kv_heads,
+            ));
         }
-        let head_dim = opt("attention.key_length")?.unwrap_or(d_model / n_heads);
+        let head_dim = match opt("attention.key_length")? {
+            Some(k) => k,
+            None if d_model.is_multiple_of(n_heads) => d_model / n_heads,
+            None => {
+                return Err(Error::value(
+                    "LlamaConfig::from_gguf",
+                    format!("metadata '{}'", key("attention.head_count")),
+                    format!(
+                        "a divisor of {} = {d_model} (or an explicit {})",
+                        key("embedding_length"),
+                        key("attention.key_length")
+                    ),
+                    n_heads,
+                ))
+            }
+        };
         if let Some(v) = opt("attention.value_length")? {
             if v != head_dim {
                 return Err(Error::unsupported(
                     "LlamaConfig::from_gguf",
-                    format!("value head size {v} differs from key head size {head_dim}"),
+                    format!("{} = {v} differs from the key head size {head_dim}", key("attention.value_length")),
                 ));
             }
         }
@@ -181,13 +223,18 @@ impl LlamaConfig {
             if rot != head_dim {
                 return Err(Error::unsupported(
                     "LlamaConfig::from_gguf",
-                    format!("partial rotary embedding ({rot} of {head_dim} dims) is not supported"),
+                    format!(
+                        "{} = {rot} but the head size is {head_dim}: partial rotary embedding is not supported",
+                        key("rope.dimension_count")
+                    ),
                 ));
             }
         }
         let vocab_size = match opt("vocab_size")? {
             Some(v) => v,
-            None => vocab_from_tokens.ok_or_else(|| io(format!("gguf: no {} and no tokenizer", key("vocab_size"))))?,
+            None => vocab_from_tokens
+                .filter(|&n| n > 0)
+                .ok_or_else(|| io(format!("gguf: no {} and no tokenizer.ggml.tokens", key("vocab_size"))))?,
         };
         let rope_scaling = match meta.get_str(&key("rope.scaling.type"))? {
             None | Some("none") => RopeScaling::None,
@@ -227,7 +274,16 @@ impl LlamaConfig {
 
     /// The config of a Hugging Face `config.json` (`model_type` llama or mistral).
     pub fn from_hf_json(v: &Json) -> Result<LlamaConfig> {
-        let model_type = v.get("model_type").and_then(Json::as_str).unwrap_or("");
+        let model_type = match v.get("model_type") {
+            Some(Json::String(s)) => s.as_str(),
+            None | Some(Json::Null) => {
+                return Err(io(format!(
+                    "config.json: missing 'model_type' (expected one of: {})",
+                    HF_MODEL_TYPES.join(", ")
+                )))
+            }
+            Some(other) => return Err(io(format!("config.json: 'model_type': expected a string, found {other}"))),
+        };
         if !HF_MODEL_TYPES.contains(&model_type) {
             return Err(Error::unsupported(
                 "LlamaConfig::from_hf_json",
@@ -242,23 +298,27 @@ impl LlamaConfig {
             field(name)
                 .map(|x| {
                     x.as_u64()
-                        .map(|n| n as usize)
-                        .ok_or_else(|| io(format!("config.json: '{name}' is not a non-negative integer")))
+                        .and_then(|n| usize::try_from(n).ok())
+                        .ok_or_else(|| io(format!("config.json: '{name}': expected a non-negative integer, found {x}")))
                 })
                 .transpose()
         };
         let req = |name: &str| uint(name)?.ok_or_else(|| io(format!("config.json: missing '{name}'")));
         let float = |name: &str| -> Result<Option<f64>> {
             field(name)
-                .map(|x| x.as_f64().ok_or_else(|| io(format!("config.json: '{name}' is not a number"))))
+                .map(|x| x.as_f64().ok_or_else(|| io(format!("config.json: '{name}': expected a number, found {x}"))))
                 .transpose()
         };
         let flag = |name: &str| -> Result<Option<bool>> {
             field(name)
-                .map(|x| x.as_bool().ok_or_else(|| io(format!("config.json: '{name}' is not a boolean"))))
+                .map(|x| x.as_bool().ok_or_else(|| io(format!("config.json: '{name}': expected a boolean, found {x}"))))
                 .transpose()
         };
-        let act = field("hidden_act").and_then(Json::as_str).unwrap_or("silu");
+        let act = match field("hidden_act") {
+            None => "silu",
+            Some(Json::String(s)) => s.as_str(),
+            Some(other) => return Err(io(format!("config.json: 'hidden_act': expected a string, found {other}"))),
+        };
         if act != "silu" {
             return Err(Error::unsupported("LlamaConfig::from_hf_json", format!("hidden_act '{act}' (only silu)")));
         }
@@ -267,20 +327,40 @@ impl LlamaConfig {
                 return Err(Error::unsupported("LlamaConfig::from_hf_json", format!("{bias} = true")));
             }
         }
+        let positive = |name: &str, v: usize| -> Result<usize> {
+            if v == 0 {
+                return Err(Error::value("LlamaConfig::from_hf_json", format!("config.json '{name}'"), "> 0", 0));
+            }
+            Ok(v)
+        };
+        let req = |name: &str| positive(name, req(name)?);
         let d_model = req("hidden_size")?;
         let n_heads = req("num_attention_heads")?;
-        if n_heads == 0 {
-            return Err(io("config.json: 'num_attention_heads' is 0"));
-        }
+        let head_dim = match uint("head_dim")? {
+            Some(h) => positive("head_dim", h)?,
+            None if d_model.is_multiple_of(n_heads) => d_model / n_heads,
+            None => {
+                return Err(Error::value(
+                    "LlamaConfig::from_hf_json",
+                    "config.json 'num_attention_heads'",
+                    format!("a divisor of 'hidden_size' = {d_model} (or an explicit 'head_dim')"),
+                    n_heads,
+                ))
+            }
+        };
+        let n_kv_heads = match uint("num_key_value_heads")? {
+            Some(k) => positive("num_key_value_heads", k)?,
+            None => n_heads,
+        };
         let cfg = LlamaConfig {
             architecture: model_type.to_string(),
             vocab_size: req("vocab_size")?,
             n_layers: req("num_hidden_layers")?,
             n_heads,
-            n_kv_heads: uint("num_key_value_heads")?.unwrap_or(n_heads),
+            n_kv_heads,
             d_model,
             d_ff: req("intermediate_size")?,
-            head_dim: uint("head_dim")?.unwrap_or(d_model / n_heads),
+            head_dim,
             context_length: req("max_position_embeddings")?,
             norm_eps: float("rms_norm_eps")?.unwrap_or(1e-6) as f32,
             rope_theta: float("rope_theta")?.unwrap_or(10000.0),
@@ -296,7 +376,18 @@ impl LlamaConfig {
 /// `rope_scaling` of an HF config: null, `linear` or `llama3`; anything else is refused.
 fn hf_rope_scaling(v: Option<&Json>) -> Result<RopeScaling> {
     let Some(v) = v else { return Ok(RopeScaling::None) };
-    let kind = v.get("rope_type").or_else(|| v.get("type")).and_then(Json::as_str).unwrap_or("");
+    if v.is_null() {
+        return Ok(RopeScaling::None);
+    }
+    let kind = match v.get("rope_type").or_else(|| v.get("type")) {
+        Some(Json::String(s)) => s.as_str(),
+        other => {
+            return Err(io(format!(
+                "config.json: rope_scaling: expected a string 'rope_type' (linear, llama3), found {}",
+                other.map_or("none".into(), Json::to_string)
+            )))
+        }
+    };
     let num = |name: &str| -> Result<f64> {
         v.get(name)
             .and_then(Json::as_f64)

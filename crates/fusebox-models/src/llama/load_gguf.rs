@@ -22,6 +22,20 @@ pub fn load_gguf(b: &dyn ComputeBackend, file: &GgufFile) -> Result<LlamaModel> 
     config.tied_embeddings = file.tensor_info("output.weight").is_none();
     config.validate()?;
     let (d, q, kv, f) = (config.d_model, config.q_dim(), config.kv_dim(), config.d_ff);
+    // Every tensor must be one this model uses: a block past `block_count` or a tensor
+    // the llama layout has none of (a bias) would otherwise be dropped silently.
+    for info in file.tensors() {
+        let name = info.name();
+        let known = matches!(name, "token_embd.weight" | "output_norm.weight" | "output.weight" | "rope_freqs.weight")
+            || block_of(name).is_some_and(|(l, part)| l < config.n_layers && BLOCK_TENSORS.contains(&part));
+        if !known {
+            return Err(fusebox::Error::Io(format!(
+                "gguf: tensor '{name}' is not part of a {}-layer {} model (block_count {}); \
+                 refusing a file with unexplained tensors",
+                config.n_layers, config.architecture, config.n_layers
+            )));
+        }
+    }
     // Every block tensor must be there before anything large is read.
     for l in 0..config.n_layers {
         for part in BLOCK_TENSORS {
@@ -61,6 +75,15 @@ pub fn load_gguf(b: &dyn ComputeBackend, file: &GgufFile) -> Result<LlamaModel> 
         linear("output.weight", config.vocab_size, d)?
     };
     Ok(LlamaModel { config, embed, layers, norm_f, head })
+}
+
+/// The block index and part of `blk.{l}.{part}.weight`.
+fn block_of(name: &str) -> Option<(usize, &str)> {
+    let (l, rest) = name.strip_prefix("blk.")?.split_once('.')?;
+    if l.len() > 1 && l.starts_with('0') {
+        return None;
+    }
+    Some((l.parse().ok()?, rest.strip_suffix(".weight")?))
 }
 
 /// The per-block tensors of the llama layout.

@@ -18,6 +18,7 @@ use super::config::LlamaConfig;
 use super::model::{LlamaLayer, LlamaModel};
 use super::weights::{check_shape, vector, Embedding, Linear, Projections};
 use crate::config::{ModelConfig, Style};
+use crate::files::{read_json, MAX_CONFIG_BYTES};
 use crate::model::{param_specs, Model};
 use crate::params::ParamSet;
 use crate::safetensors::SafeTensors;
@@ -30,20 +31,36 @@ pub struct Shards {
 }
 
 impl Shards {
-    /// Reads the shards of `dir`: those the index json names, else every `*.safetensors`.
+    /// Reads the shards of `dir`: those `model.safetensors.index.json` names, else every
+    /// `*.safetensors`. A tensor in two shards, or one the index places in another shard
+    /// than the one holding it, is an error naming it.
     pub fn open(dir: &Path) -> Result<Shards> {
         let io = |e: std::io::Error| Error::Io(format!("{}: {e}", dir.display()));
         let index_path = dir.join("model.safetensors.index.json");
+        let mut weight_map: Option<BTreeMap<String, String>> = None;
         let names: Vec<String> = if index_path.exists() {
-            let text = std::fs::read_to_string(&index_path).map_err(io)?;
-            let v: Json = serde_json::from_str(&text)
-                .map_err(|e| Error::Io(format!("{}: not valid JSON: {e}", index_path.display())))?;
-            let map = v["weight_map"]
-                .as_object()
-                .ok_or_else(|| Error::Io(format!("{}: no 'weight_map' object", index_path.display())))?;
-            let mut files: Vec<String> = map.values().filter_map(|f| f.as_str().map(str::to_owned)).collect();
+            let v = read_json(&index_path, "the shard index", MAX_CONFIG_BYTES)?;
+            let map = v["weight_map"].as_object().ok_or_else(|| {
+                Error::Io(format!(
+                    "{}: expected a 'weight_map' object, found {}",
+                    index_path.display(),
+                    v["weight_map"]
+                ))
+            })?;
+            let mut wm = BTreeMap::new();
+            for (tensor, file) in map {
+                let file = file.as_str().ok_or_else(|| {
+                    Error::Io(format!(
+                        "{}: weight_map['{tensor}']: expected a file name, found {file}",
+                        index_path.display()
+                    ))
+                })?;
+                wm.insert(tensor.clone(), file.to_owned());
+            }
+            let mut files: Vec<String> = wm.values().cloned().collect();
             files.sort();
             files.dedup();
+            weight_map = Some(wm);
             files
         } else {
             let mut files: Vec<String> = std::fs::read_dir(dir)
@@ -61,14 +78,47 @@ impl Shards {
         let mut files = Vec::new();
         let mut index = BTreeMap::new();
         for name in &names {
-            if name.contains('/') || name.contains('\\') || name.starts_with("..") {
+            if name.is_empty() || name.contains('/') || name.contains('\\') || name.starts_with("..") {
                 return Err(Error::Io(format!("{}: shard name '{name}' is not a plain file name", dir.display())));
             }
-            let st = SafeTensors::read(&dir.join(name))?;
+            let path = dir.join(name);
+            let st = SafeTensors::read(&path)?;
             for tensor in st.tensors.keys() {
+                if let Some(&other) = index.get(tensor) {
+                    return Err(Error::Io(format!(
+                        "{}: tensor '{tensor}' is in two shards: {} and {name}",
+                        dir.display(),
+                        names[other]
+                    )));
+                }
+                if let Some(wm) = &weight_map {
+                    match wm.get(tensor) {
+                        Some(f) if f == name => {}
+                        Some(f) => {
+                            return Err(Error::Io(format!(
+                                "{}: tensor '{tensor}' is in {name}, but the index places it in {f}",
+                                dir.display()
+                            )))
+                        }
+                        None => {
+                            return Err(Error::Io(format!(
+                                "{}: tensor '{tensor}' in {name} is not in the index's weight_map",
+                                dir.display()
+                            )))
+                        }
+                    }
+                }
                 index.insert(tensor.clone(), files.len());
             }
             files.push(st);
+        }
+        if let Some(wm) = &weight_map {
+            if let Some((tensor, file)) = wm.iter().find(|(t, _)| !index.contains_key(*t)) {
+                return Err(Error::Io(format!(
+                    "{}: the index places tensor '{tensor}' in {file}, which does not hold it",
+                    dir.display()
+                )));
+            }
         }
         Ok(Shards { files, index, dir: dir.to_path_buf() })
     }
@@ -76,6 +126,11 @@ impl Shards {
     /// Whether a tensor named `name` exists.
     pub fn has(&self, name: &str) -> bool {
         self.index.contains_key(name)
+    }
+
+    /// Every tensor name, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.index.keys().map(String::as_str)
     }
 
     /// Tensor `name` (host), or an error naming it and the directory.
@@ -86,19 +141,49 @@ impl Shards {
             .ok_or_else(|| Error::Io(format!("{}: missing tensor '{name}'", self.dir.display())))?;
         self.files[i].tensor(name)
     }
+
+    /// An error naming the first tensor that `expected` does not account for (a layer
+    /// past `num_hidden_layers`, a bias the architecture has none of, a stray name):
+    /// loading it silently would run another model than the file holds.
+    pub fn refuse_unexplained(&self, what: &str, expected: impl Fn(&str) -> bool) -> Result<()> {
+        match self.names().find(|n| !expected(n)) {
+            Some(name) => Err(Error::Io(format!(
+                "{}: tensor '{name}' is not part of {what}; refusing a checkpoint with unexplained tensors",
+                self.dir.display()
+            ))),
+            None => Ok(()),
+        }
+    }
 }
 
-/// Reads `dir/config.json` as JSON.
+/// Reads `dir/config.json` as JSON (a regular file of at most [`MAX_CONFIG_BYTES`]).
 pub fn read_config(dir: &Path) -> Result<Json> {
-    let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
-    serde_json::from_str(&text).map_err(|e| Error::Io(format!("{}: not valid JSON: {e}", path.display())))
+    read_json(&dir.join("config.json"), "config.json", MAX_CONFIG_BYTES)
+}
+
+/// The layer index of a name `{prefix}{l}.{rest}` and the rest.
+fn layer_of<'a>(name: &'a str, prefix: &str) -> Option<(usize, &'a str)> {
+    let (l, rest) = name.strip_prefix(prefix)?.split_once('.')?;
+    if l.len() > 1 && l.starts_with('0') {
+        return None;
+    }
+    Some((l.parse().ok()?, rest))
 }
 
 /// A Llama-family model from an HF directory (`config.json` with model_type llama or mistral).
 pub fn load_hf_llama(b: &dyn ComputeBackend, dir: &Path, config: &Json) -> Result<LlamaModel> {
     let config = LlamaConfig::from_hf_json(config)?;
     let shards = Shards::open(dir)?;
+    let n_layers = config.n_layers;
+    shards.refuse_unexplained(&format!("a {}-layer {} model", n_layers, config.architecture), |name| {
+        matches!(name, "model.embed_tokens.weight" | "model.norm.weight" | "lm_head.weight")
+            || layer_of(name, "model.layers.").is_some_and(|(l, rest)| {
+                l < n_layers
+                    && (HF_LLAMA_BLOCK.iter().any(|p| rest.strip_suffix(".weight") == Some(*p))
+                        // A derived buffer some exports keep; recomputed from the config.
+                        || rest == "self_attn.rotary_emb.inv_freq")
+            })
+    })?;
     let (d, q, kv, f) = (config.d_model, config.q_dim(), config.kv_dim(), config.d_ff);
     let linear = |name: &str, out: usize, inp: usize| Linear::new(b, name, &shards.get(name)?, out, inp);
     let stack = |names: &[(String, usize)], inp: usize| -> Result<Projections> {
@@ -130,6 +215,35 @@ pub fn load_hf_llama(b: &dyn ComputeBackend, dir: &Path, config: &Json) -> Resul
     };
     Ok(LlamaModel { config, embed, layers, norm_f, head })
 }
+
+/// The per-block weights of an HF Llama layer (`model.layers.N.{part}.weight`).
+const HF_LLAMA_BLOCK: [&str; 9] = [
+    "input_layernorm",
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "post_attention_layernorm",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+];
+
+/// The per-block tensors of an HF GPT-2 layer (`h.N.{part}`).
+const HF_GPT2_BLOCK: [&str; 12] = [
+    "ln_1.weight",
+    "ln_1.bias",
+    "attn.c_attn.weight",
+    "attn.c_attn.bias",
+    "attn.c_proj.weight",
+    "attn.c_proj.bias",
+    "ln_2.weight",
+    "ln_2.bias",
+    "mlp.c_fc.weight",
+    "mlp.c_fc.bias",
+    "mlp.c_proj.weight",
+    "mlp.c_proj.bias",
+];
 
 /// The GPT-2 config of an HF `config.json`.
 pub fn gpt2_config(v: &Json) -> Result<ModelConfig> {
@@ -187,6 +301,18 @@ pub fn load_hf_gpt2(b: &dyn ComputeBackend, dir: &Path, config: &Json) -> Result
     let shards = Shards::open(dir)?;
     // Some exports prefix every name with "transformer.".
     let prefix = if shards.has("transformer.wte.weight") { "transformer." } else { "" };
+    let n_layers = cfg.n_layers;
+    shards.refuse_unexplained(&format!("a {n_layers}-layer GPT-2 model"), |full| {
+        let Some(name) = full.strip_prefix(prefix) else { return full == "lm_head.weight" };
+        matches!(name, "wte.weight" | "wpe.weight" | "ln_f.weight" | "ln_f.bias")
+            || layer_of(name, "h.").is_some_and(|(l, rest)| {
+                l < n_layers
+                    && (HF_GPT2_BLOCK.contains(&rest)
+                        // The causal-mask buffers older exports keep; the mask is implicit here.
+                        || rest == "attn.bias"
+                        || rest == "attn.masked_bias")
+            })
+    })?;
     let get = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
         let full = format!("{prefix}{name}");
         let t = shards.get(&full)?;

@@ -23,6 +23,7 @@ pub mod load_hf;
 pub mod model;
 pub mod weights;
 
+use std::io::Read;
 use std::path::Path;
 
 use fusebox::{ComputeBackend, Error, Result};
@@ -35,6 +36,7 @@ pub use model::{LlamaLayer, LlamaModel, LlamaState};
 pub use weights::{Embedding, Linear, Projections};
 
 use crate::chat::ChatTemplate;
+use crate::files;
 use crate::gguf::GgufFile;
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
@@ -51,6 +53,11 @@ pub struct Pretrained {
     pub network: Network,
     pub tokenizer: Tokenizer,
     pub chat_template: Option<ChatTemplate>,
+    /// Why the file's chat template could not be used, when it has one that is not
+    /// supported (`chat_template` is then `None`).
+    pub chat_template_error: Option<String>,
+    /// Where the model was loaded from.
+    pub path: std::path::PathBuf,
     /// What was loaded, for messages (`gguf llama, 30 layers, q4_1`).
     pub description: String,
 }
@@ -62,6 +69,21 @@ impl Pretrained {
             Network::Llama(m) => Ok(Session::Llama(m, m.new_state(b, ctx_size)?)),
             Network::Gpt2(m) => Ok(Session::Gpt2(m, m.new_cache(b, ctx_size)?)),
         }
+    }
+
+    /// The chat template, or an error saying why there is none: the file has no
+    /// template, or one that is not supported (with the reason).
+    pub fn chat_template(&self) -> Result<&ChatTemplate> {
+        if let Some(t) = &self.chat_template {
+            return Ok(t);
+        }
+        Err(Error::unsupported(
+            "chat template",
+            match &self.chat_template_error {
+                Some(why) => format!("{}: the chat template cannot be used: {why}", self.path.display()),
+                None => format!("{} has no chat template", self.path.display()),
+            },
+        ))
     }
 
     /// Longest context the model supports.
@@ -86,35 +108,56 @@ impl Pretrained {
     }
 }
 
-/// Whether `path` is something [`load`] reads: a `.gguf` path, or a directory whose
-/// `config.json` has a `model_type` (a Hugging Face checkpoint; fusebox's own training
-/// checkpoints have none).
+/// Whether `path` is something [`load`] reads: a regular file that starts with the
+/// GGUF magic (whatever its name), a `.gguf` path, or a directory whose `config.json`
+/// is not one of fusebox's own training checkpoints (those name a `style`; a Hugging
+/// Face one has a `model_type`, and one with neither is reported by [`load`]).
 pub fn is_pretrained(path: &Path) -> bool {
     if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
         return true;
     }
-    load_hf::read_config(path).is_ok_and(|v| v.get("model_type").is_some())
+    if files::is_regular(path) {
+        let mut magic = [0u8; 4];
+        return std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok()
+            && magic == crate::gguf::MAGIC;
+    }
+    load_hf::read_config(path).is_ok_and(|v| v.get("model_type").is_some() || v.get("style").is_none())
 }
 
 /// Loads a GGUF file or a Hugging Face directory (see the module docs).
+///
+/// Every error names the file; sizes, tensors and vocabularies are checked against
+/// each other before anything large is allocated.
 pub fn load(b: &dyn ComputeBackend, path: &Path) -> Result<Pretrained> {
-    if path.is_file() {
-        return load_gguf_file(b, path);
+    let meta = std::fs::metadata(path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
+    if meta.is_dir() {
+        return load_hf_dir(b, path);
     }
-    if !path.is_dir() {
-        return Err(Error::Io(format!("{}: no such file or directory", path.display())));
+    if !meta.is_file() {
+        return Err(files::not_regular(path, "a model (a GGUF file, or a Hugging Face directory)", meta.file_type()));
     }
-    load_hf_dir(b, path)
+    load_gguf_file(b, path).map_err(|e| with_path(e, path))
 }
 
 fn load_gguf_file(b: &dyn ComputeBackend, path: &Path) -> Result<Pretrained> {
     let file = GgufFile::open(path)?;
     let tokenizer = Tokenizer::from_gguf(file.metadata())?;
-    let chat_template = match file.metadata().get_str("tokenizer.chat_template")? {
-        Some(src) => ChatTemplate::from_jinja(src).ok(),
-        None => None,
+    let (chat_template, chat_template_error) = match file.metadata().get_str("tokenizer.chat_template")? {
+        Some(src) => match ChatTemplate::from_jinja(src) {
+            Ok(t) => (Some(t), None),
+            Err(e) => (None, Some(format!("tokenizer.chat_template: {e}"))),
+        },
+        None => (None, None),
     };
-    let model = load_gguf(b, &file).map_err(|e| with_path(e, path))?;
+    let model = load_gguf(b, &file)?;
+    if model.config.vocab_size != tokenizer.vocab_size() {
+        return Err(Error::Io(format!(
+            "gguf: the model's vocabulary has {} tokens (token_embd.weight), the tokenizer {} \
+             (tokenizer.ggml.tokens)",
+            model.config.vocab_size,
+            tokenizer.vocab_size()
+        )));
+    }
     let formats = weight_formats(&model);
     let description = format!(
         "gguf {} ({} layers, d_model {}, {} heads / {} kv, vocab {}; weights {formats})",
@@ -125,22 +168,60 @@ fn load_gguf_file(b: &dyn ComputeBackend, path: &Path) -> Result<Pretrained> {
         model.config.n_kv_heads,
         model.config.vocab_size
     );
-    Ok(Pretrained { network: Network::Llama(model), tokenizer, chat_template, description })
+    Ok(Pretrained {
+        network: Network::Llama(model),
+        tokenizer,
+        chat_template,
+        chat_template_error,
+        path: path.to_path_buf(),
+        description,
+    })
 }
 
 fn load_hf_dir(b: &dyn ComputeBackend, dir: &Path) -> Result<Pretrained> {
     let config = load_hf::read_config(dir)?;
     let tok_path = dir.join("tokenizer.json");
-    let tok_text = std::fs::read_to_string(&tok_path)
-        .map_err(|e| Error::Io(format!("{}: {e} (the tokenizer of an HF checkpoint)", tok_path.display())))?;
-    let tok_config = std::fs::read_to_string(dir.join("tokenizer_config.json")).ok();
-    let tokenizer = Tokenizer::from_hf_json(&tok_text, tok_config.as_deref())?;
-    let chat_template = tok_config
-        .as_deref()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
-        .and_then(|v| v.get("chat_template").and_then(|s| s.as_str()).map(str::to_owned))
-        .and_then(|src| ChatTemplate::from_jinja(&src).ok());
-    let model_type = config.get("model_type").and_then(|v| v.as_str()).unwrap_or("").to_string();
+    let tok_text =
+        files::read_text(&tok_path, "tokenizer.json (the tokenizer of an HF checkpoint)", files::MAX_TOKENIZER_BYTES)?;
+    let tok_config_path = dir.join("tokenizer_config.json");
+    let tok_config = if tok_config_path.exists() {
+        Some(files::read_text(&tok_config_path, "tokenizer_config.json", files::MAX_CONFIG_BYTES)?)
+    } else {
+        None
+    };
+    let tokenizer = Tokenizer::from_hf_json(&tok_text, tok_config.as_deref()).map_err(|e| with_path(e, &tok_path))?;
+    let template_source = match tok_config.as_deref().map(serde_json::from_str::<serde_json::Value>) {
+        None => None,
+        Some(Ok(v)) => match v.get("chat_template") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::String(s)) => Some(Ok(s.clone())),
+            Some(other) => Some(Err(format!(
+                "tokenizer_config.json: chat_template: expected a string, found {}",
+                if other.is_array() { "a list of named templates (not supported)" } else { "another JSON value" }
+            ))),
+        },
+        Some(Err(e)) => {
+            return Err(Error::Io(format!("{}: not valid JSON: {e}", tok_config_path.display())));
+        }
+    };
+    let (chat_template, chat_template_error) = match template_source {
+        None => (None, None),
+        Some(Err(why)) => (None, Some(why)),
+        Some(Ok(src)) => match ChatTemplate::from_jinja(&src) {
+            Ok(t) => (Some(t), None),
+            Err(e) => (None, Some(format!("tokenizer_config.json: chat_template: {e}"))),
+        },
+    };
+    let model_type = match config.get("model_type") {
+        Some(serde_json::Value::String(t)) => t.clone(),
+        other => {
+            return Err(Error::Io(format!(
+                "{}: expected a string 'model_type' (llama, mistral or gpt2), found {}",
+                dir.join("config.json").display(),
+                other.map_or("none".to_string(), |v| v.to_string())
+            )))
+        }
+    };
     let (network, description) = match model_type.as_str() {
         "gpt2" => {
             let m = load_hf_gpt2(b, dir, &config).map_err(|e| with_path(e, dir))?;
@@ -165,7 +246,19 @@ fn load_hf_dir(b: &dyn ComputeBackend, dir: &Path) -> Result<Pretrained> {
             (Network::Llama(m), d)
         }
     };
-    Ok(Pretrained { network, tokenizer, chat_template, description })
+    let model_vocab = match &network {
+        Network::Llama(m) => m.config.vocab_size,
+        Network::Gpt2(m) => m.config.vocab_size,
+    };
+    if tokenizer.vocab_size() > model_vocab {
+        return Err(Error::Io(format!(
+            "{}: the tokenizer has {} tokens but the model's vocab_size is {model_vocab}: \
+             its ids past the embedding table could not be run",
+            tok_path.display(),
+            tokenizer.vocab_size()
+        )));
+    }
+    Ok(Pretrained { network, tokenizer, chat_template, chat_template_error, path: dir.to_path_buf(), description })
 }
 
 /// The storage formats of a model's matrices, e.g. `q4_1, q8_0`.
@@ -177,9 +270,16 @@ fn weight_formats(m: &LlamaModel) -> String {
     names.join(", ")
 }
 
+/// `e` with `path` in its message, unless it names it already.
 fn with_path(e: Error, path: &Path) -> Error {
+    let p = path.display().to_string();
+    let prefix = |s: String| if s.contains(&p) { s } else { format!("{p}: {s}") };
     match e {
-        Error::Io(msg) if !msg.contains(&path.display().to_string()) => Error::Io(format!("{}: {msg}", path.display())),
+        Error::Io(msg) => Error::Io(prefix(msg)),
+        Error::Value { op, what, expected, got } => Error::Value { op, what: prefix(what), expected, got },
+        Error::Shape { op, what, expected, got } => Error::Shape { op, what: prefix(what), expected, got },
+        Error::DType { op, what, expected, got } => Error::DType { op, what: prefix(what), expected, got },
+        Error::Unsupported { op, reason } => Error::Unsupported { op, reason: prefix(reason) },
         other => other,
     }
 }

@@ -97,11 +97,38 @@ impl LlamaModel {
                 ctx_size,
             ));
         }
+        // K and V for every layer (f32) plus the cos and sin tables: all sized by the
+        // file's dimensions and the requested context, so checked before allocating.
+        let half = cfg.head_dim / 2;
+        let need = (cfg.n_layers as u128) * 2 * (cfg.kv_dim() as u128) * (ctx_size as u128) * 4
+            + 2 * (ctx_size as u128) * (half as u128) * 4;
+        let too_big = |limit: String| {
+            Error::value(
+                "LlamaModel::new_state",
+                "context size",
+                format!(
+                    "a KV cache that fits {limit} ({} layers × 2 × {} kv dims × f32 per position)",
+                    cfg.n_layers,
+                    cfg.kv_dim()
+                ),
+                format!("{ctx_size} positions needing {need} bytes"),
+            )
+        };
+        if need > isize::MAX as u128 {
+            return Err(too_big("in memory".into()));
+        }
+        if let Some(total) = physical_memory().filter(|&t| need > u128::from(t)) {
+            return Err(too_big(format!("in this machine's {total} bytes of memory")));
+        }
         let cache = KvCache::new(b, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, ctx_size)?;
         let freqs = cfg.rope_frequencies();
-        let half = cfg.head_dim / 2;
-        let mut cos = Vec::with_capacity(ctx_size * half);
-        let mut sin = Vec::with_capacity(ctx_size * half);
+        let table = || -> Result<Vec<f32>> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(ctx_size * half).map_err(|_| too_big("in memory".into()))?;
+            Ok(v)
+        };
+        let mut cos = table()?;
+        let mut sin = table()?;
         for p in 0..ctx_size {
             for f in &freqs {
                 let angle = p as f64 * f;
@@ -197,4 +224,12 @@ impl LlamaModel {
         state.cache.len = pos + t;
         Ok(h)
     }
+}
+
+/// Physical memory in bytes (`MemTotal` of `/proc/meminfo`), where the system says.
+fn physical_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }

@@ -11,12 +11,15 @@
 //!   `Sequence[Digits(individual_digits), ByteLevel]` (see [`PreTokenizer`]);
 //! * `normalizer` must be null.
 //!
-//! Ids must be dense (0..n, every one used), as they are in real vocabularies.
+//! Ids must be dense (0..n, every one used), as they are in real vocabularies; two
+//! vocabulary entries (or two added tokens) with one id are refused.
 
 use std::path::Path;
 
 use fusebox::{Error, Result};
 use serde_json::Value as Json;
+
+use crate::files::{read_text, MAX_CONFIG_BYTES, MAX_TOKENIZER_BYTES};
 
 use super::{build_error, Parts, PreTokenizer, TokenType, Tokenizer};
 
@@ -91,38 +94,63 @@ impl Tokenizer {
         }
         let pre = pre_tokenizer_of(&root["pre_tokenizer"])?;
 
-        // (id, text, type) of every vocabulary entry and added token.
+        // Ids are dense, so the number of entries bounds every id; an id past it is
+        // refused before anything is indexed or allocated.
         let vocab =
             model["vocab"].as_object().ok_or_else(|| build_error("tokenizer.json: model.vocab is not an object"))?;
-        let mut entries: Vec<(u64, String, TokenType)> = Vec::with_capacity(vocab.len());
-        for (text, id) in vocab {
-            let id = id.as_u64().ok_or_else(|| build_error(format!("tokenizer.json: vocab id of {text:?} is {id}")))?;
-            entries.push((id, text.clone(), TokenType::Normal));
+        let added = match &root["added_tokens"] {
+            Json::Null => &[][..],
+            Json::Array(a) => a.as_slice(),
+            other => {
+                return Err(build_error(format!(
+                    "tokenizer.json: added_tokens: expected an array, found {}",
+                    short(other)
+                )))
+            }
+        };
+        let bound = vocab.len() + added.len();
+        let id_of = |what: &str, id: &Json| {
+            id.as_u64().and_then(|i| usize::try_from(i).ok()).filter(|&i| i < bound).ok_or_else(|| {
+                build_error(format!(
+                    "tokenizer.json: {what} has id {}, expected an integer below {bound}: token ids are \
+                     not dense otherwise (there are {bound} vocabulary entries and added tokens)",
+                    short(id)
+                ))
+            })
+        };
+        let mut slots: Vec<Option<(String, TokenType)>> = vec![None; bound];
+        for (text, id_json) in vocab {
+            let id = id_of(&format!("vocab entry {text:?}"), id_json)?;
+            if let Some((other, _)) = &slots[id] {
+                return Err(build_error(format!(
+                    "tokenizer.json: vocab entries {other:?} and {text:?} share the id {id}"
+                )));
+            }
+            slots[id] = Some((text.clone(), TokenType::Normal));
         }
-        for added in root["added_tokens"].as_array().map(Vec::as_slice).unwrap_or_default() {
-            let (Some(id), Some(text)) = (added["id"].as_u64(), added["content"].as_str()) else {
-                return Err(build_error(format!("tokenizer.json: added token {} lacks id or content", short(added))));
+        // An added token takes a new id or the place of a vocabulary entry (as real
+        // files do for special tokens already in the vocabulary), but one id is never
+        // given to two added tokens.
+        let mut added_ids = std::collections::HashSet::new();
+        for entry in added {
+            let (Some(id_json), Some(text)) = (entry.get("id"), entry["content"].as_str()) else {
+                return Err(build_error(format!("tokenizer.json: added token {} lacks id or content", short(entry))));
             };
-            let ty = if added["special"] == true { TokenType::Control } else { TokenType::UserDefined };
-            entries.push((id, text.to_owned(), ty));
+            let id = id_of(&format!("added token {text:?}"), id_json)?;
+            if !added_ids.insert(id) {
+                return Err(build_error(format!("tokenizer.json: two added tokens have the id {id}")));
+            }
+            let ty = if entry["special"] == true { TokenType::Control } else { TokenType::UserDefined };
+            slots[id] = Some((text.to_owned(), ty));
         }
-        // Later entries (added tokens) replace vocabulary entries at the same id.
-        let n = entries.iter().map(|e| e.0).max().map_or(0, |m| m + 1);
-        if n > entries.len() as u64 {
-            return Err(build_error(format!(
-                "tokenizer.json: token ids are not dense: highest id {} with {} entries",
-                n - 1,
-                entries.len()
-            )));
-        }
-        let mut slots: Vec<Option<(String, TokenType)>> = vec![None; n as usize];
-        for (id, text, ty) in entries {
-            slots[id as usize] = Some((text, ty));
+        while slots.last().is_some_and(Option::is_none) {
+            slots.pop();
         }
         let mut tokens = Vec::with_capacity(slots.len());
         let mut types = Vec::with_capacity(slots.len());
         for (id, slot) in slots.into_iter().enumerate() {
-            let (text, ty) = slot.ok_or_else(|| build_error(format!("tokenizer.json: no token has id {id}")))?;
+            let (text, ty) = slot
+                .ok_or_else(|| build_error(format!("tokenizer.json: no token has id {id}: token ids are not dense")))?;
             tokens.push(text);
             types.push(ty);
         }
@@ -179,13 +207,13 @@ impl Tokenizer {
     /// present, `dir/tokenizer_config.json`.
     pub fn from_hf_dir(dir: impl AsRef<Path>) -> Result<Tokenizer> {
         let dir = dir.as_ref();
-        let read = |name: &str| {
-            let path = dir.join(name);
-            std::fs::read_to_string(&path).map_err(|e| build_error(format!("cannot read '{}': {e}", path.display())))
+        let tokenizer = read_text(&dir.join("tokenizer.json"), "tokenizer.json", MAX_TOKENIZER_BYTES)?;
+        let config_path = dir.join("tokenizer_config.json");
+        let config = if config_path.exists() {
+            Some(read_text(&config_path, "tokenizer_config.json", MAX_CONFIG_BYTES)?)
+        } else {
+            None
         };
-        let tokenizer = read("tokenizer.json")?;
-        let config =
-            if dir.join("tokenizer_config.json").exists() { Some(read("tokenizer_config.json")?) } else { None };
         Tokenizer::from_hf_json(&tokenizer, config.as_deref())
     }
 }
