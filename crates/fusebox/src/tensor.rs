@@ -62,7 +62,11 @@ impl HostBuffer {
                 alloc::alloc(layout)
             }
         };
-        let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
+        // A refused allocation is an error the caller can report, never an abort: sizes
+        // come from user flags and file headers (KV caches, parameter buffers).
+        let ptr = NonNull::new(raw).ok_or_else(|| {
+            Error::value(op, "allocation", "memory for the tensor", format!("{bytes} bytes refused by the allocator"))
+        })?;
         Ok(HostBuffer { ptr, bytes, layout })
     }
 
@@ -535,6 +539,14 @@ impl Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_allocation_too_big_for_the_machine_is_an_error_not_an_abort() {
+        // 2^62 bytes passes the isize::MAX check but exceeds any address space.
+        let e = Tensor::zeros([1usize << 40, 1 << 20], DType::F32).unwrap_err();
+        assert!(e.to_string().contains("refused by the allocator"), "{e}");
+        assert!(UninitHost::<f32>::new("test", 1 << 60).is_err());
+    }
 
     #[test]
     fn from_slice_checks_length() {
