@@ -38,7 +38,35 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// Checks the sizes before anything is allocated: positive, GQA-compatible, and inputs,
+/// outputs and gradients (about 12 tensors of `T × heads × head_dim` f32) that fit in the
+/// memory available.
+fn check(args: &DemoArgs) -> fusebox::Result<()> {
+    let bad = |flag: &str, expected: &str, got: String| Err(fusebox::Error::value("demo", flag, expected, got));
+    for (flag, v) in
+        [("--seq", args.seq), ("--heads", args.heads), ("--kv-heads", args.kv_heads), ("--head-dim", args.head_dim)]
+    {
+        if v == 0 {
+            return bad(flag, "at least 1", "0".into());
+        }
+    }
+    if !args.heads.is_multiple_of(args.kv_heads) {
+        return bad("--kv-heads", &format!("a divisor of --heads {}", args.heads), args.kv_heads.to_string());
+    }
+    let bytes = (args.seq as u128) * (args.heads as u128) * (args.head_dim as u128) * 4 * 12;
+    let avail = crate::train::available_memory().map_or(isize::MAX as u128, u128::from);
+    if bytes > avail.min(isize::MAX as u128) {
+        return bad(
+            "--seq × --heads × --head-dim",
+            &format!("tensors that fit in the {} available", crate::train::gib(avail.min(u64::MAX as u128) as u64)),
+            format!("about {:.3e} bytes", bytes as f64),
+        );
+    }
+    Ok(())
+}
+
 pub fn run(args: &DemoArgs) -> fusebox::Result<()> {
+    check(args)?;
     let backend = crate::backends::create(&args.backend)?;
     let (b, hq, hkv, t, d) = (1, args.heads, args.kv_heads, args.seq, args.head_dim);
     let q = Tensor::from_vec(values(b * hq * t * d, 1), [b, hq, t, d])?;

@@ -29,15 +29,15 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 200)]
     pub(crate) max_tokens: usize,
     /// 0 = greedy.
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     pub(crate) temperature: f32,
     /// Keep the k most likely tokens (0 = all).
     #[arg(long, default_value_t = 40)]
     pub(crate) top_k: usize,
     /// Nucleus sampling threshold (1 = off).
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
     pub(crate) top_p: f32,
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub(crate) repetition_penalty: f32,
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
@@ -81,9 +81,34 @@ fn render(task: &str, tokens: &[u32]) -> String {
     }
 }
 
+/// The sampler the flags describe; built before any model is loaded, so a bad flag is
+/// reported at once.
+pub(crate) fn sampler(args: &GenerateArgs) -> Result<Sampler> {
+    if args.ctx_size == Some(0) {
+        return Err(Error::value("generate", "--ctx-size", "at least 1", 0));
+    }
+    if args.threads == Some(0) {
+        return Err(Error::value("generate", "--threads", "at least 1", 0));
+    }
+    Sampler::new(SamplerConfig {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        repetition_penalty: args.repetition_penalty,
+        seed: args.seed,
+    })
+    .map_err(|e| match e {
+        Error::Value { what, expected, got, .. } => {
+            Error::value("generate", format!("--{}", what.replace('_', "-")), expected, got)
+        }
+        other => other,
+    })
+}
+
 pub fn run(args: &GenerateArgs) -> Result<()> {
+    let mut sampler = sampler(args)?;
     if fusebox_models::llama::is_pretrained(&args.model) {
-        return crate::generate_pretrained::run(args);
+        return crate::generate_pretrained::run(args, sampler);
     }
     let b = backend_for(&args.backend, args.threads)?;
     let (model, ckpt) = checkpoint::load_model(b.as_ref(), &args.model)?;
@@ -93,13 +118,6 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         prompt = tokenize(&task, "\n")?;
     }
     let stop = if task == "addition" { vec![addition::END] } else { vec![] };
-    let mut sampler = Sampler::new(SamplerConfig {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        repetition_penalty: args.repetition_penalty,
-        seed: args.seed,
-    })?;
     let start = Instant::now();
     let mut first_token: Option<f64> = None;
     let mut pending: Vec<u32> = Vec::new();

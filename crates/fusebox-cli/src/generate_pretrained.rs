@@ -6,7 +6,7 @@ use std::io::Write;
 
 use fusebox::{Error, Result};
 use fusebox_models::llama::{self, Network};
-use fusebox_models::{Sampler, SamplerConfig};
+use fusebox_models::Sampler;
 use serde_json::json;
 
 use crate::generate::GenerateArgs;
@@ -15,7 +15,31 @@ use crate::train::backend_for;
 /// Default KV-cache size when `--ctx-size` is not given (clamped to the model's context).
 const DEFAULT_CTX: usize = 2048;
 
-pub fn run(args: &GenerateArgs) -> Result<()> {
+/// Refuses a KV cache of `ctx` positions that does not fit in the memory available.
+fn check_cache_memory(model: &llama::Pretrained, ctx: usize) -> Result<()> {
+    let (layers, kv_heads, head_dim) = match &model.network {
+        Network::Llama(m) => (m.config.n_layers, m.config.n_kv_heads, m.config.head_dim),
+        Network::Gpt2(m) => (m.config.n_layers, m.config.n_kv_heads, m.config.head_dim()),
+    };
+    // Keys and values, f32, every layer.
+    let bytes = 2 * 4 * (layers as u128) * (kv_heads as u128) * (head_dim as u128) * (ctx as u128);
+    if let Some(avail) = crate::train::available_memory() {
+        if bytes > u128::from(avail) {
+            return Err(Error::value(
+                "generate",
+                "--ctx-size",
+                format!("a KV cache that fits in the {} available", crate::train::gib(avail)),
+                format!(
+                    "{ctx} positions, which need {} ({layers} layers × {kv_heads} kv heads × {head_dim} × 2 × f32)",
+                    crate::train::gib(u64::try_from(bytes).unwrap_or(u64::MAX))
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub fn run(args: &GenerateArgs, mut sampler: Sampler) -> Result<()> {
     let b = backend_for(&args.backend, args.threads)?;
     let model = llama::load(b.as_ref(), &args.model)?;
     let tok = &model.tokenizer;
@@ -34,14 +58,16 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         return Err(Error::value("generate", "prompt", "some text (the tokenizer has no BOS to start from)", "\"\""));
     }
     let ctx = args.ctx_size.unwrap_or_else(|| DEFAULT_CTX.min(model.context_length()));
+    if ctx > model.context_length() {
+        return Err(Error::value(
+            "generate",
+            "--ctx-size",
+            format!("1..={} (the model's context length)", model.context_length()),
+            ctx,
+        ));
+    }
+    check_cache_memory(&model, ctx)?;
     let mut session = model.session(b.as_ref(), ctx)?;
-    let mut sampler = Sampler::new(SamplerConfig {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        repetition_penalty: args.repetition_penalty,
-        seed: args.seed,
-    })?;
     let stop = model.stop_ids(args.chat);
     let streaming = !args.json;
     let mut stream = tok.stream_decoder(true);

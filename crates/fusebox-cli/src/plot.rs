@@ -5,10 +5,18 @@ use std::path::Path;
 use plotters::prelude::*;
 
 /// Draws the loss curves to `path` (a PNG). `train` and `eval` are (step, loss) points.
+/// Written to a temporary file beside it and renamed, so a kill never leaves half a PNG.
 pub fn loss_plot(path: &Path, train: &[(u64, f32)], eval: &[(u64, f32)]) -> Result<(), String> {
     if train.is_empty() {
         return Ok(());
     }
+    // plotters picks the image format from the extension, so the temporary name keeps it.
+    let tmp = path.with_extension("tmp.png");
+    draw(&tmp, train, eval)?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn draw(path: &Path, train: &[(u64, f32)], eval: &[(u64, f32)]) -> Result<(), String> {
     let max_step = train.iter().chain(eval).map(|p| p.0).max().unwrap_or(1).max(1);
     let finite = train.iter().chain(eval).map(|p| p.1).filter(|l| l.is_finite());
     let (lo, hi) = finite.fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), l| (lo.min(l), hi.max(l)));

@@ -1,9 +1,21 @@
 //! Checkpoints: a directory `step-N/` holding the weights (`model.safetensors`), the
 //! optimizer moments (`optimizer.safetensors`), `config.json`, and `trainer.json` (step,
-//! the data sampler's random state, the training settings). Saved atomically as a
-//! whole: written to `step-N.tmp/`, renamed to `step-N/`, then `latest` (a one-line
-//! file naming the directory) is replaced by rename — a run killed mid-save leaves the
-//! previous checkpoint whole and `latest` pointing at it.
+//! the data sampler's random state, the training settings), written last.
+//!
+//! A save never deletes the only complete copy of a checkpoint, and `latest` (a one-line
+//! file naming the directory) only ever names a complete one:
+//!
+//! 1. everything is written into `step-N.tmp/` (each file by write-then-rename, synced);
+//! 2. an existing `step-N/` is renamed to `step-N.old/`;
+//! 3. `step-N.tmp/` is renamed to `step-N/`;
+//! 4. `latest` is replaced by rename (`latest.tmp` → `latest`);
+//! 5. `step-N.old/` is removed.
+//!
+//! A process killed at any point leaves either the previous state or a state that
+//! [`recover`] (run before every save and by `fusebox train` on start) repairs without
+//! loss: a complete `step-N.tmp/` or `step-N.old/` whose `step-N/` is missing or
+//! incomplete takes its place, stale ones are removed, and a `latest` that names a
+//! missing or incomplete directory is pointed at the newest complete checkpoint.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -38,7 +50,51 @@ fn named(
     specs.iter().zip(&set.tensors).map(|(s, t)| Ok((format!("{prefix}{}", s.name), backend.to_host(t)?))).collect()
 }
 
-/// Saves a checkpoint of `model` (and optimizer moments `m`, `v`) as `out/step-{step}`.
+/// The points of a save after which a crash is simulated in tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Phase {
+    TmpCreated,
+    ModelWritten,
+    OptimizerWritten,
+    ConfigWritten,
+    TrainerWritten,
+    OldMovedAside,
+    Renamed,
+    LatestTmpWritten,
+    LatestReplaced,
+}
+
+impl Phase {
+    #[cfg(test)]
+    pub(crate) const ALL: [Phase; 9] = [
+        Phase::TmpCreated,
+        Phase::ModelWritten,
+        Phase::OptimizerWritten,
+        Phase::ConfigWritten,
+        Phase::TrainerWritten,
+        Phase::OldMovedAside,
+        Phase::Renamed,
+        Phase::LatestTmpWritten,
+        Phase::LatestReplaced,
+    ];
+}
+
+/// Whether `dir` holds a whole checkpoint: `trainer.json` is written last, after the
+/// weights, the moments and the config, each by write-then-rename.
+pub fn is_complete(dir: &Path) -> bool {
+    ["model.safetensors", "config.json", "trainer.json"].iter().all(|f| dir.join(f).is_file())
+}
+
+/// Flushes a directory's entries (renames) to disk. Best effort: not every platform can
+/// open a directory for syncing, and a kill (as opposed to a power cut) needs no sync.
+fn sync_dir(dir: &Path) {
+    if let Ok(f) = std::fs::File::open(dir) {
+        let _ = f.sync_all();
+    }
+}
+
+/// Saves a checkpoint of `model` (and optimizer moments `m`, `v`) as `out/step-{step}`
+/// and points `out/latest` at it (see the module docs for the order of the steps).
 pub fn save(
     backend: &dyn ComputeBackend,
     out: &Path,
@@ -47,30 +103,157 @@ pub fn save(
     moments: Option<(&ParamSet, &ParamSet)>,
     trainer: &Value,
 ) -> Result<PathBuf> {
+    save_with(backend, out, step, model, moments, trainer, &mut |_| Ok(()))
+}
+
+/// [`save`] calling `after(phase)` after each phase; an error from it stops the save
+/// there, as a kill would.
+pub(crate) fn save_with(
+    backend: &dyn ComputeBackend,
+    out: &Path,
+    step: u64,
+    model: &Model,
+    moments: Option<(&ParamSet, &ParamSet)>,
+    trainer: &Value,
+    after: &mut dyn FnMut(Phase) -> Result<()>,
+) -> Result<PathBuf> {
     std::fs::create_dir_all(out).map_err(io(out))?;
+    // Leftovers of an interrupted save are repaired first, so every `step-M/` is complete.
+    recover(out)?;
     let final_dir = out.join(format!("step-{step}"));
     let tmp = out.join(format!("step-{step}.tmp"));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
-    }
+    let old = out.join(format!("step-{step}.old"));
     std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+    after(Phase::TmpCreated)?;
     let meta = BTreeMap::from([("format".to_string(), "fusebox".to_string())]);
     safetensors::write(&tmp.join("model.safetensors"), &named(backend, &model.specs, &model.params, "")?, &meta)?;
+    after(Phase::ModelWritten)?;
     if let Some((m, v)) = moments {
         let mut tensors = named(backend, &model.specs, m, "m.")?;
         tensors.extend(named(backend, &model.specs, v, "v.")?);
         safetensors::write(&tmp.join("optimizer.safetensors"), &tensors, &meta)?;
     }
+    after(Phase::OptimizerWritten)?;
     write_json(&tmp.join("config.json"), &model.config.to_json())?;
+    after(Phase::ConfigWritten)?;
     write_json(&tmp.join("trainer.json"), trainer)?;
-    if final_dir.exists() {
-        std::fs::remove_dir_all(&final_dir).map_err(io(&final_dir))?;
+    sync_dir(&tmp);
+    after(Phase::TrainerWritten)?;
+    let replacing = final_dir.exists();
+    if replacing {
+        std::fs::rename(&final_dir, &old).map_err(io(&old))?;
+        after(Phase::OldMovedAside)?;
     }
     std::fs::rename(&tmp, &final_dir).map_err(io(&final_dir))?;
-    let latest_tmp = out.join("latest.tmp");
-    std::fs::write(&latest_tmp, format!("step-{step}\n")).map_err(io(&latest_tmp))?;
-    std::fs::rename(&latest_tmp, out.join("latest")).map_err(io(out))?;
+    sync_dir(out);
+    after(Phase::Renamed)?;
+    point_latest(out, &format!("step-{step}"), after)?;
+    if replacing {
+        std::fs::remove_dir_all(&old).map_err(io(&old))?;
+    }
     Ok(final_dir)
+}
+
+/// Replaces `out/latest` by rename with a file naming `name`.
+fn point_latest(out: &Path, name: &str, after: &mut dyn FnMut(Phase) -> Result<()>) -> Result<()> {
+    let latest_tmp = out.join("latest.tmp");
+    write_synced(&latest_tmp, format!("{name}\n").as_bytes())?;
+    after(Phase::LatestTmpWritten)?;
+    std::fs::rename(&latest_tmp, out.join("latest")).map_err(io(out))?;
+    sync_dir(out);
+    after(Phase::LatestReplaced)
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).map_err(io(path))?;
+    f.write_all(bytes).map_err(io(path))?;
+    f.sync_all().map_err(io(path))
+}
+
+/// The step of a directory name `step-N` followed by `suffix` (`""`, `".tmp"`, `".old"`).
+fn step_of(name: &str, suffix: &str) -> Option<u64> {
+    name.strip_prefix("step-")?.strip_suffix(suffix)?.parse().ok()
+}
+
+/// Repairs what an interrupted save left in the output directory `out` and returns one
+/// line per change (empty when there was nothing to do):
+///
+/// - a `step-N.tmp/` or `step-N.old/` beside a complete `step-N/` is removed;
+/// - otherwise a complete one becomes `step-N/` (the `.tmp`, fully written, first) and
+///   the rest is removed; an incomplete `step-N/` it replaces holds no whole copy;
+/// - `latest.tmp` is removed;
+/// - a `latest` that is missing or names a missing or incomplete directory is pointed at
+///   the complete `step-N/` with the largest N, if any.
+///
+/// A directory that does not exist needs no repair.
+pub fn recover(out: &Path) -> Result<Vec<String>> {
+    let mut notes = Vec::new();
+    let entries = match std::fs::read_dir(out) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(notes),
+        Err(e) => return Err(io(out)(e)),
+    };
+    let (mut pending, mut complete) = (std::collections::BTreeSet::new(), Vec::new());
+    for entry in entries {
+        let name = entry.map_err(io(out))?.file_name().to_string_lossy().into_owned();
+        if let Some(n) = step_of(&name, ".tmp").or_else(|| step_of(&name, ".old")) {
+            pending.insert(n);
+        }
+    }
+    for n in pending {
+        let final_dir = out.join(format!("step-{n}"));
+        let tmp = out.join(format!("step-{n}.tmp"));
+        let old = out.join(format!("step-{n}.old"));
+        if !is_complete(&final_dir) {
+            if let Some(source) = [&tmp, &old].into_iter().find(|d| is_complete(d)) {
+                if final_dir.exists() {
+                    std::fs::remove_dir_all(&final_dir).map_err(io(&final_dir))?;
+                }
+                std::fs::rename(source, &final_dir).map_err(io(&final_dir))?;
+                notes.push(format!(
+                    "recovered step-{n} from {} left by an interrupted save",
+                    source.file_name().map_or_else(String::new, |s| s.to_string_lossy().into_owned())
+                ));
+            }
+        }
+        for stale in [&tmp, &old] {
+            if stale.exists() {
+                std::fs::remove_dir_all(stale).map_err(io(stale))?;
+                notes.push(format!("removed {} left by an interrupted save", stale.display()));
+            }
+        }
+    }
+    let latest_tmp = out.join("latest.tmp");
+    if latest_tmp.exists() {
+        std::fs::remove_file(&latest_tmp).map_err(io(&latest_tmp))?;
+    }
+    for entry in std::fs::read_dir(out).map_err(io(out))? {
+        let name = entry.map_err(io(out))?.file_name().to_string_lossy().into_owned();
+        if let Some(n) = step_of(&name, "") {
+            if is_complete(&out.join(&name)) {
+                complete.push(n);
+            }
+        }
+    }
+    let latest = out.join("latest");
+    let named = std::fs::read_to_string(&latest).ok().map(|s| s.trim().to_string());
+    let named_ok =
+        named.as_ref().is_some_and(|n| !n.is_empty() && !n.contains(['/', '\\']) && is_complete(&out.join(n)));
+    if !named_ok {
+        if let Some(n) = complete.iter().max() {
+            let target = format!("step-{n}");
+            point_latest(out, &target, &mut |_| Ok(()))?;
+            notes.push(match named {
+                Some(old) => {
+                    format!("'latest' named '{old}', which is not a complete checkpoint; it now names {target}")
+                }
+                None => format!("'latest' was missing; it now names {target}"),
+            });
+        }
+    }
+    sync_dir(out);
+    Ok(notes)
 }
 
 fn write_json(path: &Path, v: &Value) -> Result<()> {
@@ -95,13 +278,15 @@ pub fn resolve(path: &Path) -> Result<PathBuf> {
     if latest.exists() {
         let name = std::fs::read_to_string(&latest).map_err(io(&latest))?;
         let dir = path.join(name.trim());
-        if dir.join("model.safetensors").exists() {
+        if is_complete(&dir) {
             return Ok(dir);
         }
         return Err(Error::Io(format!(
-            "{}: 'latest' names {} which holds no model.safetensors",
+            "{}: 'latest' names {}, which is not a complete checkpoint (model.safetensors, config.json and \
+             trainer.json); `fusebox train --resume {}` repairs what an interrupted save left",
             path.display(),
-            dir.display()
+            dir.display(),
+            path.display()
         )));
     }
     if !path.exists() {
@@ -141,8 +326,21 @@ pub fn load_model(backend: &dyn ComputeBackend, path: &Path) -> Result<(Model, C
     let dir = resolve(path)?;
     let config = ModelConfig::from_json(&read_json(&dir.join("config.json"))?)
         .map_err(|e| Error::Io(format!("{}: {e}", dir.join("config.json").display())))?;
-    let (specs, _) = param_specs(&config);
     let file = dir.join("model.safetensors");
+    // The config's parameter count is checked against the file before any layout is
+    // built from it: a corrupt config must not make us allocate for a trillion layers.
+    let file_bytes = std::fs::metadata(&file).map_err(io(&file))?.len();
+    match config.param_count() {
+        Some(n) if n.saturating_mul(4) <= file_bytes => {}
+        n => {
+            return Err(Error::Io(format!(
+                "{}: config.json says {} f32 parameters, but model.safetensors holds only {file_bytes} bytes",
+                dir.display(),
+                n.map_or("more than 2^64".to_string(), |n| n.to_string())
+            )))
+        }
+    }
+    let (specs, _) = param_specs(&config);
     let st = SafeTensors::read(&file)?;
     let params = load_set(backend, &st, &specs, "", &file)?;
     let trainer = if dir.join("trainer.json").exists() { read_json(&dir.join("trainer.json"))? } else { Value::Null };
@@ -155,4 +353,121 @@ pub fn load_moments(backend: &dyn ComputeBackend, dir: &Path, specs: &[ParamSpec
     let file = dir.join("optimizer.safetensors");
     let st = SafeTensors::read(&file)?;
     Ok((load_set(backend, &st, specs, "m.", &file)?, load_set(backend, &st, specs, "v.", &file)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Style;
+    use fusebox::CpuBackend;
+    use serde_json::json;
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("fusebox-ckpt-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    fn tiny(b: &CpuBackend, seed: u64) -> (Model, ParamSet, ParamSet) {
+        let cfg = ModelConfig { n_layers: 1, d_model: 16, d_ff: 32, ..ModelConfig::tiny(Style::Llama, 12, 8) };
+        let model = Model::new(b, cfg, seed).unwrap();
+        let m = ParamSet::zeros(b, &model.specs).unwrap();
+        let v = ParamSet::zeros(b, &model.specs).unwrap();
+        (model, m, v)
+    }
+
+    /// A crash simulated after `phase`: the hook fails there and the save stops.
+    fn crash_after(phase: Phase) -> impl FnMut(Phase) -> Result<()> {
+        move |p| if p == phase { Err(Error::Io(format!("simulated crash after {p:?}"))) } else { Ok(()) }
+    }
+
+    fn entries(out: &Path) -> Vec<String> {
+        let mut v: Vec<String> =
+            std::fs::read_dir(out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
+    }
+
+    /// After a crash at any phase and a recovery, `latest` names a complete checkpoint
+    /// that loads, holds the step its name says, and nothing stale is left.
+    fn check_resumable(b: &CpuBackend, out: &Path, allowed: &[u64], phase: Phase) {
+        let notes = recover(out).unwrap();
+        let dir = resolve(out).unwrap_or_else(|e| panic!("{phase:?}: {e}; left {:?}, notes {notes:?}", entries(out)));
+        assert!(is_complete(&dir), "{phase:?}: {}", dir.display());
+        let (_, ckpt) = load_model(b, out).unwrap();
+        let step = ckpt.trainer["step"].as_u64().unwrap();
+        assert!(allowed.contains(&step), "{phase:?}: step {step}, expected one of {allowed:?}");
+        assert!(dir.ends_with(format!("step-{step}")), "{phase:?}: {}", dir.display());
+        assert!(load_moments(b, &dir, &ckpt_specs(&ckpt)).is_ok(), "{phase:?}");
+        let left = entries(out);
+        assert!(left.iter().all(|e| !e.ends_with(".tmp") && !e.ends_with(".old")), "{phase:?}: {left:?}");
+    }
+
+    fn ckpt_specs(ckpt: &Checkpoint) -> Vec<ParamSpec> {
+        param_specs(&ckpt.config).0
+    }
+
+    #[test]
+    fn a_crash_after_any_phase_of_a_save_leaves_a_resumable_latest() {
+        let b = CpuBackend::with_threads(1).unwrap();
+        let (model, m, v) = tiny(&b, 1);
+        for phase in Phase::ALL {
+            // A new step after an earlier one: `latest` names step 1 or step 2.
+            let out = temp_dir("phase-next");
+            save(&b, &out, 1, &model, Some((&m, &v)), &json!({"step": 1})).unwrap();
+            let r = save_with(&b, &out, 2, &model, Some((&m, &v)), &json!({"step": 2}), &mut crash_after(phase));
+            assert!(r.is_err(), "{phase:?}");
+            check_resumable(&b, &out, &[1, 2], phase);
+            // The next save after the crash succeeds and is what `latest` names.
+            save(&b, &out, 3, &model, Some((&m, &v)), &json!({"step": 3})).unwrap();
+            check_resumable(&b, &out, &[3], phase);
+            std::fs::remove_dir_all(&out).unwrap();
+
+            // The same step saved again (the last step is also a --save-every step): the
+            // first copy is never deleted before the second is whole.
+            let out = temp_dir("phase-same");
+            save(&b, &out, 2, &model, Some((&m, &v)), &json!({"step": 2, "copy": 1})).unwrap();
+            let r =
+                save_with(&b, &out, 2, &model, Some((&m, &v)), &json!({"step": 2, "copy": 2}), &mut crash_after(phase));
+            assert!(r.is_err(), "{phase:?}");
+            check_resumable(&b, &out, &[2], phase);
+            std::fs::remove_dir_all(&out).unwrap();
+
+            // The very first save: once the new directory is whole it is what `latest` names.
+            let out = temp_dir("phase-first");
+            let r = save_with(&b, &out, 1, &model, Some((&m, &v)), &json!({"step": 1}), &mut crash_after(phase));
+            assert!(r.is_err(), "{phase:?}");
+            if phase >= Phase::TrainerWritten {
+                check_resumable(&b, &out, &[1], phase);
+            } else {
+                recover(&out).unwrap();
+                assert!(resolve(&out).is_err(), "{phase:?}: nothing whole was saved");
+                assert!(entries(&out).is_empty(), "{phase:?}: {:?}", entries(&out));
+            }
+            std::fs::remove_dir_all(&out).unwrap();
+        }
+    }
+
+    #[test]
+    fn recover_repairs_a_latest_that_names_a_directory_of_json_files_only() {
+        // What the earlier save order left when killed between deleting step-N and
+        // renaming step-N.tmp: the whole copy stranded in step-N.tmp.
+        let b = CpuBackend::with_threads(1).unwrap();
+        let (model, m, v) = tiny(&b, 2);
+        let out = temp_dir("legacy");
+        save(&b, &out, 4, &model, Some((&m, &v)), &json!({"step": 4})).unwrap();
+        std::fs::rename(out.join("step-4"), out.join("step-4.tmp")).unwrap();
+        std::fs::create_dir_all(out.join("step-4")).unwrap();
+        std::fs::write(out.join("step-4/config.json"), "{}").unwrap();
+        assert!(resolve(&out).unwrap_err().to_string().contains("not a complete checkpoint"));
+        let notes = recover(&out).unwrap();
+        assert!(notes.iter().any(|n| n.contains("recovered step-4 from step-4.tmp")), "{notes:?}");
+        check_resumable(&b, &out, &[4], Phase::Renamed);
+        // A `latest` naming a missing directory is pointed at the newest complete one.
+        std::fs::write(out.join("latest"), "step-9\n").unwrap();
+        let notes = recover(&out).unwrap();
+        assert!(notes.iter().any(|n| n.contains("now names step-4")), "{notes:?}");
+        assert!(recover(&out).unwrap().is_empty(), "a second recovery has nothing to do");
+        std::fs::remove_dir_all(&out).unwrap();
+    }
 }

@@ -73,7 +73,39 @@ impl ModelConfig {
         if self.style == Style::Llama && !self.head_dim().is_multiple_of(2) {
             return bad("head_dim", "even for rope".into(), self.head_dim().to_string());
         }
+        // Every parameter must be addressable as one f32 buffer.
+        if self.param_count().is_none_or(|n| n > (isize::MAX as u64) / 4) {
+            return bad("sizes", "a parameter count that fits in memory (f32)".into(), format!("{self:?}"));
+        }
         Ok(())
+    }
+
+    /// Number of parameters [`crate::model::param_specs`] lays out, computed without
+    /// building them; `None` when it overflows 64 bits.
+    pub fn param_count(&self) -> Option<u64> {
+        let u = |x: usize| u64::try_from(x).ok();
+        let gpt2 = self.style == Style::Gpt2;
+        let (v, d, f) = (u(self.vocab_size)?, u(self.d_model)?, u(self.d_ff)?);
+        let hd = u(self.d_model.checked_div(self.n_heads)?)?;
+        let q = u(self.n_heads)?.checked_mul(hd)?;
+        let kv = u(self.n_kv_heads)?.checked_mul(hd)?;
+        // q, k, v, o projections; MLP in (and up for Llama) and out; two norms.
+        let mut layer =
+            q.checked_mul(d)?.checked_add(kv.checked_mul(d)?.checked_mul(2)?)?.checked_add(d.checked_mul(q)?)?;
+        layer = layer.checked_add(f.checked_mul(d)?.checked_mul(if gpt2 { 2 } else { 3 })?)?.checked_add(2 * d)?;
+        if gpt2 {
+            // Biases of q, k, v, o, fc, proj and of both layer norms.
+            layer = layer.checked_add(q.checked_add(2 * kv)?.checked_add(d)?.checked_add(f)?.checked_add(d)?)?;
+            layer = layer.checked_add(2 * d)?;
+        }
+        let mut total = v.checked_mul(d)?.checked_add(layer.checked_mul(u(self.n_layers)?)?)?.checked_add(d)?;
+        if gpt2 {
+            total = total.checked_add(u(self.max_seq)?.checked_mul(d)?)?.checked_add(d)?;
+        }
+        if !self.tied_embeddings {
+            total = total.checked_add(v.checked_mul(d)?)?;
+        }
+        Some(total)
     }
 
     /// GPT-2 124M: vocab 50257, 12 layers, 12 heads, width 768, context 1024, tied embeddings.

@@ -22,6 +22,13 @@ pub struct ParamSpec {
     pub decay: bool,
 }
 
+/// Scalars in `specs` together; an error when the count overflows.
+fn total_len(specs: &[ParamSpec]) -> Result<usize> {
+    specs.iter().try_fold(0usize, |acc, s| acc.checked_add(s.shape.checked_elem_count()?)).ok_or_else(|| {
+        Error::value("ParamSet", "parameter count", "fewer than usize::MAX scalars", format!("{} tensors", specs.len()))
+    })
+}
+
 /// One flat allocation partitioned into the tensors of `specs`, in order.
 #[derive(Debug)]
 pub struct ParamSet {
@@ -31,7 +38,7 @@ pub struct ParamSet {
 impl ParamSet {
     /// Zero-filled tensors for `specs`, in one allocation on `backend`.
     pub fn zeros(backend: &dyn ComputeBackend, specs: &[ParamSpec]) -> Result<ParamSet> {
-        let total: usize = specs.iter().map(|s| s.shape.elem_count()).sum();
+        let total = total_len(specs)?;
         let flat = backend.zeros(&Shape::new([total]), DType::F32)?;
         let shapes: Vec<Shape> = specs.iter().map(|s| s.shape.clone()).collect();
         Ok(ParamSet { tensors: flat.partition(&shapes)? })
@@ -40,8 +47,16 @@ impl ParamSet {
     /// Tensors initialised per `specs` from a seeded generator (Box–Muller normals).
     pub fn init(backend: &dyn ComputeBackend, specs: &[ParamSpec], seed: u64) -> Result<ParamSet> {
         let mut rng = crate::rng::Rng::new(seed);
-        let total: usize = specs.iter().map(|s| s.shape.elem_count()).sum();
-        let mut values = Vec::with_capacity(total);
+        let total = total_len(specs)?;
+        let mut values = Vec::new();
+        values.try_reserve_exact(total).map_err(|_| {
+            Error::value(
+                "ParamSet::init",
+                "parameter buffer",
+                "memory for the parameters",
+                format!("{total} f32 values refused by the allocator"),
+            )
+        })?;
         for s in specs {
             let n = s.shape.elem_count();
             match s.init {

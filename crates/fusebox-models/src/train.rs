@@ -54,6 +54,95 @@ impl TrainConfig {
         min_lr + 0.5 * (self.lr - min_lr) * (1.0 + (std::f32::consts::PI * progress).cos())
     }
 
+    /// Checks every setting is usable: positive sizes, finite non-negative rates, betas
+    /// in [0, 1); the error names the field, what it must be and what came.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: &str, expected: &str, got: String| Err(Error::value("TrainConfig", what, expected, got));
+        for (name, v) in [("batch", self.batch), ("accumulation", self.accumulation), ("seq_len", self.seq_len)] {
+            if v == 0 {
+                return bad(name, "at least 1", v.to_string());
+            }
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return bad("lr", "a finite number > 0", self.lr.to_string());
+        }
+        for (name, v) in [("weight_decay", self.weight_decay), ("grad_clip", self.grad_clip)] {
+            if !(v.is_finite() && v >= 0.0) {
+                return bad(name, "a finite number ≥ 0", v.to_string());
+            }
+        }
+        if !(self.min_lr_ratio.is_finite() && (0.0..=1.0).contains(&self.min_lr_ratio)) {
+            return bad("min_lr_ratio", "in [0, 1]", self.min_lr_ratio.to_string());
+        }
+        for (name, v) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            if !(v.is_finite() && (0.0..1.0).contains(&v)) {
+                return bad(name, "in [0, 1)", v.to_string());
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the settings [`Trainer::state_json`] wrote (its `"train"` object).
+    pub fn from_json(v: &Value) -> Result<TrainConfig> {
+        let field = |name: &str| v.get(name).ok_or_else(|| Error::Io(format!("trainer.json: 'train' has no '{name}'")));
+        let uint = |name: &str| -> Result<u64> {
+            field(name)?
+                .as_u64()
+                .ok_or_else(|| Error::Io(format!("trainer.json: 'train.{name}' is not a non-negative integer")))
+        };
+        let size = |name: &str| -> Result<usize> {
+            usize::try_from(uint(name)?)
+                .map_err(|_| Error::Io(format!("trainer.json: 'train.{name}' does not fit this machine's usize")))
+        };
+        let float = |name: &str| -> Result<f32> {
+            field(name)?
+                .as_f64()
+                .map(|x| x as f32)
+                .ok_or_else(|| Error::Io(format!("trainer.json: 'train.{name}' is not a number")))
+        };
+        let cfg = TrainConfig {
+            steps: uint("steps")?,
+            batch: size("batch")?,
+            accumulation: size("accumulation")?,
+            seq_len: size("seq_len")?,
+            lr: float("lr")?,
+            min_lr_ratio: float("min_lr_ratio")?,
+            warmup: uint("warmup")?,
+            weight_decay: float("weight_decay")?,
+            beta1: float("beta1")?,
+            beta2: float("beta2")?,
+            grad_clip: float("grad_clip")?,
+            seed: uint("seed")?,
+            eval_every: uint("eval_every")?,
+            eval_batches: size("eval_batches")?,
+        };
+        cfg.validate().map_err(|e| Error::Io(format!("trainer.json: {e}")))?;
+        Ok(cfg)
+    }
+
+    /// Bytes a training run of `model` with these settings needs, estimated: parameters,
+    /// gradients and the two AdamW moments (4 f32 copies), the activations one
+    /// micro-batch saves for its backward, and the logits with their gradient. `None`
+    /// when the count overflows.
+    pub fn memory_estimate(&self, model: &ModelConfig, seq: usize) -> Option<u64> {
+        let u = |x: usize| u64::try_from(x).ok();
+        let params = model.param_count()?;
+        let tokens = u(self.batch)?.checked_mul(u(seq)?)?;
+        let (d, f, v) = (u(model.d_model)?, u(model.d_ff)?, u(model.vocab_size)?);
+        let hd = u(model.d_model.checked_div(model.n_heads)?)?;
+        let (q, kv) = (u(model.n_heads)?.checked_mul(hd)?, u(model.n_kv_heads)?.checked_mul(hd)?);
+        // Per token and layer: block input, norms, q/k/v, attention output (split and
+        // merged), residual, MLP pre-activation, up projection and activation.
+        let per_layer = d.checked_mul(4)?.checked_add(q.checked_mul(3)?)?.checked_add(kv.checked_mul(2)?)?;
+        let per_layer = per_layer.checked_add(f.checked_mul(3)?)?;
+        let saved = tokens.checked_mul(u(model.n_layers)?)?.checked_mul(per_layer)?;
+        // Logits and their gradient; the backward's transients, a few rows of the widest layer.
+        let head = tokens.checked_mul(v)?.checked_mul(2)?;
+        let transient = tokens.checked_mul(d.max(f))?.checked_mul(4)?;
+        let floats = params.checked_mul(4)?.checked_add(saved)?.checked_add(head)?.checked_add(transient)?;
+        floats.checked_mul(4)
+    }
+
     fn to_json(&self) -> Value {
         json!({
             "steps": self.steps, "batch": self.batch, "accumulation": self.accumulation, "seq_len": self.seq_len,
@@ -131,6 +220,37 @@ pub struct Trainer {
     /// Completed optimizer steps.
     pub step: u64,
     data_rng: Rng,
+    /// The checkpoint directory holding the state at `step`, if one was saved or loaded:
+    /// saving the same step into it again is skipped.
+    saved: Option<PathBuf>,
+}
+
+/// What a checkpoint says about the run it came from, read before resuming it.
+#[derive(Debug, Clone)]
+pub struct ResumeInfo {
+    /// The `step-N` directory.
+    pub dir: PathBuf,
+    /// Completed optimizer steps.
+    pub step: u64,
+    /// The training settings saved with it (absent in checkpoints older than the field).
+    pub config: Option<TrainConfig>,
+}
+
+/// Reads the step and training settings of the checkpoint `path` names (see
+/// [`checkpoint::resolve`]) without loading its tensors.
+pub fn resume_info(path: &Path) -> Result<ResumeInfo> {
+    let dir = checkpoint::resolve(path)?;
+    let file = dir.join("trainer.json");
+    let text = std::fs::read_to_string(&file).map_err(|e| Error::Io(format!("{}: {e}", file.display())))?;
+    let v: Value =
+        serde_json::from_str(&text).map_err(|e| Error::Io(format!("{}: not valid JSON: {e}", file.display())))?;
+    let step =
+        v.get("step").and_then(Value::as_u64).ok_or_else(|| Error::Io(format!("{}: no 'step'", file.display())))?;
+    let config = match v.get("train") {
+        Some(t) => Some(TrainConfig::from_json(t).map_err(|e| Error::Io(format!("{}: {e}", file.display())))?),
+        None => None,
+    };
+    Ok(ResumeInfo { dir, step, config })
 }
 
 fn host_u32(b: &dyn ComputeBackend, v: Vec<u32>, rows: usize, cols: usize) -> Result<Tensor> {
@@ -151,25 +271,20 @@ impl Trainer {
                 task.seq_len(&config),
             ));
         }
-        if config.batch == 0 || config.accumulation == 0 {
-            return Err(Error::value(
-                "Trainer",
-                "batch and accumulation",
-                "positive",
-                format!("{} and {}", config.batch, config.accumulation),
-            ));
-        }
+        config.validate()?;
+        model_config.validate()?;
         let model = Model::new(b, model_config, config.seed)?;
         let m = ParamSet::zeros(b, &model.specs)?;
         let v = ParamSet::zeros(b, &model.specs)?;
         let grads = ParamSet::zeros(b, &model.specs)?;
         let data_rng = Rng::new(config.seed.wrapping_add(1));
-        Ok(Trainer { model, config, task, m, v, grads, step: 0, data_rng })
+        Ok(Trainer { model, config, task, m, v, grads, step: 0, data_rng, saved: None })
     }
 
     /// Continues the run saved in checkpoint `path` (an output directory or a `step-N`
     /// directory) for `config.steps` steps in all.
     pub fn resume(b: &dyn ComputeBackend, path: &Path, config: TrainConfig, task: Task) -> Result<Trainer> {
+        config.validate()?;
         let (model, ckpt) = checkpoint::load_model(b, path)?;
         let (m, v) = checkpoint::load_moments(b, &ckpt.dir, &model.specs)?;
         let field = |name: &str| {
@@ -188,8 +303,16 @@ impl Trainer {
                 task.vocab_size(),
             ));
         }
+        if task.seq_len(&config) > model.config.max_seq {
+            return Err(Error::value(
+                "Trainer::resume",
+                "seq_len",
+                format!("≤ the checkpoint's max_seq {}", model.config.max_seq),
+                task.seq_len(&config),
+            ));
+        }
         let grads = ParamSet::zeros(b, &model.specs)?;
-        Ok(Trainer { model, config, task, m, v, grads, step, data_rng })
+        Ok(Trainer { model, config, task, m, v, grads, step, data_rng, saved: Some(ckpt.dir) })
     }
 
     fn batch(&mut self) -> (Vec<u32>, Vec<u32>) {
@@ -255,6 +378,7 @@ impl Trainer {
             )?;
         }
         self.step = step;
+        self.saved = None;
         Ok(StepStats { step, loss, grad_norm, lr, tokens: self.config.batch * seq * accum })
     }
 
@@ -324,8 +448,158 @@ impl Trainer {
         })
     }
 
-    /// Saves a checkpoint under `out` (see [`checkpoint::save`]).
-    pub fn save(&self, b: &dyn ComputeBackend, out: &Path) -> Result<PathBuf> {
-        checkpoint::save(b, out, self.step, &self.model, Some((&self.m, &self.v)), &self.state_json())
+    /// Saves a checkpoint under `out` (see [`checkpoint::save`]) and returns its
+    /// directory. The same step is never written twice: when `out/step-N` already holds
+    /// this state (saved or resumed from, with no step since), it is returned as is.
+    pub fn save(&mut self, b: &dyn ComputeBackend, out: &Path) -> Result<PathBuf> {
+        let dir = out.join(format!("step-{}", self.step));
+        if self.saved.as_deref().is_some_and(|s| same_path(s, &dir)) && checkpoint::is_complete(&dir) {
+            return Ok(dir);
+        }
+        let dir = checkpoint::save(b, out, self.step, &self.model, Some((&self.m, &self.v)), &self.state_json())?;
+        self.saved = Some(dir.clone());
+        Ok(dir)
+    }
+
+    /// Whether the state at the current step is already saved in `out`.
+    pub fn is_saved_in(&self, out: &Path) -> bool {
+        let dir = out.join(format!("step-{}", self.step));
+        self.saved.as_deref().is_some_and(|s| same_path(s, &dir))
+    }
+}
+
+/// Whether two paths name the same file (compared canonically when both exist).
+fn same_path(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Style;
+    use crate::model::param_specs;
+    use fusebox::CpuBackend;
+
+    fn config() -> TrainConfig {
+        TrainConfig {
+            steps: 10,
+            batch: 2,
+            accumulation: 1,
+            seq_len: 12,
+            lr: 1e-3,
+            min_lr_ratio: 0.1,
+            warmup: 2,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.95,
+            grad_clip: 1.0,
+            seed: 3,
+            eval_every: 0,
+            eval_batches: 1,
+        }
+    }
+
+    fn model_config() -> ModelConfig {
+        ModelConfig { n_layers: 1, d_model: 16, d_ff: 32, ..ModelConfig::tiny(Style::Gpt2, addition::VOCAB, 16) }
+    }
+
+    #[test]
+    fn bad_settings_are_refused_by_name() {
+        type Spoil = fn(&mut TrainConfig);
+        let cases: [(&str, Spoil); 9] = [
+            ("batch", |c| c.batch = 0),
+            ("accumulation", |c| c.accumulation = 0),
+            ("lr", |c| c.lr = -1.0),
+            ("lr", |c| c.lr = f32::NAN),
+            ("grad_clip", |c| c.grad_clip = f32::NAN),
+            ("grad_clip", |c| c.grad_clip = -1.0),
+            ("weight_decay", |c| c.weight_decay = f32::INFINITY),
+            ("beta2", |c| c.beta2 = 1.0),
+            ("min_lr_ratio", |c| c.min_lr_ratio = 2.0),
+        ];
+        for (field, spoil) in cases {
+            let mut c = config();
+            spoil(&mut c);
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(field), "{field}: {e}");
+        }
+        assert!(config().validate().is_ok());
+    }
+
+    #[test]
+    fn resume_refuses_batch_and_accumulation_zero() {
+        let b = CpuBackend::with_threads(1).unwrap();
+        let out = std::env::temp_dir().join(format!("fusebox-train-zero-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        let mut t = Trainer::new(&b, model_config(), config(), Task::Addition(Addition::new(1))).unwrap();
+        t.train_step(&b).unwrap();
+        t.save(&b, &out).unwrap();
+        for c in [TrainConfig { batch: 0, ..config() }, TrainConfig { accumulation: 0, ..config() }] {
+            let e = Trainer::resume(&b, &out, c, Task::Addition(Addition::new(1))).unwrap_err();
+            assert!(e.to_string().contains("at least 1"), "{e}");
+        }
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+
+    #[test]
+    fn settings_round_trip_through_trainer_json() {
+        let c = TrainConfig { lr: 0.0125, steps: 77, warmup: 9, ..config() };
+        assert_eq!(TrainConfig::from_json(&c.to_json()).unwrap(), c);
+        let mut v = c.to_json();
+        v["batch"] = json!(0);
+        assert!(TrainConfig::from_json(&v).unwrap_err().to_string().contains("batch"));
+        v["batch"] = json!("two");
+        assert!(TrainConfig::from_json(&v).unwrap_err().to_string().contains("'train.batch'"));
+    }
+
+    #[test]
+    fn param_count_matches_the_layout_and_the_estimate_grows_with_the_run() {
+        for style in [Style::Gpt2, Style::Llama] {
+            for tied in [true, false] {
+                let cfg = ModelConfig { tied_embeddings: tied, ..ModelConfig::tiny(style, 50, 24) };
+                let (specs, _) = param_specs(&cfg);
+                let n: usize = specs.iter().map(|s| s.shape.elem_count()).sum();
+                assert_eq!(cfg.param_count(), Some(n as u64), "{style:?} tied {tied}");
+            }
+        }
+        let cfg = model_config();
+        let small = config().memory_estimate(&cfg, 12).unwrap();
+        assert!(small >= 16 * cfg.param_count().unwrap(), "four f32 copies of the parameters at least");
+        let big = TrainConfig { batch: 1000, ..config() }.memory_estimate(&cfg, 12).unwrap();
+        assert!(big > small * 10);
+        let huge = ModelConfig { n_layers: usize::MAX, ..cfg.clone() };
+        assert_eq!(config().memory_estimate(&huge, 12), None);
+        assert!(huge.validate().is_err());
+        assert!(TrainConfig { batch: usize::MAX, ..config() }.memory_estimate(&cfg, usize::MAX).is_none());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_same_step_is_never_saved_twice() {
+        use std::os::unix::fs::MetadataExt;
+        let b = CpuBackend::with_threads(1).unwrap();
+        let out = std::env::temp_dir().join(format!("fusebox-train-once-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        let mut t = Trainer::new(&b, model_config(), config(), Task::Addition(Addition::new(1))).unwrap();
+        t.train_step(&b).unwrap();
+        let dir = t.save(&b, &out).unwrap();
+        let inode = |d: &Path| std::fs::metadata(d.join("model.safetensors")).unwrap().ino();
+        let first = inode(&dir);
+        // A --save-every save at the last step, then the final save: one write.
+        assert_eq!(t.save(&b, &out).unwrap(), dir);
+        assert_eq!(inode(&dir), first, "the second save rewrote the checkpoint");
+        assert!(t.is_saved_in(&out));
+        // A resumed trainer does not rewrite the checkpoint it came from.
+        let mut r = Trainer::resume(&b, &out, config(), Task::Addition(Addition::new(1))).unwrap();
+        assert_eq!(r.save(&b, &out).unwrap(), dir);
+        assert_eq!(inode(&dir), first);
+        // After a step the next save writes step 2.
+        r.train_step(&b).unwrap();
+        assert!(!r.is_saved_in(&out));
+        assert!(r.save(&b, &out).unwrap().ends_with("step-2"));
+        std::fs::remove_dir_all(&out).unwrap();
     }
 }

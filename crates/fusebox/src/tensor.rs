@@ -62,10 +62,11 @@ impl HostBuffer {
                 alloc::alloc(layout)
             }
         };
-        // A failed allocation is an error the caller can report, not an abort: sizes
-        // often come from files or flags.
-        let ptr = NonNull::new(raw)
-            .ok_or_else(|| Error::value(op, "allocation", "memory for the tensor", format!("{bytes} bytes refused")))?;
+        // A refused allocation is an error the caller can report, never an abort: sizes
+        // come from user flags and file headers (KV caches, parameter buffers).
+        let ptr = NonNull::new(raw).ok_or_else(|| {
+            Error::value(op, "allocation", "memory for the tensor", format!("{bytes} bytes refused by the allocator"))
+        })?;
         Ok(HostBuffer { ptr, bytes, layout })
     }
 
@@ -109,7 +110,10 @@ impl Drop for HostBuffer {
 ///
 /// Why not a `Vec`: the allocator aligns large blocks to 16 bytes only (glibc puts a
 /// 16-byte header before every mapped block), so every 64-byte vector load or store of a
-/// row kernel straddles two cache lines (docs/performance.md has the measurements).
+/// row kernel straddles two cache lines. On a Xeon with a 480 MiB L3 (`fusebox bench ops`,
+/// 16 MiB tensors in cache, 2 threads, % of copy bandwidth), aligning the ops' outputs and
+/// then their inputs too took rms_norm from 75 to 82 and 85, softmax from 75 to 74 and 77,
+/// cross-entropy from 67 to 67 and 71.
 pub struct UninitHost<T: Element> {
     buf: HostBuffer,
     len: usize,
@@ -535,6 +539,14 @@ impl Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_allocation_too_big_for_the_machine_is_an_error_not_an_abort() {
+        // 2^62 bytes passes the isize::MAX check but exceeds any address space.
+        let e = Tensor::zeros([1usize << 40, 1 << 20], DType::F32).unwrap_err();
+        assert!(e.to_string().contains("refused by the allocator"), "{e}");
+        assert!(UninitHost::<f32>::new("test", 1 << 60).is_err());
+    }
 
     #[test]
     fn from_slice_checks_length() {

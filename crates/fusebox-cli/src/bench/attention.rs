@@ -102,6 +102,9 @@ impl AttentionBenchArgs {
         if self.pass == Pass::Decode && (self.q_len == 0 || self.q_len > self.seq) {
             return Err(Error::value("bench attention", "--q-len", format!("1..={}", self.seq), self.q_len));
         }
+        // q, k, v, d_out, the output and the gradients: about 8 tensors of B·Hq·T·D f32.
+        let elems = (self.batch as u128) * (self.heads as u128) * (self.seq as u128) * (self.head_dim as u128);
+        super::measure::check_fits("bench attention", "--batch × --heads × --seq × --head-dim", 8 * 4 * elems)?;
         Ok(())
     }
 }

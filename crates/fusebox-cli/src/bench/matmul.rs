@@ -34,6 +34,8 @@ pub fn run(a: &MatmulBenchArgs) -> Result<()> {
     if a.m == 0 || a.n == 0 || a.k == 0 {
         return Err(Error::value("bench matmul", "--m/--n/--k", "positive", 0));
     }
+    let (m, n, k) = (a.m as u128, a.n as u128, a.k as u128);
+    super::measure::check_fits("bench matmul", "--m/--n/--k", 4 * (m * k + k * n + m * n))?;
     let cpu = cpu_backend(a.threads)?;
     let budget = Budget::default();
     let x = random(&[a.m, a.k], 1, 1.0)?;

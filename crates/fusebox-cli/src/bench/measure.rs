@@ -131,16 +131,21 @@ pub fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
 /// A deterministic pseudo-random f32 tensor, values in `[-scale, scale)`, 64-byte
 /// aligned as the outputs of ops are (so the bench's inputs are what a model's ops read).
 pub fn random(shape: &[usize], seed: u64, scale: f32) -> Result<Tensor> {
-    let n: usize = shape.iter().product();
+    let n = shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| Error::value("bench", "tensor size", "fewer than usize::MAX elements", format!("{shape:?}")))?;
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let data: Vec<f32> = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect();
+    let mut data: Vec<f32> = Vec::new();
+    data.try_reserve_exact(n).map_err(|_| {
+        Error::value("bench", "tensor size", "memory for the input", format!("{shape:?} f32 refused by the allocator"))
+    })?;
+    data.extend((0..n).map(|_| {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+    }));
     Tensor::from_slice(&data, shape.to_vec())
 }
 
@@ -374,4 +379,19 @@ pub fn machine(cpu: &CpuBackend) -> (String, String) {
 pub fn header(cpu: &CpuBackend, extra: &str) -> String {
     let (model, isa) = machine(cpu);
     format!("# {model}, ISA {isa}, {} thread(s){extra}", cpu.threads())
+}
+
+/// Refuses a case whose tensors (`bytes` in all) exceed the memory available, naming the
+/// flags that set its size.
+pub fn check_fits(op: &'static str, flags: &str, bytes: u128) -> Result<()> {
+    let avail = crate::train::available_memory().map_or(isize::MAX as u128, u128::from).min(isize::MAX as u128);
+    if bytes > avail {
+        return Err(Error::value(
+            op,
+            flags,
+            format!("tensors that fit in the {} available", crate::train::gib(avail.min(u64::MAX as u128) as u64)),
+            format!("about {:.3e} bytes", bytes as f64),
+        ));
+    }
+    Ok(())
 }

@@ -54,6 +54,10 @@ pub fn run(args: &TrainBenchArgs) -> Result<()> {
         eval_every: 0,
         eval_batches: 0,
     };
+    cfg.validate()?;
+    config.validate()?;
+    let bytes = config.memory_estimate(&cfg, args.seq).map_or(u128::MAX, u128::from);
+    super::measure::check_fits("bench train", "--preset, --batch and --seq", bytes)?;
     let mut trainer = Trainer::new(b.as_ref(), cfg.clone(), config, Task::Random { vocab_size: vocab })?;
     for _ in 0..2 {
         trainer.train_step(b.as_ref())?;

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# kill -9 campaign for checkpoint saves: starts short training runs that save often,
+# SIGKILLs each at a chosen moment, then checks that `fusebox train --resume` continues
+# from `latest` every time (and that `latest` names a complete step directory).
+#
+# The moments: plain delays (anywhere in training or a save), and phases of a save made
+# observable by polling for what it creates: `step-N.tmp/` (writing), the weights in it,
+# `step-N.old/` (an earlier copy moved aside), `latest.tmp` (about to be switched), each
+# also at the last step, where the final save and a --save-every save coincide.
+#
+# Usage: scripts/kill9_campaign.sh [path/to/fusebox]   (default: target/debug/fusebox)
+# Env:   ROUNDS (repetitions of the list of moments, default 2), KEEP=1 keeps the scratch.
+# Exit status: 0 when every kill left a resumable run.
+set -u
+BIN=${1:-target/debug/fusebox}
+BIN=$(realpath "$BIN")
+ROUNDS=${ROUNDS:-2}
+W=$(mktemp -d "${TMPDIR:-/tmp}/fusebox-kill9.XXXXXX")
+trap '[ "${KEEP:-0}" = 1 ] || rm -rf "$W"' EXIT
+# Big enough that a save takes a few milliseconds (about 3M parameters, 50 MB with the moments).
+MODEL="--preset small-llama --batch 2 --threads 1 --eval-every 0"
+STEPS=6
+
+kills=0 resumed=0 failed=0 finished_first=0
+# Waits (up to 60 s) until the path exists; fails when the run ended first.
+wait_for() {
+  local path=$1 pid=$2
+  local deadline=$((SECONDS + 60))
+  while [ ! -e "$path" ]; do
+    kill -0 "$pid" 2>/dev/null || return 1
+    [ $SECONDS -lt $deadline ] || return 1
+  done
+}
+
+one() {
+  local name=$1 target=$2 extra=$3
+  local out="$W/$name"
+  rm -rf "$out"
+  "$BIN" train $MODEL --steps $STEPS --out "$out" $extra >"$out.log" 2>&1 &
+  local pid=$!
+  case $target in
+    delay:*) sleep "${target#delay:}" ;;
+    *) wait_for "$out/$target" $pid || true ;;
+  esac
+  if kill -0 $pid 2>/dev/null; then
+    kill -9 $pid 2>/dev/null
+    kills=$((kills + 1))
+  else
+    finished_first=$((finished_first + 1))
+  fi
+  wait $pid 2>/dev/null
+  # Nothing to resume only when no save ever wrote its last file (trainer.json).
+  if ! ls "$out"/step-*/trainer.json >/dev/null 2>&1; then
+    echo "  $name: killed before the first save ($target); nothing to resume"
+    return
+  fi
+  if "$BIN" train --threads 1 --resume "$out" --steps $((STEPS + 2)) --json >"$out.resume" 2>"$out.resume.err" &&
+     grep -q "\"steps\":$((STEPS + 2))" "$out.resume" && [ -f "$out/step-$((STEPS + 2))/model.safetensors" ]; then
+    resumed=$((resumed + 1))
+    local notes
+    notes=$(grep -c '^note:' "$out.resume.err")
+    echo "  $name: killed at $target; resumed to step $((STEPS + 2)) ($notes recovery notes)"
+  else
+    failed=$((failed + 1))
+    echo "  FAILED $name: killed at $target; resume did not complete:"
+    sed 's/^/      /' "$out.resume.err" | tail -n 5
+    ls -la "$out" | sed 's/^/      /'
+  fi
+}
+
+for r in $(seq 1 "$ROUNDS"); do
+  echo "round $r"
+  # Phases of a save at the last step (the final save coincides with --save-every).
+  one "r$r-last-tmp" "step-$STEPS.tmp" "--save-every 3"
+  one "r$r-last-weights" "step-$STEPS.tmp/model.safetensors" "--save-every 3"
+  one "r$r-last-optimizer" "step-$STEPS.tmp/optimizer.safetensors" "--save-every 3"
+  one "r$r-last-trainer" "step-$STEPS.tmp/trainer.json" "--save-every 3"
+  one "r$r-last-renamed" "step-$STEPS" "--save-every 3"
+  one "r$r-last-latest" "latest.tmp" "--save-every $STEPS"
+  one "r$r-last-metrics" "loss.tmp.png" "--save-every 3"
+  # Phases of a save mid-run.
+  one "r$r-mid-tmp" "step-2.tmp" "--save-every 1"
+  one "r$r-mid-weights" "step-3.tmp/model.safetensors" "--save-every 1"
+  one "r$r-mid-trainer" "step-4.tmp/config.json" "--save-every 1"
+  one "r$r-mid-renamed" "step-2" "--save-every 1"
+  # Plain delays: anywhere in training or in a save.
+  for d in 0.3 0.5 0.8 1.1 1.5; do
+    one "r$r-delay-$d" "delay:$d" "--save-every 1"
+  done
+done
+echo "kills: $kills · resumed from latest: $resumed · failed: $failed · runs that finished before the kill: $finished_first"
+[ "$failed" = 0 ]
