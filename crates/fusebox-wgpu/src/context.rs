@@ -580,8 +580,8 @@ impl Context {
         self.scoped(op, || self.queue.write_buffer(dst, offset, bytes))
     }
 
-    /// Counts an op that ran on the CPU (and names it on stderr when the environment
-    /// has `FUSEBOX_WGPU_TRACE=1`).
+    /// Counts an op that ran on the CPU (and names it on stderr when the backend was built
+    /// with `trace(true)`).
     pub fn note_fallback(&self, what: &str) {
         self.fallbacks.fetch_add(1, Ordering::Relaxed);
         if self.trace {
