@@ -287,6 +287,10 @@ fn special_files_are_refused() {
             } else {
                 symlink_to_dev_zero(&path);
             }
+            if file == "config.json" {
+                // Routed to the loader (which refuses it), not to a checkpoint reader.
+                assert!(llama::is_pretrained(&dir), "{file} as {kind}");
+            }
             let d = dir.clone();
             let e = within_time(file, move || load(&d).err());
             let e = e.unwrap_or_else(|| panic!("{file} as {kind} loaded"));

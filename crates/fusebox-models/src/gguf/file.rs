@@ -335,7 +335,8 @@ fn parse_header(bytes: &[u8]) -> PResult<Header> {
         }
     }
     check_padding(bytes, end_of_infos, data_offset, alignment)?;
-    check_layout(&tensors, alignment, (bytes.len() as u64).saturating_sub(data_offset))?;
+    let data = bytes.get(data_offset as usize..).unwrap_or_default();
+    check_layout(&tensors, alignment, data)?;
     Ok(Header { version, metadata, tensors, alignment, data_offset })
 }
 
@@ -361,9 +362,13 @@ fn check_padding(bytes: &[u8], end_of_infos: u64, data_offset: u64, alignment: u
 /// alignment (so no two overlap and no bytes are unexplained), and the data section
 /// ends with the last tensor (plus at most its padding).
 ///
+/// The padding after each tensor must be zeros, as writers leave it: bytes there are
+/// what a tensor whose type was made smaller leaves behind.
+///
 /// A tensor of unknown type has no known size; when the file has one, only overlaps
 /// between the tensors of known size are checked.
-fn check_layout(tensors: &[TensorInfo], alignment: u64, data_len: u64) -> PResult<()> {
+fn check_layout(tensors: &[TensorInfo], alignment: u64, data: &[u8]) -> PResult<()> {
+    let data_len = data.len() as u64;
     if tensors.iter().any(|t| t.byte_len.is_none()) {
         let mut spans: Vec<(u64, u64, &str)> = tensors
             .iter()
@@ -393,11 +398,22 @@ fn check_layout(tensors: &[TensorInfo], alignment: u64, data_len: u64) -> PResul
                 t.name, t.offset
             )));
         }
-        expected = t
-            .offset
-            .checked_add(len)
-            .and_then(|e| e.checked_next_multiple_of(alignment))
+        let end =
+            t.offset.checked_add(len).ok_or_else(|| ParseError(format!("tensor '{}': data end overflows", t.name)))?;
+        expected = end
+            .checked_next_multiple_of(alignment)
             .ok_or_else(|| ParseError(format!("tensor '{}': data end overflows", t.name)))?;
+        // In range: `data_range` checked the tensor ends inside the file.
+        let padding = data.get(end as usize..expected.min(data_len) as usize).unwrap_or_default();
+        if let Some(i) = padding.iter().position(|&b| b != 0) {
+            return Err(ParseError(format!(
+                "the padding after tensor '{}' (data bytes {end}..{expected}) has {:#04x} at {}, expected zeros: \
+                 the tensor's type or dimensions are smaller than the data written for it",
+                t.name,
+                padding[i],
+                end + i as u64
+            )));
+        }
         previous = Some(&t.name);
     }
     if data_len > expected.max(alignment) {

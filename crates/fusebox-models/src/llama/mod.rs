@@ -111,7 +111,8 @@ impl Pretrained {
 /// Whether `path` is something [`load`] reads: a regular file that starts with the
 /// GGUF magic (whatever its name), a `.gguf` path, or a directory whose `config.json`
 /// is not one of fusebox's own training checkpoints (those name a `style`; a Hugging
-/// Face one has a `model_type`, and one with neither is reported by [`load`]).
+/// Face one has a `model_type`, and one with neither is reported by [`load`]), or
+/// whose `config.json` is not a regular file (which [`load`] refuses).
 pub fn is_pretrained(path: &Path) -> bool {
     if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
         return true;
@@ -121,7 +122,15 @@ pub fn is_pretrained(path: &Path) -> bool {
         return std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok()
             && magic == crate::gguf::MAGIC;
     }
-    load_hf::read_config(path).is_ok_and(|v| v.get("model_type").is_some() || v.get("style").is_none())
+    match load_hf::read_config(path) {
+        Ok(v) => v.get("model_type").is_some() || v.get("style").is_none(),
+        // A `config.json` that is there but no regular file (a FIFO, a link to a device)
+        // is for `load` to refuse: no reader should open it.
+        Err(_) => {
+            let config = path.join("config.json");
+            config.symlink_metadata().is_ok() && !files::is_regular(&config)
+        }
+    }
 }
 
 /// Loads a GGUF file or a Hugging Face directory (see the module docs).

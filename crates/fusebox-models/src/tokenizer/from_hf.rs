@@ -71,7 +71,15 @@ impl Tokenizer {
     pub fn from_hf_json(tokenizer_json: &str, config_json: Option<&str>) -> Result<Tokenizer> {
         let root: Json = serde_json::from_str(tokenizer_json).map_err(|e| json_error("tokenizer.json", e))?;
         let config: Json = match config_json {
-            Some(text) => serde_json::from_str(text).map_err(|e| json_error("tokenizer_config.json", e))?,
+            Some(text) => match serde_json::from_str(text).map_err(|e| json_error("tokenizer_config.json", e))? {
+                Json::Object(o) => Json::Object(o),
+                other => {
+                    return Err(build_error(format!(
+                        "tokenizer_config.json: expected a JSON object, found {}",
+                        short(&other)
+                    )))
+                }
+            },
             None => Json::Null,
         };
         let model = &root["model"];
