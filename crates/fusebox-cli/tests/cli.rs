@@ -512,3 +512,11 @@ fn bench_errors_are_clear() {
     assert_error(&run(&["bench", "generate", "--model", "/nonexistent/model.gguf"]), "nonexistent");
     assert_eq!(run(&["bench", "ops", "--rows", "1"]).status.code(), Some(2));
 }
+
+#[test]
+fn generate_from_an_addition_checkpoint_needs_a_prompt() {
+    let out = temp_dir("noprompt");
+    assert_ok(&train(&out, &["--steps", "1"]));
+    assert_error(&run(&["generate", "--model", out.to_str().unwrap(), "--threads", "1"]), "12+34=");
+    std::fs::remove_dir_all(&out).unwrap();
+}
