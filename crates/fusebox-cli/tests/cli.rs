@@ -9,8 +9,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+/// The binary under test: this build's, or `FUSEBOX_BIN` (to run the same checks
+/// against another build, such as one from before a fix).
 fn fusebox() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fusebox"))
+    Command::new(std::env::var_os("FUSEBOX_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_fusebox").into()))
 }
 
 fn run(args: &[&str]) -> Output {

@@ -55,7 +55,8 @@ fn tiny_gguf(context_length: u32) -> PathBuf {
 }
 
 fn generate(model: &Path, extra: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fusebox"))
+    // `FUSEBOX_BIN` runs the check against another build (see tests/cli.rs).
+    Command::new(std::env::var_os("FUSEBOX_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_fusebox").into()))
         .args(["generate", "--model", model.to_str().unwrap(), "--threads", "1", "--max-tokens", "2", "--json"])
         .args(extra)
         .output()
