@@ -58,8 +58,8 @@ cases=(
   "train $TINY --steps 1 --out o --time-limit -1"
   "train $TINY --steps 1 --out o --time-limit inf"
   # train: sizes
-  "train $TINY --steps 1 --out o --batch 0"
-  "train $TINY --steps 1 --out o --batch -1"
+  "train --threads 1 --steps 1 --out o --batch 0"
+  "train --threads 1 --steps 1 --out o --batch -1"
   "train --threads 1 --steps 1 --out o --batch 1000000000"
   "train --threads 1 --steps 1 --out o --batch 18446744073709551615"
   "train --threads 1 --steps 1 --out o --batch 18446744073709551616"

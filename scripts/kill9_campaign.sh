@@ -21,7 +21,7 @@ trap '[ "${KEEP:-0}" = 1 ] || rm -rf "$W"' EXIT
 MODEL="--preset small-llama --batch 2 --threads 1 --eval-every 0"
 STEPS=6
 
-kills=0 resumed=0 failed=0 finished_first=0
+kills=0 resumed=0 failed=0 finished_first=0 nothing_saved=0
 # Waits (up to 60 s) until the path exists; fails when the run ended first.
 wait_for() {
   local path=$1 pid=$2
@@ -39,19 +39,24 @@ one() {
   "$BIN" train $MODEL --steps $STEPS --out "$out" $extra >"$out.log" 2>&1 &
   local pid=$!
   case $target in
+    # A delay after the first checkpoint: anywhere in later training steps or saves.
+    after-first:*) wait_for "$out/latest" $pid && sleep "${target#after-first:}" ;;
     delay:*) sleep "${target#delay:}" ;;
     *) wait_for "$out/$target" $pid || true ;;
   esac
-  if kill -0 $pid 2>/dev/null; then
-    kill -9 $pid 2>/dev/null
+  local how
+  if kill -9 $pid 2>/dev/null; then
     kills=$((kills + 1))
+    how="killed at $target"
   else
     finished_first=$((finished_first + 1))
+    how="finished before the kill at $target"
   fi
   wait $pid 2>/dev/null
   # Nothing to resume only when no save ever wrote its last file (trainer.json).
   if ! ls "$out"/step-*/trainer.json >/dev/null 2>&1; then
-    echo "  $name: killed before the first save ($target); nothing to resume"
+    nothing_saved=$((nothing_saved + 1))
+    echo "  $name: $how, before the first save completed; nothing to resume"
     return
   fi
   if "$BIN" train --threads 1 --resume "$out" --steps $((STEPS + 2)) --json >"$out.resume" 2>"$out.resume.err" &&
@@ -59,10 +64,10 @@ one() {
     resumed=$((resumed + 1))
     local notes
     notes=$(grep -c '^note:' "$out.resume.err")
-    echo "  $name: killed at $target; resumed to step $((STEPS + 2)) ($notes recovery notes)"
+    echo "  $name: $how; resumed to step $((STEPS + 2)) ($notes recovery notes)"
   else
     failed=$((failed + 1))
-    echo "  FAILED $name: killed at $target; resume did not complete:"
+    echo "  FAILED $name: $how; resume did not complete:"
     sed 's/^/      /' "$out.resume.err" | tail -n 5
     ls -la "$out" | sed 's/^/      /'
   fi
@@ -83,10 +88,13 @@ for r in $(seq 1 "$ROUNDS"); do
   one "r$r-mid-weights" "step-3.tmp/model.safetensors" "--save-every 1"
   one "r$r-mid-trainer" "step-4.tmp/config.json" "--save-every 1"
   one "r$r-mid-renamed" "step-2" "--save-every 1"
-  # Plain delays: anywhere in training or in a save.
-  for d in 0.3 0.5 0.8 1.1 1.5; do
-    one "r$r-delay-$d" "delay:$d" "--save-every 1"
+  # Plain delays after the first checkpoint: anywhere in training or in a save.
+  for d in 0.01 0.05 0.1 0.2 0.4; do
+    one "r$r-after-first-$d" "after-first:$d" "--save-every 1"
   done
+  # Before any checkpoint: nothing to resume, and nothing left that breaks a new run.
+  one "r$r-early" "delay:0.05" "--save-every 1"
 done
-echo "kills: $kills · resumed from latest: $resumed · failed: $failed · runs that finished before the kill: $finished_first"
+echo "runs: $((kills + finished_first)) · kill -9s: $kills · resumed from latest: $resumed · failed: $failed"
+echo "killed before the first save completed (nothing to resume): $nothing_saved · finished before the kill: $finished_first"
 [ "$failed" = 0 ]

@@ -115,6 +115,9 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let task = ckpt.trainer.get("task").and_then(|t| t.as_str()).unwrap_or("text").to_string();
     let mut prompt = tokenize(&task, &args.prompt)?;
     if prompt.is_empty() {
+        if task == "addition" {
+            return Err(Error::value("generate", "--prompt", "a sum for the addition model, such as 12+34=", "\"\""));
+        }
         prompt = tokenize(&task, "\n")?;
     }
     let stop = if task == "addition" { vec![addition::END] } else { vec![] };

@@ -17,12 +17,14 @@ const DEFAULT_CTX: usize = 2048;
 
 /// Refuses a KV cache of `ctx` positions that does not fit in the memory available.
 fn check_cache_memory(model: &llama::Pretrained, ctx: usize) -> Result<()> {
-    let (layers, kv_heads, head_dim) = match &model.network {
-        Network::Llama(m) => (m.config.n_layers, m.config.n_kv_heads, m.config.head_dim),
-        Network::Gpt2(m) => (m.config.n_layers, m.config.n_kv_heads, m.config.head_dim()),
+    let (layers, kv_heads, head_dim, rope) = match &model.network {
+        Network::Llama(m) => (m.config.n_layers, m.config.n_kv_heads, m.config.head_dim, true),
+        Network::Gpt2(m) => (m.config.n_layers, m.config.n_kv_heads, m.config.head_dim(), false),
     };
-    // Keys and values, f32, every layer.
-    let bytes = 2 * 4 * (layers as u128) * (kv_heads as u128) * (head_dim as u128) * (ctx as u128);
+    // Keys and values, f32, every layer; Llama's rope tables add cos and sin, head_dim / 2 each.
+    let per_position = 2 * 4 * (layers as u128) * (kv_heads as u128) * (head_dim as u128);
+    let per_position = per_position + if rope { 4 * head_dim as u128 } else { 0 };
+    let bytes = per_position * (ctx as u128);
     if let Some(avail) = crate::train::available_memory() {
         if bytes > u128::from(avail) {
             return Err(Error::value(

@@ -301,7 +301,8 @@ fn clear_run(out: &Path) -> Result<()> {
 /// The run directory of a checkpoint path: the path itself when it is an output
 /// directory, the parent of a `step-N` directory.
 fn run_dir_of(path: &Path) -> PathBuf {
-    if path.join("model.safetensors").exists() && !path.join("latest").exists() {
+    let step_dir = path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("step-"));
+    if step_dir || (path.join("model.safetensors").exists() && !path.join("latest").exists()) {
         if let Some(parent) = path.parent() {
             return if parent.as_os_str().is_empty() { PathBuf::from(".") } else { parent.to_path_buf() };
         }
@@ -309,6 +310,7 @@ fn run_dir_of(path: &Path) -> PathBuf {
     path.to_path_buf()
 }
 
+/// Whether two paths name the same directory (compared canonically when both exist).
 fn same_dir(a: &Path, b: &Path) -> bool {
     match (a.canonicalize(), b.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,

@@ -9,8 +9,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+/// The binary under test: this build's, or `FUSEBOX_BIN` (to run the same checks
+/// against another build, such as one from before a fix).
 fn fusebox() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fusebox"))
+    Command::new(std::env::var_os("FUSEBOX_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_fusebox").into()))
 }
 
 fn run(args: &[&str]) -> Output {
@@ -511,4 +513,12 @@ fn bench_errors_are_clear() {
     assert_error(&run(&["bench", "train", "--preset", "nosuch"]), "preset");
     assert_error(&run(&["bench", "generate", "--model", "/nonexistent/model.gguf"]), "nonexistent");
     assert_eq!(run(&["bench", "ops", "--rows", "1"]).status.code(), Some(2));
+}
+
+#[test]
+fn generate_from_an_addition_checkpoint_needs_a_prompt() {
+    let out = temp_dir("noprompt");
+    assert_ok(&train(&out, &["--steps", "1"]));
+    assert_error(&run(&["generate", "--model", out.to_str().unwrap(), "--threads", "1"]), "12+34=");
+    std::fs::remove_dir_all(&out).unwrap();
 }

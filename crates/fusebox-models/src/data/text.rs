@@ -39,11 +39,12 @@ impl TextData {
         }
         let split = bytes.len() * 9 / 10;
         let (train, valid) = (bytes[..split].to_vec(), bytes[split..].to_vec());
-        if train.len() <= seq_len + 1 || valid.len() <= seq_len + 1 {
+        let window = seq_len.saturating_add(1);
+        if train.len() <= window || valid.len() <= window {
             return Err(Error::Io(format!(
                 "the data file has {} bytes: too short for sequences of {seq_len} (needs more than {})",
                 bytes.len(),
-                (seq_len + 2) * 10
+                (seq_len as u128 + 2) * 10
             )));
         }
         Ok(TextData { train, valid })
@@ -75,6 +76,8 @@ mod tests {
     #[test]
     fn bad_files_are_clear_errors() {
         assert!(TextData::from_bytes(vec![], 8).unwrap_err().to_string().contains("empty"));
+        let e = TextData::from_bytes(b"some text".repeat(10), usize::MAX).unwrap_err();
+        assert!(e.to_string().contains("too short"), "{e}");
         let mut bad = b"hello world, this is text".repeat(10);
         bad[40] = 0xFF;
         assert!(TextData::from_bytes(bad, 8).unwrap_err().to_string().contains("offset 40"));
