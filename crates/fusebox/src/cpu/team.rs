@@ -361,13 +361,21 @@ mod tests {
         struct Slots(*mut usize);
         // SAFETY: every index writes only its own slot, and the vector outlives the loop.
         unsafe impl Sync for Slots {}
+        impl Slots {
+            /// # Safety
+            /// `i` is in bounds and no other thread touches slot `i` meanwhile.
+            unsafe fn write(&self, i: usize, value: usize) {
+                // SAFETY: the caller's contract.
+                unsafe { *self.0.add(i) = value };
+            }
+        }
         let team = Team::new(3, None).unwrap();
         for round in 0..3 {
             let mut v = vec![0usize; 37];
             let slots = Slots(v.as_mut_ptr());
             assert!(team.run(37, &|i| {
                 // SAFETY: i < 37 = v.len(), and no other index writes slot i.
-                unsafe { *slots.0.add(i) = i * round + 1 };
+                unsafe { slots.write(i, i * round + 1) };
             }));
             assert!(v.iter().enumerate().all(|(i, &x)| x == i * round + 1), "round {round}: {v:?}");
         }
