@@ -13,10 +13,13 @@ use serde_json::{json, Map, Value};
 /// One tensor's entry in a safetensors file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TensorInfo {
+    /// Element type.
     pub dtype: DType,
+    /// Dimensions.
     pub shape: Vec<usize>,
     /// Byte range inside the data section.
     pub begin: usize,
+    /// End of the byte range (exclusive).
     pub end: usize,
 }
 
@@ -25,7 +28,9 @@ pub struct TensorInfo {
 pub struct SafeTensors {
     bytes: Vec<u8>,
     data_start: usize,
+    /// Entries by tensor name.
     pub tensors: BTreeMap<String, TensorInfo>,
+    /// The `__metadata__` strings.
     pub metadata: BTreeMap<String, String>,
 }
 

@@ -12,6 +12,8 @@
 //! exactly.
 //! `supports(op)` lists the native ops; `native_dispatches` counts the GPU work.
 
+#![warn(missing_docs)]
+
 #[macro_use]
 mod macros;
 

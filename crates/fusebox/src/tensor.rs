@@ -100,7 +100,7 @@ impl Drop for HostBuffer {
     }
 }
 
-/// A fresh host allocation of `len` elements of `T`, [`HOST_ALIGN`]-aligned and not yet
+/// A fresh host allocation of `len` elements of `T`, `HOST_ALIGN`-aligned and not yet
 /// initialised: kernels write their output into [`slots`](UninitHost::slots) and
 /// [`assume_init`](UninitHost::assume_init) makes it a tensor, without a zeroing pass.
 ///
@@ -159,7 +159,9 @@ pub trait DeviceBuffer: Any + Send + Sync + fmt::Debug {
 
 /// Where a tensor's bytes live.
 pub enum Storage {
+    /// Host memory.
     Host(HostBuffer),
+    /// Memory of a device, owned by its backend.
     Device(Box<dyn DeviceBuffer>),
 }
 
@@ -175,16 +177,22 @@ impl fmt::Debug for Storage {
 /// What kind of device memory lives on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DeviceKind {
+    /// The host CPU.
     Cpu,
+    /// A GPU.
     Gpu,
 }
 
 /// A device: kind, index among devices of that kind, a name, and its memory if known.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Device {
+    /// CPU or GPU.
     pub kind: DeviceKind,
+    /// Index among devices of this kind.
     pub index: usize,
+    /// Human-readable name (the adapter's for a GPU).
     pub name: String,
+    /// Memory size in bytes, when known.
     pub memory_bytes: Option<u64>,
 }
 

@@ -12,8 +12,11 @@ use std::sync::OnceLock;
 /// The instruction set level our own kernels run with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Isa {
+    /// AVX-512 (F, BW, VL, DQ) with FMA.
     Avx512,
+    /// AVX2 with FMA.
     Avx2,
+    /// Portable code (auto-vectorized for the build target).
     Scalar,
 }
 
