@@ -6,7 +6,9 @@ use fusebox::{DType, Shape, Tensor};
 /// A row-major f64 array.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Array {
+    /// Dimensions, outermost first.
     pub shape: Vec<usize>,
+    /// The values, row-major (`shape`'s product of them).
     pub data: Vec<f64>,
 }
 

@@ -32,9 +32,13 @@ pub type CaseFn<B> = Arc<dyn Fn(&B) -> Result<(), String> + Send + Sync>;
 
 /// One check against a backend. `name` holds the full configuration and is printed on failure.
 pub struct Case<B: ?Sized> {
+    /// The op this case checks (drives the coverage check).
     pub op: Op,
+    /// What kind of check it is.
     pub kind: CaseKind,
+    /// The full configuration, printed on failure.
     pub name: String,
+    /// The check itself.
     pub run: CaseFn<B>,
 }
 
@@ -73,6 +77,7 @@ impl<B: ComputeBackend + ?Sized + 'static> Case<B> {
 /// A tensor input of a case, with what the generated bad-input cases may change.
 #[derive(Debug, Clone)]
 pub struct Input {
+    /// The tensor passed to the op.
     pub tensor: Tensor,
     /// Growing this input's last dimension by one must be an error.
     pub shape_checked: bool,

@@ -1,5 +1,5 @@
 //! fusebox-conformance: a plain-loop f64 twin of every fusebox op and of every
-//! backward (in [`reference`]), and one suite, generic over any `ComputeBackend`,
+//! backward (in [`reference`](mod@reference)), and one suite, generic over any `ComputeBackend`,
 //! that compares a backend with the twins, checks the twins' backwards by finite
 //! differences, and feeds every op bad input.
 //!
@@ -9,6 +9,8 @@
 //! let report = fusebox_conformance::run_suite(&fusebox::CpuBackend::new().unwrap());
 //! assert!(report.passed(), "{}", report.summary());
 //! ```
+
+#![warn(missing_docs)]
 
 pub mod array;
 pub mod case;

@@ -72,6 +72,7 @@ pub fn all_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
 /// The outcome of running the suite on one backend.
 #[derive(Debug, Default)]
 pub struct SuiteReport {
+    /// The backend's `name()`.
     pub backend: String,
     /// (op, kind) → number of cases run.
     pub counts: BTreeMap<(Op, CaseKind), usize>,
@@ -79,6 +80,7 @@ pub struct SuiteReport {
     pub failures: Vec<String>,
     /// Ops lacking a checking case or a bad-input case.
     pub coverage_gaps: Vec<String>,
+    /// Wall-clock seconds the cases took.
     pub seconds: f64,
 }
 

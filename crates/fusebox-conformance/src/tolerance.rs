@@ -8,7 +8,9 @@ use crate::array::Array;
 /// infinities must match exactly).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Tolerance {
+    /// Absolute tolerance.
     pub abs: f64,
+    /// Relative tolerance, a fraction of the reference value's magnitude.
     pub rel: f64,
 }
 

@@ -31,7 +31,9 @@ use crate::safetensors::{self, SafeTensors};
 /// What a checkpoint holds besides the weights.
 #[derive(Debug, Clone)]
 pub struct Checkpoint {
+    /// The checkpoint's directory (`step-N/`).
     pub dir: PathBuf,
+    /// The model's configuration (`config.json`).
     pub config: ModelConfig,
     /// Free-form trainer state (`trainer.json`).
     pub trainer: Value,

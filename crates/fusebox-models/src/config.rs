@@ -32,18 +32,25 @@ impl Style {
 /// Sizes and choices of a decoder-only transformer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
+    /// GPT-2 or Llama style.
     pub style: Style,
+    /// Tokens in the vocabulary.
     pub vocab_size: usize,
+    /// Decoder blocks.
     pub n_layers: usize,
+    /// Query heads.
     pub n_heads: usize,
     /// Key/value heads (= `n_heads` for GPT-2; fewer for GQA).
     pub n_kv_heads: usize,
+    /// Width of the residual stream.
     pub d_model: usize,
     /// Hidden width of the MLP.
     pub d_ff: usize,
     /// Longest sequence (learned positions, rope tables, KV caches).
     pub max_seq: usize,
+    /// Epsilon of the layer or RMS norms.
     pub norm_eps: f32,
+    /// Rotary embedding base (Llama style).
     pub rope_theta: f32,
     /// Output head shares the token embedding.
     pub tied_embeddings: bool,

@@ -9,9 +9,13 @@ use crate::model::Model;
 /// Per-layer key and value caches `[1, Hkv, capacity, hd]` and how much is filled.
 #[derive(Debug)]
 pub struct KvCache {
+    /// Keys per layer, `[1, Hkv, capacity, hd]`.
     pub k: Vec<Tensor>,
+    /// Values per layer, `[1, Hkv, capacity, hd]`.
     pub v: Vec<Tensor>,
+    /// Positions filled so far.
     pub len: usize,
+    /// Positions the caches hold.
     pub capacity: usize,
 }
 

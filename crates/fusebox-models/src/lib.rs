@@ -4,6 +4,8 @@
 //! files on disk and the trait: a bounds-checked GGUF reader ([`gguf`]), byte-level BPE
 //! tokenizers ([`tokenizer`]) and chat templates ([`chat`]).
 
+#![warn(missing_docs)]
+
 pub mod chat;
 pub mod checkpoint;
 pub mod config;

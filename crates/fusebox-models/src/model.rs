@@ -16,35 +16,54 @@ use crate::params::{Init, ParamSet, ParamSpec};
 /// Indices into the parameter list of one decoder block.
 #[derive(Debug, Clone)]
 pub struct LayerIndex {
+    /// First norm's weight (before attention).
     pub norm1_w: usize,
+    /// First norm's bias (GPT-2).
     pub norm1_b: Option<usize>,
+    /// Query projection `[Hq·hd, D]`.
     pub wq: usize,
+    /// Query bias (GPT-2).
     pub bq: Option<usize>,
+    /// Key projection `[Hkv·hd, D]`.
     pub wk: usize,
+    /// Key bias (GPT-2).
     pub bk: Option<usize>,
+    /// Value projection `[Hkv·hd, D]`.
     pub wv: usize,
+    /// Value bias (GPT-2).
     pub bv: Option<usize>,
+    /// Attention output projection `[D, Hq·hd]`.
     pub wo: usize,
+    /// Output projection bias (GPT-2).
     pub bo: Option<usize>,
+    /// Second norm's weight (before the MLP).
     pub norm2_w: usize,
+    /// Second norm's bias (GPT-2).
     pub norm2_b: Option<usize>,
     /// GPT-2: the fc weight `[F, D]`; Llama: the gate weight `[F, D]`.
     pub w_in: usize,
+    /// Bias of `w_in` (GPT-2).
     pub b_in: Option<usize>,
     /// Llama only: the up weight `[F, D]`.
     pub w_up: Option<usize>,
     /// The down/projection weight `[D, F]`.
     pub w_out: usize,
+    /// Bias of `w_out` (GPT-2).
     pub b_out: Option<usize>,
 }
 
 /// Indices of every parameter.
 #[derive(Debug, Clone)]
 pub struct ParamIndex {
+    /// Token embedding `[V, D]`.
     pub wte: usize,
+    /// Learned position embedding `[max_seq, D]` (GPT-2).
     pub wpe: Option<usize>,
+    /// Per decoder block.
     pub layers: Vec<LayerIndex>,
+    /// Final norm's weight.
     pub norm_f_w: usize,
+    /// Final norm's bias (GPT-2).
     pub norm_f_b: Option<usize>,
     /// Untied output head `[V, D]`; `None` when tied to `wte`.
     pub lm_head: Option<usize>,
@@ -152,9 +171,13 @@ pub struct ForwardCache {
 /// A decoder-only transformer: config, parameters (one allocation) and rope tables.
 #[derive(Debug)]
 pub struct Model {
+    /// Sizes and choices.
     pub config: ModelConfig,
+    /// Name, shape and initialisation of every parameter, in allocation order.
     pub specs: Vec<ParamSpec>,
+    /// Where each parameter sits in `params`.
     pub index: ParamIndex,
+    /// The parameters, one allocation.
     pub params: ParamSet,
     /// `cos`, `sin` tables `[max_seq, hd/2]` for Llama style.
     rope: Option<(Tensor, Tensor)>,

@@ -8,15 +8,20 @@ use fusebox::{ComputeBackend, DType, Error, Result, Shape, Tensor};
 pub enum Init {
     /// Normal with mean 0 and this standard deviation.
     Normal(f32),
+    /// All ones (norm weights).
     Ones,
+    /// All zeros (biases).
     Zeros,
 }
 
 /// Name, shape, initialisation and weight-decay flag of one parameter.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParamSpec {
+    /// The parameter's name (as in checkpoints).
     pub name: String,
+    /// Its shape.
     pub shape: Shape,
+    /// How it starts.
     pub init: Init,
     /// Matrices decay; norms, biases (and embeddings of tiny models) do not.
     pub decay: bool,
@@ -32,6 +37,7 @@ fn total_len(specs: &[ParamSpec]) -> Result<usize> {
 /// One flat allocation partitioned into the tensors of `specs`, in order.
 #[derive(Debug)]
 pub struct ParamSet {
+    /// The parameters, views into one allocation.
     pub tensors: Vec<Tensor>,
 }
 

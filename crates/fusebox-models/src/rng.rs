@@ -4,6 +4,7 @@
 /// Deterministic random numbers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rng {
+    /// The generator's state (saved in checkpoints so a resumed run continues the same stream).
     pub state: u64,
 }
 

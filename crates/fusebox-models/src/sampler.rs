@@ -8,6 +8,7 @@ use crate::rng::Rng;
 /// Sampling settings. `temperature == 0` means greedy.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplerConfig {
+    /// Softmax temperature (0: greedy).
     pub temperature: f32,
     /// Keep only the k most likely tokens (0 = all).
     pub top_k: usize,
@@ -15,6 +16,7 @@ pub struct SamplerConfig {
     pub top_p: f32,
     /// Divide positive logits (multiply negative ones) of already seen tokens by this (1 = off).
     pub repetition_penalty: f32,
+    /// Seed of the sampler's random stream.
     pub seed: u64,
 }
 
@@ -27,6 +29,7 @@ impl Default for SamplerConfig {
 /// A seeded sampler.
 #[derive(Debug, Clone)]
 pub struct Sampler {
+    /// Its settings.
     pub config: SamplerConfig,
     rng: Rng,
 }

@@ -19,6 +19,7 @@ use crate::sampler::argmax;
 /// Training settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainConfig {
+    /// Optimizer steps.
     pub steps: u64,
     /// Sequences per micro-batch.
     pub batch: usize,
@@ -26,15 +27,21 @@ pub struct TrainConfig {
     pub accumulation: usize,
     /// Tokens per sequence (text data; the addition task fixes its own).
     pub seq_len: usize,
+    /// Peak learning rate (after warmup).
     pub lr: f32,
     /// The cosine decays to `lr · min_lr_ratio`.
     pub min_lr_ratio: f32,
+    /// Linear warmup steps.
     pub warmup: u64,
+    /// AdamW decoupled weight decay (matrices only).
     pub weight_decay: f32,
+    /// AdamW β₁.
     pub beta1: f32,
+    /// AdamW β₂.
     pub beta2: f32,
     /// Clip the global gradient norm to this (0 = off).
     pub grad_clip: f32,
+    /// Seed of initialisation and data sampling.
     pub seed: u64,
     /// Evaluate every this many steps (0 = only at the end).
     pub eval_every: u64,
@@ -161,7 +168,10 @@ pub enum Task {
     /// Byte-level text.
     Text(TextData),
     /// Uniformly random tokens of a vocabulary (benchmarks).
-    Random { vocab_size: usize },
+    Random {
+        /// Tokens are drawn from `0..vocab_size`.
+        vocab_size: usize,
+    },
 }
 
 impl Task {
@@ -192,16 +202,22 @@ impl Task {
 /// Results of one optimizer step.
 #[derive(Debug, Clone, Copy)]
 pub struct StepStats {
+    /// The step just taken (from 1).
     pub step: u64,
+    /// Mean training loss of the step.
     pub loss: f32,
+    /// Global gradient norm before clipping.
     pub grad_norm: f32,
+    /// Learning rate used.
     pub lr: f32,
+    /// Tokens the step trained on.
     pub tokens: usize,
 }
 
 /// Results of an evaluation.
 #[derive(Debug, Clone, Copy)]
 pub struct EvalStats {
+    /// Mean held-out loss.
     pub loss: f32,
     /// Exact-match accuracy on the held-out problems (addition task).
     pub accuracy: Option<f64>,
@@ -210,8 +226,11 @@ pub struct EvalStats {
 /// A model with its optimizer state and data position.
 #[derive(Debug)]
 pub struct Trainer {
+    /// The model being trained.
     pub model: Model,
+    /// The training settings.
     pub config: TrainConfig,
+    /// The data.
     pub task: Task,
     m: ParamSet,
     v: ParamSet,

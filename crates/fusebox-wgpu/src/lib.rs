@@ -15,6 +15,8 @@
 //! Built by [`WgpuBackend::builder`] (which adapter, whether to trace CPU fallbacks), or
 //! [`WgpuBackend::new`] for the defaults; nothing in this crate reads the environment.
 
+#![warn(missing_docs)]
+
 #[macro_use]
 mod macros;
 

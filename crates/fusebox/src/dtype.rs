@@ -10,9 +10,13 @@ use std::fmt;
 /// block size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// 32-bit IEEE float.
     F32,
+    /// 16-bit IEEE float.
     F16,
+    /// bfloat16.
     BF16,
+    /// 32-bit unsigned integer (token ids, indices).
     U32,
     /// FP8 E4M3 (OCP "fn" variant: no infinities, 0x7F/0xFF are NaN), weights only.
     F8E4M3,

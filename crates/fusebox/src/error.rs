@@ -9,17 +9,59 @@ use std::fmt;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Error {
     /// A tensor had the wrong shape for the operation.
-    Shape { op: &'static str, what: String, expected: String, got: String },
+    Shape {
+        /// The operation that failed.
+        op: &'static str,
+        /// The argument or property concerned (`weight shape`, `x`, `position`).
+        what: String,
+        /// What the operation expected.
+        expected: String,
+        /// What it got.
+        got: String,
+    },
     /// A tensor had a dtype the operation does not accept.
-    DType { op: &'static str, what: String, expected: String, got: String },
+    DType {
+        /// The operation that failed.
+        op: &'static str,
+        /// The argument or property concerned (`weight shape`, `x`, `position`).
+        what: String,
+        /// What the operation expected.
+        expected: String,
+        /// What it got.
+        got: String,
+    },
     /// A value (an index, a position, a parameter) was out of its valid range.
-    Value { op: &'static str, what: String, expected: String, got: String },
+    Value {
+        /// The operation that failed.
+        op: &'static str,
+        /// The argument or property concerned (`weight shape`, `x`, `position`).
+        what: String,
+        /// What the operation expected.
+        expected: String,
+        /// What it got.
+        got: String,
+    },
     /// A write through `&mut Tensor` was refused because the storage is shared.
-    SharedStorage { op: &'static str },
+    SharedStorage {
+        /// The operation that tried to write.
+        op: &'static str,
+    },
     /// The backend cannot do this (unknown or unavailable backend, missing feature).
-    Unsupported { op: &'static str, reason: String },
+    Unsupported {
+        /// The operation asked for.
+        op: &'static str,
+        /// Why it is not available.
+        reason: String,
+    },
     /// A tensor lives on a device this backend cannot read.
-    Device { op: &'static str, expected: String, got: String },
+    Device {
+        /// The operation that failed.
+        op: &'static str,
+        /// The device the backend reads.
+        expected: String,
+        /// The device the tensor lives on.
+        got: String,
+    },
     /// Input/output failure (files, model loading).
     Io(String),
 }

@@ -12,6 +12,8 @@
 //! assert_eq!(y.dims(), &[2, 2]);
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod backend;
 pub mod cpu;
 pub mod dtype;

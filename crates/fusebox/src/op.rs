@@ -7,7 +7,7 @@ macro_rules! ops {
     ($($variant:ident => $name:literal,)*) => {
         /// Every operation of the `ComputeBackend` trait.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub enum Op { $($variant,)* }
+        pub enum Op { $(#[doc = concat!("The `", $name, "` method.")] $variant,)* }
 
         impl Op {
             /// All operations, in trait order.

@@ -48,7 +48,9 @@ pub struct NormGradients {
 /// Gradients of `matmul`.
 #[derive(Debug, Clone)]
 pub struct MatmulGradients {
+    /// Gradient of `a`.
     pub da: Tensor,
+    /// Gradient of `b`.
     pub db: Tensor,
 }
 
@@ -66,7 +68,9 @@ pub struct LinearGradients {
 /// Gradients of a two-input elementwise op (`silu_mul`: d_gate, d_up).
 #[derive(Debug, Clone)]
 pub struct PairGradients {
+    /// Gradient of the first input.
     pub da: Tensor,
+    /// Gradient of the second input.
     pub db: Tensor,
 }
 
@@ -84,6 +88,7 @@ pub struct CrossEntropyOutput {
 /// Values and indices of `topk`.
 #[derive(Debug, Clone)]
 pub struct TopK {
+    /// The k largest values along the last axis, largest first.
     pub values: Tensor,
     /// U32
     pub indices: Tensor,
@@ -92,9 +97,13 @@ pub struct TopK {
 /// AdamW hyper-parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamWConfig {
+    /// Learning rate.
     pub lr: f32,
+    /// Decay of the first moment (β₁).
     pub beta1: f32,
+    /// Decay of the second moment (β₂).
     pub beta2: f32,
+    /// Added to `√v̂` in the denominator.
     pub eps: f32,
     /// Decoupled weight decay: `p -= lr · weight_decay · p`.
     pub weight_decay: f32,
@@ -140,9 +149,13 @@ pub enum AttentionMask<'a> {
 /// Stride, padding, dilation and groups of a 1-d convolution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Conv1dConfig {
+    /// Step between output positions.
     pub stride: usize,
+    /// Zeros added at each end of the input.
     pub padding: usize,
+    /// Spacing between kernel taps.
     pub dilation: usize,
+    /// Channel groups (input and output channels both divisible).
     pub groups: usize,
     /// Only for `conv_transpose1d`: extra length added to one side of the output.
     pub output_padding: usize,
@@ -157,9 +170,13 @@ impl Default for Conv1dConfig {
 /// Stride, padding and dilation per spatial axis `(h, w)`, and groups, of a 2-d convolution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Conv2dConfig {
+    /// Step between output positions (height, width).
     pub stride: (usize, usize),
+    /// Zeros added at each end (height, width).
     pub padding: (usize, usize),
+    /// Spacing between kernel taps (height, width).
     pub dilation: (usize, usize),
+    /// Channel groups (input and output channels both divisible).
     pub groups: usize,
 }
 

@@ -10,7 +10,9 @@ use crate::array::Array;
 /// `[Tq, Tk]` or `[B, Hq, Tq, Tk]`.
 #[derive(Debug, Clone, Copy)]
 pub enum TwinMask<'a> {
+    /// Added to the scaled scores.
     Additive(&'a Array),
+    /// Keep flags: 0 drops a score, anything else keeps it.
     Boolean(&'a Array),
 }
 

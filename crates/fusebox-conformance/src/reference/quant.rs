@@ -18,8 +18,8 @@ pub fn q8_0_element(block: &[u8], j: usize) -> f64 {
     d * q as f64
 }
 
-/// Q4_0 block `{ f16 d; u8 qs[16] }`: element j < 16 is the low nibble of qs[j],
-/// element j ≥ 16 the high nibble of qs[j − 16]; value `d · (q − 8)`.
+/// Q4_0 block `{ f16 d; u8 qs[16] }`: element j < 16 is the low nibble of `qs[j]`,
+/// element j ≥ 16 the high nibble of `qs[j − 16]`; value `d · (q − 8)`.
 pub fn q4_0_element(block: &[u8], j: usize) -> f64 {
     let d = f16_le(block, 0);
     let byte = block[2 + j % 16];

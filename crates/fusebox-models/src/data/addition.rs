@@ -9,9 +9,13 @@ use crate::rng::Rng;
 
 /// Tokens: digits 0–9, then `+`, `=`, end of answer, and padding.
 pub const PLUS: u32 = 10;
+/// The `=` token.
 pub const EQUALS: u32 = 11;
+/// End of the answer.
 pub const END: u32 = 12;
+/// Padding (ignored by the loss).
 pub const PAD: u32 = 13;
+/// Size of the vocabulary.
 pub const VOCAB: usize = 14;
 /// Digits of the (reversed, zero-padded) answer.
 pub const ANSWER_DIGITS: usize = 4;
@@ -19,6 +23,7 @@ pub const ANSWER_DIGITS: usize = 4;
 pub const SEQ_LEN: usize = 13;
 /// Operands have 3 digits: fixed positions make the digit alignment learnable in minutes.
 pub const MIN_OPERAND: u32 = 100;
+/// Largest operand.
 pub const MAX_OPERAND: u32 = 999;
 /// Held-out problems.
 pub const EVAL_PROBLEMS: usize = 1000;
@@ -26,6 +31,7 @@ pub const EVAL_PROBLEMS: usize = 1000;
 /// The addition task: its held-out problems and the training sampler's exclusions.
 #[derive(Debug, Clone)]
 pub struct Addition {
+    /// The held-out problems `(a, b)`, never sampled for training (nor `(b, a)`).
     pub eval: Vec<(u32, u32)>,
     excluded: HashSet<(u32, u32)>,
 }

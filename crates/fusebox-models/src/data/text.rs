@@ -11,7 +11,9 @@ pub const VOCAB: usize = 256;
 /// A text corpus as bytes, split into training and validation parts.
 #[derive(Debug, Clone)]
 pub struct TextData {
+    /// The training bytes.
     pub train: Vec<u8>,
+    /// The validation bytes.
     pub valid: Vec<u8>,
 }
 

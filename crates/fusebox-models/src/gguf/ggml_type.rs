@@ -50,13 +50,21 @@ const TABLE: &[(u32, &str, u64, u64)] = &[
 ];
 
 impl GgmlType {
+    /// 32-bit float.
     pub const F32: GgmlType = GgmlType(0);
+    /// 16-bit IEEE float.
     pub const F16: GgmlType = GgmlType(1);
+    /// Blocks of 32: an f16 scale and 4-bit values (x = d·(q − 8)).
     pub const Q4_0: GgmlType = GgmlType(2);
+    /// Blocks of 32: f16 scale and minimum, 4-bit values (x = d·q + m).
     pub const Q4_1: GgmlType = GgmlType(3);
+    /// Blocks of 32: an f16 scale and 8-bit values (x = d·q).
     pub const Q8_0: GgmlType = GgmlType(8);
+    /// Super-blocks of 256 with 6-bit sub-block scales and minima, 4-bit values.
     pub const Q4_K: GgmlType = GgmlType(12);
+    /// Super-blocks of 256 with 8-bit sub-block scales, 6-bit values.
     pub const Q6_K: GgmlType = GgmlType(14);
+    /// bfloat16.
     pub const BF16: GgmlType = GgmlType(30);
 
     fn entry(self) -> Option<&'static (u32, &'static str, u64, u64)> {

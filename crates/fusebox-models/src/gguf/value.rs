@@ -33,18 +33,31 @@ pub const MAX_ARRAY_DEPTH: usize = 8;
 /// A metadata value type tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ValueType {
+    /// Type tag 0: u8.
     U8,
+    /// Type tag 1: i8.
     I8,
+    /// Type tag 2: u16.
     U16,
+    /// Type tag 3: i16.
     I16,
+    /// Type tag 4: u32.
     U32,
+    /// Type tag 5: i32.
     I32,
+    /// Type tag 6: f32.
     F32,
+    /// Type tag 7: bool.
     Bool,
+    /// Type tag 8: a string.
     String,
+    /// Type tag 9: an array.
     Array,
+    /// Type tag 10: u64.
     U64,
+    /// Type tag 11: i64.
     I64,
+    /// Type tag 12: f64.
     F64,
 }
 
@@ -113,36 +126,62 @@ impl fmt::Display for ValueType {
 /// One metadata value.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
+    /// An unsigned 8-bit integer.
     U8(u8),
+    /// A signed 8-bit integer.
     I8(i8),
+    /// An unsigned 16-bit integer.
     U16(u16),
+    /// A signed 16-bit integer.
     I16(i16),
+    /// An unsigned 32-bit integer.
     U32(u32),
+    /// A signed 32-bit integer.
     I32(i32),
+    /// A 32-bit float.
     F32(f32),
+    /// A boolean.
     Bool(bool),
+    /// A UTF-8 string.
     String(String),
+    /// A typed array.
     Array(Array),
+    /// An unsigned 64-bit integer.
     U64(u64),
+    /// A signed 64-bit integer.
     I64(i64),
+    /// A 64-bit float.
     F64(f64),
 }
 
 /// A typed array of metadata values.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Array {
+    /// Unsigned 8-bit integers.
     U8(Vec<u8>),
+    /// Signed 8-bit integers.
     I8(Vec<i8>),
+    /// Unsigned 16-bit integers.
     U16(Vec<u16>),
+    /// Signed 16-bit integers.
     I16(Vec<i16>),
+    /// Unsigned 32-bit integers.
     U32(Vec<u32>),
+    /// Signed 32-bit integers.
     I32(Vec<i32>),
+    /// 32-bit floats.
     F32(Vec<f32>),
+    /// Booleans.
     Bool(Vec<bool>),
+    /// UTF-8 strings.
     String(Vec<String>),
+    /// Arrays (nested up to `MAX_ARRAY_DEPTH`).
     Array(Vec<Array>),
+    /// Unsigned 64-bit integers.
     U64(Vec<u64>),
+    /// Signed 64-bit integers.
     I64(Vec<i64>),
+    /// 64-bit floats.
     F64(Vec<f64>),
 }
 

@@ -13,9 +13,21 @@ pub enum RopeScaling {
     /// Plain `θ^(−2i/d)`.
     None,
     /// Positions divided by `factor` (every frequency divided by it).
-    Linear { factor: f64 },
+    Linear {
+        /// The divisor.
+        factor: f64,
+    },
     /// Llama 3.x: low frequencies divided by `factor`, high ones kept, a smooth ramp between.
-    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_positions: f64 },
+    Llama3 {
+        /// Divisor of the low frequencies.
+        factor: f64,
+        /// Wavelengths longer than `original_max_positions / low_freq_factor` are divided.
+        low_freq_factor: f64,
+        /// Wavelengths shorter than `original_max_positions / high_freq_factor` are kept.
+        high_freq_factor: f64,
+        /// The context length the model was pretrained with.
+        original_max_positions: f64,
+    },
     /// Per-frequency divisors (GGUF `rope_freqs.weight`, how llama.cpp stores Llama 3 scaling).
     FreqFactors(Vec<f32>),
 }
@@ -25,19 +37,29 @@ pub enum RopeScaling {
 pub struct LlamaConfig {
     /// Architecture name as the file states it (`llama`, `mistral`).
     pub architecture: String,
+    /// Tokens in the vocabulary.
     pub vocab_size: usize,
+    /// Decoder blocks.
     pub n_layers: usize,
+    /// Query heads.
     pub n_heads: usize,
+    /// Key/value heads (fewer than `n_heads` with grouped-query attention).
     pub n_kv_heads: usize,
+    /// Width of the residual stream.
     pub d_model: usize,
+    /// Hidden width of the SwiGLU MLP.
     pub d_ff: usize,
+    /// Width of one attention head.
     pub head_dim: usize,
     /// Longest context the model was trained for; `--ctx-size` may not exceed it.
     pub context_length: usize,
+    /// Epsilon of the RMS norms.
     pub norm_eps: f32,
+    /// Rotary embedding base θ.
     pub rope_theta: f64,
     /// Interleaved for GGUF llama weights (converted for adjacent pairs), HalfSplit for HF.
     pub rope_style: RopeStyle,
+    /// How the rotary frequencies are rescaled.
     pub rope_scaling: RopeScaling,
     /// Whether the output head is the token embedding (no separate output weight).
     pub tied_embeddings: bool,

@@ -13,7 +13,9 @@ use crate::sampler::Sampler;
 /// A model together with the caches of one stream.
 #[derive(Debug)]
 pub enum Session<'m> {
+    /// A Llama-family model with its caches and rotary tables.
     Llama(&'m LlamaModel, LlamaState),
+    /// A GPT-2-style model with its KV cache.
     Gpt2(&'m Model, KvCache),
 }
 
@@ -81,13 +83,17 @@ impl StopReason {
 /// The generated tokens and timings.
 #[derive(Debug, Clone)]
 pub struct Generation {
+    /// The generated tokens (a stop token, when one ended it, is the last).
     pub tokens: Vec<u32>,
+    /// Why generation stopped.
     pub stop: StopReason,
+    /// Tokens in the prompt.
     pub prompt_tokens: usize,
     /// Seconds of the prompt pass (to the first logits).
     pub prefill_seconds: f64,
     /// Forward passes after the prompt, and their seconds (sampling included).
     pub decode_steps: usize,
+    /// Seconds of those passes.
     pub decode_seconds: f64,
 }
 

@@ -1,7 +1,7 @@
 //! Pretrained Llama-family models for inference: GGUF files (F32/F16/BF16 and the block
 //! formats Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, multiplied straight from the blocks) and
 //! Hugging Face safetensors directories (Llama/Mistral, and GPT-2 mapped onto the
-//! trainable [`Model`](crate::Model)), with their tokenizers and chat templates.
+//! trainable [`Model`]), with their tokenizers and chat templates.
 //!
 //! ```no_run
 //! use fusebox_models::llama::{self, Session};
@@ -44,14 +44,19 @@ use crate::tokenizer::Tokenizer;
 /// The network of a pretrained checkpoint.
 #[derive(Debug)]
 pub enum Network {
+    /// A Llama-family decoder (GGUF, or a Hugging Face Llama/Mistral directory).
     Llama(LlamaModel),
+    /// A GPT-2 checkpoint from a Hugging Face directory, on the trainable model.
     Gpt2(Model),
 }
 
 /// A pretrained model with its tokenizer and chat template.
 pub struct Pretrained {
+    /// The network.
     pub network: Network,
+    /// Its tokenizer.
     pub tokenizer: Tokenizer,
+    /// Its chat template, when the file has one that parses.
     pub chat_template: Option<ChatTemplate>,
     /// Why the file's chat template could not be used, when it has one that is not
     /// supported (`chat_template` is then `None`).

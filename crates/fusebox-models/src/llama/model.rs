@@ -21,13 +21,17 @@ use crate::kv_cache::KvCache;
 /// One decoder block's weights.
 #[derive(Debug)]
 pub struct LlamaLayer {
+    /// RMS norm weight before attention `[D]`.
     pub attn_norm: Tensor,
     /// q `[Hq·hd, D]`, k and v `[Hkv·hd, D]` (stacked when they share a format).
     pub qkv: Projections,
+    /// Attention output projection `[D, Hq·hd]`.
     pub wo: Linear,
+    /// RMS norm weight before the MLP `[D]`.
     pub ffn_norm: Tensor,
     /// gate and up `[F, D]` (stacked when they share a format).
     pub gate_up: Projections,
+    /// MLP down projection `[D, F]`.
     pub w_down: Linear,
 }
 
@@ -45,9 +49,13 @@ impl LlamaLayer {
 /// A pretrained Llama-family model ready for inference.
 #[derive(Debug)]
 pub struct LlamaModel {
+    /// Sizes and choices.
     pub config: LlamaConfig,
+    /// The token embedding.
     pub embed: Embedding,
+    /// The decoder blocks.
     pub layers: Vec<LlamaLayer>,
+    /// Final RMS norm weight `[D]`.
     pub norm_f: Tensor,
     /// The output head `[vocab, D]` (the embedding table when tied).
     pub head: Linear,
@@ -57,6 +65,7 @@ pub struct LlamaModel {
 /// the rotary tables for positions `0..ctx`.
 #[derive(Debug)]
 pub struct LlamaState {
+    /// The KV caches.
     pub cache: KvCache,
     cos: Tensor,
     sin: Tensor,

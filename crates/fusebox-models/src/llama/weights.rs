@@ -120,6 +120,7 @@ impl Projections {
 /// A token embedding table `[vocab, dim]`, float (widened to F32) or quantized.
 #[derive(Debug, Clone)]
 pub struct Embedding {
+    /// The table.
     pub table: Tensor,
 }
 

@@ -163,6 +163,7 @@ impl<'a> Dst<'a> {
         self.slots.len()
     }
 
+    /// Whether the piece has no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -552,8 +553,11 @@ impl Buffer {
 
 /// One output of [`fresh_tensors`]: its shape, dtype, and the elements each task writes.
 pub struct OutputSpec {
+    /// The output's shape.
     pub shape: Shape,
+    /// The output's dtype.
     pub dtype: DType,
+    /// Elements each task writes.
     pub per_task: usize,
 }
 

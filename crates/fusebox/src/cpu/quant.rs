@@ -868,7 +868,7 @@ pub fn dequantize(cpu: &CpuBackend, x: &Tensor) -> Result<Tensor> {
 
 /// `y = x · Wᵀ` straight from W's blocks (block format or FP8 E4M3), in x's dtype.
 ///
-/// W is never materialised in f32. For up to [`SMALL_M`] rows of x (token-by-token
+/// W is never materialised in f32. For up to `SMALL_M` rows of x (token-by-token
 /// decoding) each task decodes one W row at a time into a row buffer and dots it with
 /// every x row; for more rows (prompt prefill) each task decodes a panel of W rows and
 /// multiplies x by it with gemm. Tasks own disjoint output columns, and each output is

@@ -3,7 +3,7 @@
 //! A tensor is viewed as `[outer, len, inner]` around `dim`. When `inner == 1` (the last
 //! dim, the common case) every row is contiguous and one task runs max → exp/sum →
 //! scale over it with the SIMD primitives. Otherwise each task takes a tile of up to
-//! [`COLS`] adjacent columns of one outer block and walks its `len` strided rows,
+//! `COLS` adjacent columns of one outer block and walks its `len` strided rows,
 //! keeping per-column max/sum in registers-sized arrays, so memory is read row by row
 //! (contiguous) rather than column by column.
 //!
