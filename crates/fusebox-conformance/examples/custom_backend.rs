@@ -70,7 +70,13 @@ impl ComputeBackend for MyBackend {
 }
 
 fn main() {
-    let backend = MyBackend { inner: CpuBackend::new() };
+    let backend = match CpuBackend::new() {
+        Ok(inner) => MyBackend { inner },
+        Err(e) => {
+            eprintln!("could not start the CPU backend: {e}");
+            std::process::exit(1);
+        }
+    };
 
     let x = Tensor::from_slice(&[-2.0f32, -0.5, 0.0, 0.5, 2.0], [5]).and_then(|x| backend.relu(&x));
     match x.and_then(|y| y.to_vec_f32()) {

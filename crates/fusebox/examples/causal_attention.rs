@@ -23,7 +23,7 @@ const T: usize = 48;
 const D: usize = 32;
 
 fn main() -> Result<()> {
-    let cpu = CpuBackend::new();
+    let cpu = CpuBackend::new()?;
     let mut rng = Lcg(0x5eed);
     let q_data = rng.vec(B * HQ * T * D);
     let k_data = rng.vec(B * HKV * T * D);

@@ -36,7 +36,7 @@ impl Param {
 }
 
 fn main() -> Result<()> {
-    let cpu = CpuBackend::new();
+    let cpu = CpuBackend::new()?;
     let (first, last, accuracy) = train(&cpu)?;
     println!("loss {first:.4} -> {last:.4}; held-out accuracy {:.1}%", accuracy * 100.0);
     if last > first / 10.0 || accuracy < 0.95 {
