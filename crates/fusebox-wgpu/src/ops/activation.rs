@@ -1,7 +1,7 @@
 //! Activations and their backward passes.
 
 use fusebox::cpu;
-use fusebox::{ComputeBackend, DType, GeluForm, PairGradients, Result, Tensor, ToBackend};
+use fusebox::{DType, GeluForm, PairGradients, Result, Tensor};
 
 use crate::backend::WgpuBackend;
 use crate::kernels;

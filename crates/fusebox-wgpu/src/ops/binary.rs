@@ -1,7 +1,7 @@
 //! Binary, broadcast, scalar, in-place assign and ternary elementwise ops.
 
 use fusebox::cpu;
-use fusebox::{in_place_on_cpu, ComputeBackend, DType, Result, Tensor, ToBackend};
+use fusebox::{in_place_on_cpu, ComputeBackend, DType, Result, Tensor};
 
 use crate::backend::WgpuBackend;
 use crate::kernels;

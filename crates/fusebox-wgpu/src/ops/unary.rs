@@ -1,7 +1,7 @@
 //! Unary elementwise ops and their in-place forms.
 
 use fusebox::cpu;
-use fusebox::{in_place_on_cpu, ComputeBackend, Result, Tensor, ToBackend};
+use fusebox::{in_place_on_cpu, Result, Tensor};
 
 use crate::backend::WgpuBackend;
 use crate::ops::convert::common_float;
