@@ -238,7 +238,6 @@ pub fn scatter_add_rows(cpu: &CpuBackend, dst: &mut Tensor, ids: &Tensor, src: &
 /// # Shapes
 /// `x`: `[N, ...]`, `start + len ≤ N` → `[len, ...]`.
 pub fn slice_rows(cpu: &CpuBackend, x: &Tensor, start: usize, len: usize) -> Result<Tensor> {
-    const OP: &str = "slice_rows";
     let (_, row_bytes) = spec::slice_rows(x, start, len)?;
     let mut dims = x.dims().to_vec();
     dims[0] = len;

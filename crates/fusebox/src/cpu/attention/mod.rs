@@ -42,7 +42,7 @@ use crate::spec::attention::{self as spec, AttentionDims, MaskSpec};
 use crate::tensor::Tensor;
 use crate::types::*;
 
-/// Sizes of one attention call (see [`spec::attention::AttentionDims`]).
+/// Sizes of one attention call (see [`AttentionDims`]).
 type Dims = AttentionDims;
 
 /// A mask row reader: additive f32 values or U32 keep flags, `[Tq, Tk]` shared by
