@@ -18,8 +18,8 @@ use crate::context::{buffer_of, Context};
 use crate::kernels;
 use crate::native_ops::{self, NATIVE_OPS};
 use crate::ops::{
-    activation, attention, binary, convert, f, is_f32, layout, linear, matmul, norm, optim, quant, reduce,
-    rope_embedding, softmax_loss, u, unary, Un,
+    activation, attention, binary, convert, f, layout, linear, matmul, norm, optim, quant, reduce, rope_embedding,
+    softmax_loss, u, unary, Un,
 };
 
 /// fusebox on a GPU through wgpu.
@@ -78,10 +78,6 @@ impl WgpuBackend {
         } else {
             Ok(t.clone())
         }
-    }
-
-    pub(crate) fn all_f32(ts: &[&Tensor]) -> bool {
-        ts.iter().all(|t| is_f32(t))
     }
 
     /// `x ← unop(x)` on the device (a 16-bit `x` through an f32 copy); false when the

@@ -19,5 +19,6 @@ pub mod attention;
 pub mod elementwise;
 pub mod embedding;
 pub mod norm;
+pub mod optim;
 pub mod rope;
 pub mod softmax;
