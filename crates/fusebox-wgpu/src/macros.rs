@@ -1,10 +1,11 @@
 //! Macros shared by the op files.
 
-/// Runs the CPU kernel on host copies of the tensor arguments and uploads the result.
+/// The CPU fallback of a native op, for inputs its kernel does not take: counts the
+/// fallback, then runs the trait's one fallback path, [`fusebox::on_cpu!`] (host
+/// copies of the tensor arguments, the CPU kernel, the result uploaded).
 macro_rules! fallback {
     ($self:ident, $kernel:path; [$($t:ident),*] $(, $arg:expr)*) => {{
         $self.ctx.note_fallback(stringify!($kernel));
-        $(let $t = $self.to_host($t)?;)*
-        $kernel($self.cpu(), $(&$t,)* $($arg),*)?.to_backend($self)
+        fusebox::on_cpu!($self, $kernel; [$($t),*] $(, $arg)*)
     }};
 }

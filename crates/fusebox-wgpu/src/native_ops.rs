@@ -1,4 +1,6 @@
-//! The list of ops with a native kernel.
+//! The list of ops with a native kernel: what `WgpuBackend::supports` reports. The test
+//! below checks it against the methods `backend.rs` overrides (`WgpuBackend::OVERRIDDEN`),
+//! so a new native op is listed here and overridden there, or the test names it.
 
 use fusebox::Op;
 
@@ -114,3 +116,29 @@ pub const NATIVE_OPS: &[Op] = &[
     Op::MaxBackward,
     Op::SumToShape,
 ];
+
+/// Whether `op` has a native kernel here.
+pub fn is_native(op: Op) -> bool {
+    NATIVE_OPS.contains(&op)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::WgpuBackend;
+
+    /// Runs without an adapter: both lists are known at compile time.
+    #[test]
+    fn the_native_list_is_exactly_the_overridden_ops() {
+        if let Err(drift) = fusebox::check_native_ops("WgpuBackend", WgpuBackend::OVERRIDDEN, is_native) {
+            panic!("NATIVE_OPS and the overrides in backend.rs disagree:\n{}", drift.join("\n"));
+        }
+    }
+
+    #[test]
+    fn the_native_list_has_no_duplicates() {
+        for (i, op) in NATIVE_OPS.iter().enumerate() {
+            assert!(!NATIVE_OPS[..i].contains(op), "Op::{op:?} is listed twice");
+        }
+    }
+}

@@ -71,12 +71,6 @@ pub enum Bin {
     AddScaled = 12,
 }
 
-/// Whether `t` is an f32 tensor the kernels can bind (a device tensor of this backend
-/// or a host tensor that will be uploaded).
-pub fn is_f32(t: &Tensor) -> bool {
-    t.dtype() == DType::F32 && t.byte_offset().is_multiple_of(4)
-}
-
 pub fn f(x: f32) -> u32 {
     x.to_bits()
 }

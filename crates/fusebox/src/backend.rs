@@ -77,16 +77,95 @@ struct_to_backend!(PairGradients { da, db });
 struct_to_backend!(CrossEntropyOutput { loss, d_logits }, count);
 struct_to_backend!(TopK { values, indices });
 
-/// Runs a CPU kernel for a backend that does not override the op: the named tensor
-/// arguments are brought to the host, the kernel runs on the CPU backend, and the
-/// result is uploaded back.
+/// Runs a CPU kernel for an op a backend does not compute natively: the named tensor
+/// arguments are brought to the host, the kernel runs on the backend's CPU backend
+/// (`cpu()`), and the result is uploaded back. The trait's default methods are this
+/// macro; a backend overriding an op calls it for the inputs its kernel does not take.
+///
+/// `on_cpu!(backend, kernel_path; [tensor args], other args...)` calls
+/// `kernel_path(backend.cpu(), &tensor_args..., other_args...)`.
+#[macro_export]
 macro_rules! on_cpu {
-    ($self:ident, $kernel:path; [$($t:ident),*] $(, $arg:expr)*) => {{
-        $(let $t = $self.to_host($t)?;)*
-        let cpu = $self.cpu();
+    ($self:expr, $kernel:path; [$($t:ident),*] $(, $arg:expr)*) => {{
+        let backend = $self;
+        $(let $t = $crate::ComputeBackend::to_host(backend, $t)?;)*
+        let cpu = $crate::ComputeBackend::cpu(backend);
         let _isa = cpu.enter();
-        $kernel(cpu, $(&$t,)* $($arg),*)?.to_backend($self)
+        $crate::ToBackend::to_backend($kernel(cpu, $(&$t,)* $($arg),*)?, backend)
     }};
+}
+
+/// Wraps a backend's `impl ComputeBackend for T { ... }` block and also defines
+/// `T::OVERRIDDEN`, the names of the methods the block defines, in order: the list of
+/// ops the backend overrides, knowable without reflection. [`check_native_ops`]
+/// compares it with the backend's `supports`.
+///
+/// ```
+/// use fusebox::{ComputeBackend, CpuBackend, Device, Result, Tensor};
+///
+/// #[derive(Debug)]
+/// struct Host;
+/// fusebox::backend_impl! {
+///     impl ComputeBackend for Host {
+///         fn name(&self) -> &str { "host" }
+///         fn device(&self) -> Device { Device::cpu() }
+///         fn upload(&self, x: &Tensor) -> Result<Tensor> { Ok(x.clone()) }
+///         fn to_host(&self, x: &Tensor) -> Result<Tensor> { Ok(x.clone()) }
+///     }
+/// }
+/// assert_eq!(Host::OVERRIDDEN, ["name", "device", "upload", "to_host"]);
+/// ```
+#[macro_export]
+macro_rules! backend_impl {
+    (
+        impl ComputeBackend for $ty:ty {
+            $( $(#[$attr:meta])* fn $name:ident ( $($params:tt)* ) $(-> $ret:ty)? $body:block )*
+        }
+    ) => {
+        impl $crate::ComputeBackend for $ty {
+            $( $(#[$attr])* fn $name ( $($params)* ) $(-> $ret)? $body )*
+        }
+
+        impl $ty {
+            /// The `ComputeBackend` methods this backend overrides (from its impl block).
+            pub const OVERRIDDEN: &'static [&'static str] = &[$(stringify!($name)),*];
+        }
+    };
+}
+
+/// Trait methods that are not operations: helpers every backend may override without
+/// it meaning anything about `supports`.
+pub const NON_OP_METHODS: &[&str] = &["cpu"];
+
+/// Checks a backend's native list against the methods it overrides (its
+/// [`backend_impl!`] `OVERRIDDEN`): every overridden method must be an op that
+/// `supports` reports, and every op `supports` reports must be overridden. Returns one
+/// line per op that drifted, naming it and the backend.
+pub fn check_native_ops(
+    backend: &str,
+    overridden: &[&str],
+    supports: impl Fn(Op) -> bool,
+) -> std::result::Result<(), Vec<String>> {
+    let mut drift = Vec::new();
+    for name in overridden.iter().filter(|n| !NON_OP_METHODS.contains(n)) {
+        match Op::from_name(name) {
+            None => drift.push(format!("{backend}: overrides `{name}`, which is no `Op` (add it to op.rs)")),
+            Some(op) if !supports(op) => {
+                drift.push(format!("{backend}: overrides `{name}` but `supports(Op::{op:?})` is false"))
+            }
+            Some(_) => {}
+        }
+    }
+    for &op in Op::ALL {
+        if supports(op) && !overridden.contains(&op.name()) {
+            drift.push(format!("{backend}: `supports(Op::{op:?})` is true but `{}` is not overridden", op.name()));
+        }
+    }
+    if drift.is_empty() {
+        Ok(())
+    } else {
+        Err(drift)
+    }
 }
 
 fn opt_to_host<B: ComputeBackend + ?Sized>(b: &B, t: Option<&Tensor>) -> Result<Option<Tensor>> {
@@ -417,8 +496,8 @@ pub trait ComputeBackend: Send + Sync + Debug {
         k: &Tensor,
         v: &Tensor,
         mask: Option<AttentionMask<'_>>,
-        causal: bool,
         scale: f32,
+        causal: bool,
     ) -> Result<Tensor> {
         let mask_host = match mask {
             Some(AttentionMask::Additive(m)) | Some(AttentionMask::Boolean(m)) => Some(self.to_host(m)?),
@@ -429,7 +508,7 @@ pub trait ComputeBackend: Send + Sync + Debug {
             (Some(AttentionMask::Boolean(_)), Some(m)) => Some(AttentionMask::Boolean(m)),
             _ => None,
         };
-        on_cpu!(self, cpu::attention::sdpa; [q, k, v], host_mask, causal, scale)
+        on_cpu!(self, cpu::attention::sdpa; [q, k, v], host_mask, scale, causal)
     }
 
     /// Fused causal attention, blockwise with an online softmax, memory O(T): returns

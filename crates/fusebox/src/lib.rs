@@ -21,10 +21,13 @@ pub mod error;
 pub mod host_cache;
 pub mod op;
 pub mod shape;
+pub mod spec;
 pub mod tensor;
 pub mod types;
 
-pub use backend::{available_backends, create_backend, in_place_on_cpu, ComputeBackend, ToBackend};
+pub use backend::{
+    available_backends, check_native_ops, create_backend, in_place_on_cpu, ComputeBackend, ToBackend, NON_OP_METHODS,
+};
 pub use cpu::{default_cpu, CpuBackend, Isa};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};

@@ -182,3 +182,77 @@ ops! {
     DepthwiseConv1dBias => "depthwise_conv1d_bias",
     DepthwiseConv1dBiasCtx => "depthwise_conv1d_bias_ctx",
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{ComputeBackend, NON_OP_METHODS};
+    use crate::cpu::CpuBackend;
+
+    /// The method names of `trait ComputeBackend`, read from its source (the trait's
+    /// body runs to the first line that is a lone `}`).
+    fn trait_methods() -> Vec<&'static str> {
+        let src = include_str!("backend.rs");
+        let start = src.find("pub trait ComputeBackend").expect("backend.rs defines the trait");
+        let body = &src[start..];
+        let end = body.find("\n}\n").expect("the trait's body ends");
+        body[..end]
+            .lines()
+            .filter_map(|line| line.trim_start().strip_prefix("fn "))
+            .filter_map(|rest| rest.split(['(', '<']).next())
+            .collect()
+    }
+
+    #[test]
+    fn every_op_is_a_trait_method_and_every_method_an_op() {
+        let methods = trait_methods();
+        assert!(methods.len() > 100, "read only {} trait methods from backend.rs", methods.len());
+        for &op in Op::ALL {
+            assert!(methods.contains(&op.name()), "Op::{op:?} names `{}`, which is no trait method", op.name());
+        }
+        for m in methods.iter().filter(|m| !NON_OP_METHODS.contains(m)) {
+            assert!(Op::from_name(m).is_some(), "trait method `{m}` has no `Op` variant (add it to op.rs)");
+        }
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for &op in Op::ALL {
+            assert_eq!(Op::from_name(op.name()), Some(op));
+        }
+        assert_eq!(Op::from_name("no_such_op"), None);
+    }
+
+    #[test]
+    fn cpu_backend_runs_every_op_natively() {
+        let cpu = CpuBackend::with_threads(1).expect("a one-thread CPU backend");
+        for &op in Op::ALL {
+            assert!(cpu.supports(op), "CpuBackend::supports(Op::{op:?}) is false");
+        }
+    }
+
+    crate::backend_impl! {
+        impl ComputeBackend for Partial {
+            fn name(&self) -> &str { "partial" }
+            fn device(&self) -> crate::Device { crate::Device::cpu() }
+            fn supports(&self, op: Op) -> bool { matches!(op, Op::Name | Op::Device | Op::Supports | Op::Upload | Op::ToHost | Op::Silu) }
+            fn upload(&self, x: &crate::Tensor) -> crate::Result<crate::Tensor> { Ok(x.clone()) }
+            fn to_host(&self, x: &crate::Tensor) -> crate::Result<crate::Tensor> { Ok(x.clone()) }
+            fn relu(&self, x: &crate::Tensor) -> crate::Result<crate::Tensor> { Ok(x.clone()) }
+        }
+    }
+
+    #[derive(Debug)]
+    struct Partial;
+
+    #[test]
+    fn the_native_check_names_each_op_that_drifted() {
+        let p = Partial;
+        let drift = crate::check_native_ops("partial", Partial::OVERRIDDEN, |op| p.supports(op)).unwrap_err();
+        assert_eq!(drift.len(), 2, "{drift:?}");
+        assert!(drift[0].contains("`relu`") && drift[0].contains("false"), "{}", drift[0]);
+        assert!(drift[1].contains("Op::Silu") && drift[1].contains("not overridden"), "{}", drift[1]);
+        let fixed = |op| p.supports(op) && op != Op::Silu || op == Op::Relu;
+        assert_eq!(crate::check_native_ops("partial", Partial::OVERRIDDEN, fixed), Ok(()));
+    }
+}

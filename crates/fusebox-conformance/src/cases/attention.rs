@@ -211,7 +211,7 @@ fn sdpa_case<B: ComputeBackend + ?Sized + 'static>(
                 MaskKind::Additive => Some(AttentionMask::Additive(&t[3])),
                 MaskKind::Boolean => Some(AttentionMask::Boolean(&t[3])),
             };
-            Ok(vec![b.sdpa(&t[0], &t[1], &t[2], mask, causal, scale)?])
+            Ok(vec![b.sdpa(&t[0], &t[1], &t[2], mask, scale, causal)?])
         })
         .twin(move |a| {
             let mask = match kind {
@@ -219,7 +219,7 @@ fn sdpa_case<B: ComputeBackend + ?Sized + 'static>(
                 MaskKind::Additive => Some(TwinMask::Additive(&a[3])),
                 MaskKind::Boolean => Some(TwinMask::Boolean(&a[3])),
             };
-            vec![twin::sdpa(&a[0], &a[1], &a[2], mask, causal, scale as f64)]
+            vec![twin::sdpa(&a[0], &a[1], &a[2], mask, scale as f64, causal)]
         })
         .tolerance(Tolerance::F32_LOOSE)
         .dtypes(dtypes);
@@ -731,13 +731,13 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     {
         let (q3, kv2) = (q3.clone(), kv2.clone());
         v.push(Case::expect_error(Op::Sdpa, "sdpa Hq 3 % Hkv 2 != 0", move |b: &B| {
-            b.sdpa(&b.upload(&q3)?, &b.upload(&kv2)?, &b.upload(&kv2)?, None, false, 0.3).map(drop)
+            b.sdpa(&b.upload(&q3)?, &b.upload(&kv2)?, &b.upload(&kv2)?, None, 0.3, false).map(drop)
         }));
     }
     {
         let (ql, ks) = (q_long.clone(), kv_short.clone());
         v.push(Case::expect_error(Op::Sdpa, "sdpa causal with Tq 6 > Tk 4", move |b: &B| {
-            b.sdpa(&b.upload(&ql)?, &b.upload(&ks)?, &b.upload(&ks)?, None, true, 0.3).map(drop)
+            b.sdpa(&b.upload(&ql)?, &b.upload(&ks)?, &b.upload(&ks)?, None, 0.3, true).map(drop)
         }));
     }
     for (what, mask) in [
@@ -749,7 +749,7 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
         let (q, kv) = (q.clone(), kv.clone());
         v.push(Case::expect_error(Op::Sdpa, format!("sdpa {what}"), move |b: &B| {
             let m = b.upload(&mask)?;
-            b.sdpa(&b.upload(&q)?, &b.upload(&kv)?, &b.upload(&kv)?, Some(AttentionMask::Additive(&m)), false, 0.3)
+            b.sdpa(&b.upload(&q)?, &b.upload(&kv)?, &b.upload(&kv)?, Some(AttentionMask::Additive(&m)), 0.3, false)
                 .map(drop)
         }));
     }
@@ -757,7 +757,7 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
         let (q, kv) = (q.clone(), kv.clone());
         v.push(Case::expect_error(Op::Sdpa, "sdpa boolean mask given as f32", move |b: &B| {
             let m = b.upload(&t(&[4, 6]))?;
-            b.sdpa(&b.upload(&q)?, &b.upload(&kv)?, &b.upload(&kv)?, Some(AttentionMask::Boolean(&m)), false, 0.3)
+            b.sdpa(&b.upload(&q)?, &b.upload(&kv)?, &b.upload(&kv)?, Some(AttentionMask::Boolean(&m)), 0.3, false)
                 .map(drop)
         }));
     }

@@ -113,13 +113,13 @@ fn mask_value(m: &Array, b: usize, h: usize, i: usize, j: usize) -> f64 {
 }
 
 /// `sdpa` output only.
-pub fn sdpa(q: &Array, k: &Array, v: &Array, mask: Option<TwinMask>, causal: bool, scale: f64) -> Array {
+pub fn sdpa(q: &Array, k: &Array, v: &Array, mask: Option<TwinMask>, scale: f64, causal: bool) -> Array {
     sdpa_with_lse(q, k, v, mask, causal, scale).0
 }
 
 /// `softmax(q·kᵀ·scale [+ causal mask])·v`.
 pub fn attention(q: &Array, k: &Array, v: &Array, scale: f64, causal: bool) -> Array {
-    sdpa(q, k, v, None, causal, scale)
+    sdpa(q, k, v, None, scale, causal)
 }
 
 /// Causal attention: `(output, logsumexp)`.

@@ -1,11 +1,12 @@
 //! Activations and their backward passes.
 
 use fusebox::cpu;
-use fusebox::{ComputeBackend, DType, GeluForm, PairGradients, Result, Tensor, ToBackend};
+use fusebox::spec::elementwise as spec;
+use fusebox::{DType, GeluForm, PairGradients, Result, Tensor};
 
 use crate::backend::WgpuBackend;
 use crate::kernels;
-use crate::ops::convert::common_float;
+use crate::ops::convert::word_aligned;
 use crate::ops::{u, Bin, Un};
 
 pub(crate) fn silu(be: &WgpuBackend, x: &Tensor) -> Result<Tensor> {
@@ -16,7 +17,7 @@ pub(crate) fn silu(be: &WgpuBackend, x: &Tensor) -> Result<Tensor> {
 }
 
 pub(crate) fn silu_backward(be: &WgpuBackend, x: &Tensor, d_out: &Tensor) -> Result<Tensor> {
-    match be.binary_op("silu_backward", x, d_out, Bin::SiluBwd, 0.0)? {
+    match be.binary_op("silu_backward", ("x", x), ("d_out", d_out), Bin::SiluBwd, 0.0)? {
         Some(t) => Ok(t),
         None => fallback!(be, cpu::activation::silu_backward; [x, d_out]),
     }
@@ -32,7 +33,7 @@ pub(crate) fn gelu(be: &WgpuBackend, x: &Tensor, form: GeluForm) -> Result<Tenso
 
 pub(crate) fn gelu_backward(be: &WgpuBackend, x: &Tensor, d_out: &Tensor, form: GeluForm) -> Result<Tensor> {
     let code = if form == GeluForm::Tanh { Bin::GeluTanhBwd } else { Bin::GeluErfBwd };
-    match be.binary_op("gelu_backward", x, d_out, code, 0.0)? {
+    match be.binary_op("gelu_backward", ("x", x), ("d_out", d_out), code, 0.0)? {
         Some(t) => Ok(t),
         None => fallback!(be, cpu::activation::gelu_backward; [x, d_out], form),
     }
@@ -46,7 +47,7 @@ pub(crate) fn relu(be: &WgpuBackend, x: &Tensor) -> Result<Tensor> {
 }
 
 pub(crate) fn relu_backward(be: &WgpuBackend, x: &Tensor, d_out: &Tensor) -> Result<Tensor> {
-    match be.binary_op("relu_backward", x, d_out, Bin::ReluBwd, 0.0)? {
+    match be.binary_op("relu_backward", ("x", x), ("d_out", d_out), Bin::ReluBwd, 0.0)? {
         Some(t) => Ok(t),
         None => fallback!(be, cpu::activation::relu_backward; [x, d_out]),
     }
@@ -60,7 +61,7 @@ pub(crate) fn sigmoid(be: &WgpuBackend, x: &Tensor) -> Result<Tensor> {
 }
 
 pub(crate) fn sigmoid_backward(be: &WgpuBackend, x: &Tensor, d_out: &Tensor) -> Result<Tensor> {
-    match be.binary_op("sigmoid_backward", x, d_out, Bin::SigmoidBwd, 0.0)? {
+    match be.binary_op("sigmoid_backward", ("x", x), ("d_out", d_out), Bin::SigmoidBwd, 0.0)? {
         Some(t) => Ok(t),
         None => fallback!(be, cpu::activation::sigmoid_backward; [x, d_out]),
     }
@@ -74,14 +75,14 @@ pub(crate) fn tanh(be: &WgpuBackend, x: &Tensor) -> Result<Tensor> {
 }
 
 pub(crate) fn tanh_backward(be: &WgpuBackend, x: &Tensor, d_out: &Tensor) -> Result<Tensor> {
-    match be.binary_op("tanh_backward", x, d_out, Bin::TanhBwd, 0.0)? {
+    match be.binary_op("tanh_backward", ("x", x), ("d_out", d_out), Bin::TanhBwd, 0.0)? {
         Some(t) => Ok(t),
         None => fallback!(be, cpu::activation::tanh_backward; [x, d_out]),
     }
 }
 
 pub(crate) fn silu_mul(be: &WgpuBackend, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-    match be.binary_op("silu_mul", gate, up, Bin::SiluMul, 0.0)? {
+    match be.binary_op("silu_mul", ("gate", gate), ("up", up), Bin::SiluMul, 0.0)? {
         Some(t) => Ok(t),
         None => fallback!(be, cpu::activation::silu_mul; [gate, up]),
     }
@@ -89,10 +90,10 @@ pub(crate) fn silu_mul(be: &WgpuBackend, gate: &Tensor, up: &Tensor) -> Result<T
 
 pub(crate) fn silu_mul_backward(be: &WgpuBackend, gate: &Tensor, up: &Tensor, d_out: &Tensor) -> Result<PairGradients> {
     const OP: &str = "silu_mul_backward";
-    let same = gate.shape() == up.shape() && gate.shape() == d_out.shape();
-    let Some(dtype) = common_float(&[gate, up, d_out]).filter(|_| same) else {
+    let dtype = spec::same(OP, &[("gate", gate), ("up", up), ("d_out", d_out)])?.dtype;
+    if !word_aligned(&[gate, up, d_out]) {
         return fallback!(be, cpu::activation::silu_mul_backward; [gate, up, d_out]);
-    };
+    }
     let (g, up, dy) = (be.widen(OP, gate)?, be.widen(OP, up)?, be.widen(OP, d_out)?);
     let da = be.ctx.empty(OP, g.shape().clone(), DType::F32)?;
     let db = be.ctx.empty(OP, g.shape().clone(), DType::F32)?;

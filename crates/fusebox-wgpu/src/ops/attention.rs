@@ -3,16 +3,16 @@
 //! gradients are stored in q's dtype, the logsumexp stays F32, as on the CPU.
 
 use fusebox::cpu;
+use fusebox::spec::attention::{self as spec, AttentionDims, DecodeSpec};
 use fusebox::{
     in_place_on_cpu, AttentionGradients, CausalAttentionResult, ComputeBackend, DType, Error, Result, Shape, Tensor,
-    ToBackend,
 };
 
 use crate::backend::WgpuBackend;
 use crate::context::buffer_of;
 use crate::kernels;
-use crate::ops::convert::common_float;
-use crate::ops::{f, is_f32, u};
+use crate::ops::convert::word_aligned;
+use crate::ops::{f, u};
 
 /// Keys (or query rows) one attention dispatch covers: llvmpipe ends a shader's loops
 /// after 65535 iterations, so long loops are split across dispatches.
@@ -20,6 +20,12 @@ pub(crate) const KEY_CHUNK: usize = 128;
 
 /// Largest head dimension of the attention kernels (per-thread row buffers).
 pub(crate) const MAX_HEAD_DIM: usize = 256;
+
+/// Whether the attention kernels take a validated call: a head dimension they hold
+/// (per-thread row buffers of `MAX_HEAD_DIM`) and every tensor bindable.
+fn native(dims: &AttentionDims, ts: &[&Tensor]) -> bool {
+    dims.d > 0 && dims.d <= MAX_HEAD_DIM && word_aligned(ts)
+}
 
 pub(crate) fn attention(
     be: &WgpuBackend,
@@ -29,12 +35,11 @@ pub(crate) fn attention(
     scale: f32,
     causal: bool,
 ) -> Result<Tensor> {
-    match WgpuBackend::attention_dims(q, k, v) {
-        Some(d) if !causal || d.3 <= d.4 => {
-            Ok(be.attention_forward("attention", q, k, v, d, d.4, scale, causal)?.output)
-        }
-        _ => fallback!(be, cpu::attention::attention; [q, k, v], scale, causal),
+    let dims = spec::attention(q, k, v, causal)?;
+    if !native(&dims, &[q, k, v]) {
+        return fallback!(be, cpu::attention::attention; [q, k, v], scale, causal);
     }
+    Ok(be.attention_forward("attention", q, k, v, dims, dims.tk, scale, causal)?.output)
 }
 
 pub(crate) fn causal_attention(
@@ -44,10 +49,11 @@ pub(crate) fn causal_attention(
     v: &Tensor,
     scale: f32,
 ) -> Result<CausalAttentionResult> {
-    match WgpuBackend::attention_dims(q, k, v) {
-        Some(d) if d.3 <= d.4 => be.attention_forward("causal_attention", q, k, v, d, d.4, scale, true),
-        _ => fallback!(be, cpu::attention::causal_attention; [q, k, v], scale),
+    let dims = spec::causal_attention(q, k, v)?;
+    if !native(&dims, &[q, k, v]) {
+        return fallback!(be, cpu::attention::causal_attention; [q, k, v], scale);
     }
+    be.attention_forward("causal_attention", q, k, v, dims, dims.tk, scale, true)
 }
 
 pub(crate) fn causal_attention_backward(
@@ -60,20 +66,14 @@ pub(crate) fn causal_attention_backward(
     scale: f32,
 ) -> Result<AttentionGradients> {
     const OP: &str = "causal_attention_backward";
-    let dims = WgpuBackend::attention_dims(q, k, v).filter(|d| {
-        d.3 <= d.4
-            && common_float(&[q, &result.output, d_out]).is_some()
-            && is_f32(&result.logsumexp)
-            && result.output.shape() == q.shape()
-            && d_out.shape() == q.shape()
-            && result.logsumexp.dims() == [d.0, d.1, d.3]
-    });
-    let Some((b, hq, hkv, tq, tk, d)) = dims else {
+    let dims = spec::causal_attention_backward(q, k, v, result, d_out)?;
+    if !native(&dims, &[q, k, v, &result.output, d_out, &result.logsumexp]) {
         let result =
             CausalAttentionResult { output: be.to_host(&result.output)?, logsumexp: be.to_host(&result.logsumexp)? };
         let d_out = be.to_host(d_out)?;
         return fallback!(be, cpu::attention::causal_attention_backward; [q, k, v], &result, &d_out, scale);
-    };
+    }
+    let AttentionDims { batch: b, hq, hkv, tq, tk, d, .. } = dims;
     let dtype = q.dtype();
     let (q, k, v) = (be.widen(OP, q)?, be.widen(OP, k)?, be.widen(OP, v)?);
     let (o, lse, dout) = (be.widen(OP, &result.output)?, be.dev(&result.logsumexp)?, be.widen(OP, d_out)?);
@@ -109,29 +109,21 @@ pub(crate) fn causal_attention_backward(
     })
 }
 
-pub(crate) fn supports_causal_attention(_be: &WgpuBackend, q: &Tensor, k: &Tensor, v: &Tensor, _scale: f32) -> bool {
-    WgpuBackend::attention_dims(q, k, v).is_some_and(|d| d.3 <= d.4)
+pub(crate) fn supports_causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
+    spec::causal_attention(q, k, v).is_ok_and(|dims| native(&dims, &[q, k, v]))
 }
 
 pub(crate) fn write_head_cache(be: &WgpuBackend, cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
     const OP: &str = "write_head_cache";
-    let ok = !cache.is_host()
-        && common_float(&[cache, new]).is_some()
-        && cache.rank() == 4
-        && new.rank() == 4
-        && cache.dims()[0] == new.dims()[0]
-        && cache.dims()[1] == new.dims()[1]
-        && cache.dims()[3] == new.dims()[3]
-        && pos.checked_add(new.dims()[2]).is_some_and(|e| e <= cache.dims()[2]);
-    if !ok {
+    let w = spec::write_head_cache(cache, new, pos)?;
+    if cache.is_host() || !word_aligned(&[cache, new]) {
         let new = be.to_host(new)?;
         be.ctx.note_fallback("in place");
         return in_place_on_cpu(be, cache, |cpu, cache| cpu::attention::write_head_cache(cpu, cache, &new, pos));
     }
     cache.ensure_writable(OP)?;
     let new = be.dev(new)?;
-    let (b, h, cap, d) = (cache.dims()[0], cache.dims()[1], cache.dims()[2], cache.dims()[3]);
-    let t = new.dims()[2];
+    let (b, h, cap, d, t) = (w.batch, w.heads, w.capacity, w.d, w.rows);
     let (cb, nb) = (buffer_of(cache)?, buffer_of(&new)?);
     if cb.raw() == nb.raw() {
         return Err(Error::SharedStorage { op: OP });
@@ -160,32 +152,14 @@ pub(crate) fn decode_attention(
     kv_len: usize,
     scale: f32,
 ) -> Result<Tensor> {
-    match WgpuBackend::attention_dims(q, k_cache, v_cache) {
-        Some(d) if d.3 <= kv_len && kv_len <= d.4 && d.3 > 0 => {
-            Ok(be.attention_forward("decode_attention", q, k_cache, v_cache, d, kv_len, scale, true)?.output)
-        }
-        _ => fallback!(be, cpu::attention::decode_attention; [q, k_cache, v_cache], kv_len, scale),
+    let DecodeSpec { dims, capacity } = spec::decode_attention(q, k_cache, v_cache, kv_len)?;
+    if dims.tq == 0 || !native(&dims, &[q, k_cache, v_cache]) {
+        return fallback!(be, cpu::attention::decode_attention; [q, k_cache, v_cache], kv_len, scale);
     }
+    Ok(be.attention_forward("decode_attention", q, k_cache, v_cache, dims, capacity, scale, true)?.output)
 }
 
 impl WgpuBackend {
-    /// Whether q/k/v are attention inputs the kernels take (one float dtype, shapes):
-    /// returns (B, Hq, Hkv, Tq, Tk, D).
-    pub(crate) fn attention_dims(
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-    ) -> Option<(usize, usize, usize, usize, usize, usize)> {
-        if common_float(&[q, k, v]).is_none() || q.rank() != 4 || k.rank() != 4 || k.shape() != v.shape() {
-            return None;
-        }
-        let (qd, kd) = (q.dims(), k.dims());
-        let (b, hq, tq, d) = (qd[0], qd[1], qd[2], qd[3]);
-        let (hkv, tk) = (kd[1], kd[2]);
-        let ok = kd[0] == b && kd[3] == d && hkv > 0 && hq % hkv == 0 && d <= MAX_HEAD_DIM && d > 0;
-        ok.then_some((b, hq, hkv, tq, tk, d))
-    }
-
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention_forward(
         &self,
@@ -193,12 +167,12 @@ impl WgpuBackend {
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
-        dims: (usize, usize, usize, usize, usize, usize),
-        tk: usize,
+        dims: AttentionDims,
+        cap: usize,
         scale: f32,
         causal: bool,
     ) -> Result<CausalAttentionResult> {
-        let (b, hq, hkv, tq, cap, d) = dims;
+        let AttentionDims { batch: b, hq, hkv, tq, tk, d, .. } = dims;
         let dtype = q.dtype();
         let (q, k, v) = (self.widen(op, q)?, self.widen(op, k)?, self.widen(op, v)?);
         let output = self.ctx.empty(op, q.shape().clone(), DType::F32)?;

@@ -1,36 +1,37 @@
 //! Binary, broadcast, scalar, in-place assign and ternary elementwise ops.
 
 use fusebox::cpu;
-use fusebox::{in_place_on_cpu, ComputeBackend, DType, Result, Tensor, ToBackend};
+use fusebox::spec::elementwise as spec;
+use fusebox::{in_place_on_cpu, ComputeBackend, DType, Result, Tensor};
 
 use crate::backend::WgpuBackend;
 use crate::kernels;
-use crate::ops::convert::common_float;
+use crate::ops::convert::word_aligned;
 use crate::ops::{u, Bin, Un};
 
 pub(crate) fn add(be: &WgpuBackend, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    match be.binary_op("add", a, b, Bin::Add, 0.0)? {
+    match be.binary_op("add", ("a", a), ("b", b), Bin::Add, 0.0)? {
         Some(t) => Ok(t),
         None => fallback!(be, cpu::elementwise::add; [a, b]),
     }
 }
 
 pub(crate) fn sub(be: &WgpuBackend, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    match be.binary_op("sub", a, b, Bin::Sub, 0.0)? {
+    match be.binary_op("sub", ("a", a), ("b", b), Bin::Sub, 0.0)? {
         Some(t) => Ok(t),
         None => fallback!(be, cpu::elementwise::sub; [a, b]),
     }
 }
 
 pub(crate) fn mul(be: &WgpuBackend, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    match be.binary_op("mul", a, b, Bin::Mul, 0.0)? {
+    match be.binary_op("mul", ("a", a), ("b", b), Bin::Mul, 0.0)? {
         Some(t) => Ok(t),
         None => fallback!(be, cpu::elementwise::mul; [a, b]),
     }
 }
 
 pub(crate) fn div(be: &WgpuBackend, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    match be.binary_op("div", a, b, Bin::Div, 0.0)? {
+    match be.binary_op("div", ("a", a), ("b", b), Bin::Div, 0.0)? {
         Some(t) => Ok(t),
         None => fallback!(be, cpu::elementwise::div; [a, b]),
     }
@@ -160,7 +161,7 @@ pub(crate) fn add3(be: &WgpuBackend, a: &Tensor, b: &Tensor, c: &Tensor) -> Resu
 }
 
 pub(crate) fn exp_mul(be: &WgpuBackend, x: &Tensor, y: &Tensor) -> Result<Tensor> {
-    match be.binary_op("exp_mul", x, y, Bin::ExpMul, 0.0)? {
+    match be.binary_op("exp_mul", ("a", x), ("b", y), Bin::ExpMul, 0.0)? {
         Some(t) => Ok(t),
         None => fallback!(be, cpu::elementwise::exp_mul; [x, y]),
     }
@@ -174,24 +175,27 @@ pub(crate) fn sub_mul(be: &WgpuBackend, a: &Tensor, b: &Tensor, c: &Tensor) -> R
 }
 
 pub(crate) fn add_scaled(be: &WgpuBackend, a: &Tensor, b: &Tensor, c: f32) -> Result<Tensor> {
-    match be.binary_op("add_scaled", a, b, Bin::AddScaled, c)? {
+    match be.binary_op("add_scaled", ("a", a), ("b", b), Bin::AddScaled, c)? {
         Some(t) => Ok(t),
         None => fallback!(be, cpu::elementwise::add_scaled; [a, b], c),
     }
 }
 
 impl WgpuBackend {
+    /// `binop(a, b)` of a call [`spec::same`] accepts (each operand named as the CPU
+    /// kernel names it); `None` when the kernel cannot bind the operands.
     pub(crate) fn binary_op(
         &self,
         op: &'static str,
-        a: &Tensor,
-        b: &Tensor,
+        (an, a): (&str, &Tensor),
+        (bn, b): (&str, &Tensor),
         code: Bin,
         c: f32,
     ) -> Result<Option<Tensor>> {
-        let Some(dt) = common_float(&[a, b]).filter(|_| a.shape() == b.shape()) else {
+        let dt = spec::same(op, &[(an, a), (bn, b)])?.dtype;
+        if !word_aligned(&[a, b]) {
             return Ok(None);
-        };
+        }
         let (a, b) = (self.widen(op, a)?, self.widen(op, b)?);
         let y = self.ctx.binary(op, &a, &b, code, c)?;
         self.narrow(op, y, dt).map(Some)
@@ -206,17 +210,9 @@ impl WgpuBackend {
         code: Bin,
         col: bool,
     ) -> Result<Option<Tensor>> {
-        let Some(dt) = common_float(&[x, v]).filter(|_| x.rank() > 0) else {
-            return Ok(None);
-        };
-        let n = x.shape().last_dim();
-        let rows = x.elem_count() / n.max(1);
-        let ok = if col {
-            (v.rank() == 1 && v.dims()[0] == rows) || v.dims() == &x.dims()[..x.rank() - 1]
-        } else {
-            v.rank() == 1 && v.dims()[0] == n
-        };
-        if !ok || n == 0 {
+        let s = if col { spec::col_broadcast(op, x, v)? } else { spec::row_broadcast(op, x, v)? };
+        let (n, dt) = (s.n, s.dtype);
+        if n == 0 || !word_aligned(&[x, v]) {
             return Ok(None);
         }
         let (x, v) = (self.widen(op, x)?, self.widen(op, v)?);
@@ -230,10 +226,14 @@ impl WgpuBackend {
     /// `a ← binop(a, b)` on the device (a 16-bit `a` through an f32 copy); false when the
     /// kernel does not take these operands.
     pub(crate) fn assign_op(&self, op: &'static str, a: &mut Tensor, b: &Tensor, code: Bin) -> Result<bool> {
-        if a.is_host() || common_float(&[a, b]).is_none() || a.shape() != b.shape() {
+        if a.is_host() {
             return Ok(false);
         }
         a.ensure_writable(op)?;
+        spec::same(op, &[("a", &*a), ("b", b)])?;
+        if !word_aligned(&[a, b]) {
+            return Ok(false);
+        }
         let b = self.widen(op, b)?;
         let n = a.elem_count();
         self.update_widened(op, &[&*a], |a| {
@@ -250,10 +250,10 @@ impl WgpuBackend {
         c: &Tensor,
         code: u32,
     ) -> Result<Option<Tensor>> {
-        let same = a.shape() == b.shape() && a.shape() == c.shape();
-        let Some(dt) = common_float(&[a, b, c]).filter(|_| same) else {
+        let dt = spec::same(op, &[("a", a), ("b", b), ("c", c)])?.dtype;
+        if !word_aligned(&[a, b, c]) {
             return Ok(None);
-        };
+        }
         let (a, b, c) = (self.widen(op, a)?, self.widen(op, b)?, self.widen(op, c)?);
         let out = self.ctx.empty(op, a.shape().clone(), DType::F32)?;
         let n = a.elem_count();

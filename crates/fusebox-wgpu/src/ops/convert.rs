@@ -1,7 +1,7 @@
 //! Float storage conversions (`cast` between F32, F16 and BF16) on the GPU.
 
 use fusebox::cpu;
-use fusebox::{ComputeBackend, DType, Result, Tensor, ToBackend};
+use fusebox::{DType, Result, Tensor};
 
 use crate::backend::WgpuBackend;
 use crate::kernels;
@@ -65,6 +65,12 @@ pub(crate) fn common_float(ts: &[&Tensor]) -> Option<DType> {
     let d = ts.first()?.dtype();
     let aligned = |t: &Tensor| d == DType::F32 || t.is_host() || t.byte_offset().is_multiple_of(4);
     (float_kind(d).is_some() && ts.iter().all(|t| t.dtype() == d && aligned(t))).then_some(d)
+}
+
+/// Whether the kernels can bind every tensor of `ts`: host tensors (uploaded whole) and
+/// device tensors at a word-aligned offset (a 16-bit view may start mid-word).
+pub(crate) fn word_aligned(ts: &[&Tensor]) -> bool {
+    ts.iter().all(|t| t.is_host() || t.byte_offset().is_multiple_of(4))
 }
 
 impl WgpuBackend {

@@ -3,7 +3,8 @@
 //! conversion, so every bit pattern survives).
 
 use fusebox::cpu;
-use fusebox::{ComputeBackend, DType, Result, Shape, Tensor, ToBackend};
+use fusebox::spec::attention::{self as spec, HeadsLayout};
+use fusebox::{DType, Result, Shape, Tensor};
 
 use crate::backend::WgpuBackend;
 use crate::kernels;
@@ -11,34 +12,30 @@ use crate::ops::convert::common_float;
 use crate::ops::u;
 
 pub(crate) fn split_heads(be: &WgpuBackend, x: &Tensor, heads: usize) -> Result<Tensor> {
-    let ok = movable(x) && x.rank() == 3 && heads > 0 && x.dims()[2].is_multiple_of(heads);
-    if !ok {
+    let HeadsLayout { batch, seq, d, .. } = spec::split_heads(x, heads)?;
+    if !movable(x) {
         return fallback!(be, cpu::attention::split_heads; [x], heads);
     }
-    let (b, t, hd) = (x.dims()[0], x.dims()[1], x.dims()[2]);
-    let x4 = be.dev(x)?.reshape([b, t, heads, hd / heads])?;
+    let x4 = be.dev(x)?.reshape([batch, seq, heads, d])?;
     be.permute_native("split_heads", &x4, &[0, 2, 1, 3])
 }
 
 pub(crate) fn merge_heads(be: &WgpuBackend, x: &Tensor) -> Result<Tensor> {
-    if !movable(x) || x.rank() != 4 {
+    let HeadsLayout { batch, heads, seq, d, .. } = spec::merge_heads(x)?;
+    if !movable(x) {
         return fallback!(be, cpu::attention::merge_heads; [x]);
     }
-    let (b, h, t, d) = (x.dims()[0], x.dims()[1], x.dims()[2], x.dims()[3]);
     let x = be.dev(x)?;
-    be.permute_native("merge_heads", &x, &[0, 2, 1, 3])?.reshape([b, t, h * d])
+    be.permute_native("merge_heads", &x, &[0, 2, 1, 3])?.reshape([batch, seq, heads * d])
 }
 
 pub(crate) fn slice_rows(be: &WgpuBackend, x: &Tensor, start: usize, len: usize) -> Result<Tensor> {
     const OP: &str = "slice_rows";
-    let ok = !x.is_host()
-        && x.rank() >= 1
-        && start.checked_add(len).is_some_and(|e| e <= x.dims()[0])
-        && (x.dtype() == DType::U32 || movable(x));
-    if !ok {
+    let (rows, _) = fusebox::spec::embedding::slice_rows(x, start, len)?;
+    if x.is_host() || !(x.dtype() == DType::U32 || movable(x)) {
         return fallback!(be, cpu::embedding::slice_rows; [x], start, len);
     }
-    let row = x.elem_count() / x.dims()[0].max(1);
+    let row = x.elem_count() / rows.max(1);
     let mut dims = x.dims().to_vec();
     dims[0] = len;
     let first = start * row;

@@ -2,7 +2,7 @@
 //! operands are widened to f32 on the device and results stored in their dtype.
 
 use fusebox::cpu;
-use fusebox::{ComputeBackend, DType, MatmulGradients, Result, Shape, Tensor, ToBackend};
+use fusebox::{DType, MatmulGradients, Result, Shape, Tensor};
 
 use crate::backend::WgpuBackend;
 use crate::ops::convert::common_float;

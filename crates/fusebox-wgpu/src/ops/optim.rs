@@ -3,11 +3,12 @@
 //! 16-bit parameter is stepped in f32 and rounded once on the way back.
 
 use fusebox::cpu;
+use fusebox::spec::optim as spec;
 use fusebox::{AdamWConfig, ComputeBackend, DType, Result, Tensor};
 
 use crate::backend::WgpuBackend;
 use crate::kernels;
-use crate::ops::convert::common_float;
+use crate::ops::convert::word_aligned;
 use crate::ops::{f, u};
 
 pub(crate) fn adamw_update(
@@ -20,23 +21,9 @@ pub(crate) fn adamw_update(
     step: u64,
 ) -> Result<()> {
     const OP: &str = "adamw_update";
-    let config_ok = (0.0..1.0).contains(&config.beta1)
-        && (0.0..1.0).contains(&config.beta2)
-        && config.lr.is_finite()
-        && config.eps.is_finite()
-        && config.weight_decay.is_finite()
-        && config.grad_scale.is_finite();
-    let ok = step > 0
-        && config_ok
-        && !param.is_host()
-        && !m.is_host()
-        && !v.is_host()
-        && common_float(&[param, grad]).is_some()
-        && WgpuBackend::all_f32(&[m, v])
-        && grad.shape() == param.shape()
-        && m.shape() == param.shape()
-        && v.shape() == param.shape();
-    if !ok {
+    spec::adamw_update(param, grad, m, v, config, step)?;
+    let on_device = !param.is_host() && !m.is_host() && !v.is_host();
+    if !on_device || !word_aligned(&[param, grad]) {
         be.ctx.note_fallback("in place");
         let grad = be.to_host(grad)?;
         if param.is_host() && m.is_host() && v.is_host() {
@@ -70,7 +57,8 @@ pub(crate) fn adamw_update(
 }
 
 pub(crate) fn global_norm(be: &WgpuBackend, tensors: &[Tensor]) -> Result<f32> {
-    if tensors.iter().any(|t| t.is_host() || common_float(&[t]).is_none()) {
+    spec::global_norm(tensors)?;
+    if tensors.iter().any(|t| t.is_host() || !word_aligned(&[t])) {
         be.ctx.note_fallback("in place");
         let host = tensors.iter().map(|t| be.to_host(t)).collect::<Result<Vec<_>>>()?;
         return cpu::optim::global_norm(be.cpu(), &host);

@@ -2,7 +2,7 @@
 //! result stored in x's dtype.
 
 use fusebox::cpu;
-use fusebox::{ComputeBackend, DType, Result, Shape, Tensor, ToBackend};
+use fusebox::{DType, Result, Shape, Tensor};
 
 use crate::backend::WgpuBackend;
 use crate::kernels;

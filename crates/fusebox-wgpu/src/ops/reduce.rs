@@ -5,7 +5,7 @@
 //! reductions, bad axes and shapes go to the CPU, which computes them or reports them.
 
 use fusebox::cpu;
-use fusebox::{ComputeBackend, DType, Result, Shape, Tensor, ToBackend};
+use fusebox::{DType, Result, Shape, Tensor};
 
 use crate::backend::WgpuBackend;
 use crate::kernels;

@@ -4,12 +4,14 @@
 //! updated through an f32 copy (each element rounded once).
 
 use fusebox::cpu;
-use fusebox::{in_place_on_cpu, ComputeBackend, DType, Result, RopeStyle, Shape, Tensor, ToBackend};
+use fusebox::spec::embedding::{self as spec, ScatterSpec, TableSpec};
+use fusebox::spec::rope::{self as rope_spec, RopeSpec};
+use fusebox::{in_place_on_cpu, ComputeBackend, DType, Result, RopeStyle, Shape, Tensor};
 
 use crate::backend::WgpuBackend;
 use crate::context::Context;
 use crate::kernels;
-use crate::ops::convert::common_float;
+use crate::ops::convert::word_aligned;
 use crate::ops::{f, u};
 
 pub(crate) fn rope(
@@ -20,10 +22,11 @@ pub(crate) fn rope(
     style: RopeStyle,
     offset: usize,
 ) -> Result<Tensor> {
-    match be.rope_native("rope", x, cos, sin, style, offset, 1.0)? {
-        Some(t) => Ok(t),
-        None => fallback!(be, cpu::rope::rope; [x, cos, sin], style, offset),
+    let s = rope_spec::rope("rope", "x", x, cos, sin, offset)?;
+    if s.d == 0 || !word_aligned(&[x]) {
+        return fallback!(be, cpu::rope::rope; [x, cos, sin], style, offset);
     }
+    be.rope_native("rope", x, cos, sin, s, style, offset, 1.0)
 }
 
 pub(crate) fn rope_backward(
@@ -34,23 +37,21 @@ pub(crate) fn rope_backward(
     style: RopeStyle,
     offset: usize,
 ) -> Result<Tensor> {
-    match be.rope_native("rope_backward", d_out, cos, sin, style, offset, -1.0)? {
-        Some(t) => Ok(t),
-        None => fallback!(be, cpu::rope::rope_backward; [d_out, cos, sin], style, offset),
+    let s = rope_spec::rope("rope_backward", "d_out", d_out, cos, sin, offset)?;
+    if s.d == 0 || !word_aligned(&[d_out]) {
+        return fallback!(be, cpu::rope::rope_backward; [d_out, cos, sin], style, offset);
     }
+    be.rope_native("rope_backward", d_out, cos, sin, s, style, offset, -1.0)
 }
 
 pub(crate) fn embedding(be: &WgpuBackend, ids: &Tensor, table: &Tensor) -> Result<Tensor> {
     const OP: &str = "embedding";
-    let ok = ids.dtype() == DType::U32 && common_float(&[table]).is_some() && table.rank() == 2 && table.dims()[1] > 0;
-    if !ok {
+    let TableSpec { rows: vocab, dim: d, dtype } = spec::embedding(ids, table)?;
+    if !dtype.is_float() || d == 0 || !word_aligned(&[table]) {
         return fallback!(be, cpu::embedding::embedding; [ids, table]);
     }
-    let (vocab, d) = (table.dims()[0], table.dims()[1]);
     let host_ids = be.to_host(ids)?;
-    if host_ids.as_slice::<u32>()?.iter().any(|&i| i as usize >= vocab) {
-        return fallback!(be, cpu::embedding::embedding; [ids, table]);
-    }
+    spec::ids(OP, "ids", host_ids.as_slice::<u32>()?, vocab)?;
     let mut dims = ids.dims().to_vec();
     dims.push(d);
     let out = be.ctx.empty(OP, Shape::new(dims), table.dtype())?;
@@ -77,20 +78,13 @@ pub(crate) fn embedding(be: &WgpuBackend, ids: &Tensor, table: &Tensor) -> Resul
 
 pub(crate) fn embedding_backward(be: &WgpuBackend, ids: &Tensor, d_out: &Tensor, vocab: usize) -> Result<Tensor> {
     const OP: &str = "embedding_backward";
-    let ok = ids.dtype() == DType::U32
-        && common_float(&[d_out]).is_some()
-        && d_out.rank() == ids.rank() + 1
-        && d_out.dims()[..ids.rank()] == *ids.dims()
-        && d_out.shape().last_dim() > 0;
-    if !ok {
+    let TableSpec { dim: d, .. } = spec::embedding_backward(ids, d_out, vocab)?;
+    if d == 0 || !word_aligned(&[d_out]) {
         return fallback!(be, cpu::embedding::embedding_backward; [ids, d_out], vocab);
     }
     let host_ids = be.to_host(ids)?;
     let idv = host_ids.as_slice::<u32>()?;
-    if idv.iter().any(|&i| i as usize >= vocab) {
-        return fallback!(be, cpu::embedding::embedding_backward; [ids, d_out], vocab);
-    }
-    let d = d_out.shape().last_dim();
+    spec::ids(OP, "ids", idv, vocab)?;
     let table = be.ctx.zeros(OP, [vocab, d], DType::F32)?;
     let src = be.widen(OP, d_out)?;
     be.scatter_rows(OP, &table, idv, &src, d, false)?;
@@ -99,29 +93,17 @@ pub(crate) fn embedding_backward(be: &WgpuBackend, ids: &Tensor, d_out: &Tensor,
 
 pub(crate) fn scatter_add_rows(be: &WgpuBackend, dst: &mut Tensor, ids: &Tensor, src: &Tensor) -> Result<()> {
     const OP: &str = "scatter_add_rows";
-    let ok = !dst.is_host()
-        && common_float(&[dst, src]).is_some()
-        && ids.dtype() == DType::U32
-        && ids.rank() == 1
-        && dst.rank() >= 1
-        && src.rank() == dst.rank()
-        && src.dims()[0] == ids.dims()[0]
-        && src.dims()[1..] == dst.dims()[1..];
-    let host_ids = if ok { Some(be.to_host(ids)?) } else { None };
-    let rows = dst.dims().first().copied().unwrap_or(0);
-    let valid = host_ids
-        .as_ref()
-        .and_then(|h| h.as_slice::<u32>().ok())
-        .is_some_and(|s| s.iter().all(|&i| (i as usize) < rows));
-    if !valid {
+    let ScatterSpec { rows, row: d, .. } = spec::scatter(OP, "dst", dst, ids, src)?;
+    let host_ids = be.to_host(ids)?;
+    let idv = host_ids.as_slice::<u32>()?;
+    spec::ids(OP, "ids", idv, rows)?;
+    if dst.is_host() || !word_aligned(&[dst, src]) {
         let (ids, src) = (be.to_host(ids)?, be.to_host(src)?);
         be.ctx.note_fallback("in place");
         return in_place_on_cpu(be, dst, |cpu, dst| cpu::embedding::scatter_add_rows(cpu, dst, &ids, &src));
     }
     dst.ensure_writable(OP)?;
-    let d = dst.elem_count() / rows.max(1);
     let src = be.widen(OP, src)?;
-    let idv = host_ids.as_ref().map(|h| h.as_slice::<u32>()).transpose()?.unwrap_or(&[]);
     be.update_widened(OP, &[&*dst], |dst| be.scatter_rows(OP, &dst[0], idv, &src, d, true))
 }
 
@@ -183,35 +165,26 @@ impl WgpuBackend {
         Ok(())
     }
 
+    /// The rotation of a validated call (`sign` −1: the inverse, for the backward).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn rope_native(
         &self,
         op: &'static str,
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
+        s: RopeSpec,
         style: RopeStyle,
         offset: usize,
         sign: f32,
-    ) -> Result<Option<Tensor>> {
-        let tables_ok = Self::all_f32(&[cos, sin]) && cos.rank() == 2 && cos.shape() == sin.shape();
-        let Some(dtype) = common_float(&[x]).filter(|_| tables_ok && x.rank() == 4) else {
-            return Ok(None);
-        };
-        let dx = x.dims();
-        let (t, dim) = (dx[2], dx[3]);
+    ) -> Result<Tensor> {
+        let RopeSpec { seq: t, d: dim, dtype, .. } = s;
         let half = dim / 2;
-        if dim % 2 != 0
-            || half == 0
-            || cos.dims()[1] != half
-            || offset.checked_add(t).is_none_or(|end| end > cos.dims()[0])
-        {
-            return Ok(None);
-        }
         let (x, cos, sin) = (self.widen(op, x)?, self.dev(cos)?, self.dev(sin)?);
         let out = self.ctx.empty(op, x.shape().clone(), DType::F32)?;
         let n = x.elem_count() / 2;
         let params = [u(n)?, u(t)?, u(half)?, (style == RopeStyle::Interleaved) as u32, u(offset)?, f(sign)];
         self.ctx.flat(op, &kernels::ROPE, &[&x, &cos, &sin, &out], &params, n)?;
-        self.narrow(op, out, dtype).map(Some)
+        self.narrow(op, out, dtype)
     }
 }

@@ -3,39 +3,47 @@
 //! d_logits are F32 whatever the logits' dtype, as on the CPU.
 
 use fusebox::cpu;
-use fusebox::{ComputeBackend, CrossEntropyOutput, DType, Result, Shape, Tensor, ToBackend};
+use fusebox::spec::softmax::{self as spec, AxisSpec, CrossEntropySpec};
+use fusebox::{ComputeBackend, CrossEntropyOutput, DType, Result, Shape, Tensor};
 
 use crate::backend::WgpuBackend;
 use crate::kernels;
-use crate::ops::convert::common_float;
+use crate::ops::convert::word_aligned;
 use crate::ops::{f, u, Un};
 
+/// Whether the row kernels take a validated softmax call: rows along the last axis, at
+/// least one element each, every tensor bindable.
+fn native(s: &AxisSpec, ts: &[&Tensor]) -> bool {
+    s.is_last() && s.len > 0 && word_aligned(ts)
+}
+
 pub(crate) fn softmax(be: &WgpuBackend, x: &Tensor, dim: usize) -> Result<Tensor> {
-    match be.softmax_native("softmax", x, dim, 0)? {
-        Some(t) => Ok(t),
-        None => fallback!(be, cpu::softmax::softmax; [x], dim),
+    let s = spec::softmax(x, dim)?;
+    if !native(&s, &[x]) {
+        return fallback!(be, cpu::softmax::softmax; [x], dim);
     }
+    be.softmax_native("softmax", x, s, 0)
 }
 
 pub(crate) fn softmax_backward(be: &WgpuBackend, y: &Tensor, d_out: &Tensor, dim: usize) -> Result<Tensor> {
     const OP: &str = "softmax_backward";
-    let ok = y.rank() > 0 && dim + 1 == y.rank() && y.shape() == d_out.shape() && y.shape().last_dim() > 0;
-    let Some(dtype) = common_float(&[y, d_out]).filter(|_| ok) else {
+    let s = spec::softmax_backward(y, d_out, dim)?;
+    if !native(&s, &[y, d_out]) {
         return fallback!(be, cpu::softmax::softmax_backward; [y, d_out], dim);
-    };
+    }
+    let AxisSpec { outer: rows, len: d, dtype, .. } = s;
     let (y, dy) = (be.widen(OP, y)?, be.widen(OP, d_out)?);
-    let d = y.shape().last_dim();
-    let rows = y.elem_count() / d;
     let dx = be.ctx.empty(OP, y.shape().clone(), DType::F32)?;
     be.ctx.dispatch(OP, &kernels::SOFTMAX_BACKWARD, &[&y, &dy, &dx], &[u(rows)?, u(d)?], rows as u64)?;
     be.narrow(OP, dx, dtype)
 }
 
 pub(crate) fn log_softmax(be: &WgpuBackend, x: &Tensor, dim: usize) -> Result<Tensor> {
-    match be.softmax_native("log_softmax", x, dim, 1)? {
-        Some(t) => Ok(t),
-        None => fallback!(be, cpu::softmax::log_softmax; [x], dim),
+    let s = spec::log_softmax(x, dim)?;
+    if !native(&s, &[x]) {
+        return fallback!(be, cpu::softmax::log_softmax; [x], dim);
     }
+    be.softmax_native("log_softmax", x, s, 1)
 }
 
 pub(crate) fn cross_entropy(
@@ -45,9 +53,11 @@ pub(crate) fn cross_entropy(
     ignore_index: Option<u32>,
 ) -> Result<CrossEntropyOutput> {
     const OP: &str = "cross_entropy";
-    let Some((row_loss, d_logits, count)) = be.cross_entropy_native(OP, logits, targets, ignore_index, 1.0)? else {
+    let s = spec::cross_entropy(OP, logits, targets)?;
+    if s.vocab == 0 || !word_aligned(&[logits]) {
         return fallback!(be, cpu::loss::cross_entropy; [logits, targets], ignore_index);
-    };
+    }
+    let (row_loss, d_logits, count) = be.cross_entropy_native(OP, logits, targets, s, ignore_index, 1.0)?;
     let loss = be.ctx.empty(OP, Shape::new(vec![]), DType::F32)?;
     let n = row_loss.elem_count();
     let scale = if count > 0 { 1.0 / count as f32 } else { 0.0 };
@@ -65,39 +75,28 @@ pub(crate) fn cross_entropy_backward(
     ignore_index: Option<u32>,
     d_loss: f32,
 ) -> Result<Tensor> {
-    match be.cross_entropy_native("cross_entropy_backward", logits, targets, ignore_index, d_loss)? {
-        Some((_, d_logits, _)) => Ok(d_logits),
-        None => fallback!(be, cpu::loss::cross_entropy_backward; [logits, targets], ignore_index, d_loss),
+    const OP: &str = "cross_entropy_backward";
+    let s = spec::cross_entropy(OP, logits, targets)?;
+    if s.vocab == 0 || !word_aligned(&[logits]) {
+        return fallback!(be, cpu::loss::cross_entropy_backward; [logits, targets], ignore_index, d_loss);
     }
+    Ok(be.cross_entropy_native(OP, logits, targets, s, ignore_index, d_loss)?.1)
 }
 
 impl WgpuBackend {
-    /// Cross-entropy rows on the GPU: validated targets (read back), loss and gradient.
+    /// Cross-entropy rows of a validated call on the GPU: the targets read back and
+    /// checked, then per-row loss, gradient and the counted rows.
     pub(crate) fn cross_entropy_native(
         &self,
         op: &'static str,
         logits: &Tensor,
         targets: &Tensor,
+        CrossEntropySpec { n, vocab, .. }: CrossEntropySpec,
         ignore: Option<u32>,
         d_loss: f32,
-    ) -> Result<Option<(Tensor, Tensor, usize)>> {
-        if common_float(&[logits]).is_none()
-            || logits.rank() != 2
-            || targets.dtype() != DType::U32
-            || targets.rank() != 1
-        {
-            return Ok(None);
-        }
-        let (n, vocab) = (logits.dims()[0], logits.dims()[1]);
-        if targets.dims()[0] != n || vocab == 0 {
-            return Ok(None);
-        }
+    ) -> Result<(Tensor, Tensor, usize)> {
         let host_t = self.to_host(targets)?;
-        let ts = host_t.as_slice::<u32>()?;
-        if ts.iter().any(|&t| Some(t) != ignore && t as usize >= vocab) {
-            return Ok(None);
-        }
-        let count = ts.iter().filter(|&&t| Some(t) != ignore).count();
+        let count = spec::cross_entropy_targets(op, host_t.as_slice::<u32>()?, vocab, ignore)?;
         let (logits, targets) = (self.widen(op, logits)?, self.dev(targets)?);
         let row_loss = self.ctx.empty(op, [n], DType::F32)?;
         let d_logits = self.ctx.empty(op, [n, vocab], DType::F32)?;
@@ -110,19 +109,15 @@ impl WgpuBackend {
             &params,
             n as u64,
         )?;
-        Ok(Some((row_loss, d_logits, count)))
+        Ok((row_loss, d_logits, count))
     }
 
-    pub(crate) fn softmax_native(&self, op: &'static str, x: &Tensor, dim: usize, mode: u32) -> Result<Option<Tensor>> {
-        let ok = x.rank() > 0 && dim + 1 == x.rank() && x.shape().last_dim() > 0;
-        let Some(dt) = common_float(&[x]).filter(|_| ok) else {
-            return Ok(None);
-        };
+    /// Softmax (`mode` 0) or log-softmax (1) of a validated call over the last axis.
+    pub(crate) fn softmax_native(&self, op: &'static str, x: &Tensor, s: AxisSpec, mode: u32) -> Result<Tensor> {
         let x = self.widen(op, x)?;
-        let d = x.shape().last_dim();
-        let rows = x.elem_count() / d;
+        let (rows, d) = (s.outer, s.len);
         let out = self.ctx.empty(op, x.shape().clone(), DType::F32)?;
         self.ctx.dispatch(op, &kernels::SOFTMAX, &[&x, &out], &[u(rows)?, u(d)?, mode], rows as u64)?;
-        self.narrow(op, out, dt).map(Some)
+        self.narrow(op, out, s.dtype)
     }
 }

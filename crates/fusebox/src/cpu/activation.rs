@@ -18,8 +18,9 @@ use std::borrow::Cow;
 
 use crate::cpu::output::{self, Dst, OutputSpec};
 use crate::cpu::simd::{fast_exp, multiversion, prefetch, stream_ahead, FAR_AHEAD};
-use crate::cpu::{check, convert, CpuBackend};
+use crate::cpu::{convert, CpuBackend};
 use crate::error::Result;
+use crate::spec::elementwise as spec;
 use crate::tensor::Tensor;
 use crate::types::{GeluForm, PairGradients};
 
@@ -274,7 +275,7 @@ fn map_unary(
     work: usize,
     kernel: fn(&[f32], Dst<'_>),
 ) -> Result<Tensor> {
-    check::float(op, "x", x)?;
+    spec::same(op, &[("x", x)])?;
     let xs = convert::f32_data(op, "x", x)?;
     output::fresh_tensor(cpu, op, x.shape(), x.dtype(), OUT_BLOCK, work, |i, dst| {
         let at = i * OUT_BLOCK;
@@ -291,9 +292,7 @@ fn read_pair<'a>(
     (a_name, a): (&str, &'a Tensor),
     (b_name, b): (&str, &'a Tensor),
 ) -> Result<F32Pair<'a>> {
-    check::float(op, a_name, a)?;
-    check::same_dtype(op, b_name, a, b)?;
-    check::same_shape(op, b_name, a, b)?;
+    spec::same(op, &[(a_name, a), (b_name, b)])?;
     Ok((convert::f32_data(op, a_name, a)?, convert::f32_data(op, b_name, b)?))
 }
 
@@ -429,9 +428,8 @@ pub fn silu_mul(cpu: &CpuBackend, gate: &Tensor, up: &Tensor) -> Result<Tensor> 
 /// `gate`, `up`, `d_out`: equal → two tensors of that shape.
 pub fn silu_mul_backward(cpu: &CpuBackend, gate: &Tensor, up: &Tensor, d_out: &Tensor) -> Result<PairGradients> {
     const OP: &str = "silu_mul_backward";
-    let (g, u) = read_pair(OP, ("gate", gate), ("up", up))?;
-    check::same_dtype(OP, "d_out", gate, d_out)?;
-    check::same_shape(OP, "d_out", gate, d_out)?;
+    spec::same(OP, &[("gate", gate), ("up", up), ("d_out", d_out)])?;
+    let (g, u) = (convert::f32_data(OP, "gate", gate)?, convert::f32_data(OP, "up", up)?);
     let dy = convert::f32_data(OP, "d_out", d_out)?;
     let (shape, dtype) = (gate.shape(), gate.dtype());
     let spec = || OutputSpec { shape: shape.clone(), dtype, per_task: OUT_BLOCK };

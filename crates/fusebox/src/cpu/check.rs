@@ -77,10 +77,3 @@ pub fn axis(op: &'static str, axis: usize, rank: usize) -> Result<()> {
         Err(Error::value(op, "axis", format!("< {rank}"), axis))
     }
 }
-
-/// Float input, same dtype and shape as `a`: the common check of elementwise binaries.
-pub fn float_pair(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
-    float(op, "a", a)?;
-    same_dtype(op, "b", a, b)?;
-    same_shape(op, "b", a, b)
-}

@@ -14,9 +14,10 @@ use half::{bf16, f16};
 
 use crate::cpu::output::{self, Dst};
 use crate::cpu::simd::{fast_exp, Isa};
-use crate::cpu::{check, convert, CpuBackend};
+use crate::cpu::{convert, CpuBackend};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::spec::elementwise as spec;
 use crate::tensor::Tensor;
 
 /// Elements per parallel task (64 KiB of f32): big enough to amortise scheduling.
@@ -283,7 +284,7 @@ fn unary(
     cost: usize,
     f: impl Fn(f32) -> f32 + Copy + Sync + Send,
 ) -> Result<Tensor> {
-    check::float(op, "x", x)?;
+    spec::same(op, &[("x", x)])?;
     let xs = Src::new(op, "x", x)?;
     produce(cpu, op, x, cost, |start, out| map1(out, start, xs, f))
 }
@@ -297,7 +298,7 @@ fn unary_inplace(
     f: impl Fn(f32) -> f32 + Copy + Sync + Send,
 ) -> Result<()> {
     x.ensure_writable(op)?;
-    check::float(op, "x", x)?;
+    spec::same(op, &[("x", x)])?;
     drive(cpu, op, x, cost, |_, values| update1(values, f))
 }
 
@@ -310,7 +311,7 @@ fn binary(
     cost: usize,
     f: impl Fn(f32, f32) -> f32 + Copy + Sync + Send,
 ) -> Result<Tensor> {
-    check::float_pair(op, a, b)?;
+    spec::same(op, &[("a", a), ("b", b)])?;
     let (sa, sb) = (Src::new(op, "a", a)?, Src::new(op, "b", b)?);
     produce(cpu, op, a, cost, |start, out| map2(out, start, sa, sb, f))
 }
@@ -324,7 +325,7 @@ fn binary_inplace(
     f: impl Fn(f32, f32) -> f32 + Copy + Sync + Send,
 ) -> Result<()> {
     a.ensure_writable(op)?;
-    check::float_pair(op, a, b)?;
+    spec::same(op, &[("a", a), ("b", b)])?;
     let sb = Src::new(op, "b", b)?;
     drive(cpu, op, a, CHEAP, |start, values| {
         let mut tb = [0.0; TILE];
@@ -340,9 +341,7 @@ fn ternary(
     (a, b, c): (&Tensor, &Tensor, &Tensor),
     f: impl Fn(f32, f32, f32) -> f32 + Copy + Sync + Send,
 ) -> Result<Tensor> {
-    check::float_pair(op, a, b)?;
-    check::same_dtype(op, "c", a, c)?;
-    check::same_shape(op, "c", a, c)?;
+    spec::same(op, &[("a", a), ("b", b), ("c", c)])?;
     let (sa, sb, sc) = (Src::new(op, "a", a)?, Src::new(op, "b", b)?, Src::new(op, "c", c)?);
     produce(cpu, op, a, CHEAP, |start, out| map3(out, start, sa, sb, sc, f))
 }
@@ -355,10 +354,7 @@ fn row_broadcast(
     row: &Tensor,
     f: impl Fn(f32, f32) -> f32 + Copy + Sync + Send,
 ) -> Result<Tensor> {
-    check::float(op, "x", x)?;
-    check::min_rank(op, "x", x, 1)?;
-    check::same_dtype(op, "row", x, row)?;
-    check::shape(op, "row", row, &[x.shape().last_dim()])?;
+    spec::row_broadcast(op, x, row)?;
     let xs = Src::new(op, "x", x)?;
     // The row is short: read it as f32 once.
     let row = convert::f32_data(op, "row", row)?;
@@ -374,28 +370,11 @@ fn col_broadcast(
     col: &Tensor,
     f: impl Fn(f32, f32) -> f32 + Copy + Sync + Send,
 ) -> Result<Tensor> {
-    check::float(op, "x", x)?;
-    check::min_rank(op, "x", x, 1)?;
-    check::same_dtype(op, "col", x, col)?;
-    let lead = &x.dims()[..x.rank() - 1];
-    let rows: usize = lead.iter().product();
-    if col.dims() != [rows] && col.dims() != lead {
-        return Err(Error::shape(op, "col", format!("[{rows}] or {lead:?}"), col.shape()));
-    }
-    let n = x.shape().last_dim();
+    let n = spec::col_broadcast(op, x, col)?.n;
     let xs = Src::new(op, "x", x)?;
     // One value per row: read it as f32 once.
     let col = convert::f32_data(op, "col", col)?;
     produce(cpu, op, x, CHEAP, |start, out| map_cols(out, start, xs, &col, n, f))
-}
-
-/// Clamp bounds must be ordered and not NaN (`!(lo <= hi)` catches both).
-fn check_bounds(op: &'static str, lo: f32, hi: f32) -> Result<()> {
-    if lo <= hi {
-        Ok(())
-    } else {
-        Err(Error::value(op, "bounds", "lo ≤ hi, neither NaN", format!("lo = {lo}, hi = {hi}")))
-    }
 }
 
 /// `min(max(x, lo), hi)`, written with comparisons so a NaN `x` stays NaN.
@@ -605,12 +584,12 @@ pub fn abs_inplace(cpu: &CpuBackend, x: &mut Tensor) -> Result<()> {
 
 /// `min(max(x, lo), hi)`; `lo > hi` or a NaN bound is an error, a NaN `x` stays NaN.
 pub fn clamp(cpu: &CpuBackend, x: &Tensor, lo: f32, hi: f32) -> Result<Tensor> {
-    check_bounds("clamp", lo, hi)?;
+    spec::clamp_bounds("clamp", lo, hi)?;
     unary(cpu, "clamp", x, CHEAP, move |v| clamp_value(v, lo, hi))
 }
 
 /// `x ← min(max(x, lo), hi)`, in place.
 pub fn clamp_inplace(cpu: &CpuBackend, x: &mut Tensor, lo: f32, hi: f32) -> Result<()> {
-    check_bounds("clamp_inplace", lo, hi)?;
+    spec::clamp_bounds("clamp_inplace", lo, hi)?;
     unary_inplace(cpu, "clamp_inplace", x, CHEAP, move |v| clamp_value(v, lo, hi))
 }

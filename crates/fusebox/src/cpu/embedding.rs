@@ -11,7 +11,6 @@ use std::sync::Mutex;
 
 use half::{bf16, f16};
 
-use crate::cpu::check;
 use crate::cpu::convert::f32_data;
 use crate::cpu::layout::par_copy;
 use crate::cpu::pool::SharedMut;
@@ -20,36 +19,11 @@ use crate::cpu::simd;
 use crate::cpu::CpuBackend;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::spec::embedding::{self as spec, TableSpec};
 use crate::tensor::Tensor;
 
 /// Bytes per parallel chunk of a row gather.
 const CHUNK_BYTES: usize = 1 << 16;
-
-/// The first id `≥ bound` is an error naming its position and value.
-fn check_ids(op: &'static str, what: &str, ids: &[u32], bound: usize) -> Result<()> {
-    match ids.iter().position(|&id| id as usize >= bound) {
-        None => Ok(()),
-        Some(p) => Err(Error::value(op, format!("{what}[{p}]"), format!("< {bound}"), ids[p])),
-    }
-}
-
-/// U32 ids of rank 1: `[M]`.
-fn id_vector<'a>(op: &'static str, ids: &'a Tensor) -> Result<&'a [u32]> {
-    check::dtype(op, "ids", ids, DType::U32)?;
-    check::rank(op, "ids", ids, 1)?;
-    ids.as_slice::<u32>()
-}
-
-/// `(rows, bytes per row)` of x viewed as `[N, rest]`; each row must be whole storage blocks.
-fn row_layout(op: &'static str, x: &Tensor) -> Result<(usize, usize)> {
-    check::min_rank(op, "x", x, 1)?;
-    let rows = x.dims()[0];
-    let row_elems: usize = x.dims()[1..].iter().product();
-    if !row_elems.is_multiple_of(x.dtype().block_elems()) {
-        return Err(Error::dtype(op, "x", "a dtype whose rows are whole storage blocks", x.dtype()));
-    }
-    Ok((rows, x.dtype().storage_bytes(row_elems)))
-}
 
 /// `dst` row r ← `src` row `ids[r]`, rows of `row_bytes`; ids already checked.
 fn gather_rows(cpu: &CpuBackend, src: &[u8], row_bytes: usize, ids: &[u32], dst: &mut [u8]) {
@@ -72,23 +46,17 @@ fn gather_rows(cpu: &CpuBackend, src: &[u8], row_bytes: usize, ids: &[u32], dst:
 /// `ids`: `[...]` U32, every id < V; `table`: `[V, D]` → `[..., D]`.
 pub fn embedding(cpu: &CpuBackend, ids: &Tensor, table: &Tensor) -> Result<Tensor> {
     const OP: &str = "embedding";
-    check::dtype(OP, "ids", ids, DType::U32)?;
-    check::rank(OP, "table", table, 2)?;
-    let (vocab, dim) = (table.dims()[0], table.dims()[1]);
+    let TableSpec { rows: vocab, dim, dtype } = spec::embedding(ids, table)?;
     let id_values = ids.as_slice::<u32>()?;
-    check_ids(OP, "ids", id_values, vocab)?;
+    spec::ids(OP, "ids", id_values, vocab)?;
     let mut dims = ids.dims().to_vec();
     dims.push(dim);
-    let dtype = table.dtype();
     let row_bytes = dtype.storage_bytes(dim);
     let bytes = table.host_bytes()?;
     if dtype.is_float() {
         let mut out = Tensor::zeros(dims, dtype)?;
         gather_rows(cpu, bytes, row_bytes, id_values, out.host_bytes_mut()?);
         return Ok(out);
-    }
-    if !(dtype.is_quantized() || dtype == DType::F8E4M3) {
-        return Err(Error::dtype(OP, "table", "f32, f16, bf16, f8e4m3 or a block format", dtype));
     }
     let mut out = Tensor::zeros(dims, DType::F32)?;
     if dim == 0 {
@@ -192,18 +160,12 @@ fn add_rows_half<T: Stored>(cpu: &CpuBackend, dst: &mut [T], row: usize, ids: &[
     });
 }
 
-/// Validates `dst[ids[i]] += src[i]`: float dst, src of dst's dtype and shape `[M, rest]`,
-/// ids `[M]` < N. Returns the row length.
+/// Validates `dst[ids[i]] += src[i]` ([`spec::scatter`], then every id < N). Returns
+/// the row length.
 fn check_scatter(op: &'static str, what: &str, dst: &Tensor, ids: &Tensor, src: &Tensor) -> Result<usize> {
-    check::float(op, what, dst)?;
-    check::same_dtype(op, "src", dst, src)?;
-    let id_values = id_vector(op, ids)?;
-    check::min_rank(op, what, dst, 1)?;
-    let mut want = dst.dims().to_vec();
-    want[0] = id_values.len();
-    check::shape(op, "src", src, &want)?;
-    check_ids(op, "ids", id_values, dst.dims()[0])?;
-    Ok(dst.dims()[1..].iter().product())
+    let s = spec::scatter(op, what, dst, ids, src)?;
+    spec::ids(op, "ids", ids.as_slice::<u32>()?, s.rows)?;
+    Ok(s.row)
 }
 
 /// Adds the rows after [`check_scatter`]; `dst` must be writable.
@@ -232,17 +194,9 @@ fn add_rows(
 /// `ids`: `[...]` U32, every id < vocab; `d_out`: `[..., D]` float → `[vocab, D]` f32.
 pub fn embedding_backward(cpu: &CpuBackend, ids: &Tensor, d_out: &Tensor, vocab: usize) -> Result<Tensor> {
     const OP: &str = "embedding_backward";
-    check::dtype(OP, "ids", ids, DType::U32)?;
-    check::float(OP, "d_out", d_out)?;
-    let dim = d_out.dims().last().copied().unwrap_or(0);
-    let mut want = ids.dims().to_vec();
-    want.push(dim);
-    check::shape(OP, "d_out", d_out, &want)?;
+    let TableSpec { dim, .. } = spec::embedding_backward(ids, d_out, vocab)?;
     let id_values = ids.as_slice::<u32>()?;
-    check_ids(OP, "ids", id_values, vocab)?;
-    if vocab.checked_mul(dim).and_then(|n| n.checked_mul(4)).is_none_or(|b| b > isize::MAX as usize) {
-        return Err(Error::value(OP, "vocab", format!("a [vocab, {dim}] f32 table that fits in memory"), vocab));
-    }
+    spec::ids(OP, "ids", id_values, vocab)?;
     let dy = f32_data(OP, "d_out", d_out)?;
     let mut out = Tensor::zeros([vocab, dim], DType::F32)?;
     add_rows_f32(cpu, out.as_mut_slice::<f32>()?, dim, id_values, &dy);
@@ -256,9 +210,10 @@ pub fn embedding_backward(cpu: &CpuBackend, ids: &Tensor, d_out: &Tensor, vocab:
 /// `x`: `[N, ...]`; `ids`: `[M]` U32, every id < N → `[M, ...]`.
 pub fn index_select(cpu: &CpuBackend, x: &Tensor, ids: &Tensor) -> Result<Tensor> {
     const OP: &str = "index_select";
-    let (rows, row_bytes) = row_layout(OP, x)?;
-    let id_values = id_vector(OP, ids)?;
-    check_ids(OP, "ids", id_values, rows)?;
+    let (rows, row_bytes) = spec::row_layout(OP, x)?;
+    spec::id_vector(OP, ids)?;
+    let id_values = ids.as_slice::<u32>()?;
+    spec::ids(OP, "ids", id_values, rows)?;
     let mut dims = x.dims().to_vec();
     dims[0] = id_values.len();
     let mut out = Tensor::zeros(dims, x.dtype())?;
@@ -283,11 +238,7 @@ pub fn scatter_add_rows(cpu: &CpuBackend, dst: &mut Tensor, ids: &Tensor, src: &
 /// # Shapes
 /// `x`: `[N, ...]`, `start + len ≤ N` → `[len, ...]`.
 pub fn slice_rows(cpu: &CpuBackend, x: &Tensor, start: usize, len: usize) -> Result<Tensor> {
-    const OP: &str = "slice_rows";
-    let (rows, row_bytes) = row_layout(OP, x)?;
-    if start.checked_add(len).is_none_or(|end| end > rows) {
-        return Err(Error::value(OP, "start + len", format!("≤ {rows} rows"), format!("{start} + {len}")));
-    }
+    let (_, row_bytes) = spec::slice_rows(x, start, len)?;
     let mut dims = x.dims().to_vec();
     dims[0] = len;
     let mut out = Tensor::zeros(dims, x.dtype())?;

@@ -12,10 +12,11 @@ use crate::cpu::simd;
 use crate::cpu::softmax;
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::softmax_x86;
-use crate::cpu::{check, convert, CpuBackend};
+use crate::cpu::{convert, CpuBackend};
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::shape::Shape;
+use crate::spec::softmax::{self as spec, CrossEntropySpec};
 use crate::tensor::Tensor;
 use crate::types::CrossEntropyOutput;
 
@@ -43,18 +44,9 @@ impl Rows<'_> {
 
 /// Checks shapes, dtypes and every target (`< V` unless ignored) before any work.
 fn read<'a>(op: &'static str, logits: &'a Tensor, targets: &'a Tensor, ignore: Option<u32>) -> Result<Rows<'a>> {
-    check::float(op, "logits", logits)?;
-    check::rank(op, "logits", logits, 2)?;
-    check::dtype(op, "targets", targets, DType::U32)?;
-    let (n, vocab) = (logits.dims()[0], logits.dims()[1]);
-    check::shape(op, "targets", targets, &[n])?;
+    let CrossEntropySpec { n, vocab, .. } = spec::cross_entropy(op, logits, targets)?;
     let ids = targets.as_slice::<u32>()?;
-    for (r, &t) in ids.iter().enumerate() {
-        if ignore != Some(t) && t as usize >= vocab {
-            return Err(Error::value(op, format!("target of row {r}"), format!("< {vocab} (the vocabulary size)"), t));
-        }
-    }
-    let count = ids.iter().filter(|&&t| ignore != Some(t)).count();
+    let count = spec::cross_entropy_targets(op, ids, vocab, ignore)?;
     Ok(Rows { logits: convert::f32_data(op, "logits", logits)?, targets: ids, n, vocab, ignore, count })
 }
 

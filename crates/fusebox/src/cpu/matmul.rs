@@ -12,6 +12,7 @@ use half::{bf16, f16};
 use crate::cpu::{check, convert, output, simd, CpuBackend};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::spec::attention::{self as spec, AttentionDims};
 use crate::tensor::Tensor;
 use crate::types::{LinearGradients, MatmulGradients};
 
@@ -661,26 +662,8 @@ fn cache_prefix_f32<'a>(
 /// `q`: `[B, Hq, Tq, D]`; `k_cache`: `[B, Hkv, capacity, D]`, `len ≤ capacity` → `[B, Hq, Tq, len]`.
 pub fn head_prefix_matmul(cpu: &CpuBackend, q: &Tensor, k_cache: &Tensor, len: usize) -> Result<Tensor> {
     const OP: &str = "head_prefix_matmul";
-    check::float(OP, "q", q)?;
-    check::same_dtype(OP, "k_cache", q, k_cache)?;
-    check::rank(OP, "q", q, 4)?;
-    check::rank(OP, "k_cache", k_cache, 4)?;
-    let &[batch, hq, tq, d] = q.dims() else { unreachable!("rank 4 was checked") };
-    let &[kb, hkv, capacity, kd] = k_cache.dims() else { unreachable!("rank 4 was checked") };
-    if kb != batch || kd != d {
-        return Err(Error::shape(
-            OP,
-            "k_cache ([B, Hkv, capacity, D] with q's B and D)",
-            format!("[{batch}, Hkv, capacity, {d}]"),
-            k_cache.shape(),
-        ));
-    }
-    if hkv == 0 || hq % hkv != 0 {
-        return Err(Error::shape(OP, "k_cache heads (must divide q's heads)", format!("a divisor of {hq}"), hkv));
-    }
-    if len > capacity {
-        return Err(Error::value(OP, "len", format!("≤ capacity {capacity}"), len));
-    }
+    let spec::DecodeSpec { dims, capacity } = spec::head_prefix_matmul(q, k_cache, len)?;
+    let AttentionDims { batch, hq, hkv, tq, d, .. } = dims;
     let group = hq / hkv;
     let qd = convert::f32_data(OP, "q", q)?;
     let (kd_f32, head_stride) = cache_prefix_f32(OP, k_cache, batch * hkv, capacity, len, d)?;

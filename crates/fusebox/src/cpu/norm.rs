@@ -16,7 +16,6 @@
 
 use std::ops::Range;
 
-use crate::cpu::check;
 use crate::cpu::convert::F32Output;
 
 use crate::cpu::convert::{f32_data, from_f32};
@@ -25,8 +24,9 @@ use crate::cpu::pool::SharedMut;
 use crate::cpu::simd;
 use crate::cpu::CpuBackend;
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::shape::Shape;
+use crate::spec::norm::{self as spec, AdalnSpec, ChannelSpec, RowsSpec};
 use crate::tensor::Tensor;
 use crate::types::*;
 
@@ -44,51 +44,6 @@ const MIN_BACKWARD_BLOCK_ELEMS: usize = 1 << 18;
 const STAT_PIECE: usize = 1 << 14;
 /// Time steps per task of `rms_norm_channel` (the per-step accumulators stay in registers/L1).
 const CHANNEL_TILE: usize = 128;
-
-// ───────────────────────────── validation helpers ─────────────────────────────
-
-/// `eps` must be finite and non-negative.
-fn check_eps(op: &'static str, eps: f32) -> Result<()> {
-    if eps.is_finite() && eps >= 0.0 {
-        Ok(())
-    } else {
-        Err(Error::value(op, "eps", "finite and ≥ 0", eps))
-    }
-}
-
-/// A row-wise input `[..., D]`: float, rank ≥ 1, D ≥ 1. Returns D.
-fn check_rows(op: &'static str, what: &str, x: &Tensor) -> Result<usize> {
-    check::float(op, what, x)?;
-    check::min_rank(op, what, x, 1)?;
-    let d = x.shape().last_dim();
-    if d == 0 {
-        return Err(Error::shape(op, format!("{what} last dim"), "at least 1", x.shape()));
-    }
-    Ok(d)
-}
-
-/// An affine parameter: x's dtype (mixed dtypes are an error) and shape `[n]`.
-fn check_vector(op: &'static str, what: &str, x: &Tensor, p: &Tensor, n: usize) -> Result<()> {
-    check::same_dtype(op, what, x, p)?;
-    check::shape(op, what, p, &[n])
-}
-
-/// A second operand of x's dtype and shape.
-fn check_like(op: &'static str, what: &str, x: &Tensor, other: &Tensor) -> Result<()> {
-    check::same_dtype(op, what, x, other)?;
-    check::same_shape(op, what, x, other)
-}
-
-/// The shape of per-row statistics: x's shape without its last dim.
-fn stat_dims(x: &Tensor) -> &[usize] {
-    &x.dims()[..x.rank().saturating_sub(1)]
-}
-
-/// A saved statistic: F32 with shape `stat_dims(x)`.
-fn check_stat(op: &'static str, what: &str, x: &Tensor, s: &Tensor) -> Result<()> {
-    check::dtype(op, what, s, DType::F32)?;
-    check::shape(op, what, s, stat_dims(x))
-}
 
 /// `1/sqrt(Σx²/D + eps)`.
 #[inline]
@@ -133,7 +88,7 @@ fn row_spec(like: &Tensor, per: usize, d: usize) -> OutputSpec {
 
 /// The spec of a per-row F32 statistic of `x` (shape `stat_dims(x)`), `per` rows per task.
 fn stat_spec(x: &Tensor, per: usize) -> OutputSpec {
-    OutputSpec { shape: Shape::new(stat_dims(x)), dtype: DType::F32, per_task: per }
+    OutputSpec { shape: Shape::new(spec::stat_dims(x)), dtype: DType::F32, per_task: per }
 }
 
 /// The spec of `tasks` partial sums of a `[d]` parameter gradient, one row per task.
@@ -616,11 +571,8 @@ fn mean_var(x: &[f32]) -> (f32, f32) {
 /// `x`: `[..., D]`; `weight`: `[D]` → output `[..., D]`, rstd `[...]`.
 pub fn rms_norm(cpu: &CpuBackend, x: &Tensor, weight: &Tensor, eps: f32) -> Result<NormOutput> {
     const OP: &str = "rms_norm";
-    let d = check_rows(OP, "x", x)?;
-    check_vector(OP, "weight", x, weight, d)?;
-    check_eps(OP, eps)?;
+    let RowsSpec { rows, d, .. } = spec::rms_norm(x, weight, eps)?;
     let (xs, w) = (f32_data(OP, "x", x)?, f32_data(OP, "weight", weight)?);
-    let rows = x.elem_count() / d;
     let per = forward_block_rows(d);
     let specs = [row_spec(x, per, d), stat_spec(x, per)];
     let [output, rstd] = output::fresh_tensors(cpu, OP, rows.div_ceil(per), per * 2 * d, specs, |i, [out, rstd]| {
@@ -654,13 +606,9 @@ pub fn rms_norm_backward(
     d_out: &Tensor,
 ) -> Result<NormGradients> {
     const OP: &str = "rms_norm_backward";
-    let d = check_rows(OP, "x", x)?;
-    check_vector(OP, "weight", x, weight, d)?;
-    check_stat(OP, "rstd", x, rstd)?;
-    check_like(OP, "d_out", x, d_out)?;
+    let RowsSpec { rows, d, .. } = spec::rms_norm_backward(x, weight, rstd, d_out)?;
     let (xs, w, dy) = (f32_data(OP, "x", x)?, f32_data(OP, "weight", weight)?, f32_data(OP, "d_out", d_out)?);
     let rs = rstd.as_slice::<f32>()?;
-    let rows = x.elem_count() / d;
     let per = backward_block_rows(rows, d);
     let tasks = rows.div_ceil(per);
     let specs = [row_spec(x, per, d), partial_spec(tasks, d)];
@@ -724,10 +672,7 @@ fn layer_norm_rows(
 /// `x`: `[..., D]`; `weight`, `bias`: `[D]` → output `[..., D]`, mean and rstd `[...]`.
 pub fn layer_norm(cpu: &CpuBackend, x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f32) -> Result<NormOutput> {
     const OP: &str = "layer_norm";
-    let d = check_rows(OP, "x", x)?;
-    check_vector(OP, "weight", x, weight, d)?;
-    check_vector(OP, "bias", x, bias, d)?;
-    check_eps(OP, eps)?;
+    let RowsSpec { d, .. } = spec::layer_norm(x, weight, bias, eps)?;
     let (xs, w, b) = (f32_data(OP, "x", x)?, f32_data(OP, "weight", weight)?, f32_data(OP, "bias", bias)?);
     let [output, mean, rstd] = layer_norm_rows(cpu, OP, x, &xs, d, eps, Some((&w, &b)))?;
     Ok(NormOutput { output, mean: Some(mean), rstd })
@@ -747,14 +692,9 @@ pub fn layer_norm_backward(
     d_out: &Tensor,
 ) -> Result<NormGradients> {
     const OP: &str = "layer_norm_backward";
-    let d = check_rows(OP, "x", x)?;
-    check_vector(OP, "weight", x, weight, d)?;
-    check_stat(OP, "mean", x, mean)?;
-    check_stat(OP, "rstd", x, rstd)?;
-    check_like(OP, "d_out", x, d_out)?;
+    let RowsSpec { rows, d, .. } = spec::layer_norm_backward(x, weight, mean, rstd, d_out)?;
     let (xs, w, dy) = (f32_data(OP, "x", x)?, f32_data(OP, "weight", weight)?, f32_data(OP, "d_out", d_out)?);
     let (ms, rs) = (mean.as_slice::<f32>()?, rstd.as_slice::<f32>()?);
-    let rows = x.elem_count() / d;
     let per = backward_block_rows(rows, d);
     let tasks = rows.div_ceil(per);
     let specs = [row_spec(x, per, d), partial_spec(tasks, d), partial_spec(tasks, d)];
@@ -792,12 +732,8 @@ pub fn add_rms_norm(
     eps: f32,
 ) -> Result<(Tensor, NormOutput)> {
     const OP: &str = "add_rms_norm";
-    let d = check_rows(OP, "a", a)?;
-    check_like(OP, "b", a, b)?;
-    check_vector(OP, "weight", a, weight, d)?;
-    check_eps(OP, eps)?;
+    let RowsSpec { rows, d, .. } = spec::add_rms_norm(a, b, weight, eps)?;
     let (av, bv, w) = (f32_data(OP, "a", a)?, f32_data(OP, "b", b)?, f32_data(OP, "weight", weight)?);
-    let rows = a.elem_count() / d;
     let per = forward_block_rows(d);
     let specs = [row_spec(a, per, d), row_spec(a, per, d), stat_spec(a, per)];
     let [sum, output, rstd] =
@@ -834,12 +770,8 @@ pub fn add_rms_norm(
 /// `x`, `z`: `[..., D]`; `weight`: `[D]` → `[..., D]`.
 pub fn rms_norm_gated(cpu: &CpuBackend, x: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
     const OP: &str = "rms_norm_gated";
-    let d = check_rows(OP, "x", x)?;
-    check_like(OP, "z", x, z)?;
-    check_vector(OP, "weight", x, weight, d)?;
-    check_eps(OP, eps)?;
+    let RowsSpec { rows, d, .. } = spec::rms_norm_gated(x, z, weight, eps)?;
     let (xs, zs, w) = (f32_data(OP, "x", x)?, f32_data(OP, "z", z)?, f32_data(OP, "weight", weight)?);
-    let rows = x.elem_count() / d;
     let mut out = F32Output::new(x.shape(), x.dtype())?;
     let per = forward_block_rows(d);
     for_each_block(cpu, rows, per, 4 * d, [(out.values()?, per * d)], |range, [out]| {
@@ -860,14 +792,7 @@ pub fn rms_norm_gated(cpu: &CpuBackend, x: &Tensor, z: &Tensor, weight: &Tensor,
 /// `x`: `[B, C, T]`; `weight`: `[C]` → `[B, C, T]`.
 pub fn rms_norm_channel(cpu: &CpuBackend, x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
     const OP: &str = "rms_norm_channel";
-    check::float(OP, "x", x)?;
-    check::rank(OP, "x", x, 3)?;
-    let (b, c, t) = (x.dims()[0], x.dims()[1], x.dims()[2]);
-    if c == 0 {
-        return Err(Error::shape(OP, "x channels", "at least 1", x.shape()));
-    }
-    check_vector(OP, "weight", x, weight, c)?;
-    check_eps(OP, eps)?;
+    let ChannelSpec { batch: b, channels: c, spatial: t, .. } = spec::rms_norm_channel(x, weight, eps)?;
     let (xs, w) = (f32_data(OP, "x", x)?, f32_data(OP, "weight", weight)?);
     let mut out = F32Output::new(x.shape(), x.dtype())?;
     let tiles = t.div_ceil(CHANNEL_TILE);
@@ -932,17 +857,8 @@ pub fn group_norm(
     eps: f32,
 ) -> Result<Tensor> {
     const OP: &str = "group_norm";
-    check::float(OP, "x", x)?;
-    check::min_rank(OP, "x", x, 2)?;
-    let (b, c) = (x.dims()[0], x.dims()[1]);
-    if groups == 0 || c % groups != 0 {
-        return Err(Error::value(OP, "groups", format!("a divisor of the {c} channels"), groups));
-    }
-    check_vector(OP, "weight", x, weight, c)?;
-    check_vector(OP, "bias", x, bias, c)?;
-    check_eps(OP, eps)?;
+    let ChannelSpec { batch: b, channels: c, spatial, .. } = spec::group_norm(x, groups, weight, bias, eps)?;
     let (xs, w, bs) = (f32_data(OP, "x", x)?, f32_data(OP, "weight", weight)?, f32_data(OP, "bias", bias)?);
-    let spatial: usize = x.dims()[2..].iter().product();
     let channels_per_group = c / groups;
     let seg = channels_per_group * spatial;
 
@@ -989,18 +905,7 @@ pub fn adaln_modulate(
     eps: f32,
 ) -> Result<Tensor> {
     const OP: &str = "adaln_modulate";
-    check::float(OP, "x", x)?;
-    check::rank(OP, "x", x, 3)?;
-    let (b, t, d) = (x.dims()[0], x.dims()[1], x.dims()[2]);
-    if d == 0 {
-        return Err(Error::shape(OP, "x last dim", "at least 1", x.shape()));
-    }
-    check_vector(OP, "weight", x, weight, d)?;
-    for (what, p) in [("scale", scale), ("shift", shift)] {
-        check::same_dtype(OP, what, x, p)?;
-        check::shape(OP, what, p, &[b, d])?;
-    }
-    check_eps(OP, eps)?;
+    let AdalnSpec { batch: b, seq: t, d, .. } = spec::adaln_modulate(x, weight, scale, shift, eps)?;
     let xs = f32_data(OP, "x", x)?;
     let (w, sc, sh) = (f32_data(OP, "weight", weight)?, f32_data(OP, "scale", scale)?, f32_data(OP, "shift", shift)?);
     // The effective weight of batch row bi: w·(1 + scale[bi]), once per batch row.
@@ -1025,8 +930,7 @@ pub fn adaln_modulate(
 /// `x`: `[..., D]` → same.
 pub fn normalize(cpu: &CpuBackend, x: &Tensor, eps: f32) -> Result<Tensor> {
     const OP: &str = "normalize";
-    let d = check_rows(OP, "x", x)?;
-    check_eps(OP, eps)?;
+    let RowsSpec { d, .. } = spec::normalize(x, eps)?;
     let xs = f32_data(OP, "x", x)?;
     let [out, _, _] = layer_norm_rows(cpu, OP, x, &xs, d, eps, None)?;
     Ok(out)

@@ -4,9 +4,10 @@
 
 use crate::cpu::pool::SharedMut;
 use crate::cpu::simd::{multiversion, prefetch, prefetch_write, OWN_AHEAD};
-use crate::cpu::{check, convert, CpuBackend};
+use crate::cpu::{convert, CpuBackend};
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::spec::optim as spec;
 use crate::tensor::Tensor;
 use crate::types::AdamWConfig;
 
@@ -116,22 +117,6 @@ mod lanes {
     }
 }
 
-/// Hyper-parameters must make the step well defined: `0 ≤ β < 1` (else `1 − βᵗ` can be
-/// 0) and every value finite.
-fn check_config(op: &'static str, c: &AdamWConfig) -> Result<()> {
-    for (name, beta) in [("beta1", c.beta1), ("beta2", c.beta2)] {
-        if !(0.0..1.0).contains(&beta) {
-            return Err(Error::value(op, name, "in [0, 1)", beta));
-        }
-    }
-    for (name, x) in [("lr", c.lr), ("eps", c.eps), ("weight_decay", c.weight_decay), ("grad_scale", c.grad_scale)] {
-        if !x.is_finite() {
-            return Err(Error::value(op, name, "a finite number", x));
-        }
-    }
-    Ok(())
-}
-
 /// The step on f32 slices, in parallel chunks (each chunk's p, g, m, v are one index range).
 fn adamw_slices(cpu: &CpuBackend, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c: lanes::AdamCoef) {
     let (m_ptr, v_ptr) = (SharedMut(m.as_mut_ptr()), SharedMut(v.as_mut_ptr()));
@@ -163,17 +148,7 @@ pub fn adamw_update(
     // Called directly by backends (not through `on_cpu!`): hold this backend's ISA.
     let _isa = cpu.enter();
     const OP: &str = "adamw_update";
-    if step == 0 {
-        return Err(Error::value(OP, "step", "≥ 1 (steps count from 1)", step));
-    }
-    check_config(OP, config)?;
-    check::float(OP, "param", param)?;
-    check::same_dtype(OP, "grad", param, grad)?;
-    check::dtype(OP, "m", m, DType::F32)?;
-    check::dtype(OP, "v", v, DType::F32)?;
-    check::same_shape(OP, "grad", param, grad)?;
-    check::same_shape(OP, "m", param, m)?;
-    check::same_shape(OP, "v", param, v)?;
+    spec::adamw_update(param, grad, m, v, config, step)?;
     param.ensure_writable(OP)?;
     m.ensure_writable(OP)?;
     v.ensure_writable(OP)?;
@@ -211,9 +186,7 @@ pub fn global_norm(cpu: &CpuBackend, tensors: &[Tensor]) -> Result<f32> {
     // Called directly by backends (not through `on_cpu!`): hold this backend's ISA.
     let _isa = cpu.enter();
     const OP: &str = "global_norm";
-    for (i, t) in tensors.iter().enumerate() {
-        check::float(OP, &format!("tensor {i}"), t)?;
-    }
+    spec::global_norm(tensors)?;
     let mut total = 0.0f64;
     for (i, t) in tensors.iter().enumerate() {
         let data = convert::f32_data(OP, &format!("tensor {i}"), t)?;
@@ -234,12 +207,6 @@ pub fn global_norm(cpu: &CpuBackend, tensors: &[Tensor]) -> Result<f32> {
 /// # Shapes
 /// numbers → a number.
 pub fn clip_scale(global_norm: f32, max_norm: f32) -> Result<f32> {
-    const OP: &str = "clip_scale";
-    if max_norm.is_nan() || max_norm < 0.0 {
-        return Err(Error::value(OP, "max_norm", "a non-negative number", max_norm));
-    }
-    if !global_norm.is_finite() || global_norm < 0.0 {
-        return Err(Error::value(OP, "global_norm", "a finite, non-negative number", global_norm));
-    }
+    spec::clip_scale(global_norm, max_norm)?;
     Ok((max_norm as f64 / (global_norm as f64 + 1e-6)).min(1.0) as f32)
 }

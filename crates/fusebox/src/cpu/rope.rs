@@ -5,12 +5,11 @@
 //! inverse (transposed) rotation, the same loop with `sin → −sin`. Rows of `(b, h)`
 //! run in parallel; F16/BF16 inputs are computed in f32 and written back in their dtype.
 
-use crate::cpu::check;
 use crate::cpu::convert::f32_data;
 use crate::cpu::convert::F32Output;
 use crate::cpu::CpuBackend;
-use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::spec::rope::{self as spec, RopeSpec};
 use crate::tensor::Tensor;
 use crate::types::*;
 
@@ -45,39 +44,6 @@ mod lanes {
     }
 }
 
-/// Validates the inputs of `rope`/`rope_backward` (`what` names the rotated tensor) and
-/// returns `(T, D)`.
-fn check_inputs(
-    op: &'static str,
-    what: &str,
-    x: &Tensor,
-    cos: &Tensor,
-    sin: &Tensor,
-    offset: usize,
-) -> Result<(usize, usize)> {
-    check::float(op, what, x)?;
-    check::rank(op, what, x, 4)?;
-    let (t, d) = (x.dims()[2], x.dims()[3]);
-    if d % 2 != 0 {
-        return Err(Error::shape(op, format!("{what} head dim"), "an even head dim", x.shape()));
-    }
-    check::dtype(op, "cos", cos, DType::F32)?;
-    check::dtype(op, "sin", sin, DType::F32)?;
-    check::rank(op, "cos", cos, 2)?;
-    let positions = cos.dims()[0];
-    check::shape(op, "cos", cos, &[positions, d / 2])?;
-    check::same_shape(op, "sin", cos, sin)?;
-    if offset > positions || t > positions - offset {
-        return Err(Error::value(
-            op,
-            "offset + T",
-            format!("at most the {positions} table positions"),
-            format!("{offset} + {t}"),
-        ));
-    }
-    Ok((t, d))
-}
-
 /// Rotates every row of `x` by the angles of positions `offset..offset + T`, `sign = −1`
 /// for the inverse rotation.
 fn rotate(
@@ -91,7 +57,7 @@ fn rotate(
     offset: usize,
     sign: f32,
 ) -> Result<Tensor> {
-    let (t, d) = check_inputs(op, what, x, cos, sin, offset)?;
+    let RopeSpec { seq: t, d, .. } = spec::rope(op, what, x, cos, sin, offset)?;
     let half = d / 2;
     let xs = f32_data(op, what, x)?;
     let (cs, ss) = (cos.as_slice::<f32>()?, sin.as_slice::<f32>()?);

@@ -15,10 +15,11 @@ use std::mem::MaybeUninit;
 use crate::cpu::output::{self, Dst};
 use crate::cpu::pool::SharedMut;
 use crate::cpu::simd::{self, exp_lane, fold_dot, fold_max, fold_max2, multiversion, Fold};
-use crate::cpu::{check, convert, CpuBackend};
+use crate::cpu::{convert, CpuBackend};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::{softmax_x86, stream_x86};
 use crate::error::Result;
+use crate::spec::softmax as spec;
 use crate::tensor::Tensor;
 
 /// Elements per task of the contiguous-row path.
@@ -444,8 +445,7 @@ mod tiles {
 /// any, `dim < rank` → same.
 pub fn softmax(cpu: &CpuBackend, x: &Tensor, dim: usize) -> Result<Tensor> {
     const OP: &str = "softmax";
-    check::float(OP, "x", x)?;
-    check::axis(OP, dim, x.rank())?;
+    spec::softmax(x, dim)?;
     let xs = convert::f32_data(OP, "x", x)?;
     let layout = Layout::of(x.dims(), dim);
     dim_output(
@@ -470,10 +470,7 @@ pub fn softmax(cpu: &CpuBackend, x: &Tensor, dim: usize) -> Result<Tensor> {
 /// `y`, `d_out`: equal, `dim < rank` → same.
 pub fn softmax_backward(cpu: &CpuBackend, y: &Tensor, d_out: &Tensor, dim: usize) -> Result<Tensor> {
     const OP: &str = "softmax_backward";
-    check::float(OP, "y", y)?;
-    check::same_dtype(OP, "d_out", y, d_out)?;
-    check::same_shape(OP, "d_out", y, d_out)?;
-    check::axis(OP, dim, y.rank())?;
+    spec::softmax_backward(y, d_out, dim)?;
     let ys = convert::f32_data(OP, "y", y)?;
     let dys = convert::f32_data(OP, "d_out", d_out)?;
     let layout = Layout::of(y.dims(), dim);
@@ -501,8 +498,7 @@ pub fn softmax_backward(cpu: &CpuBackend, y: &Tensor, d_out: &Tensor, dim: usize
 /// any, `dim < rank` → same.
 pub fn log_softmax(cpu: &CpuBackend, x: &Tensor, dim: usize) -> Result<Tensor> {
     const OP: &str = "log_softmax";
-    check::float(OP, "x", x)?;
-    check::axis(OP, dim, x.rank())?;
+    spec::log_softmax(x, dim)?;
     let xs = convert::f32_data(OP, "x", x)?;
     let layout = Layout::of(x.dims(), dim);
     dim_output(

@@ -56,7 +56,7 @@ pub(super) fn backward(
     d_out: &[f32],
     (dq, dk, dv): (Slots, Slots, Slots),
 ) {
-    let Dims { batch, hq, hkv, tq, tk, d } = p.dims;
+    let Dims { batch, hq, hkv, tq, tk, d, .. } = p.dims;
     let group = p.dims.group();
     let heads = batch * hkv;
     let key_blocks = tk.div_ceil(BLOCK_K);

@@ -1,12 +1,12 @@
 //! The unfused pieces around attention: the explicit causal mask, the causal softmax,
 //! KV cache writes and the head split/merge layouts.
 
-use crate::cpu::check;
 use crate::cpu::convert::{f32_data, from_f32};
 use crate::cpu::simd;
 use crate::cpu::CpuBackend;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::shape::Shape;
+use crate::spec::attention as spec;
 use crate::tensor::Tensor;
 
 /// The additive causal mask aligned bottom-right: `0` where `j ≤ i + (kv_len − seq)`,
@@ -17,9 +17,7 @@ use crate::tensor::Tensor;
 pub fn causal_mask(cpu: &CpuBackend, seq: usize, kv_len: usize) -> Result<Tensor> {
     // Called directly by backends (not through `on_cpu!`): hold this backend's ISA.
     let _isa = cpu.enter();
-    if seq > kv_len {
-        return Err(Error::value("causal_mask", "seq", format!("≤ kv_len = {kv_len}"), seq));
-    }
+    spec::causal_mask(seq, kv_len)?;
     let mut mask = vec![0.0f32; seq * kv_len];
     cpu.for_each_chunk(&mut mask, kv_len, 1, |i, row| {
         row[i + 1 + kv_len - seq..].fill(f32::NEG_INFINITY);
@@ -34,13 +32,7 @@ pub fn causal_mask(cpu: &CpuBackend, seq: usize, kv_len: usize) -> Result<Tensor
 /// `scores`: `[..., Tq, Tk]`, `Tq ≤ Tk` → same.
 pub fn causal_softmax(cpu: &CpuBackend, scores: &Tensor, scale: f32) -> Result<Tensor> {
     const OP: &str = "causal_softmax";
-    check::float(OP, "scores", scores)?;
-    check::min_rank(OP, "scores", scores, 2)?;
-    let dims = scores.dims();
-    let (tq, tk) = (dims[dims.len() - 2], dims[dims.len() - 1]);
-    if tq > tk {
-        return Err(Error::shape(OP, "scores", format!("[..., Tq, Tk] with Tq ≤ Tk = {tk}"), scores.shape()));
-    }
+    let (tq, tk) = spec::causal_softmax(scores)?;
     let x = f32_data(OP, "scores", scores)?;
     let mut out = vec![0.0f32; x.len()];
     cpu.for_each_chunk(&mut out, tk, 16, |row, y| {
@@ -68,18 +60,7 @@ pub fn causal_softmax(cpu: &CpuBackend, scores: &Tensor, scale: f32) -> Result<T
 /// `cache`: `[B, Hkv, capacity, D]`; `new`: `[B, Hkv, T, D]`, same dtype; `pos + T ≤ capacity`.
 pub fn write_head_cache(cpu: &CpuBackend, cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
     const OP: &str = "write_head_cache";
-    check::float(OP, "cache", cache)?;
-    check::same_dtype(OP, "new", cache, new)?;
-    check::rank(OP, "cache", cache, 4)?;
-    check::rank(OP, "new", new, 4)?;
-    let (cd, nd) = (cache.dims().to_vec(), new.dims());
-    if nd[0] != cd[0] || nd[1] != cd[1] || nd[3] != cd[3] {
-        return Err(Error::shape(OP, "new", format!("[{}, {}, T, {}]", cd[0], cd[1], cd[3]), new.shape()));
-    }
-    let (capacity, t, d) = (cd[2], nd[2], cd[3]);
-    if pos.checked_add(t).is_none_or(|end| end > capacity) {
-        return Err(Error::value(OP, "pos + T", format!("≤ capacity {capacity}"), format!("{pos} + {t}")));
-    }
+    let spec::CacheWrite { capacity, rows: t, d, .. } = spec::write_head_cache(cache, new, pos)?;
     cache.ensure_writable(OP)?;
     let elem = cache.dtype().storage_bytes(1);
     let (head_bytes, rows_bytes) = (capacity * d * elem, t * d * elem);
@@ -95,27 +76,13 @@ pub fn write_head_cache(cpu: &CpuBackend, cache: &mut Tensor, new: &Tensor, pos:
     Ok(())
 }
 
-/// Bytes per element of a layout op's input (block-quantized dtypes are refused).
-fn elem_bytes(op: &'static str, x: &Tensor) -> Result<usize> {
-    if x.dtype().block_elems() != 1 {
-        return Err(Error::dtype(op, "x", "an element dtype (f32, f16, bf16, u32)", x.dtype()));
-    }
-    Ok(x.dtype().storage_bytes(1))
-}
-
 /// `[B, T, H·D] → [B, H, T, D]`.
 ///
 /// # Shapes
 /// `x`: `[B, T, H·D]` → `[B, H, T, D]`; any element dtype.
 pub fn split_heads(cpu: &CpuBackend, x: &Tensor, heads: usize) -> Result<Tensor> {
-    const OP: &str = "split_heads";
-    check::rank(OP, "x", x, 3)?;
-    let elem = elem_bytes(OP, x)?;
-    let (b, t, c) = (x.dims()[0], x.dims()[1], x.dims()[2]);
-    if heads == 0 || c % heads != 0 {
-        return Err(Error::value(OP, "heads", format!("a divisor of the last dim {c}"), heads));
-    }
-    let d = c / heads;
+    let spec::HeadsLayout { batch: b, seq: t, d, elem_bytes: elem, .. } = spec::split_heads(x, heads)?;
+    let c = heads * d;
     let mut out = Tensor::zeros(Shape::new([b, heads, t, d]), x.dtype())?;
     let row = d * elem;
     let src = x.host_bytes()?;
@@ -137,10 +104,7 @@ pub fn split_heads(cpu: &CpuBackend, x: &Tensor, heads: usize) -> Result<Tensor>
 /// # Shapes
 /// `x`: `[B, H, T, D]` → `[B, T, H·D]`; any element dtype.
 pub fn merge_heads(cpu: &CpuBackend, x: &Tensor) -> Result<Tensor> {
-    const OP: &str = "merge_heads";
-    check::rank(OP, "x", x, 4)?;
-    let elem = elem_bytes(OP, x)?;
-    let (b, heads, t, d) = (x.dims()[0], x.dims()[1], x.dims()[2], x.dims()[3]);
+    let spec::HeadsLayout { batch: b, heads, seq: t, d, elem_bytes: elem } = spec::merge_heads(x)?;
     let mut out = Tensor::zeros(Shape::new([b, t, heads * d]), x.dtype())?;
     let row = d * elem;
     let src = x.host_bytes()?;

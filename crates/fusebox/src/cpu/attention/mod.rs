@@ -33,73 +33,17 @@ pub use layout::{causal_mask, causal_softmax, merge_heads, split_heads, write_he
 
 use std::borrow::Cow;
 
-use crate::cpu::check;
 use crate::cpu::convert::f32_data;
 use crate::cpu::CpuBackend;
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::shape::Shape;
+use crate::spec::attention::{self as spec, AttentionDims, MaskSpec};
 use crate::tensor::Tensor;
 use crate::types::*;
 
-/// Sizes of one attention call.
-#[derive(Debug, Clone, Copy)]
-struct Dims {
-    batch: usize,
-    hq: usize,
-    hkv: usize,
-    tq: usize,
-    tk: usize,
-    d: usize,
-}
-
-impl Dims {
-    /// Query heads per kv head.
-    fn group(&self) -> usize {
-        self.hq / self.hkv
-    }
-    /// Number of keys query row `i` may see: all `tk`, or `i + (tk − tq) + 1` when causal.
-    fn visible(&self, causal: bool, i: usize) -> usize {
-        if causal {
-            (i + 1 + self.tk - self.tq).min(self.tk)
-        } else {
-            self.tk
-        }
-    }
-}
-
-/// Validates `q [B,Hq,Tq,D]` against keys/values `[B,Hkv,rows,D]` (rows = Tk, or the
-/// capacity of a cache) and returns the sizes with `tk = rows`.
-fn check_qkv(op: &'static str, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Dims> {
-    check::float(op, "q", q)?;
-    check::same_dtype(op, "k", q, k)?;
-    check::same_dtype(op, "v", q, v)?;
-    check::rank(op, "q", q, 4)?;
-    check::rank(op, "k", k, 4)?;
-    check::rank(op, "v", v, 4)?;
-    check::same_shape(op, "v (must match k)", k, v)?;
-    let (qd, kd) = (q.dims(), k.dims());
-    let dims = Dims { batch: qd[0], hq: qd[1], hkv: kd[1], tq: qd[2], tk: kd[2], d: qd[3] };
-    if kd[0] != qd[0] || kd[3] != qd[3] {
-        return Err(Error::shape(op, "k", format!("[{}, Hkv, Tk, {}]", qd[0], qd[3]), k.shape()));
-    }
-    if dims.hq.checked_rem(dims.hkv) != Some(0) {
-        return Err(Error::shape(
-            op,
-            "heads",
-            format!("query heads ({}) a multiple of kv heads", dims.hq),
-            format!("{} kv heads", dims.hkv),
-        ));
-    }
-    Ok(dims)
-}
-
-fn check_causal_lengths(op: &'static str, dims: &Dims) -> Result<()> {
-    if dims.tq > dims.tk {
-        return Err(Error::shape(op, "query length (causal)", format!("Tq ≤ Tk = {}", dims.tk), dims.tq));
-    }
-    Ok(())
-}
+/// Sizes of one attention call (see [`AttentionDims`]).
+type Dims = AttentionDims;
 
 /// A mask row reader: additive f32 values or U32 keep flags, `[Tq, Tk]` shared by
 /// every head or `[B, Hq, Tq, Tk]`.
@@ -182,7 +126,8 @@ fn in_dtype(t: Tensor, dtype: DType) -> Result<Tensor> {
 /// `q`: `[B, Hq, Tq, D]`; `k`, `v`: `[B, Hkv, Tk, D]` (`Hq % Hkv == 0`; `Tq ≤ Tk` when causal)
 /// → `[B, Hq, Tq, D]`.
 pub fn attention(cpu: &CpuBackend, q: &Tensor, k: &Tensor, v: &Tensor, scale: f32, causal: bool) -> Result<Tensor> {
-    sdpa_impl("attention", cpu, q, k, v, None, causal, scale)
+    let dims = spec::attention(q, k, v, causal)?;
+    forward_full("attention", cpu, q, k, v, dims, None, scale, causal)
 }
 
 /// `attention` with an optional additive (f32) or boolean (U32, 0 drops) mask; a row
@@ -196,61 +141,39 @@ pub fn sdpa(
     k: &Tensor,
     v: &Tensor,
     mask: Option<AttentionMask<'_>>,
-    causal: bool,
     scale: f32,
+    causal: bool,
 ) -> Result<Tensor> {
-    sdpa_impl("sdpa", cpu, q, k, v, mask, causal, scale)
+    let (dims, mask_spec) = spec::sdpa(q, k, v, mask, causal)?;
+    let mask = mask.zip(mask_spec).map(|(m, s)| mask_reader(m, s)).transpose()?;
+    forward_full("sdpa", cpu, q, k, v, dims, mask, scale, causal)
 }
 
-fn sdpa_impl(
+/// The forward over whole k and v (`tk` rows each) of a validated call.
+#[allow(clippy::too_many_arguments)]
+fn forward_full(
     op: &'static str,
     cpu: &CpuBackend,
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    mask: Option<AttentionMask<'_>>,
-    causal: bool,
+    dims: Dims,
+    mask: Option<Mask<'_>>,
     scale: f32,
+    causal: bool,
 ) -> Result<Tensor> {
-    let dims = check_qkv(op, q, k, v)?;
-    if causal {
-        check_causal_lengths(op, &dims)?;
-    }
-    let mask = match mask {
-        None => None,
-        Some(m) => Some(check_mask(op, m, &dims)?),
-    };
     let (qf, kf, vf) = (f32_data(op, "q", q)?, f32_data(op, "k", k)?, f32_data(op, "v", v)?);
     let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride: dims.tk * dims.d, scale, causal, mask };
     Ok(run_forward(cpu, &p, q.dtype())?.0)
 }
 
-/// Validates a mask against the problem sizes and returns its reader.
-fn check_mask<'a>(op: &'static str, mask: AttentionMask<'a>, dims: &Dims) -> Result<Mask<'a>> {
-    let t = match mask {
-        AttentionMask::Additive(t) => {
-            check::dtype(op, "additive mask", t, DType::F32)?;
-            t
-        }
-        AttentionMask::Boolean(t) => {
-            check::dtype(op, "boolean mask", t, DType::U32)?;
-            t
-        }
-    };
-    let shared = [dims.tq, dims.tk];
-    let full = [dims.batch, dims.hq, dims.tq, dims.tk];
-    let per_head = if t.dims() == shared {
-        false
-    } else if t.dims() == full {
-        true
-    } else {
-        return Err(Error::shape(op, "mask", format!("{:?} or {:?}", shared, full), t.shape()));
-    };
+/// The reader of a mask the spec accepted.
+fn mask_reader<'a>(mask: AttentionMask<'a>, spec: MaskSpec) -> Result<Mask<'a>> {
     let values = match mask {
         AttentionMask::Additive(t) => MaskValues::Additive(t.as_slice::<f32>()?),
         AttentionMask::Boolean(t) => MaskValues::Boolean(t.as_slice::<u32>()?),
     };
-    Ok(Mask { values, per_head })
+    Ok(Mask { values, per_head: spec.per_head })
 }
 
 /// Fused causal attention, blockwise with an online softmax and O(T) memory; returns
@@ -267,8 +190,7 @@ pub fn causal_attention(
     scale: f32,
 ) -> Result<CausalAttentionResult> {
     const OP: &str = "causal_attention";
-    let dims = check_qkv(OP, q, k, v)?;
-    check_causal_lengths(OP, &dims)?;
+    let dims = spec::causal_attention(q, k, v)?;
     let (qf, kf, vf) = (f32_data(OP, "q", q)?, f32_data(OP, "k", k)?, f32_data(OP, "v", v)?);
     let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride: dims.tk * dims.d, scale, causal: true, mask: None };
     let (output, logsumexp) = run_forward(cpu, &p, q.dtype())?;
@@ -291,14 +213,7 @@ pub fn causal_attention_backward(
     scale: f32,
 ) -> Result<AttentionGradients> {
     const OP: &str = "causal_attention_backward";
-    let dims = check_qkv(OP, q, k, v)?;
-    check_causal_lengths(OP, &dims)?;
-    check::same_dtype(OP, "output", q, &result.output)?;
-    check::same_shape(OP, "output", q, &result.output)?;
-    check::same_dtype(OP, "d_out", q, d_out)?;
-    check::same_shape(OP, "d_out", q, d_out)?;
-    check::dtype(OP, "logsumexp", &result.logsumexp, DType::F32)?;
-    check::shape(OP, "logsumexp", &result.logsumexp, &[dims.batch, dims.hq, dims.tq])?;
+    let dims = spec::causal_attention_backward(q, k, v, result, d_out)?;
     let (qf, kf, vf) = (f32_data(OP, "q", q)?, f32_data(OP, "k", k)?, f32_data(OP, "v", v)?);
     let of = f32_data(OP, "output", &result.output)?;
     let dof = f32_data(OP, "d_out", d_out)?;
@@ -341,13 +256,7 @@ pub fn decode_attention(
     scale: f32,
 ) -> Result<Tensor> {
     const OP: &str = "decode_attention";
-    let cache_dims = check_qkv(OP, q, k_cache, v_cache)?;
-    let capacity = cache_dims.tk;
-    if kv_len > capacity {
-        return Err(Error::value(OP, "kv_len", format!("≤ cache capacity {capacity}"), kv_len));
-    }
-    let dims = Dims { tk: kv_len, ..cache_dims };
-    check_causal_lengths(OP, &dims)?;
+    let dims = spec::decode_attention(q, k_cache, v_cache, kv_len)?.dims;
     let qf = f32_data(OP, "q", q)?;
     let (kf, kv_stride) = cache_prefix_f32(OP, k_cache, kv_len)?;
     let (vf, _) = cache_prefix_f32(OP, v_cache, kv_len)?;
