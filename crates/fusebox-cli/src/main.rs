@@ -13,8 +13,17 @@ use clap::{Parser, Subcommand};
 
 /// Freed blocks of 1 MiB and more are reused for the next tensor of the same size
 /// instead of being unmapped and faulted in again every training step.
+#[cfg(not(any(feature = "mimalloc", feature = "jemalloc")))]
 #[global_allocator]
 static ALLOCATOR: fusebox::host_cache::CachingAllocator = fusebox::host_cache::CachingAllocator;
+
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[cfg(all(feature = "jemalloc", not(feature = "mimalloc")))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// fusebox: transformer training and inference on one ComputeBackend trait.
 #[derive(Parser)]

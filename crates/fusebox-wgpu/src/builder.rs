@@ -107,3 +107,44 @@ impl WgpuBackendBuilder {
         Ok(WgpuBackend::from_context(Context::new(&self)?))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn choices_parse_and_refuse_bad_text() {
+        assert_eq!("2".parse::<AdapterChoice>().unwrap(), AdapterChoice::Index(2));
+        assert_eq!(" llvmpipe ".parse::<AdapterChoice>().unwrap(), AdapterChoice::Name("llvmpipe".into()));
+        assert!("  ".parse::<AdapterChoice>().is_err());
+        assert_eq!("LOW".parse::<PowerPreference>().unwrap(), PowerPreference::LowPower);
+        assert_eq!("high".parse::<PowerPreference>().unwrap(), PowerPreference::HighPerformance);
+        let err = "fast".parse::<PowerPreference>().unwrap_err().to_string();
+        assert!(err.contains("fast") && err.contains("high, low or none"), "{err}");
+    }
+
+    /// An adapter is opened by index and by name; a name no adapter has is an error that
+    /// lists the adapters there are, and tracing is the builder's setting.
+    #[test]
+    fn adapters_are_chosen_by_index_and_name() {
+        let adapters = WgpuBackend::adapters();
+        if adapters.is_empty() {
+            assert!(
+                !std::env::var("FUSEBOX_REQUIRE_GPU_ADAPTER").is_ok_and(|v| v == "1"),
+                "no GPU adapter, and FUSEBOX_REQUIRE_GPU_ADAPTER=1"
+            );
+            println!("skipped: no GPU adapter");
+            return;
+        }
+        let first = WgpuBackend::builder().adapter(AdapterChoice::Index(0)).trace(true).build().unwrap();
+        assert!(first.ctx.trace);
+        let name = first.ctx.info.name.clone();
+        let by_name = WgpuBackend::builder().adapter(AdapterChoice::Name(name.to_uppercase())).build().unwrap();
+        assert_eq!(by_name.ctx.info.name, name);
+        assert!(!by_name.ctx.trace);
+        let err = WgpuBackend::builder().adapter(AdapterChoice::Name("no such adapter".into())).build().unwrap_err();
+        assert!(err.to_string().contains(&name), "{err}");
+        let past = WgpuBackend::builder().adapter(AdapterChoice::Index(adapters.len())).build();
+        assert!(past.is_err());
+    }
+}

@@ -103,7 +103,8 @@ pub struct Context {
     pub dispatches: AtomicU64,
     /// Ops that fell back to the CPU since creation.
     pub fallbacks: AtomicU64,
-    trace: bool,
+    /// Whether each op that falls back to the CPU is named on stderr.
+    pub(crate) trace: bool,
 }
 
 impl std::fmt::Debug for Context {

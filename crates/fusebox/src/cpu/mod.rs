@@ -170,7 +170,8 @@ impl CpuBackendBuilder {
                 .map_err(|e| started(&e))?;
             Some(pool)
         };
-        Ok(CpuBackend { team, pool, threads, isa, pinned: cpus.is_some(), spin: self.spin, stream_min_bytes })
+        let pinned = cpus.is_some() && threads > 1;
+        Ok(CpuBackend { team, pool, threads, isa, pinned, spin: self.spin, stream_min_bytes })
     }
 }
 
