@@ -18,6 +18,7 @@ pub mod dtype;
 pub mod error;
 pub mod host_cache;
 pub mod op;
+pub mod rng;
 pub mod shape;
 pub mod tensor;
 pub mod types;
