@@ -27,15 +27,7 @@ pub struct DemoArgs {
 
 /// Deterministic pseudo-random values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
+    fusebox::rng::Rng::new(seed).uniform_vec(n, -1.0, 1.0)
 }
 
 /// Checks the sizes before anything is allocated: positive, GQA-compatible, and inputs,

@@ -1,27 +1,25 @@
-//! A small seeded generator for test data (SplitMix64), so every case is reproducible.
+//! Seeded test data from the workspace's one generator ([`fusebox::rng::Rng`],
+//! SplitMix64), so every case is reproducible.
 
 use fusebox::{DType, Shape, Tensor};
 
-/// Deterministic random numbers.
+/// Deterministic random numbers and tensors for test cases.
 #[derive(Debug, Clone)]
-pub struct Rng(u64);
+pub struct Rng(fusebox::rng::Rng);
 
 impl Rng {
-    /// A generator from a seed.
+    /// A generator from a seed. (The state is `seed ^ 0x9E37_79B9_7F4A_7C15`, which
+    /// keeps every case's data what it has always been.)
     pub fn new(seed: u64) -> Rng {
-        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
+        Rng(fusebox::rng::Rng::from_state(seed ^ 0x9E37_79B9_7F4A_7C15))
     }
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     /// Uniform in `[0, 1)`.
     pub fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        self.0.uniform_f64()
     }
     /// Uniform in `[lo, hi)`.
     pub fn range(&mut self, lo: f64, hi: f64) -> f64 {
@@ -29,7 +27,7 @@ impl Rng {
     }
     /// Uniform integer in `0..n`.
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n.max(1) as u64) as usize
+        self.0.below(n)
     }
     /// `n` uniform f32 values in `[lo, hi)`.
     pub fn vec(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f32> {

@@ -28,11 +28,10 @@ const LAYERS: usize = 2;
 const CTX: usize = 64;
 
 /// A seeded uniform generator.
-struct Gen(u64);
+struct Gen(fusebox::rng::Rng);
 impl Gen {
     fn next(&mut self) -> f32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        self.0.uniform() * 2.0 - 1.0
     }
     fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.next() * scale).collect()
@@ -44,7 +43,7 @@ impl Gen {
 struct Weights(BTreeMap<String, (Vec<usize>, Vec<f32>)>);
 
 fn weights(seed: u64) -> Weights {
-    let mut g = Gen(seed);
+    let mut g = Gen(fusebox::rng::Rng::new(seed));
     let mut w = BTreeMap::new();
     // Matrices uniform in ±scale; norm weights (offset 1) in 1 ± scale.
     let mut put = |name: String, shape: Vec<usize>, offset: f32, scale: f32, g: &mut Gen| {

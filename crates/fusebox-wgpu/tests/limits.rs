@@ -23,13 +23,7 @@ fn backend_or_skip() -> Option<WgpuBackend> {
 
 /// Deterministic values in [-0.5, 0.5).
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
-        .collect()
+    fusebox::rng::Rng::new(seed).uniform_vec(n, -0.5, 0.5)
 }
 
 #[test]

@@ -20,6 +20,7 @@ pub mod dtype;
 pub mod error;
 pub mod host_cache;
 pub mod op;
+pub mod rng;
 pub mod shape;
 pub mod spec;
 pub mod tensor;

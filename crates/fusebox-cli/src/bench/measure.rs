@@ -135,31 +135,19 @@ pub fn random(shape: &[usize], seed: u64, scale: f32) -> Result<Tensor> {
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
         .ok_or_else(|| Error::value("bench", "tensor size", "fewer than usize::MAX elements", format!("{shape:?}")))?;
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut data: Vec<f32> = Vec::new();
     data.try_reserve_exact(n).map_err(|_| {
         Error::value("bench", "tensor size", "memory for the input", format!("{shape:?} f32 refused by the allocator"))
     })?;
-    data.extend((0..n).map(|_| {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-    }));
+    let mut rng = fusebox::rng::Rng::new(seed);
+    data.extend((0..n).map(|_| (rng.uniform() * 2.0 - 1.0) * scale));
     Tensor::from_slice(&data, shape.to_vec())
 }
 
 /// Uniform ids in `0..bound`, U32.
 pub fn random_ids(n: usize, bound: u32, seed: u64) -> Result<Tensor> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let ids: Vec<u32> = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % bound as u64) as u32
-        })
-        .collect();
+    let mut rng = fusebox::rng::Rng::new(seed);
+    let ids: Vec<u32> = (0..n).map(|_| rng.below(bound as usize) as u32).collect();
     Tensor::from_vec(ids, [n])
 }
 

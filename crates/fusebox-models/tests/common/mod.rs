@@ -5,24 +5,9 @@
 pub mod gguf_writer;
 pub mod small_vocab;
 
-/// A small deterministic generator (xorshift64*), so robustness tests are repeatable.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed.max(1))
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in `0..n` (n > 0).
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-}
+/// The workspace's seeded generator, so robustness tests are repeatable.
+#[allow(unused_imports)] // not every test binary draws random numbers
+pub use fusebox::rng::Rng;
 
 use fusebox_models::gguf::{Array, GgmlType, Value};
 use gguf_writer::GgufWriter;

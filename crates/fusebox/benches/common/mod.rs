@@ -27,29 +27,14 @@ pub fn backend() -> CpuBackend {
 /// Deterministic values in `[-scale, scale)`.
 pub fn random(shape: &[usize], seed: u64, scale: f32) -> Tensor {
     let n: usize = shape.iter().product();
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let data: Vec<f32> = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect();
+    let data = fusebox::rng::Rng::new(seed).uniform_vec(n, -scale, scale);
     Tensor::from_vec(data, shape.to_vec()).expect("shape matches data")
 }
 
 /// Ids in `0..bound`, U32.
 pub fn random_ids(n: usize, bound: u32, seed: u64) -> Tensor {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let ids: Vec<u32> = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % bound as u64) as u32
-        })
-        .collect();
+    let mut rng = fusebox::rng::Rng::new(seed);
+    let ids: Vec<u32> = (0..n).map(|_| rng.below(bound as usize) as u32).collect();
     Tensor::from_vec(ids, [n]).expect("shape matches data")
 }
 
