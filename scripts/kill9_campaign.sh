@@ -5,8 +5,9 @@
 #
 # The moments: plain delays (anywhere in training or a save), and phases of a save made
 # observable by polling for what it creates: `step-N.tmp/` (writing), the weights in it,
-# `step-N.old/` (an earlier copy moved aside), `latest.tmp` (about to be switched), each
-# also at the last step, where the final save and a --save-every save coincide.
+# `step-N.old/` (an earlier copy moved aside, in a run rewound to an earlier checkpoint),
+# `latest.tmp` (about to be switched), each also at the last step, where the final save
+# and a --save-every save coincide.
 #
 # Usage: scripts/kill9_campaign.sh [path/to/fusebox]   (default: target/debug/fusebox)
 # Env:   ROUNDS (repetitions of the list of moments, default 2), KEEP=1 keeps the scratch.
@@ -73,6 +74,36 @@ one() {
   fi
 }
 
+# A run rewound to an earlier checkpoint saves steps that already exist: the earlier copy
+# is moved aside to step-N.old while the new one takes its place.
+rewind() {
+  local name=$1 target=$2
+  local out="$W/$name"
+  rm -rf "$out"
+  "$BIN" train $MODEL --steps $STEPS --save-every 1 --out "$out" >"$out.log" 2>&1 || { failed=$((failed + 1)); return; }
+  "$BIN" train --threads 1 --resume "$out/step-2" --save-every 1 >"$out.log2" 2>&1 &
+  local pid=$!
+  wait_for "$out/$target" $pid || true
+  local how
+  if kill -9 $pid 2>/dev/null; then
+    kills=$((kills + 1))
+    how="killed at $target of a rewound run"
+  else
+    finished_first=$((finished_first + 1))
+    how="finished before the kill at $target of a rewound run"
+  fi
+  wait $pid 2>/dev/null
+  if "$BIN" train --threads 1 --resume "$out" --steps $((STEPS + 2)) --json >"$out.resume" 2>"$out.resume.err" &&
+     grep -q "\"steps\":$((STEPS + 2))" "$out.resume"; then
+    resumed=$((resumed + 1))
+    echo "  $name: $how; resumed to step $((STEPS + 2)) ($(grep -c '^note:' "$out.resume.err") recovery notes)"
+  else
+    failed=$((failed + 1))
+    echo "  FAILED $name: $how; resume did not complete:"
+    sed 's/^/      /' "$out.resume.err" | tail -n 5
+  fi
+}
+
 for r in $(seq 1 "$ROUNDS"); do
   echo "round $r"
   # Phases of a save at the last step (the final save coincides with --save-every).
@@ -92,7 +123,10 @@ for r in $(seq 1 "$ROUNDS"); do
   for d in 0.01 0.05 0.1 0.2 0.4; do
     one "r$r-after-first-$d" "after-first:$d" "--save-every 1"
   done
-  # Before any checkpoint: nothing to resume, and nothing left that breaks a new run.
+  # An earlier copy of the same step moved aside, in a run rewound to step 2.
+  rewind "r$r-rewind-old" "step-3.old"
+  rewind "r$r-rewind-tmp" "step-4.tmp/model.safetensors"
+  # Before any checkpoint: nothing to resume.
   one "r$r-early" "delay:0.05" "--save-every 1"
 done
 echo "runs: $((kills + finished_first)) · kill -9s: $kills · resumed from latest: $resumed · failed: $failed"
