@@ -261,7 +261,9 @@ pub fn recover(out: &Path) -> Result<Vec<String>> {
 fn write_json(path: &Path, v: &Value) -> Result<()> {
     let text = serde_json::to_string_pretty(v).map_err(|e| Error::Io(e.to_string()))?;
     let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, text).map_err(io(&tmp))?;
+    // Synced before the rename, as the weights are, so a power cut cannot leave an empty file
+    // under the final name.
+    write_synced(&tmp, text.as_bytes())?;
     std::fs::rename(&tmp, path).map_err(io(path))
 }
 
