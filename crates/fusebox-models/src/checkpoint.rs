@@ -239,7 +239,7 @@ pub fn recover(out: &Path) -> Result<Vec<String>> {
         }
     }
     let latest = out.join("latest");
-    let named = std::fs::read_to_string(&latest).ok().map(|s| s.trim().to_string());
+    let named = crate::files::read_text(&latest, "latest", 4096).ok().map(|s| s.trim().to_string());
     let named_ok =
         named.as_ref().is_some_and(|n| !n.is_empty() && !n.contains(['/', '\\']) && is_complete(&out.join(n)));
     if !named_ok {
@@ -267,9 +267,9 @@ fn write_json(path: &Path, v: &Value) -> Result<()> {
     std::fs::rename(&tmp, path).map_err(io(path))
 }
 
+/// A checkpoint's JSON file: a regular file (never a FIFO or a device) of at most 64 MiB.
 fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path).map_err(io(path))?;
-    serde_json::from_str(&text).map_err(|e| Error::Io(format!("{}: not valid JSON: {e}", path.display())))
+    crate::files::read_json(path, "checkpoint JSON", 64 << 20)
 }
 
 /// The checkpoint directory `path` names: a `step-N` directory itself, or an output
@@ -280,7 +280,7 @@ pub fn resolve(path: &Path) -> Result<PathBuf> {
     }
     let latest = path.join("latest");
     if latest.exists() {
-        let name = std::fs::read_to_string(&latest).map_err(io(&latest))?;
+        let name = crate::files::read_text(&latest, "latest", 4096)?;
         let dir = path.join(name.trim());
         if is_complete(&dir) {
             return Ok(dir);

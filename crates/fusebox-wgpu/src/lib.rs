@@ -7,9 +7,10 @@
 //! are widened on the device (`ops/convert.rs`, in place through `ops/half.rs`), results
 //! stored in the dtype the CPU backend returns. Ops without a native kernel, or with
 //! inputs the kernels do not take (unusual layouts, 16-bit views not on a 4-byte
-//! boundary), run on the CPU through the trait's fallback, and every input the native
-//! path does not recognise as valid goes there too, so errors match the CPU backend
-//! exactly.
+//! boundary), run on the CPU through the trait's fallback. Each op first validates its
+//! arguments with the op's one specification (`fusebox::spec`, where its family has one),
+//! so errors match the CPU backend's by construction; inputs of the families without a
+//! spec yet that the native path does not recognise go to the CPU, which reports them.
 //! `supports(op)` lists the native ops; `native_dispatches` counts the GPU work.
 //!
 //! Built by [`WgpuBackend::builder`] (which adapter, whether to trace CPU fallbacks), or
