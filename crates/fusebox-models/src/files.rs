@@ -4,9 +4,11 @@
 
 use std::fs::File;
 use std::io::Read;
+use std::ops::Deref;
 use std::path::Path;
 
 use fusebox::{Error, Result};
+use memmap2::Mmap;
 
 /// Most bytes read from a `config.json`, `tokenizer_config.json` or
 /// `model.safetensors.index.json` (real ones are a few KiB to a few MiB).
@@ -58,6 +60,25 @@ pub fn open_regular(path: &Path, what: &str) -> Result<(File, u64)> {
 /// Whether `path` names a regular file (following symlinks).
 pub fn is_regular(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.file_type().is_file())
+}
+
+/// A model file's bytes: memory-mapped from disk, or owned (tests, fuzzing).
+#[derive(Debug)]
+pub(crate) enum Bytes {
+    /// The file mapped read-only.
+    Mapped(Mmap),
+    /// Bytes held in memory.
+    Owned(Vec<u8>),
+}
+
+impl Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
 }
 
 /// Reads a regular text file of at most `cap` bytes as UTF-8.

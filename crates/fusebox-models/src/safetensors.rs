@@ -7,7 +7,6 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::ops::Deref;
 use std::path::Path;
 
 use ::safetensors::tensor::{Metadata as StMetadata, SafeTensors as StFile};
@@ -16,7 +15,7 @@ use fusebox::{DType, Error, Result, Tensor};
 use memmap2::Mmap;
 use serde_json::{json, Map, Value};
 
-use crate::files::open_regular;
+use crate::files::{open_regular, Bytes};
 
 /// One tensor's entry in a safetensors file.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,23 +28,6 @@ pub struct TensorInfo {
     pub begin: usize,
     /// End (exclusive) of the bytes inside the data section.
     pub end: usize,
-}
-
-/// The file's bytes: memory-mapped from disk, or owned (tests, fuzzing).
-#[derive(Debug)]
-enum Bytes {
-    Mapped(Mmap),
-    Owned(Vec<u8>),
-}
-
-impl Deref for Bytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            Bytes::Mapped(m) => m,
-            Bytes::Owned(v) => v,
-        }
-    }
 }
 
 /// A validated safetensors file, memory-mapped (or held in memory); tensors are

@@ -1,13 +1,12 @@
 //! Opening a GGUF file: the header, metadata, tensor infos and data section.
 
 use std::collections::HashMap;
-use std::ops::Deref;
 use std::path::Path;
 
 use fusebox::{DType, Error, Result, Tensor};
 use memmap2::Mmap;
 
-use crate::files::open_regular;
+use crate::files::{open_regular, Bytes};
 
 use super::cursor::{Context, Cursor, PResult, ParseError};
 use super::ggml_type::GgmlType;
@@ -26,22 +25,6 @@ pub const MAX_DIMS: usize = 4;
 const MIN_TENSOR_INFO_BYTES: usize = 24;
 /// Smallest metadata entry: key length (8) + value type (4) + a 1-byte value.
 const MIN_KV_BYTES: usize = 13;
-
-/// The file's bytes: memory-mapped from disk, or owned (tests, fuzzing, downloads).
-enum Bytes {
-    Mapped(Mmap),
-    Owned(Vec<u8>),
-}
-
-impl Deref for Bytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            Bytes::Mapped(m) => m,
-            Bytes::Owned(v) => v,
-        }
-    }
-}
 
 /// One tensor's entry in the file: name, dimensions, type and where its data is.
 #[derive(Debug, Clone, PartialEq, Eq)]
