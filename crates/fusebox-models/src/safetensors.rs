@@ -1,7 +1,7 @@
 //! safetensors files: an 8-byte little-endian header length, a JSON header
 //! `{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}`,
 //! then the data. Reading memory-maps the file and validates the header with the
-//! [`safetensors`](::safetensors) crate: the tensors must tile the data section exactly
+//! [`safetensors`] crate: the tensors must tile the data section exactly
 //! (no overlap, no gap, no trailing bytes) and each size must match its dtype and shape.
 //! Writing is atomic (temp file, then rename).
 
