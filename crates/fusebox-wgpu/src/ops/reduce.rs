@@ -1,10 +1,12 @@
 //! Reductions: sum, mean, max, var and sum_abs along an axis or over everything, argmax,
 //! max_backward and sum_to_shape, as workgroup tree reductions (reduce_axis.wgsl; the
 //! max gradient is routed by max_route.wgsl). F16/BF16 inputs are widened and accumulate
-//! in f32; results come back in x's dtype (argmax: U32), as on the CPU. Empty
-//! reductions, bad axes and shapes go to the CPU, which computes them or reports them.
+//! in f32; results come back in x's dtype (argmax: U32), as on the CPU. Arguments are
+//! checked by the ops' specs (`fusebox::spec::reduce`); empty reductions, and
+//! sum_to_shape's inputs the kernels do not take, run on the CPU.
 
 use fusebox::cpu;
+use fusebox::spec::{self, reduce::ReduceSpec};
 use fusebox::{DType, Result, Shape, Tensor};
 
 use crate::backend::WgpuBackend;
@@ -45,42 +47,34 @@ struct Split {
 }
 
 impl Split {
-    /// Along `axis` of `dims`, or over everything (`None`).
-    fn new(dims: &[usize], axis: Option<usize>) -> Split {
-        match axis {
-            Some(a) => Split { outer: dims[..a].iter().product(), n: dims[a], inner: dims[a + 1..].iter().product() },
-            None => Split { outer: 1, n: dims.iter().product(), inner: 1 },
-        }
-    }
     fn outputs(self) -> usize {
         self.outer * self.inner
     }
 }
 
-/// x's dims without `axis` (`[]` for `None`).
-fn reduced_dims(dims: &[usize], axis: Option<usize>) -> Vec<usize> {
-    match axis {
-        Some(a) => dims.iter().enumerate().filter(|&(i, _)| i != a).map(|(_, &d)| d).collect(),
-        None => Vec::new(),
-    }
+/// The kernels' view of a validated reduction, when they take it: a non-empty
+/// reduction with outputs, 32-bit indexable (the rest runs on the CPU).
+fn native_split(x: &Tensor, spec: &ReduceSpec) -> Option<Split> {
+    let s = Split { outer: spec.outer, n: spec.n, inner: spec.inner };
+    (s.n > 0 && s.outputs() > 0 && u(x.elem_count()).is_ok()).then_some(s)
 }
 
 pub(crate) fn sum(be: &WgpuBackend, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
-    match be.reduce_op("sum", x, axis, Kind::Sum)? {
+    match be.reduce_op("sum", x, &spec::reduce::sum(x, axis)?, Kind::Sum)? {
         Some(t) => Ok(t),
         None => fallback!(be, cpu::reduce::sum; [x], axis),
     }
 }
 
 pub(crate) fn sum_abs(be: &WgpuBackend, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
-    match be.reduce_op("sum_abs", x, axis, Kind::SumAbs)? {
+    match be.reduce_op("sum_abs", x, &spec::reduce::sum_abs(x, axis)?, Kind::SumAbs)? {
         Some(t) => Ok(t),
         None => fallback!(be, cpu::reduce::sum_abs; [x], axis),
     }
 }
 
 pub(crate) fn max(be: &WgpuBackend, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
-    match be.reduce_op("max", x, axis, Kind::Max)? {
+    match be.reduce_op("max", x, &spec::reduce::max(x, axis)?, Kind::Max)? {
         Some(t) => Ok(t),
         None => fallback!(be, cpu::reduce::max; [x], axis),
     }
@@ -88,17 +82,19 @@ pub(crate) fn max(be: &WgpuBackend, x: &Tensor, axis: Option<usize>) -> Result<T
 
 pub(crate) fn mean(be: &WgpuBackend, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
     const OP: &str = "mean";
-    let Some((s, dtype)) = WgpuBackend::reduce_split(x, axis) else {
+    let spec = spec::reduce::mean(x, axis)?;
+    let Some(s) = native_split(x, &spec) else {
         return fallback!(be, cpu::reduce::mean; [x], axis);
     };
     let x = be.widen(OP, x)?;
     let m = be.means(OP, &x, s)?;
-    be.narrow(OP, m.reshape(reduced_dims(x.dims(), axis))?, dtype)
+    be.narrow(OP, m.reshape(spec.out_dims)?, spec.dtype)
 }
 
 pub(crate) fn var(be: &WgpuBackend, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
     const OP: &str = "var";
-    let Some((s, dtype)) = WgpuBackend::reduce_split(x, axis) else {
+    let spec = spec::reduce::var(x, axis)?;
+    let Some(s) = native_split(x, &spec) else {
         return fallback!(be, cpu::reduce::var; [x], axis);
     };
     // Two passes, as on the CPU: the means, then squared deviations from them.
@@ -106,26 +102,27 @@ pub(crate) fn var(be: &WgpuBackend, x: &Tensor, axis: Option<usize>) -> Result<T
     let centres = be.means(OP, &x, s)?;
     let (sq, _) = be.reduce_f32(OP, &x, s, Kind::SqDev, Some(&centres), false)?;
     let v = be.ctx.unary(OP, &sq, Un::DivS, s.n as f32, 0.0)?;
-    be.narrow(OP, v.reshape(reduced_dims(x.dims(), axis))?, dtype)
+    be.narrow(OP, v.reshape(spec.out_dims)?, spec.dtype)
 }
 
 pub(crate) fn argmax(be: &WgpuBackend, x: &Tensor, axis: usize) -> Result<Tensor> {
     const OP: &str = "argmax";
-    let Some((s, _)) = WgpuBackend::reduce_split(x, Some(axis)) else {
+    let spec = spec::reduce::argmax(x, axis)?;
+    let Some(s) = native_split(x, &spec) else {
         return fallback!(be, cpu::reduce::argmax; [x], axis);
     };
     let wide = be.widen(OP, x)?;
     let (_, idx) = be.reduce_f32(OP, &wide, s, Kind::ArgMax, None, s.inner > 1)?;
-    idx.reshape(reduced_dims(x.dims(), Some(axis)))
+    idx.reshape(spec.out_dims)
 }
 
 pub(crate) fn max_backward(be: &WgpuBackend, x: &Tensor, d_out: &Tensor, axis: usize) -> Result<Tensor> {
     const OP: &str = "max_backward";
-    let split = WgpuBackend::reduce_split(x, Some(axis))
-        .filter(|_| common_float(&[x, d_out]).is_some() && d_out.dims() == reduced_dims(x.dims(), Some(axis)));
-    let Some((s, dtype)) = split else {
+    let spec = spec::reduce::max_backward(x, d_out, axis)?;
+    let Some(s) = native_split(x, &spec) else {
         return fallback!(be, cpu::reduce::max_backward; [x, d_out], axis);
     };
+    let dtype = spec.dtype;
     let (wide, dy) = (be.widen(OP, x)?, be.widen(OP, d_out)?);
     let (_, arg) = be.reduce_f32(OP, &wide, s, Kind::ArgMax, None, s.inner > 1)?;
     let dx = be.ctx.zeros(OP, x.shape().clone(), DType::F32)?;
@@ -170,25 +167,15 @@ pub(crate) fn sum_to_shape(be: &WgpuBackend, x: &Tensor, shape: &Shape) -> Resul
 }
 
 impl WgpuBackend {
-    /// The split of `x` along `axis` and x's dtype, when the kernels take it: one float
-    /// dtype, a valid axis, a non-empty reduction with outputs, 32-bit indexable.
-    fn reduce_split(x: &Tensor, axis: Option<usize>) -> Option<(Split, DType)> {
-        let dtype = common_float(&[x])?;
-        if axis.is_some_and(|a| a >= x.rank()) || u(x.elem_count()).is_err() {
-            return None;
-        }
-        let s = Split::new(x.dims(), axis);
-        (s.n > 0 && s.outputs() > 0).then_some((s, dtype))
-    }
-
-    /// Sum, sum_abs or max of `x` along `axis` in x's dtype.
-    fn reduce_op(&self, op: &'static str, x: &Tensor, axis: Option<usize>, kind: Kind) -> Result<Option<Tensor>> {
-        let Some((s, dtype)) = Self::reduce_split(x, axis) else {
+    /// Sum, sum_abs or max of `x` (validated as `spec`) in x's dtype; `None` when the
+    /// kernels do not take it (see [`native_split`]).
+    fn reduce_op(&self, op: &'static str, x: &Tensor, spec: &ReduceSpec, kind: Kind) -> Result<Option<Tensor>> {
+        let Some(s) = native_split(x, spec) else {
             return Ok(None);
         };
         let wide = self.widen(op, x)?;
         let (values, _) = self.reduce_f32(op, &wide, s, kind, None, false)?;
-        self.narrow(op, values.reshape(reduced_dims(x.dims(), axis))?, dtype).map(Some)
+        self.narrow(op, values.reshape(spec.out_dims.clone())?, spec.dtype).map(Some)
     }
 
     /// The means of the F32 device tensor `x` along split `s` (`[outputs]` F32).

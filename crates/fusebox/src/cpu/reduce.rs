@@ -17,6 +17,7 @@ use crate::cpu::CpuBackend;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::shape::Shape;
+use crate::spec::{self, reduce::ReduceSpec};
 use crate::tensor::Tensor;
 use crate::types::*;
 
@@ -175,12 +176,9 @@ struct Split {
 }
 
 impl Split {
-    /// Along `axis` of `dims`, or over everything (`None`).
-    fn new(dims: &[usize], axis: Option<usize>) -> Split {
-        match axis {
-            Some(a) => Split { outer: dims[..a].iter().product(), n: dims[a], inner: dims[a + 1..].iter().product() },
-            None => Split { outer: 1, n: dims.iter().product(), inner: 1 },
-        }
+    /// The `[outer, n, inner]` view a validated reduction describes.
+    fn of(spec: &ReduceSpec) -> Split {
+        Split { outer: spec.outer, n: spec.n, inner: spec.inner }
     }
 }
 
@@ -256,32 +254,11 @@ fn reduce_columns(cpu: &CpuBackend, x: &[f32], s: Split, kind: Kind, centres: &[
     out
 }
 
-/// x's dims without `axis` (or `[]` for `None`).
-fn reduced_dims(dims: &[usize], axis: Option<usize>) -> Vec<usize> {
-    match axis {
-        Some(a) => dims.iter().enumerate().filter(|&(i, _)| i != a).map(|(_, &d)| d).collect(),
-        None => Vec::new(),
-    }
-}
-
-/// Validates a float input and an optional axis; returns the split.
-fn prepare(op: &'static str, x: &Tensor, axis: Option<usize>) -> Result<Split> {
-    check::float(op, "x", x)?;
-    if let Some(a) = axis {
-        check::axis(op, a, x.rank())?;
-    }
-    Ok(Split::new(x.dims(), axis))
-}
-
-/// Validates x and `axis`, runs `kind` and returns the result in x's dtype.
-fn reduce_op(op: &'static str, cpu: &CpuBackend, x: &Tensor, axis: Option<usize>, kind: Kind) -> Result<Tensor> {
-    let s = prepare(op, x, axis)?;
-    if kind == Kind::Max && s.n == 0 && s.outer * s.inner > 0 {
-        return Err(Error::shape(op, "x", "a non-empty reduced axis", x.shape()));
-    }
+/// Runs `kind` over the validated reduction `spec` of x; the result in x's dtype.
+fn reduce_op(op: &'static str, cpu: &CpuBackend, x: &Tensor, spec: ReduceSpec, kind: Kind) -> Result<Tensor> {
     let data = f32_data(op, "x", x)?;
-    let out = reduce(cpu, &data, s, kind, &[]);
-    from_f32(out, reduced_dims(x.dims(), axis), x.dtype())
+    let out = reduce(cpu, &data, Split::of(&spec), kind, &[]);
+    from_f32(out, spec.out_dims, spec.dtype)
 }
 
 /// `mean` per output as f32 (the centres of `var`).
@@ -298,7 +275,7 @@ fn means(cpu: &CpuBackend, data: &[f32], s: Split) -> Vec<f32> {
 /// # Shapes
 /// `x`: any float → x's shape without `axis`, or `[]`; x's dtype.
 pub fn sum(cpu: &CpuBackend, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
-    reduce_op("sum", cpu, x, axis, Kind::Sum)
+    reduce_op("sum", cpu, x, spec::reduce::sum(x, axis)?, Kind::Sum)
 }
 
 /// `Σ x / n` along `axis` (removed), or over everything; an empty axis gives NaN.
@@ -307,9 +284,9 @@ pub fn sum(cpu: &CpuBackend, x: &Tensor, axis: Option<usize>) -> Result<Tensor> 
 /// `x`: any float → x's shape without `axis`, or `[]`; x's dtype.
 pub fn mean(cpu: &CpuBackend, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
     const OP: &str = "mean";
-    let s = prepare(OP, x, axis)?;
+    let spec = spec::reduce::mean(x, axis)?;
     let data = f32_data(OP, "x", x)?;
-    from_f32(means(cpu, &data, s), reduced_dims(x.dims(), axis), x.dtype())
+    from_f32(means(cpu, &data, Split::of(&spec)), spec.out_dims, spec.dtype)
 }
 
 /// `max x` along `axis` (removed), or over everything; NaN inputs are skipped; an empty
@@ -318,7 +295,7 @@ pub fn mean(cpu: &CpuBackend, x: &Tensor, axis: Option<usize>) -> Result<Tensor>
 /// # Shapes
 /// `x`: any float → x's shape without `axis`, or `[]`; x's dtype.
 pub fn max(cpu: &CpuBackend, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
-    reduce_op("max", cpu, x, axis, Kind::Max)
+    reduce_op("max", cpu, x, spec::reduce::max(x, axis)?, Kind::Max)
 }
 
 /// Population variance `Σ (x − mean)² / n` along `axis` (removed), or over everything
@@ -328,14 +305,15 @@ pub fn max(cpu: &CpuBackend, x: &Tensor, axis: Option<usize>) -> Result<Tensor> 
 /// `x`: any float → x's shape without `axis`, or `[]`; x's dtype.
 pub fn var(cpu: &CpuBackend, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
     const OP: &str = "var";
-    let s = prepare(OP, x, axis)?;
+    let spec = spec::reduce::var(x, axis)?;
+    let s = Split::of(&spec);
     let data = f32_data(OP, "x", x)?;
     let centres = means(cpu, &data, s);
     let mut out = reduce(cpu, &data, s, Kind::SqDev, &centres);
     for v in &mut out {
         *v /= s.n as f32;
     }
-    from_f32(out, reduced_dims(x.dims(), axis), x.dtype())
+    from_f32(out, spec.out_dims, spec.dtype)
 }
 
 /// `Σ |x|` along `axis` (removed), or over everything; f32 accumulation.
@@ -343,7 +321,7 @@ pub fn var(cpu: &CpuBackend, x: &Tensor, axis: Option<usize>) -> Result<Tensor> 
 /// # Shapes
 /// `x`: any float → x's shape without `axis`, or `[]`; x's dtype.
 pub fn sum_abs(cpu: &CpuBackend, x: &Tensor, axis: Option<usize>) -> Result<Tensor> {
-    reduce_op("sum_abs", cpu, x, axis, Kind::SumAbs)
+    reduce_op("sum_abs", cpu, x, spec::reduce::sum_abs(x, axis)?, Kind::SumAbs)
 }
 
 /// Index of the first maximum of each `[outer, ·, inner]` fibre (n ≥ 1).
@@ -374,27 +352,15 @@ fn argmax_indices(cpu: &CpuBackend, x: &[f32], s: Split) -> Vec<u32> {
     out
 }
 
-/// Validates argmax-style inputs: float x, a valid axis, a non-empty reduced axis.
-fn prepare_arg(op: &'static str, x: &Tensor, axis: usize) -> Result<Split> {
-    let s = prepare(op, x, Some(axis))?;
-    if s.n == 0 {
-        return Err(Error::shape(op, "x", format!("a non-empty axis {axis}"), x.shape()));
-    }
-    if s.n > u32::MAX as usize {
-        return Err(Error::shape(op, "x", format!("axis {axis} of at most 2³² elements"), x.shape()));
-    }
-    Ok(s)
-}
-
 /// Index of the first maximum along `axis` (removed).
 ///
 /// # Shapes
 /// `x`: any float, `x.dims()[axis] ≥ 1` → x's shape without `axis`, U32.
 pub fn argmax(cpu: &CpuBackend, x: &Tensor, axis: usize) -> Result<Tensor> {
     const OP: &str = "argmax";
-    let s = prepare_arg(OP, x, axis)?;
+    let spec = spec::reduce::argmax(x, axis)?;
     let data = f32_data(OP, "x", x)?;
-    Tensor::from_vec(argmax_indices(cpu, &data, s), reduced_dims(x.dims(), Some(axis)))
+    Tensor::from_vec(argmax_indices(cpu, &data, Split::of(&spec)), spec.out_dims)
 }
 
 /// The order of topk: larger values first (NaN above everything, −0 equal to +0), then
@@ -515,9 +481,7 @@ pub fn topk(cpu: &CpuBackend, x: &Tensor, k: usize) -> Result<TopK> {
 /// `x`: any float; `d_out`: x's shape without `axis`, x's dtype → like x.
 pub fn max_backward(cpu: &CpuBackend, x: &Tensor, d_out: &Tensor, axis: usize) -> Result<Tensor> {
     const OP: &str = "max_backward";
-    let s = prepare_arg(OP, x, axis)?;
-    check::same_dtype(OP, "d_out", x, d_out)?;
-    check::shape(OP, "d_out", d_out, &reduced_dims(x.dims(), Some(axis)))?;
+    let s = Split::of(&spec::reduce::max_backward(x, d_out, axis)?);
     let data = f32_data(OP, "x", x)?;
     let dy = f32_data(OP, "d_out", d_out)?;
     let arg = argmax_indices(cpu, &data, s);

@@ -20,5 +20,6 @@ pub mod elementwise;
 pub mod embedding;
 pub mod norm;
 pub mod optim;
+pub mod reduce;
 pub mod rope;
 pub mod softmax;
