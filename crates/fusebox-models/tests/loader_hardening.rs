@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::gguf_writer::GgufWriter;
-use common::small_vocab::{small_tokenizer_writer, small_vocab, ADDED};
+use common::small_vocab::{hf_tokenizer_json, small_tokenizer_writer, small_vocab, ADDED};
 use fusebox::{CpuBackend, Tensor};
 use fusebox_models::gguf::{GgmlType, Value};
 use fusebox_models::llama::{self, Pretrained};
@@ -140,20 +140,7 @@ fn patch_info(bytes: &mut [u8], name: &str, ty: Option<u32>, offset: Option<u64>
 }
 
 fn tokenizer_json() -> Json {
-    let (tokens, merges) = small_vocab();
-    let vocab: serde_json::Map<String, Json> = tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
-    let n = tokens.len();
-    let added: Vec<_> = ADDED
-        .iter()
-        .enumerate()
-        .map(|(i, (t, special))| json!({"id": n + i, "content": t, "special": special}))
-        .collect();
-    json!({
-        "added_tokens": added,
-        "normalizer": null,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
-        "model": {"type": "BPE", "vocab": vocab, "merges": merges.iter().map(|(a, b)| format!("{a} {b}")).collect::<Vec<_>>()}
-    })
+    hf_tokenizer_json(json!({"type": "ByteLevel", "add_prefix_space": false, "use_regex": true}))
 }
 
 fn hf_config() -> Json {

@@ -4,37 +4,25 @@
 mod common;
 
 use common::gguf_writer::GgufWriter;
-use common::small_vocab::{byte_char, small_tokenizer_writer, small_vocab, ADDED};
+use common::small_vocab::{byte_char, hf_tokenizer_json, small_tokenizer_writer, small_vocab};
 use common::Rng;
 use fusebox_models::gguf::{GgufFile, Value};
 use fusebox_models::tokenizer::{PreTokenizer, TokenType, Tokenizer};
 use serde_json::json;
 
 fn small_json() -> String {
-    let (tokens, merges) = small_vocab();
-    let vocab: serde_json::Map<String, serde_json::Value> =
-        tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
-    let n = tokens.len();
-    let added: Vec<_> = ADDED
+    let mut j = hf_tokenizer_json(json!({"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": true},
+        {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}
+    ]}));
+    // Old string form and new pair form of the merges, mixed.
+    let (_, merges) = small_vocab();
+    j["model"]["merges"] = merges
         .iter()
         .enumerate()
-        .map(|(i, (t, special))| json!({"id": n + i, "content": t, "special": special}))
+        .map(|(i, (a, b))| if i % 2 == 0 { json!(format!("{a} {b}")) } else { json!([a, b]) })
         .collect();
-    json!({
-        "added_tokens": added,
-        "normalizer": null,
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            {"type": "Digits", "individual_digits": true},
-            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}
-        ]},
-        "model": {
-            "type": "BPE",
-            "vocab": vocab,
-            // Old string form and new pair form, mixed.
-            "merges": merges.iter().enumerate().map(|(i, (a, b))| if i % 2 == 0 { json!(format!("{a} {b}")) } else { json!([a, b]) }).collect::<Vec<_>>(),
-        }
-    })
-    .to_string()
+    j.to_string()
 }
 
 fn small() -> Tokenizer {

@@ -57,3 +57,23 @@ pub fn small_tokenizer_writer() -> GgufWriter {
         .kv("tokenizer.ggml.add_bos_token", Value::Bool(true))
         .kv("tokenizer.chat_template", Value::String(CHATML.into()))
 }
+
+/// The small vocabulary as a Hugging Face `tokenizer.json` value: byte-level BPE with
+/// [`ADDED`] after the vocabulary, merges in the string form, and `pre_tokenizer`.
+pub fn hf_tokenizer_json(pre_tokenizer: serde_json::Value) -> serde_json::Value {
+    let (tokens, merges) = small_vocab();
+    let vocab: serde_json::Map<String, serde_json::Value> =
+        tokens.iter().enumerate().map(|(i, t)| (t.clone(), serde_json::json!(i))).collect();
+    let n = tokens.len();
+    let added: Vec<_> = ADDED
+        .iter()
+        .enumerate()
+        .map(|(i, (t, special))| serde_json::json!({"id": n + i, "content": t, "special": special}))
+        .collect();
+    serde_json::json!({
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": pre_tokenizer,
+        "model": {"type": "BPE", "vocab": vocab, "merges": merges.iter().map(|(a, b)| format!("{a} {b}")).collect::<Vec<_>>()}
+    })
+}
