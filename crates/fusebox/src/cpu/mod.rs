@@ -6,7 +6,8 @@
 pub mod activation;
 mod affinity;
 pub mod attention;
-pub mod check;
+/// [`spec::check`](crate::spec::check) under the path kernels without a spec file name.
+pub(crate) use crate::spec::check;
 pub mod conv;
 pub mod convert;
 pub mod elementwise;

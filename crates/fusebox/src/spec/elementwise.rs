@@ -1,7 +1,7 @@
 //! Elementwise ops and activations: same-shape unary/binary/ternary maps, row and
 //! column broadcasts, and the clamp bounds.
 
-use crate::cpu::check;
+use crate::spec::check;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;

@@ -3,7 +3,7 @@
 //! The ids' *values* (each below a row count) are checked by [`ids`] where the ids
 //! are read.
 
-use crate::cpu::check;
+use crate::spec::check;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;

@@ -16,6 +16,7 @@
 //! One file per op family, like `cpu/`.
 
 pub mod attention;
+pub mod check;
 pub mod elementwise;
 pub mod embedding;
 pub mod norm;

@@ -1,7 +1,7 @@
 //! Normalization: RMS and layer norm with their backwards, the fused residual-add RMS
 //! norm, gated / channel / group norms, AdaLN modulation and plain normalization.
 
-use crate::cpu::check;
+use crate::spec::check;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;

@@ -1,6 +1,6 @@
 //! Optimizer ops: the AdamW step, the global gradient norm and the clipping factor.
 
-use crate::cpu::check;
+use crate::spec::check;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;

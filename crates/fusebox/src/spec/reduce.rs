@@ -1,7 +1,7 @@
 //! Reductions along an axis or over everything: sum, mean, max, var, sum_abs, argmax,
 //! and max's gradient.
 
-use crate::cpu::check;
+use crate::spec::check;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;

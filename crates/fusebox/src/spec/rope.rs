@@ -1,6 +1,6 @@
 //! Rotary position embedding, forward and backward.
 
-use crate::cpu::check;
+use crate::spec::check;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;

@@ -1,6 +1,6 @@
 //! Softmax, log-softmax and the fused cross-entropy loss.
 
-use crate::cpu::check;
+use crate::spec::check;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;

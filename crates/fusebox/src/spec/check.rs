@@ -1,5 +1,5 @@
-//! Input validation shared by every kernel: each returns an [`Error`] naming the op,
-//! what was expected and what came.
+//! The checks the specs are written with: each returns an [`Error`] naming the op, the
+//! argument, what was expected and what came.
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
