@@ -3,37 +3,24 @@
 //! stored in that dtype.
 
 use fusebox::cpu;
+use fusebox::spec::matmul::{self as spec, LinearSpec};
 use fusebox::{ComputeBackend, DType, LinearGradients, Result, Shape, Tensor, ToBackend};
 
 use crate::backend::WgpuBackend;
 use crate::context::Context;
-use crate::ops::convert::common_float;
+use crate::ops::convert::word_aligned;
 use crate::ops::MatView;
 
 pub(crate) fn linear_forward(be: &WgpuBackend, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     const OP: &str = "linear_forward";
-    let mut operands = vec![x, w];
-    operands.extend(bias);
-    let dtype = common_float(&operands).filter(|_| {
-        x.rank() >= 1
-            && w.rank() == 2
-            && x.shape().last_dim() == w.dims()[1]
-            && bias.is_none_or(|b| b.rank() == 1 && b.dims()[0] == w.dims()[0])
-    });
-    let Some(dtype) = dtype else {
-        if matches!(w.dtype(), DType::Q8_0 | DType::Q4_1) && bias.is_none() {
-            return be.quantized_matmul(x, w);
-        }
+    let LinearSpec { rows: m, features_in: k, features_out: out, out_dims, dtype } = spec::linear_forward(x, w, bias)?;
+    if !word_aligned(&[x, w]) || !bias.is_none_or(|b| word_aligned(&[b])) {
         let bias = bias.map(|b| be.to_host(b)).transpose()?;
         return fallback!(be, cpu::matmul::linear_forward; [x, w], bias.as_ref());
-    };
-    let (out, k) = (w.dims()[0], w.dims()[1]);
-    let m = x.elem_count() / k.max(1);
-    let mut dims = x.dims().to_vec();
-    *dims.last_mut().unwrap_or(&mut 0) = out;
+    }
     let (x, w) = (be.widen(OP, x)?, be.widen(OP, w)?);
     let bias = bias.map(|b| be.widen(OP, b)).transpose()?;
-    let y = be.ctx.empty(OP, Shape::new(dims), DType::F32)?;
+    let y = be.ctx.empty(OP, Shape::new(out_dims), DType::F32)?;
     if k == 0 {
         let z = be.ctx.zeros(OP, y.shape().clone(), DType::F32)?;
         let z = match bias {
@@ -72,12 +59,14 @@ pub(crate) fn linear_backward(
     with_bias: bool,
 ) -> Result<LinearGradients> {
     const OP: &str = "linear_backward";
-    let Some(dtype) = WgpuBackend::linear_backward_dtype(x, w, d_out) else {
+    let s = spec::linear_backward(x, w, d_out)?;
+    if !word_aligned(&[x, w, d_out]) {
         return fallback!(be, cpu::matmul::linear_backward; [x, w, d_out], with_bias);
-    };
+    }
+    let dtype = s.dtype;
     let dweight = be.ctx.empty(OP, w.shape().clone(), DType::F32)?;
-    let dbias = if with_bias { Some(be.ctx.empty(OP, [w.dims()[0]], DType::F32)?) } else { None };
-    let dx = be.linear_backward_native(OP, x, w, d_out, &dweight, dbias.as_ref(), false)?;
+    let dbias = if with_bias { Some(be.ctx.empty(OP, [s.features_out], DType::F32)?) } else { None };
+    let dx = be.linear_backward_native(OP, x, w, d_out, &dweight, dbias.as_ref(), false, &s)?;
     Ok(LinearGradients {
         dx: be.narrow(OP, dx, dtype)?,
         dweight: be.narrow(OP, dweight, dtype)?,
@@ -94,14 +83,11 @@ pub(crate) fn linear_backward_accumulate(
     dbias: Option<&mut Tensor>,
 ) -> Result<Tensor> {
     const OP: &str = "linear_backward_accumulate";
-    let dtype = WgpuBackend::linear_backward_dtype(x, w, d_out);
-    let same_dtype = |t: &Tensor| common_float(&[x, t]).is_some();
-    let ok = dtype.is_some()
-        && !dweight.is_host()
-        && same_dtype(dweight)
-        && dweight.shape() == w.shape()
-        && dbias.as_ref().is_none_or(|b| !b.is_host() && same_dtype(b) && b.dims() == [w.dims()[0]]);
-    if !ok {
+    let s = spec::linear_backward_accumulate(x, w, d_out, dweight, dbias.as_deref())?;
+    // The gradients are updated where they live: on the device, word-aligned, natively.
+    let on_device = |t: &Tensor| !t.is_host() && word_aligned(&[t]);
+    let native = word_aligned(&[x, w, d_out]) && on_device(dweight) && dbias.as_deref().is_none_or(on_device);
+    if !native {
         be.ctx.note_fallback("in place");
         let (x, w, d_out) = (be.to_host(x)?, be.to_host(w)?, be.to_host(d_out)?);
         if dweight.is_host() && dbias.as_ref().is_none_or(|b| b.is_host()) {
@@ -122,24 +108,14 @@ pub(crate) fn linear_backward_accumulate(
     }
     let mut grads = vec![&*dweight];
     grads.extend(dbias.as_deref());
-    let dx = be.update_widened(OP, &grads, |g| be.linear_backward_native(OP, x, w, d_out, &g[0], g.get(1), true))?;
-    be.narrow(OP, dx, dtype.unwrap_or(DType::F32))
+    let dx =
+        be.update_widened(OP, &grads, |g| be.linear_backward_native(OP, x, w, d_out, &g[0], g.get(1), true, &s))?;
+    be.narrow(OP, dx, s.dtype)
 }
 
 impl WgpuBackend {
-    /// The common dtype of a linear backward's operands when the kernels take them.
-    pub(crate) fn linear_backward_dtype(x: &Tensor, w: &Tensor, d_out: &Tensor) -> Option<DType> {
-        let ok = x.rank() >= 1
-            && w.rank() == 2
-            && x.shape().last_dim() == w.dims()[1]
-            && d_out.rank() == x.rank()
-            && d_out.dims()[..x.rank() - 1] == x.dims()[..x.rank() - 1]
-            && d_out.shape().last_dim() == w.dims()[0];
-        common_float(&[x, w, d_out]).filter(|_| ok)
-    }
-
     /// dx = dy·W (returned, F32), dW (+)= dyᵀ·x, dbias (+)= Σ_rows dy into F32 device
-    /// tensors; W in row blocks that each fit one binding.
+    /// tensors, for operands validated as `s`; W in row blocks that each fit one binding.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn linear_backward_native(
         &self,
@@ -150,9 +126,9 @@ impl WgpuBackend {
         dweight: &Tensor,
         dbias: Option<&Tensor>,
         accumulate: bool,
+        s: &LinearSpec,
     ) -> Result<Tensor> {
-        let (out, k) = (w.dims()[0], w.dims()[1]);
-        let m = x.elem_count() / k.max(1);
+        let (out, k, m) = (s.features_out, s.features_in, s.rows);
         let (x, w, dy) = (self.widen(op, x)?, self.widen(op, w)?, self.widen(op, d_out)?);
         let dx = self.ctx.zeros(op, x.shape().clone(), DType::F32)?;
         if !accumulate && (m == 0 || k == 0) {

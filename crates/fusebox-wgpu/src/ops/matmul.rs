@@ -2,34 +2,19 @@
 //! operands are widened to f32 on the device and results stored in their dtype.
 
 use fusebox::cpu;
+use fusebox::spec::matmul::{self as spec, MatmulSpec};
 use fusebox::{DType, MatmulGradients, Result, Shape, Tensor};
 
 use crate::backend::WgpuBackend;
-use crate::ops::convert::common_float;
+use crate::ops::convert::word_aligned;
 use crate::ops::MatView;
 
-/// What `matmul` computes for given operands: shapes and strided views.
-#[derive(Debug, Clone)]
-pub struct MatmulPlan {
-    pub(crate) m: usize,
-    pub(crate) n: usize,
-    pub(crate) k: usize,
-    pub(crate) batch: usize,
-    pub(crate) a_view: MatView,
-    pub(crate) b_view: MatView,
-    pub(crate) b_shared: bool,
-    pub(crate) ta: bool,
-    pub(crate) tb: bool,
-    pub(crate) out_dims: Vec<usize>,
-    /// The operands' (and the result's) storage dtype.
-    pub(crate) dtype: DType,
-}
-
 pub(crate) fn matmul(be: &WgpuBackend, a: &Tensor, b: &Tensor, transpose_a: bool, transpose_b: bool) -> Result<Tensor> {
-    match be.matmul_plan(a, b, transpose_a, transpose_b) {
-        Some(p) => be.matmul_native("matmul", a, b, p),
-        None => fallback!(be, cpu::matmul::matmul; [a, b], transpose_a, transpose_b),
+    let p = spec::matmul(a, b, transpose_a, transpose_b)?;
+    if !word_aligned(&[a, b]) {
+        return fallback!(be, cpu::matmul::matmul; [a, b], transpose_a, transpose_b);
     }
+    be.matmul_native("matmul", a, b, &p)
 }
 
 pub(crate) fn matmul_backward(
@@ -40,13 +25,11 @@ pub(crate) fn matmul_backward(
     transpose_a: bool,
     transpose_b: bool,
 ) -> Result<MatmulGradients> {
-    let plan = be.matmul_plan(a, b, transpose_a, transpose_b);
-    match plan {
-        Some(p) if common_float(&[a, b, d_out]).is_some() && d_out.dims() == p.out_dims.as_slice() => {
-            be.matmul_backward_native(a, b, d_out, p)
-        }
-        _ => fallback!(be, cpu::matmul::matmul_backward; [a, b, d_out], transpose_a, transpose_b),
+    let p = spec::matmul_backward(a, b, d_out, transpose_a, transpose_b)?;
+    if !word_aligned(&[a, b, d_out]) {
+        return fallback!(be, cpu::matmul::matmul_backward; [a, b, d_out], transpose_a, transpose_b);
     }
+    be.matmul_backward_native(a, b, d_out, &p)
 }
 
 pub(crate) fn batched_matmul(
@@ -56,65 +39,62 @@ pub(crate) fn batched_matmul(
     transpose_a: bool,
     transpose_b: bool,
 ) -> Result<Tensor> {
-    match be.matmul_plan(a, b, transpose_a, transpose_b) {
-        Some(p) if a.rank() == 3 && b.rank() == 3 => be.matmul_native("batched_matmul", a, b, p),
-        _ => fallback!(be, cpu::matmul::batched_matmul; [a, b], transpose_a, transpose_b),
+    let p = spec::batched_matmul(a, b, transpose_a, transpose_b)?;
+    if !word_aligned(&[a, b]) {
+        return fallback!(be, cpu::matmul::batched_matmul; [a, b], transpose_a, transpose_b);
+    }
+    be.matmul_native("batched_matmul", a, b, &p)
+}
+
+/// The GEMM kernel's view of `op(a)` per batch.
+fn a_view(p: &MatmulSpec) -> MatView {
+    if p.transpose_a {
+        MatView::rows(p.m, p.m * p.k).t()
+    } else {
+        MatView::rows(p.k, p.m * p.k)
+    }
+}
+
+/// The GEMM kernel's view of `op(b)` per batch (batch stride 0 when shared).
+fn b_view(p: &MatmulSpec) -> MatView {
+    let batch = if p.b_shared { 0 } else { p.k * p.n };
+    if p.transpose_b {
+        MatView::rows(p.k, batch).t()
+    } else {
+        MatView::rows(p.n, batch)
     }
 }
 
 impl WgpuBackend {
-    pub(crate) fn matmul_plan(&self, a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Option<MatmulPlan> {
-        let dtype = common_float(&[a, b])?;
-        if a.rank() < 2 || b.rank() < 2 {
-            return None;
-        }
-        let (ad, bd) = (a.dims(), b.dims());
-        let ar = ad.len();
-        let (a0, a1) = (ad[ar - 2], ad[ar - 1]);
-        let br = bd.len();
-        let (b0, b1) = (bd[br - 2], bd[br - 1]);
-        let (m, k) = if ta { (a1, a0) } else { (a0, a1) };
-        let (kb, n) = if tb { (b1, b0) } else { (b0, b1) };
-        let b_shared = br == 2;
-        if k != kb || (!b_shared && bd[..br - 2] != ad[..ar - 2]) {
-            return None;
-        }
-        let batch: usize = ad[..ar - 2].iter().product();
-        let a_view = if ta { MatView::rows(m, a0 * a1).t() } else { MatView::rows(k, a0 * a1) };
-        let bb = if b_shared { 0 } else { b0 * b1 };
-        let b_view = if tb { MatView::rows(k, bb).t() } else { MatView::rows(n, bb) };
-        let mut out_dims = ad[..ar - 2].to_vec();
-        out_dims.extend([m, n]);
-        Some(MatmulPlan { m, n, k, batch, a_view, b_view, b_shared, ta, tb, out_dims, dtype })
-    }
-
-    pub(crate) fn matmul_native(&self, op: &'static str, a: &Tensor, b: &Tensor, p: MatmulPlan) -> Result<Tensor> {
+    /// `op(a)·op(b)` for a validated product of word-aligned operands.
+    pub(crate) fn matmul_native(&self, op: &'static str, a: &Tensor, b: &Tensor, p: &MatmulSpec) -> Result<Tensor> {
         let (a, b) = (self.widen(op, a)?, self.widen(op, b)?);
-        let c = self.ctx.zeros(op, Shape::new(p.out_dims.clone()), DType::F32)?;
+        let c = self.ctx.zeros(op, Shape::new(p.out_dims()), DType::F32)?;
         if p.k > 0 {
             self.ctx.gemm(
                 op,
-                (&a, p.a_view),
-                (&b, p.b_view),
+                (&a, a_view(p)),
+                (&b, b_view(p)),
                 None,
                 (&c, MatView::rows(p.n, p.m * p.n)),
-                (p.m, p.n, p.k, p.batch),
+                (p.m, p.n, p.k, p.batches),
                 false,
             )?;
         }
         self.narrow(op, c, p.dtype)
     }
 
+    /// The gradients of a validated product of word-aligned operands.
     pub(crate) fn matmul_backward_native(
         &self,
         a: &Tensor,
         b: &Tensor,
         d_out: &Tensor,
-        p: MatmulPlan,
+        p: &MatmulSpec,
     ) -> Result<MatmulGradients> {
         const OP: &str = "matmul_backward";
         let (a, b, dc) = (self.widen(OP, a)?, self.widen(OP, b)?, self.widen(OP, d_out)?);
-        let (m, n, k, batch) = (p.m, p.n, p.k, p.batch);
+        let (m, n, k, batch) = (p.m, p.n, p.k, p.batches);
         let dc_view = MatView::rows(n, m * n);
         let da = self.ctx.zeros(OP, a.shape().clone(), DType::F32)?;
         let db = self.ctx.zeros(OP, b.shape().clone(), DType::F32)?;
@@ -124,10 +104,26 @@ impl WgpuBackend {
         let (a_rows, a_cols) = (a.dims()[a.rank() - 2], a.dims()[a.rank() - 1]);
         let da_view = MatView::rows(a_cols, a_rows * a_cols);
         if m > 0 && k > 0 && n > 0 {
-            if !p.ta {
-                self.ctx.gemm(OP, (&dc, dc_view), (&b, p.b_view.t()), None, (&da, da_view), (m, k, n, batch), false)?;
+            if !p.transpose_a {
+                self.ctx.gemm(
+                    OP,
+                    (&dc, dc_view),
+                    (&b, b_view(p).t()),
+                    None,
+                    (&da, da_view),
+                    (m, k, n, batch),
+                    false,
+                )?;
             } else {
-                self.ctx.gemm(OP, (&b, p.b_view), (&dc, dc_view.t()), None, (&da, da_view), (k, m, n, batch), false)?;
+                self.ctx.gemm(
+                    OP,
+                    (&b, b_view(p)),
+                    (&dc, dc_view.t()),
+                    None,
+                    (&da, da_view),
+                    (k, m, n, batch),
+                    false,
+                )?;
             }
             let (b_rows, b_cols) = (b.dims()[b.rank() - 2], b.dims()[b.rank() - 1]);
             let tmp;
@@ -138,8 +134,8 @@ impl WgpuBackend {
                 (&db, if p.b_shared { 0 } else { b_rows * b_cols })
             };
             let db_view = MatView::rows(b_cols, db_batch);
-            let a_view = p.a_view;
-            if !p.tb {
+            let a_view = a_view(p);
+            if !p.transpose_b {
                 self.ctx.gemm(
                     OP,
                     (&a, a_view.t()),

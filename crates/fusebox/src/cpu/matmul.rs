@@ -9,10 +9,12 @@ use std::mem::MaybeUninit;
 
 use half::{bf16, f16};
 
-use crate::cpu::{check, convert, output, simd, CpuBackend};
+use crate::cpu::{convert, output, simd, CpuBackend};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::spec::attention::{self as spec, AttentionDims};
+use crate::spec;
+use crate::spec::attention::AttentionDims;
+use crate::spec::matmul::{LinearSpec, MatmulSpec};
 use crate::tensor::Tensor;
 use crate::types::{LinearGradients, MatmulGradients};
 
@@ -331,55 +333,17 @@ fn gemm_batched_sum(
     }
 }
 
-/// The validated geometry of `op(a)·op(b)`.
-struct MatmulProblem {
-    batch_dims: Vec<usize>,
-    batches: usize,
-    m: usize,
-    n: usize,
-    k: usize,
-    transpose_a: bool,
-    transpose_b: bool,
-    /// `b` is one 2-d matrix used by every batch of `a`.
-    b_shared: bool,
+/// The strided layouts of a validated product.
+trait Layouts {
+    /// `op(a)` per batch.
+    fn a_layout(&self) -> Layout;
+    /// `op(b)` per batch (batch stride 0 when shared).
+    fn b_layout(&self) -> Layout;
+    /// The output per batch.
+    fn out_layout(&self) -> Layout;
 }
 
-impl MatmulProblem {
-    fn new(op: &'static str, a: &Tensor, b: &Tensor, transpose_a: bool, transpose_b: bool) -> Result<Self> {
-        check::float(op, "a", a)?;
-        check::same_dtype(op, "b", a, b)?;
-        check::min_rank(op, "a", a, 2)?;
-        check::min_rank(op, "b", b, 2)?;
-        let (ra, rb) = (a.rank(), b.rank());
-        let batch_dims = a.dims()[..ra - 2].to_vec();
-        let b_shared = rb == 2 && ra > 2;
-        if rb != 2 && b.dims()[..rb - 2] != batch_dims[..] {
-            return Err(Error::shape(
-                op,
-                "b batch dims (b must be 2-d or share a's batch dims)",
-                format!("{batch_dims:?}"),
-                b.shape(),
-            ));
-        }
-        let (a0, a1) = (a.dims()[ra - 2], a.dims()[ra - 1]);
-        let (b0, b1) = (b.dims()[rb - 2], b.dims()[rb - 1]);
-        let (m, ka) = if transpose_a { (a1, a0) } else { (a0, a1) };
-        let (kb, n) = if transpose_b { (b1, b0) } else { (b0, b1) };
-        if ka != kb {
-            let what = if transpose_b { "b (transposed: [.., n, k])" } else { "b ([.., k, n])" };
-            return Err(Error::shape(op, format!("{what}: inner dim k = {ka} of a"), ka, b.shape()));
-        }
-        let batches = batch_dims.iter().product();
-        Ok(MatmulProblem { batch_dims, batches, m, n, k: ka, transpose_a, transpose_b, b_shared })
-    }
-
-    fn out_dims(&self) -> Vec<usize> {
-        let mut d = self.batch_dims.clone();
-        d.extend([self.m, self.n]);
-        d
-    }
-
-    /// `op(a)` per batch.
+impl Layouts for MatmulSpec {
     fn a_layout(&self) -> Layout {
         if self.transpose_a {
             Layout::rows(self.k, self.m).t()
@@ -388,7 +352,6 @@ impl MatmulProblem {
         }
     }
 
-    /// `op(b)` per batch (batch stride 0 when shared).
     fn b_layout(&self) -> Layout {
         let l = if self.transpose_b { Layout::rows(self.n, self.k).t() } else { Layout::rows(self.k, self.n) };
         if self.b_shared {
@@ -404,7 +367,7 @@ impl MatmulProblem {
 }
 
 /// `op(a)·op(b)` for a validated problem, in f32.
-fn matmul_f32(cpu: &CpuBackend, p: &MatmulProblem, a: &[f32], b: &[f32]) -> Vec<f32> {
+fn matmul_f32(cpu: &CpuBackend, p: &MatmulSpec, a: &[f32], b: &[f32]) -> Vec<f32> {
     let mut out = convert::zeroed_f32(cpu, p.batches * p.m * p.n);
     gemm_batched(cpu, p.batches, (p.m, p.n, p.k), a, p.a_layout(), b, p.b_layout(), &mut out);
     out
@@ -417,7 +380,7 @@ fn matmul_f32(cpu: &CpuBackend, p: &MatmulProblem, a: &[f32], b: &[f32]) -> Vec<
 /// (`[..., n, k]` / `[n, k]` transposed) → `[..., m, n]`.
 pub fn matmul(cpu: &CpuBackend, a: &Tensor, b: &Tensor, transpose_a: bool, transpose_b: bool) -> Result<Tensor> {
     const OP: &str = "matmul";
-    let p = MatmulProblem::new(OP, a, b, transpose_a, transpose_b)?;
+    let p = spec::matmul::matmul(a, b, transpose_a, transpose_b)?;
     let (ad, bd) = (convert::f32_data(OP, "a", a)?, convert::f32_data(OP, "b", b)?);
     convert::from_f32(matmul_f32(cpu, &p, &ad, &bd), p.out_dims(), a.dtype())
 }
@@ -436,9 +399,7 @@ pub fn matmul_backward(
     transpose_b: bool,
 ) -> Result<MatmulGradients> {
     const OP: &str = "matmul_backward";
-    let p = MatmulProblem::new(OP, a, b, transpose_a, transpose_b)?;
-    check::same_dtype(OP, "d_out", a, d_out)?;
-    check::shape(OP, "d_out", d_out, &p.out_dims())?;
+    let p = spec::matmul::matmul_backward(a, b, d_out, transpose_a, transpose_b)?;
     let ad = convert::f32_data(OP, "a", a)?;
     let bd = convert::f32_data(OP, "b", b)?;
     let dc = convert::f32_data(OP, "d_out", d_out)?;
@@ -481,32 +442,9 @@ pub fn batched_matmul(
     transpose_b: bool,
 ) -> Result<Tensor> {
     const OP: &str = "batched_matmul";
-    check::rank(OP, "a", a, 3)?;
-    check::rank(OP, "b", b, 3)?;
-    let p = MatmulProblem::new(OP, a, b, transpose_a, transpose_b)?;
+    let p = spec::matmul::batched_matmul(a, b, transpose_a, transpose_b)?;
     let (ad, bd) = (convert::f32_data(OP, "a", a)?, convert::f32_data(OP, "b", b)?);
     convert::from_f32(matmul_f32(cpu, &p, &ad, &bd), p.out_dims(), a.dtype())
-}
-
-/// Rows and features of a linear layer's input after validating `x` against `w`.
-fn linear_dims(op: &'static str, x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize)> {
-    check::float(op, "x", x)?;
-    check::min_rank(op, "x", x, 1)?;
-    check::same_dtype(op, "w", x, w)?;
-    check::rank(op, "w", w, 2)?;
-    let features_in = x.dims()[x.rank() - 1];
-    let features_out = w.dims()[0];
-    check::shape(op, "w ([out, in])", w, &[features_out, features_in])?;
-    let rows = x.dims()[..x.rank() - 1].iter().product();
-    Ok((rows, features_in, features_out))
-}
-
-/// `d_out` of a linear backward must be `x`'s shape with the last dim `fout`, in x's dtype.
-fn check_linear_d_out(op: &'static str, x: &Tensor, d_out: &Tensor, fout: usize) -> Result<()> {
-    check::same_dtype(op, "d_out", x, d_out)?;
-    let mut dy_dims = x.dims().to_vec();
-    *dy_dims.last_mut().expect("rank ≥ 1 was checked") = fout;
-    check::shape(op, "d_out", d_out, &dy_dims)
 }
 
 /// `y = x·Wᵀ + bias`: one product over every row of `x`, `W` read transposed by strides
@@ -516,11 +454,8 @@ fn check_linear_d_out(op: &'static str, x: &Tensor, d_out: &Tensor, fout: usize)
 /// `x`: `[..., in]`; `w`: `[out, in]`; `bias`: `[out]` → `[..., out]`.
 pub fn linear_forward(cpu: &CpuBackend, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     const OP: &str = "linear_forward";
-    let (rows, fin, fout) = linear_dims(OP, x, w)?;
-    if let Some(bias) = bias {
-        check::same_dtype(OP, "bias", x, bias)?;
-        check::shape(OP, "bias", bias, &[fout])?;
-    }
+    let LinearSpec { rows, features_in: fin, features_out: fout, out_dims, .. } =
+        spec::matmul::linear_forward(x, w, bias)?;
     let xd = convert::f32_data(OP, "x", x)?;
     let wd = convert::f32_data(OP, "w", w)?;
     // y[r, o] (+)= Σ_i x[r, i]·w[o, i]: Wᵀ(i, o) = w[o·in + i], so rs 1, cs in.
@@ -534,9 +469,7 @@ pub fn linear_forward(cpu: &CpuBackend, x: &Tensor, w: &Tensor, bias: Option<&Te
         }
         None => sgemm_new(cpu, rows, fout, fin, &xd, fin, 1, &wd, 1, fin),
     };
-    let mut dims = x.dims().to_vec();
-    *dims.last_mut().expect("rank ≥ 1 was checked") = fout;
-    convert::from_f32(y, dims, x.dtype())
+    convert::from_f32(y, out_dims, x.dtype())
 }
 
 /// Backward of `linear_forward`: `dx = dy·W`, `dW = dyᵀ·x`, `dbias = Σ_rows dy`.
@@ -552,8 +485,7 @@ pub fn linear_backward(
     with_bias: bool,
 ) -> Result<LinearGradients> {
     const OP: &str = "linear_backward";
-    let (rows, fin, fout) = linear_dims(OP, x, w)?;
-    check_linear_d_out(OP, x, d_out, fout)?;
+    let LinearSpec { rows, features_in: fin, features_out: fout, .. } = spec::matmul::linear_backward(x, w, d_out)?;
     let xd = convert::f32_data(OP, "x", x)?;
     let wd = convert::f32_data(OP, "w", w)?;
     let dy = convert::f32_data(OP, "d_out", d_out)?;
@@ -588,14 +520,10 @@ pub fn linear_backward_accumulate(
     const OP: &str = "linear_backward_accumulate";
     // Called directly by backends (not through `on_cpu!`): hold this backend's ISA.
     let _isa = cpu.enter();
-    let (rows, fin, fout) = linear_dims(OP, x, w)?;
-    check_linear_d_out(OP, x, d_out, fout)?;
-    check::same_dtype(OP, "dweight", x, dweight)?;
-    check::same_shape(OP, "dweight", w, dweight)?;
+    let LinearSpec { rows, features_in: fin, features_out: fout, .. } =
+        spec::matmul::linear_backward_accumulate(x, w, d_out, dweight, dbias.as_deref())?;
     dweight.ensure_writable(OP)?;
     if let Some(db) = &dbias {
-        check::same_dtype(OP, "dbias", x, db)?;
-        check::shape(OP, "dbias", db, &[fout])?;
         db.ensure_writable(OP)?;
     }
     let xd = convert::f32_data(OP, "x", x)?;
@@ -662,7 +590,7 @@ fn cache_prefix_f32<'a>(
 /// `q`: `[B, Hq, Tq, D]`; `k_cache`: `[B, Hkv, capacity, D]`, `len ≤ capacity` → `[B, Hq, Tq, len]`.
 pub fn head_prefix_matmul(cpu: &CpuBackend, q: &Tensor, k_cache: &Tensor, len: usize) -> Result<Tensor> {
     const OP: &str = "head_prefix_matmul";
-    let spec::DecodeSpec { dims, capacity } = spec::head_prefix_matmul(q, k_cache, len)?;
+    let spec::attention::DecodeSpec { dims, capacity } = spec::attention::head_prefix_matmul(q, k_cache, len)?;
     let AttentionDims { batch, hq, hkv, tq, d, .. } = dims;
     let group = hq / hkv;
     let qd = convert::f32_data(OP, "q", q)?;
