@@ -404,15 +404,7 @@ impl Tensor {
     /// The same storage with another shape of equal element count (no copy).
     pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Tensor> {
         let shape = shape.into();
-        if shape.elem_count() != self.elem_count() {
-            return Err(Error::shape(
-                "reshape",
-                "target",
-                format!("{} elements", self.elem_count()),
-                format!("{shape} ({} elements)", shape.elem_count()),
-            ));
-        }
-        check_block_shape("reshape", &shape, self.dtype)?;
+        crate::spec::layout::reshape(self, &shape)?;
         let mut t = self.clone();
         t.shape = shape;
         Ok(t)

@@ -4,11 +4,12 @@
 
 use fusebox::cpu;
 use fusebox::spec::attention::{self as spec, HeadsLayout};
+use fusebox::spec::layout::{self as layout_spec, PermuteSpec};
 use fusebox::{DType, Result, Shape, Tensor};
 
 use crate::backend::WgpuBackend;
 use crate::kernels;
-use crate::ops::convert::common_float;
+use crate::ops::convert::{common_float, word_aligned};
 use crate::ops::u;
 
 pub(crate) fn split_heads(be: &WgpuBackend, x: &Tensor, heads: usize) -> Result<Tensor> {
@@ -49,28 +50,30 @@ pub(crate) fn slice_rows(be: &WgpuBackend, x: &Tensor, start: usize, len: usize)
 }
 
 pub(crate) fn permute(be: &WgpuBackend, x: &Tensor, perm: &[usize]) -> Result<Tensor> {
-    let r = x.rank();
-    let mut seen = [false; 6];
-    let ok = movable(x)
-        && r <= 6
-        && perm.len() == r
-        && perm.iter().all(|&p| p < r && !std::mem::replace(&mut seen[p], true));
-    if !ok {
+    let p = layout_spec::permute(x, perm)?;
+    if !permutable(x, &p) {
         return fallback!(be, cpu::layout::permute; [x], perm);
     }
     let x = be.dev(x)?;
-    be.permute_native("permute", &x, perm)
+    be.permute_native("permute", &x, &p.perm)
 }
 
 pub(crate) fn transpose(be: &WgpuBackend, x: &Tensor, dim0: usize, dim1: usize) -> Result<Tensor> {
-    let r = x.rank();
-    if !movable(x) || r > 6 || dim0 >= r || dim1 >= r {
+    let p = layout_spec::transpose(x, dim0, dim1)?;
+    if !permutable(x, &p) {
         return fallback!(be, cpu::layout::transpose; [x], dim0, dim1);
     }
-    let mut perm: Vec<usize> = (0..r).collect();
-    perm.swap(dim0, dim1);
     let x = be.dev(x)?;
-    be.permute_native("transpose", &x, &perm)
+    be.permute_native("transpose", &x, &p.perm)
+}
+
+/// The permutation kernels take at most this many axes.
+const MAX_PERMUTE_RANK: usize = 6;
+
+/// Whether the permutation kernels run a validated permutation of `x`: a float dtype
+/// (32- or 16-bit) at a word-aligned offset, rank ≤ [`MAX_PERMUTE_RANK`].
+fn permutable(x: &Tensor, p: &PermuteSpec) -> bool {
+    p.dtype.is_float() && p.perm.len() <= MAX_PERMUTE_RANK && word_aligned(&[x])
 }
 
 /// Whether the permutation kernels move `x`: F32, F16 or BF16 at a word-aligned offset.
@@ -79,7 +82,7 @@ fn movable(x: &Tensor) -> bool {
 }
 
 impl WgpuBackend {
-    /// The permutation kernel (32- or 16-bit by x's dtype) for tensors of rank ≤ 6.
+    /// The permutation kernel (32- or 16-bit by x's dtype) for tensors of rank ≤ [`MAX_PERMUTE_RANK`].
     pub(crate) fn permute_native(&self, op: &'static str, x: &Tensor, perm: &[usize]) -> Result<Tensor> {
         self.permute_from(op, x, 0, x.shape(), perm)
     }
@@ -120,10 +123,10 @@ impl WgpuBackend {
         let n = shape.elem_count();
         let mut params = vec![u(n)?, r as u32];
         // Six dims (unused ones 1) and six input strides in output-axis order (unused 0).
-        for &p in perm.iter().chain(std::iter::repeat(&usize::MAX)).take(6) {
+        for &p in perm.iter().chain(std::iter::repeat(&usize::MAX)).take(MAX_PERMUTE_RANK) {
             params.push(if p == usize::MAX { 1 } else { u(dims[p])? });
         }
-        for i in 0..6 {
+        for i in 0..MAX_PERMUTE_RANK {
             params.push(if let Some(&p) = perm.get(i) { u(strides[p])? } else { 0 });
         }
         if x.dtype() == DType::F32 && first == 0 && at == 0 {

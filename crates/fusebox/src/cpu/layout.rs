@@ -8,11 +8,11 @@
 //! small tiles when the innermost output axis is strided in the input (transposes),
 //! and split the output into fixed chunks that run in parallel for big tensors.
 
-use crate::cpu::check;
 use crate::cpu::pool::SharedMut;
 use crate::cpu::CpuBackend;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::shape::Shape;
+use crate::spec::layout::{self as spec, ExpandSpec, MoveSpec, PermuteSpec};
 use crate::tensor::Tensor;
 
 /// Output elements per parallel chunk of a contiguous or broadcast gather.
@@ -22,15 +22,6 @@ const CHUNK_ELEMS: usize = 1 << 14;
 const TILE: usize = 32;
 /// Bytes per parallel chunk of the row assembler.
 const CHUNK_BYTES: usize = 1 << 16;
-
-/// Bytes per element of a plain (one element per storage unit) dtype; block formats are an error.
-pub(crate) fn plain_elem_bytes(op: &'static str, what: &str, t: &Tensor) -> Result<usize> {
-    if t.dtype().block_elems() == 1 {
-        Ok(t.dtype().block_bytes())
-    } else {
-        Err(Error::dtype(op, what, "a plain dtype (f32, f16, bf16, u32 or f8e4m3)", t.dtype()))
-    }
-}
 
 /// Element types moved as raw bits: every bit pattern is a valid value.
 trait Bits: Copy + Send + Sync + 'static {}
@@ -269,18 +260,11 @@ fn gather_into_new(
     Ok(out)
 }
 
-fn permute_as(op: &'static str, cpu: &CpuBackend, x: &Tensor, perm: &[usize]) -> Result<Tensor> {
-    let elem_bytes = plain_elem_bytes(op, "x", x)?;
-    let rank = x.rank();
-    let mut seen = vec![false; rank];
-    let valid = perm.len() == rank && perm.iter().all(|&p| p < rank && !std::mem::replace(&mut seen[p], true));
-    if !valid {
-        return Err(Error::value(op, "perm", format!("a permutation of 0..{rank}"), format!("{perm:?}")));
-    }
+/// Runs a validated permutation of `x`.
+fn permute_spec(cpu: &CpuBackend, x: &Tensor, p: PermuteSpec) -> Result<Tensor> {
     let in_strides = x.shape().strides();
-    let dims: Vec<usize> = perm.iter().map(|&p| x.dims()[p]).collect();
-    let strides: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
-    gather_into_new(cpu, x, elem_bytes, dims.clone(), &Gather::new(&dims, &strides, 0))
+    let strides: Vec<usize> = p.perm.iter().map(|&a| in_strides[a]).collect();
+    gather_into_new(cpu, x, p.elem_bytes, p.out_dims.clone(), &Gather::new(&p.out_dims, &strides, 0))
 }
 
 /// Reorders the axes: output dim i is x's dim `perm[i]` (materialised).
@@ -288,7 +272,8 @@ fn permute_as(op: &'static str, cpu: &CpuBackend, x: &Tensor, perm: &[usize]) ->
 /// # Shapes
 /// `x`: rank r, any plain dtype; `perm`: a permutation of `0..r` → permuted shape.
 pub fn permute(cpu: &CpuBackend, x: &Tensor, perm: &[usize]) -> Result<Tensor> {
-    permute_as("permute", cpu, x, perm)
+    let p = spec::permute(x, perm)?;
+    permute_spec(cpu, x, p)
 }
 
 /// Swaps axes `dim0` and `dim1` (materialised).
@@ -296,20 +281,8 @@ pub fn permute(cpu: &CpuBackend, x: &Tensor, perm: &[usize]) -> Result<Tensor> {
 /// # Shapes
 /// `x`: rank r, `dim0, dim1 < r` → those dims swapped.
 pub fn transpose(cpu: &CpuBackend, x: &Tensor, dim0: usize, dim1: usize) -> Result<Tensor> {
-    const OP: &str = "transpose";
-    check::axis(OP, dim0, x.rank())?;
-    check::axis(OP, dim1, x.rank())?;
-    let mut perm: Vec<usize> = (0..x.rank()).collect();
-    perm.swap(dim0, dim1);
-    permute_as(OP, cpu, x, &perm)
-}
-
-/// `start + len ≤ n`, else an error naming the range and the axis.
-fn check_range(op: &'static str, axis: usize, start: usize, len: usize, n: usize) -> Result<()> {
-    match start.checked_add(len) {
-        Some(end) if end <= n => Ok(()),
-        _ => Err(Error::value(op, "start + len", format!("≤ {n} (size of axis {axis})"), format!("{start} + {len}"))),
-    }
+    let p = spec::transpose(x, dim0, dim1)?;
+    permute_spec(cpu, x, p)
 }
 
 /// Elements `start .. start + len` along `axis` (materialised).
@@ -317,14 +290,10 @@ fn check_range(op: &'static str, axis: usize, start: usize, len: usize, n: usize
 /// # Shapes
 /// `x`: `[..., N, ...]`, `start + len ≤ N` → `[..., len, ...]`.
 pub fn slice(cpu: &CpuBackend, x: &Tensor, axis: usize, start: usize, len: usize) -> Result<Tensor> {
-    const OP: &str = "slice";
-    let elem_bytes = plain_elem_bytes(OP, "x", x)?;
-    check::axis(OP, axis, x.rank())?;
-    check_range(OP, axis, start, len, x.dims()[axis])?;
+    let MoveSpec { out_dims, elem_bytes, .. } = spec::slice(x, axis, start, len)?;
     let strides = x.shape().strides();
-    let mut dims = x.dims().to_vec();
-    dims[axis] = len;
-    gather_into_new(cpu, x, elem_bytes, dims.clone(), &Gather::new(&dims, &strides, start * strides[axis]))
+    let gather = Gather::new(&out_dims, &strides, start * strides[axis]);
+    gather_into_new(cpu, x, elem_bytes, out_dims, &gather)
 }
 
 /// Gradient of `slice`: `d_out` written at `start ..` along `axis` of zeros of `input_shape`.
@@ -339,16 +308,9 @@ pub fn slice_backward(
     axis: usize,
     start: usize,
 ) -> Result<Tensor> {
-    const OP: &str = "slice_backward";
-    check::float(OP, "d_out", d_out)?;
-    let elem_bytes = plain_elem_bytes(OP, "d_out", d_out)?;
+    let MoveSpec { elem_bytes, .. } = spec::slice_backward(d_out, input_shape, axis, start)?;
     let dims = input_shape.dims();
-    check::axis(OP, axis, dims.len())?;
-    let len = d_out.dims().get(axis).copied().unwrap_or(0);
-    let mut expected = dims.to_vec();
-    expected[axis] = len;
-    check::shape(OP, "d_out", d_out, &expected)?;
-    check_range(OP, axis, start, len, dims[axis])?;
+    let len = d_out.dims()[axis];
     let inner: usize = dims[axis + 1..].iter().product::<usize>() * elem_bytes;
     let mut out = Tensor::zeros(input_shape.clone(), d_out.dtype())?;
     let pieces = [
@@ -365,18 +327,11 @@ pub fn slice_backward(
 /// # Shapes
 /// `x`: `[..., N, ...]`, `index < N` → `[..., ...]`.
 pub fn select(cpu: &CpuBackend, x: &Tensor, axis: usize, index: usize) -> Result<Tensor> {
-    const OP: &str = "select";
-    let elem_bytes = plain_elem_bytes(OP, "x", x)?;
-    check::axis(OP, axis, x.rank())?;
-    let n = x.dims()[axis];
-    if index >= n {
-        return Err(Error::value(OP, "index", format!("< {n} (size of axis {axis})"), index));
-    }
+    let MoveSpec { out_dims, elem_bytes, .. } = spec::select(x, axis, index)?;
     let mut strides = x.shape().strides();
-    let mut dims = x.dims().to_vec();
     let step = strides.remove(axis);
-    dims.remove(axis);
-    gather_into_new(cpu, x, elem_bytes, dims.clone(), &Gather::new(&dims, &strides, index * step))
+    let gather = Gather::new(&out_dims, &strides, index * step);
+    gather_into_new(cpu, x, elem_bytes, out_dims, &gather)
 }
 
 /// Joins tensors along `axis`; every other dim and the dtype must agree.
@@ -386,28 +341,9 @@ pub fn select(cpu: &CpuBackend, x: &Tensor, axis: usize, index: usize) -> Result
 pub fn concat(cpu: &CpuBackend, xs: &[Tensor], axis: usize) -> Result<Tensor> {
     // Called directly by backends (not through `on_cpu!`): hold this backend's ISA.
     let _isa = cpu.enter();
-    const OP: &str = "concat";
-    let Some(first) = xs.first() else {
-        return Err(Error::value(OP, "xs", "at least one tensor", "an empty list"));
-    };
-    let elem_bytes = plain_elem_bytes(OP, "xs[0]", first)?;
-    check::axis(OP, axis, first.rank())?;
-    let mut total = 0usize;
-    for (i, x) in xs.iter().enumerate() {
-        check::same_dtype(OP, &format!("xs[{i}]"), first, x)?;
-        let agrees = x.rank() == first.rank()
-            && x.dims().iter().zip(first.dims()).enumerate().all(|(a, (m, n))| a == axis || m == n);
-        if !agrees {
-            let mut want: Vec<String> = first.dims().iter().map(|d| d.to_string()).collect();
-            want[axis] = "*".into();
-            return Err(Error::shape(OP, format!("xs[{i}]"), format!("[{}]", want.join(", ")), x.shape()));
-        }
-        total += x.dims()[axis];
-    }
-    let inner: usize = first.dims()[axis + 1..].iter().product::<usize>() * elem_bytes;
-    let mut dims = first.dims().to_vec();
-    dims[axis] = total;
-    let mut out = Tensor::zeros(dims, first.dtype())?;
+    let MoveSpec { out_dims, elem_bytes, dtype } = spec::concat(xs, axis)?;
+    let inner: usize = out_dims[axis + 1..].iter().product::<usize>() * elem_bytes;
+    let mut out = Tensor::zeros(out_dims, dtype)?;
     let pieces = xs
         .iter()
         .map(|x| Ok(Piece { src: Some(x.host_bytes()?), bytes: x.dims()[axis] * inner }))
@@ -416,32 +352,11 @@ pub fn concat(cpu: &CpuBackend, xs: &[Tensor], axis: usize) -> Result<Tensor> {
     Ok(out)
 }
 
-/// Source strides that broadcast `from` to `to` (numpy rules: `from` is aligned to the
-/// right, missing leading dims and size-1 dims repeat with stride 0), or `None` when
-/// `from` does not broadcast to `to`.
-pub(crate) fn broadcast_strides(from: &Shape, to: &[usize]) -> Option<Vec<usize>> {
-    let lead = to.len().checked_sub(from.rank())?;
-    let from_strides = from.strides();
-    let mut strides = vec![0usize; to.len()];
-    for (a, (&d, &s)) in from.dims().iter().zip(&from_strides).enumerate() {
-        let target = to[lead + a];
-        if d == target {
-            strides[lead + a] = s;
-        } else if d != 1 {
-            return None;
-        }
-    }
-    Some(strides)
-}
-
 /// Broadcasts to `shape` (numpy rules: new leading dims, size-1 dims repeated; materialised).
 ///
 /// # Shapes
 /// `x`: broadcastable to `shape` → `shape`.
 pub fn expand(cpu: &CpuBackend, x: &Tensor, shape: &Shape) -> Result<Tensor> {
-    const OP: &str = "expand";
-    let elem_bytes = plain_elem_bytes(OP, "x", x)?;
-    let strides = broadcast_strides(x.shape(), shape.dims())
-        .ok_or_else(|| Error::shape(OP, "target", format!("a shape that {} broadcasts to", x.shape()), shape))?;
+    let ExpandSpec { strides, elem_bytes, .. } = spec::expand(x, shape)?;
     gather_into_new(cpu, x, elem_bytes, shape.dims().to_vec(), &Gather::new(shape.dims(), &strides, 0))
 }

@@ -10,7 +10,6 @@
 
 use crate::cpu::check;
 use crate::cpu::convert::{f32_data, from_f32};
-use crate::cpu::layout::broadcast_strides;
 use crate::cpu::pool::SharedMut;
 use crate::cpu::simd;
 use crate::cpu::CpuBackend;
@@ -508,7 +507,7 @@ pub fn max_backward(cpu: &CpuBackend, x: &Tensor, d_out: &Tensor, axis: usize) -
 pub fn sum_to_shape(cpu: &CpuBackend, x: &Tensor, shape: &Shape) -> Result<Tensor> {
     const OP: &str = "sum_to_shape";
     check::float(OP, "x", x)?;
-    if broadcast_strides(shape, x.dims()).is_none() {
+    if spec::layout::broadcast_strides(shape, x.dims()).is_none() {
         return Err(Error::shape(OP, "target", format!("a shape that broadcasts to {}", x.shape()), shape));
     }
     let lead = x.rank() - shape.rank();

@@ -1,9 +1,9 @@
 //! Elementwise ops and activations: same-shape unary/binary/ternary maps, row and
 //! column broadcasts, and the clamp bounds.
 
-use crate::spec::check;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::spec::check;
 use crate::tensor::Tensor;
 
 /// A same-shape elementwise call: `len` elements of `dtype` per operand.

@@ -3,9 +3,9 @@
 //! The ids' *values* (each below a row count) are checked by [`ids`] where the ids
 //! are read.
 
-use crate::spec::check;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::spec::check;
 use crate::tensor::Tensor;
 
 /// The first id `≥ bound` is an error naming its position and value.

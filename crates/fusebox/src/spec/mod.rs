@@ -19,6 +19,8 @@ pub mod attention;
 pub mod check;
 pub mod elementwise;
 pub mod embedding;
+pub mod layout;
+pub mod matmul;
 pub mod norm;
 pub mod optim;
 pub mod reduce;

@@ -1,9 +1,9 @@
 //! Normalization: RMS and layer norm with their backwards, the fused residual-add RMS
 //! norm, gated / channel / group norms, AdaLN modulation and plain normalization.
 
-use crate::spec::check;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::spec::check;
 use crate::tensor::Tensor;
 
 /// A row-wise norm call: `rows` rows of `d ≥ 1` elements, in `dtype`.

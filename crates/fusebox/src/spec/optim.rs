@@ -1,8 +1,8 @@
 //! Optimizer ops: the AdamW step, the global gradient norm and the clipping factor.
 
-use crate::spec::check;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::spec::check;
 use crate::tensor::Tensor;
 use crate::types::AdamWConfig;
 

@@ -1,9 +1,9 @@
 //! Reductions along an axis or over everything: sum, mean, max, var, sum_abs, argmax,
 //! and max's gradient.
 
-use crate::spec::check;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::spec::check;
 use crate::tensor::Tensor;
 
 /// A reduction seen as `[outer, n, inner]`, reducing `n` (over everything:

@@ -1,8 +1,8 @@
 //! Rotary position embedding, forward and backward.
 
-use crate::spec::check;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::spec::check;
 use crate::tensor::Tensor;
 
 /// A rope call: `x` `[B, H, T, D]` rotated by positions `offset .. offset + T` of

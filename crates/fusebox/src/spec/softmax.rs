@@ -1,8 +1,8 @@
 //! Softmax, log-softmax and the fused cross-entropy loss.
 
-use crate::spec::check;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::spec::check;
 use crate::tensor::Tensor;
 
 /// A tensor seen along one axis: `outer` blocks of `len` × `inner` elements, the axis
