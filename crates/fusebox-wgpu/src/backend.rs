@@ -7,7 +7,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use fusebox::cpu;
+use fusebox::{cpu, spec};
 use fusebox::{
     in_place_on_cpu, AdamWConfig, AttentionGradients, CausalAttentionResult, ComputeBackend, CrossEntropyOutput, DType,
     Device, DeviceKind, GeluForm, LinearGradients, MatmulGradients, NormGradients, NormOutput, Op, PairGradients,
@@ -209,13 +209,7 @@ fusebox::backend_impl! {
         }
 
         fn zeros(&self, shape: &Shape, dtype: DType) -> Result<Tensor> {
-            let be = dtype.block_elems();
-            if be > 1 && !shape.last_dim().is_multiple_of(be) {
-                return Tensor::zeros(shape.clone(), dtype);
-            }
-            if shape.checked_elem_count().is_none() {
-                return Tensor::zeros(shape.clone(), dtype);
-            }
+            spec::memory::zeros(shape, dtype)?;
             self.ctx.zeros("zeros", shape.clone(), dtype)
         }
 
@@ -227,13 +221,10 @@ fusebox::backend_impl! {
         }
 
         fn copy_into(&self, dst: &mut Tensor, src: &Tensor) -> Result<()> {
-            if dst.is_host() || dst.shape() != src.shape() || dst.dtype() != src.dtype() {
+            spec::memory::copy_into(dst, src)?;
+            if dst.is_host() {
                 let src = self.to_host(src)?;
-                if dst.is_host() {
-                    return cpu::memory::copy_into(self.cpu(), dst, &src);
-                }
-                let mut host = self.to_host(dst)?;
-                return cpu::memory::copy_into(self.cpu(), &mut host, &src);
+                return cpu::memory::copy_into(self.cpu(), dst, &src);
             }
             dst.ensure_writable("copy_into")?;
             let src = self.dev(src)?;
@@ -241,6 +232,7 @@ fusebox::backend_impl! {
         }
 
         fn fill(&self, dst: &mut Tensor, value: f32) -> Result<()> {
+            spec::memory::fill(dst)?;
             if self.inplace_unary("fill", dst, Un::Fill, value, 0.0)? {
                 return Ok(());
             }

@@ -274,6 +274,7 @@ pub trait ComputeBackend: Send + Sync + Debug {
     /// # Shapes
     /// `shape` → `shape`, any dtype (block formats need a last dim multiple of the block).
     fn zeros(&self, shape: &Shape, dtype: DType) -> Result<Tensor> {
+        crate::spec::memory::zeros(shape, dtype)?;
         Tensor::zeros(shape.clone(), dtype)?.to_backend(self)
     }
 
@@ -290,6 +291,7 @@ pub trait ComputeBackend: Send + Sync + Debug {
     /// # Shapes
     /// `dst`, `src`: equal shapes and dtypes.
     fn copy_into(&self, dst: &mut Tensor, src: &Tensor) -> Result<()> {
+        crate::spec::memory::copy_into(dst, src)?;
         if !dst.is_host() {
             return Err(Error::unsupported(
                 "copy_into",

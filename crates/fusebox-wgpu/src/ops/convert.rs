@@ -1,6 +1,7 @@
 //! Float storage conversions (`cast` between F32, F16 and BF16) on the GPU.
 
 use fusebox::cpu;
+use fusebox::spec::memory::{self as spec, CastKind};
 use fusebox::{DType, Result, Tensor};
 
 use crate::backend::WgpuBackend;
@@ -51,10 +52,9 @@ fn convert_into(be: &WgpuBackend, op: &'static str, x: &Tensor, ik: u32, out: &T
 }
 
 pub(crate) fn cast(be: &WgpuBackend, x: &Tensor, dtype: DType) -> Result<Tensor> {
-    match (float_kind(x.dtype()), float_kind(dtype)) {
-        (Some(ik), Some(ok)) if ik != ok && (x.is_host() || x.byte_offset().is_multiple_of(4)) => {
-            convert(be, "cast", x, ik, ok, dtype)
-        }
+    let s = spec::cast(x, dtype)?;
+    match (s.kind, float_kind(s.from), float_kind(s.to)) {
+        (CastKind::Float, Some(ik), Some(ok)) if word_aligned(&[x]) => convert(be, "cast", x, ik, ok, dtype),
         _ => fallback!(be, cpu::memory::cast; [x], dtype),
     }
 }

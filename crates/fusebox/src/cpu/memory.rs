@@ -8,10 +8,10 @@ use std::sync::OnceLock;
 
 use half::{bf16, f16};
 
-use crate::cpu::check;
 use crate::cpu::CpuBackend;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
+use crate::spec::memory::{self as spec, CastKind, CastSpec};
 use crate::tensor::Tensor;
 
 /// Bytes (or elements) per parallel chunk of a copy or conversion.
@@ -78,10 +78,9 @@ pub fn copy_into(cpu: &CpuBackend, dst: &mut Tensor, src: &Tensor) -> Result<()>
     // Called directly by backends (not through `on_cpu!`): hold this backend's ISA.
     let _isa = cpu.enter();
     const OP: &str = "copy_into";
+    spec::copy_into(dst, src)?;
     host(OP, dst)?;
     host(OP, src)?;
-    check::same_dtype(OP, "src", dst, src)?;
-    check::same_shape(OP, "src", dst, src)?;
     dst.ensure_writable(OP)?;
     // `src` cannot overlap `dst` here: an overlapping handle would have made `dst` unwritable.
     let from = src.host_bytes()?;
@@ -96,10 +95,10 @@ pub fn copy_into(cpu: &CpuBackend, dst: &mut Tensor, src: &Tensor) -> Result<()>
 /// `dst`: any, F32/F16/BF16 → unchanged.
 pub fn fill(cpu: &CpuBackend, dst: &mut Tensor, value: f32) -> Result<()> {
     const OP: &str = "fill";
+    let dtype = spec::fill(dst)?;
     host(OP, dst)?;
-    check::float(OP, "dst", dst)?;
     dst.ensure_writable(OP)?;
-    match dst.dtype() {
+    match dtype {
         DType::F32 => parallel_fill(cpu, dst.as_mut_slice::<f32>()?, value),
         DType::F16 => parallel_fill(cpu, dst.as_mut_slice::<f16>()?, f16::from_f32(value)),
         _ => parallel_fill(cpu, dst.as_mut_slice::<bf16>()?, bf16::from_f32(value)),
@@ -120,42 +119,28 @@ fn parallel_fill<T: Copy + Send + Sync>(cpu: &CpuBackend, dst: &mut [T], value: 
 /// # Shapes
 /// any → same shape, dtype `dtype`.
 pub fn cast(cpu: &CpuBackend, x: &Tensor, dtype: DType) -> Result<Tensor> {
-    const OP: &str = "cast";
-    host(OP, x)?;
-    let from = x.dtype();
-    let plain = |d: DType| d.is_float() || d == DType::U32;
-    if from == dtype && plain(from) {
-        return copy(cpu, x);
-    }
-    match (from, dtype) {
-        (DType::F32, DType::F16) => map_tensor(cpu, x, dtype, f16::from_f32),
-        (DType::F32, DType::BF16) => map_tensor(cpu, x, dtype, bf16::from_f32),
-        (DType::F16, DType::F32) => map_tensor(cpu, x, dtype, |v: f16| v.to_f32()),
-        (DType::BF16, DType::F32) => map_tensor(cpu, x, dtype, |v: bf16| v.to_f32()),
-        // Via f32, which holds every f16 and bf16 value exactly: one rounding only.
-        (DType::F16, DType::BF16) => map_tensor(cpu, x, dtype, |v: f16| bf16::from_f32(v.to_f32())),
-        (DType::BF16, DType::F16) => map_tensor(cpu, x, dtype, |v: bf16| f16::from_f32(v.to_f32())),
-        (DType::U32, DType::F32) => {
-            let ids = x.as_slice::<u32>()?;
-            if let Some(&v) = ids.iter().find(|&&v| f64::from(v as f32) != f64::from(v)) {
-                return Err(Error::value(OP, "u32 → f32 value", "an integer exactly representable in f32", v));
-            }
-            map_tensor(cpu, x, dtype, |v: u32| v as f32)
+    let CastSpec { from, to, kind } = spec::cast(x, dtype)?;
+    host("cast", x)?;
+    match kind {
+        CastKind::Copy => copy(cpu, x),
+        CastKind::IdsToF32 => {
+            spec::ids_as_f32(x.as_slice::<u32>()?)?;
+            map_tensor(cpu, x, to, |v: u32| v as f32)
         }
-        (DType::F32, DType::U32) => {
-            let vals = x.as_slice::<f32>()?;
-            let valid = |v: f32| v >= 0.0 && v.fract() == 0.0 && f64::from(v) <= f64::from(u32::MAX);
-            if let Some(&v) = vals.iter().find(|&&v| !valid(v)) {
-                return Err(Error::value(OP, "f32 → u32 value", "a non-negative integer ≤ 4294967295", v));
-            }
-            map_tensor(cpu, x, dtype, |v: f32| v as u32)
+        CastKind::F32ToIds => {
+            spec::f32_as_ids(x.as_slice::<f32>()?)?;
+            map_tensor(cpu, x, to, |v: f32| v as u32)
         }
-        _ => Err(Error::dtype(
-            OP,
-            "conversion",
-            "among f32, f16 and bf16, or between u32 and f32",
-            format!("{from} → {dtype}"),
-        )),
+        CastKind::Float => match (from, to) {
+            (DType::F32, DType::F16) => map_tensor(cpu, x, to, f16::from_f32),
+            (DType::F32, DType::BF16) => map_tensor(cpu, x, to, bf16::from_f32),
+            (DType::F16, DType::F32) => map_tensor(cpu, x, to, |v: f16| v.to_f32()),
+            (DType::BF16, DType::F32) => map_tensor(cpu, x, to, |v: bf16| v.to_f32()),
+            // Via f32, which holds every f16 and bf16 value exactly: one rounding only.
+            (DType::F16, DType::BF16) => map_tensor(cpu, x, to, |v: f16| bf16::from_f32(v.to_f32())),
+            (DType::BF16, DType::F16) => map_tensor(cpu, x, to, |v: bf16| f16::from_f32(v.to_f32())),
+            _ => Err(Error::dtype("cast", "conversion", "between two of f32, f16 and bf16", format!("{from} → {to}"))),
+        },
     }
 }
 
@@ -167,13 +152,8 @@ pub fn cast(cpu: &CpuBackend, x: &Tensor, dtype: DType) -> Result<Tensor> {
 /// # Shapes
 /// `w`: `[out, in]` → the same tensor.
 pub fn preprocess_linear_weight(_cpu: &CpuBackend, w: &Tensor) -> Result<Tensor> {
-    const OP: &str = "preprocess_linear_weight";
-    host(OP, w)?;
-    check::rank(OP, "weight", w, 2)?;
-    let d = w.dtype();
-    if !(d.is_float() || d.is_quantized() || d == DType::F8E4M3) {
-        return Err(Error::dtype(OP, "weight", "f32, f16, bf16, f8e4m3 or a block format", d));
-    }
+    spec::preprocess_linear_weight(w)?;
+    host("preprocess_linear_weight", w)?;
     Ok(w.clone())
 }
 
@@ -183,14 +163,8 @@ pub fn preprocess_linear_weight(_cpu: &CpuBackend, w: &Tensor) -> Result<Tensor>
 /// # Shapes
 /// any (F8E4M3) → same shape, `dtype`.
 pub fn f8e4m3_to(cpu: &CpuBackend, x: &Tensor, dtype: DType) -> Result<Tensor> {
-    let op = match dtype {
-        DType::F32 => "f8e4m3_to_f32",
-        DType::F16 => "f8e4m3_to_f16",
-        DType::BF16 => "f8e4m3_to_bf16",
-        other => return Err(Error::dtype("f8e4m3_to", "target", "f32, f16 or bf16", other)),
-    };
+    let op = spec::f8e4m3_to(x, dtype)?;
     host(op, x)?;
-    check::dtype(op, "x", x, DType::F8E4M3)?;
     let codes = x.host_bytes()?;
     let mut out = Tensor::zeros(x.shape().clone(), dtype)?;
     match dtype {

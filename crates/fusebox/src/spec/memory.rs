@@ -1,0 +1,137 @@
+//! Memory and dtype conversions: `zeros`, `copy_into`, `fill`, `cast`,
+//! `preprocess_linear_weight` and the FP8 E4M3 decoders `f8e4m3_to_*`. (`copy` takes any
+//! tensor, so it has no rule to write here.)
+//!
+//! `cast`'s rules on values (ids exactly representable in f32, f32 values that are ids)
+//! are [`ids_as_f32`] and [`f32_as_ids`], called where the values are read.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::shape::Shape;
+use crate::spec::check;
+use crate::tensor::Tensor;
+
+/// `zeros(shape, dtype)`: any dtype; a block format needs a last dim of whole blocks,
+/// and the tensor must be addressable (fewer than `isize::MAX` bytes). Returns its bytes.
+pub fn zeros(shape: &Shape, dtype: DType) -> Result<usize> {
+    const OP: &str = "zeros";
+    let be = dtype.block_elems();
+    if be > 1 && !shape.last_dim().is_multiple_of(be) {
+        return Err(Error::shape(
+            OP,
+            format!("last dimension for {dtype} blocks"),
+            format!("a multiple of {be}"),
+            shape,
+        ));
+    }
+    shape
+        .checked_elem_count()
+        .and_then(|n| (n / be).checked_mul(dtype.block_bytes()))
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| Error::value(OP, "size", "fewer than isize::MAX bytes", shape))
+}
+
+/// `copy_into(dst, src)`: src of dst's dtype and shape (any dtype). (That dst is writable
+/// is a property of its storage, checked where it is written.)
+pub fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
+    const OP: &str = "copy_into";
+    check::same_dtype(OP, "src", dst, src)?;
+    check::same_shape(OP, "src", dst, src)
+}
+
+/// `fill(dst, value)`: dst float (any value, NaN included, is rounded once to its
+/// dtype). Returns dst's dtype.
+pub fn fill(dst: &Tensor) -> Result<DType> {
+    check::float("fill", "dst", dst)?;
+    Ok(dst.dtype())
+}
+
+/// What a valid `cast` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CastKind {
+    /// To the same plain dtype: a copy.
+    Copy,
+    /// Between two different dtypes of F32, F16 and BF16 (round to nearest even).
+    Float,
+    /// U32 ids to F32 (each id must be exact in f32: [`ids_as_f32`]).
+    IdsToF32,
+    /// F32 to U32 ids (each value must be an id: [`f32_as_ids`]).
+    F32ToIds,
+}
+
+/// A validated `cast`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CastSpec {
+    /// x's dtype.
+    pub from: DType,
+    /// The target dtype.
+    pub to: DType,
+    /// The conversion.
+    pub kind: CastKind,
+}
+
+/// `cast(x, dtype)`: among F32, F16 and BF16, between U32 and F32, or to x's own dtype
+/// when that is one of those four. Block formats and FP8 go through
+/// `quantize`/`dequantize`/`f8e4m3_to_*`.
+pub fn cast(x: &Tensor, dtype: DType) -> Result<CastSpec> {
+    let from = x.dtype();
+    let plain = |d: DType| d.is_float() || d == DType::U32;
+    let kind = match (from, dtype) {
+        (f, t) if f == t && plain(f) => CastKind::Copy,
+        (f, t) if f.is_float() && t.is_float() => CastKind::Float,
+        (DType::U32, DType::F32) => CastKind::IdsToF32,
+        (DType::F32, DType::U32) => CastKind::F32ToIds,
+        _ => {
+            return Err(Error::dtype(
+                "cast",
+                "conversion",
+                "among f32, f16 and bf16, or between u32 and f32",
+                format!("{from} → {dtype}"),
+            ))
+        }
+    };
+    Ok(CastSpec { from, to: dtype, kind })
+}
+
+/// The value rule of a U32 → F32 `cast`: every id exactly representable in f32 (any id
+/// below 2²⁴ is).
+pub fn ids_as_f32(ids: &[u32]) -> Result<()> {
+    match ids.iter().find(|&&v| f64::from(v as f32) != f64::from(v)) {
+        None => Ok(()),
+        Some(&v) => Err(Error::value("cast", "u32 → f32 value", "an integer exactly representable in f32", v)),
+    }
+}
+
+/// The value rule of an F32 → U32 `cast`: every value a non-negative integer ≤ u32::MAX
+/// (NaN and infinities are not).
+pub fn f32_as_ids(values: &[f32]) -> Result<()> {
+    let valid = |v: f32| v >= 0.0 && v.fract() == 0.0 && f64::from(v) <= f64::from(u32::MAX);
+    match values.iter().find(|&&v| !valid(v)) {
+        None => Ok(()),
+        Some(&v) => Err(Error::value("cast", "f32 → u32 value", "a non-negative integer ≤ 4294967295", v)),
+    }
+}
+
+/// `preprocess_linear_weight(w)`: w `[out, in]` of F32, F16, BF16, F8E4M3 or a block format.
+pub fn preprocess_linear_weight(w: &Tensor) -> Result<()> {
+    const OP: &str = "preprocess_linear_weight";
+    check::rank(OP, "weight", w, 2)?;
+    let d = w.dtype();
+    if !(d.is_float() || d.is_quantized() || d == DType::F8E4M3) {
+        return Err(Error::dtype(OP, "weight", "f32, f16, bf16, f8e4m3 or a block format", d));
+    }
+    Ok(())
+}
+
+/// `f8e4m3_to_f32/f16/bf16(x)` as `f8e4m3_to(x, target)`: x F8E4M3 (any shape), the
+/// target F32, F16 or BF16. Returns the op's name (`"f8e4m3_to_f32"`, …).
+pub fn f8e4m3_to(x: &Tensor, target: DType) -> Result<&'static str> {
+    let op = match target {
+        DType::F32 => "f8e4m3_to_f32",
+        DType::F16 => "f8e4m3_to_f16",
+        DType::BF16 => "f8e4m3_to_bf16",
+        other => return Err(Error::dtype("f8e4m3_to", "target", "f32, f16 or bf16", other)),
+    };
+    check::dtype(op, "x", x, DType::F8E4M3)?;
+    Ok(op)
+}
