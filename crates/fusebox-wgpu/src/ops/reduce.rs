@@ -6,12 +6,13 @@
 //! sum_to_shape's inputs the kernels do not take, run on the CPU.
 
 use fusebox::cpu;
-use fusebox::spec::{self, reduce::ReduceSpec};
+use fusebox::spec;
+use fusebox::spec::reduce::{ReduceSpec, SumToShapeSpec};
 use fusebox::{DType, Result, Shape, Tensor};
 
 use crate::backend::WgpuBackend;
 use crate::kernels;
-use crate::ops::convert::common_float;
+use crate::ops::convert::word_aligned;
 use crate::ops::{u, Un};
 
 /// Elements of a fibre one lane reduces in one dispatch: longer fibres are cut into
@@ -133,26 +134,11 @@ pub(crate) fn max_backward(be: &WgpuBackend, x: &Tensor, d_out: &Tensor, axis: u
 
 pub(crate) fn sum_to_shape(be: &WgpuBackend, x: &Tensor, shape: &Shape) -> Result<Tensor> {
     const OP: &str = "sum_to_shape";
-    let lead = x.rank().checked_sub(shape.rank());
-    let broadcasts =
-        lead.is_some_and(|lead| shape.dims().iter().zip(&x.dims()[lead..]).all(|(&d, &t)| d == t || d == 1));
-    let dtype = common_float(&[x]).filter(|_| broadcasts && x.elem_count() > 0 && u(x.elem_count()).is_ok());
-    let (Some(dtype), Some(lead)) = (dtype, lead) else {
+    let SumToShapeSpec { runs, dtype } = spec::reduce::sum_to_shape(x, shape)?;
+    if x.elem_count() == 0 || u(x.elem_count()).is_err() || !word_aligned(&[x]) {
         return fallback!(be, cpu::reduce::sum_to_shape; [x], shape);
-    };
-    // Runs of x's axes that are all summed or all kept (size-1 axes dropped), each
-    // summed run one reduction, as on the CPU.
-    let mut runs: Vec<(usize, bool)> = Vec::new();
-    for (a, &d) in x.dims().iter().enumerate() {
-        let summed = a < lead || shape.dims()[a - lead] != d;
-        if d == 1 {
-            continue;
-        }
-        match runs.last_mut() {
-            Some((size, s)) if *s == summed => *size *= d,
-            _ => runs.push((d, summed)),
-        }
     }
+    // Each summed run one reduction, as on the CPU.
     let mut cur = be.widen(OP, x)?;
     if !runs.iter().any(|r| r.1) {
         cur = be.ctx.copy_tensor(OP, &cur)?;

@@ -8,13 +8,12 @@
 //! in unit order: results are bit-identical whatever the thread count, and large
 //! reductions — even of one long row — run in parallel.
 
-use crate::cpu::check;
 use crate::cpu::convert::{f32_data, from_f32};
 use crate::cpu::pool::SharedMut;
 use crate::cpu::simd;
 use crate::cpu::CpuBackend;
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::shape::Shape;
 use crate::spec::{self, reduce::ReduceSpec};
 use crate::tensor::Tensor;
@@ -448,19 +447,8 @@ fn topk_scan(row: &[f32], k: usize, kept: &mut Vec<u32>) -> bool {
 /// `x`: `[..., N]` float, `k ≤ N` → values `[..., k]` (x's dtype), indices `[..., k]` U32.
 pub fn topk(cpu: &CpuBackend, x: &Tensor, k: usize) -> Result<TopK> {
     const OP: &str = "topk";
-    check::float(OP, "x", x)?;
-    check::min_rank(OP, "x", x, 1)?;
-    let n = x.shape().last_dim();
-    if k > n {
-        return Err(Error::value(OP, "k", format!("≤ {n} (the last dim)"), k));
-    }
-    if n > u32::MAX as usize {
-        return Err(Error::shape(OP, "x", "a last dim of at most 2³² elements", x.shape()));
-    }
+    let spec::reduce::TopkSpec { rows, n, k, out_dims: dims, .. } = spec::reduce::topk(x, k)?;
     let data = f32_data(OP, "x", x)?;
-    let rows = x.shape().rows();
-    let mut dims = x.dims().to_vec();
-    *dims.last_mut().expect("rank ≥ 1") = k;
     let mut indices = vec![0u32; rows * k];
     let rows_per_chunk = (4096 / n.max(1)).max(1);
     cpu.for_each_chunk(&mut indices, rows_per_chunk * k, n.div_ceil(k.max(1)), |c, chunk| {
@@ -499,30 +487,14 @@ pub fn max_backward(cpu: &CpuBackend, x: &Tensor, d_out: &Tensor, axis: usize) -
 }
 
 /// Sums a broadcast gradient back to `shape` (numpy rules: leading dims summed away,
-/// size-1 dims summed and kept). Axes are grouped into runs that are all summed or all
-/// kept, and each summed run is one strided reduction.
+/// size-1 dims summed and kept). Each summed run of axes the spec finds is one strided
+/// reduction.
 ///
 /// # Shapes
 /// `x`: float, a shape that `shape` broadcasts to → `shape`, x's dtype.
 pub fn sum_to_shape(cpu: &CpuBackend, x: &Tensor, shape: &Shape) -> Result<Tensor> {
     const OP: &str = "sum_to_shape";
-    check::float(OP, "x", x)?;
-    if spec::layout::broadcast_strides(shape, x.dims()).is_none() {
-        return Err(Error::shape(OP, "target", format!("a shape that broadcasts to {}", x.shape()), shape));
-    }
-    let lead = x.rank() - shape.rank();
-    // (size, summed) runs of x's axes; size-1 axes are dropped.
-    let mut runs: Vec<(usize, bool)> = Vec::new();
-    for (a, &d) in x.dims().iter().enumerate() {
-        let summed = a < lead || shape.dims()[a - lead] != d;
-        if d == 1 {
-            continue;
-        }
-        match runs.last_mut() {
-            Some((size, s)) if *s == summed => *size *= d,
-            _ => runs.push((d, summed)),
-        }
-    }
+    let spec::reduce::SumToShapeSpec { runs, .. } = spec::reduce::sum_to_shape(x, shape)?;
     let data = f32_data(OP, "x", x)?;
     let mut current: Vec<f32> = Vec::new();
     let mut reduced = false;

@@ -21,6 +21,7 @@ pub mod elementwise;
 pub mod embedding;
 pub mod layout;
 pub mod matmul;
+pub mod memory;
 pub mod norm;
 pub mod optim;
 pub mod reduce;

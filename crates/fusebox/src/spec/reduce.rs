@@ -1,8 +1,9 @@
 //! Reductions along an axis or over everything: sum, mean, max, var, sum_abs, argmax,
-//! and max's gradient.
+//! max's gradient, topk, and sum_to_shape (the gradient of a broadcast).
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::shape::Shape;
 use crate::spec::check;
 use crate::tensor::Tensor;
 
@@ -102,4 +103,70 @@ fn arg_reduction(op: &'static str, x: &Tensor, axis: usize) -> Result<ReduceSpec
         return Err(Error::shape(op, "x", format!("axis {axis} of at most 2³² elements"), x.shape()));
     }
     Ok(s)
+}
+
+/// A validated `topk`: `rows` rows of `n` elements, the `k` largest of each kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopkSpec {
+    /// Rows: the product of every dim but the last.
+    pub rows: usize,
+    /// The last dim N (at most 2³², indices are U32).
+    pub n: usize,
+    /// Values kept per row (≤ N).
+    pub k: usize,
+    /// The outputs' dims: x's with the last dim `k`.
+    pub out_dims: Vec<usize>,
+    /// x's dtype (F32, F16 or BF16), kept by the values; the indices are U32.
+    pub dtype: DType,
+}
+
+/// `topk(x, k)`: x float of rank ≥ 1 with a last dim N of at most 2³² elements, `k ≤ N`.
+pub fn topk(x: &Tensor, k: usize) -> Result<TopkSpec> {
+    const OP: &str = "topk";
+    check::float(OP, "x", x)?;
+    check::min_rank(OP, "x", x, 1)?;
+    let n = x.shape().last_dim();
+    if k > n {
+        return Err(Error::value(OP, "k", format!("≤ {n} (the last dim)"), k));
+    }
+    if n > u32::MAX as usize {
+        return Err(Error::shape(OP, "x", "a last dim of at most 2³² elements", x.shape()));
+    }
+    let lead = &x.dims()[..x.rank() - 1];
+    let mut out_dims = lead.to_vec();
+    out_dims.push(k);
+    Ok(TopkSpec { rows: lead.iter().product(), n, k, out_dims, dtype: x.dtype() })
+}
+
+/// A validated `sum_to_shape`: x's axes grouped into runs that are all summed or all
+/// kept (size-1 axes dropped, neighbours of the same kind merged), outermost first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SumToShapeSpec {
+    /// `(elements, summed)` per run; a summed run is one reduction of `[outer, n, inner]`.
+    pub runs: Vec<(usize, bool)>,
+    /// x's dtype (F32, F16 or BF16), kept by the output.
+    pub dtype: DType,
+}
+
+/// `sum_to_shape(x, shape)`: x float, `shape` one that broadcasts to x's shape (numpy
+/// rules): x's extra leading dims, and the dims where `shape` has 1, are summed.
+pub fn sum_to_shape(x: &Tensor, shape: &Shape) -> Result<SumToShapeSpec> {
+    const OP: &str = "sum_to_shape";
+    check::float(OP, "x", x)?;
+    if crate::spec::layout::broadcast_strides(shape, x.dims()).is_none() {
+        return Err(Error::shape(OP, "target", format!("a shape that broadcasts to {}", x.shape()), shape));
+    }
+    let lead = x.rank() - shape.rank();
+    let mut runs: Vec<(usize, bool)> = Vec::new();
+    for (a, &d) in x.dims().iter().enumerate() {
+        let summed = a < lead || shape.dims()[a - lead] != d;
+        if d == 1 {
+            continue;
+        }
+        match runs.last_mut() {
+            Some((size, s)) if *s == summed => *size *= d,
+            _ => runs.push((d, summed)),
+        }
+    }
+    Ok(SumToShapeSpec { runs, dtype: x.dtype() })
 }
