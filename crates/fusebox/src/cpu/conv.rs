@@ -7,155 +7,11 @@
 
 use crate::cpu::matmul::{sgemm, sgemm_serial, PARALLEL_GEMM_WORK};
 use crate::cpu::simd::{self};
-use crate::cpu::{check, convert, CpuBackend};
-use crate::error::{Error, Result};
+use crate::cpu::{convert, CpuBackend};
+use crate::error::Result;
+use crate::spec::conv::{self as spec, Conv2dSpec, ConvTranspose1dSpec, DepthwiseSpec};
 use crate::tensor::Tensor;
 use crate::types::{Conv1dConfig, Conv2dConfig};
-
-/// Validated geometry of a (grouped, strided, padded, dilated) 2-d cross-correlation.
-/// A 1-d convolution is the case `h = kh = 1`, stride/padding/dilation 1/0/1 along h.
-#[derive(Debug, Clone, Copy)]
-struct Conv2dGeometry {
-    batch: usize,
-    cin: usize,
-    h: usize,
-    w: usize,
-    cout: usize,
-    groups: usize,
-    kh: usize,
-    kw: usize,
-    stride: (usize, usize),
-    padding: (usize, usize),
-    dilation: (usize, usize),
-    ho: usize,
-    wo: usize,
-}
-
-impl Conv2dGeometry {
-    fn cin_per_group(&self) -> usize {
-        self.cin / self.groups
-    }
-    fn cout_per_group(&self) -> usize {
-        self.cout / self.groups
-    }
-    /// Rows of a group's column matrix: `(c, kh, kw)` for c in the group.
-    fn col_rows(&self) -> usize {
-        self.cin_per_group() * self.kh * self.kw
-    }
-    /// Columns of the column matrix: one per output position.
-    fn col_len(&self) -> usize {
-        self.ho * self.wo
-    }
-}
-
-/// Output length of one axis, `(len + 2·pad − dil·(k−1) − 1)/stride + 1`, or an error
-/// when the dilated kernel does not fit in the padded input. Parameters are validated
-/// (stride, dilation ≥ 1, k ≥ 1) by the caller.
-fn conv_out_len(
-    op: &'static str,
-    axis: &str,
-    len: usize,
-    k: usize,
-    stride: usize,
-    pad: usize,
-    dil: usize,
-) -> Result<usize> {
-    let padded = len as u128 + 2 * pad as u128;
-    let span = dil as u128 * (k as u128 - 1) + 1;
-    if span > padded {
-        return Err(Error::shape(
-            op,
-            format!("kernel along {axis} (dilated span {span}) against the padded input"),
-            format!("a span ≤ {padded}"),
-            span,
-        ));
-    }
-    usize::try_from((padded - span) / stride as u128 + 1)
-        .map_err(|_| Error::value(op, format!("output length along {axis}"), "to fit in usize", "overflow"))
-}
-
-/// Stride, dilation and groups must be positive.
-fn positive(op: &'static str, what: &str, v: usize) -> Result<()> {
-    if v == 0 {
-        Err(Error::value(op, what, "≥ 1", 0))
-    } else {
-        Ok(())
-    }
-}
-
-/// Validates x `[B, Cin, H, W]`, w `[Cout, Cin/groups, Kh, Kw]` (both given as dims of
-/// rank-4 views), the bias and the parameters; returns the geometry.
-fn conv2d_geometry(
-    op: &'static str,
-    x_dims: [usize; 4],
-    w_dims: [usize; 4],
-    w_shape: &crate::shape::Shape,
-    config: &Conv2dConfig,
-) -> Result<Conv2dGeometry> {
-    let [batch, cin, h, w] = x_dims;
-    let [cout, cg, kh, kw] = w_dims;
-    positive(op, "groups", config.groups)?;
-    positive(op, "stride", config.stride.0)?;
-    positive(op, "stride", config.stride.1)?;
-    positive(op, "dilation", config.dilation.0)?;
-    positive(op, "dilation", config.dilation.1)?;
-    let groups = config.groups;
-    if cin % groups != 0 {
-        return Err(Error::value(
-            op,
-            "input channels (must be divisible by groups)",
-            format!("a multiple of {groups}"),
-            cin,
-        ));
-    }
-    if cout % groups != 0 {
-        return Err(Error::value(
-            op,
-            "w output channels (must be divisible by groups)",
-            format!("a multiple of {groups}"),
-            cout,
-        ));
-    }
-    if cg != cin / groups {
-        return Err(Error::shape(
-            op,
-            format!("w (dim 1 = input channels / groups = {})", cin / groups),
-            cin / groups,
-            w_shape,
-        ));
-    }
-    if kh == 0 || kw == 0 {
-        return Err(Error::shape(op, "w kernel size", "≥ 1", w_shape));
-    }
-    let ho = conv_out_len(op, "h", h, kh, config.stride.0, config.padding.0, config.dilation.0)?;
-    let wo = conv_out_len(op, "w", w, kw, config.stride.1, config.padding.1, config.dilation.1)?;
-    batch
-        .checked_mul(cout)
-        .and_then(|v| v.checked_mul(ho))
-        .and_then(|v| v.checked_mul(wo))
-        .ok_or_else(|| Error::value(op, "output size", "to fit in memory", "overflow"))?;
-    Ok(Conv2dGeometry {
-        batch,
-        cin,
-        h,
-        w,
-        cout,
-        groups,
-        kh,
-        kw,
-        stride: config.stride,
-        padding: config.padding,
-        dilation: config.dilation,
-        ho,
-        wo,
-    })
-}
-
-/// `bias` must be `[channels]` of `x`'s dtype.
-fn check_bias(op: &'static str, x: &Tensor, bias: &Tensor, channels: usize) -> Result<()> {
-    check::same_dtype(op, "bias", x, bias)?;
-    check::shape(op, "bias", bias, &[channels])
-}
 
 /// `[lo, hi)`: the output positions `o < out_len` whose input index
 /// `o·stride + offset` (offset = tap·dilation − padding) lies in `[0, len)`.
@@ -171,7 +27,7 @@ fn valid_range(out_len: usize, len: usize, stride: usize, offset: isize) -> (usi
 /// Writes rows `first_row..` of a group's column matrix into `cols` (whole rows of
 /// length `Ho·Wo`): `cols[(c,i,j), (oh,ow)] = x[c, oh·sh + i·dh − ph, ow·sw + j·dw − pw]`
 /// (0 in the padding). `xg` is the group's `[Cin/groups, H, W]` input.
-fn im2col_rows(g: &Conv2dGeometry, xg: &[f32], first_row: usize, cols: &mut [f32]) {
+fn im2col_rows(g: &Conv2dSpec, xg: &[f32], first_row: usize, cols: &mut [f32]) {
     let (ho, wo) = (g.ho, g.wo);
     let (sh, sw) = g.stride;
     for (r, row) in cols.chunks_exact_mut(ho * wo).enumerate() {
@@ -209,7 +65,7 @@ fn im2col_rows(g: &Conv2dGeometry, xg: &[f32], first_row: usize, cols: &mut [f32
 /// with the bias) `+= w_g[Cout/groups, rows] · cols[rows, Ho·Wo]`. The input is used as
 /// the column matrix directly when the unfold is the identity (1×1 kernel, stride 1, no
 /// padding). `parallel`: use the pool inside the item (for large items run one at a time).
-fn conv2d_item(cpu: &CpuBackend, g: &Conv2dGeometry, xg: &[f32], wg: &[f32], y_item: &mut [f32], parallel: bool) {
+fn conv2d_item(cpu: &CpuBackend, g: &Conv2dSpec, xg: &[f32], wg: &[f32], y_item: &mut [f32], parallel: bool) {
     let (og, rows, n) = (g.cout_per_group(), g.col_rows(), g.col_len());
     let identity = g.kh == 1 && g.kw == 1 && g.stride == (1, 1) && g.padding == (0, 0);
     let owned;
@@ -233,7 +89,7 @@ fn conv2d_item(cpu: &CpuBackend, g: &Conv2dGeometry, xg: &[f32], wg: &[f32], y_i
 }
 
 /// The convolution of validated f32 data: `y[B, Cout, Ho, Wo]`.
-fn conv2d_f32(cpu: &CpuBackend, g: &Conv2dGeometry, x: &[f32], w: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
+fn conv2d_f32(cpu: &CpuBackend, g: &Conv2dSpec, x: &[f32], w: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
     let n = g.col_len();
     let mut y = vec![0.0f32; g.batch * g.cout * n];
     if let Some(bias) = bias {
@@ -270,13 +126,12 @@ fn run_conv2d(
     x: &Tensor,
     w: &Tensor,
     bias: Option<&Tensor>,
-    g: &Conv2dGeometry,
-    out_dims: Vec<usize>,
+    g: &Conv2dSpec,
 ) -> Result<Tensor> {
     let xd = convert::f32_data(op, "x", x)?;
     let wd = convert::f32_data(op, "w", w)?;
     let bd = bias.map(|b| convert::f32_data(op, "bias", b)).transpose()?;
-    convert::from_f32(conv2d_f32(cpu, g, &xd, &wd, bd.as_deref()), out_dims, x.dtype())
+    convert::from_f32(conv2d_f32(cpu, g, &xd, &wd, bd.as_deref()), g.out_dims.clone(), x.dtype())
 }
 
 /// 1-d convolution (cross-correlation):
@@ -293,25 +148,8 @@ pub fn conv1d(
     config: &Conv1dConfig,
 ) -> Result<Tensor> {
     const OP: &str = "conv1d";
-    check::float(OP, "x", x)?;
-    check::same_dtype(OP, "w", x, w)?;
-    check::rank(OP, "x", x, 3)?;
-    check::rank(OP, "w", w, 3)?;
-    if config.output_padding != 0 {
-        return Err(Error::value(OP, "output_padding (only conv_transpose1d uses it)", 0, config.output_padding));
-    }
-    let (xd, wd) = (x.dims(), w.dims());
-    let config2 = Conv2dConfig {
-        stride: (1, config.stride),
-        padding: (0, config.padding),
-        dilation: (1, config.dilation),
-        groups: config.groups,
-    };
-    let g = conv2d_geometry(OP, [xd[0], xd[1], 1, xd[2]], [wd[0], wd[1], 1, wd[2]], w.shape(), &config2)?;
-    if let Some(bias) = bias {
-        check_bias(OP, x, bias, g.cout)?;
-    }
-    run_conv2d(OP, cpu, x, w, bias, &g, vec![g.batch, g.cout, g.wo])
+    let g = spec::conv1d(x, w, bias, config)?;
+    run_conv2d(OP, cpu, x, w, bias, &g)
 }
 
 /// 2-d convolution (cross-correlation) with per-axis stride, padding, dilation, and groups.
@@ -327,111 +165,13 @@ pub fn conv2d(
     config: &Conv2dConfig,
 ) -> Result<Tensor> {
     const OP: &str = "conv2d";
-    check::float(OP, "x", x)?;
-    check::same_dtype(OP, "w", x, w)?;
-    check::rank(OP, "x", x, 4)?;
-    check::rank(OP, "w", w, 4)?;
-    let (xd, wd) = (x.dims(), w.dims());
-    let g = conv2d_geometry(OP, [xd[0], xd[1], xd[2], xd[3]], [wd[0], wd[1], wd[2], wd[3]], w.shape(), config)?;
-    if let Some(bias) = bias {
-        check_bias(OP, x, bias, g.cout)?;
-    }
-    run_conv2d(OP, cpu, x, w, bias, &g, vec![g.batch, g.cout, g.ho, g.wo])
-}
-
-/// Validated geometry of a transposed 1-d convolution.
-#[derive(Debug, Clone, Copy)]
-struct ConvTranspose1dGeometry {
-    batch: usize,
-    cin: usize,
-    len: usize,
-    cout: usize,
-    groups: usize,
-    k: usize,
-    stride: usize,
-    padding: usize,
-    dilation: usize,
-    out_len: usize,
-}
-
-fn conv_transpose1d_geometry(
-    op: &'static str,
-    x: &Tensor,
-    w: &Tensor,
-    config: &Conv1dConfig,
-) -> Result<ConvTranspose1dGeometry> {
-    check::float(op, "x", x)?;
-    check::same_dtype(op, "w", x, w)?;
-    check::rank(op, "x", x, 3)?;
-    check::rank(op, "w", w, 3)?;
-    positive(op, "groups", config.groups)?;
-    positive(op, "stride", config.stride)?;
-    positive(op, "dilation", config.dilation)?;
-    let (&[batch, cin, len], &[wc, og, k]) = (x.dims(), w.dims()) else { unreachable!("ranks were checked") };
-    let groups = config.groups;
-    if cin % groups != 0 {
-        return Err(Error::value(
-            op,
-            "input channels (must be divisible by groups)",
-            format!("a multiple of {groups}"),
-            cin,
-        ));
-    }
-    if wc != cin {
-        return Err(Error::shape(
-            op,
-            format!("w ([Cin = {cin}, Cout/groups, K])"),
-            format!("[{cin}, _, _]"),
-            w.shape(),
-        ));
-    }
-    if k == 0 {
-        return Err(Error::shape(op, "w kernel size", "≥ 1", w.shape()));
-    }
-    if config.output_padding >= config.stride.max(config.dilation) {
-        return Err(Error::value(
-            op,
-            "output_padding",
-            format!("< max(stride, dilation) = {}", config.stride.max(config.dilation)),
-            config.output_padding,
-        ));
-    }
-    if len == 0 {
-        return Err(Error::shape(op, "x (length)", "≥ 1", x.shape()));
-    }
-    // (L−1)·stride − 2·padding + dilation·(K−1) + output_padding + 1, in wide signed arithmetic.
-    let out_len = (len as i128 - 1) * config.stride as i128 - 2 * config.padding as i128
-        + config.dilation as i128 * (k as i128 - 1)
-        + config.output_padding as i128
-        + 1;
-    if out_len <= 0 {
-        return Err(Error::value(op, "output length (padding too large)", "≥ 1", out_len));
-    }
-    let cout =
-        og.checked_mul(groups).ok_or_else(|| Error::value(op, "output channels", "to fit in usize", "overflow"))?;
-    let out_len =
-        usize::try_from(out_len).map_err(|_| Error::value(op, "output length", "to fit in usize", out_len))?;
-    batch
-        .checked_mul(cout)
-        .and_then(|v| v.checked_mul(out_len))
-        .ok_or_else(|| Error::value(op, "output size", "to fit in memory", "overflow"))?;
-    Ok(ConvTranspose1dGeometry {
-        batch,
-        cin,
-        len,
-        cout,
-        groups,
-        k,
-        stride: config.stride,
-        padding: config.padding,
-        dilation: config.dilation,
-        out_len,
-    })
+    let g = spec::conv2d(x, w, bias, config)?;
+    run_conv2d(OP, cpu, x, w, bias, &g)
 }
 
 /// col2im of one output channel: `y_row[t·stride + k·dilation − padding] += cols[k, t]`
 /// over this channel's `K` column rows (`[K, L]`).
-fn col2im_row(g: &ConvTranspose1dGeometry, cols: &[f32], y_row: &mut [f32]) {
+fn col2im_row(g: &ConvTranspose1dSpec, cols: &[f32], y_row: &mut [f32]) {
     for (tap, col) in cols.chunks_exact(g.len).enumerate() {
         let offset = (tap * g.dilation) as isize - g.padding as isize;
         // Inputs t whose target t·stride + offset lies in [0, out_len).
@@ -456,7 +196,7 @@ fn col2im_row(g: &ConvTranspose1dGeometry, cols: &[f32], y_row: &mut [f32]) {
 /// with the bias). Channels own their output rows, so the scatter splits over threads.
 fn conv_transpose1d_item(
     cpu: &CpuBackend,
-    g: &ConvTranspose1dGeometry,
+    g: &ConvTranspose1dSpec,
     xg: &[f32],
     wg: &[f32],
     y_item: &mut [f32],
@@ -492,10 +232,7 @@ pub fn conv_transpose1d(
     config: &Conv1dConfig,
 ) -> Result<Tensor> {
     const OP: &str = "conv_transpose1d";
-    let g = conv_transpose1d_geometry(OP, x, w, config)?;
-    if let Some(bias) = bias {
-        check_bias(OP, x, bias, g.cout)?;
-    }
+    let g = spec::conv_transpose1d(x, w, bias, config)?;
     let xd = convert::f32_data(OP, "x", x)?;
     let wd = convert::f32_data(OP, "w", w)?;
     let bd = bias.map(|b| convert::f32_data(OP, "bias", b)).transpose()?;
@@ -531,21 +268,6 @@ pub fn conv_transpose1d(
         }
     }
     convert::from_f32(y, [g.batch, g.cout, g.out_len], x.dtype())
-}
-
-/// Validates a causal depthwise conv: x `[B, C, L]`, w `[C, K]` (K ≥ 1), bias `[C]`, one dtype.
-fn depthwise_dims(op: &'static str, x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<(usize, usize, usize, usize)> {
-    check::float(op, "x", x)?;
-    check::same_dtype(op, "w", x, w)?;
-    check::rank(op, "x", x, 3)?;
-    check::rank(op, "w", w, 2)?;
-    let &[batch, channels, len] = x.dims() else { unreachable!("rank 3 was checked") };
-    let k = w.dims()[1];
-    if w.dims()[0] != channels || k == 0 {
-        return Err(Error::shape(op, "w ([C, K], K ≥ 1)", format!("[{channels}, K ≥ 1]"), w.shape()));
-    }
-    check_bias(op, x, bias, channels)?;
-    Ok((batch, channels, len, k))
 }
 
 /// `y[t] = bias + Σ_k w[k]·z[t + k]` for one channel over `z = [ctx, x]`, where `ctx`
@@ -602,21 +324,19 @@ simd::multiversion! {
     }
 }
 
-/// The shared body of the three depthwise forms.
+/// The shared body of the three depthwise forms, for operands validated as `s`.
+#[allow(clippy::too_many_arguments)]
 fn depthwise(
     op: &'static str,
     cpu: &CpuBackend,
+    s: DepthwiseSpec,
     ctx: Option<&Tensor>,
     x: &Tensor,
     w: &Tensor,
     bias: &Tensor,
     silu: bool,
 ) -> Result<Tensor> {
-    let (batch, channels, len, k) = depthwise_dims(op, x, w, bias)?;
-    if let Some(ctx) = ctx {
-        check::same_dtype(op, "ctx", x, ctx)?;
-        check::shape(op, "ctx ([B, C, K−1])", ctx, &[batch, channels, k - 1])?;
-    }
+    let DepthwiseSpec { channels, len, k, .. } = s;
     let xd = convert::f32_data(op, "x", x)?;
     let wd = convert::f32_data(op, "w", w)?;
     let bd = convert::f32_data(op, "bias", bias)?;
@@ -631,7 +351,8 @@ fn depthwise(
 /// # Shapes
 /// `x`: `[B, C, L]`; `w`: `[C, K]`; `bias`: `[C]` → `[B, C, L]`.
 pub fn depthwise_conv1d_silu(cpu: &CpuBackend, x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<Tensor> {
-    depthwise("depthwise_conv1d_silu", cpu, None, x, w, bias, true)
+    let s = spec::depthwise_conv1d_silu(x, w, bias)?;
+    depthwise("depthwise_conv1d_silu", cpu, s, None, x, w, bias, true)
 }
 
 /// Causal depthwise conv plus bias: `y[b,c,t] = bias[c] + Σ_k w[c,k]·x[b, c, t + k − (K−1)]`.
@@ -639,7 +360,8 @@ pub fn depthwise_conv1d_silu(cpu: &CpuBackend, x: &Tensor, w: &Tensor, bias: &Te
 /// # Shapes
 /// `x`: `[B, C, L]`; `w`: `[C, K]`; `bias`: `[C]` → `[B, C, L]`.
 pub fn depthwise_conv1d_bias(cpu: &CpuBackend, x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<Tensor> {
-    depthwise("depthwise_conv1d_bias", cpu, None, x, w, bias, false)
+    let s = spec::depthwise_conv1d_bias(x, w, bias)?;
+    depthwise("depthwise_conv1d_bias", cpu, s, None, x, w, bias, false)
 }
 
 /// `depthwise_conv1d_bias` over `[ctx, x]` (ctx the K−1 inputs before x, e.g. a streaming
@@ -654,5 +376,6 @@ pub fn depthwise_conv1d_bias_ctx(
     w: &Tensor,
     bias: &Tensor,
 ) -> Result<Tensor> {
-    depthwise("depthwise_conv1d_bias_ctx", cpu, Some(ctx), x, w, bias, false)
+    let s = spec::depthwise_conv1d_bias_ctx(ctx, x, w, bias)?;
+    depthwise("depthwise_conv1d_bias_ctx", cpu, s, Some(ctx), x, w, bias, false)
 }

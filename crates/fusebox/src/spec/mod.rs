@@ -17,6 +17,7 @@
 
 pub mod attention;
 pub mod check;
+pub mod conv;
 pub mod elementwise;
 pub mod embedding;
 pub mod layout;
