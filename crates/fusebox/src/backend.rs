@@ -83,9 +83,18 @@ struct_to_backend!(TopK { values, indices });
 /// macro; a backend overriding an op calls it for the inputs its kernel does not take.
 ///
 /// `on_cpu!(backend, kernel_path; [tensor args], other args...)` calls
-/// `kernel_path(backend.cpu(), &tensor_args..., other_args...)`.
+/// `kernel_path(backend.cpu(), &tensor_args..., other_args...)`. For a kernel whose
+/// tensors are not its first arguments, `on_cpu!(backend, [tensor args] => |cpu| call)`
+/// evaluates `call` with each tensor argument rebound to a reference to its host copy.
 #[macro_export]
 macro_rules! on_cpu {
+    ($self:expr, [$($t:ident),*] => |$cpu:ident| $call:expr) => {{
+        let backend = $self;
+        $(let $t = &$crate::ComputeBackend::to_host(backend, $t)?;)*
+        let $cpu = $crate::ComputeBackend::cpu(backend);
+        let _isa = $cpu.enter();
+        $crate::ToBackend::to_backend($call?, backend)
+    }};
     ($self:expr, $kernel:path; [$($t:ident),*] $(, $arg:expr)*) => {{
         let backend = $self;
         $(let $t = $crate::ComputeBackend::to_host(backend, $t)?;)*
@@ -788,7 +797,7 @@ pub trait ComputeBackend: Send + Sync + Debug {
     /// # Shapes
     /// `x`: `[B, C, ...]`, `C % groups == 0`; `weight`, `bias`: `[C]` → same as x.
     fn group_norm(&self, x: &Tensor, groups: usize, weight: &Tensor, bias: &Tensor, eps: f32) -> Result<Tensor> {
-        on_cpu!(self, cpu::norm::group_norm; [x, weight, bias], groups, eps)
+        on_cpu!(self, [x, weight, bias] => |c| cpu::norm::group_norm(c, x, groups, weight, bias, eps))
     }
 
     /// `rms_norm(x, w)·(1 + scale) + shift`, scale and shift per batch row.

@@ -851,9 +851,9 @@ fn combine_moments(a: (f64, f64, f64), b: (f64, f64, f64)) -> (f64, f64, f64) {
 pub fn group_norm(
     cpu: &CpuBackend,
     x: &Tensor,
+    groups: usize,
     weight: &Tensor,
     bias: &Tensor,
-    groups: usize,
     eps: f32,
 ) -> Result<Tensor> {
     const OP: &str = "group_norm";
@@ -969,7 +969,7 @@ mod tests {
             let l = layer_norm(cpu, &x, &w, &b, 1e-5).unwrap();
             let mean = l.mean.clone().unwrap();
             let lg = layer_norm_backward(cpu, &x, &w, &mean, &l.rstd, &dy).unwrap();
-            let gn = group_norm(cpu, &xg, &wg, &wg, 2, 1e-5).unwrap();
+            let gn = group_norm(cpu, &xg, 2, &wg, &wg, 1e-5).unwrap();
             let ch = rms_norm_channel(cpu, &xg, &wg, 1e-5).unwrap();
             [&f.output, &f.rstd, &g.dx, &g.dweight, &l.output, &mean, &lg.dx, &lg.dweight, &gn, &ch]
                 .iter()
