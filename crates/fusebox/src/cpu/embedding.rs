@@ -210,8 +210,7 @@ pub fn embedding_backward(cpu: &CpuBackend, ids: &Tensor, d_out: &Tensor, vocab:
 /// `x`: `[N, ...]`; `ids`: `[M]` U32, every id < N → `[M, ...]`.
 pub fn index_select(cpu: &CpuBackend, x: &Tensor, ids: &Tensor) -> Result<Tensor> {
     const OP: &str = "index_select";
-    let (rows, row_bytes) = spec::row_layout(OP, x)?;
-    spec::id_vector(OP, ids)?;
+    let (rows, row_bytes) = spec::index_select(x, ids)?;
     let id_values = ids.as_slice::<u32>()?;
     spec::ids(OP, "ids", id_values, rows)?;
     let mut dims = x.dims().to_vec();

@@ -74,6 +74,15 @@ pub fn row_layout(op: &'static str, x: &Tensor) -> Result<(usize, usize)> {
     Ok((rows, x.dtype().storage_bytes(row_elems)))
 }
 
+/// `index_select(x, ids)`: x `[N, ...]` of whole-block rows (any dtype), ids U32 `[M]`.
+/// Returns `(N, bytes per row)`.
+pub fn index_select(x: &Tensor, ids: &Tensor) -> Result<(usize, usize)> {
+    const OP: &str = "index_select";
+    let layout = row_layout(OP, x)?;
+    id_vector(OP, ids)?;
+    Ok(layout)
+}
+
 /// A row scatter `dst[ids[i]] += src[i]`: `rows` rows of `row` elements in `dtype`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScatterSpec {
