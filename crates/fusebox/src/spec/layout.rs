@@ -207,3 +207,60 @@ pub fn expand(x: &Tensor, shape: &Shape) -> Result<ExpandSpec> {
         .ok_or_else(|| Error::shape(OP, "target", format!("a shape that {} broadcasts to", x.shape()), shape))?;
     Ok(ExpandSpec { strides, elem_bytes, dtype: x.dtype() })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(dims: &[usize], dtype: DType) -> Tensor {
+        Tensor::zeros(dims.to_vec(), dtype).unwrap()
+    }
+
+    #[test]
+    fn permutations_and_moves_describe_their_output() {
+        let x = t(&[2, 3, 4], DType::F16);
+        let p = transpose(&x, 0, 2).unwrap();
+        assert_eq!((p.perm, p.out_dims, p.elem_bytes), (vec![2, 1, 0], vec![4, 3, 2], 2));
+        assert_eq!(slice(&x, 1, 1, 2).unwrap().out_dims, [2, 2, 4]);
+        assert_eq!(select(&x, 2, 3).unwrap().out_dims, [2, 3]);
+        let y = t(&[2, 5, 4], DType::F16);
+        assert_eq!(concat(&[x.clone(), y], 1).unwrap().out_dims, [2, 8, 4]);
+        let e = expand(&t(&[3, 1], DType::U32), &Shape::new(vec![2, 3, 5])).unwrap();
+        assert_eq!((e.strides, e.elem_bytes), (vec![0, 1, 0], 4));
+        let d = slice_backward(&t(&[2, 1, 4], DType::F32), &Shape::new(vec![2, 3, 4]), 1, 2).unwrap();
+        assert_eq!(d.out_dims, [2, 3, 4]);
+    }
+
+    #[test]
+    fn bad_layouts_name_the_argument() {
+        let x = t(&[2, 3], DType::F32);
+        let e = permute(&x, &[0, 0]).unwrap_err().to_string();
+        assert!(e.contains("permute") && e.contains("perm"), "{e}");
+        let e = transpose(&x, 0, 2).unwrap_err().to_string();
+        assert!(e.contains("transpose") && e.contains("axis"), "{e}");
+        let e = slice(&x, 1, 2, 2).unwrap_err().to_string();
+        assert!(e.contains("slice") && e.contains("start + len"), "{e}");
+        let e = select(&x, 0, 2).unwrap_err().to_string();
+        assert!(e.contains("select") && e.contains("index"), "{e}");
+        let e = concat(&[x.clone(), t(&[3, 3], DType::F32)], 0).map(|_| ());
+        assert!(e.is_ok());
+        let e = concat(&[x.clone(), t(&[2, 4], DType::F32)], 0).unwrap_err().to_string();
+        assert!(e.contains("concat") && e.contains("xs[1]"), "{e}");
+        assert!(concat(&[], 0).is_err());
+        let e = expand(&x, &Shape::new(vec![3, 3])).unwrap_err().to_string();
+        assert!(e.contains("expand") && e.contains("broadcasts"), "{e}");
+        let e = permute(&t(&[2, 32], DType::Q8_0), &[1, 0]).unwrap_err().to_string();
+        assert!(e.contains("plain dtype"), "{e}");
+        let e = slice_backward(&t(&[2, 1], DType::U32), &Shape::new(vec![2, 3]), 1, 0).unwrap_err();
+        assert!(e.to_string().contains("d_out"), "{e}");
+    }
+
+    #[test]
+    fn reshape_keeps_the_element_count_and_whole_blocks() {
+        assert!(reshape(&t(&[2, 6], DType::F32), &Shape::new(vec![3, 4])).is_ok());
+        let e = reshape(&t(&[2, 6], DType::F32), &Shape::new(vec![5])).unwrap_err().to_string();
+        assert!(e.contains("reshape") && e.contains("12 elements"), "{e}");
+        let e = reshape(&t(&[2, 32], DType::Q8_0), &Shape::new(vec![4, 16])).unwrap_err().to_string();
+        assert!(e.contains("blocks"), "{e}");
+    }
+}

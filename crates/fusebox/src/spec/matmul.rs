@@ -172,3 +172,57 @@ fn layer(op: &'static str, x: &Tensor, w: &Tensor) -> Result<LinearSpec> {
     out_dims.push(features_out);
     Ok(LinearSpec { rows: lead.iter().product(), features_in, features_out, out_dims, dtype: x.dtype() })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(dims: &[usize], dtype: DType) -> Tensor {
+        Tensor::zeros(dims.to_vec(), dtype).unwrap()
+    }
+
+    #[test]
+    fn a_product_is_described_by_its_sizes_and_layout() {
+        // a [2, 3, 5, 4] transposed is [.., 4, 5]; b [6, 5] is shared by the 6 batches.
+        let s = matmul(&t(&[2, 3, 5, 4], DType::F32), &t(&[6, 5], DType::F32), true, true).unwrap();
+        assert_eq!((s.batches, s.m, s.n, s.k, s.b_shared), (6, 4, 6, 5, true));
+        assert_eq!(s.out_dims(), [2, 3, 4, 6]);
+        let s = batched_matmul(&t(&[2, 3, 4], DType::BF16), &t(&[2, 4, 7], DType::BF16), false, false).unwrap();
+        assert_eq!((s.batches, s.m, s.n, s.k, s.b_shared, s.dtype), (2, 3, 7, 4, false, DType::BF16));
+    }
+
+    #[test]
+    fn bad_products_name_the_argument() {
+        let a = t(&[3, 4], DType::F32);
+        let e = matmul(&a, &t(&[5, 2], DType::F32), false, false).unwrap_err().to_string();
+        assert!(e.contains("matmul") && e.contains("inner dim k = 4"), "{e}");
+        let e = matmul(&a, &t(&[4, 2], DType::F16), false, false).unwrap_err().to_string();
+        assert!(e.contains("matmul") && e.contains('b'), "{e}");
+        let e = matmul(&t(&[2, 3, 4], DType::F32), &t(&[3, 4, 2], DType::F32), false, false).unwrap_err();
+        assert!(e.to_string().contains("batch dims"), "{e}");
+        let e = batched_matmul(&a, &t(&[4, 2], DType::F32), false, false).unwrap_err().to_string();
+        assert!(e.contains("batched_matmul") && e.contains("rank 3"), "{e}");
+        let e = matmul_backward(&a, &t(&[4, 2], DType::F32), &t(&[3, 3], DType::F32), false, false);
+        assert!(e.unwrap_err().to_string().contains("d_out"));
+    }
+
+    #[test]
+    fn a_linear_layer_counts_the_rows_of_x_even_without_features() {
+        let s = linear_forward(&t(&[2, 3, 0], DType::F32), &t(&[5, 0], DType::F32), None).unwrap();
+        assert_eq!((s.rows, s.features_in, s.features_out), (6, 0, 5));
+        assert_eq!(s.out_dims, [2, 3, 5]);
+        let x = t(&[4, 3], DType::F32);
+        let w = t(&[5, 3], DType::F32);
+        let e = linear_forward(&x, &w, Some(&t(&[4], DType::F32))).unwrap_err().to_string();
+        assert!(e.contains("linear_forward") && e.contains("bias"), "{e}");
+        let e = linear_forward(&x, &t(&[5, 32], DType::Q8_0), None).unwrap_err().to_string();
+        assert!(e.contains("linear_forward") && e.contains('w'), "{e}");
+        let e = linear_backward(&x, &w, &t(&[4, 4], DType::F32)).unwrap_err().to_string();
+        assert!(e.contains("linear_backward") && e.contains("d_out"), "{e}");
+        let d_out = t(&[4, 5], DType::F32);
+        let e = linear_backward_accumulate(&x, &w, &d_out, &t(&[5, 3], DType::F16), None).unwrap_err();
+        assert!(e.to_string().contains("dweight"), "{e}");
+        let e = linear_backward_accumulate(&x, &w, &d_out, &w, Some(&t(&[3], DType::F32))).unwrap_err();
+        assert!(e.to_string().contains("dbias"), "{e}");
+    }
+}

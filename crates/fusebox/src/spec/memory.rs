@@ -135,3 +135,44 @@ pub fn f8e4m3_to(x: &Tensor, target: DType) -> Result<&'static str> {
     check::dtype(op, "x", x, DType::F8E4M3)?;
     Ok(op)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn casts_are_classified_and_others_refused() {
+        let x = Tensor::zeros([3], DType::F16).unwrap();
+        assert_eq!(cast(&x, DType::BF16).unwrap().kind, CastKind::Float);
+        assert_eq!(cast(&x, DType::F16).unwrap().kind, CastKind::Copy);
+        let ids = Tensor::zeros([3], DType::U32).unwrap();
+        assert_eq!(cast(&ids, DType::F32).unwrap().kind, CastKind::IdsToF32);
+        let e = cast(&ids, DType::F16).unwrap_err().to_string();
+        assert!(e.contains("cast") && e.contains("u32 → f16"), "{e}");
+        assert!(ids_as_f32(&[0, 1 << 24]).is_ok());
+        assert!(ids_as_f32(&[(1 << 24) + 1]).is_err());
+        assert!(f32_as_ids(&[0.0, 7.0]).is_ok());
+        for bad in [-1.0, 0.5, f32::NAN, f32::INFINITY] {
+            assert!(f32_as_ids(&[bad]).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn memory_ops_check_their_arguments() {
+        assert_eq!(zeros(&Shape::new(vec![2, 64]), DType::Q8_0).unwrap(), 2 * 2 * 34);
+        let e = zeros(&Shape::new(vec![2, 33]), DType::Q8_0).unwrap_err().to_string();
+        assert!(e.contains("zeros") && e.contains("multiple of 32"), "{e}");
+        assert!(zeros(&Shape::new(vec![usize::MAX, 2]), DType::F32).is_err());
+        let a = Tensor::zeros([2, 3], DType::F32).unwrap();
+        let e = copy_into(&a, &Tensor::zeros([3, 2], DType::F32).unwrap()).unwrap_err().to_string();
+        assert!(e.contains("copy_into") && e.contains("src"), "{e}");
+        assert!(copy_into(&a, &Tensor::zeros([2, 3], DType::BF16).unwrap()).is_err());
+        assert!(fill(&Tensor::zeros([2], DType::U32).unwrap()).is_err());
+        let f8 = Tensor::zeros([4], DType::F8E4M3).unwrap();
+        assert_eq!(f8e4m3_to(&f8, DType::BF16).unwrap(), "f8e4m3_to_bf16");
+        let e = f8e4m3_to(&a, DType::F32).unwrap_err().to_string();
+        assert!(e.contains("f8e4m3_to_f32") && e.contains('x'), "{e}");
+        assert!(preprocess_linear_weight(&Tensor::zeros([4], DType::F32).unwrap()).is_err());
+        assert!(preprocess_linear_weight(&Tensor::zeros([4, 2], DType::U32).unwrap()).is_err());
+    }
+}

@@ -170,3 +170,34 @@ pub fn sum_to_shape(x: &Tensor, shape: &Shape) -> Result<SumToShapeSpec> {
     }
     Ok(SumToShapeSpec { runs, dtype: x.dtype() })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(dims: &[usize], dtype: DType) -> Tensor {
+        Tensor::zeros(dims.to_vec(), dtype).unwrap()
+    }
+
+    #[test]
+    fn topk_keeps_k_of_the_last_dim() {
+        let s = topk(&t(&[2, 3, 8], DType::BF16), 5).unwrap();
+        assert_eq!((s.rows, s.n, s.k, s.out_dims.as_slice()), (6, 8, 5, &[2, 3, 5][..]));
+        let e = topk(&t(&[2, 4], DType::F32), 5).unwrap_err().to_string();
+        assert!(e.contains("topk") && e.contains('k'), "{e}");
+        assert!(topk(&t(&[4], DType::U32), 1).is_err());
+    }
+
+    #[test]
+    fn sum_to_shape_groups_summed_and_kept_axes() {
+        // x [5, 2, 3, 1, 4] → [2, 1, 1, 4]: 5 summed (leading), 2 kept, 3 summed, the
+        // size-1 axis dropped, 4 kept.
+        let s = sum_to_shape(&t(&[5, 2, 3, 1, 4], DType::F32), &Shape::new(vec![2, 1, 1, 4])).unwrap();
+        assert_eq!(s.runs, [(5, true), (2, false), (3, true), (4, false)]);
+        // Neighbours of one kind merge.
+        let s = sum_to_shape(&t(&[2, 3, 4], DType::F16), &Shape::new(vec![4])).unwrap();
+        assert_eq!(s.runs, [(6, true), (4, false)]);
+        let e = sum_to_shape(&t(&[2, 3], DType::F32), &Shape::new(vec![2])).unwrap_err().to_string();
+        assert!(e.contains("sum_to_shape") && e.contains("broadcasts"), "{e}");
+    }
+}
