@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use fusebox::{ComputeBackend, Op};
+use fusebox::{ComputeBackend, CpuBackend, DType, Op, Shape, Tensor};
 use fusebox_conformance::suite::{family_cases, FAMILIES};
 use fusebox_conformance::{all_cases, coverage_gaps, run_cases, Case, CaseKind};
 use fusebox_wgpu::WgpuBackend;
@@ -90,4 +90,67 @@ fn wgpu_backend_passes_the_conformance_suite() {
     assert!(gaps.is_empty(), "coverage gaps: {gaps:?}");
     assert!(failures.is_empty(), "{} conformance failures (listed above)", failures.len());
     assert!(missing.is_empty(), "native ops with no case on the GPU path: {missing:?}");
+}
+
+/// An op call on a backend, its tensors passed through `up` (an upload, or nothing).
+type Call = Box<dyn Fn(&dyn ComputeBackend, &dyn Fn(&Tensor) -> Tensor) -> fusebox::Result<()>>;
+
+fn call(f: impl Fn(&dyn ComputeBackend, &dyn Fn(&Tensor) -> Tensor) -> fusebox::Result<()> + 'static) -> Call {
+    Box::new(f)
+}
+
+/// Invalid calls of the ops whose spec wgpu calls first return the CPU's error word for
+/// word, whether the operands are on the device or the host (and a quantized weight is
+/// `linear_forward`'s error, as on the CPU, not a detour to `quantized_matmul`).
+#[test]
+fn invalid_calls_return_the_cpu_error() {
+    let Some(b) = backend_or_skip() else { return };
+    let cpu = CpuBackend::new().expect("a CPU backend");
+    let t = |dims: &[usize], dtype: DType| Tensor::zeros(dims.to_vec(), dtype).expect("a zero tensor");
+    let (x, w) = (t(&[4, 3], DType::F32), t(&[5, 3], DType::F32));
+    let (x32, q, ids, dy) =
+        (t(&[2, 32], DType::F32), t(&[5, 32], DType::Q8_0), t(&[3], DType::U32), t(&[4, 4], DType::F32));
+    let calls: Vec<(&str, Call)> = vec![
+        ("matmul k", {
+            let (x, w) = (x.clone(), w.clone());
+            call(move |be, up| be.matmul(&up(&x), &up(&w), false, false).map(|_| ()))
+        }),
+        ("batched_matmul rank", {
+            let (x, w) = (x.clone(), w.clone());
+            call(move |be, up| be.batched_matmul(&up(&x), &up(&w), false, true).map(|_| ()))
+        }),
+        ("linear_forward quantized w", call(move |be, up| be.linear_forward(&up(&x32), &up(&q), None).map(|_| ()))),
+        ("linear_backward d_out", {
+            let (x, w) = (x.clone(), w.clone());
+            call(move |be, up| be.linear_backward(&up(&x), &up(&w), &up(&dy), true).map(|_| ()))
+        }),
+        ("permute perm", {
+            let x = x.clone();
+            call(move |be, up| be.permute(&up(&x), &[1, 1]).map(|_| ()))
+        }),
+        ("transpose axis", {
+            let x = x.clone();
+            call(move |be, up| be.transpose(&up(&x), 0, 2).map(|_| ()))
+        }),
+        ("cast u32 to f16", {
+            let ids = ids.clone();
+            call(move |be, up| be.cast(&up(&ids), DType::F16).map(|_| ()))
+        }),
+        ("copy_into shape", {
+            let (x, dst) = (x.clone(), t(&[3, 4], DType::F32));
+            call(move |be, up| be.copy_into(&mut up(&dst), &up(&x)))
+        }),
+        ("fill u32", call(move |be, up| be.fill(&mut up(&ids), 1.0))),
+        ("zeros blocks", call(|be, _| be.zeros(&Shape::new(vec![2, 33]), DType::Q8_0).map(|_| ()))),
+        ("sum_to_shape target", call(move |be, up| be.sum_to_shape(&up(&x), &Shape::new(vec![3, 3])).map(|_| ()))),
+    ];
+    let on_host = |x: &Tensor| x.clone();
+    let on_device = |x: &Tensor| b.upload(x).expect("upload");
+    for (name, call) in &calls {
+        let want = call(&cpu, &on_host).expect_err(name).to_string();
+        let got = call(&b, &on_device).expect_err(name).to_string();
+        assert_eq!(got, want, "{name}");
+        let got = call(&b, &on_host).expect_err(name).to_string();
+        assert_eq!(got, want, "{name} (host operands)");
+    }
 }
