@@ -1,10 +1,15 @@
 //! Finding special tokens (`<|im_start|>`, `<|endoftext|>`, ...) in input text.
 //!
 //! Before pre-tokenization the text is cut at every occurrence of a special
-//! token's text, leftmost first and longest first at one position; each occurrence
-//! becomes that token's id and the text between goes through BPE. Control tokens
-//! are matched only when the caller asks for it (`parse_special`); user-defined
-//! tokens always are, as in llama.cpp and Hugging Face `tokenizers`.
+//! token's text; each occurrence becomes that token's id and the text between goes
+//! through BPE. Control tokens are matched only when the caller asks for it
+//! (`parse_special`); user-defined tokens always are, as in llama.cpp and Hugging
+//! Face `tokenizers`.
+//!
+//! Where two tokens' texts overlap the two references differ, and [`Order`] says
+//! which one a tokenizer follows: Hugging Face takes the leftmost occurrence (the
+//! longest at one position); llama.cpp takes the tokens one at a time, longest
+//! first, each cutting every remaining text fragment at all its occurrences.
 
 use std::collections::HashMap;
 
@@ -21,19 +26,54 @@ struct Entry {
     control: bool,
 }
 
+/// The order in which overlapping special-token texts are matched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Order {
+    /// Leftmost occurrence first, the longest at one position (Hugging Face).
+    #[default]
+    LeftmostLongest,
+    /// Longest token first over the whole text (llama.cpp's `tokenizer_st_partition`).
+    LongestFirst,
+}
+
 /// Special token texts indexed by their first byte, longest first.
 #[derive(Default)]
 pub(crate) struct SpecialMatcher {
     by_first_byte: HashMap<u8, Vec<Entry>>,
+    order: Order,
+    /// Every entry's (index in `by_first_byte[first]`), longest text first, for [`Order::LongestFirst`].
+    longest_first: Vec<(u8, usize)>,
 }
 
 impl SpecialMatcher {
-    /// Adds a token; empty texts are ignored.
+    /// An empty matcher following `order`.
+    pub fn new(order: Order) -> Self {
+        SpecialMatcher { order, ..Default::default() }
+    }
+
+    /// Adds a token; empty texts are ignored. Call [`SpecialMatcher::finish`] after the last.
     pub fn add(&mut self, text: &str, id: u32, control: bool) {
         let Some(&first) = text.as_bytes().first() else { return };
         let list = self.by_first_byte.entry(first).or_default();
         list.push(Entry { text: text.to_owned(), id, control });
-        list.sort_by(|a, b| b.text.len().cmp(&a.text.len()).then(a.id.cmp(&b.id)));
+    }
+
+    /// Sorts the tokens: longest first, then by id.
+    pub fn finish(&mut self) {
+        for list in self.by_first_byte.values_mut() {
+            list.sort_by(|a, b| b.text.len().cmp(&a.text.len()).then(a.id.cmp(&b.id)));
+        }
+        self.longest_first.clear();
+        for (&first, list) in &self.by_first_byte {
+            self.longest_first.extend((0..list.len()).map(|i| (first, i)));
+        }
+        let entry = |&(f, i): &(u8, usize)| &self.by_first_byte[&f][i];
+        let mut order = std::mem::take(&mut self.longest_first);
+        order.sort_by(|a, b| {
+            let (a, b) = (entry(a), entry(b));
+            b.text.len().cmp(&a.text.len()).then(a.id.cmp(&b.id))
+        });
+        self.longest_first = order;
     }
 
     /// Whether no token was added.
@@ -43,6 +83,46 @@ impl SpecialMatcher {
 
     /// Cuts `text` into segments, matching control tokens only when `parse_special`.
     pub fn split<'a>(&self, text: &'a str, parse_special: bool, out: &mut Vec<Segment<'a>>) {
+        match self.order {
+            Order::LeftmostLongest => self.split_leftmost(text, parse_special, out),
+            Order::LongestFirst => self.split_longest_first(text, parse_special, out),
+        }
+    }
+
+    fn split_longest_first<'a>(&self, text: &'a str, parse_special: bool, out: &mut Vec<Segment<'a>>) {
+        let mut segments = vec![Segment::Text(text)];
+        let mut next = Vec::new();
+        for &(first, i) in &self.longest_first {
+            let e = &self.by_first_byte[&first][i];
+            if e.control && !parse_special {
+                continue;
+            }
+            next.clear();
+            for seg in &segments {
+                let Segment::Text(t) = *seg else {
+                    next.push(*seg);
+                    continue;
+                };
+                let mut rest = t;
+                // A token's text starts with a UTF-8 leading byte, so every match
+                // starts and ends on a character boundary.
+                while let Some(at) = rest.find(e.text.as_str()) {
+                    if at > 0 {
+                        next.push(Segment::Text(&rest[..at]));
+                    }
+                    next.push(Segment::Special(e.id));
+                    rest = &rest[at + e.text.len()..];
+                }
+                if !rest.is_empty() {
+                    next.push(Segment::Text(rest));
+                }
+            }
+            std::mem::swap(&mut segments, &mut next);
+        }
+        out.extend(segments);
+    }
+
+    fn split_leftmost<'a>(&self, text: &'a str, parse_special: bool, out: &mut Vec<Segment<'a>>) {
         let bytes = text.as_bytes();
         let mut start = 0;
         let mut i = 0;
@@ -80,6 +160,7 @@ mod tests {
         m.add("<|a|>", 1, true);
         m.add("<|a|><|b|>", 2, true);
         m.add("<u>", 3, false);
+        m.finish();
         let mut out = Vec::new();
         m.split("x<|a|><|b|>y<|a|>é<u>", true, &mut out);
         use Segment::*;
@@ -87,5 +168,26 @@ mod tests {
         out.clear();
         m.split("<|a|><u>", false, &mut out);
         assert_eq!(out, [Text("<|a|>"), Special(3)]);
+    }
+
+    #[test]
+    fn longest_first_as_llama_cpp() {
+        let mut m = SpecialMatcher::new(Order::LongestFirst);
+        m.add("ab", 1, false);
+        m.add("bcd", 2, false);
+        m.add("<c>", 3, true);
+        m.finish();
+        let mut out = Vec::new();
+        m.split("xabcdab<c>", true, &mut out);
+        use Segment::*;
+        assert_eq!(out, [Text("xa"), Special(2), Special(1), Special(3)]);
+        // Leftmost-longest takes "ab" first instead.
+        let mut h = SpecialMatcher::new(Order::LeftmostLongest);
+        h.add("ab", 1, false);
+        h.add("bcd", 2, false);
+        h.finish();
+        out.clear();
+        h.split("xabcd", true, &mut out);
+        assert_eq!(out, [Text("x"), Special(1), Text("cd")]);
     }
 }
