@@ -8,6 +8,12 @@ crates/fusebox-models/tests/fixtures/tokenizers/:
   `Llama(path, vocab_only=True).tokenize(bytes, add_bos=True, special)`) on the
   SmolLM2-135M-Instruct and Gemma 3 270M GGUF files (byte-level BPE `smollm`, and
   SentencePiece-style BPE with scores and byte fallback);
+* `bpe_pre_<name>.json` for `tokenizer.ggml.pre` = gpt-2, llama-bpe, qwen2,
+  default, smollm: llama.cpp on a vocabulary-only GGUF built here from
+  `llama3_style/tokenizer.json`'s tokens and merges (added tokens: `special`
+  ones type 3, the others type 4; `bos_token_id` 0; no other tokenizer keys), so
+  each of llama.cpp's byte-level pre-tokenizers is checked; the Rust test builds
+  the same metadata;
 * `llama3_style.json`: Hugging Face `tokenizers` on `llama3_style/tokenizer.json`,
   a byte-level BPE with Llama 3's Split regex and special tokens, trained here;
 * `spm_style.json`: Hugging Face `tokenizers` on `spm_style/tokenizer.json`, a
@@ -108,6 +114,63 @@ def record_gguf(corpus):
             "call": "Llama(model_path, vocab_only=True).tokenize(text.encode(), add_bos=True, special=False|True)",
         }
         write(name, meta, cases)
+
+
+BPE_PRES = ["gpt-2", "llama-bpe", "qwen2", "default", "smollm"]
+
+
+def record_bpe_pres(corpus):
+    import tempfile
+
+    import gguf
+    import llama_cpp
+    from llama_cpp import Llama
+
+    with open(f"{OUT}/llama3_style/tokenizer.json", encoding="utf-8") as f:
+        j = json.load(f)
+    tokens = [None] * len(j["model"]["vocab"])
+    for t, i in j["model"]["vocab"].items():
+        tokens[i] = t
+    types = [1] * len(tokens)
+    for a in j["added_tokens"]:
+        if a["id"] == len(tokens):
+            tokens.append(a["content"])
+            types.append(1)
+        tokens[a["id"]] = a["content"]
+        types[a["id"]] = 3 if a["special"] else 4
+    merges = [m if isinstance(m, str) else " ".join(m) for m in j["model"]["merges"]]
+    with tempfile.TemporaryDirectory() as tmp:
+        for pre in BPE_PRES:
+            path = f"{tmp}/{pre}.gguf"
+            w = gguf.GGUFWriter(path, "llama")
+            # The few hyperparameters llama.cpp reads before the vocabulary.
+            w.add_context_length(64)
+            w.add_embedding_length(8)
+            w.add_block_count(1)
+            w.add_feed_forward_length(16)
+            w.add_head_count(1)
+            w.add_layer_norm_rms_eps(1e-5)
+            w.add_tokenizer_model("gpt2")
+            w.add_tokenizer_pre(pre)
+            w.add_token_list(tokens)
+            w.add_token_types(types)
+            w.add_token_merges(merges)
+            w.add_bos_token_id(0)
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_tensors_to_file()
+            w.close()
+            llm = Llama(model_path=path, vocab_only=True, verbose=False)
+            cases = []
+            for s in corpus:
+                b = s.encode("utf-8")
+                cases.append(case(llm.tokenize(b, add_bos=True, special=False), llm.tokenize(b, add_bos=True, special=True)))
+            meta = {
+                "reference": f"llama.cpp via llama-cpp-python {llama_cpp.__version__}",
+                "model": f"vocabulary of llama3_style/tokenizer.json as GGUF, tokenizer.ggml.pre = {pre}",
+                "call": "Llama(model_path, vocab_only=True).tokenize(text.encode(), add_bos=True, special=False|True)",
+            }
+            write(f"bpe_pre_{pre}", meta, cases)
 
 
 def train_llama3_style(texts):
@@ -217,6 +280,7 @@ def main():
         record_hf(corpus)
     if only in (None, "gguf"):
         record_gguf(corpus)
+        record_bpe_pres(corpus)
 
 
 if __name__ == "__main__":

@@ -180,3 +180,121 @@ fn spm_style_with_prepend_normalizer_matches_hf() {
     );
     round_trip("SentencePiece-style, Prepend", &tok, false, |s| !s.contains('▁'));
 }
+
+/// The vocabulary of `llama3_style/tokenizer.json` as GGUF metadata with
+/// `tokenizer.ggml.pre = pre`, as `scripts/record_tokenizer_fixtures.py` writes it.
+fn byte_level_gguf(pre: &str) -> Tokenizer {
+    use common::gguf_writer::GgufWriter;
+    use fusebox_models::gguf::{Array, Value};
+    let path = fixtures().join("tokenizers/llama3_style/tokenizer.json");
+    let j: Json = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let vocab = j["model"]["vocab"].as_object().unwrap();
+    let mut tokens = vec![String::new(); vocab.len()];
+    for (t, i) in vocab {
+        tokens[i.as_u64().unwrap() as usize] = t.clone();
+    }
+    let mut types = vec![1i32; tokens.len()];
+    for a in j["added_tokens"].as_array().unwrap() {
+        let id = a["id"].as_u64().unwrap() as usize;
+        if id == tokens.len() {
+            tokens.push(String::new());
+            types.push(1);
+        }
+        tokens[id] = a["content"].as_str().unwrap().to_owned();
+        types[id] = if a["special"] == true { 3 } else { 4 };
+    }
+    let merges: Vec<String> = j["model"]["merges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| match m {
+            Json::String(s) => s.clone(),
+            other => format!("{} {}", other[0].as_str().unwrap(), other[1].as_str().unwrap()),
+        })
+        .collect();
+    let w = GgufWriter::default()
+        .kv("tokenizer.ggml.model", Value::String("gpt2".into()))
+        .kv("tokenizer.ggml.pre", Value::String(pre.into()))
+        .kv("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)))
+        .kv("tokenizer.ggml.token_type", Value::Array(Array::I32(types)))
+        .kv("tokenizer.ggml.merges", Value::Array(Array::String(merges)))
+        .kv("tokenizer.ggml.bos_token_id", Value::U32(0));
+    let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
+    Tokenizer::from_gguf(file.metadata()).unwrap()
+}
+
+#[test]
+fn byte_level_pre_tokenizers_match_llama_cpp() {
+    for (pre, named) in [
+        ("gpt-2", PreTokenizer::Gpt2),
+        ("llama-bpe", PreTokenizer::Llama3),
+        ("qwen2", PreTokenizer::Qwen2),
+        ("default", PreTokenizer::Default),
+        ("smollm", PreTokenizer::Smollm),
+    ] {
+        let tok = byte_level_gguf(pre);
+        assert_eq!(tok.pre_tokenizer(), named);
+        // llama.cpp adds BOS by default for the Llama 3 pre-tokenizers only.
+        assert_eq!(tok.add_bos_default(), pre == "llama-bpe", "{pre}");
+        check(
+            &format!("tokenizer.ggml.pre = {pre} (llama.cpp)"),
+            &reference(&format!("bpe_pre_{pre}"), "ids", "ids_special"),
+            |s, p| tok.tokenize(s, true, p),
+        );
+        round_trip(pre, &tok, true, |_| true);
+    }
+}
+
+#[test]
+fn unknown_model_and_pre_tokenizer_are_errors_naming_them() {
+    use common::gguf_writer::GgufWriter;
+    use fusebox_models::gguf::{Array, Value};
+    let build = |model: &str, pre: &str| {
+        let w = GgufWriter::default()
+            .kv("tokenizer.ggml.model", Value::String(model.into()))
+            .kv("tokenizer.ggml.pre", Value::String(pre.into()))
+            .kv("tokenizer.ggml.tokens", Value::Array(Array::String(vec!["a".into(), "b".into()])))
+            .kv("tokenizer.ggml.merges", Value::Array(Array::String(vec![])));
+        let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
+        Tokenizer::from_gguf(file.metadata()).err().map(|e| e.to_string())
+    };
+    let e = build("gpt2", "tekken-9000").expect("unknown pre-tokenizer");
+    assert!(e.contains("'tekken-9000'") && e.contains("llama-bpe"), "{e}");
+    let e = build("t5", "default").expect("unknown model");
+    assert!(e.contains("'t5'") && e.contains("llama"), "{e}");
+    let e = Tokenizer::from_hf_json(r#"{"model": {"type": "Unigram", "vocab": []}}"#, None).err().unwrap().to_string();
+    assert!(e.contains("Unigram"), "{e}");
+    let j = r#"{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "pre_tokenizer": {"type": "Whitespace"}}"#;
+    let e = Tokenizer::from_hf_json(j, None).err().unwrap().to_string();
+    assert!(e.contains("Whitespace"), "{e}");
+    let j = r#"{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "normalizer": {"type": "NFKC"}}"#;
+    let e = Tokenizer::from_hf_json(j, None).err().unwrap().to_string();
+    assert!(e.contains("NFKC"), "{e}");
+}
+
+/// The hand-written splitters against `fancy-regex` running the patterns they
+/// implement, on every corpus string (a `Split` with an unknown pattern uses the
+/// regex; Llama 3's and Qwen2's patterns use the splitters).
+#[test]
+fn hand_written_splitters_equal_the_regexes() {
+    let pattern_tokenizer = |pattern: &str, extra_space: bool| {
+        // A pattern the loader does not recognise (a trailing `|\s+` that never
+        // matches first) runs through fancy-regex; the original runs the splitter.
+        let p = if extra_space { format!("{pattern}|\\s+") } else { pattern.to_owned() };
+        let path = fixtures().join("tokenizers/llama3_style/tokenizer.json");
+        let mut j: Json = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = Json::String(p);
+        Tokenizer::from_hf_json(&j.to_string(), None).unwrap()
+    };
+    for pattern in [
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ] {
+        let (fast, regex) = (pattern_tokenizer(pattern, false), pattern_tokenizer(pattern, true));
+        assert_ne!(fast.pre_tokenizer(), PreTokenizer::TokenizerJson);
+        assert_eq!(regex.pre_tokenizer(), PreTokenizer::TokenizerJson);
+        for s in corpus() {
+            assert_eq!(fast.encode_with(&s, false, true), regex.encode_with(&s, false, true), "{pattern}: {s:?}");
+        }
+    }
+}

@@ -163,9 +163,8 @@ impl PartialEq for Stage {
             (Stage::Literal { pattern: a, behavior: b }, Stage::Literal { pattern: c, behavior: d }) => {
                 a == c && b == d
             }
-            (Stage::Llama3 { max_digits: a, long_s: b }, Stage::Llama3 { max_digits: c, long_s: d }) => {
-                a == c && b == d
-            }
+            // One pattern whichever reference's case folding: `long_s` does not name another pre-tokenizer.
+            (Stage::Llama3 { max_digits: a, .. }, Stage::Llama3 { max_digits: c, .. }) => a == c,
             _ => std::mem::discriminant(self) == std::mem::discriminant(other),
         }
     }

@@ -122,7 +122,7 @@ mod tests {
 
     #[test]
     fn merges_by_score_then_leftmost_with_byte_fallback() {
-        let toks = ["a", "b", "c", "ab", "bc", "abc", "<0xC3>", "<0xA9>"];
+        let toks = ["a", "b", "c", "ab", "bc", "bcb", "<0xC3>", "<0xA9>"];
         let vocab: HashMap<String, u32> = toks.iter().enumerate().map(|(i, t)| (t.to_string(), i as u32)).collect();
         let mut bytes = [None; 256];
         bytes[0xC3] = Some(6);
@@ -134,8 +134,10 @@ mod tests {
         };
         // "bc" scores higher than "ab": b+c first, then a+bc is no token.
         assert_eq!(run("abc", &[0., 0., 0., -2., -1., -3., 0., 0.]), [0, 4]);
-        // "ab" higher: a+b, then ab+c = abc.
-        assert_eq!(run("abc", &[0., 0., 0., -1., -2., -3., 0., 0.]), [5]);
+        // "ab" higher: a+b, then ab+c is no token.
+        assert_eq!(run("abc", &[0., 0., 0., -1., -2., -3., 0., 0.]), [3, 2]);
+        // A merged symbol merges again: b+c, then bc+b.
+        assert_eq!(run("bcb", &[0., 0., 0., -1., -2., -3., 0., 0.]), [5]);
         // Equal scores: the leftmost pair first.
         assert_eq!(run("abab", &[0., 0., 0., -1., -1., -3., 0., 0.]), [3, 3]);
         // A character with no token becomes its bytes.
