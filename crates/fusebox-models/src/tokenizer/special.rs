@@ -11,8 +11,6 @@
 //! longest at one position); llama.cpp takes the tokens one at a time, longest
 //! first, each cutting every remaining text fragment at all its occurrences.
 
-use std::collections::HashMap;
-
 /// A piece of input: plain text for BPE, or a special token already resolved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Segment<'a> {
@@ -36,13 +34,14 @@ pub(crate) enum Order {
     LongestFirst,
 }
 
-/// Special token texts indexed by their first byte, longest first.
+/// Special token texts, longest first, with an index by first byte.
 #[derive(Default)]
 pub(crate) struct SpecialMatcher {
-    by_first_byte: HashMap<u8, Vec<Entry>>,
+    /// Longest text first, then lowest id.
+    entries: Vec<Entry>,
+    /// Indices into `entries` (ascending, so longest first) by the text's first byte.
+    by_first_byte: Vec<Vec<u32>>,
     order: Order,
-    /// Every entry's (index in `by_first_byte[first]`), longest text first, for [`Order::LongestFirst`].
-    longest_first: Vec<(u8, usize)>,
 }
 
 impl SpecialMatcher {
@@ -53,32 +52,31 @@ impl SpecialMatcher {
 
     /// Adds a token; empty texts are ignored. Call [`SpecialMatcher::finish`] after the last.
     pub fn add(&mut self, text: &str, id: u32, control: bool) {
-        let Some(&first) = text.as_bytes().first() else { return };
-        let list = self.by_first_byte.entry(first).or_default();
-        list.push(Entry { text: text.to_owned(), id, control });
+        if !text.is_empty() {
+            self.entries.push(Entry { text: text.to_owned(), id, control });
+        }
     }
 
-    /// Sorts the tokens: longest first, then by id.
+    /// Sorts the tokens (longest first, then by id) and indexes them.
     pub fn finish(&mut self) {
-        for list in self.by_first_byte.values_mut() {
-            list.sort_by(|a, b| b.text.len().cmp(&a.text.len()).then(a.id.cmp(&b.id)));
+        self.entries.sort_by(|a, b| b.text.len().cmp(&a.text.len()).then(a.id.cmp(&b.id)));
+        self.by_first_byte = vec![Vec::new(); 256];
+        for (i, e) in self.entries.iter().enumerate() {
+            self.by_first_byte[e.text.as_bytes()[0] as usize].push(i as u32);
         }
-        self.longest_first.clear();
-        for (&first, list) in &self.by_first_byte {
-            self.longest_first.extend((0..list.len()).map(|i| (first, i)));
-        }
-        let entry = |&(f, i): &(u8, usize)| &self.by_first_byte[&f][i];
-        let mut order = std::mem::take(&mut self.longest_first);
-        order.sort_by(|a, b| {
-            let (a, b) = (entry(a), entry(b));
-            b.text.len().cmp(&a.text.len()).then(a.id.cmp(&b.id))
-        });
-        self.longest_first = order;
     }
 
     /// Whether no token was added.
     pub fn is_empty(&self) -> bool {
-        self.by_first_byte.is_empty()
+        self.entries.is_empty()
+    }
+
+    /// The tokens that may match at byte `i` of `bytes`, longest first.
+    fn candidates<'s>(&'s self, bytes: &'s [u8], i: usize, parse_special: bool) -> impl Iterator<Item = usize> + 's {
+        self.by_first_byte.get(bytes[i] as usize).into_iter().flatten().map(|&k| k as usize).filter(move |&k| {
+            let e = &self.entries[k];
+            (parse_special || !e.control) && bytes[i..].starts_with(e.text.as_bytes())
+        })
     }
 
     /// Cuts `text` into segments, matching control tokens only when `parse_special`.
@@ -90,13 +88,20 @@ impl SpecialMatcher {
     }
 
     fn split_longest_first<'a>(&self, text: &'a str, parse_special: bool, out: &mut Vec<Segment<'a>>) {
+        // The tokens that occur anywhere in the text, in matching order; the others
+        // cannot cut any fragment.
+        let bytes = text.as_bytes();
+        let mut present: Vec<usize> = (0..bytes.len()).flat_map(|i| self.candidates(bytes, i, parse_special)).collect();
+        if present.is_empty() {
+            out.push(Segment::Text(text));
+            return;
+        }
+        present.sort_unstable();
+        present.dedup();
         let mut segments = vec![Segment::Text(text)];
         let mut next = Vec::new();
-        for &(first, i) in &self.longest_first {
-            let e = &self.by_first_byte[&first][i];
-            if e.control && !parse_special {
-                continue;
-            }
+        for k in present {
+            let e = &self.entries[k];
             next.clear();
             for seg in &segments {
                 let Segment::Text(t) = *seg else {
@@ -129,10 +134,7 @@ impl SpecialMatcher {
         while i < bytes.len() {
             // A candidate's first byte is a UTF-8 leading byte, so a match can only
             // begin on a character boundary and the slices below are valid.
-            let found = self.by_first_byte.get(&bytes[i]).and_then(|list| {
-                list.iter().find(|e| (parse_special || !e.control) && bytes[i..].starts_with(e.text.as_bytes()))
-            });
-            match found {
+            match self.candidates(bytes, i, parse_special).next().map(|k| &self.entries[k]) {
                 Some(e) => {
                     if start < i {
                         out.push(Segment::Text(&text[start..i]));
