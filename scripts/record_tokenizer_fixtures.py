@@ -16,6 +16,8 @@ crates/fusebox-models/tests/fixtures/tokenizers/:
   the same metadata;
 * `llama3_style.json`: Hugging Face `tokenizers` on `llama3_style/tokenizer.json`,
   a byte-level BPE with Llama 3's Split regex and special tokens, trained here;
+  `ids_nfc` (`ids_nfc_special`) are its ids with an `NFC` normalizer (as Qwen2's
+  tokenizer.json has), where they differ from `ids` (`ids_special`);
 * `spm_style.json`: Hugging Face `tokenizers` on `spm_style/tokenizer.json`, a
   SentencePiece-style BPE (Metaspace, prepend_scheme "first", byte_fallback)
   trained here; `ids_prepend` are the ids of the same model with Llama 2's older
@@ -27,13 +29,14 @@ Each fixture holds, per corpus string, `ids` (special-token text left as text)
 and, where they differ, `ids_special` (special tokens parsed: llama.cpp's
 `special=True`, `tokenizers`' default; `ids` there is `encode_special_tokens`).
 
-The two tokenizer.json files are trained on the corpus plus the text below, so
-they are deterministic for a given `tokenizers` version (0.23.3 here).
+The two tokenizer.json files were trained on the corpus plus the text below;
+training is not repeatable bit for bit (the trainer breaks ties in hash order),
+so the committed files are kept and only re-trained with --retrain.
 
 Setup: the venv with `tokenizers` and `llama-cpp-python` (/tmp/venv-py).
 Run from the repository root, with the GGUF files in models/ (scripts/fetch-smollm2.sh,
 scripts/fetch-gemma3.sh):
-    /tmp/venv-py/bin/python scripts/record_tokenizer_fixtures.py [--only hf|gguf]
+    /tmp/venv-py/bin/python scripts/record_tokenizer_fixtures.py [--only hf|gguf] [--retrain]
 """
 
 import json
@@ -239,19 +242,28 @@ def hf_ids(tok, corpus):
     return out
 
 
-def record_hf(corpus):
+def record_hf(corpus, retrain):
     import tokenizers
     from tokenizers import Tokenizer, normalizers
 
     texts = corpus + EXTRA.split("\n\n")
     meta_base = {"reference": f"Hugging Face tokenizers {tokenizers.__version__}"}
     for name, train in [("llama3_style", train_llama3_style), ("spm_style", train_spm_style)]:
-        tok = train(texts)
-        os.makedirs(f"{OUT}/{name}", exist_ok=True)
-        tok.save(f"{OUT}/{name}/tokenizer.json", pretty=False)
+        if retrain or not os.path.exists(f"{OUT}/{name}/tokenizer.json"):
+            tok = train(texts)
+            os.makedirs(f"{OUT}/{name}", exist_ok=True)
+            tok.save(f"{OUT}/{name}/tokenizer.json", pretty=False)
         tok = Tokenizer.from_file(f"{OUT}/{name}/tokenizer.json")
         ids = hf_ids(tok, corpus)
         extra = [{} for _ in corpus]
+        if name == "llama3_style":
+            nfc = Tokenizer.from_file(f"{OUT}/{name}/tokenizer.json")
+            nfc.normalizer = normalizers.NFC()
+            for e, (plain, special), (p0, s0) in zip(extra, hf_ids(nfc, corpus), ids):
+                if plain != p0:
+                    e["ids_nfc"] = plain
+                if special != s0:
+                    e["ids_nfc_special"] = special
         if name == "spm_style":
             legacy = Tokenizer.from_file(f"{OUT}/{name}/tokenizer.json")
             legacy.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
@@ -274,10 +286,11 @@ def record_hf(corpus):
 
 
 def main():
-    only = sys.argv[2] if len(sys.argv) > 2 and sys.argv[1] == "--only" else None
+    args = sys.argv[1:]
+    only = args[args.index("--only") + 1] if "--only" in args else None
     corpus = load_corpus()
     if only in (None, "hf"):
-        record_hf(corpus)
+        record_hf(corpus, "--retrain" in args)
     if only in (None, "gguf"):
         record_gguf(corpus)
         record_bpe_pres(corpus)

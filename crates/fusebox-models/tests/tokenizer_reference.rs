@@ -267,9 +267,9 @@ fn unknown_model_and_pre_tokenizer_are_errors_naming_them() {
     let j = r#"{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "pre_tokenizer": {"type": "Whitespace"}}"#;
     let e = Tokenizer::from_hf_json(j, None).err().unwrap().to_string();
     assert!(e.contains("Whitespace"), "{e}");
-    let j = r#"{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "normalizer": {"type": "NFKC"}}"#;
+    let j = r#"{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "normalizer": {"type": "BertNormalizer"}}"#;
     let e = Tokenizer::from_hf_json(j, None).err().unwrap().to_string();
-    assert!(e.contains("NFKC"), "{e}");
+    assert!(e.contains("BertNormalizer"), "{e}");
 }
 
 /// The hand-written splitters against `fancy-regex` running the patterns they
@@ -297,4 +297,17 @@ fn hand_written_splitters_equal_the_regexes() {
             assert_eq!(fast.encode_with(&s, false, true), regex.encode_with(&s, false, true), "{pattern}: {s:?}");
         }
     }
+}
+
+#[test]
+fn nfc_normalizer_matches_hf() {
+    // Llama-3-style with an NFC normalizer, as Qwen2's tokenizer.json has.
+    let path = fixtures().join("tokenizers/llama3_style/tokenizer.json");
+    let mut j: Json = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    j["normalizer"] = serde_json::json!({"type": "NFC"});
+    let tok = Tokenizer::from_hf_json(&j.to_string(), None).unwrap();
+    let refs = reference("llama3_style", "ids_nfc", "ids_nfc_special");
+    let plain = reference("llama3_style", "ids", "ids_special");
+    assert!(refs.iter().zip(&plain).filter(|(a, b)| a != b).count() >= 5, "the corpus has text NFC changes");
+    check("Llama-3-style tokenizer.json + NFC (HF tokenizers)", &refs, |s, p| tok.encode_with(s, false, p));
 }

@@ -9,8 +9,8 @@
 //!   token, otherwise a user-defined one; an added token's content replaces the
 //!   vocabulary text at its id. Added tokens are matched in the raw text (their
 //!   `normalized`, `lstrip`, `rstrip` and `single_word` flags are not read);
-//! * `normalizer`: null, `Prepend`, `Replace` (a literal `String` pattern), or a
-//!   `Sequence` of these;
+//! * `normalizer`: null, `NFC`, `NFD`, `NFKC`, `NFKD`, `Prepend`, `Replace` (a
+//!   literal `String` pattern), or a `Sequence` of these;
 //! * `pre_tokenizer`: null, `ByteLevel` (GPT-2's regex when `use_regex`; no
 //!   prefix space), `Split` (a `String` or `Regex` pattern; every behavior but
 //!   inverted `Contiguous`), `Digits`, `Metaspace` (first), or a `Sequence` of
@@ -32,7 +32,7 @@ use crate::files::{read_text, MAX_CONFIG_BYTES, MAX_TOKENIZER_BYTES};
 
 use super::pretokenize::{Behavior, Stage};
 use super::special::Order;
-use super::{build_error, Model, Parts, PreTokenizer, PrependScheme, TextOp, TokenType, Tokenizer};
+use super::{build_error, Model, Parts, PreTokenizer, PrependScheme, TextOp, TokenType, Tokenizer, UnicodeForm};
 
 fn short(v: &Json) -> String {
     let s = v.to_string();
@@ -92,6 +92,12 @@ impl Pipeline {
                 })?;
                 self.text_ops.push(TextOp::Prepend(p.to_owned()));
             }
+            Some(form @ ("NFC" | "NFD" | "NFKC" | "NFKD")) => self.text_ops.push(TextOp::Unicode(match form {
+                "NFC" => UnicodeForm::Nfc,
+                "NFD" => UnicodeForm::Nfd,
+                "NFKC" => UnicodeForm::Nfkc,
+                _ => UnicodeForm::Nfkd,
+            })),
             Some("Replace") => match (v["pattern"]["String"].as_str(), v["content"].as_str()) {
                 (Some(from), Some(to)) => self.text_ops.push(TextOp::Replace(from.to_owned(), to.to_owned())),
                 _ => {
@@ -103,7 +109,8 @@ impl Pipeline {
             },
             _ => {
                 return Err(build_error(format!(
-                    "tokenizer.json: normalizer {} is not implemented (implemented: Prepend, Replace, Sequence)",
+                    "tokenizer.json: normalizer {} is not implemented (implemented: NFC, NFD, NFKC, NFKD, Prepend, \
+                     Replace, Sequence)",
                     short(v)
                 )))
             }

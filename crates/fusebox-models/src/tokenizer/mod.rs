@@ -108,6 +108,15 @@ pub(crate) enum PrependScheme {
     First,
 }
 
+/// A Unicode normalization form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UnicodeForm {
+    Nfc,
+    Nfd,
+    Nfkc,
+    Nfkd,
+}
+
 /// One rewrite of a segment of text before it is pre-tokenized.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum TextOp {
@@ -115,6 +124,8 @@ pub(crate) enum TextOp {
     Prepend(String),
     /// Hugging Face `Replace` with a literal pattern.
     Replace(String, String),
+    /// Hugging Face `NFC`, `NFD`, `NFKC`, `NFKD`: a Unicode normalization form.
+    Unicode(UnicodeForm),
     /// llama.cpp SPM with `add_space_prefix`: a space before a segment that starts
     /// the text or follows a special token.
     SpacePrefix,
@@ -405,6 +416,19 @@ impl Tokenizer {
                 TextOp::Replace(from, to) => {
                     if !from.is_empty() && s.contains(from.as_str()) {
                         s = Cow::Owned(s.replace(from.as_str(), to));
+                    }
+                }
+                TextOp::Unicode(form) => {
+                    use unicode_normalization::{is_nfc_quick, IsNormalized, UnicodeNormalization};
+                    let normalized: String = match form {
+                        UnicodeForm::Nfc if is_nfc_quick(s.chars()) == IsNormalized::Yes => continue,
+                        UnicodeForm::Nfc => s.nfc().collect(),
+                        UnicodeForm::Nfd => s.nfd().collect(),
+                        UnicodeForm::Nfkc => s.nfkc().collect(),
+                        UnicodeForm::Nfkd => s.nfkd().collect(),
+                    };
+                    if normalized != *s {
+                        s = Cow::Owned(normalized);
                     }
                 }
                 TextOp::SpacePrefix => {
