@@ -14,6 +14,11 @@ crates/fusebox-models/tests/fixtures/tokenizers/:
   ones type 3, the others type 4; `bos_token_id` 0; no other tokenizer keys), so
   each of llama.cpp's byte-level pre-tokenizers is checked; the Rust test builds
   the same metadata;
+* `spm_gguf.json`: llama.cpp on a vocabulary-only SentencePiece-style GGUF
+  (`tokenizer.ggml.model = llama`) built here from `spm_style/tokenizer.json`'s
+  tokens, with score -i for token i, types unknown/control/byte/user-defined as the
+  file says, and no `add_space_prefix`/`add_bos_token` keys (llama.cpp's defaults:
+  both on), so the space prefix after BOS and after each special token is checked;
 * `llama3_style.json`: Hugging Face `tokenizers` on `llama3_style/tokenizer.json`,
   a byte-level BPE with Llama 3's Split regex and special tokens, trained here;
   `ids_nfc` (`ids_nfc_special`) are its ids with an `NFC` normalizer (as Qwen2's
@@ -176,6 +181,66 @@ def record_bpe_pres(corpus):
             write(f"bpe_pre_{pre}", meta, cases)
 
 
+def spm_gguf_parts():
+    """Tokens, scores and types of the SentencePiece-style GGUF (as the Rust test builds them)."""
+    with open(f"{OUT}/spm_style/tokenizer.json", encoding="utf-8") as f:
+        j = json.load(f)
+    tokens = [None] * len(j["model"]["vocab"])
+    for t, i in j["model"]["vocab"].items():
+        tokens[i] = t
+    types = [1] * len(tokens)
+    for i, t in enumerate(tokens):
+        if t.startswith("<0x") and len(t) == 6:
+            types[i] = 6
+    for a in j["added_tokens"]:
+        if a["id"] == len(tokens):
+            tokens.append(a["content"])
+            types.append(1)
+        tokens[a["id"]] = a["content"]
+        types[a["id"]] = 3 if a["special"] else 4
+    types[0] = 2  # <unk>
+    scores = [-float(i) for i in range(len(tokens))]
+    return tokens, scores, types
+
+
+def record_spm_gguf(corpus):
+    import tempfile
+
+    import gguf
+    import llama_cpp
+    from llama_cpp import Llama
+
+    tokens, scores, types = spm_gguf_parts()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/spm.gguf"
+        w = gguf.GGUFWriter(path, "llama")
+        w.add_context_length(64)
+        w.add_embedding_length(8)
+        w.add_block_count(1)
+        w.add_feed_forward_length(16)
+        w.add_head_count(1)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        llm = Llama(model_path=path, vocab_only=True, verbose=False)
+        cases = []
+        for s in corpus:
+            b = s.encode("utf-8")
+            cases.append(case(llm.tokenize(b, add_bos=True, special=False), llm.tokenize(b, add_bos=True, special=True)))
+    meta = {
+        "reference": f"llama.cpp via llama-cpp-python {llama_cpp.__version__}",
+        "model": "vocabulary of spm_style/tokenizer.json as a SentencePiece-style GGUF, score -i for token i",
+        "call": "Llama(model_path, vocab_only=True).tokenize(text.encode(), add_bos=True, special=False|True)",
+    }
+    write("spm_gguf", meta, cases)
+
+
 def train_llama3_style(texts):
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -294,6 +359,7 @@ def main():
     if only in (None, "gguf"):
         record_gguf(corpus)
         record_bpe_pres(corpus)
+        record_spm_gguf(corpus)
 
 
 if __name__ == "__main__":

@@ -311,3 +311,53 @@ fn nfc_normalizer_matches_hf() {
     assert!(refs.iter().zip(&plain).filter(|(a, b)| a != b).count() >= 5, "the corpus has text NFC changes");
     check("Llama-3-style tokenizer.json + NFC (HF tokenizers)", &refs, |s, p| tok.encode_with(s, false, p));
 }
+
+/// `spm_style/tokenizer.json`'s vocabulary as a SentencePiece-style GGUF, as
+/// `scripts/record_tokenizer_fixtures.py` (`spm_gguf_parts`) builds it.
+fn spm_gguf() -> Tokenizer {
+    use common::gguf_writer::GgufWriter;
+    use fusebox_models::gguf::{Array, Value};
+    let path = fixtures().join("tokenizers/spm_style/tokenizer.json");
+    let j: Json = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let vocab = j["model"]["vocab"].as_object().unwrap();
+    let mut tokens = vec![String::new(); vocab.len()];
+    for (t, i) in vocab {
+        tokens[i.as_u64().unwrap() as usize] = t.clone();
+    }
+    let mut types: Vec<i32> = tokens.iter().map(|t| if t.starts_with("<0x") && t.len() == 6 { 6 } else { 1 }).collect();
+    for a in j["added_tokens"].as_array().unwrap() {
+        let id = a["id"].as_u64().unwrap() as usize;
+        if id == tokens.len() {
+            tokens.push(String::new());
+            types.push(1);
+        }
+        tokens[id] = a["content"].as_str().unwrap().to_owned();
+        types[id] = if a["special"] == true { 3 } else { 4 };
+    }
+    types[0] = 2;
+    let scores: Vec<f32> = (0..tokens.len()).map(|i| -(i as f32)).collect();
+    let w = GgufWriter::default()
+        .kv("tokenizer.ggml.model", Value::String("llama".into()))
+        .kv("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)))
+        .kv("tokenizer.ggml.scores", Value::Array(Array::F32(scores)))
+        .kv("tokenizer.ggml.token_type", Value::Array(Array::I32(types)));
+    let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
+    Tokenizer::from_gguf(file.metadata()).unwrap()
+}
+
+#[test]
+fn sentencepiece_gguf_with_space_prefix_matches_llama_cpp() {
+    let tok = spm_gguf();
+    // llama.cpp's defaults for a SentencePiece vocabulary: BOS 1 added, EOS 2, unknown 0.
+    assert!(tok.add_bos_default() && !tok.add_eos_default());
+    assert_eq!((tok.bos_id(), tok.eos_id(), tok.unk_id()), (Some(1), Some(2), Some(0)));
+    check(
+        "SentencePiece-style GGUF, add_space_prefix (llama.cpp)",
+        &reference("spm_gguf", "ids", "ids_special"),
+        |s, p| tok.tokenize(s, true, p),
+    );
+    // The prefix space is dropped again; a literal `▁` comes back as a space.
+    round_trip("SentencePiece-style GGUF", &tok, true, |s| !s.contains('▁'));
+    let ids = tok.tokenize("a<s>b", false, true);
+    assert_eq!(tok.decode(&ids).unwrap(), "a<s>b", "{ids:?}: the space after a special token is dropped too");
+}

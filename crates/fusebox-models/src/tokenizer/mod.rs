@@ -388,6 +388,8 @@ impl Tokenizer {
                     out.push(id);
                     after_special = true;
                 }
+                // An empty text has no fragment (llama.cpp) and nothing to prefix.
+                Segment::Text("") => {}
                 Segment::Text(t) => {
                     // The segment's byte offset in `text` (it is a subslice of it).
                     let at_start = t.as_ptr() == text.as_ptr();
