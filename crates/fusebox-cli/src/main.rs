@@ -7,6 +7,7 @@ mod generate;
 mod generate_pretrained;
 mod info;
 mod plot;
+mod tokenize;
 mod train;
 
 use clap::{Parser, Subcommand};
@@ -45,6 +46,8 @@ enum Command {
     Generate(Box<generate::GenerateArgs>),
     /// Benchmarks: attention, matmul, ops, train (`--json` for one object per case).
     Bench(bench::BenchArgs),
+    /// Token ids and pieces of a text under a model's tokenizer (GGUF or Hugging Face).
+    Tokenize(tokenize::TokenizeArgs),
 }
 
 fn main() {
@@ -60,6 +63,7 @@ fn main() {
         Command::Train(args) => train::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Generate(args) => generate::run(&args),
+        Command::Tokenize(args) => tokenize::run(&args),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

@@ -6,7 +6,7 @@ mod common;
 use common::gguf_writer::GgufWriter;
 use common::small_vocab::{byte_char, hf_tokenizer_json, small_tokenizer_writer, small_vocab};
 use common::Rng;
-use fusebox_models::gguf::{GgufFile, Value};
+use fusebox_models::gguf::{Array, GgufFile, Value};
 use fusebox_models::tokenizer::{PreTokenizer, TokenType, Tokenizer};
 use serde_json::json;
 
@@ -165,8 +165,8 @@ fn gguf_and_json_loaders_agree() {
 fn loader_errors_name_the_problem() {
     let err = |json: serde_json::Value| Tokenizer::from_hf_json(&json.to_string(), None).err().unwrap().to_string();
     let mut j: serde_json::Value = serde_json::from_str(&small_json()).unwrap();
-    j["pre_tokenizer"] = json!({"type": "Metaspace"});
-    assert!(err(j.clone()).contains("pre_tokenizer"));
+    j["pre_tokenizer"] = json!({"type": "WhitespaceSplit"});
+    assert!(err(j.clone()).contains("pre_tokenizer {\"type\":\"WhitespaceSplit\"} is not implemented"));
     j = serde_json::from_str(&small_json()).unwrap();
     j["model"]["vocab"]["gap"] = json!(100000);
     assert!(err(j.clone()).contains("not dense"));
@@ -178,16 +178,19 @@ fn loader_errors_name_the_problem() {
     assert!(err(j).contains("not BPE"));
     assert!(Tokenizer::from_hf_json("{", None).err().unwrap().to_string().contains("not valid JSON"));
 
-    let spm = GgufWriter::default().kv("tokenizer.ggml.model", Value::String("llama".into()));
-    let file = GgufFile::from_bytes(spm.to_bytes()).unwrap();
-    assert!(Tokenizer::from_gguf(file.metadata()).err().unwrap().to_string().contains("only 'gpt2'"));
+    let unigram = GgufWriter::default()
+        .kv("tokenizer.ggml.model", Value::String("t5".into()))
+        .kv("tokenizer.ggml.tokens", Value::Array(Array::String(vec!["a".into()])));
+    let file = GgufFile::from_bytes(unigram.to_bytes()).unwrap();
+    assert!(Tokenizer::from_gguf(file.metadata()).err().unwrap().to_string().contains("is 't5'; implemented: 'gpt2'"));
     let other_pre = GgufWriter::default()
         .kv("tokenizer.ggml.model", Value::String("gpt2".into()))
-        .kv("tokenizer.ggml.pre", Value::String("llama-bpe".into()));
+        .kv("tokenizer.ggml.pre", Value::String("tekken".into()))
+        .kv("tokenizer.ggml.tokens", Value::Array(Array::String(vec!["a".into()])));
     let file = GgufFile::from_bytes(other_pre.to_bytes()).unwrap();
     assert!(Tokenizer::from_gguf(file.metadata())
         .err()
         .unwrap()
         .to_string()
-        .contains("'llama-bpe' is not implemented"));
+        .contains("tokenizer.ggml.pre is 'tekken', a pre-tokenizer not implemented"));
 }

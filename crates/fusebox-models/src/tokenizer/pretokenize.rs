@@ -1,58 +1,281 @@
 //! Pre-tokenizers: how text is cut into pieces before BPE merges run inside each
-//! piece. Hand-written scanners that match the regexes exactly, no regex engine.
+//! piece.
 //!
-//! * [`PreTokenizer::Gpt2`] is GPT-2's split:
-//!   `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
-//! * [`PreTokenizer::Smollm`] first isolates every `\p{N}` character (each digit
-//!   is its own piece), then applies the GPT-2 split to the rest. This is
-//!   llama.cpp's `smollm` (also `starcoder`, `refact`, `command-r`, `codeshell`,
-//!   `exaone`, `minerva`) and Hugging Face's `Sequence[Digits(individual_digits),
-//!   ByteLevel(use_regex)]`.
+//! A pre-tokenizer is a list of [`Stage`]s; each stage cuts every piece of the
+//! previous one further (matches and the text between them both become pieces,
+//! as llama.cpp's `unicode_regex_split` and Hugging Face's `Split(Isolated)` do).
+//! The named pre-tokenizers of GGUF's `tokenizer.ggml.pre` use hand-written
+//! scanners, ports of llama.cpp's `unicode.cpp` (its custom GPT-2, Llama 3 and
+//! Qwen2 splitters, and the single-class regexes it runs through `std::regex`);
+//! a `tokenizer.json` `Split` whose pattern is not one of these runs through
+//! `fancy-regex`, which has the look-ahead `\s+(?!\S)` these patterns use.
+//!
+//! | name                                      | stages                                                          |
+//! |-------------------------------------------|-----------------------------------------------------------------|
+//! | `gpt2` (`gpt-2`, `mpt`, `olmo`, ...)      | GPT-2                                                           |
+//! | `smollm` (`starcoder`, `refact`, ...)     | `\p{N}`, GPT-2                                                  |
+//! | `llama-bpe` (`llama3`, `falcon3`, ...)    | Llama 3                                                         |
+//! | `qwen2` (`deepseek-r1-qwen`)              | Llama 3 with single digits                                      |
+//! | `default` (and a missing key)             | `[\p{P}$+<=>^~\|]+`, GPT-2, `\p{N}+`, `[0-9][0-9][0-9]`         |
+//!
+//! * GPT-2: `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
+//! * Llama 3: `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+//!   ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+` (Qwen2: `\p{N}` for `\p{N}{1,3}`)
 //!
 //! Character classes: `\p{L}` is Unicode general category L (Lu, Ll, Lt, Lm, Lo),
-//! `\p{N}` is category N (Nd, Nl, No), `\s` is the White_Space property.
+//! `\p{N}` is category N (Nd, Nl, No), `\p{P}` category P, `\s` the White_Space
+//! property.
 
 use unicode_general_category::{get_general_category, GeneralCategory as G};
 
-/// A pre-tokenizer, named as in GGUF's `tokenizer.ggml.pre`.
+/// A pre-tokenizer: what [`crate::tokenizer::Tokenizer::pre_tokenizer`] reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PreTokenizer {
-    /// GPT-2's regex alone (`gpt2`, `mpt`, `olmo`, `jais`, `trillion`).
+    /// GPT-2's regex alone (`gpt2`, `gpt-2`, `mpt`, `olmo`, `jais`, `trillion`, `phi-2`).
     Gpt2,
     /// Each number character isolated, then GPT-2's regex (`smollm`, `starcoder`, ...).
     Smollm,
+    /// Llama 3's regex: numbers in groups of up to three (`llama-bpe`, `llama3`, ...).
+    Llama3,
+    /// Qwen2's regex: Llama 3's with every number character alone (`qwen2`).
+    Qwen2,
+    /// llama.cpp's `default`: punctuation runs, GPT-2, number runs, digit triples.
+    Default,
+    /// No cutting: SentencePiece-style tokenizers BPE the whole text between
+    /// special tokens (GGUF `tokenizer.ggml.model = llama`).
+    SentencePiece,
+    /// The pipeline a `tokenizer.json` describes (`Split` with its own pattern,
+    /// `Digits`, `Metaspace`, ...); [`PreTokenizer::split`] alone does not know it
+    /// and gives the text whole.
+    TokenizerJson,
 }
 
 impl PreTokenizer {
     /// The pre-tokenizer for a `tokenizer.ggml.pre` value, if it is one of those implemented.
     pub fn from_gguf_name(name: &str) -> Option<PreTokenizer> {
         match name {
-            "gpt2" | "mpt" | "olmo" | "jais" | "trillion" => Some(PreTokenizer::Gpt2),
+            "gpt2" | "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "trillion" => Some(PreTokenizer::Gpt2),
             "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva" => {
                 Some(PreTokenizer::Smollm)
             }
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2" => {
+                Some(PreTokenizer::Llama3)
+            }
+            "qwen2" | "deepseek-r1-qwen" => Some(PreTokenizer::Qwen2),
+            "default" | "" => Some(PreTokenizer::Default),
             _ => None,
+        }
+    }
+
+    /// The `tokenizer.ggml.pre` names [`PreTokenizer::from_gguf_name`] knows.
+    pub const GGUF_NAMES: &'static [&'static str] = &[
+        "default",
+        "gpt2",
+        "gpt-2",
+        "phi-2",
+        "mpt",
+        "olmo",
+        "jais",
+        "trillion",
+        "smollm",
+        "starcoder",
+        "refact",
+        "command-r",
+        "codeshell",
+        "exaone",
+        "minerva",
+        "llama3",
+        "llama-v3",
+        "llama-bpe",
+        "falcon3",
+        "falcon-h1",
+        "pixtral",
+        "midm-2.0",
+        "lfm2",
+        "qwen2",
+        "deepseek-r1-qwen",
+    ];
+
+    /// The stages of a named pre-tokenizer.
+    pub(crate) fn stages(self) -> Vec<Stage> {
+        match self {
+            PreTokenizer::Gpt2 => vec![Stage::Gpt2],
+            PreTokenizer::Smollm => vec![Stage::EachNumber, Stage::Gpt2],
+            PreTokenizer::Llama3 => vec![Stage::Llama3 { max_digits: 3, long_s: false }],
+            PreTokenizer::Qwen2 => vec![Stage::Llama3 { max_digits: 1, long_s: false }],
+            PreTokenizer::Default => {
+                vec![Stage::DefaultPunctuation, Stage::Gpt2, Stage::NumberRuns, Stage::AsciiDigitTriples]
+            }
+            PreTokenizer::SentencePiece | PreTokenizer::TokenizerJson => Vec::new(),
         }
     }
 
     /// Appends the pieces of `text` to `out`, in order; together they cover `text` exactly.
     pub fn split<'a>(self, text: &'a str, out: &mut Vec<&'a str>) {
+        split_all(&self.stages(), text, out);
+    }
+}
+
+/// How a `tokenizer.json` `Split` joins a match to its neighbours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Behavior {
+    /// Matches and the text between them are separate pieces.
+    Isolated,
+    /// Matches are dropped.
+    Removed,
+    /// A match ends the piece before it.
+    MergedWithPrevious,
+    /// A match starts the piece after it.
+    MergedWithNext,
+    /// Adjacent matches form one piece.
+    Contiguous,
+}
+
+/// One cutting step.
+#[derive(Debug)]
+pub(crate) enum Stage {
+    /// GPT-2's regex (llama.cpp's custom splitter; Hugging Face `ByteLevel(use_regex)`).
+    Gpt2,
+    /// `\p{N}`: every number character alone (Hugging Face `Digits(individual_digits)`).
+    EachNumber,
+    /// `\p{N}+` (Hugging Face `Digits` without `individual_digits`).
+    NumberRuns,
+    /// `[\p{P}\$\+<=>\^~\|]+`: llama.cpp `default`'s first regex.
+    DefaultPunctuation,
+    /// `[0-9][0-9][0-9]`: llama.cpp `default`'s last regex.
+    AsciiDigitTriples,
+    /// The Llama 3 regex with `\p{N}{1,max_digits}`; `long_s` also takes `'ſ` (U+017F)
+    /// as a contraction, as `(?i:'s)` does under Unicode case folding (Hugging Face),
+    /// where llama.cpp's `'[sS]` does not.
+    Llama3 { max_digits: usize, long_s: bool },
+    /// A `tokenizer.json` `Split` with a pattern of its own.
+    Regex { regex: Box<fancy_regex::Regex>, behavior: Behavior, invert: bool },
+    /// A `tokenizer.json` `Split` on a literal string (Metaspace's `split` too).
+    Literal { pattern: String, behavior: Behavior },
+}
+
+impl PartialEq for Stage {
+    fn eq(&self, other: &Stage) -> bool {
+        match (self, other) {
+            (Stage::Regex { regex: a, behavior: b, invert: i }, Stage::Regex { regex: c, behavior: d, invert: j }) => {
+                a.as_str() == c.as_str() && b == d && i == j
+            }
+            (Stage::Literal { pattern: a, behavior: b }, Stage::Literal { pattern: c, behavior: d }) => {
+                a == c && b == d
+            }
+            // One pattern whichever reference's case folding: `long_s` does not name another pre-tokenizer.
+            (Stage::Llama3 { max_digits: a, .. }, Stage::Llama3 { max_digits: c, .. }) => a == c,
+            _ => std::mem::discriminant(self) == std::mem::discriminant(other),
+        }
+    }
+}
+
+/// Runs `stages` over `text`; the pieces go to `out`.
+pub(crate) fn split_all<'a>(stages: &[Stage], text: &'a str, out: &mut Vec<&'a str>) {
+    if text.is_empty() {
+        return;
+    }
+    let Some((last, first)) = stages.split_last() else {
+        out.push(text);
+        return;
+    };
+    if first.is_empty() {
+        last.split(text, out);
+        return;
+    }
+    let mut pieces = vec![text];
+    let mut next = Vec::new();
+    for stage in first {
+        next.clear();
+        for p in &pieces {
+            stage.split(p, &mut next);
+        }
+        std::mem::swap(&mut pieces, &mut next);
+    }
+    for p in &pieces {
+        last.split(p, out);
+    }
+}
+
+impl Stage {
+    /// Cuts `text` (one piece of the previous stage) into `out`.
+    fn split<'a>(&self, text: &'a str, out: &mut Vec<&'a str>) {
         match self {
-            PreTokenizer::Gpt2 => gpt2_split(text, out),
-            PreTokenizer::Smollm => {
-                let mut rest_start = 0;
-                for (i, c) in text.char_indices() {
-                    if is_number(c) {
-                        gpt2_split(&text[rest_start..i], out);
-                        let end = i + c.len_utf8();
-                        out.push(&text[i..end]);
-                        rest_start = end;
-                    }
-                }
-                gpt2_split(&text[rest_start..], out);
+            Stage::Gpt2 => gpt2_split(text, out),
+            Stage::EachNumber => class_split(text, out, is_number, false),
+            Stage::NumberRuns => class_split(text, out, is_number, true),
+            Stage::DefaultPunctuation => class_split(text, out, is_default_punctuation, true),
+            Stage::AsciiDigitTriples => digit_triples(text, out),
+            Stage::Llama3 { max_digits, long_s } => llama3_split(text, *max_digits, *long_s, out),
+            Stage::Regex { regex, behavior, invert } => {
+                // A regex that fails at run time (its backtracking limit) leaves the rest uncut.
+                let matches: Vec<(usize, usize)> = regex
+                    .find_iter(text)
+                    .map_while(|m| m.ok())
+                    .filter(|m| m.start() < m.end())
+                    .map(|m| (m.start(), m.end()))
+                    .collect();
+                cut(text, &matches, *behavior, *invert, out);
+            }
+            Stage::Literal { pattern, behavior } => {
+                let matches: Vec<(usize, usize)> = if pattern.is_empty() {
+                    Vec::new()
+                } else {
+                    text.match_indices(pattern.as_str()).map(|(i, m)| (i, i + m.len())).collect()
+                };
+                cut(text, &matches, *behavior, false, out);
             }
         }
     }
+}
+
+/// Pieces of `text` from sorted, disjoint, non-empty `matches` (byte ranges), as
+/// Hugging Face `NormalizedString::split` forms them.
+fn cut<'a>(text: &'a str, matches: &[(usize, usize)], behavior: Behavior, invert: bool, out: &mut Vec<&'a str>) {
+    // Every byte range of the text, marked as matched or not.
+    let mut spans: Vec<(usize, usize, bool)> = Vec::with_capacity(matches.len() * 2 + 1);
+    let mut at = 0;
+    for &(s, e) in matches {
+        if at < s {
+            spans.push((at, s, invert));
+        }
+        spans.push((s, e, !invert));
+        at = e;
+    }
+    if at < text.len() {
+        spans.push((at, text.len(), invert));
+    }
+    // The folds of `tokenizers`' `split`: a span either extends the last piece or starts one.
+    let mut pieces: Vec<(usize, usize)> = Vec::with_capacity(spans.len());
+    let mut previous_match = false;
+    match behavior {
+        Behavior::Isolated => pieces.extend(spans.iter().map(|&(s, e, _)| (s, e))),
+        Behavior::Removed => pieces.extend(spans.iter().filter(|&&(_, _, m)| !m).map(|&(s, e, _)| (s, e))),
+        Behavior::MergedWithPrevious | Behavior::Contiguous => {
+            for &(s, e, m) in &spans {
+                let extend = match behavior {
+                    Behavior::MergedWithPrevious => m && !previous_match,
+                    _ => m == previous_match,
+                };
+                match pieces.last_mut() {
+                    Some(last) if extend => last.1 = e,
+                    _ => pieces.push((s, e)),
+                }
+                previous_match = m;
+            }
+        }
+        Behavior::MergedWithNext => {
+            for &(s, e, m) in spans.iter().rev() {
+                match pieces.last_mut() {
+                    Some(last) if m && !previous_match => last.0 = s,
+                    _ => pieces.push((s, e)),
+                }
+                previous_match = m;
+            }
+            pieces.reverse();
+        }
+    }
+    out.extend(pieces.into_iter().map(|(s, e)| &text[s..e]));
 }
 
 /// `\p{L}`: general category Letter.
@@ -77,6 +300,76 @@ pub(crate) fn is_number(c: char) -> bool {
 /// `\s`: the White_Space property.
 pub(crate) fn is_space(c: char) -> bool {
     c.is_whitespace()
+}
+
+/// `[\p{P}\$\+<=>\^~\|]`.
+fn is_default_punctuation(c: char) -> bool {
+    if c.is_ascii() {
+        return c.is_ascii_punctuation() && c != '`';
+    }
+    matches!(
+        get_general_category(c),
+        G::ConnectorPunctuation
+            | G::DashPunctuation
+            | G::OpenPunctuation
+            | G::ClosePunctuation
+            | G::InitialPunctuation
+            | G::FinalPunctuation
+            | G::OtherPunctuation
+    )
+}
+
+/// Cuts out each character of class `pred` (runs of them when `runs`); the text
+/// between stays whole.
+fn class_split<'a>(text: &'a str, out: &mut Vec<&'a str>, pred: fn(char) -> bool, runs: bool) {
+    let mut gap = 0; // start of the text not yet emitted
+    let mut it = text.char_indices().peekable();
+    while let Some((i, c)) = it.next() {
+        if !pred(c) {
+            continue;
+        }
+        let mut end = i + c.len_utf8();
+        if runs {
+            while let Some(&(j, d)) = it.peek() {
+                if !pred(d) {
+                    break;
+                }
+                end = j + d.len_utf8();
+                it.next();
+            }
+        }
+        if gap < i {
+            out.push(&text[gap..i]);
+        }
+        out.push(&text[i..end]);
+        gap = end;
+    }
+    if gap < text.len() {
+        out.push(&text[gap..]);
+    }
+}
+
+/// `[0-9][0-9][0-9]`, leftmost first: each run of ASCII digits gives triples from
+/// its start, and its last one or two digits join the text that follows.
+fn digit_triples<'a>(text: &'a str, out: &mut Vec<&'a str>) {
+    let b = text.as_bytes();
+    let mut gap = 0;
+    let mut i = 0;
+    while i + 3 <= b.len() {
+        if b[i..i + 3].iter().all(u8::is_ascii_digit) {
+            if gap < i {
+                out.push(&text[gap..i]);
+            }
+            out.push(&text[i..i + 3]);
+            i += 3;
+            gap = i;
+        } else {
+            i += 1;
+        }
+    }
+    if gap < text.len() {
+        out.push(&text[gap..]);
+    }
 }
 
 /// Length in chars of a contraction (`'s 't 're 've 'm 'll 'd`, lower case only)
@@ -152,6 +445,117 @@ fn gpt2_split<'a>(text: &'a str, out: &mut Vec<&'a str>) {
     }
 }
 
+/// The Llama 3 / Qwen2 split of `text` into `out`, a port of llama.cpp's
+/// `unicode_regex_split_custom_llama3` (numbers in groups of `max_digits`).
+///
+/// At each position, in the regex's order:
+/// 1. `(?i:'s|'t|'re|'ve|'m|'ll|'d)`;
+/// 2. `[^\r\n\p{L}\p{N}]?\p{L}+`: letters, with one leading character that is none
+///    of CR, LF, letter, number;
+/// 3. `\p{N}{1,max_digits}`;
+/// 4. ` ?[^\s\p{L}\p{N}]+[\r\n]*`;
+/// 5. `\s*[\r\n]+`: whitespace up to its last CR or LF;
+/// 6. `\s+(?!\S)`: a whitespace run less its last character when text follows;
+/// 7. `\s+`.
+fn llama3_split<'a>(text: &'a str, max_digits: usize, long_s: bool, out: &mut Vec<&'a str>) {
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    let n = chars.len();
+    let byte = |i: usize| if i < n { chars[i].0 } else { text.len() };
+    let at = |i: usize| chars.get(i).map(|&(_, c)| c);
+    let letter = |i: usize| at(i).is_some_and(is_letter);
+    let number = |i: usize| at(i).is_some_and(is_number);
+    let space = |i: usize| at(i).is_some_and(is_space);
+    let lower = |i: usize| {
+        at(i).map(|c| match c {
+            'ſ' if long_s => 's',
+            c => c.to_ascii_lowercase(),
+        })
+    };
+    let mut start = 0;
+    let mut pos = 0;
+    let emit = |end: usize, start: &mut usize, out: &mut Vec<&'a str>| {
+        if *start < end {
+            out.push(&text[byte(*start)..byte(end)]);
+        }
+        *start = end;
+    };
+    while pos < n {
+        let c = chars[pos].1;
+        // 1. contractions
+        if c == '\'' && pos + 1 < n {
+            let next = lower(pos + 1);
+            if matches!(next, Some('s' | 't' | 'm' | 'd')) {
+                pos += 2;
+                emit(pos, &mut start, out);
+                continue;
+            }
+            if pos + 2 < n {
+                let pair = (next, lower(pos + 2));
+                if matches!(pair, (Some('r'), Some('e')) | (Some('v'), Some('e')) | (Some('l'), Some('l'))) {
+                    pos += 3;
+                    emit(pos, &mut start, out);
+                    continue;
+                }
+            }
+        }
+        // 2. letters, with one optional leading non-letter
+        if !(c == '\r' || c == '\n' || is_number(c)) && (is_letter(c) || letter(pos + 1)) {
+            pos += 1;
+            while letter(pos) {
+                pos += 1;
+            }
+            emit(pos, &mut start, out);
+            continue;
+        }
+        // 3. numbers in groups
+        if is_number(c) {
+            let mut ini = pos;
+            while number(pos) {
+                pos += 1;
+                if pos - ini >= max_digits {
+                    emit(pos, &mut start, out);
+                    ini = pos;
+                }
+            }
+            emit(pos, &mut start, out);
+            continue;
+        }
+        // 4. ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+        let other = |i: usize| at(i).is_some_and(|d| !is_space(d) && !is_letter(d) && !is_number(d));
+        let first = if c == ' ' { pos + 1 } else { pos };
+        if c == ' ' && pos + 1 >= n || other(first) {
+            pos = first;
+            while other(pos) {
+                pos += 1;
+            }
+            while matches!(at(pos), Some('\r' | '\n')) {
+                pos += 1;
+            }
+            emit(pos, &mut start, out);
+            continue;
+        }
+        // 5-7. whitespace
+        let mut ws = 0;
+        let mut last_crlf_end = 0;
+        while space(pos + ws) {
+            if matches!(at(pos + ws), Some('\r' | '\n')) {
+                last_crlf_end = pos + ws + 1;
+            }
+            ws += 1;
+        }
+        if last_crlf_end > 0 {
+            pos = last_crlf_end;
+        } else if ws > 1 && pos + ws < n {
+            pos += ws - 1;
+        } else if ws > 0 {
+            pos += ws;
+        } else {
+            pos += 1;
+        }
+        emit(pos, &mut start, out);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,5 +585,38 @@ mod tests {
         use PreTokenizer::Smollm;
         assert_eq!(pieces(Smollm, "x 123!?"), ["x", " ", "1", "2", "3", "!?"]);
         assert_eq!(pieces(Smollm, "v2.0"), ["v", "2", ".", "0"]);
+    }
+
+    #[test]
+    fn llama3_and_qwen2_examples() {
+        use PreTokenizer::{Llama3, Qwen2};
+        assert_eq!(pieces(Llama3, "Hello world"), ["Hello", " world"]);
+        assert_eq!(pieces(Llama3, "I'M 1234567"), ["I", "'M", " ", "123", "456", "7"]);
+        assert_eq!(pieces(Qwen2, "x 123"), ["x", " ", "1", "2", "3"]);
+        assert_eq!(pieces(Llama3, "a  \n\n b"), ["a", "  \n\n", " b"]);
+        assert_eq!(pieces(Llama3, "(x) !!\n\ny"), ["(x", ")", " !!\n\n", "y"]);
+        assert_eq!(pieces(Llama3, "a   b "), ["a", "  ", " b", " "]);
+        assert_eq!(pieces(Llama3, "\"quoted\""), ["\"quoted", "\""]);
+    }
+
+    #[test]
+    fn default_cuts_punctuation_numbers_and_triples() {
+        use PreTokenizer::Default;
+        assert_eq!(pieces(Default, "a, b12345!"), ["a", ",", " b", "123", "45", "!"]);
+        assert_eq!(pieces(Default, "x `y`"), ["x", " `", "y", "`"]);
+    }
+
+    #[test]
+    fn split_behaviors() {
+        let run = |b: Behavior, invert: bool| {
+            let mut out = Vec::new();
+            cut("a--b-", &[(1, 2), (2, 3), (4, 5)], b, invert, &mut out);
+            out
+        };
+        assert_eq!(run(Behavior::Isolated, false), ["a", "-", "-", "b", "-"]);
+        assert_eq!(run(Behavior::Removed, false), ["a", "b"]);
+        assert_eq!(run(Behavior::MergedWithPrevious, false), ["a-", "-", "b-"]);
+        assert_eq!(run(Behavior::MergedWithNext, false), ["a", "-", "-b", "-"]);
+        assert_eq!(run(Behavior::Contiguous, false), ["a", "--", "b", "-"]);
     }
 }
