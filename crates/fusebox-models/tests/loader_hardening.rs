@@ -455,3 +455,21 @@ fn errors_name_the_file_field_and_values() {
     assert!(t.notice().is_some_and(|n| n.contains("no chat template") && n.contains("ChatML")), "{:?}", t.notice());
     assert_eq!(t.apply(&[("user", "hi")], true).unwrap(), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
 }
+
+/// `tokenizer_config.json`'s `chat_template` as a list of named templates: `default` is
+/// used, as transformers does; a list without one names what it has.
+#[test]
+fn named_chat_templates_use_default() {
+    let dir = hf_dir("named-templates");
+    let write = |v: Json| std::fs::write(dir.join("tokenizer_config.json"), v.to_string()).unwrap();
+    write(json!({"chat_template": [
+        {"name": "tool_use", "template": "TOOLS"},
+        {"name": "default", "template": "{% for m in messages %}[{{ m.content }}]{% endfor %}"}
+    ]}));
+    let p = load(&dir).unwrap();
+    assert_eq!(p.chat_template().unwrap().apply(&[("user", "hi")], true).unwrap(), "[hi]");
+    write(json!({"chat_template": [{"name": "tool_use", "template": "TOOLS"}, {"name": "rag", "template": "R"}]}));
+    let e = load(&dir).unwrap().chat_template().err().unwrap().to_string();
+    assert!(e.contains("no 'default'") && e.contains("tool_use, rag"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
