@@ -285,20 +285,56 @@ impl<'m> ChatSession<'m> {
                 return Err(e);
             }
         };
-        let (reuse, restarted) = match plan_prefill(&self.cached, &ids) {
+        let run = self.run_turn(&ids, sampler, interrupted, on_text);
+        let (tokens, end, reuse, restarted) = match run {
+            Ok(x) => x,
+            Err(e) => {
+                // The cache no longer matches what it held: the next turn starts it again.
+                self.conversation.pop();
+                self.cached.clear();
+                return Err(e);
+            }
+        };
+        let reply = tok.decode_with(&tokens, true)?;
+        self.conversation.push("assistant", &reply);
+        Ok(Turn {
+            reply,
+            tokens,
+            end,
+            prompt_tokens: ids.len(),
+            reused: reuse,
+            prefilled: ids.len() - reuse,
+            restarted,
+            dropped_turns,
+        })
+    }
+
+    /// Runs the turn's prompt `ids` on the cache and samples the answer; returns its
+    /// tokens, why it ended, the positions reused and, when the cache started again, the
+    /// common prefix length.
+    fn run_turn(
+        &mut self,
+        ids: &[u32],
+        sampler: &mut Sampler,
+        interrupted: &dyn Fn() -> bool,
+        on_text: &mut dyn FnMut(&str) -> Result<()>,
+    ) -> Result<(Vec<u32>, TurnEnd, usize, Option<usize>)> {
+        let model = self.model;
+        let tok = &model.tokenizer;
+        let (reuse, restarted) = match plan_prefill(&self.cached, ids) {
             Prefill::Extend { reuse } if reuse == self.session.len() => (reuse, None),
             Prefill::Extend { reuse } => (0, Some(reuse)),
             Prefill::Restart { common } => (0, Some(common)),
         };
         if reuse == 0 && (restarted.is_some() || !self.session.is_empty()) {
-            self.session = self.model.session(self.backend, self.options.ctx_size)?;
+            self.session = model.session(self.backend, self.options.ctx_size)?;
         }
         let restarted = restarted.filter(|_| !self.cached.is_empty());
         self.cached.truncate(reuse);
         let new = &ids[reuse..];
         let mut logits = self.session.step(self.backend, new)?;
         self.cached.extend_from_slice(new);
-        let mut seen = ids.clone();
+        let mut seen = ids.to_vec();
         let mut decoder = tok.stream_decoder(true);
         let mut tokens = Vec::new();
         let end = loop {
@@ -322,18 +358,7 @@ impl<'m> ChatSession<'m> {
             self.cached.push(next);
         };
         on_text(&decoder.finish())?;
-        let reply = tok.decode_with(&tokens, true)?;
-        self.conversation.push("assistant", &reply);
-        Ok(Turn {
-            reply,
-            tokens,
-            end,
-            prompt_tokens: ids.len(),
-            reused: reuse,
-            prefilled: ids.len() - reuse,
-            restarted,
-            dropped_turns,
-        })
+        Ok((tokens, end, reuse, restarted))
     }
 }
 
