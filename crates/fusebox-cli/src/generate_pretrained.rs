@@ -16,7 +16,7 @@ use crate::train::backend_for;
 const DEFAULT_CTX: usize = 2048;
 
 /// Refuses a KV cache of `ctx` positions that does not fit in the memory available.
-fn check_cache_memory(model: &llama::Pretrained, ctx: usize) -> Result<()> {
+pub(crate) fn check_cache_memory(model: &llama::Pretrained, ctx: usize) -> Result<()> {
     let (layers, kv_heads, head_dim, rope) = match &model.network {
         Network::Llama(m) => (m.config.n_layers, m.config.n_kv_heads, m.config.head_dim, true),
         Network::Gpt2(m) => (m.config.n_layers, m.config.n_kv_heads, m.config.head_dim(), false),
@@ -45,13 +45,15 @@ pub fn run(args: &GenerateArgs, mut sampler: Sampler) -> Result<()> {
     let b = backend_for(&args.backend, args.threads)?;
     let model = llama::load(b.as_ref(), &args.model)?;
     let tok = &model.tokenizer;
-    let text = if args.chat {
+    let mut prompt = if args.chat {
         let template = model.chat_template()?;
-        template.apply(&[("user", args.prompt.as_str())], true)
+        if let Some(notice) = template.notice() {
+            eprintln!("[{notice}]");
+        }
+        template.encode(tok, &template.apply(&[("user", args.prompt.as_str())], true)?)
     } else {
-        args.prompt.clone()
+        tok.encode(&args.prompt, tok.add_bos_default())
     };
-    let mut prompt = tok.encode(&text, tok.add_bos_default());
     if prompt.is_empty() {
         // An empty prompt starts from BOS (or EOS, which GPT-2 uses as its document start).
         prompt.extend(tok.bos_id().or(tok.eos_id()));

@@ -2,6 +2,7 @@
 
 mod backends;
 mod bench;
+mod chat;
 mod demo;
 mod generate;
 mod generate_pretrained;
@@ -44,6 +45,8 @@ enum Command {
     Train(Box<train::TrainArgs>),
     /// Generate text from a checkpoint, a GGUF file or a Hugging Face directory.
     Generate(Box<generate::GenerateArgs>),
+    /// Chat with a model in the terminal (or over a pipe, one message per line).
+    Chat(Box<chat::ChatArgs>),
     /// Benchmarks: attention, matmul, ops, train (`--json` for one object per case).
     Bench(bench::BenchArgs),
     /// Token ids and pieces of a text under a model's tokenizer (GGUF or Hugging Face).
@@ -64,6 +67,7 @@ fn main() {
         Command::Bench(args) => bench::run(&args),
         Command::Generate(args) => generate::run(&args),
         Command::Tokenize(args) => tokenize::run(&args),
+        Command::Chat(args) => chat::run(&args),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

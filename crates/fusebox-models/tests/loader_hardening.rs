@@ -439,13 +439,37 @@ fn errors_name_the_file_field_and_values() {
     assert!(load(&path).is_ok());
     std::fs::remove_dir_all(&dir).unwrap();
 
-    // A chat template that is not supported says so, rather than "no template".
-    let w = set_kv(gguf(), "tokenizer.chat_template", Value::String("{{ bos_token }}[INST]".into()));
+    // A chat template that does not parse says so, quoting minijinja, rather than "no template".
+    let w = set_kv(gguf(), "tokenizer.chat_template", Value::String("{% for m in messages %}[INST]".into()));
     let p = load_gguf_bytes("template", &w.to_bytes()).unwrap();
     let e = p.chat_template().err().unwrap().to_string();
-    assert!(e.contains("tokenizer.chat_template") && e.contains("ChatML") && e.contains("template.gguf"), "{e}");
+    assert!(
+        e.contains("tokenizer.chat_template") && e.contains("does not parse") && e.contains("template.gguf"),
+        "{e}"
+    );
+    // No template: ChatML, with a notice.
     let mut w = gguf();
     w.kvs.retain(|(k, _)| k != "tokenizer.chat_template");
     let p = load_gguf_bytes("no-template", &w.to_bytes()).unwrap();
-    assert!(p.chat_template().err().unwrap().to_string().contains("has no chat template"));
+    let t = p.chat_template().unwrap();
+    assert!(t.notice().is_some_and(|n| n.contains("no chat template") && n.contains("ChatML")), "{:?}", t.notice());
+    assert_eq!(t.apply(&[("user", "hi")], true).unwrap(), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+}
+
+/// `tokenizer_config.json`'s `chat_template` as a list of named templates: `default` is
+/// used, as transformers does; a list without one names what it has.
+#[test]
+fn named_chat_templates_use_default() {
+    let dir = hf_dir("named-templates");
+    let write = |v: Json| std::fs::write(dir.join("tokenizer_config.json"), v.to_string()).unwrap();
+    write(json!({"chat_template": [
+        {"name": "tool_use", "template": "TOOLS"},
+        {"name": "default", "template": "{% for m in messages %}[{{ m.content }}]{% endfor %}"}
+    ]}));
+    let p = load(&dir).unwrap();
+    assert_eq!(p.chat_template().unwrap().apply(&[("user", "hi")], true).unwrap(), "[hi]");
+    write(json!({"chat_template": [{"name": "tool_use", "template": "TOOLS"}, {"name": "rag", "template": "R"}]}));
+    let e = load(&dir).unwrap().chat_template().err().unwrap().to_string();
+    assert!(e.contains("no 'default'") && e.contains("tool_use, rag"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -126,9 +126,16 @@ fn special_ids_and_chat_template() {
     assert!(!tok.add_bos_default());
     assert!(tok.is_eog(2) && tok.is_eog(0), "<|im_end|> and <|endoftext|> end generation");
     let source = m.file.metadata().require_str("tokenizer.chat_template").unwrap();
-    let template = ChatTemplate::from_jinja(source).unwrap();
-    assert_eq!(template, ChatTemplate::smollm2());
-    let prompt = template.apply(&[("user", "What is 2+2?")], true);
+    let template = ChatTemplate::for_tokenizer(Some(source), tok).unwrap();
+    let ours = ChatTemplate::smollm2().unwrap();
+    for conv in [&[("user", "What is 2+2?")][..], &[("system", "S"), ("user", "Q"), ("assistant", "A")][..]] {
+        for gen in [true, false] {
+            assert_eq!(template.apply(conv, gen).unwrap(), ours.apply(conv, gen).unwrap());
+        }
+    }
+    assert_eq!(template.end_of_turn(), ["<|im_end|>"]);
+    assert_eq!(template.notice(), None);
+    let prompt = template.apply(&[("user", "What is 2+2?")], true).unwrap();
     // The fixture's chat case is exactly this prompt.
     let case = cases().into_iter().find(|c| c.text == prompt).expect("chat case in fixture");
     assert_eq!(tok.encode(&prompt, false), case.ids);

@@ -56,10 +56,11 @@ pub struct Pretrained {
     pub network: Network,
     /// Its tokenizer.
     pub tokenizer: Tokenizer,
-    /// Its chat template, when the file has one that parses.
+    /// Its chat template: the file's own, or a fallback with a notice when it has none
+    /// ([`ChatTemplate::for_tokenizer`]); `None` when the file's does not parse.
     pub chat_template: Option<ChatTemplate>,
-    /// Why the file's chat template could not be used, when it has one that is not
-    /// supported (`chat_template` is then `None`).
+    /// Why the file's chat template could not be used (it does not parse;
+    /// `chat_template` is then `None`).
     pub chat_template_error: Option<String>,
     /// Where the model was loaded from.
     pub path: std::path::PathBuf,
@@ -100,12 +101,14 @@ impl Pretrained {
     }
 
     /// Tokens that end generation: the tokenizer's end-of-generation ids (EOS and the
-    /// like), plus the chat template's end-of-turn token (`<|im_end|>`) when `chat`.
+    /// like), plus the chat template's end-of-turn tokens (`<|im_end|>`,
+    /// `<end_of_turn>`, `<|eot_id|>`, …, see [`ChatTemplate::end_of_turn`]) when `chat`.
     pub fn stop_ids(&self, chat: bool) -> Vec<u32> {
         let mut ids: Vec<u32> = self.tokenizer.eog_ids().to_vec();
         ids.extend(self.tokenizer.eos_id());
         if chat {
-            ids.extend(self.tokenizer.token_id("<|im_end|>"));
+            let template_ends = self.chat_template.as_ref().map(ChatTemplate::end_of_turn).unwrap_or_default();
+            ids.extend(template_ends.iter().filter_map(|t| self.tokenizer.token_id(t)));
         }
         ids.sort_unstable();
         ids.dedup();
@@ -156,12 +159,10 @@ pub fn load(b: &dyn ComputeBackend, path: &Path) -> Result<Pretrained> {
 fn load_gguf_file(b: &dyn ComputeBackend, path: &Path) -> Result<Pretrained> {
     let file = GgufFile::open(path)?;
     let tokenizer = Tokenizer::from_gguf(file.metadata())?;
-    let (chat_template, chat_template_error) = match file.metadata().get_str("tokenizer.chat_template")? {
-        Some(src) => match ChatTemplate::from_jinja(src) {
-            Ok(t) => (Some(t), None),
-            Err(e) => (None, Some(format!("tokenizer.chat_template: {e}"))),
-        },
-        None => (None, None),
+    let source = file.metadata().get_str("tokenizer.chat_template")?;
+    let (chat_template, chat_template_error) = match ChatTemplate::for_tokenizer(source, &tokenizer) {
+        Ok(t) => (Some(t), None),
+        Err(e) => (None, Some(format!("tokenizer.chat_template: {e}"))),
     };
     let model = load_gguf(b, &file)?;
     if model.config.vocab_size != tokenizer.vocab_size() {
@@ -209,21 +210,26 @@ fn load_hf_dir(b: &dyn ComputeBackend, dir: &Path) -> Result<Pretrained> {
         Some(Ok(v)) => match v.get("chat_template") {
             None | Some(serde_json::Value::Null) => None,
             Some(serde_json::Value::String(s)) => Some(Ok(s.clone())),
-            Some(other) => Some(Err(format!(
-                "tokenizer_config.json: chat_template: expected a string, found {}",
-                if other.is_array() { "a list of named templates (not supported)" } else { "another JSON value" }
-            ))),
+            Some(serde_json::Value::Array(named)) => Some(default_named_template(named)),
+            Some(_) => Some(Err(
+                "tokenizer_config.json: chat_template: expected a string or a list of {name, template}, found \
+                 another JSON value"
+                    .to_string(),
+            )),
         },
         Some(Err(e)) => {
             return Err(Error::Io(format!("{}: not valid JSON: {e}", tok_config_path.display())));
         }
     };
     let (chat_template, chat_template_error) = match template_source {
-        None => (None, None),
         Some(Err(why)) => (None, Some(why)),
-        Some(Ok(src)) => match ChatTemplate::from_jinja(&src) {
+        Some(Ok(src)) => match ChatTemplate::for_tokenizer(Some(&src), &tokenizer) {
             Ok(t) => (Some(t), None),
             Err(e) => (None, Some(format!("tokenizer_config.json: chat_template: {e}"))),
+        },
+        None => match ChatTemplate::for_tokenizer(None, &tokenizer) {
+            Ok(t) => (Some(t), None),
+            Err(e) => (None, Some(e.to_string())),
         },
     };
     let model_type = match config.get("model_type") {
@@ -273,6 +279,30 @@ fn load_hf_dir(b: &dyn ComputeBackend, dir: &Path) -> Result<Pretrained> {
         )));
     }
     Ok(Pretrained { network, tokenizer, chat_template, chat_template_error, path: dir.to_path_buf(), description })
+}
+
+/// The `default` entry of `tokenizer_config.json`'s list of named chat templates
+/// (`[{"name": "default", "template": "…"}, {"name": "tool_use", …}]`), as transformers
+/// picks it.
+fn default_named_template(named: &[serde_json::Value]) -> std::result::Result<String, String> {
+    let mut names = Vec::new();
+    for entry in named {
+        let name = entry.get("name").and_then(serde_json::Value::as_str);
+        let template = entry.get("template").and_then(serde_json::Value::as_str);
+        match (name, template) {
+            (Some("default"), Some(t)) => return Ok(t.to_string()),
+            (Some(n), Some(_)) => names.push(n.to_string()),
+            _ => {
+                return Err("tokenizer_config.json: chat_template: expected a list of {\"name\": string, \
+                            \"template\": string}, found an entry without them"
+                    .to_string())
+            }
+        }
+    }
+    Err(format!(
+        "tokenizer_config.json: chat_template: the list of named templates has no 'default' (it has {})",
+        if names.is_empty() { "none".to_string() } else { names.join(", ") }
+    ))
 }
 
 /// The storage formats of a model's matrices, e.g. `q4_1, q8_0`.

@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Records what Hugging Face `transformers`' `apply_chat_template` renders for five
+chat templates, the fixtures crates/fusebox-models/tests/chat_templates.rs checks
+fusebox's minijinja rendering against, byte for byte.
+
+Regenerate (the venv has transformers, tokenizers and gguf):
+
+    /tmp/venv-py/bin/python scripts/record_chat_template_fixtures.py
+
+Templates, in crates/fusebox-models/tests/fixtures/chat_templates/:
+  smollm2.jinja       `tokenizer.chat_template` of models/SmolLM2-135M-Instruct.Q4_1.gguf
+                      (rewritten from the GGUF metadata when the file is there;
+                      scripts/fetch-smollm2.sh fetches it)
+  gemma3.jinja        google/gemma-3-270m-it's chat template (gemma-3-270m-q4_k_m.gguf
+                      carries none; fusebox falls back to this one for a vocabulary
+                      with <start_of_turn>/<end_of_turn>, see src/chat/templates/)
+  llama3.1.jinja      meta-llama/Llama-3.1-8B-Instruct's tokenizer_config.json
+  qwen2.5.jinja       Qwen/Qwen2.5-7B-Instruct's tokenizer_config.json
+  mistral-v0.3.jinja  mistralai/Mistral-7B-Instruct-v0.3's tokenizer_config.json (the
+                      tool-calling revision, as mlx-community's conversion carries it)
+
+Each is rendered through `PreTrainedTokenizerFast.apply_chat_template` (tokenize=False)
+of a tokenizer built here from a word-level vocabulary holding the model's BOS/EOS
+strings, so the special-token variables (`bos_token`, `eos_token`) are exactly the ones
+transformers passes. A conversation the template refuses (`raise_exception`) is
+recorded with its error message instead of a rendering.
+
+Output: expected.json beside the templates:
+  {"templates": [{"name", "file", "bos_token", "eos_token",
+                  "cases": [{"name", "messages", "add_generation_prompt",
+                             "expected" | "error"}]}]}
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import transformers
+from tokenizers import Tokenizer, models
+from transformers import PreTrainedTokenizerFast
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "crates/fusebox-models/tests/fixtures/chat_templates"
+MODELS = ROOT / "models"
+
+# name, template file, GGUF to read it from (or None), bos, eos
+TEMPLATES = [
+    ("smollm2", "smollm2.jinja", "SmolLM2-135M-Instruct.Q4_1.gguf", "<|im_start|>", "<|im_end|>"),
+    ("gemma3", "gemma3.jinja", None, "<bos>", "<eos>"),
+    ("llama3.1", "llama3.1.jinja", None, "<|begin_of_text|>", "<|eot_id|>"),
+    ("qwen2.5", "qwen2.5.jinja", None, None, "<|im_end|>"),
+    ("mistral-v0.3", "mistral-v0.3.jinja", None, "<s>", "</s>"),
+]
+
+JINJA_LOOKING = "Is {{ 1 + 1 }} two? {% if x %}yes{% endif %} {# no #} raw_exception('x')"
+UNICODE = "Ünïcödé: 日本語, русский, العربية, emoji 🦀👩‍💻, tab\tand\nnewline"
+
+CASES = [
+    ("user", [{"role": "user", "content": "Hi!"}], True),
+    ("user_no_prompt", [{"role": "user", "content": "Hi!"}], False),
+    ("system_user", [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}], True),
+    (
+        "multi_turn",
+        [
+            {"role": "user", "content": "What is 2+2?"},
+            {"role": "assistant", "content": "4."},
+            {"role": "user", "content": "And 3+3?"},
+        ],
+        True,
+    ),
+    (
+        "system_multi_turn_ends_with_assistant",
+        [
+            {"role": "system", "content": "You answer in French."},
+            {"role": "user", "content": "Hello"},
+            {"role": "assistant", "content": "Bonjour !"},
+            {"role": "user", "content": "Thanks"},
+            {"role": "assistant", "content": "De rien."},
+        ],
+        False,
+    ),
+    (
+        "jinja_looking_and_unicode",
+        [
+            {"role": "user", "content": JINJA_LOOKING},
+            {"role": "assistant", "content": "  padded answer with 'quotes' and \"double\"  \n"},
+            {"role": "user", "content": UNICODE},
+        ],
+        True,
+    ),
+    ("empty_content", [{"role": "user", "content": ""}], True),
+    (
+        "roles_not_alternating",
+        [{"role": "user", "content": "one"}, {"role": "user", "content": "two"}],
+        True,
+    ),
+]
+
+
+def gguf_template(path: Path) -> str:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    field = reader.fields["tokenizer.chat_template"]
+    return bytes(field.parts[field.data[0]]).decode("utf-8")
+
+
+def tokenizer_for(bos, eos) -> PreTrainedTokenizerFast:
+    vocab = {"<unk>": 0}
+    for t in (bos, eos):
+        if t is not None:
+            vocab.setdefault(t, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    kw = {"tokenizer_object": tok, "eos_token": eos}
+    if bos is not None:
+        kw["bos_token"] = bos
+    return PreTrainedTokenizerFast(**kw)
+
+
+def main() -> int:
+    out = {"transformers": transformers.__version__, "templates": []}
+    for name, file, gguf, bos, eos in TEMPLATES:
+        path = FIXTURES / file
+        if gguf is not None and (MODELS / gguf).exists():
+            path.write_text(gguf_template(MODELS / gguf), encoding="utf-8")
+        source = path.read_text(encoding="utf-8")
+        tok = tokenizer_for(bos, eos)
+        cases = []
+        for case_name, messages, gen in CASES:
+            case = {"name": case_name, "messages": messages, "add_generation_prompt": gen}
+            try:
+                case["expected"] = tok.apply_chat_template(
+                    messages, chat_template=source, tokenize=False, add_generation_prompt=gen
+                )
+            except Exception as e:  # raise_exception, or a template error
+                case["error"] = str(e)
+            cases.append(case)
+        rendered = sum("expected" in c for c in cases)
+        print(f"{name}: {rendered} rendered, {len(cases) - rendered} refused", file=sys.stderr)
+        out["templates"].append({"name": name, "file": file, "bos_token": bos, "eos_token": eos, "cases": cases})
+    target = FIXTURES / "expected.json"
+    tmp = target.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(out, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, target)
+    print(f"wrote {target.relative_to(ROOT)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
