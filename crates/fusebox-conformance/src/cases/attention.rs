@@ -254,11 +254,11 @@ fn causal_case<B: ComputeBackend + ?Sized + 'static>(c: Cfg, dtypes: &[DType], b
         .input(k)
         .input(v)
         .call(move |b: &B, t: &[Tensor]| {
-            let r = b.causal_attention(&t[0], &t[1], &t[2], scale)?;
+            let r = b.causal_attention(&t[0], &t[1], &t[2], None, scale)?;
             Ok(vec![r.output, r.logsumexp])
         })
         .twin(move |a| {
-            let (o, lse) = twin::causal_attention(&a[0], &a[1], &a[2], scale as f64);
+            let (o, lse) = twin::causal_attention(&a[0], &a[1], &a[2], None, scale as f64);
             vec![o, lse]
         })
         .tolerance(Tolerance::F32_LOOSE)
@@ -309,8 +309,10 @@ fn long_sequence_case<B: ComputeBackend + ?Sized + 'static>() -> Case<B> {
             let d_out = Rng::new(42).tensor(c.q_shape(), -1.0, 1.0);
             let up = |t: &Tensor| b.upload(t).map_err(err);
             let scale = c.scale();
-            let r = b.causal_attention(&up(&q)?, &up(&k)?, &up(&v)?, scale).map_err(err)?;
-            let g = b.causal_attention_backward(&up(&q)?, &up(&k)?, &up(&v)?, &r, &up(&d_out)?, scale).map_err(err)?;
+            let r = b.causal_attention(&up(&q)?, &up(&k)?, &up(&v)?, None, scale).map_err(err)?;
+            let g = b
+                .causal_attention_backward(&up(&q)?, &up(&k)?, &up(&v)?, &r, &up(&d_out)?, None, scale)
+                .map_err(err)?;
             let host = |t: &Tensor| b.to_host(t).map(|h| Array::from_tensor(&h)).map_err(err);
             let (out, lse, dq, dk, dv) =
                 (host(&r.output)?, host(&r.logsumexp)?, host(&g.dq)?, host(&g.dk)?, host(&g.dv)?);
@@ -385,21 +387,21 @@ fn grad_case<B: ComputeBackend + ?Sized + 'static>(c: Cfg) -> Vec<Case<B>> {
     let scale = c.scale();
     let s = scale as f64;
     let a = arrays(&[&q, &k, &v]);
-    let (o, lse) = twin::causal_attention(&a[0], &a[1], &a[2], s);
+    let (o, lse) = twin::causal_attention(&a[0], &a[1], &a[2], None, s);
     GradCase::new(Op::CausalAttentionBackward, format!("causal_attention_backward {}", c.name()))
         .input(q)
         .input(k)
         .input(v)
         .input(Input::new(o.to_tensor()).constant())
         .input(Input::new(lse.to_tensor()).constant().keep_f32())
-        .forward(move |a| twin::causal_attention(&a[0], &a[1], &a[2], s).0)
+        .forward(move |a| twin::causal_attention(&a[0], &a[1], &a[2], None, s).0)
         .backward_twin(move |a, d_out| {
-            let (dq, dk, dv) = twin::causal_attention_backward(&a[0], &a[1], &a[2], d_out, s);
+            let (dq, dk, dv) = twin::causal_attention_backward(&a[0], &a[1], &a[2], d_out, None, s);
             vec![dq, dk, dv]
         })
         .backward_call(move |b: &B, t: &[Tensor], d_out: &Tensor| {
             let saved = CausalAttentionResult { output: t[3].clone(), logsumexp: t[4].clone() };
-            let g = b.causal_attention_backward(&t[0], &t[1], &t[2], &saved, d_out, scale)?;
+            let g = b.causal_attention_backward(&t[0], &t[1], &t[2], &saved, d_out, None, scale)?;
             Ok(vec![g.dq, g.dk, g.dv])
         })
         .tolerance(Tolerance::F32_LOOSE)
@@ -418,10 +420,10 @@ fn backward_vs_twin<B: ComputeBackend + ?Sized + 'static>(c: Cfg, dtype: DType) 
     Case::custom(Op::CausalAttentionBackward, CaseKind::Backward, name, move |b: &B| {
         let up = |t: &Tensor| b.upload(t).map_err(err);
         let (qu, ku, vu) = (up(&q)?, up(&k)?, up(&v)?);
-        let r = b.causal_attention(&qu, &ku, &vu, scale).map_err(err)?;
-        let g = b.causal_attention_backward(&qu, &ku, &vu, &r, &up(&d_out)?, scale).map_err(err)?;
+        let r = b.causal_attention(&qu, &ku, &vu, None, scale).map_err(err)?;
+        let g = b.causal_attention_backward(&qu, &ku, &vu, &r, &up(&d_out)?, None, scale).map_err(err)?;
         let a = arrays(&[&q, &k, &v, &d_out]);
-        let (dq, dk, dv) = twin::causal_attention_backward(&a[0], &a[1], &a[2], &a[3], scale as f64);
+        let (dq, dk, dv) = twin::causal_attention_backward(&a[0], &a[1], &a[2], &a[3], None, scale as f64);
         for (name, got, want) in [("dq", &g.dq, dq), ("dk", &g.dk, dk), ("dv", &g.dv, dv)] {
             let h = b.to_host(got).map_err(err)?;
             if h.dtype() != dtype {
@@ -483,8 +485,8 @@ fn decode_case<B: ComputeBackend + ?Sized + 'static>(
     .input(q)
     .input(kc)
     .input(vc)
-    .call(move |b: &B, t: &[Tensor]| Ok(vec![b.decode_attention(&t[0], &t[1], &t[2], kv_len, scale)?]))
-    .twin(move |a| vec![twin::decode_attention(&a[0], &a[1], &a[2], kv_len, scale as f64)])
+    .call(move |b: &B, t: &[Tensor]| Ok(vec![b.decode_attention(&t[0], &t[1], &t[2], kv_len, None, scale)?]))
+    .twin(move |a| vec![twin::decode_attention(&a[0], &a[1], &a[2], kv_len, None, scale as f64)])
     .tolerance(Tolerance::F32_LOOSE)
     .dtypes(dtypes);
     if bad {
@@ -592,7 +594,7 @@ fn write_then_decode_case<B: ComputeBackend + ?Sized + 'static>() -> Case<B> {
         be.write_head_cache(&mut vc, &up(&v0)?, 0).map_err(err)?;
         be.write_head_cache(&mut kc, &up(&k1)?, t0).map_err(err)?;
         be.write_head_cache(&mut vc, &up(&v1)?, t0).map_err(err)?;
-        let out = be.decode_attention(&up(&q)?, &kc, &vc, t0 + t1, c.scale()).map_err(err)?;
+        let out = be.decode_attention(&up(&q)?, &kc, &vc, t0 + t1, None, c.scale()).map_err(err)?;
         let got = Array::from_tensor(&be.to_host(&out).map_err(err)?);
         let a = arrays(&[&q, &k0, &v0, &k1, &v1]);
         let want =
@@ -694,12 +696,12 @@ fn supports_case<B: ComputeBackend + ?Sized + 'static>() -> Case<B> {
             let (q, k, v) = c.qkv(121);
             let up = |t: &Tensor| b.upload(t).map_err(err);
             let (q, k, v) = (up(&q)?, up(&k)?, up(&v)?);
-            let native = b.supports_causal_attention(&q, &k, &v, c.scale());
+            let native = b.supports_causal_attention(&q, &k, &v, None, c.scale());
             if b.name() == "cpu" && !native {
                 return Err("the CPU backend has a native fused causal attention but answered false".into());
             }
             if native {
-                b.causal_attention(&q, &k, &v, c.scale()).map_err(err)?;
+                b.causal_attention(&q, &k, &v, None, c.scale()).map_err(err)?;
             }
             Ok(())
         },
@@ -770,7 +772,7 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     ];
     for (what, q, k, vv) in causal_bad.clone() {
         v.push(Case::expect_error(Op::CausalAttention, format!("causal_attention {what}"), move |b: &B| {
-            b.causal_attention(&b.upload(&q)?, &b.upload(&k)?, &b.upload(&vv)?, 0.3).map(drop)
+            b.causal_attention(&b.upload(&q)?, &b.upload(&k)?, &b.upload(&vv)?, None, 0.3).map(drop)
         }));
     }
     for (what, q, k, vv) in causal_bad {
@@ -780,7 +782,7 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
             move |b: &B| {
                 let saved = CausalAttentionResult { output: b.upload(&q)?, logsumexp: b.upload(&t(&q.dims()[..3]))? };
                 let (qu, ku, vu) = (b.upload(&q)?, b.upload(&k)?, b.upload(&vv)?);
-                b.causal_attention_backward(&qu, &ku, &vu, &saved, &qu, 0.3).map(drop)
+                b.causal_attention_backward(&qu, &ku, &vu, &saved, &qu, None, 0.3).map(drop)
             },
         ));
     }
@@ -795,7 +797,7 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
                     logsumexp: b.upload(&rounded(&t(&[2, 2, 4]), DType::F16))?,
                 };
                 let (qu, ku) = (b.upload(&q)?, b.upload(&kv)?);
-                b.causal_attention_backward(&qu, &ku, &ku, &saved, &qu, 0.3).map(drop)
+                b.causal_attention_backward(&qu, &ku, &ku, &saved, &qu, None, 0.3).map(drop)
             },
         ));
     }
@@ -807,7 +809,8 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
             move |b: &B| {
                 let saved = CausalAttentionResult { output: b.upload(&q)?, logsumexp: b.upload(&t(&[2, 2, 4]))? };
                 let (qu, ku) = (b.upload(&q)?, b.upload(&kv)?);
-                b.causal_attention_backward(&qu, &ku, &ku, &saved, &b.upload(&rounded(&q, DType::F16))?, 0.3).map(drop)
+                b.causal_attention_backward(&qu, &ku, &ku, &saved, &b.upload(&rounded(&q, DType::F16))?, None, 0.3)
+                    .map(drop)
             },
         ));
     }
@@ -820,7 +823,7 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
         let cache = if what.starts_with("Hq") { t(&[2, 2, 10, 8]) } else { cache.clone() };
         v.push(Case::expect_error(Op::DecodeAttention, format!("decode_attention {what}"), move |b: &B| {
             let c = b.upload(&cache)?;
-            b.decode_attention(&b.upload(&qd)?, &c, &c, kv_len, 0.3).map(drop)
+            b.decode_attention(&b.upload(&qd)?, &c, &c, kv_len, None, 0.3).map(drop)
         }));
     }
     for (what, new, pos) in [
