@@ -93,10 +93,13 @@ fn row_scores(
     let tk = k.shape[2];
     (0..tk)
         .map(|j| {
-            // Query i sits at position p = i + tk − tq: it sees j ≤ p, and j > p − W.
-            let p = i + tk - tq;
-            if causal && (j > p || window.is_some_and(|w| j + w <= p)) {
-                return None;
+            // Query i sits at position p = i + tk − tq (causal: tq ≤ tk): it sees j ≤ p,
+            // and j > p − W.
+            if causal {
+                let p = i + tk - tq;
+                if j > p || window.is_some_and(|w| j + w <= p) {
+                    return None;
+                }
             }
             let mut s = 0.0;
             for e in 0..d {

@@ -280,27 +280,41 @@ pub fn decode_attention(
 ) -> Result<Tensor> {
     const OP: &str = "decode_attention";
     let dims = spec::decode_attention(q, k_cache, v_cache, kv_len, window)?.dims;
+    // No query sees a row before the first query's window: the problem starts at that
+    // row (shifting every key by `first` keeps the bottom-right alignment and the
+    // windows), so those rows are neither read nor converted.
+    let first = dims.window_start(window, 0);
+    let dims = Dims { tk: kv_len - first, ..dims };
     let qf = f32_data(OP, "q", q)?;
-    let (kf, kv_stride) = cache_prefix_f32(OP, k_cache, kv_len)?;
-    let (vf, _) = cache_prefix_f32(OP, v_cache, kv_len)?;
+    let (kf, kv_stride) = cache_rows_f32(OP, k_cache, first, kv_len)?;
+    let (vf, _) = cache_rows_f32(OP, v_cache, first, kv_len)?;
     let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride, scale, causal: true, window, mask: None };
     Ok(run_forward(cpu, &p, q.dtype())?.0)
 }
 
-/// The first `kv_len` rows of every head of a `[B, Hkv, capacity, D]` cache as f32, and
-/// the stride between heads: an F32 cache is borrowed whole (rows past `kv_len` are
-/// never read); F16/BF16 caches convert only the filled prefix of each head.
-fn cache_prefix_f32<'a>(op: &'static str, cache: &'a Tensor, kv_len: usize) -> Result<(Cow<'a, [f32]>, usize)> {
+/// Rows `first .. kv_len` of every head of a `[B, Hkv, capacity, D]` cache as f32 (row
+/// `first` first), and the stride between heads: an F32 cache is borrowed in place
+/// (rows outside the range are never read); F16/BF16 caches convert only those rows
+/// of each head.
+fn cache_rows_f32<'a>(
+    op: &'static str,
+    cache: &'a Tensor,
+    first: usize,
+    kv_len: usize,
+) -> Result<(Cow<'a, [f32]>, usize)> {
     let dims = cache.dims();
     let (capacity, d) = (dims[2], dims[3]);
     if cache.dtype() == DType::F32 {
-        return Ok((Cow::Borrowed(cache.as_slice::<f32>()?), capacity * d));
+        // An empty cache (batch or heads 0) has no rows to skip.
+        let rows = cache.as_slice::<f32>()?.get(first * d..).unwrap_or(&[]);
+        return Ok((Cow::Borrowed(rows), capacity * d));
     }
     let heads = dims[0] * dims[1];
-    let mut out = Vec::with_capacity(heads * kv_len * d);
+    let rows = kv_len - first;
+    let mut out = Vec::with_capacity(heads * rows * d);
     for h in 0..heads {
-        let prefix = cache.view(h * capacity * d, Shape::new([kv_len * d]))?;
-        out.extend_from_slice(&f32_data(op, "cache", &prefix)?);
+        let part = cache.view((h * capacity + first) * d, Shape::new([rows * d]))?;
+        out.extend_from_slice(&f32_data(op, "cache", &part)?);
     }
-    Ok((Cow::Owned(out), kv_len * d))
+    Ok((Cow::Owned(out), rows * d))
 }
