@@ -411,6 +411,20 @@ fusebox::backend_impl! {
             activation::silu_mul_backward(self, gate, up, d_out)
         }
 
+        fn gelu_mul(&self, gate: &Tensor, up: &Tensor, form: GeluForm) -> Result<Tensor> {
+            activation::gelu_mul(self, gate, up, form)
+        }
+
+        fn gelu_mul_backward(
+            &self,
+            gate: &Tensor,
+            up: &Tensor,
+            d_out: &Tensor,
+            form: GeluForm,
+        ) -> Result<PairGradients> {
+            activation::gelu_mul_backward(self, gate, up, d_out, form)
+        }
+
         fn stable_softplus(&self, x: &Tensor) -> Result<Tensor> {
             activation::stable_softplus(self, x)
         }

@@ -723,6 +723,24 @@ pub trait ComputeBackend: Send + Sync + Debug {
         on_cpu!(self, cpu::activation::silu_mul_backward; [gate, up, d_out])
     }
 
+    /// The GeGLU gate: `gelu(gate)·up`, fused (no `gelu(gate)` tensor); Gemma's MLP uses
+    /// the tanh form.
+    ///
+    /// # Shapes
+    /// `gate`, `up`: equal → same.
+    fn gelu_mul(&self, gate: &Tensor, up: &Tensor, form: GeluForm) -> Result<Tensor> {
+        on_cpu!(self, cpu::activation::gelu_mul; [gate, up], form)
+    }
+
+    /// `d_gate = dy·up·gelu'(gate)`, `d_up = dy·gelu(gate)` (as `da`, `db`), for the
+    /// forward's `form`.
+    ///
+    /// # Shapes
+    /// `gate`, `up`, `d_out`: equal → two tensors of that shape.
+    fn gelu_mul_backward(&self, gate: &Tensor, up: &Tensor, d_out: &Tensor, form: GeluForm) -> Result<PairGradients> {
+        on_cpu!(self, cpu::activation::gelu_mul_backward; [gate, up, d_out], form)
+    }
+
     /// `max(x, ln(1 + exp(min(x, 88))))`: softplus that neither overflows nor loses large x.
     ///
     /// # Shapes
