@@ -85,9 +85,9 @@ impl Model {
             b.write_head_cache(&mut cache.v[l], &v, pos)?;
             let attn = if pos == 0 {
                 // Prefill: one batched pass through the fused causal attention.
-                b.causal_attention(&q, &k, &v, scale)?.output
+                b.causal_attention(&q, &k, &v, None, scale)?.output
             } else {
-                b.decode_attention(&q, &cache.k[l], &cache.v[l], pos + t, scale)?
+                b.decode_attention(&q, &cache.k[l], &cache.v[l], pos + t, None, scale)?
             };
             let o = b.linear_forward(&b.merge_heads(&attn)?, p(li.wo), opt(li.bo))?;
             let x_mid = b.add(&x, &o)?;

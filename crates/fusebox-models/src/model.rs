@@ -345,7 +345,7 @@ impl Model {
             let k = b.split_heads(&b.linear_forward(h, self.p(li.wk), self.opt(li.bk))?, hkv)?;
             let v = b.split_heads(&b.linear_forward(h, self.p(li.wv), self.opt(li.bv))?, hkv)?;
             let (q, k) = (self.rope_fwd(b, q, 0)?, self.rope_fwd(b, k, 0)?);
-            let attn = b.causal_attention(&q, &k, &v, scale)?;
+            let attn = b.causal_attention(&q, &k, &v, None, scale)?;
             let attn_merged = b.merge_heads(&attn.output)?;
             let o = b.linear_forward(&attn_merged, self.p(li.wo), self.opt(li.bo))?;
             let x_mid = b.add(&x, &o)?;
@@ -437,7 +437,7 @@ impl Model {
             let d_merged = self.linear_grad(b, grads, &lc.attn_merged, self.p(li.wo), (li.wo, li.bo), &dx_mid)?;
             let d_attn = b.split_heads(&d_merged, cfg.n_heads)?;
             let AttentionGradients { dq, dk, dv } =
-                b.causal_attention_backward(&lc.q, &lc.k, &lc.v, &lc.attn, &d_attn, scale)?;
+                b.causal_attention_backward(&lc.q, &lc.k, &lc.v, &lc.attn, &d_attn, None, scale)?;
             let (dq, dk) = match &self.rope {
                 Some((cos, sin)) => (
                     b.rope_backward(&dq, cos, sin, RopeStyle::HalfSplit, 0)?,

@@ -296,8 +296,15 @@ fusebox::backend_impl! {
             attention::attention(self, q, k, v, scale, causal)
         }
 
-        fn causal_attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<CausalAttentionResult> {
-            attention::causal_attention(self, q, k, v, scale)
+        fn causal_attention(
+            &self,
+            q: &Tensor,
+            k: &Tensor,
+            v: &Tensor,
+            window: Option<usize>,
+            scale: f32,
+        ) -> Result<CausalAttentionResult> {
+            attention::causal_attention(self, q, k, v, window, scale)
         }
 
         fn causal_attention_backward(
@@ -307,13 +314,21 @@ fusebox::backend_impl! {
             v: &Tensor,
             result: &CausalAttentionResult,
             d_out: &Tensor,
+            window: Option<usize>,
             scale: f32,
         ) -> Result<AttentionGradients> {
-            attention::causal_attention_backward(self, q, k, v, result, d_out, scale)
+            attention::causal_attention_backward(self, q, k, v, result, d_out, window, scale)
         }
 
-        fn supports_causal_attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, _scale: f32) -> bool {
-            attention::supports_causal_attention(q, k, v)
+        fn supports_causal_attention(
+            &self,
+            q: &Tensor,
+            k: &Tensor,
+            v: &Tensor,
+            window: Option<usize>,
+            _scale: f32,
+        ) -> bool {
+            attention::supports_causal_attention(q, k, v, window)
         }
 
         fn write_head_cache(&self, cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
@@ -326,9 +341,10 @@ fusebox::backend_impl! {
             k_cache: &Tensor,
             v_cache: &Tensor,
             kv_len: usize,
+            window: Option<usize>,
             scale: f32,
         ) -> Result<Tensor> {
-            attention::decode_attention(self, q, k_cache, v_cache, kv_len, scale)
+            attention::decode_attention(self, q, k_cache, v_cache, kv_len, window, scale)
         }
 
         fn split_heads(&self, x: &Tensor, heads: usize) -> Result<Tensor> {
@@ -385,6 +401,20 @@ fusebox::backend_impl! {
 
         fn silu_mul_backward(&self, gate: &Tensor, up: &Tensor, d_out: &Tensor) -> Result<PairGradients> {
             activation::silu_mul_backward(self, gate, up, d_out)
+        }
+
+        fn gelu_mul(&self, gate: &Tensor, up: &Tensor, form: GeluForm) -> Result<Tensor> {
+            activation::gelu_mul(self, gate, up, form)
+        }
+
+        fn gelu_mul_backward(
+            &self,
+            gate: &Tensor,
+            up: &Tensor,
+            d_out: &Tensor,
+            form: GeluForm,
+        ) -> Result<PairGradients> {
+            activation::gelu_mul_backward(self, gate, up, d_out, form)
         }
 
         fn stable_softplus(&self, x: &Tensor) -> Result<Tensor> {

@@ -59,6 +59,9 @@ pub const BINARY_INPLACE: Kernel =
 
 kernel!(TERNARY, "ternary.wgsl", "ternary", [false, false, false, true]);
 kernel!(SILU_MUL_BACKWARD, "ternary.wgsl", "silu_mul_backward", [false, false, false, true, true]);
+/// The GeGLU backward (gated.wgsl, with the elementwise function library).
+pub const GELU_MUL_BACKWARD: Kernel =
+    Kernel { name: "gated.wgsl", source: "", entry: "gelu_mul_backward", writes: &[false, false, false, true, true] };
 kernel!(ADAMW, "adamw.wgsl", "adamw", [true, false, true, true]);
 kernel!(MATMUL, "matmul.wgsl", "matmul", [false, false, false, true]);
 kernel!(SUM_ROWS, "reduce.wgsl", "sum_rows", [false, true]);
@@ -93,6 +96,7 @@ pub fn module_source(k: &Kernel) -> String {
         "inplace.wgsl" => include_str!("shaders/inplace.wgsl"),
         "assign.wgsl" => include_str!("shaders/assign.wgsl"),
         "ternary.wgsl" => include_str!("shaders/ternary.wgsl"),
+        "gated.wgsl" => include_str!("shaders/gated.wgsl"),
         _ => "",
     };
     if k.name == "elementwise.wgsl" {

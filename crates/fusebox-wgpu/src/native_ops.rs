@@ -48,6 +48,8 @@ pub const NATIVE_OPS: &[Op] = &[
     Op::TanhBackward,
     Op::SiluMul,
     Op::SiluMulBackward,
+    Op::GeluMul,
+    Op::GeluMulBackward,
     Op::StableSoftplus,
     Op::RmsNorm,
     Op::RmsNormBackward,

@@ -69,6 +69,8 @@ pub enum Bin {
     SiluMul = 10,
     ExpMul = 11,
     AddScaled = 12,
+    GeluTanhMul = 13,
+    GeluErfMul = 14,
 }
 
 pub fn f(x: f32) -> u32 {

@@ -86,6 +86,8 @@ ops! {
     TanhBackward => "tanh_backward",
     SiluMul => "silu_mul",
     SiluMulBackward => "silu_mul_backward",
+    GeluMul => "gelu_mul",
+    GeluMulBackward => "gelu_mul_backward",
     StableSoftplus => "stable_softplus",
     // normalization
     RmsNorm => "rms_norm",

@@ -325,6 +325,78 @@ fn silu_mul_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     cases
 }
 
+/// GeGLU, both forms: forward per dtype over the sizes (gate over the GELU's curved
+/// range and its tails), the backward against finite differences and against the twin,
+/// and mixed dtypes refused.
+fn gelu_mul_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    let mut rng = Rng::new(0x6e61_u64);
+    let mut cases = Vec::new();
+    for form in [GeluForm::Tanh, GeluForm::Erf] {
+        for (k, &shape) in SIZES.iter().enumerate() {
+            let mut case = OpCase::<B>::new(Op::GeluMul, format!("gelu_mul {form:?} gate{shape:?}, up{shape:?}"))
+                .input(rng.tensor(shape, -8.0, 8.0))
+                .input(rng.tensor(shape, -2.0, 2.0))
+                .call(move |b, t| Ok(vec![b.gelu_mul(&t[0], &t[1], form)?]))
+                .twin(move |a| vec![twin::gelu_mul(&a[0], &a[1], form)])
+                .dtypes(ALL_FLOATS);
+            if k > 0 {
+                case = case.no_bad_inputs();
+            }
+            cases.extend(case.build());
+        }
+        cases.extend(
+            GradCase::<B>::new(Op::GeluMulBackward, format!("gelu_mul {form:?} gate[3, 7], up[3, 7]"))
+                .input(rng.tensor([3, 7], -3.0, 3.0))
+                .input(rng.tensor([3, 7], -2.0, 2.0))
+                .forward(move |a| twin::gelu_mul(&a[0], &a[1], form))
+                .backward_twin(move |a, d| {
+                    let (dg, du) = twin::gelu_mul_backward(&a[0], &a[1], d, form);
+                    vec![dg, du]
+                })
+                .backward_call(move |b, t, d| {
+                    let g = b.gelu_mul_backward(&t[0], &t[1], d, form)?;
+                    Ok(vec![g.da, g.db])
+                })
+                .build(),
+        );
+        for &shape in BACKWARD_SIZES {
+            cases.extend(
+                OpCase::<B>::new(Op::GeluMulBackward, format!("gelu_mul {form:?} backward gate, up, d_out {shape:?}"))
+                    .input(rng.tensor(shape, -8.0, 8.0))
+                    .input(rng.tensor(shape, -2.0, 2.0))
+                    .input(rng.tensor(shape, -1.0, 1.0))
+                    .call(move |b, t| {
+                        let g = b.gelu_mul_backward(&t[0], &t[1], &t[2], form)?;
+                        Ok(vec![g.da, g.db])
+                    })
+                    .twin(move |a| {
+                        let (dg, du) = twin::gelu_mul_backward(&a[0], &a[1], &a[2], form);
+                        vec![dg, du]
+                    })
+                    .dtypes(ALL_FLOATS)
+                    .no_bad_inputs()
+                    .build(),
+            );
+        }
+    }
+    cases.push(Case::expect_error(Op::GeluMul, "gelu_mul up bf16 with f32 gate", |b: &B| {
+        let x = b.upload(&Tensor::from_vec(vec![0.5f32; 8], [8])?)?;
+        let u = b.upload(&Tensor::from_f32_as(&[1.0; 8], [8], DType::BF16)?)?;
+        b.gelu_mul(&x, &u, GeluForm::Tanh).map(|_| ())
+    }));
+    cases.push(Case::expect_error(Op::GeluMulBackward, "gelu_mul_backward d_out f16 with f32 gate/up", |b: &B| {
+        let x = b.upload(&Tensor::from_vec(vec![0.5f32; 8], [8])?)?;
+        let d = b.upload(&Tensor::from_f32_as(&[1.0; 8], [8], DType::F16)?)?;
+        b.gelu_mul_backward(&x, &x, &d, GeluForm::Erf).map(|_| ())
+    }));
+    cases.push(Case::expect_error(Op::GeluMulBackward, "gelu_mul_backward d_out [7] with gate/up [8]", |b: &B| {
+        let x = b.upload(&Tensor::from_vec(vec![0.5f32; 8], [8])?)?;
+        let d = b.upload(&Tensor::from_vec(vec![1.0f32; 7], [7])?)?;
+        b.gelu_mul_backward(&x, &x, &d, GeluForm::Tanh).map(|_| ())
+    }));
+    cases
+}
+
 /// Every case of the family.
 pub fn cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     let mut cases = Vec::new();
@@ -334,5 +406,6 @@ pub fn cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     cases.extend(gelu_erf_accuracy());
     cases.push(twin_erf_table());
     cases.extend(silu_mul_cases());
+    cases.extend(gelu_mul_cases());
     cases
 }

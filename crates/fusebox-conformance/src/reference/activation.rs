@@ -130,6 +130,19 @@ pub fn silu_mul_backward(gate: &Array, up: &Array, dy: &Array) -> (Array, Array)
     (d_gate, d_up)
 }
 
+/// `gelu(gate)·up` (GeGLU).
+pub fn gelu_mul(gate: &Array, up: &Array, form: GeluForm) -> Array {
+    gelu(gate, form).zip(up, |a, u| a * u)
+}
+
+/// `(d_gate, d_up) = (dy·up·gelu'(gate), dy·gelu(gate))`: the GELU backward of `dy·up`,
+/// and `dy` times the GELU.
+pub fn gelu_mul_backward(gate: &Array, up: &Array, dy: &Array, form: GeluForm) -> (Array, Array) {
+    let d_gate = gelu_backward(gate, &dy.zip(up, |d, u| d * u), form);
+    let d_up = gelu(gate, form).zip(dy, |a, d| a * d);
+    (d_gate, d_up)
+}
+
 /// `max(x, ln(1 + exp(min(x, 88))))`, literally.
 pub fn stable_softplus(x: &Array) -> Array {
     x.map(|x| x.max(x.min(88.0).exp().ln_1p()))

@@ -210,9 +210,9 @@ impl LlamaModel {
             b.write_head_cache(&mut state.cache.v[l], &v, pos)?;
             let attn = if pos == 0 {
                 // Prefill: the whole prompt in one fused causal pass.
-                b.causal_attention(&q, &k, &v, scale)?.output
+                b.causal_attention(&q, &k, &v, None, scale)?.output
             } else {
-                b.decode_attention(&q, &state.cache.k[l], &state.cache.v[l], pos + t, scale)?
+                b.decode_attention(&q, &state.cache.k[l], &state.cache.v[l], pos + t, None, scale)?
             };
             let o = layer.wo.forward(b, &b.merge_heads(&attn)?)?;
             // MLP: x += down(silu(gate(h2)) · up(h2)), h2 = rms_norm(x + o).

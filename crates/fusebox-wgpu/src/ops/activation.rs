@@ -102,6 +102,35 @@ pub(crate) fn silu_mul_backward(be: &WgpuBackend, gate: &Tensor, up: &Tensor, d_
     Ok(PairGradients { da: be.narrow(OP, da, dtype)?, db: be.narrow(OP, db, dtype)? })
 }
 
+pub(crate) fn gelu_mul(be: &WgpuBackend, gate: &Tensor, up: &Tensor, form: GeluForm) -> Result<Tensor> {
+    let code = if form == GeluForm::Tanh { Bin::GeluTanhMul } else { Bin::GeluErfMul };
+    match be.binary_op("gelu_mul", ("gate", gate), ("up", up), code, 0.0)? {
+        Some(t) => Ok(t),
+        None => fallback!(be, cpu::activation::gelu_mul; [gate, up], form),
+    }
+}
+
+pub(crate) fn gelu_mul_backward(
+    be: &WgpuBackend,
+    gate: &Tensor,
+    up: &Tensor,
+    d_out: &Tensor,
+    form: GeluForm,
+) -> Result<PairGradients> {
+    const OP: &str = "gelu_mul_backward";
+    let dtype = spec::same(OP, &[("gate", gate), ("up", up), ("d_out", d_out)])?.dtype;
+    if !word_aligned(&[gate, up, d_out]) {
+        return fallback!(be, cpu::activation::gelu_mul_backward; [gate, up, d_out], form);
+    }
+    let (g, up, dy) = (be.widen(OP, gate)?, be.widen(OP, up)?, be.widen(OP, d_out)?);
+    let da = be.ctx.empty(OP, g.shape().clone(), DType::F32)?;
+    let db = be.ctx.empty(OP, g.shape().clone(), DType::F32)?;
+    let n = g.elem_count();
+    let code = u32::from(form == GeluForm::Erf);
+    be.ctx.flat(OP, &kernels::GELU_MUL_BACKWARD, &[&g, &up, &dy, &da, &db], &[code, u(n)?], n)?;
+    Ok(PairGradients { da: be.narrow(OP, da, dtype)?, db: be.narrow(OP, db, dtype)? })
+}
+
 pub(crate) fn stable_softplus(be: &WgpuBackend, x: &Tensor) -> Result<Tensor> {
     match be.unary_op("stable_softplus", x, Un::Softplus, 0.0, 0.0)? {
         Some(t) => Ok(t),

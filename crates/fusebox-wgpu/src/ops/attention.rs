@@ -39,7 +39,7 @@ pub(crate) fn attention(
     if !native(&dims, &[q, k, v]) {
         return fallback!(be, cpu::attention::attention; [q, k, v], scale, causal);
     }
-    Ok(be.attention_forward("attention", q, k, v, dims, dims.tk, scale, causal)?.output)
+    Ok(be.attention_forward("attention", q, k, v, dims, dims.tk, None, scale, causal)?.output)
 }
 
 pub(crate) fn causal_attention(
@@ -47,13 +47,14 @@ pub(crate) fn causal_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
+    window: Option<usize>,
     scale: f32,
 ) -> Result<CausalAttentionResult> {
-    let dims = spec::causal_attention(q, k, v)?;
+    let dims = spec::causal_attention(q, k, v, window)?;
     if !native(&dims, &[q, k, v]) {
-        return fallback!(be, cpu::attention::causal_attention; [q, k, v], scale);
+        return fallback!(be, cpu::attention::causal_attention; [q, k, v], window, scale);
     }
-    be.attention_forward("causal_attention", q, k, v, dims, dims.tk, scale, true)
+    be.attention_forward("causal_attention", q, k, v, dims, dims.tk, window, scale, true)
 }
 
 pub(crate) fn causal_attention_backward(
@@ -63,15 +64,16 @@ pub(crate) fn causal_attention_backward(
     v: &Tensor,
     result: &CausalAttentionResult,
     d_out: &Tensor,
+    window: Option<usize>,
     scale: f32,
 ) -> Result<AttentionGradients> {
     const OP: &str = "causal_attention_backward";
-    let dims = spec::causal_attention_backward(q, k, v, result, d_out)?;
+    let dims = spec::causal_attention_backward(q, k, v, result, d_out, window)?;
     if !native(&dims, &[q, k, v, &result.output, d_out, &result.logsumexp]) {
         let result =
             CausalAttentionResult { output: be.to_host(&result.output)?, logsumexp: be.to_host(&result.logsumexp)? };
         let d_out = be.to_host(d_out)?;
-        return fallback!(be, cpu::attention::causal_attention_backward; [q, k, v], &result, &d_out, scale);
+        return fallback!(be, cpu::attention::causal_attention_backward; [q, k, v], &result, &d_out, window, scale);
     }
     let AttentionDims { batch: b, hq, hkv, tq, tk, d, .. } = dims;
     let dtype = q.dtype();
@@ -84,10 +86,13 @@ pub(crate) fn causal_attention_backward(
     let dk = be.ctx.empty(OP, k.shape().clone(), DType::F32)?;
     let dv = be.ctx.empty(OP, v.shape().clone(), DType::F32)?;
     let groups = (rows as u64).div_ceil(64);
-    let chunks = tk.div_ceil(KEY_CHUNK).max(1);
-    for c in 0..chunks {
+    let w = window_param(window, tk)?;
+    // Key chunks before the first query row's window are seen by no row: skipped.
+    let chunks = first_chunk(&dims, window)..tk.div_ceil(KEY_CHUNK).max(1);
+    let c0 = chunks.start;
+    for c in chunks {
         let (j0, j1) = (c * KEY_CHUNK, ((c + 1) * KEY_CHUNK).min(tk));
-        let p = [u(rows)?, u(hq)?, u(hkv)?, u(tq)?, u(tk)?, u(d)?, f(scale), u(j0)?, u(j1)?, (c == 0) as u32];
+        let p = [u(rows)?, u(hq)?, u(hkv)?, u(tq)?, u(tk)?, u(d)?, f(scale), u(j0)?, u(j1)?, (c == c0) as u32, w];
         be.ctx.dispatch(OP, &kernels::ATTN_DQ, &[&q, &k, &v, &lse, &dout, &delta, &dq], &p, groups)?;
     }
     let kv_rows = b * hkv * tk;
@@ -97,7 +102,7 @@ pub(crate) fn causal_attention_backward(
         for c in 0..chunks {
             let (i0, i1) = (c * KEY_CHUNK, ((c + 1) * KEY_CHUNK).min(tq));
             let first = (g == 0 && c == 0) as u32;
-            let p = [u(kv_rows)?, u(hq)?, u(hkv)?, u(tq)?, u(tk)?, u(d)?, f(scale), u(g)?, u(i0)?, u(i1)?, first];
+            let p = [u(kv_rows)?, u(hq)?, u(hkv)?, u(tq)?, u(tk)?, u(d)?, f(scale), u(g)?, u(i0)?, u(i1)?, first, w];
             let args = [&q, &k, &v, &lse, &dout, &delta, &dk, &dv];
             be.ctx.dispatch(OP, &kernels::ATTN_DKV, &args, &p, groups)?;
         }
@@ -109,8 +114,20 @@ pub(crate) fn causal_attention_backward(
     })
 }
 
-pub(crate) fn supports_causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
-    spec::causal_attention(q, k, v).is_ok_and(|dims| native(&dims, &[q, k, v]))
+pub(crate) fn supports_causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, window: Option<usize>) -> bool {
+    spec::causal_attention(q, k, v, window).is_ok_and(|dims| native(&dims, &[q, k, v]))
+}
+
+/// The kernels' `window` parameter: 0 for none, else W (at most Tk: a window of Tk
+/// keys or more is full causal).
+fn window_param(window: Option<usize>, tk: usize) -> Result<u32> {
+    u(window.map_or(0, |w| w.min(tk)))
+}
+
+/// The first key chunk a causal call's first query row sees (0 without a window):
+/// rows' windows start later with the row, so no row sees a chunk before it.
+fn first_chunk(dims: &AttentionDims, window: Option<usize>) -> usize {
+    dims.window_start(window, 0) / KEY_CHUNK
 }
 
 pub(crate) fn write_head_cache(be: &WgpuBackend, cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
@@ -150,13 +167,14 @@ pub(crate) fn decode_attention(
     k_cache: &Tensor,
     v_cache: &Tensor,
     kv_len: usize,
+    window: Option<usize>,
     scale: f32,
 ) -> Result<Tensor> {
-    let DecodeSpec { dims, capacity } = spec::decode_attention(q, k_cache, v_cache, kv_len)?;
+    let DecodeSpec { dims, capacity } = spec::decode_attention(q, k_cache, v_cache, kv_len, window)?;
     if dims.tq == 0 || !native(&dims, &[q, k_cache, v_cache]) {
-        return fallback!(be, cpu::attention::decode_attention; [q, k_cache, v_cache], kv_len, scale);
+        return fallback!(be, cpu::attention::decode_attention; [q, k_cache, v_cache], kv_len, window, scale);
     }
-    Ok(be.attention_forward("decode_attention", q, k_cache, v_cache, dims, capacity, scale, true)?.output)
+    Ok(be.attention_forward("decode_attention", q, k_cache, v_cache, dims, capacity, window, scale, true)?.output)
 }
 
 impl WgpuBackend {
@@ -169,6 +187,7 @@ impl WgpuBackend {
         v: &Tensor,
         dims: AttentionDims,
         cap: usize,
+        window: Option<usize>,
         scale: f32,
         causal: bool,
     ) -> Result<CausalAttentionResult> {
@@ -179,8 +198,12 @@ impl WgpuBackend {
         let logsumexp = self.ctx.empty(op, [b, hq, tq], DType::F32)?;
         let rows = b * hq * tq;
         let lsum = self.ctx.empty(op, [rows], DType::F32)?;
+        let w = window_param(window, tk)?;
+        // Key chunks before the first query row's window are seen by no row: skipped (the
+        // first chunk dispatched initializes the running state, the last normalizes).
+        let c0 = if causal { first_chunk(&dims, window) } else { 0 };
         let chunks = tk.div_ceil(KEY_CHUNK).max(1);
-        for c in 0..chunks {
+        for c in c0..chunks {
             let (j0, j1) = (c * KEY_CHUNK, ((c + 1) * KEY_CHUNK).min(tk));
             let params = [
                 u(rows)?,
@@ -194,8 +217,9 @@ impl WgpuBackend {
                 causal as u32,
                 u(j0)?,
                 u(j1)?,
-                (c == 0) as u32,
+                (c == c0) as u32,
                 (c + 1 == chunks) as u32,
+                w,
             ];
             let args = [&q, &k, &v, &output, &logsumexp, &lsum];
             self.ctx.dispatch(op, &kernels::ATTENTION, &args, &params, (rows as u64).div_ceil(64))?;

@@ -1,6 +1,9 @@
 // Attention forward, thread per query row, online softmax over the keys; GQA by
-// index (query head h reads kv head h / (Hq/Hkv)); causal mask aligned bottom-right;
-// k/v rows are read from caches of `cap` rows per head (cap = Tk for plain attention).
+// index (query head h reads kv head h / (Hq/Hkv)); causal mask aligned bottom-right:
+// query i (at position p = i + Tk − Tq) sees keys j ≤ p, and with a sliding window of
+// W keys (`window` > 0) only p − W < j ≤ p (the loop starts there, so a row reads W
+// keys); k/v rows are read from caches of `cap` rows per head (cap = Tk for plain
+// attention).
 //
 // One dispatch covers keys [j0, j1): software rasterizers bound the loop iterations of
 // one invocation (llvmpipe stops a shader's loops after 65535 iterations), so the key
@@ -15,7 +18,7 @@
 @group(0) @binding(5) var<storage, read_write> lse: array<f32>;
 @group(0) @binding(6) var<storage, read_write> lsum: array<f32>;
 
-// params: rows, hq, hkv, tq, tk, cap, d, scale, causal, j0, j1, first, last
+// params: rows, hq, hkv, tq, tk, cap, d, scale, causal, j0, j1, first, last, window
 @compute @workgroup_size(64)
 fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let r = flat_group(wid) * 64u + lid.x;
@@ -35,7 +38,13 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id
     let b = bh / hq;
     let kvh = h / (hq / hkv);
     var limit = tk;
-    if (pu(8u) != 0u) { limit = min(tk, i + (tk - tq) + 1u); }
+    var j0 = pu(9u);
+    if (pu(8u) != 0u) {
+        let pos = i + (tk - tq);
+        limit = min(tk, pos + 1u);
+        let w = pu(13u);
+        if (w != 0u && pos + 1u > w) { j0 = max(j0, pos + 1u - w); }
+    }
     let j1 = min(limit, pu(10u));
     let qb = off(0u) + r * d;
     let ob = off(3u) + r * d;
@@ -53,7 +62,7 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id
     }
     for (var e = 0u; e < d; e++) { qv[e] = q[qb + e] * scale; }
     let d4 = d & ~3u;
-    for (var j = pu(9u); j < j1; j++) {
+    for (var j = j0; j < j1; j++) {
         let kr = off(1u) + kb + j * d;
         var s = 0.0;
         for (var e = 0u; e < d4; e += 4u) {

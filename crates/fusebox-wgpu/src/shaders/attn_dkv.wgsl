@@ -13,7 +13,7 @@
 @group(0) @binding(7) var<storage, read_write> dk: array<f32>;
 @group(0) @binding(8) var<storage, read_write> dv: array<f32>;
 
-// params: rows (B·Hkv·Tk), hq, hkv, tq, tk, d, scale, g, i0, i1, first
+// params: rows (B·Hkv·Tk), hq, hkv, tq, tk, d, scale, g, i0, i1, first, window
 @compute @workgroup_size(64)
 fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let r = flat_group(wid) * 64u + lid.x;
@@ -44,13 +44,17 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id)
     } else {
         for (var e = 0u; e < d; e++) { dka[e] = dk[rb + e]; dva[e] = dv[vb + e]; }
     }
-    // Query row i sees key j when j ≤ i + (tk − tq).
+    // Query row i sees key j when j ≤ i + (tk − tq), and with a sliding window of W
+    // keys (`window` > 0) when also i + (tk − tq) < j + W.
     var i_lo = pu(8u);
     if (j > tk - tq) { i_lo = max(i_lo, j - (tk - tq)); }
+    var i_hi = pu(9u);
+    let w = pu(11u);
+    if (w != 0u) { i_hi = min(i_hi, select(0u, j + w - (tk - tq), j + w > tk - tq)); }
     let h = kvh * group + pu(7u);
     let qrb = (b * hq + h) * tq;
     let d4 = d & ~3u;
-    for (var i = i_lo; i < pu(9u); i++) {
+    for (var i = i_lo; i < i_hi; i++) {
         let qr = qrb + i;
         let qo = off(0u) + qr * d;
         let go = off(4u) + qr * d;

@@ -1,5 +1,7 @@
 // Causal attention backward, dq: thread per query row; P recomputed from the saved
-// logsumexp: p = exp(s − lse), ds = p·(dO·v − delta), dq = scale·Σ_j ds·k_j.
+// logsumexp: p = exp(s − lse), ds = p·(dO·v − delta), dq = scale·Σ_j ds·k_j over the
+// keys the row sees: j ≤ p = i + (Tk − Tq), and j > p − W with a sliding window of W
+// keys (`window` > 0).
 // One dispatch covers keys [j0, j1) and adds to dq (the first one starts from zero);
 // see attention.wgsl for why the key loop is split.
 
@@ -11,7 +13,7 @@
 @group(0) @binding(6) var<storage, read> delta: array<f32>;
 @group(0) @binding(7) var<storage, read_write> dq: array<f32>;
 
-// params: rows, hq, hkv, tq, tk, d, scale, j0, j1, first
+// params: rows, hq, hkv, tq, tk, d, scale, j0, j1, first, window
 @compute @workgroup_size(64)
 fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let r = flat_group(wid) * 64u + lid.x;
@@ -27,7 +29,11 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
     let h = bh % hq;
     let b = bh / hq;
     let kvh = h / (hq / hkv);
-    let j1 = min(min(tk, i + (tk - tq) + 1u), pu(8u));
+    let pos = i + (tk - tq);
+    let j1 = min(min(tk, pos + 1u), pu(8u));
+    var j0 = pu(7u);
+    let w = pu(10u);
+    if (w != 0u && pos + 1u > w) { j0 = max(j0, pos + 1u - w); }
     let kb = (b * hkv + kvh) * tk * d;
     let db = off(6u) + r * d;
     var qv: array<f32, 256>;
@@ -45,7 +51,7 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
     let l = lse[off(3u) + r];
     let dl = delta[off(5u) + r];
     let d4 = d & ~3u;
-    for (var j = pu(7u); j < j1; j++) {
+    for (var j = j0; j < j1; j++) {
         let kr = off(1u) + kb + j * d;
         let vr = off(2u) + kb + j * d;
         var s = 0.0;

@@ -74,6 +74,8 @@ fn binop(code: u32, x: f32, y: f32, c: f32) -> f32 {
         case 10u: { return x * sigmoid(x) * y; }
         case 11u: { return x * exp(y); }
         case 12u: { return x + y * c; }
+        case 13u: { return unop(15u, x, 0.0, 0.0) * y; }
+        case 14u: { return unop(16u, x, 0.0, 0.0) * y; }
         default: { return x; }
     }
 }

@@ -121,10 +121,30 @@ fn gelu_tanh1<const FMA: bool>(x: f32) -> f32 {
 /// `gelu'(x)` tanh form: with `s = σ(2u)`, `d/dx x·s = s + 2x·s(1 − s)·u'`, `u' = √(2/π)(1 + 3·0.044715x²)`.
 #[inline(always)]
 fn gelu_tanh_grad1<const FMA: bool>(x: f32) -> f32 {
+    gelu_tanh_and_grad1::<FMA>(x).1
+}
+
+/// `(gelu(x), gelu'(x))`, tanh form, sharing `s = σ(2u)`: `x·s` and `s + 2x·s(1 − s)·u'`.
+#[inline(always)]
+fn gelu_tanh_and_grad1<const FMA: bool>(x: f32) -> (f32, f32) {
     let u = SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x);
     let du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * x * x);
     let s = sigmoid1::<FMA>(2.0 * u);
-    s + 2.0 * x * s * (1.0 - s) * du
+    (x * s, s + 2.0 * x * s * (1.0 - s) * du)
+}
+
+/// `(gelu(x), gelu'(x))`, erf form: `x·Φ(x)` and `Φ(x) + x·φ(x)`.
+#[inline(always)]
+fn gelu_erf_and_grad1<const FMA: bool>(x: f32) -> (f32, f32) {
+    let cdf = normal_cdf1::<FMA>(x);
+    (x * cdf, cdf + x * normal_pdf1::<FMA>(x))
+}
+
+/// `(silu(x), silu'(x))` sharing `s = σ(x)`: `x·s` and `s·(1 + x·(1 − s))`.
+#[inline(always)]
+fn silu_and_grad1<const FMA: bool>(x: f32) -> (f32, f32) {
+    let s = sigmoid1::<FMA>(x);
+    (x * s, s * (1.0 + x * (1.0 - s)))
 }
 
 /// `softplus(x) = max(x, 0) + ln(1 + e^−|x|)`: equal to `max(x, ln(1 + e^min(x, 88)))` within
@@ -203,6 +223,40 @@ macro_rules! binary_kernel {
     };
 }
 
+/// Defines a multiversioned `$name(gate, up, dy, d_gate, d_up, rest)` for a gated unit
+/// `act(gate)·up` whose `$both(g)` gives `(act(g), act'(g))`: `d_gate = dy·up·act'(gate)`,
+/// `d_up = dy·act(gate)`. `rest` (the three inputs from this piece's start to their ends)
+/// is prefetched far ahead when the outputs stream (`simd::prefetch_far`), not when they
+/// stay in cache, whatever their size (unlike `Dst::ahead`): with cached outputs they only
+/// slowed it down.
+macro_rules! gated_grad_kernel {
+    ($name:ident, $doc:literal, $both:ident) => {
+        multiversion! {
+            #[doc = $doc]
+            pub fn $name(gate: &[f32], up: &[f32], dy: &[f32], d_gate: Dst<'_>, d_up: Dst<'_>, rest: [&[f32]; 3]) {
+                let rest = if d_gate.streams() { rest } else { [&[][..]; 3] };
+                // SAFETY: the loop writes every slot of both tiles.
+                unsafe { d_gate.write_pair(d_up, #[inline(always)] |start, dg, du| {
+                    let n = dg.len();
+                    let (gate, up, dy) = (&gate[start..start + n], &up[start..start + n], &dy[start..start + n]);
+                    let du = &mut du[..n];
+                    // The lines FAR_AHEAD past this tile (4 lines when streamed), before the
+                    // loop: a test inside it cost the loop its vectorization.
+                    for r in rest {
+                        prefetch(r, start + FAR_AHEAD, n);
+                    }
+                    for i in 0..n {
+                        let (g, u, d) = (gate[i], up[i], dy[i]);
+                        let (act, grad) = $both::<FMA>(g);
+                        dg[i].write(d * u * grad);
+                        du[i].write(d * act);
+                    }
+                }) }
+            }
+        }
+    };
+}
+
 /// The kernels: `pub` only because `multiversion!` defines `pub fn`s; the module is private.
 mod lanes {
     use super::*;
@@ -232,34 +286,24 @@ mod lanes {
     binary_kernel!(gelu_erf_grad, "`dy·(Φ(x) + x·φ(x))`, erf form", |x, dy| dy
         * (normal_cdf1::<FMA>(x) + x * normal_pdf1::<FMA>(x)));
     binary_kernel!(silu_mul, "`silu(gate)·up`", |g, u| g * sigmoid1::<FMA>(g) * u);
+    binary_kernel!(gelu_tanh_mul, "`gelu(gate)·up`, tanh form", |g, u| gelu_tanh1::<FMA>(g) * u);
+    binary_kernel!(gelu_erf_mul, "`gelu(gate)·up`, erf form", |g, u| g * normal_cdf1::<FMA>(g) * u);
 
-    multiversion! {
-        /// `d_gate = dy·up·σ(g)(1 + g(1 − σ(g)))`, `d_up = dy·g·σ(g)`. `rest` (the three
-        /// inputs from this piece's start to their ends) is prefetched far ahead when the
-        /// outputs stream (`simd::prefetch_far`), not when they stay in cache, whatever
-        /// their size (unlike `Dst::ahead`): with cached outputs they only slowed it down.
-        pub fn silu_mul_grad(gate: &[f32], up: &[f32], dy: &[f32], d_gate: Dst<'_>, d_up: Dst<'_>, rest: [&[f32]; 3]) {
-            let rest = if d_gate.streams() { rest } else { [&[][..]; 3] };
-            // SAFETY: the loop writes every slot of both tiles.
-            unsafe { d_gate.write_pair(d_up, #[inline(always)] |start, dg, du| {
-                let n = dg.len();
-                let (gate, up, dy) = (&gate[start..start + n], &up[start..start + n], &dy[start..start + n]);
-                let du = &mut du[..n];
-                // The lines FAR_AHEAD past this tile (4 lines when streamed), before the
-                // loop: a test inside it cost the loop its vectorization.
-                for r in rest {
-                    prefetch(r, start + FAR_AHEAD, n);
-                }
-                for i in 0..n {
-                    let (g, u, d) = (gate[i], up[i], dy[i]);
-                    let s = sigmoid1::<FMA>(g);
-                    dg[i].write(d * u * s * (1.0 + g * (1.0 - s)));
-                    du[i].write(d * g * s);
-                }
-            }) }
-        }
-    }
+    gated_grad_kernel!(silu_mul_grad, "`d_gate = dy·up·σ(g)(1 + g(1 − σ(g)))`, `d_up = dy·g·σ(g)`", silu_and_grad1);
+    gated_grad_kernel!(
+        gelu_tanh_mul_grad,
+        "`d_gate = dy·up·gelu'(g)`, `d_up = dy·gelu(g)`, tanh form",
+        gelu_tanh_and_grad1
+    );
+    gated_grad_kernel!(
+        gelu_erf_mul_grad,
+        "`d_gate = dy·up·gelu'(g)`, `d_up = dy·gelu(g)`, erf form",
+        gelu_erf_and_grad1
+    );
 }
+
+/// The kernel of a gated unit's backward (see `gated_grad_kernel!`).
+type GatedGradKernel = fn(&[f32], &[f32], &[f32], Dst<'_>, Dst<'_>, [&[f32]; 3]);
 
 // ─────────────────────────────────────── drivers ───────────────────────────────────────
 
@@ -427,18 +471,60 @@ pub fn silu_mul(cpu: &CpuBackend, gate: &Tensor, up: &Tensor) -> Result<Tensor> 
 /// # Shapes
 /// `gate`, `up`, `d_out`: equal → two tensors of that shape.
 pub fn silu_mul_backward(cpu: &CpuBackend, gate: &Tensor, up: &Tensor, d_out: &Tensor) -> Result<PairGradients> {
-    const OP: &str = "silu_mul_backward";
-    spec::same(OP, &[("gate", gate), ("up", up), ("d_out", d_out)])?;
-    let (g, u) = (convert::f32_data(OP, "gate", gate)?, convert::f32_data(OP, "up", up)?);
-    let dy = convert::f32_data(OP, "d_out", d_out)?;
+    gated_backward(cpu, "silu_mul_backward", gate, up, d_out, lanes::silu_mul_grad)
+}
+
+/// The GeGLU gate: `gelu(gate)·up` in one pass (the tanh form is Gemma's MLP).
+///
+/// # Shapes
+/// `gate`, `up`: equal → same.
+pub fn gelu_mul(cpu: &CpuBackend, gate: &Tensor, up: &Tensor, form: GeluForm) -> Result<Tensor> {
+    let kernel = match form {
+        GeluForm::Tanh => lanes::gelu_tanh_mul,
+        GeluForm::Erf => lanes::gelu_erf_mul,
+    };
+    map_binary(cpu, "gelu_mul", ("gate", gate), ("up", up), EXP_WORK, kernel)
+}
+
+/// `d_gate = dy·up·gelu'(gate)`, `d_up = dy·gelu(gate)` for the chosen form, returned as
+/// `da`, `db`.
+///
+/// # Shapes
+/// `gate`, `up`, `d_out`: equal → two tensors of that shape.
+pub fn gelu_mul_backward(
+    cpu: &CpuBackend,
+    gate: &Tensor,
+    up: &Tensor,
+    d_out: &Tensor,
+    form: GeluForm,
+) -> Result<PairGradients> {
+    let kernel: GatedGradKernel = match form {
+        GeluForm::Tanh => lanes::gelu_tanh_mul_grad,
+        GeluForm::Erf => lanes::gelu_erf_mul_grad,
+    };
+    gated_backward(cpu, "gelu_mul_backward", gate, up, d_out, kernel)
+}
+
+/// The backward of a gated unit `act(gate)·up` (`op`) through its `kernel`.
+fn gated_backward(
+    cpu: &CpuBackend,
+    op: &'static str,
+    gate: &Tensor,
+    up: &Tensor,
+    d_out: &Tensor,
+    kernel: GatedGradKernel,
+) -> Result<PairGradients> {
+    spec::same(op, &[("gate", gate), ("up", up), ("d_out", d_out)])?;
+    let (g, u) = (convert::f32_data(op, "gate", gate)?, convert::f32_data(op, "up", up)?);
+    let dy = convert::f32_data(op, "d_out", d_out)?;
     let (shape, dtype) = (gate.shape(), gate.dtype());
     let spec = || OutputSpec { shape: shape.clone(), dtype, per_task: OUT_BLOCK };
     let tasks = g.len().div_ceil(OUT_BLOCK);
     let [d_gate, d_up] =
-        output::fresh_tensors(cpu, OP, tasks, OUT_BLOCK * EXP_WORK, [spec(), spec()], |i, [dg, du]| {
+        output::fresh_tensors(cpu, op, tasks, OUT_BLOCK * EXP_WORK, [spec(), spec()], |i, [dg, du]| {
             let range = i * OUT_BLOCK..i * OUT_BLOCK + dg.len();
             let rest = [&g[range.start..], &u[range.start..], &dy[range.start..]];
-            lanes::silu_mul_grad(&g[range.clone()], &u[range.clone()], &dy[range], dg, du, rest)
+            kernel(&g[range.clone()], &u[range.clone()], &dy[range], dg, du, rest)
         })?;
     Ok(PairGradients { da: d_gate, db: d_up })
 }
