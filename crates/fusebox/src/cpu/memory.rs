@@ -169,11 +169,7 @@ pub fn cast(cpu: &CpuBackend, x: &Tensor, dtype: DType) -> Result<Tensor> {
 pub fn preprocess_linear_weight(_cpu: &CpuBackend, w: &Tensor) -> Result<Tensor> {
     const OP: &str = "preprocess_linear_weight";
     host(OP, w)?;
-    check::rank(OP, "weight", w, 2)?;
-    let d = w.dtype();
-    if !(d.is_float() || d.is_quantized() || d == DType::F8E4M3) {
-        return Err(Error::dtype(OP, "weight", "f32, f16, bf16, f8e4m3 or a block format", d));
-    }
+    crate::spec::quant::preprocess_linear_weight(w)?;
     Ok(w.clone())
 }
 

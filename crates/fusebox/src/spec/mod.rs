@@ -20,6 +20,7 @@ pub mod elementwise;
 pub mod embedding;
 pub mod norm;
 pub mod optim;
+pub mod quant;
 pub mod reduce;
 pub mod rope;
 pub mod softmax;
