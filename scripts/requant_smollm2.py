@@ -3,10 +3,12 @@
 requantized by llama.cpp generates, greedily, the tokens of an f32 reference of the
 same weights.
 
-For each llama.cpp file type (Q5_0, Q5_1, Q3_K_M, Q5_K_M, Q2_K, IQ4_NL):
+For each llama.cpp file type (Q5_0, Q5_1, Q3_K_M, Q5_K_M, Q2_K, IQ4_NL, and Q2_K with
+`pure` and IQ4_XS, which put Q2_K and IQ4_XS tensors in the file):
 
 1. `llama_cpp.llama_model_quantize` (allow_requantize) turns the Q4_1 GGUF into that
-   type (its mix of Q5_0/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K/IQ4_NL/Q8_0 tensors);
+   type (its mix of Q4_0/Q5_0/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K/IQ4_NL/IQ4_XS/Q8_0 tensors;
+   `Q2_K+pure` with llama.cpp's `pure` flag);
 2. the same call with `LLAMA_FTYPE_ALL_F32` turns that file into an F32 GGUF: every
    tensor dequantized by ggml (the reference "dequantized f32" weights);
 3. `fusebox generate --json --temperature 0` runs the quantized file, and llama.cpp
@@ -22,7 +24,7 @@ Usage (from the repository root, after `cargo build --release -p fusebox-cli`):
 
     /tmp/venv-py/bin/python scripts/requant_smollm2.py \\
         [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--fusebox target/release/fusebox] \\
-        [--out /tmp/fusebox-requant] [--tokens 32] [--prompt "The capital of France is"]
+        [--out /tmp/fusebox-requant] [--tokens 32] [--prompt P ...]
 """
 
 import argparse
@@ -34,16 +36,20 @@ import sys
 import llama_cpp
 import numpy as np
 
-TYPES = ["Q5_0", "Q5_1", "Q3_K_M", "Q5_K_M", "Q2_K", "IQ4_NL"]
+# llama.cpp file types; "+pure" quantizes every tensor it can to the type's own format
+# (SmolLM2's width 576 is not a multiple of 256, so the mixes above fall back to 32-element
+# formats for most tensors, and Q2_K's mix holds no Q2_K tensor at all).
+TYPES = ["Q5_0", "Q5_1", "Q3_K_M", "Q5_K_M", "Q2_K", "IQ4_NL", "Q2_K+pure", "IQ4_XS"]
 MIN_GAP = 0.3
 
 
-def quantize(src, dst, ftype):
+def quantize(src, dst, ftype, pure=False):
     if os.path.exists(dst):
         return
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
     params.allow_requantize = True
+    params.pure = pure
     params.nthread = os.cpu_count() or 1
     tmp = dst + ".tmp"
     rc = llama_cpp.llama_model_quantize(src.encode(), tmp.encode(), params)
@@ -74,7 +80,7 @@ def fusebox_generate(binary, model, prompt, tokens):
 
 
 def llama_greedy(model, prompt_ids, tokens):
-    llm = llama_cpp.Llama(model_path=model, n_ctx=512, n_batch=512, verbose=False, seed=0)
+    llm = llama_cpp.Llama(model_path=model, n_ctx=512, n_batch=512, verbose=False, seed=0, logits_all=True)
     llm.eval(prompt_ids)
     ids, gaps = [], []
     for _ in range(tokens):
@@ -106,31 +112,36 @@ def main():
     ap.add_argument("--fusebox", default="target/release/fusebox")
     ap.add_argument("--out", default="/tmp/fusebox-requant")
     ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--prompt", default="The capital of France is")
+    ap.add_argument("--types", nargs="+", default=TYPES, help=f"a subset of {' '.join(TYPES)}")
+    ap.add_argument("--prompt", nargs="+", default=["The capital of France is", "Once upon a time, in a small village,"])
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     failed = False
     rows = []
-    for name in TYPES:
+    for name in args.types:
+        ftype, pure = name.removesuffix("+pure"), name.endswith("+pure")
         qpath = os.path.join(args.out, f"smollm2-{name}.gguf")
         fpath = os.path.join(args.out, f"smollm2-{name}.f32.gguf")
-        quantize(args.model, qpath, getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{name}"))
+        quantize(args.model, qpath, getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}"), pure)
         quantize(qpath, fpath, llama_cpp.LLAMA_FTYPE_ALL_F32)
         types = ", ".join(f"{k}×{v}" for k, v in sorted(tensor_types(qpath).items()))
-        got, err = fusebox_generate(args.fusebox, qpath, args.prompt, args.tokens)
-        if err:
-            failed = True
-            rows.append((name, types, "-", "-", f"fusebox failed: {err}"))
-            continue
-        want, gaps = llama_greedy(fpath, got["prompt_ids"], args.tokens)
-        checked, bad = compare(got["generated_ids"], want, gaps)
-        f32_run, f32_err = fusebox_generate(args.fusebox, fpath, args.prompt, args.tokens)
-        same_f32 = "error" if f32_err else ("same" if f32_run["generated_ids"] == got["generated_ids"] else "differs")
-        failed |= bad is not None
-        rows.append((name, types, f"{checked}/{len(want)}", same_f32, bad or "agree"))
-    print(f"prompt {args.prompt!r}, {args.tokens} greedy tokens; reference: llama.cpp on the F32 dequantization")
-    print("| file type | tensor types | steps checked (gap ≥ 0.3) | fusebox on the F32 file | result |")
-    print("|---|---|---|---|---|")
+        for p, prompt in enumerate(args.prompt):
+            got, err = fusebox_generate(args.fusebox, qpath, prompt, args.tokens)
+            if err:
+                failed = True
+                rows.append((name, types if p == 0 else "″", str(p + 1), "-", "-", f"fusebox failed: {err}"))
+                continue
+            want, gaps = llama_greedy(fpath, got["prompt_ids"], args.tokens)
+            checked, bad = compare(got["generated_ids"], want, gaps)
+            f32_run, f32_err = fusebox_generate(args.fusebox, fpath, prompt, args.tokens)
+            same = "error" if f32_err else ("same" if f32_run["generated_ids"] == got["generated_ids"] else "differs")
+            failed |= bad is not None
+            rows.append((name, types if p == 0 else "″", str(p + 1), f"{checked}/{len(want)}", same, bad or "agree"))
+    for p, prompt in enumerate(args.prompt):
+        print(f"prompt {p + 1}: {prompt!r}")
+    print(f"{args.tokens} greedy tokens at most; reference: llama.cpp on the F32 dequantization of the same file")
+    print("| file type | tensor types | prompt | steps checked (gap ≥ 0.3) | fusebox on the F32 file | result |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(r) + " |")
     sys.exit(1 if failed else 0)

@@ -32,7 +32,8 @@ use crate::shape::Shape;
 use crate::spec;
 use crate::tensor::Tensor;
 
-/// Hand-written AVX-512 / AVX2 forms of the Q8_0, Q4_0 and Q4_1 fused row dots.
+/// Hand-written AVX-512 / AVX2 forms of the Q8_0, Q4_0 and Q4_1 fused row dots, and an
+/// AVX2 form of Q5_0's.
 #[cfg(target_arch = "x86_64")]
 #[path = "quant_x86.rs"]
 mod x86;
@@ -1831,6 +1832,52 @@ mod tests {
         let y = quantized_matmul(&cpu, &x, &w).unwrap();
         assert_eq!(y.dims(), &[3, 5]);
         assert!(y.to_vec_f32().unwrap().iter().all(|&v| v == 0.0));
+    }
+
+    /// Deterministic values in about ±2 with a few outliers.
+    #[cfg(target_arch = "x86_64")]
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut state = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..n)
+            .map(|i| {
+                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                let v = (state >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0;
+                if i % 101 == 7 {
+                    v * 20.0
+                } else {
+                    v
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn the_avx2_q5_0_decode_kernel_gives_the_portable_paths_bits() {
+        use crate::cpu::simd::{Isa, IsaGuard};
+        if !Isa::Avx2.is_available() || !std::arch::is_x86_feature_detected!("f16c") {
+            return; // nothing to compare on this CPU
+        }
+        let cpu = CpuBackend::with_threads(1).unwrap();
+        let (n, k) = (19, 1024);
+        let x = values(k, 1);
+        let xsum32: Vec<f32> = x.chunks(QK).map(simd::sum).collect();
+        let dtype = DType::Q5_0;
+        let w = quantize(&cpu, &Tensor::from_vec(values(n * k, 2), [n, k]).unwrap(), dtype).unwrap();
+        let wb = w.host_bytes().unwrap();
+        let mut simd_out = vec![0.0f32; n];
+        let mut portable = vec![0.0f32; n];
+        for isa in [Isa::Avx2, Isa::Scalar] {
+            {
+                let _avx2 = IsaGuard::enter(Isa::Avx2);
+                assert!(x86::fused_rows(dtype, wb, &x, &xsum32, &mut simd_out), "{dtype}: no AVX2 kernel");
+            }
+            let _isa = IsaGuard::enter(isa);
+            fused_dot::q5_0(wb, &x, &xsum32, &mut portable);
+            for r in 0..n {
+                assert_eq!(simd_out[r].to_bits(), portable[r].to_bits(), "{dtype} row {r} vs the {} path", isa.name());
+            }
+        }
     }
 
     #[test]
