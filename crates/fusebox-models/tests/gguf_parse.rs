@@ -73,6 +73,7 @@ fn tensors_have_shape_dtype_and_bytes() {
         ("q8", vec![64], DType::Q8_0),
         ("q4k", vec![256], DType::Q4K),
         ("q6k", vec![256], DType::Q6K),
+        ("q5k", vec![256], DType::Q5K),
         ("bf", vec![2, 1, 1, 2], DType::BF16),
     ] {
         let t = f.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -82,10 +83,12 @@ fn tensors_have_shape_dtype_and_bytes() {
         assert_eq!(f.tensor_bytes(name).unwrap(), spec.data.as_slice(), "{name}");
     }
 
-    // Known to ggml but not to fusebox: bytes yes, tensor no.
-    assert_eq!(f.tensor_bytes("q5k").unwrap().len(), 176);
-    let e = f.tensor("q5k").unwrap_err().to_string();
-    assert!(e.contains("'q5k'") && e.contains("Q5_K"), "{e}");
+    // Known to ggml but not to fusebox (IQ2_XXS: 66 bytes per 256): bytes yes, tensor no.
+    let iq2 = GgufWriter::default().tensor("iq2", &[256], GgmlType(16), vec![0; 66]);
+    let g = parse(&iq2).unwrap();
+    assert_eq!(g.tensor_bytes("iq2").unwrap().len(), 66);
+    let e = g.tensor("iq2").unwrap_err().to_string();
+    assert!(e.contains("'iq2'") && e.contains("IQ2_XXS") && e.contains("IQ4_XS"), "{e}");
     // Unknown type: the file opens, asking for the tensor fails.
     let info = f.tensor_info("mystery").unwrap();
     assert_eq!(info.ggml_type(), GgmlType(99));

@@ -245,8 +245,7 @@ fusebox::backend_impl! {
         }
 
         fn preprocess_linear_weight(&self, w: &Tensor) -> Result<Tensor> {
-            let host = self.to_host(w)?;
-            cpu::memory::preprocess_linear_weight(self.cpu(), &host)?;
+            fusebox::spec::quant::preprocess_linear_weight(w)?;
             self.dev(w)
         }
 

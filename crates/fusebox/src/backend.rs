@@ -363,8 +363,9 @@ pub trait ComputeBackend: Send + Sync + Debug {
         on_cpu!(self, cpu::memory::f8e4m3_to; [x], DType::BF16)
     }
 
-    /// Quantizes float values into a GGUF block format (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)
-    /// or FP8 E4M3, rounding as ggml's reference quantizers do.
+    /// Quantizes float values into a GGUF block format (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+    /// IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) or FP8 E4M3, giving the blocks ggml's
+    /// `ggml_quantize_chunk` writes without an importance matrix.
     ///
     /// # Shapes
     /// `[..., n]` float, n a multiple of the block size → same shape, dtype `dtype`.

@@ -30,11 +30,32 @@ pub enum DType {
     Q4K,
     /// GGUF Q6_K: super-blocks of 256 with 16 sub-blocks of 16, 6-bit quants, i8 scales.
     Q6K,
+    /// GGUF Q5_0: blocks of 32, one f16 scale, 4 bytes of fifth bits, 16 bytes of nibbles;
+    /// x = d·(q − 16).
+    Q5_0,
+    /// GGUF Q5_1: blocks of 32, f16 scale and f16 min, fifth bits and nibbles as Q5_0;
+    /// x = d·q + m.
+    Q5_1,
+    /// GGUF Q2_K: super-blocks of 256 with 16 sub-blocks of 16, 4-bit scales and mins,
+    /// 2-bit quants; x = d·sc·q − dmin·m.
+    Q2K,
+    /// GGUF Q3_K: super-blocks of 256 with 16 sub-blocks of 16, 6-bit signed scales, 3-bit
+    /// quants (2 low bits and a high-bit mask); x = d·(sc − 32)·(q − 4).
+    Q3K,
+    /// GGUF Q5_K: super-blocks of 256 with 8 sub-blocks of 32, 6-bit scales and mins (as
+    /// Q4_K), 5-bit quants; x = d·sc·q − dmin·m.
+    Q5K,
+    /// GGUF IQ4_NL: blocks of 32, one f16 scale, 4-bit indices into a fixed non-linear
+    /// table of 16 levels (−127 … 113); x = d·table[q].
+    IQ4NL,
+    /// GGUF IQ4_XS: super-blocks of 256 with 8 sub-blocks of 32, 6-bit signed sub-block
+    /// scales, indices into IQ4_NL's table; x = d·(ls − 32)·table[q].
+    IQ4XS,
 }
 
 impl DType {
     /// Every dtype, in declaration order.
-    pub const ALL: [DType; 10] = [
+    pub const ALL: [DType; 17] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -45,13 +66,20 @@ impl DType {
         DType::Q4_1,
         DType::Q4K,
         DType::Q6K,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q2K,
+        DType::Q3K,
+        DType::Q5K,
+        DType::IQ4NL,
+        DType::IQ4XS,
     ];
 
     /// Logical elements per storage block (1 for plain dtypes).
     pub fn block_elems(self) -> usize {
         match self {
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 32,
-            DType::Q4K | DType::Q6K => 256,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4NL => 32,
+            DType::Q4K | DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS => 256,
             _ => 1,
         }
     }
@@ -67,6 +95,13 @@ impl DType {
             DType::Q4_1 => 20,
             DType::Q4K => 144,
             DType::Q6K => 210,
+            DType::Q5_0 => 22,
+            DType::Q5_1 => 24,
+            DType::Q2K => 84,
+            DType::Q3K => 110,
+            DType::Q5K => 176,
+            DType::IQ4NL => 18,
+            DType::IQ4XS => 136,
         }
     }
 
@@ -98,6 +133,13 @@ impl DType {
             DType::Q4_1 => "q4_1",
             DType::Q4K => "q4_k",
             DType::Q6K => "q6_k",
+            DType::Q5_0 => "q5_0",
+            DType::Q5_1 => "q5_1",
+            DType::Q2K => "q2_k",
+            DType::Q3K => "q3_k",
+            DType::Q5K => "q5_k",
+            DType::IQ4NL => "iq4_nl",
+            DType::IQ4XS => "iq4_xs",
         }
     }
 }

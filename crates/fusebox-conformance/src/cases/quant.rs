@@ -13,7 +13,26 @@ use crate::rng::Rng;
 use crate::tolerance::Tolerance;
 
 /// The GGUF block formats.
-const BLOCK_FORMATS: [DType; 5] = [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4K, DType::Q6K];
+const BLOCK_FORMATS: [DType; 12] = [
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::IQ4NL,
+    DType::Q2K,
+    DType::Q3K,
+    DType::Q4K,
+    DType::Q5K,
+    DType::Q6K,
+    DType::IQ4XS,
+];
+
+/// The formats whose `quantize` round trip is checked against a per-group error bound
+/// ([`error_bound`]); every format's blocks are also compared byte for byte with
+/// llama.cpp's on the recorded fixtures ([`fixture_cases`]).
+const ROUND_TRIP_FORMATS: [DType; 8] =
+    [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q4K, DType::Q5K, DType::Q6K];
 
 /// Dequantization is exact up to one or two f32 roundings.
 const DECODE_TOLERANCE: Tolerance = Tolerance { abs: 1e-6, rel: 1e-6 };
@@ -24,6 +43,7 @@ pub fn cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     v.extend(dequantize_cases());
     v.extend(quantize_cases());
     v.extend(matmul_cases());
+    v.extend(fixture_cases());
     v
 }
 
@@ -52,6 +72,22 @@ fn random_blocks(rng: &mut Rng, dtype: DType, dims: &[usize]) -> Tensor {
                 set(2, 0.0, 0.01);
             }
             DType::Q6K => set(208, -0.0005, 0.0005),
+            DType::Q5_0 => set(0, -0.12, 0.12),
+            DType::Q5_1 => {
+                set(0, 0.0, 0.06);
+                set(2, -1.0, 0.2);
+            }
+            DType::IQ4NL => set(0, -0.02, 0.02),
+            DType::Q2K => {
+                set(80, 0.0, 0.05);
+                set(82, 0.0, 0.05);
+            }
+            DType::Q3K => set(108, -0.002, 0.002),
+            DType::Q5K => {
+                set(0, 0.0, 0.001);
+                set(2, 0.0, 0.01);
+            }
+            DType::IQ4XS => set(0, -0.0005, 0.0005),
             // FP8: magnitudes up to 2 (exponent field ≤ 8), never NaN.
             _ => block[0] = (rng.below(0x41) as u8) | (rng.below(2) as u8) << 7,
         }
@@ -62,7 +98,7 @@ fn random_blocks(rng: &mut Rng, dtype: DType, dims: &[usize]) -> Tensor {
 /// Inner sizes for `dtype`: not multiples of 256 for the 32-blocks, of 256 for the K-quants.
 fn inner_sizes(dtype: DType) -> [usize; 2] {
     match dtype {
-        DType::Q4K | DType::Q6K => [256, 512],
+        d if d.block_elems() == 256 => [256, 512],
         _ => [96, 544],
     }
 }
@@ -165,11 +201,21 @@ fn error_bound(dtype: DType, x: &[f64], outer: &[f64]) -> f64 {
         DType::Q4_0 => amax / 8.0 * (1.0 + 16.0 * f16_rel) + 1e-12,
         // d = (max − min)/15; m = min rounded to f16.
         DType::Q4_1 => (hi - lo) / 15.0 * (0.5 + 16.0 * f16_rel) + lo.abs() * f16_rel * 2.0 + 1e-12,
+        // |d| = amax/16; as Q4_0 with 32 levels.
+        DType::Q5_0 => amax / 16.0 * (1.0 + 32.0 * f16_rel) + 1e-12,
+        // d = (max − min)/31; as Q4_1.
+        DType::Q5_1 => (hi - lo) / 31.0 * (0.5 + 32.0 * f16_rel) + lo.abs() * f16_rel * 2.0 + 1e-12,
         // Grid from min(min, 0) to max(max, 0) in 15 steps (mins are subtracted, so ≥ 0);
         // the scale search may shrink the step and clamp; 6-bit scales and mins quantize
         // against the super-block's largest, adding up to half their step each.
         DType::Q4K => {
             let step = (hi.max(0.0) - lo.min(0.0)) / 15.0;
+            let (olo, ohi) = outer.iter().fold((0.0f64, 0.0f64), |(l, h), &v| (l.min(v), h.max(v)));
+            step * 1.25 + (ohi - olo) / 63.0 * 0.5 + 1e-9
+        }
+        // As Q4_K with 31 steps.
+        DType::Q5K => {
+            let step = (hi.max(0.0) - lo.min(0.0)) / 31.0;
             let (olo, ohi) = outer.iter().fold((0.0f64, 0.0f64), |(l, h), &v| (l.min(v), h.max(v)));
             step * 1.25 + (ohi - olo) / 63.0 * 0.5 + 1e-9
         }
@@ -195,12 +241,12 @@ fn check_round_trip(dtype: DType, x: &Array, got: &Array, bytes: &[u8]) -> Resul
     for (bi, block) in bytes.chunks_exact(dtype.block_bytes()).enumerate() {
         let f16_at = |at: usize| half::f16::from_le_bytes([block[at], block[at + 1]]).to_f64();
         let scales: Vec<f64> = match dtype {
-            DType::Q4_1 => vec![f16_at(0), f16_at(2)],
-            DType::Q4K => vec![f16_at(0), f16_at(2)],
+            DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => vec![f16_at(0), f16_at(2)],
             DType::Q6K => vec![f16_at(208)],
             _ => vec![f16_at(0)],
         };
-        if scales.iter().any(|s| !s.is_finite()) || (dtype == DType::Q4K && scales.iter().any(|&s| s < 0.0)) {
+        let non_negative = matches!(dtype, DType::Q4K | DType::Q5K);
+        if scales.iter().any(|s| !s.is_finite()) || (non_negative && scales.iter().any(|&s| s < 0.0)) {
             return Err(format!("{dtype} block {bi}: invalid scale fields {scales:?}"));
         }
         let outer = &x.data[bi * be..(bi + 1) * be];
@@ -225,7 +271,7 @@ fn check_round_trip(dtype: DType, x: &Array, got: &Array, bytes: &[u8]) -> Resul
 fn quantize_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     let mut rng = Rng::new(12);
     let mut v = Vec::new();
-    for dtype in BLOCK_FORMATS {
+    for dtype in ROUND_TRIP_FORMATS {
         for (dims, in_dtype) in [
             ([7usize, 512usize], DType::F32),
             ([7, 512], DType::F16),
@@ -268,6 +314,10 @@ fn quantize_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
         ("x[4, 48] to q8_0 (48 not a multiple of 32)".into(), rng.tensor([4, 48], -1.0, 1.0), DType::Q8_0),
         ("x[4, 128] to q4_k (128 not a multiple of 256)".into(), rng.tensor([4, 128], -1.0, 1.0), DType::Q4K),
         ("x[3, 300] to q6_k".into(), rng.tensor([3, 300], -1.0, 1.0), DType::Q6K),
+        ("x[4, 48] to q5_0".into(), rng.tensor([4, 48], -1.0, 1.0), DType::Q5_0),
+        ("x[2, 288] to iq4_xs (288 not a multiple of 256)".into(), rng.tensor([2, 288], -1.0, 1.0), DType::IQ4XS),
+        ("x[2, 128] to q2_k".into(), rng.tensor([2, 128], -1.0, 1.0), DType::Q2K),
+        ("q5_k input (already quantized)".into(), Tensor::zeros([2, 256], DType::Q5K).expect("zeros"), DType::Q3K),
         ("a scalar to q4_0".into(), Tensor::scalar(1.0), DType::Q4_0),
     ];
     for (what, t, dtype) in bad {
@@ -438,6 +488,16 @@ fn matmul_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
         ("x u32", rng2.ids([3, 96], 5), w96.clone()),
         ("x q8_0 (quantized x)", random_blocks(&mut rng2, DType::Q8_0, &[3, 96]), w96.clone()),
         ("x a scalar", Tensor::scalar(1.0), w96),
+        (
+            "x[3, 512] with w[4, 256] q3_k (in mismatch)",
+            rng2.tensor([3, 512], -1.0, 1.0),
+            random_blocks(&mut rng2, DType::Q3K, &[4, 256]),
+        ),
+        (
+            "x iq4_nl (quantized x)",
+            random_blocks(&mut rng2, DType::IQ4NL, &[3, 64]),
+            random_blocks(&mut rng2, DType::IQ4NL, &[4, 64]),
+        ),
     ];
     for (what, x, w) in bad {
         v.push(Case::expect_error(Op::QuantizedMatmul, format!("quantized_matmul: {what}"), move |b: &B| {
@@ -448,5 +508,112 @@ fn matmul_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
         b.quantized_matmul(&b.upload(&Tensor::zeros([2, 32], DType::F32)?)?, &foreign_tensor(&[4, 32], DType::Q8_0))
             .map(drop)
     }));
+    v
+}
+
+// ───────────────────────────── llama.cpp fixtures ─────────────────────────────
+
+/// One format's fixture, recorded from llama.cpp by `scripts/record_quant_fixtures.py`.
+struct Fixture {
+    /// Awkward f32 inputs.
+    x: Vec<f32>,
+    /// `ggml_quantize_chunk`'s blocks for `x`.
+    q: Vec<u8>,
+    /// ggml's dequantization of `q`.
+    y: Vec<f32>,
+    /// Random blocks.
+    rq: Vec<u8>,
+    /// ggml's dequantization of `rq`.
+    ry: Vec<f32>,
+}
+
+/// The recorded fixture text of `dtype`.
+fn fixture_text(dtype: DType) -> &'static str {
+    match dtype {
+        DType::Q8_0 => include_str!("../../fixtures/quant/q8_0.txt"),
+        DType::Q4_0 => include_str!("../../fixtures/quant/q4_0.txt"),
+        DType::Q4_1 => include_str!("../../fixtures/quant/q4_1.txt"),
+        DType::Q5_0 => include_str!("../../fixtures/quant/q5_0.txt"),
+        DType::Q5_1 => include_str!("../../fixtures/quant/q5_1.txt"),
+        DType::IQ4NL => include_str!("../../fixtures/quant/iq4_nl.txt"),
+        DType::Q2K => include_str!("../../fixtures/quant/q2_k.txt"),
+        DType::Q3K => include_str!("../../fixtures/quant/q3_k.txt"),
+        DType::Q4K => include_str!("../../fixtures/quant/q4_k.txt"),
+        DType::Q5K => include_str!("../../fixtures/quant/q5_k.txt"),
+        DType::Q6K => include_str!("../../fixtures/quant/q6_k.txt"),
+        DType::IQ4XS => include_str!("../../fixtures/quant/iq4_xs.txt"),
+        other => panic!("no llama.cpp fixture for {other}"),
+    }
+}
+
+/// Parses a fixture: lines `TAG HEX` (little-endian bytes), `#` comments.
+fn fixture(dtype: DType) -> Fixture {
+    let mut sections: std::collections::HashMap<&str, Vec<u8>> = std::collections::HashMap::new();
+    for line in fixture_text(dtype).lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+        let (tag, hex) = line.split_once(' ').expect("fixture line: TAG HEX");
+        let bytes = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("fixture hex"));
+        sections.entry(tag).or_default().extend(bytes);
+    }
+    let mut take = |tag: &str| sections.remove(tag).unwrap_or_else(|| panic!("{dtype} fixture lacks {tag}"));
+    let floats = |b: Vec<u8>| b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    Fixture { x: floats(take("x")), q: take("q"), y: floats(take("y")), rq: take("rq"), ry: floats(take("ry")) }
+}
+
+/// The first difference between `got` and `want` compared as bit patterns, if any.
+fn first_bit_difference(got: &[f32], want: &[f32]) -> Option<String> {
+    if got.len() != want.len() {
+        return Some(format!("{} values, expected {}", got.len(), want.len()));
+    }
+    let bad: Vec<usize> = (0..got.len()).filter(|&i| got[i].to_bits() != want[i].to_bits()).collect();
+    bad.first().map(|&i| {
+        format!("{} of {} values differ; first: [{i}] = {:e}, ggml {:e}", bad.len(), got.len(), got[i], want[i])
+    })
+}
+
+/// Per format: the backend's dequantization of llama.cpp's blocks (for awkward inputs and
+/// random bytes) equals ggml's bit for bit, and its quantization of the awkward inputs
+/// equals ggml's blocks byte for byte.
+fn fixture_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    let mut v = Vec::new();
+    for dtype in BLOCK_FORMATS {
+        let f = std::sync::Arc::new(fixture(dtype));
+        let be = dtype.block_elems();
+        for (what, random) in [("llama.cpp's blocks of awkward inputs", false), ("random blocks", true)] {
+            let f = f.clone();
+            v.push(Case::custom(
+                Op::Dequantize,
+                CaseKind::Forward,
+                format!("dequantize {dtype}: {what}, bit-exact against ggml's to_float"),
+                move |b: &B| {
+                    let (bytes, want) = if random { (&f.rq, &f.ry) } else { (&f.q, &f.y) };
+                    let dims = [want.len() / be, be];
+                    let q = ok("tensor", Tensor::from_bytes(bytes, dims, dtype))?;
+                    let got = ok("dequantize", b.dequantize(&ok("upload", b.upload(&q))?))?;
+                    let got = ok("to_host", b.to_host(&got))?.to_vec_f32().map_err(|e| e.to_string())?;
+                    first_bit_difference(&got, want).map_or(Ok(()), Err)
+                },
+            ));
+        }
+        v.push(Case::custom(
+            Op::Quantize,
+            CaseKind::Property,
+            format!("quantize {dtype}: awkward inputs give ggml_quantize_chunk's blocks byte for byte"),
+            move |b: &B| {
+                let dims = [f.x.len() / be, be];
+                let x = ok("tensor", Tensor::from_vec(f.x.clone(), dims))?;
+                let got = host_bytes(b, &ok("quantize", b.quantize(&ok("upload", b.upload(&x))?, dtype))?)?;
+                let bb = dtype.block_bytes();
+                match (0..got.len() / bb).find(|&i| got[i * bb..(i + 1) * bb] != f.q[i * bb..(i + 1) * bb]) {
+                    None if got.len() == f.q.len() => Ok(()),
+                    None => Err(format!("{} bytes, expected {}", got.len(), f.q.len())),
+                    Some(i) => Err(format!(
+                        "block {i} differs:\n  got  {:02x?}\n  ggml {:02x?}",
+                        &got[i * bb..(i + 1) * bb],
+                        &f.q[i * bb..(i + 1) * bb]
+                    )),
+                }
+            },
+        ));
+    }
     v
 }

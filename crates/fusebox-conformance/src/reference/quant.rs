@@ -86,6 +86,101 @@ pub fn q6_k_element(block: &[u8], j: usize) -> f64 {
     d * scale as f64 * q as f64
 }
 
+/// The fifth bit of element j of a Q5_0 / Q5_1 block: bit j of the little-endian u32 `qh`.
+fn q5_high_bit(qh: &[u8], j: usize) -> u8 {
+    (qh[j / 8] >> (j % 8)) & 1
+}
+
+/// Q5_0 block `{ f16 d; u8 qh[4]; u8 qs[16] }`: element j's low 4 bits are nibbles as
+/// Q4_0, its fifth bit is bit j of qh; value `d · (q − 16)`.
+pub fn q5_0_element(block: &[u8], j: usize) -> f64 {
+    let d = f16_le(block, 0);
+    let byte = block[6 + j % 16];
+    let low = if j < 16 { byte & 0xF } else { byte >> 4 };
+    let q = low as i32 + 16 * q5_high_bit(&block[2..6], j) as i32;
+    d * (q - 16) as f64
+}
+
+/// Q5_1 block `{ f16 d; f16 m; u8 qh[4]; u8 qs[16] }`: bits as Q5_0; value `d · q + m`.
+pub fn q5_1_element(block: &[u8], j: usize) -> f64 {
+    let d = f16_le(block, 0);
+    let m = f16_le(block, 2);
+    let byte = block[8 + j % 16];
+    let low = if j < 16 { byte & 0xF } else { byte >> 4 };
+    let q = low as i32 + 16 * q5_high_bit(&block[4..8], j) as i32;
+    d * q as f64 + m
+}
+
+/// IQ4_NL's table of 16 levels (ggml-common.h `kvalues_iq4nl`).
+pub const IQ4NL_TABLE: [i32; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+/// IQ4_NL block `{ f16 d; u8 qs[16] }`: nibbles as Q4_0; value `d · table[q]`.
+pub fn iq4_nl_element(block: &[u8], j: usize) -> f64 {
+    let d = f16_le(block, 0);
+    let byte = block[2 + j % 16];
+    let q = if j < 16 { byte & 0xF } else { byte >> 4 };
+    d * IQ4NL_TABLE[q as usize] as f64
+}
+
+/// Q2_K block `{ u8 scales[16]; u8 qs[64]; f16 d; f16 dmin }` (256 elements): element j
+/// is in half h = j / 128, shift group g = (j % 128) / 32, lane l = j % 32; q is bits
+/// 2g, 2g + 1 of qs[32h + l]; scales[j / 16] holds the scale (low nibble) and min (high
+/// nibble) of its sub-block of 16; value `d·scale·q − dmin·min`.
+pub fn q2_k_element(block: &[u8], j: usize) -> f64 {
+    let (h, g, l) = (j / 128, (j % 128) / 32, j % 32);
+    let q = (block[16 + 32 * h + l] >> (2 * g)) & 3;
+    let sc = block[j / 16];
+    let d = f16_le(block, 80);
+    let dmin = f16_le(block, 82);
+    d * (sc & 0xF) as f64 * q as f64 - dmin * (sc >> 4) as f64
+}
+
+/// Q3_K block `{ u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d }` (256 elements): element
+/// j (h, g, l as Q2_K) has 2 low bits at 2g of qs[32h + l] and a high bit j / 32 of
+/// hmask[j % 32]; q = low − 4 when the high bit is clear, else low. Sub-block s = j / 16
+/// has a 6-bit scale: low 4 bits in the low (s < 8) or high (s ≥ 8) nibble of scales[s % 8],
+/// top 2 bits at 2·(s / 4) of scales[8 + s % 4]; value `d · (scale − 32) · q`.
+pub fn q3_k_element(block: &[u8], j: usize) -> f64 {
+    let (h, g, l) = (j / 128, (j % 128) / 32, j % 32);
+    let low = ((block[32 + 32 * h + l] >> (2 * g)) & 3) as i32;
+    let high = (block[j % 32] >> (j / 32)) & 1;
+    let q = if high == 1 { low } else { low - 4 };
+    let scales = &block[96..108];
+    let s = j / 16;
+    let sc_low = if s < 8 { scales[s] & 0xF } else { scales[s - 8] >> 4 } as i32;
+    let sc_high = ((scales[8 + s % 4] >> (2 * (s / 4))) & 3) as i32;
+    let d = f16_le(block, 108);
+    d * (sc_low + 16 * sc_high - 32) as f64 * q as f64
+}
+
+/// Q5_K block `{ f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128] }` (256
+/// elements): sub-block s = j / 32 with scale and min as Q4_K's; the low 4 bits as Q4_K's
+/// nibbles, the fifth bit is bit s of qh[j % 32]; value `d·scale·q − dmin·min`.
+pub fn q5_k_element(block: &[u8], j: usize) -> f64 {
+    let d = f16_le(block, 0);
+    let dmin = f16_le(block, 2);
+    let (s, l) = (j / 32, j % 32);
+    let byte = block[48 + 32 * (s / 2) + l];
+    let low = if s.is_multiple_of(2) { byte & 0xF } else { byte >> 4 };
+    let q = low as u32 + 16 * ((block[16 + l] >> s) & 1) as u32;
+    let (scale, min) = q4_k_scale_min(&block[4..16], s);
+    d * scale as f64 * q as f64 - dmin * min as f64
+}
+
+/// IQ4_XS block `{ f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128] }` (256 elements):
+/// sub-block s = j / 32 has a 6-bit scale, low 4 bits in nibble s % 2 of scales_l[s / 2],
+/// top 2 bits at 2s of scales_h; within it element i = j % 32 is the low (i < 16) or high
+/// nibble of qs[16s + i % 16]; value `d · (scale − 32) · table[q]`.
+pub fn iq4_xs_element(block: &[u8], j: usize) -> f64 {
+    let d = f16_le(block, 0);
+    let scales_h = u16::from_le_bytes([block[2], block[3]]) as i32;
+    let (s, i) = (j / 32, j % 32);
+    let sc = ((block[4 + s / 2] >> (4 * (s % 2))) & 0xF) as i32 + 16 * ((scales_h >> (2 * s)) & 3);
+    let byte = block[8 + 16 * s + i % 16];
+    let q = if i < 16 { byte & 0xF } else { byte >> 4 };
+    d * (sc - 32) as f64 * IQ4NL_TABLE[q as usize] as f64
+}
+
 /// `dequantize`: every element of a tensor of `dtype` (a block format or F8E4M3) stored
 /// in `bytes`, with `shape`.
 pub fn dequantize(dtype: DType, bytes: &[u8], shape: &[usize]) -> Array {
@@ -102,6 +197,13 @@ pub fn dequantize(dtype: DType, bytes: &[u8], shape: &[usize]) -> Array {
             DType::Q4_1 => q4_1_element(block, j),
             DType::Q4K => q4_k_element(block, j),
             DType::Q6K => q6_k_element(block, j),
+            DType::Q5_0 => q5_0_element(block, j),
+            DType::Q5_1 => q5_1_element(block, j),
+            DType::IQ4NL => iq4_nl_element(block, j),
+            DType::Q2K => q2_k_element(block, j),
+            DType::Q3K => q3_k_element(block, j),
+            DType::Q5K => q5_k_element(block, j),
+            DType::IQ4XS => iq4_xs_element(block, j),
             DType::F8E4M3 => f8e4m3_value(block[0]),
             other => panic!("dequantize twin: {other} is not a storage format"),
         };

@@ -58,12 +58,26 @@ impl GgmlType {
     pub const Q4_0: GgmlType = GgmlType(2);
     /// Blocks of 32: f16 scale and minimum, 4-bit values (x = d·q + m).
     pub const Q4_1: GgmlType = GgmlType(3);
+    /// Blocks of 32: an f16 scale and 5-bit values (x = d·(q − 16)).
+    pub const Q5_0: GgmlType = GgmlType(6);
+    /// Blocks of 32: f16 scale and minimum, 5-bit values (x = d·q + m).
+    pub const Q5_1: GgmlType = GgmlType(7);
     /// Blocks of 32: an f16 scale and 8-bit values (x = d·q).
     pub const Q8_0: GgmlType = GgmlType(8);
+    /// Super-blocks of 256 with 4-bit sub-block scales and minima, 2-bit values.
+    pub const Q2_K: GgmlType = GgmlType(10);
+    /// Super-blocks of 256 with 6-bit signed sub-block scales, 3-bit values.
+    pub const Q3_K: GgmlType = GgmlType(11);
     /// Super-blocks of 256 with 6-bit sub-block scales and minima, 4-bit values.
     pub const Q4_K: GgmlType = GgmlType(12);
+    /// Super-blocks of 256 with 6-bit sub-block scales and minima, 5-bit values.
+    pub const Q5_K: GgmlType = GgmlType(13);
     /// Super-blocks of 256 with 8-bit sub-block scales, 6-bit values.
     pub const Q6_K: GgmlType = GgmlType(14);
+    /// Blocks of 32: an f16 scale and 4-bit indices into a non-linear table.
+    pub const IQ4_NL: GgmlType = GgmlType(20);
+    /// Super-blocks of 256 with 6-bit sub-block scales, 4-bit indices into IQ4_NL's table.
+    pub const IQ4_XS: GgmlType = GgmlType(23);
     /// bfloat16.
     pub const BF16: GgmlType = GgmlType(30);
 
@@ -92,6 +106,13 @@ impl GgmlType {
             GgmlType::Q4_K => DType::Q4K,
             GgmlType::Q6_K => DType::Q6K,
             GgmlType::BF16 => DType::BF16,
+            GgmlType::Q5_0 => DType::Q5_0,
+            GgmlType::Q5_1 => DType::Q5_1,
+            GgmlType::Q2_K => DType::Q2K,
+            GgmlType::Q3_K => DType::Q3K,
+            GgmlType::Q5_K => DType::Q5K,
+            GgmlType::IQ4_NL => DType::IQ4NL,
+            GgmlType::IQ4_XS => DType::IQ4XS,
             _ => return None,
         })
     }
@@ -107,6 +128,13 @@ impl GgmlType {
             DType::Q4K => GgmlType::Q4_K,
             DType::Q6K => GgmlType::Q6_K,
             DType::BF16 => GgmlType::BF16,
+            DType::Q5_0 => GgmlType::Q5_0,
+            DType::Q5_1 => GgmlType::Q5_1,
+            DType::Q2K => GgmlType::Q2_K,
+            DType::Q3K => GgmlType::Q3_K,
+            DType::Q5K => GgmlType::Q5_K,
+            DType::IQ4NL => GgmlType::IQ4_NL,
+            DType::IQ4XS => GgmlType::IQ4_XS,
             _ => return None,
         })
     }

@@ -152,8 +152,9 @@ pub fn cast(cpu: &CpuBackend, x: &Tensor, dtype: DType) -> Result<Tensor> {
 /// # Shapes
 /// `w`: `[out, in]` → the same tensor.
 pub fn preprocess_linear_weight(_cpu: &CpuBackend, w: &Tensor) -> Result<Tensor> {
-    spec::preprocess_linear_weight(w)?;
-    host("preprocess_linear_weight", w)?;
+    const OP: &str = "preprocess_linear_weight";
+    host(OP, w)?;
+    crate::spec::quant::preprocess_linear_weight(w)?;
     Ok(w.clone())
 }
 

@@ -1,5 +1,5 @@
 //! Weight storage formats: the GGUF block quantizations and FP8 E4M3. `quantize` turns
-//! floats into blocks the way ggml's reference quantizers (`quantize_row_*_ref`) do,
+//! floats into blocks as ggml does without an importance matrix (see [`quantize`]),
 //! `dequantize` turns them back into f32, and `quantized_matmul` computes `x · Wᵀ`
 //! reading W's blocks directly, a few rows at a time.
 //!
@@ -12,19 +12,28 @@
 //! | Q4_1 | 32 | 20 | `f16 d; f16 m; u8 qs[16]` | `d·q + m`, nibbles as Q4_0 |
 //! | Q4_K | 256 | 144 | `f16 d; f16 dmin; u8 scales[12]; u8 qs[128]` | `d·sc·q − dmin·m` per sub-block of 32 with 6-bit `sc`, `m` (see [`scale_min_k4`]); sub-blocks 2i and 2i+1 are the low and high nibbles of `qs[32i..32i+32]` |
 //! | Q6_K | 256 | 210 | `u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d` | `d·scales[s]·(q − 32)` per sub-block s of 16; q = 4 low bits from `ql`, 2 high bits from `qh` |
+//! | Q5_0 | 32 | 22 | `f16 d; u8 qh[4]; u8 qs[16]` | `d·(q − 16)`; nibbles as Q4_0, the fifth bit of element j is bit j of the little-endian u32 `qh` |
+//! | Q5_1 | 32 | 24 | `f16 d; f16 m; u8 qh[4]; u8 qs[16]` | `d·q + m`, bits as Q5_0 |
+//! | IQ4_NL | 32 | 18 | `f16 d; u8 qs[16]` | `d·T[q]`, T = (−127, −104, …, 89, 113) ([`IQ4NL_VALUES`]), nibbles as Q4_0 |
+//! | Q2_K | 256 | 84 | `u8 scales[16]; u8 qs[64]; f16 d; f16 dmin` | `d·sc·q − dmin·m` per sub-block of 16 (`sc`, `m` the nibbles of `scales[s]`); element 128h + 32g + l is bits 2g.. of `qs[32h + l]` |
+//! | Q3_K | 256 | 110 | `u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d` | `d·(sc − 32)·(q − 4)` per sub-block of 16 (6-bit `sc`, see [`q3_k_scales`]); 2 low bits as Q2_K, the third is bit j/32 of `hmask[j % 32]` |
+//! | Q5_K | 256 | 176 | `f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]` | as Q4_K, plus a fifth bit: bit s (the sub-block) of `qh[j % 32]` |
+//! | IQ4_XS | 256 | 136 | `f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]` | `d·(ls − 32)·T[q]` per sub-block of 32 (6-bit `ls`: a nibble of `scales_l`, 2 bits of `scales_h`); nibbles as Q4_0 within each sub-block's 16 bytes |
 
 use half::f16;
 
 use crate::cpu::memory::{f32_to_f8e4m3, f8e4m3_table, host};
 use crate::cpu::pool::SharedMut;
 use crate::cpu::simd::{self, multiversion};
-use crate::cpu::{check, convert, CpuBackend};
+use crate::cpu::{convert, CpuBackend};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::shape::Shape;
+use crate::spec;
 use crate::tensor::Tensor;
 
-/// Hand-written AVX-512 / AVX2 forms of the Q8_0, Q4_0 and Q4_1 fused row dots.
+/// Hand-written AVX-512 / AVX2 forms of the Q8_0, Q4_0 and Q4_1 fused row dots, and an
+/// AVX2 form of Q5_0's.
 #[cfg(target_arch = "x86_64")]
 #[path = "quant_x86.rs"]
 mod x86;
@@ -40,11 +49,6 @@ const BLOCKS_PER_TASK: usize = 64;
 /// Up to this many rows of x, `quantized_matmul` decodes one W row at a time and dots it
 /// with every x row; above it, it decodes panels of W rows and runs gemm on them.
 const SMALL_M: usize = 12;
-
-/// Whether W / a quantize target may be `dtype`: a block format or FP8 E4M3.
-fn is_storage_format(dtype: DType) -> bool {
-    dtype.is_quantized() || dtype == DType::F8E4M3
-}
 
 /// The little-endian f16 at `bytes[at..at + 2]`, as f32.
 #[inline(always)]
@@ -163,6 +167,155 @@ fn decode_q6_k_block(b: &[u8], out: &mut [f32]) {
     }
 }
 
+/// IQ4_NL's (and IQ4_XS's) 16 non-linear levels (ggml's `kvalues_iq4nl`).
+pub const IQ4NL_VALUES: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+/// The little-endian u32 at `bytes[at..at + 4]`.
+#[inline(always)]
+fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+}
+
+/// The 5-bit values of a Q5_0 / Q5_1 block: element j < 16 is the low nibble of `qs[j]`
+/// with bit j of `qh` on top, element j + 16 the high nibble with bit j + 16.
+#[inline(always)]
+fn q5_levels(qh: u32, qs: &[u8]) -> [u8; QK] {
+    let mut q = [0u8; QK];
+    for j in 0..QK / 2 {
+        q[j] = (qs[j] & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
+        q[j + 16] = (qs[j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+    }
+    q
+}
+
+#[inline(always)]
+fn decode_q5_0_block(b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 0);
+    let q = q5_levels(u32_at(b, 2), &b[6..22]);
+    for (o, &q) in out[..QK].iter_mut().zip(&q) {
+        *o = f32::from(i16::from(q) - 16) * d;
+    }
+}
+
+#[inline(always)]
+fn decode_q5_1_block(b: &[u8], out: &mut [f32]) {
+    let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+    let q = q5_levels(u32_at(b, 4), &b[8..24]);
+    for (o, &q) in out[..QK].iter_mut().zip(&q) {
+        *o = f32::from(q) * d + m;
+    }
+}
+
+#[inline(always)]
+fn decode_iq4_nl_block(b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 0);
+    let (lo, hi) = out[..QK].split_at_mut(QK / 2);
+    for j in 0..QK / 2 {
+        lo[j] = d * f32::from(IQ4NL_VALUES[usize::from(b[2 + j] & 0x0F)]);
+        hi[j] = d * f32::from(IQ4NL_VALUES[usize::from(b[2 + j] >> 4)]);
+    }
+}
+
+#[inline(always)]
+fn decode_q2_k_block(b: &[u8], out: &mut [f32]) {
+    let (scales, qs) = (&b[0..16], &b[16..80]);
+    let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
+    // Element 128h + 32j + 16t + l takes bits 2j..2j+2 of qs[32h + 16t + l] and scale
+    // byte 8h + 2j + t (low nibble: scale, high nibble: min).
+    for h in 0..2 {
+        for j in 0..4 {
+            for t in 0..2 {
+                let sc = scales[8 * h + 2 * j + t];
+                let (dl, ml) = (d * f32::from(sc & 0x0F), dmin * f32::from(sc >> 4));
+                let q = &qs[32 * h + 16 * t..32 * h + 16 * t + 16];
+                let o = &mut out[128 * h + 32 * j + 16 * t..][..16];
+                for l in 0..16 {
+                    o[l] = dl * f32::from((q[l] >> (2 * j)) & 3) - ml;
+                }
+            }
+        }
+    }
+}
+
+/// The 16 signed 6-bit scales (`−32..32`) of a Q3_K block from its 12 packed bytes:
+/// scale s keeps its low 4 bits in byte s (s < 8, low nibble) or s − 8 (high nibble), and
+/// its top 2 bits at bits 2(s/4).. of byte 8 + s % 4.
+#[inline(always)]
+pub fn q3_k_scales(packed: &[u8]) -> [i8; 16] {
+    std::array::from_fn(|s| {
+        let low = if s < 8 { packed[s] & 0x0F } else { packed[s - 8] >> 4 };
+        let high = (packed[8 + s % 4] >> (2 * (s / 4))) & 3;
+        (low | (high << 4)) as i8 - 32
+    })
+}
+
+#[inline(always)]
+fn decode_q3_k_block(b: &[u8], out: &mut [f32]) {
+    let (hmask, qs) = (&b[0..32], &b[32..96]);
+    let scales = q3_k_scales(&b[96..108]);
+    let d = f16_at(b, 108);
+    // Element 128h + 32j + 16t + l: 2 low bits at 2j.. of qs[32h + 16t + l], high bit
+    // 4h + j of hmask[16t + l] (clear: subtract 4), scale 8h + 2j + t.
+    for h in 0..2 {
+        for j in 0..4 {
+            for t in 0..2 {
+                let dl = d * f32::from(scales[8 * h + 2 * j + t]);
+                let q = &qs[32 * h + 16 * t..32 * h + 16 * t + 16];
+                let hm = &hmask[16 * t..16 * t + 16];
+                let o = &mut out[128 * h + 32 * j + 16 * t..][..16];
+                for l in 0..16 {
+                    let high = if hm[l] & (1 << (4 * h + j)) != 0 { 0 } else { 4 };
+                    o[l] = dl * f32::from(((q[l] >> (2 * j)) & 3) as i8 - high);
+                }
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn decode_q5_k_block(b: &[u8], out: &mut [f32]) {
+    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+    let (scales, qh, qs) = (&b[4..16], &b[16..48], &b[48..176]);
+    for pair in 0..4 {
+        let (sc1, m1) = scale_min_k4(2 * pair, scales);
+        let (sc2, m2) = scale_min_k4(2 * pair + 1, scales);
+        let (d1, min1) = (d * f32::from(sc1), dmin * f32::from(m1));
+        let (d2, min2) = (d * f32::from(sc2), dmin * f32::from(m2));
+        let q = &qs[32 * pair..32 * pair + 32];
+        let (lo, hi) = out[64 * pair..64 * pair + 64].split_at_mut(32);
+        for l in 0..32 {
+            let h1 = ((qh[l] >> (2 * pair)) & 1) << 4;
+            let h2 = ((qh[l] >> (2 * pair + 1)) & 1) << 4;
+            lo[l] = d1 * f32::from((q[l] & 0x0F) | h1) - min1;
+            hi[l] = d2 * f32::from((q[l] >> 4) | h2) - min2;
+        }
+    }
+}
+
+/// The signed 6-bit scale (`−32..32`) of sub-block `ib` (0..8) of an IQ4_XS block: 4 low
+/// bits in a nibble of `scales_l[ib / 2]`, 2 high bits at 2·ib of `scales_h`.
+#[inline(always)]
+fn iq4_xs_scale(b: &[u8], ib: usize) -> i32 {
+    let scales_h = u16::from_le_bytes([b[2], b[3]]);
+    let low = (b[4 + ib / 2] >> (4 * (ib % 2))) & 0x0F;
+    let high = ((scales_h >> (2 * ib)) & 3) as u8;
+    i32::from(low | (high << 4)) - 32
+}
+
+#[inline(always)]
+fn decode_iq4_xs_block(b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 0);
+    for ib in 0..8 {
+        let dl = d * iq4_xs_scale(b, ib) as f32;
+        let qs = &b[8 + 16 * ib..8 + 16 * ib + 16];
+        let (lo, hi) = out[32 * ib..32 * ib + 32].split_at_mut(16);
+        for j in 0..16 {
+            lo[j] = dl * f32::from(IQ4NL_VALUES[usize::from(qs[j] & 0x0F)]);
+            hi[j] = dl * f32::from(IQ4NL_VALUES[usize::from(qs[j] >> 4)]);
+        }
+    }
+}
+
 /// Per-format loops over whole blocks, compiled per ISA (the block decoders inline into them).
 mod decode {
     use super::*;
@@ -207,6 +360,27 @@ mod decode {
             }
         }
     }
+    macro_rules! block_loops {
+        ($($name:ident => $block:ident, $bytes:literal, $elems:expr;)*) => {$(
+            multiversion! {
+                #[doc = concat!(stringify!($name), " blocks (`bytes`: n·", $bytes, ") → `out` (n·block elements).")]
+                pub fn $name(bytes: &[u8], out: &mut [f32]) {
+                    for (b, o) in bytes.chunks_exact($bytes).zip(out.chunks_exact_mut($elems)) {
+                        $block(b, o);
+                    }
+                }
+            }
+        )*};
+    }
+    block_loops! {
+        q5_0 => decode_q5_0_block, 22, QK;
+        q5_1 => decode_q5_1_block, 24, QK;
+        iq4_nl => decode_iq4_nl_block, 18, QK;
+        q2_k => decode_q2_k_block, 84, QK_K;
+        q3_k => decode_q3_k_block, 110, QK_K;
+        q5_k => decode_q5_k_block, 176, QK_K;
+        iq4_xs => decode_iq4_xs_block, 136, QK_K;
+    }
 }
 
 /// Decodes `bytes` (whole blocks of a storage format, or F8E4M3 codes) into `out`; the
@@ -218,6 +392,13 @@ fn decode_into(dtype: DType, bytes: &[u8], out: &mut [f32]) {
         DType::Q4_1 => decode::q4_1(bytes, out),
         DType::Q4K => decode::q4_k(bytes, out),
         DType::Q6K => decode::q6_k(bytes, out),
+        DType::Q5_0 => decode::q5_0(bytes, out),
+        DType::Q5_1 => decode::q5_1(bytes, out),
+        DType::IQ4NL => decode::iq4_nl(bytes, out),
+        DType::Q2K => decode::q2_k(bytes, out),
+        DType::Q3K => decode::q3_k(bytes, out),
+        DType::Q5K => decode::q5_k(bytes, out),
+        DType::IQ4XS => decode::iq4_xs(bytes, out),
         DType::F8E4M3 => {
             let table = f8e4m3_table();
             for (o, &c) in out.iter_mut().zip(bytes) {
@@ -399,6 +580,156 @@ mod fused_dot {
         acc.iter().sum::<f32>()
     }
 
+    /// Q5_0: `Σ_blocks d·Σ x·(q − 16)`.
+    #[inline(always)]
+    fn q5_0_row(bytes: &[u8], x: &[f32], _xsum32: &[f32]) -> f32 {
+        let mut acc = [0.0f32; 16];
+        for (b, xs) in bytes.chunks_exact(22).zip(x.chunks_exact(QK)) {
+            let d = f16_le(b, 0);
+            let q = q5_levels(u32_at(b, 2), &b[6..22]);
+            let (xl, xh) = xs.split_at(16);
+            for l in 0..16 {
+                let lo = f32::from(i16::from(q[l]) - 16);
+                let hi = f32::from(i16::from(q[l + 16]) - 16);
+                acc[l] = d.mul_add(xl[l].mul_add(lo, xh[l] * hi), acc[l]);
+            }
+        }
+        hsum16(&acc)
+    }
+    /// Q5_1: `Σ_blocks d·Σ x·q + m·Σ x`.
+    #[inline(always)]
+    fn q5_1_row(bytes: &[u8], x: &[f32], xsum32: &[f32]) -> f32 {
+        let mut acc = [0.0f32; 16];
+        let mut offset = 0.0f32;
+        for ((b, xs), &sx) in bytes.chunks_exact(24).zip(x.chunks_exact(QK)).zip(xsum32) {
+            let (d, m) = (f16_le(b, 0), f16_le(b, 2));
+            let q = q5_levels(u32_at(b, 4), &b[8..24]);
+            let (xl, xh) = xs.split_at(16);
+            for l in 0..16 {
+                let t = xl[l].mul_add(f32::from(q[l]), xh[l] * f32::from(q[l + 16]));
+                acc[l] = d.mul_add(t, acc[l]);
+            }
+            offset = m.mul_add(sx, offset);
+        }
+        hsum16(&acc) + offset
+    }
+    /// IQ4_NL: `Σ_blocks d·Σ x·table[q]`.
+    #[inline(always)]
+    fn iq4_nl_row(bytes: &[u8], x: &[f32], _xsum32: &[f32]) -> f32 {
+        let mut acc = [0.0f32; 16];
+        for (b, xs) in bytes.chunks_exact(18).zip(x.chunks_exact(QK)) {
+            let d = f16_le(b, 0);
+            let (qs, (xl, xh)) = (&b[2..18], xs.split_at(16));
+            for l in 0..16 {
+                let lo = f32::from(IQ4NL_VALUES[usize::from(qs[l] & 0x0F)]);
+                let hi = f32::from(IQ4NL_VALUES[usize::from(qs[l] >> 4)]);
+                acc[l] = d.mul_add(xl[l].mul_add(lo, xh[l] * hi), acc[l]);
+            }
+        }
+        hsum16(&acc)
+    }
+    /// Q2_K: per sub-block of 16, `d·sc·Σ x·q − dmin·m·Σ x`.
+    #[inline(always)]
+    fn q2_k_row(bytes: &[u8], x: &[f32], _xsum32: &[f32]) -> f32 {
+        let mut acc = [0.0f32; 16];
+        let mut offsets = 0.0f32;
+        for (b, xs) in bytes.chunks_exact(84).zip(x.chunks_exact(QK_K)) {
+            let (scales, qs) = (&b[0..16], &b[16..80]);
+            let (d, dmin) = (f16_le(b, 80), f16_le(b, 82));
+            for h in 0..2 {
+                for j in 0..4 {
+                    for t in 0..2 {
+                        let sc = scales[8 * h + 2 * j + t];
+                        let dl = d * f32::from(sc & 0x0F);
+                        let q = &qs[32 * h + 16 * t..32 * h + 16 * t + 16];
+                        let xs = &xs[128 * h + 32 * j + 16 * t..][..16];
+                        let mut sx = 0.0f32;
+                        for l in 0..16 {
+                            acc[l] = dl.mul_add(xs[l] * f32::from((q[l] >> (2 * j)) & 3), acc[l]);
+                            sx += xs[l];
+                        }
+                        offsets = (dmin * f32::from(sc >> 4)).mul_add(sx, offsets);
+                    }
+                }
+            }
+        }
+        hsum16(&acc) - offsets
+    }
+    /// Q3_K: per sub-block of 16, `d·(sc − 32)·Σ x·(q − 4)`.
+    #[inline(always)]
+    fn q3_k_row(bytes: &[u8], x: &[f32], _xsum32: &[f32]) -> f32 {
+        let mut acc = [0.0f32; 16];
+        for (b, xs) in bytes.chunks_exact(110).zip(x.chunks_exact(QK_K)) {
+            let (hmask, qs) = (&b[0..32], &b[32..96]);
+            let scales = q3_k_scales(&b[96..108]);
+            let d = f16_le(b, 108);
+            for h in 0..2 {
+                for j in 0..4 {
+                    for t in 0..2 {
+                        let dl = d * f32::from(scales[8 * h + 2 * j + t]);
+                        let q = &qs[32 * h + 16 * t..32 * h + 16 * t + 16];
+                        let hm = &hmask[16 * t..16 * t + 16];
+                        let xs = &xs[128 * h + 32 * j + 16 * t..][..16];
+                        for l in 0..16 {
+                            let high = if hm[l] & (1 << (4 * h + j)) != 0 { 0 } else { 4 };
+                            let q = f32::from(((q[l] >> (2 * j)) & 3) as i8 - high);
+                            acc[l] = dl.mul_add(xs[l] * q, acc[l]);
+                        }
+                    }
+                }
+            }
+        }
+        hsum16(&acc)
+    }
+    /// Q5_K: per sub-block of 32, `d·sc·Σ x·q − dmin·m·Σ x`.
+    #[inline(always)]
+    fn q5_k_row(bytes: &[u8], x: &[f32], xsum32: &[f32]) -> f32 {
+        let mut acc = [0.0f32; 16];
+        let mut offsets = 0.0f32;
+        for ((b, xs), sums) in bytes.chunks_exact(176).zip(x.chunks_exact(QK_K)).zip(xsum32.chunks_exact(8)) {
+            let (d, dmin) = (f16_le(b, 0), f16_le(b, 2));
+            let (scales, qh, qs) = (&b[4..16], &b[16..48], &b[48..176]);
+            for pair in 0..4 {
+                let (sc1, m1) = scale_min_k4(2 * pair, scales);
+                let (sc2, m2) = scale_min_k4(2 * pair + 1, scales);
+                let (d1, d2) = (d * f32::from(sc1), d * f32::from(sc2));
+                offsets += dmin * (f32::from(m1) * sums[2 * pair] + f32::from(m2) * sums[2 * pair + 1]);
+                let q = &qs[32 * pair..32 * pair + 32];
+                let (xl, xh) = xs[64 * pair..64 * pair + 64].split_at(32);
+                for half in 0..2 {
+                    let r = 16 * half..16 * half + 16;
+                    let (q, qh, xl, xh) = (&q[r.clone()], &qh[r.clone()], &xl[r.clone()], &xh[r]);
+                    for l in 0..16 {
+                        let lo = (q[l] & 0x0F) | (((qh[l] >> (2 * pair)) & 1) << 4);
+                        let hi = (q[l] >> 4) | (((qh[l] >> (2 * pair + 1)) & 1) << 4);
+                        let a = d1.mul_add(xl[l] * f32::from(lo), acc[l]);
+                        acc[l] = d2.mul_add(xh[l] * f32::from(hi), a);
+                    }
+                }
+            }
+        }
+        hsum16(&acc) - offsets
+    }
+    /// IQ4_XS: per sub-block of 32, `d·(ls − 32)·Σ x·table[q]`.
+    #[inline(always)]
+    fn iq4_xs_row(bytes: &[u8], x: &[f32], _xsum32: &[f32]) -> f32 {
+        let mut acc = [0.0f32; 16];
+        for (b, xs) in bytes.chunks_exact(136).zip(x.chunks_exact(QK_K)) {
+            let d = f16_le(b, 0);
+            for ib in 0..8 {
+                let dl = d * iq4_xs_scale(b, ib) as f32;
+                let qs = &b[8 + 16 * ib..8 + 16 * ib + 16];
+                let (xl, xh) = xs[32 * ib..32 * ib + 32].split_at(16);
+                for l in 0..16 {
+                    let lo = f32::from(IQ4NL_VALUES[usize::from(qs[l] & 0x0F)]);
+                    let hi = f32::from(IQ4NL_VALUES[usize::from(qs[l] >> 4)]);
+                    acc[l] = dl.mul_add(xl[l].mul_add(lo, xh[l] * hi), acc[l]);
+                }
+            }
+        }
+        hsum16(&acc)
+    }
+
     /// Asks for the cache lines of `bytes` ahead of use (W rows stream from memory).
     #[inline(always)]
     fn prefetch(bytes: &[u8]) {
@@ -426,7 +757,11 @@ mod fused_dot {
             }
         )*};
     }
-    rows_of!(q8_0 => q8_0_row, q4_0 => q4_0_row, q4_1 => q4_1_row, q4_k => q4_k_row, q6_k => q6_k_row);
+    rows_of!(
+        q8_0 => q8_0_row, q4_0 => q4_0_row, q4_1 => q4_1_row, q4_k => q4_k_row, q6_k => q6_k_row,
+        q5_0 => q5_0_row, q5_1 => q5_1_row, iq4_nl => iq4_nl_row, q2_k => q2_k_row, q3_k => q3_k_row,
+        q5_k => q5_k_row, iq4_xs => iq4_xs_row
+    );
 }
 
 /// `out[r] = Σ_j x[j]·W[r, j]` for the `out.len()` rows of `w` (whole rows of a block
@@ -443,6 +778,13 @@ fn fused_rows(dtype: DType, w: &[u8], x: &[f32], xsum32: &[f32], out: &mut [f32]
         DType::Q4_1 => fused_dot::q4_1(w, x, xsum32, out),
         DType::Q4K => fused_dot::q4_k(w, x, xsum32, out),
         DType::Q6K => fused_dot::q6_k(w, x, xsum32, out),
+        DType::Q5_0 => fused_dot::q5_0(w, x, xsum32, out),
+        DType::Q5_1 => fused_dot::q5_1(w, x, xsum32, out),
+        DType::IQ4NL => fused_dot::iq4_nl(w, x, xsum32, out),
+        DType::Q2K => fused_dot::q2_k(w, x, xsum32, out),
+        DType::Q3K => fused_dot::q3_k(w, x, xsum32, out),
+        DType::Q5K => fused_dot::q5_k(w, x, xsum32, out),
+        DType::IQ4XS => fused_dot::iq4_xs(w, x, xsum32, out),
         _ => return false,
     }
     true
@@ -523,6 +865,7 @@ fn make_qkx2_quants(
     rmin: f32,
     rdelta: f32,
     nstep: i32,
+    use_mad: bool,
 ) -> (f32, f32) {
     let n = x.len();
     let (mut min, mut max) = (x[0], x[0]);
@@ -542,13 +885,14 @@ fn make_qkx2_quants(
         return (0.0, -min);
     }
     let level = |iscale: f32, v: f32, min: f32| nearest_int(iscale * (v - min)).clamp(0, nmax) as u8;
+    // ggml weighs |diff| (`use_mad`) or diff², then multiplies by the weight.
+    let error_of = |diff: f32| if use_mad { diff.abs() } else { diff * diff };
     let mut iscale = nmax as f32 / (max - min);
     let mut scale = 1.0 / iscale;
     let mut best_error = 0.0f32;
     for i in 0..n {
         levels[i] = level(iscale, x[i], min);
-        let diff = scale * f32::from(levels[i]) + min - x[i];
-        best_error += weights[i] * diff * diff;
+        best_error += weights[i] * error_of(scale * f32::from(levels[i]) + min - x[i]);
     }
     let mut trial = [0u8; QK];
     let trial = &mut trial[..n];
@@ -572,8 +916,7 @@ fn make_qkx2_quants(
             }
             let mut error = 0.0f32;
             for i in 0..n {
-                let diff = this_scale * f32::from(trial[i]) + this_min - x[i];
-                error += weights[i] * diff * diff;
+                error += weights[i] * error_of(this_scale * f32::from(trial[i]) + this_min - x[i]);
             }
             if error < best_error {
                 levels.copy_from_slice(trial);
@@ -584,6 +927,28 @@ fn make_qkx2_quants(
         }
     }
     (scale, -min)
+}
+
+/// Quantizes the 8 sub-block scales and mins of a Q4_K / Q5_K block to 6 bits against
+/// the largest of each (`63/max`) and packs them into the 12 bytes `packed` (the layout
+/// [`scale_min_k4`] reads).
+#[inline(always)]
+fn pack_k4_scales(scales: &[f32; 8], mins: &[f32; 8], max_scale: f32, max_min: f32, packed: &mut [u8]) {
+    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+    let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
+    packed.fill(0);
+    for j in 0..8 {
+        let ls = nearest_int(inv_scale * scales[j]).clamp(0, 63) as u8;
+        let lm = nearest_int(inv_min * mins[j]).clamp(0, 63) as u8;
+        if j < 4 {
+            packed[j] = ls;
+            packed[j + 4] = lm;
+        } else {
+            packed[j + 4] = (ls & 0x0F) | ((lm & 0x0F) << 4);
+            packed[j - 4] |= (ls >> 4) << 6;
+            packed[j] |= (lm >> 4) << 6;
+        }
+    }
 }
 
 /// `quantize_row_q4_K_ref`: per sub-block of 32, a weighted (weights `√mean(x²) + |x|`)
@@ -600,28 +965,13 @@ fn quantize_q4_k_block(x: &[f32], out: &mut [u8]) {
         let xs = &x[32 * j..32 * j + 32];
         let av_x = (xs.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
         let weights: [f32; 32] = std::array::from_fn(|l| av_x + xs[l].abs());
-        let (scale, min) = make_qkx2_quants(15, xs, &weights, &mut levels[32 * j..32 * j + 32], -1.0, 0.1, 20);
+        let (scale, min) = make_qkx2_quants(15, xs, &weights, &mut levels[32 * j..32 * j + 32], -1.0, 0.1, 20, false);
         scales[j] = scale;
         mins[j] = min;
         max_scale = max_scale.max(scale);
         max_min = max_min.max(min);
     }
-    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
-    let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
-    let packed = &mut out[4..16];
-    packed.fill(0);
-    for j in 0..8 {
-        let ls = nearest_int(inv_scale * scales[j]).clamp(0, 63) as u8;
-        let lm = nearest_int(inv_min * mins[j]).clamp(0, 63) as u8;
-        if j < 4 {
-            packed[j] = ls;
-            packed[j + 4] = lm;
-        } else {
-            packed[j + 4] = (ls & 0x0F) | ((lm & 0x0F) << 4);
-            packed[j - 4] |= (ls >> 4) << 6;
-            packed[j] |= (lm >> 4) << 6;
-        }
-    }
+    pack_k4_scales(&scales, &mins, max_scale, max_min, &mut out[4..16]);
     let d = put_f16(out, 0, max_scale / 63.0);
     let dmin = put_f16(out, 2, max_min / 63.0);
     for j in 0..8 {
@@ -742,6 +1092,416 @@ fn quantize_q6_k_block(x: &[f32], out: &mut [u8]) {
     }
 }
 
+/// Packs the 5-bit levels `q` of a Q5_0 / Q5_1 block: nibbles into `qs` as Q4_0, the
+/// fifth bits into the little-endian u32 `qh` (bit j for element j).
+#[inline(always)]
+fn put_q5_levels(q: &[u8; QK], qh_out: &mut [u8], qs: &mut [u8]) {
+    let mut qh = 0u32;
+    for j in 0..QK / 2 {
+        qs[j] = (q[j] & 0x0F) | ((q[j + 16] & 0x0F) << 4);
+        qh |= u32::from((q[j] & 0x10) >> 4) << j;
+        qh |= u32::from((q[j + 16] & 0x10) >> 4) << (j + 16);
+    }
+    qh_out.copy_from_slice(&qh.to_le_bytes());
+}
+
+/// `quantize_row_q5_0_ref`: d = max/−16 for the value `max` of largest magnitude;
+/// q = min(31, trunc(x/d + 16.5)).
+#[inline(always)]
+fn quantize_q5_0_block(x: &[f32], out: &mut [u8]) {
+    let d = signed_absmax(x) / -16.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    put_f16(out, 0, d);
+    let q: [u8; QK] = std::array::from_fn(|j| ((x[j] * id + 16.5) as i32).clamp(0, 31) as u8);
+    let (qh, qs) = out[2..22].split_at_mut(4);
+    put_q5_levels(&q, qh, qs);
+}
+
+/// `quantize_row_q5_1_ref`: d = (max − min)/31, m = min, q = trunc((x − min)/d + 0.5).
+#[inline(always)]
+fn quantize_q5_1_block(x: &[f32], out: &mut [u8]) {
+    let (mut min, mut max) = (f32::MAX, -f32::MAX);
+    for &v in x {
+        if v < min {
+            min = v;
+        }
+        if v > max {
+            max = v;
+        }
+    }
+    let d = (max - min) / 31.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    put_f16(out, 0, d);
+    put_f16(out, 2, min);
+    // ggml stores the level unclamped through a u8 and keeps 5 bits of it.
+    let q: [u8; QK] = std::array::from_fn(|j| (((x[j] - min) * id + 0.5) as i32) as u8);
+    let (qh, qs) = out[4..24].split_at_mut(4);
+    put_q5_levels(&q, qh, qs);
+}
+
+/// ggml's `best_index_int8`: the index of the entry of the ascending `values` nearest to
+/// `x` (the upper one on ties), by bisection.
+#[inline(always)]
+fn best_index_int8(values: &[i8; 16], x: f32) -> u8 {
+    if x <= f32::from(values[0]) {
+        return 0;
+    }
+    if x >= f32::from(values[15]) {
+        return 15;
+    }
+    let (mut ml, mut mu) = (0usize, 15usize);
+    while mu - ml > 1 {
+        let mav = (ml + mu) / 2;
+        if x < f32::from(values[mav]) {
+            mu = mav;
+        } else {
+            ml = mav;
+        }
+    }
+    if x - f32::from(values[mu - 1]) < f32::from(values[mu]) - x {
+        (mu - 1) as u8
+    } else {
+        mu as u8
+    }
+}
+
+/// The sub-block fit of ggml's `quantize_row_iq4_nl_impl` without importance weights
+/// (weights x², 7 tries each side): the scale d of `x ≈ d·table[L]` maximising
+/// `(Σ w·x·q)²/Σ w·q²` over grids `(−127 + t)/max`, t = −7..7, where `max` is the value of
+/// largest magnitude. Returns 0 for an all-zero group (and leaves `levels` alone).
+#[inline(always)]
+fn iq4_fit(x: &[f32], levels: &mut [u8]) -> f32 {
+    let values = &IQ4NL_VALUES;
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax < GROUP_MAX_EPS {
+        return 0.0;
+    }
+    let sums = |id: f32, levels: Option<&mut [u8]>| {
+        let (mut sumqx, mut sumq2) = (0.0f32, 0.0f32);
+        let mut levels = levels;
+        for (j, &v) in x.iter().enumerate() {
+            let l = best_index_int8(values, id * v);
+            if let Some(levels) = levels.as_deref_mut() {
+                levels[j] = l;
+            }
+            let q = f32::from(values[usize::from(l)]);
+            let w = v * v;
+            sumqx += w * q * v;
+            sumq2 += w * q * q;
+        }
+        (sumqx, sumq2)
+    };
+    let d = -max / f32::from(values[0]);
+    let (sumqx, sumq2) = sums(1.0 / d, Some(levels));
+    let mut d = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
+    let mut best = d * sumqx;
+    for itry in -7..=7 {
+        let id = (itry + i32::from(values[0])) as f32 / max;
+        let (sumqx, sumq2) = sums(id, None);
+        if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
+            d = sumqx / sumq2;
+            best = d * sumqx;
+        }
+    }
+    d
+}
+
+/// Packs 32 IQ4 indices: element j < 16 in the low nibble of byte j, element j + 16 in
+/// its high nibble.
+#[inline(always)]
+fn put_nibbles32(levels: &[u8], qs: &mut [u8]) {
+    for j in 0..16 {
+        qs[j] = levels[j] | (levels[j + 16] << 4);
+    }
+}
+
+/// ggml's `quantize_iq4_nl` without importance weights (what `ggml_quantize_chunk`
+/// writes): the scale from [`iq4_fit`] stored as f16, the indices recomputed against the
+/// unrounded scale.
+#[inline(always)]
+fn quantize_iq4_nl_block(x: &[f32], out: &mut [u8]) {
+    let mut levels = [0u8; QK];
+    let d = iq4_fit(x, &mut levels);
+    put_f16(out, 0, d);
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    for (l, &v) in levels.iter_mut().zip(x) {
+        *l = best_index_int8(&IQ4NL_VALUES, id * v);
+    }
+    put_nibbles32(&levels, &mut out[2..18]);
+}
+
+/// ggml's `quantize_iq4_xs` without importance weights: a scale per sub-block of 32 from
+/// [`iq4_fit`], the 8 scales quantized to signed 6 bits against the largest in magnitude
+/// (`d = −max_scale/32`), the indices recomputed against each `d·l` (unrounded `d`).
+#[inline(always)]
+fn quantize_iq4_xs_block(x: &[f32], out: &mut [u8]) {
+    let mut levels = [0u8; QK];
+    let mut scales = [0.0f32; 8];
+    let (mut max_scale, mut amax_scale) = (0.0f32, 0.0f32);
+    for ib in 0..8 {
+        scales[ib] = iq4_fit(&x[32 * ib..32 * ib + 32], &mut levels);
+        if scales[ib].abs() > amax_scale {
+            amax_scale = scales[ib].abs();
+            max_scale = scales[ib];
+        }
+    }
+    out.fill(0);
+    let d = -max_scale / 32.0;
+    put_f16(out, 0, d);
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut scales_h = 0u16;
+    for ib in 0..8 {
+        let l = nearest_int(id * scales[ib]).clamp(-32, 31);
+        let dl = d * l as f32;
+        let idl = if dl != 0.0 { 1.0 / dl } else { 0.0 };
+        let xb = &x[32 * ib..32 * ib + 32];
+        for (slot, &v) in levels.iter_mut().zip(xb) {
+            *slot = best_index_int8(&IQ4NL_VALUES, idl * v);
+        }
+        put_nibbles32(&levels, &mut out[8 + 16 * ib..8 + 16 * ib + 16]);
+        let l = (l + 32) as u8;
+        out[4 + ib / 2] |= (l & 0x0F) << (4 * (ib % 2));
+        scales_h |= u16::from(l >> 4) << (2 * ib);
+    }
+    out[2..4].copy_from_slice(&scales_h.to_le_bytes());
+}
+
+/// Packs 256 2-bit values (the low 2 bits of `levels`) as Q2_K / Q3_K do: element
+/// 128h + 32j + l goes to bits 2j.. of byte 32h + l.
+#[inline(always)]
+fn put_2bit_levels(levels: &[u8], qs: &mut [u8]) {
+    for h in 0..2 {
+        for l in 0..32 {
+            let at = 128 * h + l;
+            qs[32 * h + l] = levels[at] | (levels[at + 32] << 2) | (levels[at + 64] << 4) | (levels[at + 96] << 6);
+        }
+    }
+}
+
+/// `quantize_row_q2_K_ref`: per sub-block of 16 a `|x|`-weighted scale/min fit with 4
+/// levels (`make_qkx2_quants`, absolute error); scales and mins quantized to 4 bits
+/// against the block's largest (`d = max_scale/15`, `dmin = max_min/15`), then the
+/// levels recomputed with the stored values.
+#[inline(always)]
+fn quantize_q2_k_block(x: &[f32], out: &mut [u8]) {
+    let mut levels = [0u8; QK_K];
+    let mut scales = [0.0f32; 16];
+    let mut mins = [0.0f32; 16];
+    let (mut max_scale, mut max_min) = (0.0f32, 0.0f32);
+    for j in 0..16 {
+        let xs = &x[16 * j..16 * j + 16];
+        let weights: [f32; 16] = std::array::from_fn(|l| xs[l].abs());
+        let (scale, min) = make_qkx2_quants(3, xs, &weights, &mut levels[16 * j..16 * j + 16], -0.5, 0.1, 15, true);
+        scales[j] = scale;
+        mins[j] = min;
+        if scale > max_scale {
+            max_scale = scale;
+        }
+        if min > max_min {
+            max_min = min;
+        }
+    }
+    out.fill(0);
+    if max_scale > 0.0 {
+        let iscale = 15.0 / max_scale;
+        for j in 0..16 {
+            out[j] = nearest_int(iscale * scales[j]) as u8;
+        }
+        put_f16(out, 80, max_scale / 15.0);
+    } else {
+        put_f16(out, 80, 0.0);
+    }
+    if max_min > 0.0 {
+        let iscale = 15.0 / max_min;
+        for j in 0..16 {
+            out[j] |= (nearest_int(iscale * mins[j]) as u8) << 4;
+        }
+        put_f16(out, 82, max_min / 15.0);
+    } else {
+        put_f16(out, 82, 0.0);
+    }
+    let (d, dmin) = (f16_at(out, 80), f16_at(out, 82));
+    for j in 0..16 {
+        let dj = d * f32::from(out[j] & 0x0F);
+        if dj == 0.0 {
+            continue;
+        }
+        let dm = dmin * f32::from(out[j] >> 4);
+        for ii in 0..16 {
+            levels[16 * j + ii] = nearest_int((x[16 * j + ii] + dm) / dj).clamp(0, 3) as u8;
+        }
+    }
+    put_2bit_levels(&levels, &mut out[16..80]);
+}
+
+/// ggml's `make_q3_quants` with `do_rmse`: a signed scale for `x ≈ scale·l`
+/// (l in −nmax..nmax) starting from `−nmax/max`, then up to 5 passes that move single
+/// levels where that raises `(Σ w·x·l)²/Σ w·l²` (w = x²). Returns the scale; `levels`
+/// gets l + nmax (0 for an all-zero group).
+#[inline(always)]
+fn make_q3_quants(nmax: i32, x: &[f32], levels: &mut [i8]) -> f32 {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax < GROUP_MAX_EPS {
+        levels.fill(0);
+        return 0.0;
+    }
+    let iscale = -(nmax as f32) / max;
+    let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
+    for (slot, &v) in levels.iter_mut().zip(x) {
+        let l = nearest_int(iscale * v).clamp(-nmax, nmax - 1);
+        *slot = l as i8;
+        let w = v * v;
+        sumlx += w * v * l as f32;
+        suml2 += w * l as f32 * l as f32;
+    }
+    for _ in 0..5 {
+        let mut changed = false;
+        for (slot, &v) in levels.iter_mut().zip(x) {
+            let w = v * v;
+            let old = f32::from(*slot);
+            let mut slx = sumlx - w * v * old;
+            if slx > 0.0 {
+                let mut sl2 = suml2 - w * old * old;
+                let new_l = nearest_int(v * sl2 / slx).clamp(-nmax, nmax - 1);
+                if new_l != i32::from(*slot) {
+                    let nl = new_l as f32;
+                    slx += w * v * nl;
+                    sl2 += w * nl * nl;
+                    if sl2 > 0.0 && slx * slx * suml2 > sumlx * sumlx * sl2 {
+                        *slot = new_l as i8;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        changed = true;
+                    }
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    for slot in levels.iter_mut() {
+        *slot += nmax as i8;
+    }
+    if suml2 > 0.0 {
+        sumlx / suml2
+    } else {
+        0.0
+    }
+}
+
+/// `quantize_row_q3_K_ref`: a signed scale per sub-block of 16 (`make_q3_quants`, 8
+/// levels), the 16 scales quantized to signed 6 bits against the largest in magnitude
+/// (`d = −max_scale/32`), then the levels recomputed with the stored scales; the third
+/// bit of each level goes to `hmask`, the low two to `qs`.
+#[inline(always)]
+fn quantize_q3_k_block(x: &[f32], out: &mut [u8]) {
+    let mut levels = [0i8; QK_K];
+    let mut scales = [0.0f32; 16];
+    let (mut max_scale, mut amax) = (0.0f32, 0.0f32);
+    for j in 0..16 {
+        scales[j] = make_q3_quants(4, &x[16 * j..16 * j + 16], &mut levels[16 * j..16 * j + 16]);
+        if scales[j].abs() > amax {
+            amax = scales[j].abs();
+            max_scale = scales[j];
+        }
+    }
+    out.fill(0);
+    if max_scale != 0.0 {
+        let iscale = -32.0 / max_scale;
+        let packed = &mut out[96..108];
+        for j in 0..16 {
+            let l = (nearest_int(iscale * scales[j]).clamp(-32, 31) + 32) as u8;
+            if j < 8 {
+                packed[j] = l & 0x0F;
+            } else {
+                packed[j - 8] |= (l & 0x0F) << 4;
+            }
+            packed[8 + j % 4] |= (l >> 4) << (2 * (j / 4));
+        }
+        put_f16(out, 108, 1.0 / iscale);
+    } else {
+        put_f16(out, 108, 0.0);
+    }
+    let stored = q3_k_scales(&out[96..108]);
+    let d = f16_at(out, 108);
+    for j in 0..16 {
+        let dj = d * f32::from(stored[j]);
+        if dj == 0.0 {
+            continue;
+        }
+        for ii in 0..16 {
+            levels[16 * j + ii] = (nearest_int(x[16 * j + ii] / dj).clamp(-4, 3) + 4) as i8;
+        }
+    }
+    let mut low = [0u8; QK_K];
+    for (i, (&l, slot)) in levels.iter().zip(low.iter_mut()).enumerate() {
+        let mut l = l as u8;
+        if l > 3 {
+            // Element i's high bit: bit i / 32 of hmask[i % 32].
+            out[i % 32] |= 1 << (i / 32);
+            l -= 4;
+        }
+        *slot = l;
+    }
+    put_2bit_levels(&low, &mut out[32..96]);
+}
+
+/// `quantize_row_q5_K_ref`: as Q4_K with 31 levels (`make_qkx2_quants` with
+/// `rmin = −0.5`, 16 grids), the fifth bit of each level in `qh`.
+#[inline(always)]
+fn quantize_q5_k_block(x: &[f32], out: &mut [u8]) {
+    let mut levels = [0u8; QK_K];
+    let mut scales = [0.0f32; 8];
+    let mut mins = [0.0f32; 8];
+    let (mut max_scale, mut max_min) = (0.0f32, 0.0f32);
+    for j in 0..8 {
+        let xs = &x[32 * j..32 * j + 32];
+        let av_x = (xs.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
+        let weights: [f32; 32] = std::array::from_fn(|l| av_x + xs[l].abs());
+        let (scale, min) = make_qkx2_quants(31, xs, &weights, &mut levels[32 * j..32 * j + 32], -0.5, 0.1, 15, false);
+        scales[j] = scale;
+        mins[j] = min;
+        max_scale = max_scale.max(scale);
+        max_min = max_min.max(min);
+    }
+    out.fill(0);
+    pack_k4_scales(&scales, &mins, max_scale, max_min, &mut out[4..16]);
+    let d = put_f16(out, 0, max_scale / 63.0);
+    let dmin = put_f16(out, 2, max_min / 63.0);
+    for j in 0..8 {
+        let (sc, m) = scale_min_k4(j, &out[4..16]);
+        let dj = d * f32::from(sc);
+        if dj == 0.0 {
+            continue;
+        }
+        let dm = dmin * f32::from(m);
+        for ii in 0..32 {
+            levels[32 * j + ii] = nearest_int((x[32 * j + ii] + dm) / dj).clamp(0, 31) as u8;
+        }
+    }
+    let (qh, qs) = out[16..176].split_at_mut(32);
+    for pair in 0..4 {
+        for l in 0..32 {
+            let (l1, l2) = (levels[64 * pair + l], levels[64 * pair + l + 32]);
+            qh[l] |= ((l1 >> 4) << (2 * pair)) | ((l2 >> 4) << (2 * pair + 1));
+            qs[32 * pair + l] = (l1 & 0x0F) | ((l2 & 0x0F) << 4);
+        }
+    }
+}
+
 /// Per-format loops over whole blocks, compiled per ISA. Rust never contracts `a·b + c`
 /// into an FMA on its own, so every ISA rounds exactly as the portable code does.
 mod encode {
@@ -787,6 +1547,27 @@ mod encode {
             }
         }
     }
+    macro_rules! block_loops {
+        ($($name:ident => $block:ident, $elems:expr, $bytes:literal;)*) => {$(
+            multiversion! {
+                #[doc = concat!(stringify!($name), ": `x` (n·block elements) → `out` (n·", $bytes, ").")]
+                pub fn $name(x: &[f32], out: &mut [u8]) {
+                    for (xs, o) in x.chunks_exact($elems).zip(out.chunks_exact_mut($bytes)) {
+                        $block(xs, o);
+                    }
+                }
+            }
+        )*};
+    }
+    block_loops! {
+        q5_0 => quantize_q5_0_block, QK, 22;
+        q5_1 => quantize_q5_1_block, QK, 24;
+        iq4_nl => quantize_iq4_nl_block, QK, 18;
+        q2_k => quantize_q2_k_block, QK_K, 84;
+        q3_k => quantize_q3_k_block, QK_K, 110;
+        q5_k => quantize_q5_k_block, QK_K, 176;
+        iq4_xs => quantize_iq4_xs_block, QK_K, 136;
+    }
 }
 
 /// Quantizes `x` (a whole number of blocks) into `out` (the matching bytes).
@@ -797,6 +1578,13 @@ fn quantize_into(dtype: DType, x: &[f32], out: &mut [u8]) {
         DType::Q4_1 => encode::q4_1(x, out),
         DType::Q4K => encode::q4_k(x, out),
         DType::Q6K => encode::q6_k(x, out),
+        DType::Q5_0 => encode::q5_0(x, out),
+        DType::Q5_1 => encode::q5_1(x, out),
+        DType::IQ4NL => encode::iq4_nl(x, out),
+        DType::Q2K => encode::q2_k(x, out),
+        DType::Q3K => encode::q3_k(x, out),
+        DType::Q5K => encode::q5_k(x, out),
+        DType::IQ4XS => encode::iq4_xs(x, out),
         _ => {
             for (o, &v) in out.iter_mut().zip(x) {
                 *o = f32_to_f8e4m3(v);
@@ -805,30 +1593,21 @@ fn quantize_into(dtype: DType, x: &[f32], out: &mut [u8]) {
     }
 }
 
-/// Quantizes float values into a GGUF block format (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) or FP8
-/// E4M3. The block formats follow ggml's `quantize_row_*_ref` step for step (Q4_K with
-/// `make_qkx2_quants`, Q6_K with `make_qx_quants`), so the bytes match what ggml writes up
-/// to f32 summation order; FP8 rounds to nearest even and saturates at ±448.
+/// Quantizes float values into a GGUF block format or FP8 E4M3. The block formats follow
+/// what ggml's `ggml_quantize_chunk` does without an importance matrix, step for step and
+/// in the same f32 operation order: `quantize_row_*_ref` for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
+/// and the K-quants (Q2_K, Q4_K and Q5_K with `make_qkx2_quants`, Q3_K with
+/// `make_q3_quants`, Q6_K with `make_qx_quants`), and `quantize_iq4_nl` / `quantize_iq4_xs`
+/// (7 scale tries each side) for the IQ4 formats. FP8 rounds to nearest even and saturates
+/// at ±448.
 ///
 /// # Shapes
 /// `[..., n]` F32/F16/BF16, n a multiple of the block size → same shape, dtype `dtype`.
 pub fn quantize(cpu: &CpuBackend, x: &Tensor, dtype: DType) -> Result<Tensor> {
     const OP: &str = "quantize";
     host(OP, x)?;
-    check::float(OP, "x", x)?;
-    if !is_storage_format(dtype) {
-        return Err(Error::dtype(OP, "target", "q8_0, q4_0, q4_1, q4_k, q6_k or f8e4m3", dtype));
-    }
-    check::min_rank(OP, "x", x, 1)?;
+    spec::quant::quantize(x, dtype)?;
     let be = dtype.block_elems();
-    if !x.shape().last_dim().is_multiple_of(be) {
-        return Err(Error::shape(
-            OP,
-            format!("x (last dim for {dtype} blocks)"),
-            format!("[..., multiple of {be}]"),
-            x.shape(),
-        ));
-    }
     let values = convert::f32_data(OP, "x", x)?;
     let mut out = Tensor::zeros(x.shape().clone(), dtype)?;
     // FP8 "blocks" are single bytes: give its tasks as many elements as 64 Q4_K blocks.
@@ -849,10 +1628,7 @@ pub fn quantize(cpu: &CpuBackend, x: &Tensor, dtype: DType) -> Result<Tensor> {
 pub fn dequantize(cpu: &CpuBackend, x: &Tensor) -> Result<Tensor> {
     const OP: &str = "dequantize";
     host(OP, x)?;
-    let dtype = x.dtype();
-    if !is_storage_format(dtype) {
-        return Err(Error::dtype(OP, "x", "q8_0, q4_0, q4_1, q4_k, q6_k or f8e4m3", dtype));
-    }
+    let dtype = spec::quant::dequantize(x)?.dtype;
     let bytes = x.host_bytes()?;
     let mut out = Tensor::zeros(x.shape().clone(), DType::F32)?;
     let (be, bb) = (dtype.block_elems(), dtype.block_bytes());
@@ -880,19 +1656,7 @@ pub fn quantized_matmul(cpu: &CpuBackend, x: &Tensor, w: &Tensor) -> Result<Tens
     const OP: &str = "quantized_matmul";
     host(OP, x)?;
     host(OP, w)?;
-    check::float(OP, "x", x)?;
-    check::min_rank(OP, "x", x, 1)?;
-    if !is_storage_format(w.dtype()) {
-        return Err(Error::dtype(OP, "w", "q8_0, q4_0, q4_1, q4_k, q6_k or f8e4m3", w.dtype()));
-    }
-    check::rank(OP, "w", w, 2)?;
-    let (n, k) = (w.dims()[0], w.dims()[1]);
-    if x.shape().last_dim() != k {
-        return Err(Error::shape(OP, "x (last dim = w's in)", format!("[..., {k}]"), x.shape()));
-    }
-    let (lead, _) = x.dims().split_at(x.rank() - 1); // rank ≥ 1 checked above
-    let m: usize = lead.iter().product();
-    let out_dims: Vec<usize> = lead.iter().copied().chain([n]).collect();
+    let spec::quant::QuantMatmulSpec { m, n, k, out_dims, .. } = spec::quant::quantized_matmul(x, w)?;
     let xs = convert::f32_data(OP, "x", x)?;
     let wb = w.host_bytes()?;
     let out = if k == 0 || m == 0 || n == 0 {
@@ -1068,6 +1832,52 @@ mod tests {
         let y = quantized_matmul(&cpu, &x, &w).unwrap();
         assert_eq!(y.dims(), &[3, 5]);
         assert!(y.to_vec_f32().unwrap().iter().all(|&v| v == 0.0));
+    }
+
+    /// Deterministic values in about ±2 with a few outliers.
+    #[cfg(target_arch = "x86_64")]
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut state = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..n)
+            .map(|i| {
+                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                let v = (state >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0;
+                if i % 101 == 7 {
+                    v * 20.0
+                } else {
+                    v
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn the_avx2_q5_0_decode_kernel_gives_the_portable_paths_bits() {
+        use crate::cpu::simd::{Isa, IsaGuard};
+        if !Isa::Avx2.is_available() || !std::arch::is_x86_feature_detected!("f16c") {
+            return; // nothing to compare on this CPU
+        }
+        let cpu = CpuBackend::with_threads(1).unwrap();
+        let (n, k) = (19, 1024);
+        let x = values(k, 1);
+        let xsum32: Vec<f32> = x.chunks(QK).map(simd::sum).collect();
+        let dtype = DType::Q5_0;
+        let w = quantize(&cpu, &Tensor::from_vec(values(n * k, 2), [n, k]).unwrap(), dtype).unwrap();
+        let wb = w.host_bytes().unwrap();
+        let mut simd_out = vec![0.0f32; n];
+        let mut portable = vec![0.0f32; n];
+        for isa in [Isa::Avx2, Isa::Scalar] {
+            {
+                let _avx2 = IsaGuard::enter(Isa::Avx2);
+                assert!(x86::fused_rows(dtype, wb, &x, &xsum32, &mut simd_out), "{dtype}: no AVX2 kernel");
+            }
+            let _isa = IsaGuard::enter(isa);
+            fused_dot::q5_0(wb, &x, &xsum32, &mut portable);
+            for r in 0..n {
+                assert_eq!(simd_out[r].to_bits(), portable[r].to_bits(), "{dtype} row {r} vs the {} path", isa.name());
+            }
+        }
     }
 
     #[test]

@@ -1,7 +1,13 @@
 //! Hand-written x86-64 kernels for the fused row dots of `quantized_matmul` with one
 //! x row (token-by-token decoding): `out[r] = Σ_j x[j]·W[r, j]` with W in Q8_0, Q4_0 or
-//! Q4_1 blocks and x in f32 — the activations are not quantized, so the results stay as
-//! close to f32 as the portable path (only the summation order differs).
+//! Q4_1 blocks (AVX-512 and AVX2), or Q5_0 blocks (AVX2), and x in f32 — the activations
+//! are not quantized, so the results stay as close to f32 as the portable path. The
+//! Q8_0/Q4_0/Q4_1 kernels sum in their own order (within f32 rounding of the portable
+//! path); the Q5_0 kernel keeps the portable path's 16 lanes in two 8-lane vectors and
+//! performs the same fused operations in the same order, so its results are bit-identical
+//! to it. Q4_K and Q6_K have no kernel here: the portable loops, compiled per ISA by
+//! `multiversion!`, vectorize them well (hand-written AVX2 forms of the same arithmetic
+//! were slower).
 //!
 //! The portable loops in `quant.rs` leave the compiler to vectorize nibble unpacking and
 //! per-block f16 scales, which it does poorly (a scalar f16 conversion and several
@@ -24,7 +30,7 @@ use std::arch::x86_64::*;
 use crate::cpu::simd::Isa;
 use crate::dtype::DType;
 
-/// Elements per block (Q8_0, Q4_0, Q4_1).
+/// Elements per block (Q8_0, Q4_0, Q4_1, Q5_0).
 const QK: usize = 32;
 
 /// `out[r] = Σ_j x[j]·W[r, j]` for the `out.len()` rows of `w` (whole rows of `dtype`
@@ -36,6 +42,7 @@ pub(super) fn fused_rows(dtype: DType, w: &[u8], x: &[f32], xsum32: &[f32], out:
         DType::Q8_0 => 34,
         DType::Q4_0 => 18,
         DType::Q4_1 => 20,
+        DType::Q5_0 => 22,
         _ => return false,
     };
     // The kernels read exactly these bounds; anything else goes to the portable path.
@@ -55,6 +62,7 @@ pub(super) fn fused_rows(dtype: DType, w: &[u8], x: &[f32], xsum32: &[f32], out:
             (Isa::Avx2, DType::Q4_1) if has_f16c() => avx2::q4_rows::<true>(w, x, xsum32, out),
             (Isa::Avx2, DType::Q4_0) if has_f16c() => avx2::q4_rows::<false>(w, x, xsum32, out),
             (Isa::Avx2, DType::Q8_0) if has_f16c() => avx2::q8_0_rows(w, x, out),
+            (Isa::Avx2, DType::Q5_0) if has_f16c() => avx2::q5_0_rows(w, x, out),
             _ => return false,
         }
     }
@@ -301,6 +309,84 @@ mod avx2 {
                 }
             }
             *o = hsum(_mm256_add_ps(acc0, acc1));
+        }
+    }
+
+    /// `acc` (lanes 0..8 in `a`, 8..16 in `b`) reduced as `fused_dot::hsum16`: lane-wise
+    /// a + b, then halves added pairwise down to one lane.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn tree16(a: __m256, b: __m256) -> f32 {
+        hsum(_mm256_add_ps(a, b))
+    }
+
+    /// 8 bytes at `p` widened to 32-bit lanes.
+    ///
+    /// # Safety
+    /// `p` must point to 8 readable bytes, and the CPU must support AVX2.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn u8x8(p: *const u8) -> __m256i {
+        // SAFETY: the caller guarantees 8 readable bytes at `p`.
+        unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i)) }
+    }
+
+    /// The f16 at `p` as f32.
+    ///
+    /// # Safety
+    /// `p` must point to 2 readable bytes, and the CPU must support F16C.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn f16_at(p: *const u8) -> f32 {
+        // SAFETY: the caller guarantees 2 readable bytes at `p`.
+        let bits = unsafe { u16::from_le_bytes([*p, *p.add(1)]) };
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+    }
+
+    /// Q5_0 rows, lane for lane the portable `fused_dot::q5_0_row`: 16 lanes (two vectors),
+    /// lane l of a block takes elements l and l + 16, `acc = d·(x_l·q_l + x_{l+16}·q_{l+16})
+    /// + acc` with both products fused as there, and the same tree reduction.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; `x.len()` must be a multiple of 32 and `w`
+    /// hold exactly `out.len()` rows of `x.len() / 32` blocks of 22 bytes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q5_0_rows(w: &[u8], x: &[f32], out: &mut [f32]) {
+        let nb = x.len() / QK;
+        let row_bytes = nb * 22;
+        let (mask, sixteen) = (_mm256_set1_epi32(0x0F), _mm256_set1_epi32(16));
+        let one = _mm256_set1_epi32(1);
+        let shifts_lo = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let xp = x.as_ptr();
+        for (r, o) in out.iter_mut().enumerate() {
+            prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
+            let row = w.as_ptr().wrapping_add(r * row_bytes);
+            let mut acc = [_mm256_setzero_ps(); 2];
+            for b in 0..nb {
+                // SAFETY: block b of row r lies inside `w`, and x holds block b.
+                unsafe {
+                    let blk = row.add(b * 22);
+                    let d = _mm256_set1_ps(f16_at(blk));
+                    let qh = _mm256_set1_epi32(
+                        u32::from_le_bytes([*blk.add(2), *blk.add(3), *blk.add(4), *blk.add(5)]) as i32,
+                    );
+                    for (g, acc) in acc.iter_mut().enumerate() {
+                        let q = u8x8(blk.add(6 + 8 * g));
+                        let shifts = _mm256_add_epi32(shifts_lo, _mm256_set1_epi32(8 * g as i32));
+                        let bit_lo = _mm256_and_si256(_mm256_srlv_epi32(qh, shifts), one);
+                        let bit_hi = _mm256_and_si256(_mm256_srlv_epi32(qh, _mm256_add_epi32(shifts, sixteen)), one);
+                        let lo = _mm256_or_si256(_mm256_and_si256(q, mask), _mm256_slli_epi32::<4>(bit_lo));
+                        let hi = _mm256_or_si256(_mm256_srli_epi32::<4>(q), _mm256_slli_epi32::<4>(bit_hi));
+                        let lo = _mm256_cvtepi32_ps(_mm256_sub_epi32(lo, sixteen));
+                        let hi = _mm256_cvtepi32_ps(_mm256_sub_epi32(hi, sixteen));
+                        let xl = _mm256_loadu_ps(xp.add(QK * b + 8 * g));
+                        let xh = _mm256_loadu_ps(xp.add(QK * b + 16 + 8 * g));
+                        let t = _mm256_fmadd_ps(xl, lo, _mm256_mul_ps(xh, hi));
+                        *acc = _mm256_fmadd_ps(d, t, *acc);
+                    }
+                }
+            }
+            *o = tree16(acc[0], acc[1]);
         }
     }
 }

@@ -1,5 +1,5 @@
-//! Memory and dtype conversions: `zeros`, `copy_into`, `fill`, `cast`,
-//! `preprocess_linear_weight` and the FP8 E4M3 decoders `f8e4m3_to_*`. (`copy` takes any
+//! Memory and dtype conversions: `zeros`, `copy_into`, `fill`, `cast` and the FP8 E4M3
+//! decoders `f8e4m3_to_*` (`preprocess_linear_weight` is in [`super::quant`]). (`copy` takes any
 //! tensor, so it has no rule to write here.)
 //!
 //! `cast`'s rules on values (ids exactly representable in f32, f32 values that are ids)
@@ -112,17 +112,6 @@ pub fn f32_as_ids(values: &[f32]) -> Result<()> {
     }
 }
 
-/// `preprocess_linear_weight(w)`: w `[out, in]` of F32, F16, BF16, F8E4M3 or a block format.
-pub fn preprocess_linear_weight(w: &Tensor) -> Result<()> {
-    const OP: &str = "preprocess_linear_weight";
-    check::rank(OP, "weight", w, 2)?;
-    let d = w.dtype();
-    if !(d.is_float() || d.is_quantized() || d == DType::F8E4M3) {
-        return Err(Error::dtype(OP, "weight", "f32, f16, bf16, f8e4m3 or a block format", d));
-    }
-    Ok(())
-}
-
 /// `f8e4m3_to_f32/f16/bf16(x)` as `f8e4m3_to(x, target)`: x F8E4M3 (any shape), the
 /// target F32, F16 or BF16. Returns the op's name (`"f8e4m3_to_f32"`, …).
 pub fn f8e4m3_to(x: &Tensor, target: DType) -> Result<&'static str> {
@@ -172,7 +161,7 @@ mod tests {
         assert_eq!(f8e4m3_to(&f8, DType::BF16).unwrap(), "f8e4m3_to_bf16");
         let e = f8e4m3_to(&a, DType::F32).unwrap_err().to_string();
         assert!(e.contains("f8e4m3_to_f32") && e.contains('x'), "{e}");
-        assert!(preprocess_linear_weight(&Tensor::zeros([4], DType::F32).unwrap()).is_err());
-        assert!(preprocess_linear_weight(&Tensor::zeros([4, 2], DType::U32).unwrap()).is_err());
+        assert!(crate::spec::quant::preprocess_linear_weight(&Tensor::zeros([4], DType::F32).unwrap()).is_err());
+        assert!(crate::spec::quant::preprocess_linear_weight(&Tensor::zeros([4, 2], DType::U32).unwrap()).is_err());
     }
 }

@@ -25,6 +25,7 @@ pub mod matmul;
 pub mod memory;
 pub mod norm;
 pub mod optim;
+pub mod quant;
 pub mod reduce;
 pub mod rope;
 pub mod softmax;
