@@ -11,7 +11,7 @@ use fusebox::{ComputeBackend, Error, Result};
 use fusebox_models::checkpoint;
 use fusebox_models::data::addition::{self, Addition};
 use fusebox_models::data::text::{self, TextData};
-use fusebox_models::generate::generate;
+use fusebox_models::generate::{generate, Session};
 use fusebox_models::train::{resume_info, EvalStats, Task, TrainConfig, Trainer};
 use fusebox_models::{ModelConfig, Sampler, SamplerConfig, Style};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -436,15 +436,10 @@ fn samples(trainer: &Trainer, b: &dyn ComputeBackend) -> Result<Vec<String>> {
             .iter()
             .take(5)
             .map(|&(x, y)| {
-                let out = generate(
-                    &trainer.model,
-                    b,
-                    &addition::prompt_tokens(x, y),
-                    5,
-                    &mut sampler,
-                    &[addition::END],
-                    |_| Ok(()),
-                )?;
+                let prompt = addition::prompt_tokens(x, y);
+                let ctx = (prompt.len() + 5).min(trainer.model.config.max_seq);
+                let mut session = Session::new(&trainer.model.net, b, ctx)?;
+                let out = generate(&mut session, b, &prompt, 5, &mut sampler, &[addition::END], |_| Ok(()))?.tokens;
                 let got = addition::read_answer(&out);
                 let mark = if got == Some(x + y) { "✓" } else { "✗" };
                 Ok(format!(
@@ -461,7 +456,8 @@ fn samples(trainer: &Trainer, b: &dyn ComputeBackend) -> Result<Vec<String>> {
                 Sampler::new(SamplerConfig { temperature: 0.8, top_k: 40, seed: 1, ..Default::default() })?;
             let prompt: Vec<u32> = "\n".bytes().map(u32::from).collect();
             let n = 300.min(trainer.model.config.max_seq - 1);
-            let out = generate(&trainer.model, b, &prompt, n, &mut sampler, &[], |_| Ok(()))?;
+            let mut session = Session::new(&trainer.model.net, b, n + prompt.len())?;
+            let out = generate(&mut session, b, &prompt, n, &mut sampler, &[], |_| Ok(()))?.tokens;
             Ok(vec![text::decode(&out)])
         }
     }
@@ -620,7 +616,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     }
 
     let cfg = &trainer.model.config;
-    let n_params = trainer.model.params.len();
+    let n_params = trainer.model.net.params.len();
     if !args.json {
         println!(
             "training {} ({} layers, d_model {}, {} heads / {} kv heads, {:.2}M parameters) on '{}' with {} threads",

@@ -26,10 +26,10 @@ fn check_gradients(style: Style) {
     let cfg = tiny(style);
     let mut model = Model::new(&b, cfg.clone(), 7).unwrap();
     // Larger weights than the default init so every path carries signal.
-    let values: Vec<f32> = model.params.to_values(&b).unwrap();
+    let values: Vec<f32> = model.net.params.to_values(&b).unwrap();
     let mut rng = Rng::new(3);
     let scaled: Vec<f32> = values.iter().map(|v| v * 10.0 + 0.05 * rng.normal()).collect();
-    model.params = ParamSet::from_values(&b, &model.specs, scaled.clone()).unwrap();
+    model.net.params = ParamSet::from_values(&b, &model.net.specs, scaled.clone()).unwrap();
 
     let (bsz, t) = (2, 12);
     let ids: Vec<u32> = (0..bsz * t).map(|_| rng.below(cfg.vocab_size) as u32).collect();
@@ -38,14 +38,14 @@ fn check_gradients(style: Style) {
     let ids = Tensor::from_vec(ids, [bsz, t]).unwrap();
     let targets = Tensor::from_vec(targets, [bsz, t]).unwrap();
 
-    let mut grads = ParamSet::zeros(&b, &model.specs).unwrap();
+    let mut grads = ParamSet::zeros(&b, &model.net.specs).unwrap();
     model.loss_and_grads(&b, &ids, &targets, Some(99), 1.0, &mut grads).unwrap();
     let analytic = grads.to_values(&b).unwrap();
 
     // Probe a spread of coordinates in every parameter tensor.
     let mut offset = 0;
     let mut checked = 0;
-    for spec in model.specs.clone() {
+    for spec in model.net.specs.clone() {
         let n = spec.shape.elem_count();
         for probe in 0..3 {
             let i = offset + (probe * 7919 + 13) % n;
@@ -53,8 +53,8 @@ fn check_gradients(style: Style) {
             let loss_at = |delta: f32| {
                 let mut v = scaled.clone();
                 v[i] += delta;
-                let m =
-                    Model::from_params(&b, cfg.clone(), ParamSet::from_values(&b, &model.specs, v).unwrap()).unwrap();
+                let m = Model::from_params(&b, cfg.clone(), ParamSet::from_values(&b, &model.net.specs, v).unwrap())
+                    .unwrap();
                 m.loss(&b, &ids, &targets, Some(99)).unwrap() as f64
             };
             let numeric = (loss_at(h) - loss_at(-h)) / (2.0 * h as f64);
@@ -70,7 +70,7 @@ fn check_gradients(style: Style) {
         }
         offset += n;
     }
-    assert!(checked >= 3 * model.specs.len());
+    assert!(checked >= 3 * model.net.specs.len());
 }
 
 #[test]
