@@ -304,8 +304,15 @@ fusebox::backend_impl! {
             attention::attention(self, q, k, v, scale, causal)
         }
 
-        fn causal_attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<CausalAttentionResult> {
-            attention::causal_attention(self, q, k, v, scale)
+        fn causal_attention(
+            &self,
+            q: &Tensor,
+            k: &Tensor,
+            v: &Tensor,
+            window: Option<usize>,
+            scale: f32,
+        ) -> Result<CausalAttentionResult> {
+            attention::causal_attention(self, q, k, v, window, scale)
         }
 
         fn causal_attention_backward(
@@ -315,13 +322,21 @@ fusebox::backend_impl! {
             v: &Tensor,
             result: &CausalAttentionResult,
             d_out: &Tensor,
+            window: Option<usize>,
             scale: f32,
         ) -> Result<AttentionGradients> {
-            attention::causal_attention_backward(self, q, k, v, result, d_out, scale)
+            attention::causal_attention_backward(self, q, k, v, result, d_out, window, scale)
         }
 
-        fn supports_causal_attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, _scale: f32) -> bool {
-            attention::supports_causal_attention(q, k, v)
+        fn supports_causal_attention(
+            &self,
+            q: &Tensor,
+            k: &Tensor,
+            v: &Tensor,
+            window: Option<usize>,
+            _scale: f32,
+        ) -> bool {
+            attention::supports_causal_attention(q, k, v, window)
         }
 
         fn write_head_cache(&self, cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
@@ -334,9 +349,10 @@ fusebox::backend_impl! {
             k_cache: &Tensor,
             v_cache: &Tensor,
             kv_len: usize,
+            window: Option<usize>,
             scale: f32,
         ) -> Result<Tensor> {
-            attention::decode_attention(self, q, k_cache, v_cache, kv_len, scale)
+            attention::decode_attention(self, q, k_cache, v_cache, kv_len, window, scale)
         }
 
         fn split_heads(&self, x: &Tensor, heads: usize) -> Result<Tensor> {

@@ -512,20 +512,32 @@ pub trait ComputeBackend: Send + Sync + Debug {
     }
 
     /// Fused causal attention, blockwise with an online softmax, memory O(T): returns
-    /// the output and the per-row logsumexp that the backward needs.
+    /// the output and the per-row logsumexp that the backward needs. Query `i` (at
+    /// absolute position `p = i + Tk − Tq`) sees keys `j ≤ p`, and with a sliding
+    /// `window` of `W` keys only `p − W < j ≤ p` (cost O(T·W) rather than O(T²));
+    /// `None` is full causal, `Some(0)` an error.
     ///
     /// # Shapes
     /// `q`: `[B, Hq, Tq, D]`; `k`, `v`: `[B, Hkv, Tk, D]`, `Tq ≤ Tk` → output
     /// `[B, Hq, Tq, D]`, logsumexp `[B, Hq, Tq]` f32.
-    fn causal_attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<CausalAttentionResult> {
-        on_cpu!(self, cpu::attention::causal_attention; [q, k, v], scale)
+    fn causal_attention(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        window: Option<usize>,
+        scale: f32,
+    ) -> Result<CausalAttentionResult> {
+        on_cpu!(self, cpu::attention::causal_attention; [q, k, v], window, scale)
     }
 
     /// Backward of `causal_attention` from the saved logsumexp (the T×T matrix is
     /// recomputed blockwise, never stored): `dq`, and `dk`, `dv` summed over each group.
+    /// `window` must be the forward's.
     ///
     /// # Shapes
     /// as `causal_attention`; `d_out`: `[B, Hq, Tq, D]` → dq like q, dk/dv like k/v.
+    #[allow(clippy::too_many_arguments)]
     fn causal_attention_backward(
         &self,
         q: &Tensor,
@@ -533,18 +545,20 @@ pub trait ComputeBackend: Send + Sync + Debug {
         v: &Tensor,
         result: &CausalAttentionResult,
         d_out: &Tensor,
+        window: Option<usize>,
         scale: f32,
     ) -> Result<AttentionGradients> {
         let result = CausalAttentionResult {
             output: self.to_host(&result.output)?,
             logsumexp: self.to_host(&result.logsumexp)?,
         };
-        on_cpu!(self, cpu::attention::causal_attention_backward; [q, k, v], &result, &self.to_host(d_out)?, scale)
+        on_cpu!(self, cpu::attention::causal_attention_backward; [q, k, v], &result, &self.to_host(d_out)?, window, scale)
     }
 
-    /// Whether `causal_attention` (and its backward) run natively for these inputs.
-    fn supports_causal_attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> bool {
-        let _ = (q, k, v, scale);
+    /// Whether `causal_attention` (and its backward) run natively for these inputs and
+    /// this `window`.
+    fn supports_causal_attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, window: Option<usize>, scale: f32) -> bool {
+        let _ = (q, k, v, window, scale);
         self.supports(Op::CausalAttention)
     }
 
@@ -576,7 +590,9 @@ pub trait ComputeBackend: Send + Sync + Debug {
 
     /// Attention of a few new queries over the first `kv_len` cached positions, reading
     /// the caches in place; the new queries sit at the end (`kv_len − Tq .. kv_len`) and
-    /// are masked causally among themselves. GQA by index.
+    /// are masked causally among themselves. GQA by index. With a sliding `window` of
+    /// `W` keys the query at position `p` sees only cache rows `p − W < j ≤ p` (rows
+    /// before are never read); `None` is full causal, `Some(0)` an error.
     ///
     /// # Shapes
     /// `q`: `[B, Hq, Tq, D]`; caches `[B, Hkv, capacity, D]`, `Tq ≤ kv_len ≤ capacity`
@@ -587,9 +603,10 @@ pub trait ComputeBackend: Send + Sync + Debug {
         k_cache: &Tensor,
         v_cache: &Tensor,
         kv_len: usize,
+        window: Option<usize>,
         scale: f32,
     ) -> Result<Tensor> {
-        on_cpu!(self, cpu::attention::decode_attention; [q, k_cache, v_cache], kv_len, scale)
+        on_cpu!(self, cpu::attention::decode_attention; [q, k_cache, v_cache], kv_len, window, scale)
     }
 
     /// `[B, T, H·D] → [B, H, T, D]`.

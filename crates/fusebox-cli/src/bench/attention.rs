@@ -49,6 +49,10 @@ pub struct AttentionBenchArgs {
     head_dim: usize,
     #[arg(long, value_enum, default_value_t = Pass::Fwd)]
     pass: Pass,
+    /// Sliding window W: each query sees its last W keys (itself included); default:
+    /// full causal.
+    #[arg(long)]
+    window: Option<usize>,
     /// New queries per decode step (`--pass decode` only).
     #[arg(long, default_value_t = 1)]
     q_len: usize,
@@ -75,8 +79,9 @@ impl AttentionBenchArgs {
     }
 
     fn case_name(&self) -> String {
+        let window = self.window.map(|w| format!("_w{w}")).unwrap_or_default();
         format!(
-            "attention/{}/b{}_hq{}_hkv{}_t{}_d{}",
+            "attention/{}/b{}_hq{}_hkv{}_t{}_d{}{window}",
             self.pass.name(),
             self.batch,
             self.heads,
@@ -114,12 +119,21 @@ pub fn causal_fwd_flops(b: usize, hq: usize, t: usize, d: usize) -> f64 {
     2.0 * (b * hq) as f64 * (t as f64).powi(2) * d as f64
 }
 
+/// FLOPs of a sliding-window causal forward: `4·B·Hq·D` per (query, visible key) pair
+/// (`q·k` and `p·v`), query i seeing `min(i + 1, W)` keys.
+pub fn windowed_fwd_flops(b: usize, hq: usize, t: usize, d: usize, w: usize) -> f64 {
+    let (t, w) = (t as f64, w.min(t) as f64);
+    let pairs = w * (w + 1.0) / 2.0 + (t - w) * w;
+    4.0 * (b * hq) as f64 * d as f64 * pairs
+}
+
 /// The q, k, v (and d_out) inputs of one case.
 struct Inputs {
     q: Tensor,
     k: Tensor,
     v: Tensor,
     d_out: Tensor,
+    window: Option<usize>,
     scale: f32,
 }
 
@@ -131,18 +145,19 @@ fn inputs(a: &AttentionBenchArgs) -> Result<Inputs> {
         k: random(&[b, hkv, t, d], 2, 1.0)?,
         v: random(&[b, hkv, t, d], 3, 1.0)?,
         d_out: random(&[b, hq, tq, d], 4, 1.0)?,
+        window: a.window,
         scale: 1.0 / (d as f32).sqrt(),
     })
 }
 
 fn call(cpu: &CpuBackend, pass: Pass, x: &Inputs, kv_len: usize) -> Result<()> {
     match pass {
-        Pass::Fwd => cpu.causal_attention(&x.q, &x.k, &x.v, x.scale).map(drop),
+        Pass::Fwd => cpu.causal_attention(&x.q, &x.k, &x.v, x.window, x.scale).map(drop),
         Pass::Fwdbwd => {
-            let r = cpu.causal_attention(&x.q, &x.k, &x.v, x.scale)?;
-            cpu.causal_attention_backward(&x.q, &x.k, &x.v, &r, &x.d_out, x.scale).map(drop)
+            let r = cpu.causal_attention(&x.q, &x.k, &x.v, x.window, x.scale)?;
+            cpu.causal_attention_backward(&x.q, &x.k, &x.v, &r, &x.d_out, x.window, x.scale).map(drop)
         }
-        Pass::Decode => cpu.decode_attention(&x.q, &x.k, &x.v, kv_len, x.scale).map(drop),
+        Pass::Decode => cpu.decode_attention(&x.q, &x.k, &x.v, kv_len, x.window, x.scale).map(drop),
     }
 }
 
@@ -166,9 +181,14 @@ pub fn run(a: &AttentionBenchArgs) -> Result<()> {
         .set("seq", t)
         .set("head_dim", d)
         .set("threads", cpu.threads());
+    if let Some(w) = a.window {
+        row = row.set("window", w);
+    }
     // Decode is memory-bound: timed beside a read of the same bytes (see `time_interleaved`);
     // the other passes alone.
-    let kv_bytes = 2 * b * hkv * t * d * 4;
+    // Cache rows a decode query reads: kv_len, or the last W of them.
+    let read_rows = a.window.map_or(t, |w| w.min(t));
+    let kv_bytes = 2 * b * hkv * read_rows * d * 4;
     let mut read = (a.pass == Pass::Decode).then(|| Bandwidth::read(kv_bytes));
     let single = if a.speedup && cpu.threads() > 1 { Some(cpu_backend(Some(1))?) } else { None };
     // Calls per rep: the op; the read (decode); the op on 1 thread (--speedup).
@@ -210,9 +230,9 @@ pub fn run(a: &AttentionBenchArgs) -> Result<()> {
     }
     let mut columns: Vec<(&str, &str)>;
     if let Some(read) = &read {
-        // Bytes that must come from memory: the first kv_len rows of K and V.
+        // Bytes that must come from memory: the rows of K and V the queries see.
         let gbps = kv_bytes as f64 / timing.median_s / 1e9;
-        let flops = 4.0 * (b * hq * a.q_len * t * d) as f64;
+        let flops = 4.0 * (b * hq * a.q_len * read_rows * d) as f64;
         let read_gbps =
             read.bytes() as f64 / timing_of(&times[read_call.expect("decode is timed beside a read")]).median_s / 1e9;
         // Per rep: (kv_bytes / t_decode) / (read bytes / t_read), then the median.
@@ -234,7 +254,10 @@ pub fn run(a: &AttentionBenchArgs) -> Result<()> {
             ("GFLOP/s", "gflops"),
         ];
     } else {
-        let mut flops = causal_fwd_flops(b, hq, t, d);
+        let mut flops = match a.window {
+            Some(w) => windowed_fwd_flops(b, hq, t, d, w),
+            None => causal_fwd_flops(b, hq, t, d),
+        };
         if a.pass == Pass::Fwdbwd {
             flops *= 3.5;
         }
@@ -304,6 +327,9 @@ fn memory_scaling(a: &AttentionBenchArgs) -> Result<()> {
         cmd.args(["--kv-heads", &a.hkv().to_string(), "--seq", &t.to_string(), "--head-dim", &a.head_dim.to_string()]);
         if let Some(n) = a.threads {
             cmd.args(["--threads", &n.to_string()]);
+        }
+        if let Some(w) = a.window {
+            cmd.args(["--window", &w.to_string()]);
         }
         let out = cmd.output().map_err(|e| Error::Io(format!("{}: {e}", exe.display())))?;
         let text = String::from_utf8_lossy(&out.stdout);

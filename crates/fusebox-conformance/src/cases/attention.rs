@@ -6,7 +6,10 @@
 //! not multiples of any block or tile (1, 3, 17, 67, 130); head dims 32, 64, 80, 128,
 //! and 0, 24, 40 (rows padded to whole registers); Tq < Tk; large logits; fully masked
 //! rows; empty key sets; caches whose unused rows hold NaN (read one and the output
-//! turns NaN).
+//! turns NaN). Sliding windows: 1 (each query sees only itself), ≥ T (full causal),
+//! lengths that are no multiple of any block (so a window starts and ends inside key
+//! blocks of the forward, the backward and decode), with GQA, Tq < Tk, and decode over
+//! caches longer than the window whose rows before it hold NaN.
 
 use fusebox::{AttentionMask, CausalAttentionResult, ComputeBackend, DType, Op, Shape, Tensor};
 
@@ -45,22 +48,28 @@ struct Cfg {
     tk: usize,
     d: usize,
     amp: f64,
+    /// The sliding window of the causal ops (`None`: full causal).
+    window: Option<usize>,
 }
 
 impl Cfg {
     fn new(b: usize, hq: usize, hkv: usize, tq: usize, tk: usize, d: usize) -> Cfg {
-        Cfg { b, hq, hkv, tq, tk, d, amp: 1.0 }
+        Cfg { b, hq, hkv, tq, tk, d, amp: 1.0, window: None }
     }
     fn amp(self, amp: f64) -> Cfg {
         Cfg { amp, ..self }
+    }
+    fn window(self, w: usize) -> Cfg {
+        Cfg { window: Some(w), ..self }
     }
     fn scale(&self) -> f32 {
         1.0 / (self.d.max(1) as f32).sqrt()
     }
     fn name(&self) -> String {
         let amp = if self.amp == 1.0 { String::new() } else { format!(" q,k×{}", self.amp) };
+        let window = self.window.map(|w| format!(" window={w}")).unwrap_or_default();
         format!(
-            "B{} Hq{} Hkv{} (GQA {}) Tq{} Tk{} D{}{amp} scale={}",
+            "B{} Hq{} Hkv{} (GQA {}) Tq{} Tk{} D{}{amp}{window} scale={}",
             self.b,
             self.hq,
             self.hkv,
@@ -248,17 +257,17 @@ fn sdpa_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
 
 fn causal_case<B: ComputeBackend + ?Sized + 'static>(c: Cfg, dtypes: &[DType], bad: bool) -> Vec<Case<B>> {
     let (q, k, v) = c.qkv(31);
-    let scale = c.scale();
+    let (scale, window) = (c.scale(), c.window);
     let case = OpCase::new(Op::CausalAttention, format!("causal_attention {}", c.name()))
         .input(q)
         .input(k)
         .input(v)
         .call(move |b: &B, t: &[Tensor]| {
-            let r = b.causal_attention(&t[0], &t[1], &t[2], scale)?;
+            let r = b.causal_attention(&t[0], &t[1], &t[2], window, scale)?;
             Ok(vec![r.output, r.logsumexp])
         })
         .twin(move |a| {
-            let (o, lse) = twin::causal_attention(&a[0], &a[1], &a[2], scale as f64);
+            let (o, lse) = twin::causal_attention(&a[0], &a[1], &a[2], window, scale as f64);
             vec![o, lse]
         })
         .tolerance(Tolerance::F32_LOOSE)
@@ -288,18 +297,31 @@ fn causal_attention_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>
                                                                           // Large logits: scale·q·k of order ±80; the online max keeps exp in range.
     v.extend(causal_case(Cfg::new(1, 2, 2, 67, 67, 64).amp(15.0), &[DType::F32, DType::BF16], false));
     v.extend(causal_case(Cfg::new(1, 2, 1, 3, 20, 32).amp(30.0), f32_only, false));
-    v.push(long_sequence_case());
+    v.push(long_sequence_case(None));
+    // Sliding windows.
+    v.extend(causal_case(Cfg::new(1, 4, 2, 150, 150, 64).window(37), FLOATS, true)); // GQA 2, inside key blocks
+    v.extend(causal_case(Cfg::new(1, 2, 1, 20, 20, 32).window(1), f32_only, false)); // each query sees itself
+    v.extend(causal_case(Cfg::new(1, 2, 2, 17, 17, 32).window(17), f32_only, false)); // W = T: full causal
+    v.extend(causal_case(Cfg::new(1, 2, 2, 17, 17, 32).window(1000), f32_only, false)); // W > T
+    v.extend(causal_case(Cfg::new(1, 8, 2, 300, 300, 64).window(64), f32_only, false)); // W = the key block
+    v.extend(causal_case(Cfg::new(1, 6, 2, 130, 130, 80).window(65), f32_only, false)); // GQA 3, D 80
+    v.extend(causal_case(Cfg::new(2, 4, 1, 17, 130, 64).window(50), f32_only, false)); // Tq < Tk, per-head blocks
+    v.extend(causal_case(Cfg::new(1, 8, 2, 5, 130, 128).window(20), f32_only, false)); // Tq < Tk, group blocks
+    v.extend(causal_case(Cfg::new(1, 8, 1, 1, 67, 128).window(10), f32_only, false)); // Tq = 1
+    v.extend(causal_case(Cfg::new(1, 2, 1, 70, 70, 24).window(9), &[DType::F32, DType::F16], false)); // D 24
+    v.extend(causal_case(Cfg::new(1, 2, 2, 100, 100, 64).amp(15.0).window(30), f32_only, false)); // large logits
+    v.push(long_sequence_case(Some(300)));
     v
 }
 
-/// T = 4096, H = 1, D = 64, forward and backward. The fused kernels keep O(T) memory
-/// (blocks of 64×64 scores per thread; a T×T f32 matrix would be 64 MiB): that cannot
-/// be measured from here, so this case checks what it can without an O(T²·D) f64 twin:
-/// sampled output and dq rows against f64 rows, every value finite, and two identities
-/// of the backward: `Σ_j dv_j = Σ_i dO_i` (rows of P sum to 1) and `Σ_j dk_j = 0`
-/// (rows of dS sum to 0).
-fn long_sequence_case<B: ComputeBackend + ?Sized + 'static>() -> Case<B> {
-    let c = Cfg::new(1, 1, 1, 4096, 4096, 64);
+/// T = 4096, H = 1, D = 64, forward and backward, full causal or over a sliding
+/// `window`. The fused kernels keep O(T) memory (blocks of 64×64 scores per thread; a
+/// T×T f32 matrix would be 64 MiB): that cannot be measured from here, so this case
+/// checks what it can without an O(T²·D) f64 twin: sampled output and dq rows against
+/// f64 rows, every value finite, and two identities of the backward: `Σ_j dv_j = Σ_i
+/// dO_i` (rows of P sum to 1) and `Σ_j dk_j = 0` (rows of dS sum to 0).
+fn long_sequence_case<B: ComputeBackend + ?Sized + 'static>(window: Option<usize>) -> Case<B> {
+    let c = Cfg { window, ..Cfg::new(1, 1, 1, 4096, 4096, 64) };
     Case::custom(
         Op::CausalAttentionBackward,
         CaseKind::Property,
@@ -309,8 +331,10 @@ fn long_sequence_case<B: ComputeBackend + ?Sized + 'static>() -> Case<B> {
             let d_out = Rng::new(42).tensor(c.q_shape(), -1.0, 1.0);
             let up = |t: &Tensor| b.upload(t).map_err(err);
             let scale = c.scale();
-            let r = b.causal_attention(&up(&q)?, &up(&k)?, &up(&v)?, scale).map_err(err)?;
-            let g = b.causal_attention_backward(&up(&q)?, &up(&k)?, &up(&v)?, &r, &up(&d_out)?, scale).map_err(err)?;
+            let r = b.causal_attention(&up(&q)?, &up(&k)?, &up(&v)?, window, scale).map_err(err)?;
+            let g = b
+                .causal_attention_backward(&up(&q)?, &up(&k)?, &up(&v)?, &r, &up(&d_out)?, window, scale)
+                .map_err(err)?;
             let host = |t: &Tensor| b.to_host(t).map(|h| Array::from_tensor(&h)).map_err(err);
             let (out, lse, dq, dk, dv) =
                 (host(&r.output)?, host(&r.logsumexp)?, host(&g.dq)?, host(&g.dk)?, host(&g.dv)?);
@@ -322,8 +346,8 @@ fn long_sequence_case<B: ComputeBackend + ?Sized + 'static>() -> Case<B> {
             let [q, k, v, d_out] = [&q, &k, &v, &d_out].map(Array::from_tensor);
             let d = c.d;
             let tol = Tolerance::F32_LOOSE;
-            for i in [0, 1, 63, 64, 65, 2047, 4095] {
-                let (o_row, dq_row) = single_row_attention(&q, &k, &v, &d_out, scale as f64, i);
+            for i in [0, 1, 63, 64, 65, 299, 300, 301, 2047, 4095] {
+                let (o_row, dq_row) = single_row_attention(&q, &k, &v, &d_out, window, scale as f64, i);
                 tol.check(
                     &format!("output row {i}"),
                     &Array::new(vec![d], out.data[i * d..(i + 1) * d].to_vec()),
@@ -346,29 +370,39 @@ fn long_sequence_case<B: ComputeBackend + ?Sized + 'static>() -> Case<B> {
     )
 }
 
-/// Output row `i` and dq row `i` of single-head causal self-attention, in f64 (O(T·D)).
-fn single_row_attention(q: &Array, k: &Array, v: &Array, d_out: &Array, scale: f64, i: usize) -> (Array, Array) {
+/// Output row `i` and dq row `i` of single-head causal self-attention (over the last
+/// `window` keys), in f64 (O(T·D)).
+fn single_row_attention(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    d_out: &Array,
+    window: Option<usize>,
+    scale: f64,
+    i: usize,
+) -> (Array, Array) {
     let d = q.shape[3];
+    let first = window.map_or(0, |w| (i + 1).saturating_sub(w));
     fn row(a: &Array, j: usize) -> &[f64] {
         let d = a.shape[3];
         &a.data[j * d..(j + 1) * d]
     }
     let dot = |x: &[f64], y: &[f64]| x.iter().zip(y).map(|(a, b)| a * b).sum::<f64>();
-    let s: Vec<f64> = (0..=i).map(|j| scale * dot(row(q, i), row(k, j))).collect();
+    let s: Vec<f64> = (first..=i).map(|j| scale * dot(row(q, i), row(k, j))).collect();
     let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let sum: f64 = s.iter().map(|x| (x - max).exp()).sum();
     let p: Vec<f64> = s.iter().map(|x| (x - max).exp() / sum).collect();
     let mut o = vec![0.0; d];
-    for (j, pj) in p.iter().enumerate() {
+    for (j, pj) in (first..=i).zip(&p) {
         for (o_e, v_e) in o.iter_mut().zip(row(v, j)) {
             *o_e += pj * v_e;
         }
     }
-    let dp: Vec<f64> = (0..=i).map(|j| dot(row(d_out, i), row(v, j))).collect();
+    let dp: Vec<f64> = (first..=i).map(|j| dot(row(d_out, i), row(v, j))).collect();
     let delta: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
     let mut dq = vec![0.0; d];
-    for j in 0..=i {
-        let ds = p[j] * (dp[j] - delta);
+    for (n, j) in (first..=i).enumerate() {
+        let ds = p[n] * (dp[n] - delta);
         for (dq_e, k_e) in dq.iter_mut().zip(row(k, j)) {
             *dq_e += scale * ds * k_e;
         }
@@ -382,24 +416,24 @@ fn single_row_attention(q: &Array, k: &Array, v: &Array, d_out: &Array, scale: f
 /// generated bad inputs. The saved output and logsumexp come from the twin forward.
 fn grad_case<B: ComputeBackend + ?Sized + 'static>(c: Cfg) -> Vec<Case<B>> {
     let (q, k, v) = c.qkv(53);
-    let scale = c.scale();
+    let (scale, window) = (c.scale(), c.window);
     let s = scale as f64;
     let a = arrays(&[&q, &k, &v]);
-    let (o, lse) = twin::causal_attention(&a[0], &a[1], &a[2], s);
+    let (o, lse) = twin::causal_attention(&a[0], &a[1], &a[2], window, s);
     GradCase::new(Op::CausalAttentionBackward, format!("causal_attention_backward {}", c.name()))
         .input(q)
         .input(k)
         .input(v)
         .input(Input::new(o.to_tensor()).constant())
         .input(Input::new(lse.to_tensor()).constant().keep_f32())
-        .forward(move |a| twin::causal_attention(&a[0], &a[1], &a[2], s).0)
+        .forward(move |a| twin::causal_attention(&a[0], &a[1], &a[2], window, s).0)
         .backward_twin(move |a, d_out| {
-            let (dq, dk, dv) = twin::causal_attention_backward(&a[0], &a[1], &a[2], d_out, s);
+            let (dq, dk, dv) = twin::causal_attention_backward(&a[0], &a[1], &a[2], d_out, window, s);
             vec![dq, dk, dv]
         })
         .backward_call(move |b: &B, t: &[Tensor], d_out: &Tensor| {
             let saved = CausalAttentionResult { output: t[3].clone(), logsumexp: t[4].clone() };
-            let g = b.causal_attention_backward(&t[0], &t[1], &t[2], &saved, d_out, scale)?;
+            let g = b.causal_attention_backward(&t[0], &t[1], &t[2], &saved, d_out, window, scale)?;
             Ok(vec![g.dq, g.dk, g.dv])
         })
         .tolerance(Tolerance::F32_LOOSE)
@@ -412,16 +446,16 @@ fn backward_vs_twin<B: ComputeBackend + ?Sized + 'static>(c: Cfg, dtype: DType) 
     let (q, k, v) = c.qkv(61);
     let d_out = Rng::new(62).tensor(c.q_shape(), -1.0, 1.0);
     let [q, k, v, d_out] = [&q, &k, &v, &d_out].map(|t| rounded(t, dtype));
-    let scale = c.scale();
+    let (scale, window) = (c.scale(), c.window);
     let tol = Tolerance::F32_LOOSE.max(Tolerance::for_dtype(dtype));
     let name = format!("causal_attention fwd+bwd {} | {dtype} | backend vs twin", c.name());
     Case::custom(Op::CausalAttentionBackward, CaseKind::Backward, name, move |b: &B| {
         let up = |t: &Tensor| b.upload(t).map_err(err);
         let (qu, ku, vu) = (up(&q)?, up(&k)?, up(&v)?);
-        let r = b.causal_attention(&qu, &ku, &vu, scale).map_err(err)?;
-        let g = b.causal_attention_backward(&qu, &ku, &vu, &r, &up(&d_out)?, scale).map_err(err)?;
+        let r = b.causal_attention(&qu, &ku, &vu, window, scale).map_err(err)?;
+        let g = b.causal_attention_backward(&qu, &ku, &vu, &r, &up(&d_out)?, window, scale).map_err(err)?;
         let a = arrays(&[&q, &k, &v, &d_out]);
-        let (dq, dk, dv) = twin::causal_attention_backward(&a[0], &a[1], &a[2], &a[3], scale as f64);
+        let (dq, dk, dv) = twin::causal_attention_backward(&a[0], &a[1], &a[2], &a[3], window, scale as f64);
         for (name, got, want) in [("dq", &g.dq, dq), ("dk", &g.dk, dk), ("dv", &g.dv, dv)] {
             let h = b.to_host(got).map_err(err)?;
             if h.dtype() != dtype {
@@ -448,6 +482,20 @@ fn backward_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     v.push(backward_vs_twin(Cfg::new(1, 2, 1, 20, 21, 0), DType::F32)); // D 0: empty gradients
     v.push(backward_vs_twin(Cfg::new(1, 4, 2, 40, 70, 32), DType::F16));
     v.push(backward_vs_twin(Cfg::new(1, 4, 2, 40, 70, 32), DType::BF16));
+    // Sliding windows: finite differences on tiny sizes, then the backend at sizes that
+    // start and end windows inside the backward's key (128) and query (64) blocks.
+    v.extend(grad_case(Cfg::new(1, 1, 1, 4, 4, 3).window(2)));
+    v.extend(grad_case(Cfg::new(1, 2, 1, 3, 5, 2).window(2))); // GQA 2, Tq < Tk
+    v.extend(grad_case(Cfg::new(1, 2, 2, 4, 4, 2).window(1))); // each query sees itself
+    v.extend(grad_case(Cfg::new(1, 1, 1, 3, 3, 2).window(5))); // W > T
+    v.push(backward_vs_twin(Cfg::new(1, 8, 2, 130, 130, 64).window(37), DType::F32)); // GQA 4, threads
+    v.push(backward_vs_twin(Cfg::new(1, 3, 1, 17, 67, 80).window(20), DType::F32)); // GQA 3, Tq < Tk
+    v.push(backward_vs_twin(Cfg::new(1, 2, 2, 300, 300, 64).window(129), DType::F32)); // key block + 1
+    v.push(backward_vs_twin(Cfg::new(1, 2, 1, 300, 300, 64).window(128), DType::F32)); // W = the key block
+    v.push(backward_vs_twin(Cfg::new(1, 2, 1, 70, 70, 24).window(1), DType::F32)); // W 1, D 24
+    v.push(backward_vs_twin(Cfg::new(1, 2, 1, 1, 17, 32).window(4), DType::F32)); // Tq = 1
+    v.push(backward_vs_twin(Cfg::new(1, 4, 2, 40, 70, 32).window(7), DType::F16));
+    v.push(backward_vs_twin(Cfg::new(1, 4, 2, 40, 70, 32).window(7), DType::BF16));
     v
 }
 
@@ -455,17 +503,25 @@ fn backward_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
 
 /// A `[B, H, capacity, D]` cache: random rows below `filled`, NaN from there on.
 fn nan_tail_cache(b: usize, h: usize, capacity: usize, d: usize, filled: usize, seed: u64) -> Tensor {
+    nan_outside_cache(b, h, capacity, d, 0, filled, seed)
+}
+
+/// A `[B, H, capacity, D]` cache: random rows `first .. filled`, NaN elsewhere.
+fn nan_outside_cache(b: usize, h: usize, capacity: usize, d: usize, first: usize, filled: usize, seed: u64) -> Tensor {
     let mut rng = Rng::new(seed);
     let mut data = rng.vec(b * h * capacity * d, -1.0, 1.0);
     for (i, x) in data.iter_mut().enumerate() {
-        if (i / d) % capacity >= filled {
+        let row = (i / d.max(1)) % capacity;
+        if row < first || row >= filled {
             *x = f32::NAN;
         }
     }
     Tensor::from_vec(data, Shape::new([b, h, capacity, d])).expect("shape")
 }
 
-/// `c.tk` is kv_len; the caches hold `capacity` rows, NaN past kv_len.
+/// `c.tk` is kv_len; the caches hold `capacity` rows, NaN past kv_len (and, with a
+/// window, NaN before the first row any of the queries sees: the kernels must not read
+/// them).
 fn decode_case<B: ComputeBackend + ?Sized + 'static>(
     c: Cfg,
     capacity: usize,
@@ -473,18 +529,21 @@ fn decode_case<B: ComputeBackend + ?Sized + 'static>(
     bad: bool,
 ) -> Vec<Case<B>> {
     let q = Rng::new(71).tensor(c.q_shape(), -1.0, 1.0);
-    let kc = nan_tail_cache(c.b, c.hkv, capacity, c.d, c.tk, 72);
-    let vc = nan_tail_cache(c.b, c.hkv, capacity, c.d, c.tk, 73);
-    let (scale, kv_len) = (c.scale(), c.tk);
+    let (scale, kv_len, window) = (c.scale(), c.tk, c.window);
+    // The first query (position kv_len − Tq) sees rows from kv_len − Tq + 1 − W on.
+    let first = window.map_or(0, |w| (kv_len - c.tq + 1).saturating_sub(w));
+    let kc = nan_outside_cache(c.b, c.hkv, capacity, c.d, first, c.tk, 72);
+    let vc = nan_outside_cache(c.b, c.hkv, capacity, c.d, first, c.tk, 73);
+    let nan = if first > 0 { format!("NaN before row {first} and past kv_len") } else { "NaN past kv_len".into() };
     let case = OpCase::new(
         Op::DecodeAttention,
-        format!("decode_attention {} kv_len={kv_len} capacity={capacity} (NaN past kv_len)", c.name()),
+        format!("decode_attention {} kv_len={kv_len} capacity={capacity} ({nan})", c.name()),
     )
     .input(q)
     .input(kc)
     .input(vc)
-    .call(move |b: &B, t: &[Tensor]| Ok(vec![b.decode_attention(&t[0], &t[1], &t[2], kv_len, scale)?]))
-    .twin(move |a| vec![twin::decode_attention(&a[0], &a[1], &a[2], kv_len, scale as f64)])
+    .call(move |b: &B, t: &[Tensor]| Ok(vec![b.decode_attention(&t[0], &t[1], &t[2], kv_len, window, scale)?]))
+    .twin(move |a| vec![twin::decode_attention(&a[0], &a[1], &a[2], kv_len, window, scale as f64)])
     .tolerance(Tolerance::F32_LOOSE)
     .dtypes(dtypes);
     if bad {
@@ -510,6 +569,15 @@ fn decode_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     v.extend(decode_case(Cfg::new(1, 4, 2, 16, 40, 32), 50, f32_only, false)); // per-head blocks over a cache
     v.extend(decode_case(Cfg::new(1, 3, 3, 20, 20, 64), 33, f32_only, false)); // kv_len = Tq
     v.extend(decode_case(Cfg::new(1, 4, 2, 18, 30, 24), 40, f32_only, false)); // per-head blocks, D 24
+                                                                               // Sliding windows over caches longer than the window.
+    v.extend(decode_case(Cfg::new(1, 8, 2, 1, 67, 64).window(16), 80, FLOATS, false)); // GQA 4
+    v.extend(decode_case(Cfg::new(1, 9, 3, 1, 300, 64).window(257), 320, f32_only, false)); // BLOCK_K + 1
+    v.extend(decode_case(Cfg::new(1, 4, 1, 1, 2100, 64).window(1100), 2200, f32_only, false)); // split keys
+    v.extend(decode_case(Cfg::new(1, 6, 2, 1, 500, 80).window(37), 512, f32_only, false)); // D 80
+    v.extend(decode_case(Cfg::new(1, 4, 2, 1, 40, 128).window(1), 40, f32_only, false)); // only itself
+    v.extend(decode_case(Cfg::new(1, 4, 2, 1, 10, 32).window(50), 12, f32_only, false)); // W > kv_len
+    v.extend(decode_case(Cfg::new(2, 4, 4, 3, 17, 32).window(5), 32, f32_only, false)); // 3 new queries
+    v.extend(decode_case(Cfg::new(1, 4, 2, 16, 140, 32).window(70), 150, &[DType::F32, DType::F16], false)); // per-head blocks
     v
 }
 
@@ -592,7 +660,7 @@ fn write_then_decode_case<B: ComputeBackend + ?Sized + 'static>() -> Case<B> {
         be.write_head_cache(&mut vc, &up(&v0)?, 0).map_err(err)?;
         be.write_head_cache(&mut kc, &up(&k1)?, t0).map_err(err)?;
         be.write_head_cache(&mut vc, &up(&v1)?, t0).map_err(err)?;
-        let out = be.decode_attention(&up(&q)?, &kc, &vc, t0 + t1, c.scale()).map_err(err)?;
+        let out = be.decode_attention(&up(&q)?, &kc, &vc, t0 + t1, None, c.scale()).map_err(err)?;
         let got = Array::from_tensor(&be.to_host(&out).map_err(err)?);
         let a = arrays(&[&q, &k0, &v0, &k1, &v1]);
         let want =
@@ -694,12 +762,16 @@ fn supports_case<B: ComputeBackend + ?Sized + 'static>() -> Case<B> {
             let (q, k, v) = c.qkv(121);
             let up = |t: &Tensor| b.upload(t).map_err(err);
             let (q, k, v) = (up(&q)?, up(&k)?, up(&v)?);
-            let native = b.supports_causal_attention(&q, &k, &v, c.scale());
-            if b.name() == "cpu" && !native {
-                return Err("the CPU backend has a native fused causal attention but answered false".into());
-            }
-            if native {
-                b.causal_attention(&q, &k, &v, c.scale()).map_err(err)?;
+            for window in [None, Some(5)] {
+                let native = b.supports_causal_attention(&q, &k, &v, window, c.scale());
+                if b.name() == "cpu" && !native {
+                    return Err(format!(
+                        "the CPU backend has a native fused causal attention but answered false (window {window:?})"
+                    ));
+                }
+                if native {
+                    b.causal_attention(&q, &k, &v, window, c.scale()).map_err(err)?;
+                }
             }
             Ok(())
         },
@@ -707,6 +779,26 @@ fn supports_case<B: ComputeBackend + ?Sized + 'static>() -> Case<B> {
 }
 
 // ──────────────────────────────── bad values ────────────────────────────────
+
+/// A bad-input case whose call passes `window = Some(0)`: it must fail with an error
+/// that names the op and the window.
+fn window_zero<B: ComputeBackend + ?Sized + 'static>(
+    op: Op,
+    call: impl Fn(&B) -> fusebox::Result<()> + Send + Sync + 'static,
+) -> Case<B> {
+    let name = format!("{} window Some(0)", op.name());
+    Case::custom(op, CaseKind::BadInput, name, move |b: &B| match call(b) {
+        Ok(()) => Err("accepted window Some(0) instead of returning an error".into()),
+        Err(e) => {
+            let msg = e.to_string();
+            if msg.contains(op.name()) && msg.contains("window") {
+                Ok(())
+            } else {
+                Err(format!("the error does not name the op and the window: {msg}"))
+            }
+        }
+    })
+}
 
 fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     let mut v: Vec<Case<B>> = Vec::new();
@@ -770,7 +862,7 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     ];
     for (what, q, k, vv) in causal_bad.clone() {
         v.push(Case::expect_error(Op::CausalAttention, format!("causal_attention {what}"), move |b: &B| {
-            b.causal_attention(&b.upload(&q)?, &b.upload(&k)?, &b.upload(&vv)?, 0.3).map(drop)
+            b.causal_attention(&b.upload(&q)?, &b.upload(&k)?, &b.upload(&vv)?, None, 0.3).map(drop)
         }));
     }
     for (what, q, k, vv) in causal_bad {
@@ -780,7 +872,7 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
             move |b: &B| {
                 let saved = CausalAttentionResult { output: b.upload(&q)?, logsumexp: b.upload(&t(&q.dims()[..3]))? };
                 let (qu, ku, vu) = (b.upload(&q)?, b.upload(&k)?, b.upload(&vv)?);
-                b.causal_attention_backward(&qu, &ku, &vu, &saved, &qu, 0.3).map(drop)
+                b.causal_attention_backward(&qu, &ku, &vu, &saved, &qu, None, 0.3).map(drop)
             },
         ));
     }
@@ -795,7 +887,7 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
                     logsumexp: b.upload(&rounded(&t(&[2, 2, 4]), DType::F16))?,
                 };
                 let (qu, ku) = (b.upload(&q)?, b.upload(&kv)?);
-                b.causal_attention_backward(&qu, &ku, &ku, &saved, &qu, 0.3).map(drop)
+                b.causal_attention_backward(&qu, &ku, &ku, &saved, &qu, None, 0.3).map(drop)
             },
         ));
     }
@@ -807,9 +899,33 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
             move |b: &B| {
                 let saved = CausalAttentionResult { output: b.upload(&q)?, logsumexp: b.upload(&t(&[2, 2, 4]))? };
                 let (qu, ku) = (b.upload(&q)?, b.upload(&kv)?);
-                b.causal_attention_backward(&qu, &ku, &ku, &saved, &b.upload(&rounded(&q, DType::F16))?, 0.3).map(drop)
+                b.causal_attention_backward(&qu, &ku, &ku, &saved, &b.upload(&rounded(&q, DType::F16))?, None, 0.3)
+                    .map(drop)
             },
         ));
+    }
+    // Window 0: a query that sees no key, not even itself.
+    {
+        let (q, kv) = (q.clone(), kv.clone());
+        v.push(window_zero(Op::CausalAttention, move |b: &B| {
+            let (qu, ku) = (b.upload(&q)?, b.upload(&kv)?);
+            b.causal_attention(&qu, &ku, &ku, Some(0), 0.3).map(drop)
+        }));
+    }
+    {
+        let (q, kv) = (q.clone(), kv.clone());
+        v.push(window_zero(Op::CausalAttentionBackward, move |b: &B| {
+            let (qu, ku) = (b.upload(&q)?, b.upload(&kv)?);
+            let saved = b.causal_attention(&qu, &ku, &ku, None, 0.3)?;
+            b.causal_attention_backward(&qu, &ku, &ku, &saved, &qu, Some(0), 0.3).map(drop)
+        }));
+    }
+    {
+        let (q, kv) = (q.clone(), kv.clone());
+        v.push(window_zero(Op::DecodeAttention, move |b: &B| {
+            let (qu, ku) = (b.upload(&q)?, b.upload(&kv)?);
+            b.decode_attention(&qu, &ku, &ku, 6, Some(0), 0.3).map(drop)
+        }));
     }
     let cache = t(&[2, 1, 10, 8]);
     for (what, qd, kv_len) in [
@@ -820,7 +936,7 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
         let cache = if what.starts_with("Hq") { t(&[2, 2, 10, 8]) } else { cache.clone() };
         v.push(Case::expect_error(Op::DecodeAttention, format!("decode_attention {what}"), move |b: &B| {
             let c = b.upload(&cache)?;
-            b.decode_attention(&b.upload(&qd)?, &c, &c, kv_len, 0.3).map(drop)
+            b.decode_attention(&b.upload(&qd)?, &c, &c, kv_len, None, 0.3).map(drop)
         }));
     }
     for (what, new, pos) in [

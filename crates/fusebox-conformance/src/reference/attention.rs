@@ -2,7 +2,8 @@
 //!
 //! Layout `(batch, heads, seq, head_dim)`. Query head `h` reads kv head
 //! `h / (Hq / Hkv)`. The causal mask is aligned bottom-right: query `i` sees key `j`
-//! iff `j ≤ i + (Tk − Tq)`.
+//! iff `j ≤ i + (Tk − Tq)`; with a sliding window of `W` keys also iff
+//! `j > i + (Tk − Tq) − W` (the query at absolute position `p` sees `p − W < j ≤ p`).
 
 use crate::array::Array;
 
@@ -27,6 +28,20 @@ pub fn sdpa_with_lse(
     causal: bool,
     scale: f64,
 ) -> (Array, Array) {
+    windowed_with_lse(q, k, v, mask, causal, None, scale)
+}
+
+/// [`sdpa_with_lse`] where, with `causal` and a `window` of W keys, query `i` also
+/// drops the keys `j ≤ i + (Tk − Tq) − W`.
+fn windowed_with_lse(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    mask: Option<TwinMask>,
+    causal: bool,
+    window: Option<usize>,
+    scale: f64,
+) -> (Array, Array) {
     let (batch, hq, tq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
     let hkv = k.shape[1];
     let group = hq / hkv;
@@ -36,7 +51,7 @@ pub fn sdpa_with_lse(
         for h in 0..hq {
             let g = h / group;
             for i in 0..tq {
-                let scores = row_scores(q, k, mask, causal, scale, b, h, g, i);
+                let scores = row_scores(q, k, mask, causal, window, scale, b, h, g, i);
                 let kept: Vec<f64> = scores.iter().flatten().copied().collect();
                 if kept.is_empty() {
                     *lse.at_mut(&[b, h, i]) = f64::NEG_INFINITY;
@@ -60,12 +75,14 @@ pub fn sdpa_with_lse(
 }
 
 /// The scores of query row `(b, h, i)` against every key of kv head `g`: `None` where
-/// the causal mask or the mask drops the key (or the score is −∞).
+/// the causal mask, the window or the mask drops the key (or the score is −∞).
+#[allow(clippy::too_many_arguments)]
 fn row_scores(
     q: &Array,
     k: &Array,
     mask: Option<TwinMask>,
     causal: bool,
+    window: Option<usize>,
     scale: f64,
     b: usize,
     h: usize,
@@ -76,8 +93,13 @@ fn row_scores(
     let tk = k.shape[2];
     (0..tk)
         .map(|j| {
-            if causal && j + tq > i + tk {
-                return None;
+            // Query i sits at position p = i + tk − tq (causal: tq ≤ tk): it sees j ≤ p,
+            // and j > p − W.
+            if causal {
+                let p = i + tk - tq;
+                if j > p || window.is_some_and(|w| j + w <= p) {
+                    return None;
+                }
             }
             let mut s = 0.0;
             for e in 0..d {
@@ -122,15 +144,23 @@ pub fn attention(q: &Array, k: &Array, v: &Array, scale: f64, causal: bool) -> A
     sdpa(q, k, v, None, scale, causal)
 }
 
-/// Causal attention: `(output, logsumexp)`.
-pub fn causal_attention(q: &Array, k: &Array, v: &Array, scale: f64) -> (Array, Array) {
-    sdpa_with_lse(q, k, v, None, true, scale)
+/// Causal attention, optionally over a sliding `window` of keys: `(output, logsumexp)`.
+pub fn causal_attention(q: &Array, k: &Array, v: &Array, window: Option<usize>, scale: f64) -> (Array, Array) {
+    windowed_with_lse(q, k, v, None, true, window, scale)
 }
 
 /// The textbook backward of causal attention, `(dq, dk, dv)`, from the full P:
 /// `dv_j = Σ_i P_ij·dO_i`, `dP_ij = dO_i·v_j`, `dS_ij = P_ij·(dP_ij − Σ_l P_il·dP_il)`,
 /// `dq_i = scale·Σ_j dS_ij·k_j`, `dk_j = scale·Σ_i dS_ij·q_i`; dk, dv summed over each group.
-pub fn causal_attention_backward(q: &Array, k: &Array, v: &Array, d_out: &Array, scale: f64) -> (Array, Array, Array) {
+/// P is 0 outside the causal mask and the `window`.
+pub fn causal_attention_backward(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    d_out: &Array,
+    window: Option<usize>,
+    scale: f64,
+) -> (Array, Array, Array) {
     let (batch, hq, tq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
     let (hkv, tk) = (k.shape[1], k.shape[2]);
     let group = hq / hkv;
@@ -141,7 +171,7 @@ pub fn causal_attention_backward(q: &Array, k: &Array, v: &Array, d_out: &Array,
         for h in 0..hq {
             let g = h / group;
             for i in 0..tq {
-                let scores = row_scores(q, k, None, true, scale, b, h, g, i);
+                let scores = row_scores(q, k, None, true, window, scale, b, h, g, i);
                 let max = scores.iter().flatten().copied().fold(f64::NEG_INFINITY, f64::max);
                 let sum: f64 = scores.iter().flatten().map(|s| (s - max).exp()).sum();
                 let p: Vec<f64> = scores.iter().map(|s| s.map_or(0.0, |s| (s - max).exp() / sum)).collect();
@@ -211,8 +241,16 @@ pub fn write_head_cache(cache: &Array, new: &Array, pos: usize) -> Array {
 }
 
 /// Causal attention of `q [B, Hq, Tq, D]` over the first `kv_len` rows of the caches
-/// (the rows past `kv_len` are never read).
-pub fn decode_attention(q: &Array, k_cache: &Array, v_cache: &Array, kv_len: usize, scale: f64) -> Array {
+/// (the rows past `kv_len` are never read), optionally over a sliding `window`: the
+/// query at position `p` (`kv_len − Tq ≤ p < kv_len`) sees rows `p − W < j ≤ p`.
+pub fn decode_attention(
+    q: &Array,
+    k_cache: &Array,
+    v_cache: &Array,
+    kv_len: usize,
+    window: Option<usize>,
+    scale: f64,
+) -> Array {
     let prefix = |c: &Array| {
         let (batch, heads, d) = (c.shape[0], c.shape[1], c.shape[3]);
         let mut p = Array::zeros(vec![batch, heads, kv_len, d]);
@@ -227,7 +265,7 @@ pub fn decode_attention(q: &Array, k_cache: &Array, v_cache: &Array, kv_len: usi
         }
         p
     };
-    attention(q, &prefix(k_cache), &prefix(v_cache), scale, true)
+    causal_attention(q, &prefix(k_cache), &prefix(v_cache), window, scale).0
 }
 
 /// `[B, T, H·D] → [B, H, T, D]`.

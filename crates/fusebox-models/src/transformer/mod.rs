@@ -649,19 +649,7 @@ fn check_params(specs: &[ParamSpec], params: &ParamSet) -> Result<()> {
     Ok(())
 }
 
-/// Refuses a sliding window that would hide keys from some query of a pass over
-/// `kv_len` positions: the attention ops take no window yet.
-fn window_fits(window: Option<usize>, kv_len: usize) -> Result<()> {
-    match window {
-        Some(w) if w < kv_len => Err(Error::unsupported(
-            "sliding-window attention",
-            format!("a window of {w} positions over {kv_len}: only contexts within the window are supported"),
-        )),
-        _ => Ok(()),
-    }
-}
-
-/// Fused causal attention with an optional sliding window.
+/// Fused causal attention; with a `window` W, query i sees keys i − W < j ≤ i.
 fn attend(
     b: &dyn ComputeBackend,
     q: &Tensor,
@@ -670,8 +658,7 @@ fn attend(
     window: Option<usize>,
     scale: f32,
 ) -> Result<CausalAttentionResult> {
-    window_fits(window, k.dims()[2])?;
-    b.causal_attention(q, k, v, scale)
+    b.causal_attention(q, k, v, window, scale)
 }
 
 /// Backward of [`attend`].
@@ -686,11 +673,11 @@ fn attend_backward(
     window: Option<usize>,
     scale: f32,
 ) -> Result<AttentionGradients> {
-    window_fits(window, k.dims()[2])?;
-    b.causal_attention_backward(q, k, v, result, d_out, scale)
+    b.causal_attention_backward(q, k, v, result, d_out, window, scale)
 }
 
-/// Attention of new queries over the first `kv_len` cached positions.
+/// Attention of new queries over the first `kv_len` cached positions (the last `W`
+/// of them for a query, with a window).
 fn decode(
     b: &dyn ComputeBackend,
     q: &Tensor,
@@ -700,6 +687,5 @@ fn decode(
     window: Option<usize>,
     scale: f32,
 ) -> Result<Tensor> {
-    window_fits(window, kv_len)?;
-    b.decode_attention(q, k_cache, v_cache, kv_len, scale)
+    b.decode_attention(q, k_cache, v_cache, kv_len, window, scale)
 }

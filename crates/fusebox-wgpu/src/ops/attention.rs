@@ -47,11 +47,12 @@ pub(crate) fn causal_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
+    window: Option<usize>,
     scale: f32,
 ) -> Result<CausalAttentionResult> {
-    let dims = spec::causal_attention(q, k, v)?;
-    if !native(&dims, &[q, k, v]) {
-        return fallback!(be, cpu::attention::causal_attention; [q, k, v], scale);
+    let dims = spec::causal_attention(q, k, v, window)?;
+    if window.is_some() || !native(&dims, &[q, k, v]) {
+        return fallback!(be, cpu::attention::causal_attention; [q, k, v], window, scale);
     }
     be.attention_forward("causal_attention", q, k, v, dims, dims.tk, scale, true)
 }
@@ -63,15 +64,16 @@ pub(crate) fn causal_attention_backward(
     v: &Tensor,
     result: &CausalAttentionResult,
     d_out: &Tensor,
+    window: Option<usize>,
     scale: f32,
 ) -> Result<AttentionGradients> {
     const OP: &str = "causal_attention_backward";
-    let dims = spec::causal_attention_backward(q, k, v, result, d_out)?;
-    if !native(&dims, &[q, k, v, &result.output, d_out, &result.logsumexp]) {
+    let dims = spec::causal_attention_backward(q, k, v, result, d_out, window)?;
+    if window.is_some() || !native(&dims, &[q, k, v, &result.output, d_out, &result.logsumexp]) {
         let result =
             CausalAttentionResult { output: be.to_host(&result.output)?, logsumexp: be.to_host(&result.logsumexp)? };
         let d_out = be.to_host(d_out)?;
-        return fallback!(be, cpu::attention::causal_attention_backward; [q, k, v], &result, &d_out, scale);
+        return fallback!(be, cpu::attention::causal_attention_backward; [q, k, v], &result, &d_out, window, scale);
     }
     let AttentionDims { batch: b, hq, hkv, tq, tk, d, .. } = dims;
     let dtype = q.dtype();
@@ -109,8 +111,8 @@ pub(crate) fn causal_attention_backward(
     })
 }
 
-pub(crate) fn supports_causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
-    spec::causal_attention(q, k, v).is_ok_and(|dims| native(&dims, &[q, k, v]))
+pub(crate) fn supports_causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, window: Option<usize>) -> bool {
+    window.is_none() && spec::causal_attention(q, k, v, window).is_ok_and(|dims| native(&dims, &[q, k, v]))
 }
 
 pub(crate) fn write_head_cache(be: &WgpuBackend, cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
@@ -150,11 +152,12 @@ pub(crate) fn decode_attention(
     k_cache: &Tensor,
     v_cache: &Tensor,
     kv_len: usize,
+    window: Option<usize>,
     scale: f32,
 ) -> Result<Tensor> {
-    let DecodeSpec { dims, capacity } = spec::decode_attention(q, k_cache, v_cache, kv_len)?;
-    if dims.tq == 0 || !native(&dims, &[q, k_cache, v_cache]) {
-        return fallback!(be, cpu::attention::decode_attention; [q, k_cache, v_cache], kv_len, scale);
+    let DecodeSpec { dims, capacity } = spec::decode_attention(q, k_cache, v_cache, kv_len, window)?;
+    if window.is_some() || dims.tq == 0 || !native(&dims, &[q, k_cache, v_cache]) {
+        return fallback!(be, cpu::attention::decode_attention; [q, k_cache, v_cache], kv_len, window, scale);
     }
     Ok(be.attention_forward("decode_attention", q, k_cache, v_cache, dims, capacity, scale, true)?.output)
 }

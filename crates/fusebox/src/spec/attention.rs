@@ -4,7 +4,9 @@
 //!
 //! Layout is `(batch, heads, seq, head_dim)`; query head `h` reads kv head
 //! `h / (Hq/Hkv)` (GQA by index); the causal mask is aligned bottom-right: query `i`
-//! sees key `j` iff `j ≤ i + (Tk − Tq)`.
+//! sees key `j` iff `j ≤ i + (Tk − Tq)`, and with a sliding window of `W` keys also
+//! `j > i + (Tk − Tq) − W` (query `i` sits at absolute position `p = i + Tk − Tq` and
+//! sees keys `p − W < j ≤ p`).
 
 use crate::cpu::check;
 use crate::dtype::DType;
@@ -46,6 +48,27 @@ impl AttentionDims {
             self.tk
         }
     }
+
+    /// The first key query row `i` of a causal call may see: 0 without a window, else
+    /// `max(0, i + (tk − tq) + 1 − W)` (keys `p − W < j ≤ p` for the query's absolute
+    /// position `p = i + tk − tq`). With [`visible`](Self::visible), row `i` sees keys
+    /// `window_start(window, i) .. visible(true, i)`.
+    pub fn window_start(&self, window: Option<usize>, i: usize) -> usize {
+        match window {
+            Some(w) => (i + 1 + self.tk - self.tq).saturating_sub(w),
+            None => 0,
+        }
+    }
+}
+
+/// A sliding window of a causal attention op: `None` (full causal) or `Some(W)` with
+/// `W ≥ 1` keys; `Some(0)` (a query that sees no key, not even itself) is an error
+/// naming `op`.
+pub fn window(op: &'static str, window: Option<usize>) -> Result<()> {
+    if window == Some(0) {
+        return Err(Error::value(op, "window", "None (full causal) or Some(W) with W ≥ 1 keys", "Some(0)"));
+    }
+    Ok(())
 }
 
 /// `q [B,Hq,Tq,D]` against keys/values `[B,Hkv,rows,D]` (rows = Tk, or the capacity of
@@ -139,22 +162,27 @@ pub fn sdpa(
     Ok((dims, Some(MaskSpec { per_head, boolean })))
 }
 
-/// `causal_attention(q, k, v, scale)`: [`qkv`] and `Tq ≤ Tk`.
-pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<AttentionDims> {
-    masked("causal_attention", q, k, v, true)
+/// `causal_attention(q, k, v, window, scale)`: [`qkv`], `Tq ≤ Tk` and a valid
+/// [`window`].
+pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, window: Option<usize>) -> Result<AttentionDims> {
+    const OP: &str = "causal_attention";
+    self::window(OP, window)?;
+    masked(OP, q, k, v, true)
 }
 
-/// `causal_attention_backward(q, k, v, result, d_out, scale)`: as [`causal_attention`];
-/// `result.output` and `d_out` of q's dtype and shape, `result.logsumexp` F32
-/// `[B, Hq, Tq]`.
+/// `causal_attention_backward(q, k, v, result, d_out, window, scale)`: as
+/// [`causal_attention`]; `result.output` and `d_out` of q's dtype and shape,
+/// `result.logsumexp` F32 `[B, Hq, Tq]`.
 pub fn causal_attention_backward(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     result: &CausalAttentionResult,
     d_out: &Tensor,
+    window: Option<usize>,
 ) -> Result<AttentionDims> {
     const OP: &str = "causal_attention_backward";
+    self::window(OP, window)?;
     let dims = masked(OP, q, k, v, true)?;
     check::same_dtype(OP, "output", q, &result.output)?;
     check::same_shape(OP, "output", q, &result.output)?;
@@ -175,10 +203,17 @@ pub struct DecodeSpec {
     pub capacity: usize,
 }
 
-/// `decode_attention(q, k_cache, v_cache, kv_len, scale)`: [`qkv`] with the caches'
-/// capacity as rows, `kv_len ≤ capacity` and `Tq ≤ kv_len`.
-pub fn decode_attention(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, kv_len: usize) -> Result<DecodeSpec> {
+/// `decode_attention(q, k_cache, v_cache, kv_len, window, scale)`: [`qkv`] with the
+/// caches' capacity as rows, `kv_len ≤ capacity`, `Tq ≤ kv_len` and a valid [`window`].
+pub fn decode_attention(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    kv_len: usize,
+    window: Option<usize>,
+) -> Result<DecodeSpec> {
     const OP: &str = "decode_attention";
+    self::window(OP, window)?;
     let cache_dims = qkv(OP, q, k_cache, v_cache)?;
     let capacity = cache_dims.tk;
     if kv_len > capacity {

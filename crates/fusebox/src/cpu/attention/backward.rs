@@ -12,7 +12,9 @@
 //!   dK_j  = scale·Σ_i dS_ij·q_i
 //! ```
 //!
-//! and, with GQA, dK and dV of a kv head sum over its query group. One task per
+//! and, with GQA, dK and dV of a kv head sum over its query group. With a sliding
+//! window of W keys, P is 0 outside each row's window and a key block runs only the
+//! query blocks whose rows see it (cost O(T·W)). One task per
 //! (batch, kv head) walks the key blocks; for each it runs every query block of every
 //! query head of the group that sees the block, accumulating dK, dV of the block and dQ
 //! of the group's heads straight into the (zeroed) outputs, or into padded scratch when
@@ -70,7 +72,9 @@ pub(super) fn backward(
     let share_slots = &mut shares.spare_capacity_mut()[..shares_len];
     let (dq_ptr, dk_ptr, dv_ptr) = (SharedMut(dq.as_mut_ptr()), SharedMut(dk.as_mut_ptr()), SharedMut(dv.as_mut_ptr()));
     let share_ptr = SharedMut(share_slots.as_mut_ptr());
-    cpu.for_each_index(heads * splits, group * tq * tk * d / splits, |task| {
+    // Keys a query row sees: all of them, or a window.
+    let span = p.window.map_or(tk, |w| w.min(tk));
+    cpu.for_each_index(heads * splits, group * tq * span * d / splits, |task| {
         let (kv_head, split) = (task / splits, task % splits);
         let (kb_lo, kb_hi) = ranges[split];
         let (k_lo, k_hi) = (kb_lo * BLOCK_K, (kb_hi * BLOCK_K).min(tk));
@@ -118,11 +122,14 @@ pub(super) fn backward(
 }
 
 /// `splits` contiguous ranges of key blocks with about equal work: key block `kb` is
-/// seen by the `Tq − max(0, kb·BLOCK_K − (Tk − Tq))` last query rows.
+/// seen by the query rows of [`rows_seeing`].
 fn split_key_blocks(p: &Problem, splits: usize) -> Vec<(usize, usize)> {
-    let Dims { tq, tk, .. } = p.dims;
+    let tk = p.dims.tk;
     let key_blocks = tk.div_ceil(BLOCK_K);
-    let work = |kb: usize| (tq - (kb * BLOCK_K).saturating_sub(tk - tq).min(tq)).max(1);
+    let work = |kb: usize| {
+        let (lo, hi) = rows_seeing(p, kb * BLOCK_K, (kb * BLOCK_K + BLOCK_K).min(tk));
+        hi.saturating_sub(lo).max(1)
+    };
     let total: usize = (0..key_blocks).map(work).sum();
     let mut ranges = Vec::with_capacity(splits);
     let (mut lo, mut done) = (0, 0);
@@ -143,6 +150,19 @@ fn split_key_blocks(p: &Problem, splits: usize) -> Vec<(usize, usize)> {
         lo = hi;
     }
     ranges
+}
+
+/// The query rows `lo .. hi` that see some key of `k0 .. k1` (`k0 < k1`): key `j` is
+/// seen by rows `j − (Tk − Tq) ..< j + W − (Tk − Tq)` (up to Tq without a window).
+fn rows_seeing(p: &Problem, k0: usize, k1: usize) -> (usize, usize) {
+    let Dims { tq, tk, .. } = p.dims;
+    let off = tk - tq;
+    let lo = k0.saturating_sub(off).min(tq);
+    let hi = match p.window {
+        Some(w) => (k1 - 1).saturating_add(w).saturating_sub(off).min(tq),
+        None => tq,
+    };
+    (lo, hi.max(lo))
 }
 
 /// The buffers of one backward task, reused by the next task on the same thread (and the
@@ -275,10 +295,12 @@ impl<'a> KvHeadBackward<'a> {
                 (&mut grads.dk[..], &mut grads.dv[..])
             };
             let dq: &mut [f32] = dqa.as_deref_mut().unwrap_or(dq_out);
-            // Query rows see key k0 from i = k0 − (Tk − Tq) on: earlier query blocks are skipped.
-            let first_block = k0.saturating_sub(tk - tq) / BLOCK_Q;
+            // Only the query blocks holding rows that see this key block run: rows see key
+            // k0 from i = k0 − (Tk − Tq) on, and (with a window) key k0 + nk − 1 until
+            // i = k0 + nk − 1 + W − (Tk − Tq).
+            let (lo, hi) = rows_seeing(self.p, k0, k0 + nk);
             for h in 0..self.p.dims.group() {
-                for qb in first_block..tq.div_ceil(BLOCK_Q) {
+                for qb in lo / BLOCK_Q..hi.div_ceil(BLOCK_Q) {
                     self.query_block(blk, (&mut *dk, &mut *dv), &mut *dq, h, qb * BLOCK_Q, k0, nk);
                 }
             }
@@ -321,12 +343,20 @@ impl<'a> KvHeadBackward<'a> {
         let tiles = rows_p / TILE_ROWS;
         let base = h * self.tq_p + q0;
         for r in 0..rows_p {
-            blk.visible[r] = if r < rows { self.p.dims.visible(true, q0 + r).saturating_sub(k0).min(nk) } else { 0 };
+            blk.visible[r] = if r < rows {
+                let (lo, hi) = self.p.keys(q0 + r);
+                let hi = hi.saturating_sub(k0).min(nk);
+                (lo.saturating_sub(k0).min(hi), hi)
+            } else {
+                (nk, 0)
+            };
         }
         for t in 0..tiles {
-            // Visible counts grow with the row (padding rows aside): take the tile's max.
-            let cols = blk.visible[t * TILE_ROWS..(t + 1) * TILE_ROWS].iter().fold(0, |a, &b| a.max(b));
-            blk.q_ranges[t] = (0, cols);
+            // The keys some row of the tile sees (padding rows see none).
+            let rows_t = &blk.visible[t * TILE_ROWS..(t + 1) * TILE_ROWS];
+            let lo = rows_t.iter().fold(nk, |a, &(lo, _)| a.min(lo));
+            let hi = rows_t.iter().fold(0, |a, &(_, hi)| a.max(hi));
+            blk.q_ranges[t] = (lo.min(hi), hi);
         }
         let qs = &self.qs[base * dp..(base + rows_p) * dp];
         let dos = &self.dos[base * dp..(base + rows_p) * dp];
@@ -345,11 +375,12 @@ impl<'a> KvHeadBackward<'a> {
             &self.delta[base..base + rows_p],
             self.p.scale,
         );
-        // Key row j of the block is seen by query rows i ≥ k0 + j − (Tk − Tq) − q0.
+        // The query rows of this block that see some key of each key tile.
         let key_tiles = nk.div_ceil(TILE_ROWS);
-        let shift = self.p.dims.tk - tq + q0;
         for t in 0..key_tiles {
-            blk.k_ranges[t] = ((k0 + t * TILE_ROWS).saturating_sub(shift).min(rows), rows);
+            let (lo, hi) = rows_seeing(self.p, k0 + t * TILE_ROWS, (k0 + t * TILE_ROWS + TILE_ROWS).min(k0 + nk));
+            let hi = hi.saturating_sub(q0).min(rows);
+            blk.k_ranges[t] = (lo.saturating_sub(q0).min(hi), hi);
         }
         let k_ranges = &blk.k_ranges[..key_tiles];
         // dV += Pᵀ·dO and dK += dSᵀ·Q: A read transposed through its strides.
@@ -372,7 +403,8 @@ struct KeyBlock {
     /// `[BLOCK_Q][BLOCK_K]`: probabilities, and dP turned into dS in place.
     p: Vec<f32>,
     ds: Vec<f32>,
-    visible: [usize; BLOCK_Q],
+    /// Per query row: the keys `lo .. hi` of the block it sees.
+    visible: [(usize, usize); BLOCK_Q],
     q_ranges: [(usize, usize); BLOCK_Q / TILE_ROWS],
     k_ranges: [(usize, usize); BLOCK_K / TILE_ROWS],
 }
@@ -399,7 +431,7 @@ impl KeyBlock {
             vr: vec![0.0; BLOCK_K * dp],
             p: vec![0.0; BLOCK_Q * BLOCK_K],
             ds: vec![0.0; BLOCK_Q * BLOCK_K],
-            visible: [0; BLOCK_Q],
+            visible: [(0, 0); BLOCK_Q],
             q_ranges: [(0, 0); BLOCK_Q / TILE_ROWS],
             k_ranges: [(0, 0); BLOCK_K / TILE_ROWS],
         }

@@ -1,5 +1,5 @@
-//! The single-query forward (Tq = 1, no explicit mask): every query row sees all `Tk`
-//! keys, so each kv head (or each range of its keys, when kv heads are few) is one task
+//! The single-query forward (Tq = 1, no explicit mask): the query sees all `Tk` keys
+//! (or, with a sliding window of W, the last W, the others never read), so each kv head (or each range of its keys, when kv heads are few) is one task
 //! that streams its K rows once, scoring the
 //! `G = Hq/Hkv` query heads of its group against each row while it is in L1, and then
 //! its V rows once, accumulating the G outputs. The softmax is the same online one as
@@ -40,12 +40,15 @@ pub(super) fn applies(p: &Problem) -> bool {
 /// then merged in order (`M = max m_i`, `l = Σ e^(m_i − M)·l_i`, `o = Σ e^(m_i − M)·o_i`),
 /// deterministic for a given thread count.
 pub(super) fn forward(cpu: &CpuBackend, p: &Problem, out: &mut [MaybeUninit<f32>], lse: &mut [MaybeUninit<f32>]) {
-    let Dims { batch, hkv, tk, d, .. } = p.dims;
+    let Dims { batch, hkv, d, .. } = p.dims;
     let (out, lse) = (SharedMut(out.as_mut_ptr()), SharedMut(lse.as_mut_ptr()));
     let group = p.dims.group();
     let heads = batch * hkv;
-    let work = 2 * group * tk * d;
-    let splits = key_splits(cpu.threads(), heads, tk);
+    // The one query sees keys `first .. tk` (a sliding window: the last W); the rows
+    // before are never read.
+    let (first, tk) = p.keys(0);
+    let work = 2 * group * (tk - first) * d;
+    let splits = key_splits(cpu.threads(), heads, tk - first);
     let finish = |row: usize, o: &[f32], m: f32, l: f32| {
         // SAFETY: query row `row` (< B·Hq) belongs to one kv head's task (or merge) alone
         // (groups partition the query heads, Tq = 1); row·D + D ≤ out's length, row < lse's.
@@ -55,8 +58,8 @@ pub(super) fn forward(cpu: &CpuBackend, p: &Problem, out: &mut [MaybeUninit<f32>
     let first_row = |kv_head: usize| (kv_head / hkv) * p.dims.hq + (kv_head % hkv) * group;
     if splits == 1 {
         cpu.for_each_index(heads, work, |kv_head| {
-            let first = first_row(kv_head);
-            group_forward(p, kv_head, 0..tk, |g, o, m, l| finish(first + g, o, m, l));
+            let row = first_row(kv_head);
+            group_forward(p, kv_head, first..tk, |g, o, m, l| finish(row + g, o, m, l));
         });
         return;
     }
@@ -65,7 +68,8 @@ pub(super) fn forward(cpu: &CpuBackend, p: &Problem, out: &mut [MaybeUninit<f32>
     let mut partials = vec![0.0f32; heads * splits * group * stride];
     cpu.for_each_chunk(&mut partials, group * stride, work / splits, |task, part| {
         let (kv_head, split) = (task / splits, task % splits);
-        let keys = tk * split / splits..tk * (split + 1) / splits;
+        let len = tk - first;
+        let keys = first + len * split / splits..first + len * (split + 1) / splits;
         group_forward(p, kv_head, keys, |g, o, m, l| {
             let slot = &mut part[g * stride..(g + 1) * stride];
             slot[..d].copy_from_slice(o);

@@ -24,7 +24,9 @@
 //! when D is not a multiple of 16). Key blocks the causal mask hides from every column
 //! are skipped, and within a block so are the query registers a key tile cannot be seen
 //! from; keys past the block's last visible one are never read (a cache's unfilled
-//! tail). Blocks:
+//! tail). With a sliding window, key blocks before the first column's window are
+//! skipped too, and a key is masked for the columns past its last query row, so a block
+//! reads about its rows plus W keys (cost O(T·W)). Blocks:
 //! - long query runs (Tq ≥ 16): 64 consecutive queries of one head per block;
 //! - a few queries (decode): the queries of every head of a GQA group together (16 or
 //!   64 columns), so each kv head's cache is read once per group.
@@ -65,7 +67,12 @@ pub(super) fn forward(cpu: &CpuBackend, p: &Problem, out: &mut [MaybeUninit<f32>
     let layout = Layout::new(p);
     let outputs = Outputs { out: SharedMut(out.as_mut_ptr()), lse: SharedMut(lse.as_mut_ptr()) };
     let blocks_per_group = layout.blocks_per_group();
-    let work = layout.cols * tk * d;
+    // Keys a block of columns reads: all of them, or about its rows plus a window.
+    let span = match p.window {
+        Some(w) if p.causal => tk.min(w.saturating_add(layout.rows)),
+        _ => tk,
+    };
+    let work = layout.cols * span * d;
     let tasks = batch * hkv * blocks_per_group;
     let block_of = |task: usize| layout.block(task / blocks_per_group, task % blocks_per_group);
     cpu.for_each_index(tasks, work, |task| {
@@ -230,37 +237,48 @@ fn forward_block_in<const COLS: usize>(
     }
     o.fill(0.0);
     let (mut m, mut l, mut alpha) = ([f32::NEG_INFINITY; COLS], [0.0f32; COLS], [1.0f32; COLS]);
-    let mut first_col = [0usize; BLOCK_K];
-    let mut key_cols = [(0usize, 0usize); BLOCK_K / TILE_ROWS];
+    let mut key_cols = [(0usize, 0usize); BLOCK_K];
+    let mut tile_cols = [(0usize, 0usize); BLOCK_K / TILE_ROWS];
     let mut ranges = [(0usize, 0usize); tiles::QUERY_COLS / TILE_ROWS];
     let col_tiles = n.div_ceil(TILE_ROWS);
-    let visible = |j: usize| p.dims.visible(p.causal, blk.column(j).1);
-    // The last column sees the most keys; blocks past them are skipped.
-    let seen = visible(n - 1);
-    for kb in 0..seen.div_ceil(BLOCK_K) {
+    let keys_of = |j: usize| p.keys(blk.column(j).1);
+    // Rows grow with the column: the first column's window starts first and the last
+    // column sees the last key; key blocks outside `first .. seen` are skipped.
+    let (first, seen) = (keys_of(0).0, keys_of(n - 1).1);
+    for kb in first / BLOCK_K..seen.div_ceil(BLOCK_K) {
         let k0 = kb * BLOCK_K;
         let keys = seen.min(k0 + BLOCK_K) - k0;
-        // Key k0 + c is seen from query row k0 + c − (Tk − Tq) on, i.e. from column
-        // heads·(that row − i0) on.
-        for (c, f) in first_col[..keys].iter_mut().enumerate() {
-            let first_row = if p.causal { (k0 + c + tq).saturating_sub(tk + blk.i0) } else { 0 };
-            *f = (blk.heads * first_row).min(COLS);
+        // Key j = k0 + c is seen by query rows j − (Tk − Tq) ..< j + W − (Tk − Tq), i.e.
+        // by columns heads·(row − i0) of those rows.
+        for (c, cols) in key_cols[..keys].iter_mut().enumerate() {
+            let j = k0 + c;
+            let (lo_row, hi_row) = if p.causal {
+                let hi = match p.window {
+                    Some(w) => j.saturating_add(w).saturating_add(tq).saturating_sub(tk + blk.i0),
+                    None => COLS,
+                };
+                ((j + tq).saturating_sub(tk + blk.i0), hi)
+            } else {
+                (0, COLS)
+            };
+            *cols = ((blk.heads * lo_row).min(COLS), blk.heads.saturating_mul(hi_row).min(COLS));
         }
         let key_tiles = keys.div_ceil(TILE_ROWS);
-        for (t, cols) in key_cols[..key_tiles].iter_mut().enumerate() {
-            *cols = (first_col[t * TILE_ROWS], COLS);
+        for (t, cols) in tile_cols[..key_tiles].iter_mut().enumerate() {
+            let last = (t * TILE_ROWS + TILE_ROWS).min(keys) - 1;
+            *cols = (key_cols[t * TILE_ROWS].0, key_cols[last].1);
         }
         // Sᵀ = K·(scale·Q)ᵀ, skipping the query registers a key tile cannot be seen from.
         // Whole key tiles read K in place; a partial last one goes through a zero-padded
         // copy, so no row past the block's keys is read.
         let whole = keys / TILE_ROWS;
-        tiles::scores(st, COLS, &k[k0 * d..], d, d, qt, COLS, &key_cols[..whole]);
+        tiles::scores(st, COLS, &k[k0 * d..], d, d, qt, COLS, &tile_cols[..whole]);
         if whole < key_tiles {
             let rest = keys - whole * TILE_ROWS;
             tail.fill(0.0);
             tail[..rest * d].copy_from_slice(&k[(k0 + whole * TILE_ROWS) * d..(k0 + keys) * d]);
             let st_tail = &mut st[whole * TILE_ROWS * COLS..];
-            tiles::scores(st_tail, COLS, tail, d, d, qt, COLS, &key_cols[whole..key_tiles]);
+            tiles::scores(st_tail, COLS, tail, d, d, qt, COLS, &tile_cols[whole..key_tiles]);
         }
         if let Some(mask) = p.mask {
             for j in 0..n {
@@ -268,11 +286,14 @@ fn forward_block_in<const COLS: usize>(
                 mask.apply(&p.dims, bh, i, k0, keys, st, COLS, j);
             }
         }
-        tiles::softmax_cols(st, COLS, keys, &first_col[..keys], &mut m, &mut l, &mut alpha);
-        // O = α∘O + P·V; each 4-column tile runs over the keys its last column sees.
+        tiles::softmax_cols(st, COLS, keys, &key_cols[..keys], &mut m, &mut l, &mut alpha);
+        // O = α∘O + P·V; each 4-column tile runs from the first key its first column
+        // sees to the last its last column sees (P is 0 outside each column's keys).
         for (t, range) in ranges[..col_tiles].iter_mut().enumerate() {
             let last = (t * TILE_ROWS + TILE_ROWS - 1).min(n - 1);
-            *range = (0, visible(last).saturating_sub(k0).min(keys));
+            let (lo, hi) = (keys_of(t * TILE_ROWS).0, keys_of(last).1);
+            let hi = hi.saturating_sub(k0).min(keys);
+            *range = (lo.saturating_sub(k0).min(hi), hi);
         }
         tiles::accumulate_cols(o, dp, st, COLS, &v[k0 * dp..], &ranges[..col_tiles], Some(&alpha));
     }

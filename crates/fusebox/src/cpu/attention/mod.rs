@@ -95,7 +95,19 @@ struct Problem<'a> {
     kv_stride: usize,
     scale: f32,
     causal: bool,
+    /// A causal call's sliding window: row `i` sees keys
+    /// `dims.window_start(window, i) .. dims.visible(true, i)`.
+    window: Option<usize>,
     mask: Option<Mask<'a>>,
+}
+
+impl Problem<'_> {
+    /// Keys `lo .. hi` query row `i` sees (all `0 .. Tk` when not causal).
+    fn keys(&self, i: usize) -> (usize, usize) {
+        let hi = self.dims.visible(self.causal, i);
+        let lo = if self.causal { self.dims.window_start(self.window, i).min(hi) } else { 0 };
+        (lo, hi)
+    }
 }
 
 /// Runs the forward and writes the output in `dtype`; returns it with the f32 logsumexp.
@@ -163,7 +175,7 @@ fn forward_full(
     causal: bool,
 ) -> Result<Tensor> {
     let (qf, kf, vf) = (f32_data(op, "q", q)?, f32_data(op, "k", k)?, f32_data(op, "v", v)?);
-    let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride: dims.tk * dims.d, scale, causal, mask };
+    let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride: dims.tk * dims.d, scale, causal, window: None, mask };
     Ok(run_forward(cpu, &p, q.dtype())?.0)
 }
 
@@ -178,6 +190,9 @@ fn mask_reader<'a>(mask: AttentionMask<'a>, spec: MaskSpec) -> Result<Mask<'a>> 
 
 /// Fused causal attention, blockwise with an online softmax and O(T) memory; returns
 /// the output and the per-row logsumexp `ln Σ_j exp(s_ij)` (f32) the backward needs.
+/// With a `window` of W keys, query `i` (position `p = i + Tk − Tq`) sees keys
+/// `p − W < j ≤ p`, and key blocks outside every window of a query block are skipped
+/// (cost O(T·W)).
 ///
 /// # Shapes
 /// `q`: `[B, Hq, Tq, D]`; `k`, `v`: `[B, Hkv, Tk, D]`, `Tq ≤ Tk` → output `[B, Hq, Tq, D]`,
@@ -187,18 +202,21 @@ pub fn causal_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
+    window: Option<usize>,
     scale: f32,
 ) -> Result<CausalAttentionResult> {
     const OP: &str = "causal_attention";
-    let dims = spec::causal_attention(q, k, v)?;
+    let dims = spec::causal_attention(q, k, v, window)?;
     let (qf, kf, vf) = (f32_data(OP, "q", q)?, f32_data(OP, "k", k)?, f32_data(OP, "v", v)?);
-    let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride: dims.tk * dims.d, scale, causal: true, mask: None };
+    let kv_stride = dims.tk * dims.d;
+    let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride, scale, causal: true, window, mask: None };
     let (output, logsumexp) = run_forward(cpu, &p, q.dtype())?;
     Ok(CausalAttentionResult { output, logsumexp })
 }
 
 /// Backward of [`causal_attention`] from the saved logsumexp: P is recomputed
-/// blockwise; `dq`, and `dk`, `dv` summed over each query group.
+/// blockwise; `dq`, and `dk`, `dv` summed over each query group. `window` is the
+/// forward's; key blocks no query of a block sees are skipped.
 ///
 /// # Shapes
 /// as [`causal_attention`]; `result.output` and `d_out` `[B, Hq, Tq, D]` (dtype of q),
@@ -210,15 +228,17 @@ pub fn causal_attention_backward(
     v: &Tensor,
     result: &CausalAttentionResult,
     d_out: &Tensor,
+    window: Option<usize>,
     scale: f32,
 ) -> Result<AttentionGradients> {
     const OP: &str = "causal_attention_backward";
-    let dims = spec::causal_attention_backward(q, k, v, result, d_out)?;
+    let dims = spec::causal_attention_backward(q, k, v, result, d_out, window)?;
     let (qf, kf, vf) = (f32_data(OP, "q", q)?, f32_data(OP, "k", k)?, f32_data(OP, "v", v)?);
     let of = f32_data(OP, "output", &result.output)?;
     let dof = f32_data(OP, "d_out", d_out)?;
     let lse = result.logsumexp.as_slice::<f32>()?;
-    let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride: dims.tk * dims.d, scale, causal: true, mask: None };
+    let kv_stride = dims.tk * dims.d;
+    let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride, scale, causal: true, window, mask: None };
     let lens = [q, k, v].map(|t| t.shape().elem_count());
     let [mut dq, mut dk, mut dv] = lens.map(Vec::<f32>::with_capacity);
     backward::backward(
@@ -243,6 +263,8 @@ pub fn causal_attention_backward(
 /// Attention of `Tq` new queries over the first `kv_len` rows of preallocated caches,
 /// read in place (rows past `kv_len` are never touched). The queries sit at positions
 /// `kv_len − Tq .. kv_len` and are masked causally among themselves. GQA by index.
+/// With a `window` of W keys the query at position `p` sees rows `p − W < j ≤ p`;
+/// earlier rows are not read.
 ///
 /// # Shapes
 /// `q`: `[B, Hq, Tq, D]`; caches `[B, Hkv, capacity, D]`, `Tq ≤ kv_len ≤ capacity`
@@ -253,31 +275,46 @@ pub fn decode_attention(
     k_cache: &Tensor,
     v_cache: &Tensor,
     kv_len: usize,
+    window: Option<usize>,
     scale: f32,
 ) -> Result<Tensor> {
     const OP: &str = "decode_attention";
-    let dims = spec::decode_attention(q, k_cache, v_cache, kv_len)?.dims;
+    let dims = spec::decode_attention(q, k_cache, v_cache, kv_len, window)?.dims;
+    // No query sees a row before the first query's window: the problem starts at that
+    // row (shifting every key by `first` keeps the bottom-right alignment and the
+    // windows), so those rows are neither read nor converted.
+    let first = dims.window_start(window, 0);
+    let dims = Dims { tk: kv_len - first, ..dims };
     let qf = f32_data(OP, "q", q)?;
-    let (kf, kv_stride) = cache_prefix_f32(OP, k_cache, kv_len)?;
-    let (vf, _) = cache_prefix_f32(OP, v_cache, kv_len)?;
-    let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride, scale, causal: true, mask: None };
+    let (kf, kv_stride) = cache_rows_f32(OP, k_cache, first, kv_len)?;
+    let (vf, _) = cache_rows_f32(OP, v_cache, first, kv_len)?;
+    let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride, scale, causal: true, window, mask: None };
     Ok(run_forward(cpu, &p, q.dtype())?.0)
 }
 
-/// The first `kv_len` rows of every head of a `[B, Hkv, capacity, D]` cache as f32, and
-/// the stride between heads: an F32 cache is borrowed whole (rows past `kv_len` are
-/// never read); F16/BF16 caches convert only the filled prefix of each head.
-fn cache_prefix_f32<'a>(op: &'static str, cache: &'a Tensor, kv_len: usize) -> Result<(Cow<'a, [f32]>, usize)> {
+/// Rows `first .. kv_len` of every head of a `[B, Hkv, capacity, D]` cache as f32 (row
+/// `first` first), and the stride between heads: an F32 cache is borrowed in place
+/// (rows outside the range are never read); F16/BF16 caches convert only those rows
+/// of each head.
+fn cache_rows_f32<'a>(
+    op: &'static str,
+    cache: &'a Tensor,
+    first: usize,
+    kv_len: usize,
+) -> Result<(Cow<'a, [f32]>, usize)> {
     let dims = cache.dims();
     let (capacity, d) = (dims[2], dims[3]);
     if cache.dtype() == DType::F32 {
-        return Ok((Cow::Borrowed(cache.as_slice::<f32>()?), capacity * d));
+        // An empty cache (batch or heads 0) has no rows to skip.
+        let rows = cache.as_slice::<f32>()?.get(first * d..).unwrap_or(&[]);
+        return Ok((Cow::Borrowed(rows), capacity * d));
     }
     let heads = dims[0] * dims[1];
-    let mut out = Vec::with_capacity(heads * kv_len * d);
+    let rows = kv_len - first;
+    let mut out = Vec::with_capacity(heads * rows * d);
     for h in 0..heads {
-        let prefix = cache.view(h * capacity * d, Shape::new([kv_len * d]))?;
-        out.extend_from_slice(&f32_data(op, "cache", &prefix)?);
+        let part = cache.view((h * capacity + first) * d, Shape::new([rows * d]))?;
+        out.extend_from_slice(&f32_data(op, "cache", &part)?);
     }
-    Ok((Cow::Owned(out), kv_len * d))
+    Ok((Cow::Owned(out), rows * d))
 }

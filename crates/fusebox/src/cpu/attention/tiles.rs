@@ -326,7 +326,7 @@ fn probs_and_grads_row<const FMA: bool>(p: &mut [f32], g: &mut [f32], scale: f32
 fn softmax_cols_impl<const FMA: bool, const W: usize>(
     st: &mut [f32],
     keys: usize,
-    first_query: &[usize],
+    seen_by: &[(usize, usize)],
     m: &mut [f32],
     l: &mut [f32],
     alpha: &mut [f32],
@@ -338,8 +338,9 @@ fn softmax_cols_impl<const FMA: bool, const W: usize>(
     );
     let rows = st[..keys * W].chunks_exact_mut(W);
     let mut max = [f32::NEG_INFINITY; W];
-    for (row, &lo) in rows.zip(first_query) {
+    for (row, &(lo, hi)) in rows.zip(seen_by) {
         row[..lo.min(W)].fill(f32::NEG_INFINITY);
+        row[hi.min(W)..].fill(f32::NEG_INFINITY);
         for r in 0..W {
             max[r] = if row[r] > max[r] { row[r] } else { max[r] };
         }
@@ -367,8 +368,9 @@ fn softmax_cols_impl<const FMA: bool, const W: usize>(
 
 multiversion! {
     /// One online-softmax step on a transposed score block `st [keys][cols]` (column r is
-    /// a query, row c a key; `cols` is 16 or 64): key c is hidden from the queries before
-    /// `first_query[c]` (set to −∞); then per query `m' = max(m, max_c s_c)`,
+    /// a query, row c a key; `cols` is 16 or 64): key c is seen only by the queries
+    /// `seen_by[c] = (lo, hi)`, `lo ≤ r < hi` (the others are set to −∞; `lo ≥ hi`: none);
+    /// then per query `m' = max(m, max_c s_c)`,
     /// `α = e^(m − m')`, `s_c ← e^(s_c − m')`, `l' = α·l + Σ_c s_c` — all down columns,
     /// so every step is a plain vector operation (no horizontal reductions). A query that
     /// has seen no key keeps m = −∞, l = 0.
@@ -376,43 +378,48 @@ multiversion! {
         st: &mut [f32],
         cols: usize,
         keys: usize,
-        first_query: &[usize],
+        seen_by: &[(usize, usize)],
         m: &mut [f32],
         l: &mut [f32],
         alpha: &mut [f32]
     ) {
         if cols == 16 {
-            softmax_cols_impl::<FMA, 16>(st, keys, first_query, m, l, alpha)
+            softmax_cols_impl::<FMA, 16>(st, keys, seen_by, m, l, alpha)
         } else {
-            softmax_cols_impl::<FMA, QUERY_COLS>(st, keys, first_query, m, l, alpha)
+            softmax_cols_impl::<FMA, QUERY_COLS>(st, keys, seen_by, m, l, alpha)
         }
     }
 }
 
 multiversion! {
     /// The backward's probabilities and score gradients on a block of unscaled scores
-    /// `s = q·k`: for row r with `n = visible[r]` keys and saved `lse[r]`,
+    /// `s = q·k`: for row r seeing keys `visible[r] = (lo, n)` and saved `lse[r]`,
     /// `p_j = e^(scale·s_j − lse)` and, with `ds` holding `dP` on entry,
-    /// `dS_j = scale·p_j·(dP_j − delta[r])` for `j < n` (the softmax backward with the
-    /// score scale folded in, so dQ and dK need no final scaling); both rows are zeroed
-    /// from `n` to `ld`, and entirely when `n = 0` or `lse = −∞`.
+    /// `dS_j = scale·p_j·(dP_j − delta[r])` for `lo ≤ j < n` (the softmax backward with
+    /// the score scale folded in, so dQ and dK need no final scaling); both rows are
+    /// zeroed before `lo` and from `n` to `ld`, and entirely when `lo ≥ n` or
+    /// `lse = −∞`.
     pub fn probs_and_grads(
         p: &mut [f32],
         ds: &mut [f32],
         ld: usize,
-        visible: &[usize],
+        visible: &[(usize, usize)],
         lse: &[f32],
         delta: &[f32],
         scale: f32
     ) {
-        for (r, &n) in visible.iter().enumerate() {
+        for (r, &(lo, n)) in visible.iter().enumerate() {
             let p_row = &mut p[r * ld..(r + 1) * ld];
             let ds_row = &mut ds[r * ld..(r + 1) * ld];
-            let n = if lse[r] == f32::NEG_INFINITY { 0 } else { n };
-            // Whole registers up to `end`: the lanes past `n` hold whatever the widened score
-            // tiles left there (finite or not) and are zeroed afterwards.
-            let end = n.next_multiple_of(LANES).min(ld);
-            probs_and_grads_row::<FMA>(&mut p_row[..end], &mut ds_row[..end], scale, lse[r], delta[r]);
+            let n = if lse[r] == f32::NEG_INFINITY { 0 } else { n.min(ld) };
+            let lo = lo.min(n);
+            // Whole registers from `start` to `end`: the lanes outside `lo..n` hold whatever
+            // the widened score tiles left there (finite or not) and are zeroed afterwards.
+            let (start, end) = (lo / LANES * LANES, n.next_multiple_of(LANES).min(ld));
+            let (p_part, ds_part) = (&mut p_row[start..end], &mut ds_row[start..end]);
+            probs_and_grads_row::<FMA>(p_part, ds_part, scale, lse[r], delta[r]);
+            p_row[..lo].fill(0.0);
+            ds_row[..lo].fill(0.0);
             p_row[n..].fill(0.0);
             ds_row[n..].fill(0.0);
         }
