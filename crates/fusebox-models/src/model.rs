@@ -1,5 +1,5 @@
-//! [`Model`]: a transformer trained from scratch — a [`ModelConfig`] (the sizes a
-//! checkpoint records) and the [`Transformer`] it describes. Forward, backward and
+//! [`Model`]: a transformer trained from scratch — a [`ModelConfig`] (the sizes and
+//! style a checkpoint records) and the [`Transformer`] it describes. Forward, backward and
 //! cached inference are the transformer's; this type only ties them to the config.
 
 use fusebox::{ComputeBackend, Result, RopeStyle, Tensor};
@@ -14,7 +14,8 @@ use crate::transformer::{
 /// The architecture a from-scratch config describes.
 pub fn arch_of(cfg: &ModelConfig) -> Arch {
     let gpt2 = cfg.style == Style::Gpt2;
-    Arch {
+    let gemma = cfg.style == Style::Gemma3;
+    let mut arch = Arch {
         name: cfg.style.name().to_string(),
         vocab_size: cfg.vocab_size,
         n_layers: cfg.n_layers,
@@ -38,7 +39,19 @@ pub fn arch_of(cfg: &ModelConfig) -> Arch {
         attn_scale: 1.0 / (cfg.head_dim() as f32).sqrt(),
         embed_scale: 1.0,
         tied_embeddings: cfg.tied_embeddings,
+    };
+    arch.qk_norm = matches!(cfg.style, Style::Qwen3 | Style::Gemma3);
+    if gemma {
+        arch.post_norms = true;
+        arch.mlp = Mlp::GeGlu;
+        arch.embed_scale = (cfg.d_model as f32).sqrt();
+        arch.sliding_window = Some(cfg.max_seq.div_ceil(2));
+        arch.layer_attention = (0..cfg.n_layers)
+            .map(|l| if l % 2 == 1 { LayerAttention::Global } else { LayerAttention::Local })
+            .collect();
+        arch.rope_local = Some(Rope::plain(10_000.0, RopeStyle::HalfSplit));
     }
+    arch
 }
 
 /// The parameter specs (names, shapes, init) of a config and their indices.

@@ -576,7 +576,7 @@ mod tests {
 
     #[test]
     fn param_count_matches_the_layout_and_the_estimate_grows_with_the_run() {
-        for style in [Style::Gpt2, Style::Llama] {
+        for style in Style::ALL {
             for tied in [true, false] {
                 let cfg = ModelConfig { tied_embeddings: tied, ..ModelConfig::tiny(style, 50, 24) };
                 let (specs, _) = param_specs(&cfg);
