@@ -7,8 +7,9 @@ For each architecture it builds a tiny model from a config (no hub download), wi
 seeded random weights larger than the training init (so logits have clear winners)
 and random norm weights and biases (so every parameter carries signal), rounds every
 weight to bf16, and saves it as a Hugging Face directory (config.json +
-model.safetensors in bf16, which holds the rounded values exactly) under
-crates/fusebox-models/tests/fixtures/arch/<name>/, and the reference beside it. The reference then runs in f64 on
+model.safetensors in bf16, which holds the rounded values exactly, and a byte-level
+tokenizer.json of the 256 byte tokens, so `fusebox generate --model DIR` runs it)
+under crates/fusebox-models/tests/fixtures/arch/<name>/, and the reference beside it. The reference then runs in f64 on
 those same values, so the recorded numbers are the exact answer up to f64 rounding
 and the test's tolerance measures fusebox's f32 error alone.
 
@@ -35,7 +36,7 @@ import transformers
 from transformers import AutoModelForCausalLM
 
 OUT = "crates/fusebox-models/tests/fixtures/arch"
-VOCAB, D, LAYERS, HEADS, KV, FF, CTX = 64, 32, 2, 4, 2, 64, 64
+VOCAB, D, LAYERS, HEADS, KV, FF, CTX = 272, 32, 2, 4, 2, 64, 64
 PROMPT, NEW = 12, 8
 # Windows smaller than the prompt, so local layers mask keys in prefill, decode and training.
 WINDOW = int(os.environ.get("WINDOW", "5"))
@@ -111,6 +112,24 @@ ARCHS = {
 }
 
 
+def byte_tokenizer(path):
+    """GPT-2's byte-level alphabet as 256 tokens (ids = byte values), no merges."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    tok = Tokenizer(models.BPE(vocab={chars[b]: b for b in range(256)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(path)
+
+
 def build(name, config):
     torch.manual_seed(sum(map(ord, name)))
     config._attn_implementation = "eager"
@@ -132,6 +151,7 @@ def record(name, config):
     # A copy goes to bf16 for saving: `.to` converts in place, buffers too (rope's
     # inv_freq), and the reference must keep those in full precision.
     copy.deepcopy(model).to(torch.bfloat16).save_pretrained(out)
+    byte_tokenizer(os.path.join(out, "tokenizer.json"))
     model = model.to(torch.float64)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
@@ -170,7 +190,7 @@ def record(name, config):
     ref = os.path.join(OUT, name + ".reference.safetensors")
     save_file(tensors, ref)
     for f in os.listdir(out):
-        if f not in ("config.json", "model.safetensors"):
+        if f not in ("config.json", "model.safetensors", "tokenizer.json"):
             os.remove(os.path.join(out, f))
     size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out)) + os.path.getsize(ref)
     sure = next((i for i, gap in enumerate(gaps) if gap < 0.3), len(gaps))

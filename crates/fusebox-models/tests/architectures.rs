@@ -54,25 +54,30 @@ fn rel_err(got: &[f32], want: &[f32]) -> f64 {
     got.iter().zip(want).map(|(&g, &w)| (f64::from(g) - f64::from(w)).abs()).fold(0.0, f64::max) / scale
 }
 
+/// Through `llama::load` (config, safetensors and tokenizer.json — what `fusebox
+/// generate --model DIR` runs): the prompt's last logits and greedy decoding.
 fn logits_and_greedy(name: &str) {
     let b = cpu();
     let r = Reference::open(name);
-    let model = weights::load_hf(&b, &dir(name)).unwrap();
+    // The loader `fusebox generate --model DIR` uses: weights, config and tokenizer.
+    let pretrained = fusebox_models::llama::load(&b, &dir(name)).unwrap();
+    assert_eq!(pretrained.tokenizer.vocab_size(), 256, "{name}: the byte-level tokenizer");
+    let model = &pretrained.network;
     let ids = r.ids("ids");
-    let mut session = Session::new(&model, &b, 64).unwrap();
+    let mut session = Session::new(model, &b, 64).unwrap();
     let logits = session.step(&b, &ids).unwrap();
     let e = rel_err(&logits, &r.get("logits"));
     assert!(e < TOL, "{name}: last-position logits off by {e:.2e} (relative)");
 
     let (want, gaps) = (r.ids("greedy"), r.get("gaps"));
-    let mut session = Session::new(&model, &b, 64).unwrap();
+    let mut session = Session::new(model, &b, 64).unwrap();
     let mut sampler = Sampler::new(SamplerConfig::default()).unwrap();
     let got = generate(&mut session, &b, &ids, want.len(), &mut sampler, &[], |_| Ok(())).unwrap().tokens;
     let sure = gaps.iter().take_while(|&&g| g >= GAP).count();
     assert_eq!(got[..sure], want[..sure], "{name}: greedy tokens (the first {sure} have a top-2 gap ≥ {GAP})");
     // Past a close call the two may part ways: feed the reference's tokens through the
     // decode path and check our choice at every step whose gap is clear.
-    let mut session = Session::new(&model, &b, 64).unwrap();
+    let mut session = Session::new(model, &b, 64).unwrap();
     let mut logits = session.step(&b, &ids).unwrap();
     let mut checked = 0;
     for (k, (&tok, &gap)) in want.iter().zip(&gaps).enumerate() {
