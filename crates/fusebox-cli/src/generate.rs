@@ -10,7 +10,7 @@ use clap::Args;
 use fusebox::{Error, Result};
 use fusebox_models::checkpoint;
 use fusebox_models::data::{addition, text};
-use fusebox_models::generate::generate;
+use fusebox_models::generate::{generate, Session};
 use fusebox_models::{Sampler, SamplerConfig};
 use serde_json::json;
 
@@ -128,7 +128,12 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     if streaming {
         print!("{}", args.prompt);
     }
-    let out = generate(&model, b.as_ref(), &prompt, args.max_tokens, &mut sampler, &stop, |t| {
+    let max_seq = model.config.max_seq;
+    if prompt.len() > max_seq {
+        return Err(Error::value("generate", "prompt length", format!("≤ context {max_seq}"), prompt.len()));
+    }
+    let mut session = Session::new(&model.net, b.as_ref(), (prompt.len() + args.max_tokens).min(max_seq))?;
+    let out = generate(&mut session, b.as_ref(), &prompt, args.max_tokens, &mut sampler, &stop, |t| {
         first_token.get_or_insert_with(|| start.elapsed().as_secs_f64());
         if streaming {
             // Byte tokens may split a UTF-8 character: print only complete characters.
@@ -148,7 +153,8 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             pending.clear();
         }
         Ok(())
-    })?;
+    })?
+    .tokens;
     let total = start.elapsed().as_secs_f64();
     let prefill = first_token.unwrap_or(total);
     let decode_tps = (out.len().saturating_sub(1)) as f64 / (total - prefill).max(1e-9);

@@ -5,7 +5,7 @@
 use std::io::Write;
 
 use fusebox::{Error, Result};
-use fusebox_models::llama::{self, Network};
+use fusebox_models::llama;
 use fusebox_models::Sampler;
 use serde_json::json;
 
@@ -17,10 +17,9 @@ const DEFAULT_CTX: usize = 2048;
 
 /// Refuses a KV cache of `ctx` positions that does not fit in the memory available.
 pub(crate) fn check_cache_memory(model: &llama::Pretrained, ctx: usize) -> Result<()> {
-    let (layers, kv_heads, head_dim, rope) = match &model.network {
-        Network::Llama(m) => (m.config.n_layers, m.config.n_kv_heads, m.config.head_dim, true),
-        Network::Gpt2(m) => (m.config.n_layers, m.config.n_kv_heads, m.config.head_dim(), false),
-    };
+    let a = &model.network.arch;
+    let (layers, kv_heads, head_dim) = (a.n_layers, a.n_kv_heads, a.head_dim);
+    let rope = a.positions == fusebox_models::transformer::Positions::Rope;
     // Keys and values, f32, every layer; Llama's rope tables add cos and sin, head_dim / 2 each.
     let per_position = 2 * 4 * (layers as u128) * (kv_heads as u128) * (head_dim as u128);
     let per_position = per_position + if rope { 4 * head_dim as u128 } else { 0 };
@@ -91,10 +90,7 @@ pub fn run(args: &GenerateArgs, mut sampler: Sampler) -> Result<()> {
     })?;
     let shown: Vec<u32> = generation.tokens.iter().copied().filter(|t| !stop.contains(t)).collect();
     if args.json {
-        let kind = match &model.network {
-            Network::Llama(_) => "llama",
-            Network::Gpt2(_) => "gpt2",
-        };
+        let kind = model.network.arch.name.as_str();
         let v = json!({
             "model": args.model.display().to_string(),
             "network": kind,

@@ -11,7 +11,7 @@ use fusebox::{ComputeBackend, Error, Result};
 use fusebox_models::checkpoint;
 use fusebox_models::data::addition::{self, Addition};
 use fusebox_models::data::text::{self, TextData};
-use fusebox_models::generate::generate;
+use fusebox_models::generate::{generate, Session};
 use fusebox_models::train::{resume_info, EvalStats, Task, TrainConfig, Trainer};
 use fusebox_models::{ModelConfig, Sampler, SamplerConfig, Style};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -22,8 +22,12 @@ pub struct TrainArgs {
     /// Model shape: tiny-gpt2 (default: learns the addition task to 100% held-out exact
     /// match in 1,500–2,500 steps), tiny-llama, small-llama, small-gpt2, gpt2-124m.
     /// Fresh runs only: a resumed run keeps its checkpoint's shape.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "arch")]
     pub preset: Option<String>,
+    /// Architecture of a fresh model: gpt2, llama, qwen3 or gemma3, each sized for the
+    /// addition task (the tiny-<arch> preset). Fresh runs only.
+    #[arg(long)]
+    pub arch: Option<String>,
     /// Override the number of layers (fresh runs only).
     #[arg(long)]
     pub layers: Option<usize>,
@@ -157,6 +161,7 @@ fn check_flags(args: &TrainArgs) -> Result<()> {
     if args.resume.is_some() {
         let shape = [
             ("--preset", args.preset.is_some()),
+            ("--arch", args.arch.is_some()),
             ("--layers", args.layers.is_some()),
             ("--d-model", args.d_model.is_some()),
             ("--heads", args.heads.is_some()),
@@ -323,6 +328,8 @@ pub fn preset(name: &str, vocab: usize, max_seq: usize) -> Result<ModelConfig> {
     let cfg = match name {
         "tiny-llama" => ModelConfig::tiny(Style::Llama, vocab, max_seq),
         "tiny-gpt2" => ModelConfig::tiny(Style::Gpt2, vocab, max_seq),
+        "tiny-qwen3" => ModelConfig::tiny(Style::Qwen3, vocab, max_seq),
+        "tiny-gemma3" => ModelConfig::tiny(Style::Gemma3, vocab, max_seq),
         "small-llama" => ModelConfig {
             n_layers: 4,
             d_model: 256,
@@ -344,7 +351,7 @@ pub fn preset(name: &str, vocab: usize, max_seq: usize) -> Result<ModelConfig> {
             return Err(Error::value(
                 "train",
                 "preset",
-                "tiny-llama, tiny-gpt2, small-llama, small-gpt2 or gpt2-124m",
+                "tiny-llama, tiny-gpt2, tiny-qwen3, tiny-gemma3, small-llama, small-gpt2 or gpt2-124m",
                 other,
             ))
         }
@@ -436,15 +443,10 @@ fn samples(trainer: &Trainer, b: &dyn ComputeBackend) -> Result<Vec<String>> {
             .iter()
             .take(5)
             .map(|&(x, y)| {
-                let out = generate(
-                    &trainer.model,
-                    b,
-                    &addition::prompt_tokens(x, y),
-                    5,
-                    &mut sampler,
-                    &[addition::END],
-                    |_| Ok(()),
-                )?;
+                let prompt = addition::prompt_tokens(x, y);
+                let ctx = (prompt.len() + 5).min(trainer.model.config.max_seq);
+                let mut session = Session::new(&trainer.model.net, b, ctx)?;
+                let out = generate(&mut session, b, &prompt, 5, &mut sampler, &[addition::END], |_| Ok(()))?.tokens;
                 let got = addition::read_answer(&out);
                 let mark = if got == Some(x + y) { "✓" } else { "✗" };
                 Ok(format!(
@@ -461,7 +463,8 @@ fn samples(trainer: &Trainer, b: &dyn ComputeBackend) -> Result<Vec<String>> {
                 Sampler::new(SamplerConfig { temperature: 0.8, top_k: 40, seed: 1, ..Default::default() })?;
             let prompt: Vec<u32> = "\n".bytes().map(u32::from).collect();
             let n = 300.min(trainer.model.config.max_seq - 1);
-            let out = generate(&trainer.model, b, &prompt, n, &mut sampler, &[], |_| Ok(()))?;
+            let mut session = Session::new(&trainer.model.net, b, n + prompt.len())?;
+            let out = generate(&mut session, b, &prompt, n, &mut sampler, &[], |_| Ok(()))?.tokens;
             Ok(vec![text::decode(&out)])
         }
     }
@@ -572,7 +575,16 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             ModelConfig::from_json(&v).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?
         }
         None => {
-            let mut cfg = preset(args.preset.as_deref().unwrap_or("tiny-gpt2"), task.vocab_size(), seq.max(16))?;
+            let name = match (&args.preset, &args.arch) {
+                (_, Some(arch)) => {
+                    let style = Style::parse(arch)
+                        .map_err(|_| Error::value("train", "--arch", "gpt2, llama, qwen3 or gemma3", arch))?;
+                    format!("tiny-{}", style.name())
+                }
+                (Some(p), None) => p.clone(),
+                (None, None) => "tiny-gpt2".into(),
+            };
+            let mut cfg = preset(&name, task.vocab_size(), seq.max(16))?;
             cfg.n_layers = args.layers.unwrap_or(cfg.n_layers);
             cfg.d_model = args.d_model.unwrap_or(cfg.d_model);
             cfg.n_heads = args.heads.unwrap_or(cfg.n_heads);
@@ -620,7 +632,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     }
 
     let cfg = &trainer.model.config;
-    let n_params = trainer.model.params.len();
+    let n_params = trainer.model.net.params.len();
     if !args.json {
         println!(
             "training {} ({} layers, d_model {}, {} heads / {} kv heads, {:.2}M parameters) on '{}' with {} threads",

@@ -128,11 +128,15 @@ pub(crate) fn save_with(
     std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
     after(Phase::TmpCreated)?;
     let meta = BTreeMap::from([("format".to_string(), "fusebox".to_string())]);
-    safetensors::write(&tmp.join("model.safetensors"), &named(backend, &model.specs, &model.params, "")?, &meta)?;
+    safetensors::write(
+        &tmp.join("model.safetensors"),
+        &named(backend, &model.net.specs, &model.net.params, "")?,
+        &meta,
+    )?;
     after(Phase::ModelWritten)?;
     if let Some((m, v)) = moments {
-        let mut tensors = named(backend, &model.specs, m, "m.")?;
-        tensors.extend(named(backend, &model.specs, v, "v.")?);
+        let mut tensors = named(backend, &model.net.specs, m, "m.")?;
+        tensors.extend(named(backend, &model.net.specs, v, "v.")?);
         safetensors::write(&tmp.join("optimizer.safetensors"), &tensors, &meta)?;
     }
     after(Phase::OptimizerWritten)?;
@@ -375,8 +379,8 @@ mod tests {
     fn tiny(b: &CpuBackend, seed: u64) -> (Model, ParamSet, ParamSet) {
         let cfg = ModelConfig { n_layers: 1, d_model: 16, d_ff: 32, ..ModelConfig::tiny(Style::Llama, 12, 8) };
         let model = Model::new(b, cfg, seed).unwrap();
-        let m = ParamSet::zeros(b, &model.specs).unwrap();
-        let v = ParamSet::zeros(b, &model.specs).unwrap();
+        let m = ParamSet::zeros(b, &model.net.specs).unwrap();
+        let v = ParamSet::zeros(b, &model.net.specs).unwrap();
         (model, m, v)
     }
 

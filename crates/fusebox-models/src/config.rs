@@ -1,4 +1,5 @@
-//! `ModelConfig`: one config for GPT-2-style and Llama-style decoder transformers.
+//! `ModelConfig`: the sizes and architecture of a transformer trained from scratch
+//! (GPT-2, Llama, Qwen3 or Gemma 3 style), as its checkpoints record them.
 
 use fusebox::{Error, Result};
 
@@ -9,23 +10,33 @@ pub enum Style {
     Gpt2,
     /// RMSNorm, RoPE, SwiGLU MLP, grouped-query attention, no biases.
     Llama,
+    /// Llama with a per-head RMS norm of q and k before rope.
+    Qwen3,
+    /// Gemma 3: embeddings × √d_model, norms before and after attention and MLP,
+    /// QK-norm, GeGLU; local layers (a window of half the context, rope base 10000)
+    /// alternating with global ones (every second layer, rope base `rope_theta`).
+    Gemma3,
 }
 
 impl Style {
-    /// `"gpt2"` or `"llama"`.
+    /// Every style.
+    pub const ALL: [Style; 4] = [Style::Gpt2, Style::Llama, Style::Qwen3, Style::Gemma3];
+
+    /// `"gpt2"`, `"llama"`, `"qwen3"` or `"gemma3"`.
     pub fn name(self) -> &'static str {
         match self {
             Style::Gpt2 => "gpt2",
             Style::Llama => "llama",
+            Style::Qwen3 => "qwen3",
+            Style::Gemma3 => "gemma3",
         }
     }
-    /// Parses `"gpt2"` / `"llama"`.
+    /// Parses a [`name`](Self::name).
     pub fn parse(s: &str) -> Result<Style> {
-        match s {
-            "gpt2" => Ok(Style::Gpt2),
-            "llama" => Ok(Style::Llama),
-            other => Err(Error::value("ModelConfig", "style", "\"gpt2\" or \"llama\"", other)),
-        }
+        Style::ALL
+            .into_iter()
+            .find(|st| st.name() == s)
+            .ok_or_else(|| Error::value("ModelConfig", "style", "gpt2, llama, qwen3 or gemma3", s))
     }
 }
 
@@ -77,7 +88,7 @@ impl ModelConfig {
         if self.style == Style::Gpt2 && self.n_kv_heads != self.n_heads {
             return bad("n_kv_heads", "equal to n_heads for gpt2".into(), self.n_kv_heads.to_string());
         }
-        if self.style == Style::Llama && !self.head_dim().is_multiple_of(2) {
+        if self.style != Style::Gpt2 && !self.head_dim().is_multiple_of(2) {
             return bad("head_dim", "even for rope".into(), self.head_dim().to_string());
         }
         // Every parameter must be addressable as one f32 buffer.
@@ -96,10 +107,17 @@ impl ModelConfig {
         let hd = u(self.d_model.checked_div(self.n_heads)?)?;
         let q = u(self.n_heads)?.checked_mul(hd)?;
         let kv = u(self.n_kv_heads)?.checked_mul(hd)?;
-        // q, k, v, o projections; MLP in (and up for Llama) and out; two norms.
+        // q, k, v, o projections; MLP in (and up when gated) and out; two norms (four
+        // for Gemma 3) and the per-head q/k norms of Qwen3 and Gemma 3.
         let mut layer =
             q.checked_mul(d)?.checked_add(kv.checked_mul(d)?.checked_mul(2)?)?.checked_add(d.checked_mul(q)?)?;
         layer = layer.checked_add(f.checked_mul(d)?.checked_mul(if gpt2 { 2 } else { 3 })?)?.checked_add(2 * d)?;
+        if matches!(self.style, Style::Qwen3 | Style::Gemma3) {
+            layer = layer.checked_add(hd.checked_mul(2)?)?;
+        }
+        if self.style == Style::Gemma3 {
+            layer = layer.checked_add(d.checked_mul(2)?)?;
+        }
         if gpt2 {
             // Biases of q, k, v, o, fc, proj and of both layer norms.
             layer = layer.checked_add(q.checked_add(2 * kv)?.checked_add(d)?.checked_add(f)?.checked_add(d)?)?;
@@ -136,7 +154,7 @@ impl ModelConfig {
     pub fn tiny(style: Style, vocab_size: usize, max_seq: usize) -> ModelConfig {
         let (n_heads, n_kv_heads) = match style {
             Style::Gpt2 => (4, 4),
-            Style::Llama => (4, 2),
+            _ => (4, 2),
         };
         ModelConfig {
             style,
@@ -145,7 +163,7 @@ impl ModelConfig {
             n_heads,
             n_kv_heads,
             d_model: 128,
-            d_ff: if style == Style::Llama { 352 } else { 512 },
+            d_ff: if style == Style::Gpt2 { 512 } else { 352 },
             max_seq,
             norm_eps: 1e-5,
             rope_theta: 10000.0,

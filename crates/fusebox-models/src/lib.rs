@@ -1,11 +1,14 @@
-//! fusebox-models: decoder-only transformers built on the `ComputeBackend` trait alone —
-//! GPT-2/Llama training with explicit forward/backward passes, checkpoints, data,
-//! sampling and generation through a preallocated KV cache — and what sits between
-//! files on disk and the trait: a bounds-checked GGUF reader ([`gguf`]), byte-level BPE
-//! tokenizers ([`tokenizer`]) and chat templates ([`chat`]).
+//! fusebox-models: decoder-only transformers built on the `ComputeBackend` trait alone.
+//! One [`transformer::Transformer`] — configured by an [`transformer::Arch`] that the
+//! files in [`arch`] read from Hugging Face configs and GGUF metadata — trains (explicit
+//! forward and backward passes) and generates through a preallocated KV cache for every
+//! architecture; around it: weight loading ([`weights`], [`gguf`], [`safetensors`]),
+//! byte-level BPE tokenizers ([`tokenizer`]), chat templates ([`chat`]), training
+//! ([`train`], [`checkpoint`], [`data`]) and generation ([`generate`], [`sampler`]).
 
 #![warn(missing_docs)]
 
+pub mod arch;
 pub mod chat;
 pub mod checkpoint;
 pub mod config;
@@ -13,7 +16,6 @@ pub mod data;
 pub mod files;
 pub mod generate;
 pub mod gguf;
-pub mod kv_cache;
 pub mod llama;
 pub mod model;
 pub mod params;
@@ -22,9 +24,12 @@ pub mod safetensors;
 pub mod sampler;
 pub mod tokenizer;
 pub mod train;
+pub mod transformer;
+pub mod weights;
 
 pub use config::{ModelConfig, Style};
-pub use kv_cache::KvCache;
+pub use generate::{generate, Generation, Session, StopReason};
 pub use model::Model;
 pub use params::{Init, ParamSet, ParamSpec};
 pub use sampler::{Sampler, SamplerConfig};
+pub use transformer::{Arch, KvCache, Transformer};

@@ -293,9 +293,9 @@ impl Trainer {
         config.validate()?;
         model_config.validate()?;
         let model = Model::new(b, model_config, config.seed)?;
-        let m = ParamSet::zeros(b, &model.specs)?;
-        let v = ParamSet::zeros(b, &model.specs)?;
-        let grads = ParamSet::zeros(b, &model.specs)?;
+        let m = ParamSet::zeros(b, &model.net.specs)?;
+        let v = ParamSet::zeros(b, &model.net.specs)?;
+        let grads = ParamSet::zeros(b, &model.net.specs)?;
         let data_rng = Rng::new(config.seed.wrapping_add(1));
         Ok(Trainer { model, config, task, m, v, grads, step: 0, data_rng, saved: None })
     }
@@ -305,7 +305,7 @@ impl Trainer {
     pub fn resume(b: &dyn ComputeBackend, path: &Path, config: TrainConfig, task: Task) -> Result<Trainer> {
         config.validate()?;
         let (model, ckpt) = checkpoint::load_model(b, path)?;
-        let (m, v) = checkpoint::load_moments(b, &ckpt.dir, &model.specs)?;
+        let (m, v) = checkpoint::load_moments(b, &ckpt.dir, &model.net.specs)?;
         let field = |name: &str| {
             ckpt.trainer
                 .get(name)
@@ -330,7 +330,7 @@ impl Trainer {
                 task.seq_len(&config),
             ));
         }
-        let grads = ParamSet::zeros(b, &model.specs)?;
+        let grads = ParamSet::zeros(b, &model.net.specs)?;
         Ok(Trainer { model, config, task, m, v, grads, step, data_rng, saved: Some(ckpt.dir) })
     }
 
@@ -377,7 +377,7 @@ impl Trainer {
         }
         let clip = if self.config.grad_clip > 0.0 { b.clip_scale(grad_norm, self.config.grad_clip)? } else { 1.0 };
         let lr = self.config.lr_at(step);
-        for (i, spec) in self.model.specs.iter().enumerate() {
+        for (i, spec) in self.model.net.specs.iter().enumerate() {
             let hyper = AdamWConfig {
                 lr,
                 beta1: self.config.beta1,
@@ -388,7 +388,7 @@ impl Trainer {
                 grad_scale: clip,
             };
             b.adamw_update(
-                &mut self.model.params.tensors[i],
+                &mut self.model.net.params.tensors[i],
                 &self.grads.tensors[i],
                 &mut self.m.tensors[i],
                 &mut self.v.tensors[i],
@@ -576,7 +576,7 @@ mod tests {
 
     #[test]
     fn param_count_matches_the_layout_and_the_estimate_grows_with_the_run() {
-        for style in [Style::Gpt2, Style::Llama] {
+        for style in Style::ALL {
             for tied in [true, false] {
                 let cfg = ModelConfig { tied_embeddings: tied, ..ModelConfig::tiny(style, 50, 24) };
                 let (specs, _) = param_specs(&cfg);

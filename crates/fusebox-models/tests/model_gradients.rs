@@ -1,5 +1,5 @@
-//! Whole-model gradients against central finite differences, on tiny configs of both
-//! styles: the explicit backward must agree with the forward it differentiates.
+//! Whole-model gradients against central finite differences, on tiny configs of every
+//! style: the explicit backward must agree with the forward it differentiates.
 
 use fusebox::{ComputeBackend, CpuBackend, Tensor};
 use fusebox_models::rng::Rng;
@@ -11,7 +11,7 @@ fn tiny(style: Style) -> ModelConfig {
         vocab_size: 11,
         n_layers: 2,
         n_heads: 4,
-        n_kv_heads: if style == Style::Llama { 2 } else { 4 },
+        n_kv_heads: if style == Style::Gpt2 { 4 } else { 2 },
         d_model: 16,
         d_ff: 24,
         max_seq: 16,
@@ -26,10 +26,18 @@ fn check_gradients(style: Style) {
     let cfg = tiny(style);
     let mut model = Model::new(&b, cfg.clone(), 7).unwrap();
     // Larger weights than the default init so every path carries signal.
-    let values: Vec<f32> = model.params.to_values(&b).unwrap();
+    let values: Vec<f32> = model.net.params.to_values(&b).unwrap();
     let mut rng = Rng::new(3);
-    let scaled: Vec<f32> = values.iter().map(|v| v * 10.0 + 0.05 * rng.normal()).collect();
-    model.params = ParamSet::from_values(&b, &model.specs, scaled.clone()).unwrap();
+    // Norm weights stay near 1: QK-norm weights of 10 would saturate the softmax.
+    let mut scaled = Vec::with_capacity(values.len());
+    let mut at = 0;
+    for spec in &model.net.specs {
+        let n = spec.shape.elem_count();
+        let qk_norm = spec.name.contains("q_norm") || spec.name.contains("k_norm");
+        scaled.extend(values[at..at + n].iter().map(|v| if qk_norm { *v } else { v * 10.0 } + 0.05 * rng.normal()));
+        at += n;
+    }
+    model.net.params = ParamSet::from_values(&b, &model.net.specs, scaled.clone()).unwrap();
 
     let (bsz, t) = (2, 12);
     let ids: Vec<u32> = (0..bsz * t).map(|_| rng.below(cfg.vocab_size) as u32).collect();
@@ -38,14 +46,14 @@ fn check_gradients(style: Style) {
     let ids = Tensor::from_vec(ids, [bsz, t]).unwrap();
     let targets = Tensor::from_vec(targets, [bsz, t]).unwrap();
 
-    let mut grads = ParamSet::zeros(&b, &model.specs).unwrap();
+    let mut grads = ParamSet::zeros(&b, &model.net.specs).unwrap();
     model.loss_and_grads(&b, &ids, &targets, Some(99), 1.0, &mut grads).unwrap();
     let analytic = grads.to_values(&b).unwrap();
 
     // Probe a spread of coordinates in every parameter tensor.
     let mut offset = 0;
     let mut checked = 0;
-    for spec in model.specs.clone() {
+    for spec in model.net.specs.clone() {
         let n = spec.shape.elem_count();
         for probe in 0..3 {
             let i = offset + (probe * 7919 + 13) % n;
@@ -53,8 +61,8 @@ fn check_gradients(style: Style) {
             let loss_at = |delta: f32| {
                 let mut v = scaled.clone();
                 v[i] += delta;
-                let m =
-                    Model::from_params(&b, cfg.clone(), ParamSet::from_values(&b, &model.specs, v).unwrap()).unwrap();
+                let m = Model::from_params(&b, cfg.clone(), ParamSet::from_values(&b, &model.net.specs, v).unwrap())
+                    .unwrap();
                 m.loss(&b, &ids, &targets, Some(99)).unwrap() as f64
             };
             let numeric = (loss_at(h) - loss_at(-h)) / (2.0 * h as f64);
@@ -70,7 +78,7 @@ fn check_gradients(style: Style) {
         }
         offset += n;
     }
-    assert!(checked >= 3 * model.specs.len());
+    assert!(checked >= 3 * model.net.specs.len());
 }
 
 #[test]
@@ -81,6 +89,18 @@ fn gpt2_style_gradients_match_finite_differences() {
 #[test]
 fn llama_style_gradients_match_finite_differences() {
     check_gradients(Style::Llama);
+}
+
+#[test]
+fn qwen3_style_gradients_match_finite_differences() {
+    check_gradients(Style::Qwen3);
+}
+
+/// Post norms, QK-norm, GeGLU, the embedding scale, and a local layer whose window (8)
+/// is shorter than the sequence (12).
+#[test]
+fn gemma3_style_gradients_match_finite_differences() {
+    check_gradients(Style::Gemma3);
 }
 
 #[test]

@@ -69,7 +69,7 @@ fn check_against_torch(style: &str) {
     let ignore = st.tensor("ignore_index").unwrap().to_vec::<u32>().unwrap()[0];
     assert!(targets.to_vec::<u32>().unwrap().contains(&ignore), "the fixture has an ignored position");
 
-    let mut grads = ParamSet::zeros(&b, &model.specs).unwrap();
+    let mut grads = ParamSet::zeros(&b, &model.net.specs).unwrap();
     let loss = model.loss_and_grads(&b, &ids, &targets, Some(ignore), 1.0, &mut grads).unwrap() as f64;
     let want_loss = f32s(&st, "loss")[0] as f64;
     let loss_rel = (loss / want_loss - 1.0).abs();
@@ -78,7 +78,7 @@ fn check_against_torch(style: &str) {
     // Compare every gradient; report every parameter that fails, worst element first.
     let mut failures = Vec::new();
     let mut worst_overall = 0.0f64;
-    for (spec, g) in model.specs.iter().zip(&grads.tensors) {
+    for (spec, g) in model.net.specs.iter().zip(&grads.tensors) {
         let got = b.to_host(g).unwrap().to_vec::<f32>().unwrap();
         let want = f32s(&st, &format!("grad.{}", spec.name));
         assert_eq!(got.len(), want.len(), "{style}: gradient length of '{}'", spec.name);

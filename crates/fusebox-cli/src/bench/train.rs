@@ -75,13 +75,13 @@ pub fn run(args: &TrainBenchArgs) -> Result<()> {
         println!(
             "{}",
             json!({"name": format!("train_step/{}", args.preset), "preset": args.preset, "batch": args.batch, "seq": args.seq,
-                   "params": trainer.model.params.len(), "seconds_per_step": s, "ms": s * 1e3, "tokens_per_s": tokens / s})
+                   "params": trainer.model.net.params.len(), "seconds_per_step": s, "ms": s * 1e3, "tokens_per_s": tokens / s})
         );
     } else {
         println!(
             "train step {} ({:.1}M params), batch {} × seq {} on '{}' ({} threads): {:.3} s/step (median of {}), {:.0} tokens/s",
             args.preset,
-            trainer.model.params.len() as f64 / 1e6,
+            trainer.model.net.params.len() as f64 / 1e6,
             args.batch,
             args.seq,
             b.name(),

@@ -1,7 +1,8 @@
-//! Pretrained Llama-family models for inference: GGUF files (F32/F16/BF16 and the block
-//! formats Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, multiplied straight from the blocks) and
-//! Hugging Face safetensors directories (Llama/Mistral, and GPT-2 mapped onto the
-//! trainable [`Model`]), with their tokenizers and chat templates.
+//! Pretrained models for inference, with their tokenizers and chat templates: GGUF
+//! files (F32/F16/BF16 and the block formats, multiplied straight from the blocks) and
+//! Hugging Face safetensors directories (sharded too), of every architecture in
+//! [`crate::arch`] (GPT-2, Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3), all run by
+//! the one [`Transformer`]. (The module keeps its first family's name.)
 //!
 //! ```no_run
 //! use fusebox_models::llama::{self, Session};
@@ -16,44 +17,25 @@
 //! # Ok::<(), fusebox::Error>(())
 //! ```
 
-pub mod config;
-pub mod generate;
-pub mod load_gguf;
-pub mod load_hf;
-pub mod model;
-pub mod weights;
-
 use std::io::Read;
 use std::path::Path;
 
 use fusebox::{ComputeBackend, Error, Result};
 
-pub use config::{LlamaConfig, RopeScaling};
-pub use generate::{generate, Generation, Session, StopReason};
-pub use load_gguf::load_gguf;
-pub use load_hf::{load_hf_gpt2, load_hf_llama};
-pub use model::{LlamaLayer, LlamaModel, LlamaState};
-pub use weights::{Embedding, Linear, Projections};
+pub use crate::generate::{generate, Generation, Session, StopReason};
 
+use crate::arch;
 use crate::chat::ChatTemplate;
 use crate::files;
 use crate::gguf::GgufFile;
-use crate::model::Model;
 use crate::tokenizer::Tokenizer;
-
-/// The network of a pretrained checkpoint.
-#[derive(Debug)]
-pub enum Network {
-    /// A Llama-family decoder (GGUF, or a Hugging Face Llama/Mistral directory).
-    Llama(LlamaModel),
-    /// A GPT-2 checkpoint from a Hugging Face directory, on the trainable model.
-    Gpt2(Model),
-}
+use crate::transformer::Transformer;
+use crate::weights::{self, read_config, Shards};
 
 /// A pretrained model with its tokenizer and chat template.
 pub struct Pretrained {
-    /// The network.
-    pub network: Network,
+    /// The network (inference only).
+    pub network: Transformer,
     /// Its tokenizer.
     pub tokenizer: Tokenizer,
     /// Its chat template: the file's own, or a fallback with a notice when it has none
@@ -71,10 +53,7 @@ pub struct Pretrained {
 impl Pretrained {
     /// Caches for one stream of `ctx_size` positions.
     pub fn session(&self, b: &dyn ComputeBackend, ctx_size: usize) -> Result<Session<'_>> {
-        match &self.network {
-            Network::Llama(m) => Ok(Session::Llama(m, m.new_state(b, ctx_size)?)),
-            Network::Gpt2(m) => Ok(Session::Gpt2(m, m.new_cache(b, ctx_size)?)),
-        }
+        Session::new(&self.network, b, ctx_size)
     }
 
     /// The chat template, or an error saying why there is none: the file has no
@@ -94,10 +73,7 @@ impl Pretrained {
 
     /// Longest context the model supports.
     pub fn context_length(&self) -> usize {
-        match &self.network {
-            Network::Llama(m) => m.config.context_length,
-            Network::Gpt2(m) => m.config.max_seq,
-        }
+        self.network.arch.context_length
     }
 
     /// Tokens that end generation: the tokenizer's end-of-generation ids (EOS and the
@@ -130,7 +106,7 @@ pub fn is_pretrained(path: &Path) -> bool {
         return std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok()
             && magic == crate::gguf::MAGIC;
     }
-    match load_hf::read_config(path) {
+    match read_config(path) {
         Ok(v) => v.get("model_type").is_some() || v.get("style").is_none(),
         // A `config.json` that is there but no regular file (a FIFO, a link to a device)
         // is for `load` to refuse: no reader should open it.
@@ -164,27 +140,18 @@ fn load_gguf_file(b: &dyn ComputeBackend, path: &Path) -> Result<Pretrained> {
         Ok(t) => (Some(t), None),
         Err(e) => (None, Some(format!("tokenizer.chat_template: {e}"))),
     };
-    let model = load_gguf(b, &file)?;
-    if model.config.vocab_size != tokenizer.vocab_size() {
+    let model = weights::load_gguf(b, &file)?;
+    if model.arch.vocab_size != tokenizer.vocab_size() {
         return Err(Error::Io(format!(
             "gguf: the model's vocabulary has {} tokens (token_embd.weight), the tokenizer {} \
              (tokenizer.ggml.tokens)",
-            model.config.vocab_size,
+            model.arch.vocab_size,
             tokenizer.vocab_size()
         )));
     }
-    let formats = weight_formats(&model);
-    let description = format!(
-        "gguf {} ({} layers, d_model {}, {} heads / {} kv, vocab {}; weights {formats})",
-        model.config.architecture,
-        model.config.n_layers,
-        model.config.d_model,
-        model.config.n_heads,
-        model.config.n_kv_heads,
-        model.config.vocab_size
-    );
+    let description = format!("gguf {}", describe(&model));
     Ok(Pretrained {
-        network: Network::Llama(model),
+        network: model,
         tokenizer,
         chat_template,
         chat_template_error,
@@ -194,7 +161,7 @@ fn load_gguf_file(b: &dyn ComputeBackend, path: &Path) -> Result<Pretrained> {
 }
 
 fn load_hf_dir(b: &dyn ComputeBackend, dir: &Path) -> Result<Pretrained> {
-    let config = load_hf::read_config(dir)?;
+    let config = read_config(dir)?;
     let tok_path = dir.join("tokenizer.json");
     let tok_text =
         files::read_text(&tok_path, "tokenizer.json (the tokenizer of an HF checkpoint)", files::MAX_TOKENIZER_BYTES)?;
@@ -232,44 +199,11 @@ fn load_hf_dir(b: &dyn ComputeBackend, dir: &Path) -> Result<Pretrained> {
             Err(e) => (None, Some(e.to_string())),
         },
     };
-    let model_type = match config.get("model_type") {
-        Some(serde_json::Value::String(t)) => t.clone(),
-        other => {
-            return Err(Error::Io(format!(
-                "{}: expected a string 'model_type' (llama, mistral or gpt2), found {}",
-                dir.join("config.json").display(),
-                other.map_or("none".to_string(), |v| v.to_string())
-            )))
-        }
-    };
-    let (network, description) = match model_type.as_str() {
-        "gpt2" => {
-            let m = load_hf_gpt2(b, dir, &config).map_err(|e| with_path(e, dir))?;
-            let d = format!(
-                "hf gpt2 ({} layers, d_model {}, vocab {})",
-                m.config.n_layers, m.config.d_model, m.config.vocab_size
-            );
-            (Network::Gpt2(m), d)
-        }
-        _ => {
-            let m = load_hf_llama(b, dir, &config).map_err(|e| with_path(e, dir))?;
-            let d = format!(
-                "hf {} ({} layers, d_model {}, {} heads / {} kv, vocab {}; weights {})",
-                m.config.architecture,
-                m.config.n_layers,
-                m.config.d_model,
-                m.config.n_heads,
-                m.config.n_kv_heads,
-                m.config.vocab_size,
-                weight_formats(&m)
-            );
-            (Network::Llama(m), d)
-        }
-    };
-    let model_vocab = match &network {
-        Network::Llama(m) => m.config.vocab_size,
-        Network::Gpt2(m) => m.config.vocab_size,
-    };
+    let plan = arch::hf_plan(&config).map_err(|e| with_path(e, &dir.join("config.json")))?;
+    let shards = Shards::open(dir)?;
+    let network = weights::load(b, &shards, plan).map_err(|e| with_path(e, dir))?;
+    let description = format!("hf {}", describe(&network));
+    let model_vocab = network.arch.vocab_size;
     if tokenizer.vocab_size() > model_vocab {
         return Err(Error::Io(format!(
             "{}: the tokenizer has {} tokens but the model's vocab_size is {model_vocab}: \
@@ -305,10 +239,31 @@ fn default_named_template(named: &[serde_json::Value]) -> std::result::Result<St
     ))
 }
 
+/// What was loaded, for messages: `llama (30 layers, d_model 576, 9 heads / 3 kv, vocab
+/// 49152; weights q4_1, q8_0)`.
+fn describe(m: &Transformer) -> String {
+    let a = &m.arch;
+    format!(
+        "{} ({} layers, d_model {}, {} heads / {} kv, vocab {}; weights {})",
+        a.name,
+        a.n_layers,
+        a.d_model,
+        a.n_heads,
+        a.n_kv_heads,
+        a.vocab_size,
+        weight_formats(m)
+    )
+}
+
 /// The storage formats of a model's matrices, e.g. `q4_1, q8_0`.
-fn weight_formats(m: &LlamaModel) -> String {
-    let mut names: Vec<&str> =
-        m.layers.iter().flat_map(LlamaLayer::matrices).chain([&m.head]).map(|w| w.weight().dtype().name()).collect();
+fn weight_formats(m: &Transformer) -> String {
+    let mut names: Vec<&str> = m
+        .specs
+        .iter()
+        .zip(&m.params.tensors)
+        .filter(|(s, _)| s.shape.rank() == 2)
+        .map(|(_, t)| t.dtype().name())
+        .collect();
     names.sort_unstable();
     names.dedup();
     names.join(", ")

@@ -1,39 +1,41 @@
-//! Generation from a pretrained model: the prompt in one prefill pass, then one token
-//! at a time, sampled, until a stop token, the token limit or a full context.
+//! Generation: a [`Session`] (a model and the KV caches of one stream), and the loop
+//! that runs the prompt in one prefill pass, then one token at a time, sampled, until
+//! a stop token, the token limit or a full context.
 
 use std::time::Instant;
 
 use fusebox::{ComputeBackend, Error, Result};
 
-use super::model::{LlamaModel, LlamaState};
-use crate::kv_cache::KvCache;
-use crate::model::Model;
 use crate::sampler::Sampler;
+use crate::transformer::{KvCache, Transformer};
 
 /// A model together with the caches of one stream.
 #[derive(Debug)]
-pub enum Session<'m> {
-    /// A Llama-family model with its caches and rotary tables.
-    Llama(&'m LlamaModel, LlamaState),
-    /// A GPT-2-style model with its KV cache.
-    Gpt2(&'m Model, KvCache),
+pub struct Session<'m> {
+    model: &'m Transformer,
+    cache: KvCache,
 }
 
-impl Session<'_> {
+impl<'m> Session<'m> {
+    /// A session of `model` whose caches hold `ctx_size` positions (1 ..= the model's
+    /// context length), allocated once.
+    pub fn new(model: &'m Transformer, b: &dyn ComputeBackend, ctx_size: usize) -> Result<Session<'m>> {
+        Ok(Session { model, cache: model.new_cache(b, ctx_size)? })
+    }
+
     /// Runs `ids` after what the caches hold; returns the last position's logits.
     pub fn step(&mut self, b: &dyn ComputeBackend, ids: &[u32]) -> Result<Vec<f32>> {
-        match self {
-            Session::Llama(m, state) => m.forward(b, ids, state),
-            Session::Gpt2(m, cache) => m.forward_cached(b, ids, cache),
-        }
+        self.model.forward_cached(b, ids, &mut self.cache)
+    }
+
+    /// As [`step`](Self::step) but returns the logits of every new position `[T, V]` (host).
+    pub fn step_all(&mut self, b: &dyn ComputeBackend, ids: &[u32]) -> Result<fusebox::Tensor> {
+        self.model.forward_cached_all(b, ids, &mut self.cache)
     }
 
     /// Positions filled.
     pub fn len(&self) -> usize {
-        match self {
-            Session::Llama(_, s) => s.len(),
-            Session::Gpt2(_, c) => c.len,
-        }
+        self.cache.len
     }
 
     /// Whether nothing has been run yet.
@@ -43,18 +45,22 @@ impl Session<'_> {
 
     /// Positions the caches hold.
     pub fn capacity(&self) -> usize {
-        match self {
-            Session::Llama(_, s) => s.capacity(),
-            Session::Gpt2(_, c) => c.capacity,
-        }
+        self.cache.capacity
     }
 
     /// Vocabulary size of the model.
     pub fn vocab_size(&self) -> usize {
-        match self {
-            Session::Llama(m, _) => m.config.vocab_size,
-            Session::Gpt2(m, _) => m.config.vocab_size,
-        }
+        self.model.arch.vocab_size
+    }
+
+    /// Forgets the cached positions, keeping the allocation.
+    pub fn clear(&mut self) {
+        self.cache.clear();
+    }
+
+    /// The model.
+    pub fn model(&self) -> &'m Transformer {
+        self.model
     }
 }
 

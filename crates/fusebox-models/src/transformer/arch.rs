@@ -1,0 +1,324 @@
+//! [`Arch`]: everything that distinguishes one decoder-only transformer from another,
+//! as data. The block in [`super::Transformer`] reads it; the files under
+//! [`crate::arch`] fill it from a Hugging Face `config.json` or GGUF metadata.
+
+use fusebox::{Error, Result, RopeStyle};
+
+/// Which normalisation the blocks use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormKind {
+    /// `(x − mean)/sqrt(var + eps)·w + b` (GPT-2).
+    LayerNorm,
+    /// `x/sqrt(mean(x²) + eps)·w`. Gemma's `(1 + w)` form is this with `1 + w` stored
+    /// (HF weights get the 1 added at load, as llama.cpp's converter does).
+    Rms,
+}
+
+/// The MLP of a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mlp {
+    /// `down(gelu_tanh(up(x)))` (GPT-2's `fc` / `proj`).
+    Gelu,
+    /// `down(silu(gate(x)) · up(x))` (Llama).
+    SwiGlu,
+    /// `down(gelu_tanh(gate(x)) · up(x))` (Gemma).
+    GeGlu,
+}
+
+impl Mlp {
+    /// Whether the MLP has a gate beside its up projection.
+    pub fn gated(self) -> bool {
+        !matches!(self, Mlp::Gelu)
+    }
+}
+
+/// How positions enter the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Positions {
+    /// A learned table `[context_length, D]` added to the token embeddings (GPT-2).
+    Learned,
+    /// Rotary embeddings of q and k.
+    Rope,
+}
+
+/// How rotary frequencies are rescaled for a longer context.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    /// Plain `θ^(−2i/d)`.
+    None,
+    /// Positions divided by `factor` (every frequency divided by it).
+    Linear {
+        /// The divisor.
+        factor: f64,
+    },
+    /// Llama 3.x: low frequencies divided by `factor`, high ones kept, a smooth ramp between.
+    Llama3 {
+        /// Divisor of the low frequencies.
+        factor: f64,
+        /// Wavelengths longer than `original_max_positions / low_freq_factor` are divided.
+        low_freq_factor: f64,
+        /// Wavelengths shorter than `original_max_positions / high_freq_factor` are kept.
+        high_freq_factor: f64,
+        /// The context length the model was pretrained with.
+        original_max_positions: f64,
+    },
+    /// Per-frequency divisors (GGUF `rope_freqs.weight`, how llama.cpp stores Llama 3 scaling).
+    FreqFactors(Vec<f32>),
+}
+
+/// One rotary embedding: base, scaling and pair convention.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rope {
+    /// The base θ.
+    pub theta: f64,
+    /// How the frequencies are rescaled.
+    pub scaling: RopeScaling,
+    /// HalfSplit for HF weights and llama.cpp's NEOX archs; Interleaved for GGUF llama
+    /// (whose converter permutes q/k rows to adjacent pairs).
+    pub style: RopeStyle,
+}
+
+impl Rope {
+    /// Plain rope of base `theta` (no scaling) in `style`.
+    pub fn plain(theta: f64, style: RopeStyle) -> Rope {
+        Rope { theta, scaling: RopeScaling::None, style }
+    }
+
+    /// The rotary angle per position for each pair `i < head_dim/2`:
+    /// `θ^(−2i/head_dim)` rescaled as [`RopeScaling`] says.
+    pub fn frequencies(&self, head_dim: usize) -> Vec<f64> {
+        let d = head_dim as f64;
+        (0..head_dim / 2)
+            .map(|i| {
+                let freq = self.theta.powf(-2.0 * i as f64 / d);
+                match &self.scaling {
+                    RopeScaling::None => freq,
+                    RopeScaling::Linear { factor } => freq / factor,
+                    RopeScaling::FreqFactors(f) => freq / f64::from(f[i]),
+                    RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_positions } => {
+                        let wavelen = 2.0 * std::f64::consts::PI / freq;
+                        let low_wavelen = original_max_positions / low_freq_factor;
+                        let high_wavelen = original_max_positions / high_freq_factor;
+                        if wavelen < high_wavelen {
+                            freq
+                        } else if wavelen > low_wavelen {
+                            freq / factor
+                        } else {
+                            let smooth = (original_max_positions / wavelen - low_freq_factor)
+                                / (high_freq_factor - low_freq_factor);
+                            (1.0 - smooth) * freq / factor + smooth * freq
+                        }
+                    }
+                }
+            })
+            .collect()
+    }
+
+    fn validate(&self, what: &str, head_dim: usize) -> Result<()> {
+        let bad = |field: &str, expected: String, got: String| {
+            Err(Error::value("Arch", format!("{what}.{field}"), expected, got))
+        };
+        if !(self.theta > 0.0 && self.theta.is_finite()) {
+            return bad("theta", "a finite value > 0".into(), self.theta.to_string());
+        }
+        match &self.scaling {
+            RopeScaling::FreqFactors(f) if f.len() != head_dim / 2 => {
+                bad("freq_factors", format!("{} factors (head_dim / 2)", head_dim / 2), f.len().to_string())
+            }
+            RopeScaling::FreqFactors(f) if f.iter().any(|v| !v.is_finite() || *v <= 0.0) => {
+                bad("freq_factors", "finite values > 0".into(), format!("{f:?}"))
+            }
+            RopeScaling::Linear { factor } | RopeScaling::Llama3 { factor, .. }
+                if !factor.is_finite() || *factor <= 0.0 =>
+            {
+                bad("scaling.factor", "a finite value > 0".into(), factor.to_string())
+            }
+            RopeScaling::Llama3 { low_freq_factor: lo, high_freq_factor: hi, original_max_positions: n, .. }
+                if !(lo.is_finite() && hi.is_finite() && *lo > 0.0 && hi > lo && n.is_finite() && *n > 0.0) =>
+            {
+                bad(
+                    "scaling (llama3)",
+                    "0 < low_freq_factor < high_freq_factor, positions > 0".into(),
+                    format!("{lo}, {hi}, {n}"),
+                )
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Which attention a layer runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerAttention {
+    /// Every earlier position, the global rope.
+    Global,
+    /// The last [`Arch::sliding_window`] positions, the local rope when there is one
+    /// ([`Arch::rope_local`]), else the global one.
+    Local,
+}
+
+/// Which projections carry a bias.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Biases {
+    /// q, k and v (GPT-2, Qwen2).
+    pub qkv: bool,
+    /// The attention output projection (GPT-2).
+    pub o: bool,
+    /// The MLP's projections (GPT-2).
+    pub mlp: bool,
+}
+
+/// The description of a decoder-only transformer: sizes and every choice the block makes.
+///
+/// Per block, with `x` the residual stream:
+/// ```text
+/// h = norm1(x);  q, k, v = h·Wqᵀ(+b), h·Wkᵀ(+b), h·Wvᵀ(+b)
+/// q, k = rope(qk_norm(q)), rope(qk_norm(k))          (qk_norm when `qk_norm`)
+/// a = attention(q, k, v; scale, window of the layer)·Woᵀ(+b)
+/// x = x + post_attn_norm(a)                           (post norm when `post_norms`)
+/// x = x + post_mlp_norm(mlp(norm2(x)))
+/// ```
+/// then `logits = norm_f(x)·Wheadᵀ`; the input is `embed(ids)·embed_scale (+ pos)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Arch {
+    /// Architecture name as the file states it (`llama`, `qwen3`, `gemma3`, ...).
+    pub name: String,
+    /// Tokens in the vocabulary.
+    pub vocab_size: usize,
+    /// Decoder blocks.
+    pub n_layers: usize,
+    /// Width of the residual stream.
+    pub d_model: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads (fewer than `n_heads` with grouped-query attention).
+    pub n_kv_heads: usize,
+    /// Width of one attention head (need not be `d_model / n_heads`).
+    pub head_dim: usize,
+    /// Hidden width of the MLP.
+    pub d_ff: usize,
+    /// Longest context (learned position table, rope tables, KV caches).
+    pub context_length: usize,
+    /// The norm of every block and the final one.
+    pub norm: NormKind,
+    /// Epsilon of the norms.
+    pub norm_eps: f32,
+    /// Norms on the attention and MLP outputs before the residual adds (Gemma).
+    pub post_norms: bool,
+    /// Per-head RMS norms of q and k before rope (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// The MLP.
+    pub mlp: Mlp,
+    /// Learned positions or rope.
+    pub positions: Positions,
+    /// The rope of global layers (unused with learned positions).
+    pub rope: Rope,
+    /// The rope of local (sliding-window) layers when it differs (Gemma 3).
+    pub rope_local: Option<Rope>,
+    /// Keys a local layer sees: query i sees keys j with i − W < j ≤ i.
+    pub sliding_window: Option<usize>,
+    /// Global or local attention, per layer (`n_layers` entries).
+    pub layer_attention: Vec<LayerAttention>,
+    /// Which projections have a bias.
+    pub bias: Biases,
+    /// Attention logits are `q·kᵀ·attn_scale` (usually `1/sqrt(head_dim)`).
+    pub attn_scale: f32,
+    /// Token embeddings are multiplied by this (Gemma: `sqrt(d_model)`); 1 elsewhere.
+    pub embed_scale: f32,
+    /// The output head is the token embedding table.
+    pub tied_embeddings: bool,
+}
+
+impl Arch {
+    /// Width of the query projection (`n_heads · head_dim`).
+    pub fn q_dim(&self) -> usize {
+        self.n_heads.saturating_mul(self.head_dim)
+    }
+
+    /// Width of the key and value projections (`n_kv_heads · head_dim`).
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads.saturating_mul(self.head_dim)
+    }
+
+    /// The window of layer `l` (`None`: global attention).
+    pub fn window(&self, l: usize) -> Option<usize> {
+        match self.layer_attention.get(l) {
+            Some(LayerAttention::Local) => self.sliding_window,
+            _ => None,
+        }
+    }
+
+    /// The rope of layer `l`: `rope_local` for local layers when there is one.
+    pub fn rope_of(&self, l: usize) -> &Rope {
+        match (self.layer_attention.get(l), &self.rope_local) {
+            (Some(LayerAttention::Local), Some(local)) => local,
+            _ => &self.rope,
+        }
+    }
+
+    /// Checks that the sizes fit together; an error names the field, what was
+    /// expected and what came.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: &str, expected: String, got: String| Err(Error::value("Arch", what, expected, got));
+        let sizes = [
+            ("vocab_size", self.vocab_size),
+            ("n_layers", self.n_layers),
+            ("d_model", self.d_model),
+            ("d_ff", self.d_ff),
+            ("context_length", self.context_length),
+            ("head_dim", self.head_dim),
+            ("n_heads", self.n_heads),
+            ("n_kv_heads", self.n_kv_heads),
+        ];
+        for (what, v) in sizes {
+            if v == 0 {
+                return bad(what, "> 0".into(), "0".into());
+            }
+        }
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
+            return bad("n_kv_heads", format!("a divisor of n_heads ({})", self.n_heads), self.n_kv_heads.to_string());
+        }
+        // Every width the model allocates must be representable.
+        let widths = [
+            ("n_heads × head_dim", self.n_heads.checked_mul(self.head_dim)),
+            ("n_kv_heads × head_dim", self.n_kv_heads.checked_mul(self.head_dim)),
+            ("vocab_size × d_model", self.vocab_size.checked_mul(self.d_model)),
+            ("d_ff × d_model", self.d_ff.checked_mul(self.d_model)),
+            ("context_length × d_model", self.context_length.checked_mul(self.d_model)),
+        ];
+        for (what, v) in widths {
+            if v.is_none_or(|v| v > isize::MAX as usize / 8) {
+                return bad(what, "a size that fits in memory".into(), "an overflowing product".into());
+            }
+        }
+        if self.positions == Positions::Rope && !self.head_dim.is_multiple_of(2) {
+            return bad("head_dim", "even (rotary pairs)".into(), self.head_dim.to_string());
+        }
+        if !(self.norm_eps > 0.0 && self.norm_eps.is_finite()) {
+            return bad("norm_eps", "a finite value > 0".into(), self.norm_eps.to_string());
+        }
+        for (what, v) in [("attn_scale", self.attn_scale), ("embed_scale", self.embed_scale)] {
+            if !(v > 0.0 && v.is_finite()) {
+                return bad(what, "a finite value > 0".into(), v.to_string());
+            }
+        }
+        if self.layer_attention.len() != self.n_layers {
+            return bad(
+                "layer_attention",
+                format!("one entry per layer ({})", self.n_layers),
+                self.layer_attention.len().to_string(),
+            );
+        }
+        let any_local = self.layer_attention.contains(&LayerAttention::Local);
+        match self.sliding_window {
+            Some(0) => return bad("sliding_window", "> 0".into(), "0".into()),
+            None if any_local => return bad("sliding_window", "a window for the local layers".into(), "none".into()),
+            _ => {}
+        }
+        self.rope.validate("rope", self.head_dim)?;
+        if let Some(local) = &self.rope_local {
+            local.validate("rope_local", self.head_dim)?;
+        }
+        Ok(())
+    }
+}

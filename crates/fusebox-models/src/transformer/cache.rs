@@ -1,0 +1,137 @@
+//! What one generation stream keeps: per-layer key and value caches, preallocated
+//! once, and the rotary tables for the positions they hold.
+
+use fusebox::{ComputeBackend, DType, Error, Result, Shape, Tensor};
+
+use super::arch::{Arch, LayerAttention, Positions, Rope};
+use super::Transformer;
+
+/// `cos`/`sin` tables `[positions, head_dim/2]` of the global rope and, when local
+/// layers have their own base, of the local one.
+#[derive(Debug, Clone)]
+pub struct RopeTables {
+    global: Option<(Tensor, Tensor)>,
+    local: Option<(Tensor, Tensor)>,
+    /// Which table each layer reads (true: local).
+    layer_local: Vec<bool>,
+}
+
+fn tables(b: &dyn ComputeBackend, rope: &Rope, head_dim: usize, positions: usize) -> Result<(Tensor, Tensor)> {
+    let half = head_dim / 2;
+    let freqs = rope.frequencies(head_dim);
+    let n = positions.checked_mul(half).filter(|&n| n <= isize::MAX as usize / 8).ok_or_else(|| {
+        Error::value("RopeTables", "positions", "a table that fits in memory", format!("{positions} × {half}"))
+    })?;
+    let mut cos = Vec::new();
+    let mut sin = Vec::new();
+    for v in [&mut cos, &mut sin] {
+        v.try_reserve_exact(n).map_err(|_| {
+            Error::value("RopeTables", "positions", "memory for the rope tables", format!("{positions} × {half}"))
+        })?;
+    }
+    for p in 0..positions {
+        for f in &freqs {
+            let angle = p as f64 * f;
+            cos.push(angle.cos() as f32);
+            sin.push(angle.sin() as f32);
+        }
+    }
+    Ok((b.upload(&Tensor::from_vec(cos, [positions, half])?)?, b.upload(&Tensor::from_vec(sin, [positions, half])?)?))
+}
+
+impl RopeTables {
+    /// The tables of `arch` for positions `0..positions` (none for learned positions).
+    pub fn new(b: &dyn ComputeBackend, arch: &Arch, positions: usize) -> Result<RopeTables> {
+        let layer_local: Vec<bool> =
+            arch.layer_attention.iter().map(|a| *a == LayerAttention::Local && arch.rope_local.is_some()).collect();
+        if arch.positions != Positions::Rope {
+            return Ok(RopeTables { global: None, local: None, layer_local });
+        }
+        let global = Some(tables(b, &arch.rope, arch.head_dim, positions)?);
+        let local = match &arch.rope_local {
+            Some(r) if layer_local.contains(&true) => Some(tables(b, r, arch.head_dim, positions)?),
+            _ => None,
+        };
+        Ok(RopeTables { global, local, layer_local })
+    }
+
+    /// `(cos, sin)` of layer `l`.
+    pub fn of(&self, l: usize) -> Result<(&Tensor, &Tensor)> {
+        let t = if self.layer_local.get(l).copied().unwrap_or(false) { &self.local } else { &self.global };
+        t.as_ref()
+            .map(|(c, s)| (c, s))
+            .ok_or_else(|| Error::value("RopeTables::of", "layer", "a layer with rotary positions", l))
+    }
+}
+
+/// Per-layer key and value caches `[1, Hkv, capacity, hd]`, how much is filled, and
+/// the rotary tables for positions `0..capacity`.
+#[derive(Debug)]
+pub struct KvCache {
+    /// Keys per layer, `[1, Hkv, capacity, hd]`.
+    pub k: Vec<Tensor>,
+    /// Values per layer, `[1, Hkv, capacity, hd]`.
+    pub v: Vec<Tensor>,
+    /// Positions filled so far.
+    pub len: usize,
+    /// Positions the caches hold.
+    pub capacity: usize,
+    /// Rotary tables for positions `0..capacity`.
+    pub rope: RopeTables,
+}
+
+impl KvCache {
+    /// Forgets the cached positions (keeps the allocation).
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+}
+
+impl Transformer {
+    /// Caches for one stream of `capacity` positions (1 ..= the context length),
+    /// allocated once; the size is checked against memory before allocating.
+    pub fn new_cache(&self, b: &dyn ComputeBackend, capacity: usize) -> Result<KvCache> {
+        const OP: &str = "Transformer::new_cache";
+        let arch = &self.arch;
+        if capacity == 0 || capacity > arch.context_length {
+            return Err(Error::value(
+                OP,
+                "context size",
+                format!("1..={} (the model's context length)", arch.context_length),
+                capacity,
+            ));
+        }
+        // K and V for every layer (f32) plus up to two pairs of rope tables.
+        let need = (arch.n_layers as u128) * 2 * (arch.kv_dim() as u128) * (capacity as u128) * 4
+            + 4 * (capacity as u128) * (arch.head_dim as u128 / 2) * 4;
+        let too_big = |limit: String| {
+            Error::value(
+                OP,
+                "context size",
+                format!(
+                    "a KV cache that fits {limit} ({} layers × 2 × {} kv dims × f32 per position)",
+                    arch.n_layers,
+                    arch.kv_dim()
+                ),
+                format!("{capacity} positions needing {need} bytes"),
+            )
+        };
+        if need > isize::MAX as u128 {
+            return Err(too_big("in memory".into()));
+        }
+        if let Some(total) = physical_memory().filter(|&t| need > u128::from(t)) {
+            return Err(too_big(format!("in this machine's {total} bytes of memory")));
+        }
+        let shape = Shape::new([1, arch.n_kv_heads, capacity, arch.head_dim]);
+        let alloc = || -> Result<Vec<Tensor>> { (0..arch.n_layers).map(|_| b.zeros(&shape, DType::F32)).collect() };
+        Ok(KvCache { k: alloc()?, v: alloc()?, len: 0, capacity, rope: RopeTables::new(b, arch, capacity)? })
+    }
+}
+
+/// Physical memory in bytes (`MemTotal` of `/proc/meminfo`), where the system says.
+fn physical_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}

@@ -1,0 +1,181 @@
+//! Where every parameter of a [`Arch`] sits in the parameter list: names, shapes and
+//! initialisation ([`ParamSpec`]) and the indices the block reads ([`ParamIndex`]).
+//!
+//! Names are fusebox's own (`h.{l}.attn.q.weight`, ...), the same for every
+//! architecture; the loaders map each file's names onto them.
+
+use fusebox::Shape;
+
+use super::arch::{Arch, NormKind, Positions};
+use crate::params::{Init, ParamSpec};
+
+/// A norm's weight and (LayerNorm) bias.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NormIndex {
+    /// The weight `[n]`.
+    pub weight: usize,
+    /// The bias `[n]` (LayerNorm).
+    pub bias: Option<usize>,
+}
+
+/// Projections of one input whose outputs are consecutive parts (q, k, v; gate, up):
+/// either one matrix per part, or one stacked matrix whose output is sliced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proj {
+    /// Weights `[out, in]`: one per part, or one stacked `[Σ parts, in]`.
+    pub weights: Vec<usize>,
+    /// Biases, one per weight, when the projection has them.
+    pub biases: Option<Vec<usize>>,
+    /// The output width of each part.
+    pub parts: Vec<usize>,
+}
+
+impl Proj {
+    /// Whether the parts are computed by one stacked matrix.
+    pub fn stacked(&self) -> bool {
+        self.weights.len() == 1 && self.parts.len() > 1
+    }
+}
+
+/// Indices of one decoder block's parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerIndex {
+    /// Norm before attention.
+    pub norm1: NormIndex,
+    /// q `[Hq·hd, D]`, k and v `[Hkv·hd, D]`.
+    pub qkv: Proj,
+    /// Per-head q norm `[hd]` (QK-norm).
+    pub q_norm: Option<usize>,
+    /// Per-head k norm `[hd]` (QK-norm).
+    pub k_norm: Option<usize>,
+    /// Attention output projection `[D, Hq·hd]`.
+    pub o: Proj,
+    /// Norm of the attention output before the residual add (Gemma).
+    pub post_attn_norm: Option<NormIndex>,
+    /// Norm before the MLP.
+    pub norm2: NormIndex,
+    /// Gated: gate and up `[F, D]`; else the one up (`fc`) projection.
+    pub up: Proj,
+    /// Down projection `[D, F]`.
+    pub down: Proj,
+    /// Norm of the MLP output before the residual add (Gemma).
+    pub post_mlp_norm: Option<NormIndex>,
+}
+
+/// Indices of every parameter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamIndex {
+    /// Token embedding `[V, D]`.
+    pub embed: usize,
+    /// Learned position embedding `[context_length, D]`.
+    pub pos_embed: Option<usize>,
+    /// Per block.
+    pub layers: Vec<LayerIndex>,
+    /// Final norm.
+    pub norm_f: NormIndex,
+    /// Untied output head `[V, D]`; `None` when tied to the embedding.
+    pub head: Option<usize>,
+}
+
+impl ParamIndex {
+    /// The output head's index (the embedding when tied).
+    pub fn head_weight(&self) -> usize {
+        self.head.unwrap_or(self.embed)
+    }
+}
+
+/// Which groups of projections are one stacked matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stacking {
+    /// q, k, v in one `[Hq·hd + 2·Hkv·hd, D]` matrix (`attn.qkv`).
+    pub qkv: bool,
+    /// gate and up in one `[2F, D]` matrix (`mlp.gate_up`).
+    pub gate_up: bool,
+}
+
+/// The parameter specs of `arch` with `stacking(layer)`, and their indices. The order is
+/// the checkpoint order: embeddings, per block (norm1, q, k, v, qk-norms, o, post
+/// norm, norm2, MLP, post norm), final norm, head.
+pub fn layout(arch: &Arch, stacking: impl Fn(usize) -> Stacking) -> (Vec<ParamSpec>, ParamIndex) {
+    let mut specs = Vec::new();
+    let mut push = |name: String, shape: Vec<usize>, init: Init, decay: bool| {
+        specs.push(ParamSpec { name, shape: Shape::new(shape), init, decay });
+        specs.len() - 1
+    };
+    let (d, f, hd) = (arch.d_model, arch.d_ff, arch.head_dim);
+    let (q, kv) = (arch.q_dim(), arch.kv_dim());
+    let std = 0.02;
+    // Residual projections start smaller so the residual stream's variance stays flat in depth.
+    let std_res = 0.02 / (2.0 * arch.n_layers as f32).sqrt();
+    let layer_norm = arch.norm == NormKind::LayerNorm;
+    let embed = push("wte".into(), vec![arch.vocab_size, d], Init::Normal(std), false);
+    let pos_embed = (arch.positions == Positions::Learned)
+        .then(|| push("wpe".into(), vec![arch.context_length, d], Init::Normal(0.01), false));
+    let mut layers = Vec::with_capacity(arch.n_layers);
+    for l in 0..arch.n_layers {
+        let p = |s: &str| format!("h.{l}.{s}");
+        let norm = |push: &mut dyn FnMut(String, Vec<usize>, Init, bool) -> usize, name: &str| NormIndex {
+            weight: push(p(&format!("{name}.weight")), vec![d], Init::Ones, false),
+            bias: layer_norm.then(|| push(p(&format!("{name}.bias")), vec![d], Init::Zeros, false)),
+        };
+        // A projection group: `(name, out)` per part; stacked under `stack_name` when `stack`.
+        let proj = |push: &mut dyn FnMut(String, Vec<usize>, Init, bool) -> usize,
+                    parts: &[(&str, usize)],
+                    stack: Option<&str>,
+                    inp: usize,
+                    init: f32,
+                    bias: bool| {
+            let mut weights = Vec::new();
+            let mut biases = Vec::new();
+            let groups: Vec<(String, usize)> = match stack {
+                Some(name) => vec![(name.to_string(), parts.iter().map(|p| p.1).sum())],
+                None => parts.iter().map(|(n, o)| (n.to_string(), *o)).collect(),
+            };
+            for (name, out) in groups {
+                weights.push(push(p(&format!("{name}.weight")), vec![out, inp], Init::Normal(init), true));
+                if bias {
+                    biases.push(push(p(&format!("{name}.bias")), vec![out], Init::Zeros, false));
+                }
+            }
+            Proj { weights, biases: bias.then_some(biases), parts: parts.iter().map(|p| p.1).collect() }
+        };
+        let stacking = stacking(l);
+        let norm1 = norm(&mut push, "norm1");
+        let qkv = proj(
+            &mut push,
+            &[("attn.q", q), ("attn.k", kv), ("attn.v", kv)],
+            stacking.qkv.then_some("attn.qkv"),
+            d,
+            std,
+            arch.bias.qkv,
+        );
+        let q_norm = arch.qk_norm.then(|| push(p("attn.q_norm.weight"), vec![hd], Init::Ones, false));
+        let k_norm = arch.qk_norm.then(|| push(p("attn.k_norm.weight"), vec![hd], Init::Ones, false));
+        let o = proj(&mut push, &[("attn.o", d)], None, q, std_res, arch.bias.o);
+        let post_attn_norm = arch.post_norms.then(|| norm(&mut push, "post_attn_norm"));
+        let norm2 = norm(&mut push, "norm2");
+        let (up, down) = if arch.mlp.gated() {
+            let up = proj(
+                &mut push,
+                &[("mlp.gate", f), ("mlp.up", f)],
+                stacking.gate_up.then_some("mlp.gate_up"),
+                d,
+                std,
+                arch.bias.mlp,
+            );
+            (up, proj(&mut push, &[("mlp.down", d)], None, f, std_res, arch.bias.mlp))
+        } else {
+            let up = proj(&mut push, &[("mlp.fc", f)], None, d, std, arch.bias.mlp);
+            (up, proj(&mut push, &[("mlp.proj", d)], None, f, std_res, arch.bias.mlp))
+        };
+        let post_mlp_norm = arch.post_norms.then(|| norm(&mut push, "post_mlp_norm"));
+        layers.push(LayerIndex { norm1, qkv, q_norm, k_norm, o, post_attn_norm, norm2, up, down, post_mlp_norm });
+    }
+    let norm_f = NormIndex {
+        weight: push("norm_f.weight".into(), vec![d], Init::Ones, false),
+        bias: layer_norm.then(|| push("norm_f.bias".into(), vec![d], Init::Zeros, false)),
+    };
+    let head = (!arch.tied_embeddings)
+        .then(|| push("lm_head.weight".into(), vec![arch.vocab_size, d], Init::Normal(std), true));
+    (specs, ParamIndex { embed, pos_embed, layers, norm_f, head })
+}

@@ -1,0 +1,347 @@
+//! Weight loading: a [`TensorSource`] (a GGUF file, or the safetensors shards of a
+//! Hugging Face directory) read into a [`Transformer`] as an [`arch::Plan`] says —
+//! each file tensor found by its name, checked against the shape its parameter needs,
+//! fixed (transposed, `1 + w`), and kept in its stored format: block formats are
+//! multiplied straight from their blocks, F16/BF16 widened to f32 once.
+//!
+//! Projections of one input (q, k, v; gate, up) whose matrices share a storage format
+//! are stacked into one matrix (rows are independent, so stacking is concatenating
+//! bytes): one matmul, one pass over the input, computes them all.
+
+pub mod shards;
+
+use std::collections::BTreeSet;
+
+use fusebox::{ComputeBackend, DType, Error, Result, Tensor};
+
+pub use shards::{read_config, Shards};
+
+use crate::arch::{Fix, Plan};
+use crate::gguf::GgufFile;
+use crate::params::ParamSet;
+use crate::transformer::{layout, Stacking, Transformer};
+
+/// Named tensors of a checkpoint.
+pub trait TensorSource {
+    /// Where they come from, for messages (`gguf`, a directory).
+    fn origin(&self) -> String;
+    /// Every tensor name.
+    fn names(&self) -> Vec<String>;
+    /// Whether tensor `name` exists.
+    fn has(&self, name: &str) -> bool;
+    /// The dtype of tensor `name`.
+    fn dtype(&self, name: &str) -> Result<DType>;
+    /// Tensor `name` on the host.
+    fn get(&self, name: &str) -> Result<Tensor>;
+}
+
+impl TensorSource for Shards {
+    fn origin(&self) -> String {
+        "checkpoint".into()
+    }
+    fn names(&self) -> Vec<String> {
+        Shards::names(self).map(str::to_string).collect()
+    }
+    fn has(&self, name: &str) -> bool {
+        Shards::has(self, name)
+    }
+    fn dtype(&self, name: &str) -> Result<DType> {
+        Shards::dtype(self, name)
+    }
+    fn get(&self, name: &str) -> Result<Tensor> {
+        Shards::get(self, name)
+    }
+}
+
+impl TensorSource for GgufFile {
+    fn origin(&self) -> String {
+        "gguf".into()
+    }
+    fn names(&self) -> Vec<String> {
+        self.tensors().iter().map(|t| t.name().to_string()).collect()
+    }
+    fn has(&self, name: &str) -> bool {
+        self.tensor_info(name).is_some()
+    }
+    fn dtype(&self, name: &str) -> Result<DType> {
+        self.tensor_info(name).ok_or_else(|| Error::Io(format!("gguf: missing tensor '{name}'")))?.dtype()
+    }
+    fn get(&self, name: &str) -> Result<Tensor> {
+        self.tensor(name)
+    }
+}
+
+/// One file tensor feeding (part of) a parameter.
+struct Part {
+    file: String,
+    fix: Fix,
+    /// The shape fusebox needs (`[out, in]` or `[n]`).
+    shape: Vec<usize>,
+}
+
+/// How a parameter is used, which decides its storage.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// A projection matrix: dense f32 or quantized, laid out for the backend.
+    Matrix,
+    /// The token embedding: f32 or quantized rows.
+    Embedding,
+    /// Norm weights, biases, the position table: f32.
+    Plain,
+}
+
+/// What a loaded model is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// Inference: block formats kept, matrices laid out by `preprocess_linear_weight`,
+    /// projections of one input stacked where their formats agree.
+    Inference,
+    /// Training (fine-tuning): every parameter f32 in the plain `[out, in]` layout the
+    /// backward reads; only the file's own stacking. Block-quantized files are refused.
+    Training,
+}
+
+/// Reads the model `plan` describes from `src`, for inference (see [`load_for`]).
+pub fn load(b: &dyn ComputeBackend, src: &dyn TensorSource, plan: Plan) -> Result<Transformer> {
+    load_for(b, src, plan, Purpose::Inference)
+}
+
+/// Reads the model `plan` describes from `src` for `purpose`. Missing tensors, wrong
+/// shapes, unusable dtypes and tensors the architecture has no place for are errors
+/// that name them; everything is checked before anything large is read.
+pub fn load_for(b: &dyn ComputeBackend, src: &dyn TensorSource, plan: Plan, purpose: Purpose) -> Result<Transformer> {
+    let inference = purpose == Purpose::Inference;
+    let Plan { arch, names, mut prefix, file_stacking, ignored } = plan;
+    arch.validate()?;
+    if prefix.is_empty() {
+        // Some GPT-2 exports prefix every name with `transformer.`.
+        if let Some((wte, _)) = names.file_name("wte") {
+            if !src.has(&wte) && src.has(&format!("transformer.{wte}")) {
+                prefix = "transformer.".into();
+            }
+        }
+    }
+    let file_of = |ours: &str| -> Result<(String, Fix)> {
+        names.file_name(ours).map(|(f, fix)| (format!("{prefix}{f}"), fix)).ok_or_else(|| {
+            Error::unsupported("load", format!("the {} layout has no file name for parameter '{ours}'", arch.name))
+        })
+    };
+    let same_dtype = |parts: &[&str]| -> bool {
+        let dtypes: Vec<Option<DType>> = parts
+            .iter()
+            .map(|p| file_of(p).ok().filter(|(f, _)| src.has(f)).and_then(|(f, _)| src.dtype(&f).ok()))
+            .collect();
+        dtypes.iter().all(|d| d.is_some() && *d == dtypes[0])
+    };
+    let stacking = |l: usize| Stacking {
+        qkv: file_stacking.qkv
+            || inference
+                && same_dtype(&[
+                    &format!("h.{l}.attn.q.weight"),
+                    &format!("h.{l}.attn.k.weight"),
+                    &format!("h.{l}.attn.v.weight"),
+                ]),
+        gate_up: file_stacking.gate_up
+            || inference
+                && (arch.mlp.gated()
+                    && same_dtype(&[&format!("h.{l}.mlp.gate.weight"), &format!("h.{l}.mlp.up.weight")])),
+    };
+    let (specs, index) = layout(&arch, stacking);
+
+    // The file tensors of every parameter.
+    let (q, kv, f) = (arch.q_dim(), arch.kv_dim(), arch.d_ff);
+    let mut plan: Vec<(Role, Vec<Part>)> = Vec::with_capacity(specs.len());
+    for (i, spec) in specs.iter().enumerate() {
+        let dims = spec.shape.dims().to_vec();
+        let role = if i == index.embed {
+            Role::Embedding
+        } else if dims.len() == 2 && Some(i) != index.pos_embed {
+            Role::Matrix
+        } else {
+            Role::Plain
+        };
+        let split = |stem: &str, parts: &[(&str, usize)]| -> Option<Vec<(String, Vec<usize>)>> {
+            let (head, tail) = spec.name.split_once(stem)?;
+            Some(
+                parts
+                    .iter()
+                    .map(|(p, rows)| {
+                        let mut shape = dims.clone();
+                        shape[0] = *rows;
+                        (format!("{head}{p}{tail}"), shape)
+                    })
+                    .collect(),
+            )
+        };
+        let pieces = match (file_stacking.qkv, file_stacking.gate_up) {
+            (false, _) if spec.name.contains(".attn.qkv.") => {
+                split("attn.qkv", &[("attn.q", q), ("attn.k", kv), ("attn.v", kv)])
+            }
+            (_, false) if spec.name.contains(".mlp.gate_up.") => {
+                split("mlp.gate_up", &[("mlp.gate", f), ("mlp.up", f)])
+            }
+            _ => None,
+        }
+        .unwrap_or_else(|| vec![(spec.name.clone(), dims.clone())]);
+        let parts = pieces
+            .into_iter()
+            .map(|(ours, shape)| file_of(&ours).map(|(file, fix)| Part { file, fix, shape }))
+            .collect::<Result<Vec<_>>>()?;
+        plan.push((role, parts));
+    }
+
+    // Every file tensor must be one this model uses: a layer past the block count or a
+    // bias the architecture has none of would otherwise be dropped silently.
+    let used: BTreeSet<&str> = plan.iter().flat_map(|(_, parts)| parts.iter().map(|p| p.file.as_str())).collect();
+    let tied_copy = file_of("lm_head.weight").ok().filter(|_| arch.tied_embeddings).map(|(f, _)| f);
+    for name in src.names() {
+        if !used.contains(name.as_str()) && !ignored(&name) && tied_copy.as_deref() != Some(name.as_str()) {
+            return Err(Error::Io(format!(
+                "{}: tensor '{name}' is not part of a {}-layer {} model; refusing a file with unexplained tensors",
+                src.origin(),
+                arch.n_layers,
+                arch.name
+            )));
+        }
+    }
+    let first_missing = plan.iter().flat_map(|(_, parts)| parts.iter()).find(|p| !src.has(&p.file));
+    if let Some(Part { file: missing, .. }) = first_missing {
+        return Err(Error::Io(format!(
+            "{}: missing tensor '{missing}' (a {}-layer {} model)",
+            src.origin(),
+            arch.n_layers,
+            arch.name
+        )));
+    }
+
+    let mut tensors = Vec::with_capacity(specs.len());
+    for (spec, (role, parts)) in specs.iter().zip(&plan) {
+        tensors.push(read_param(b, src, &spec.name, *role, parts, spec.shape.dims(), purpose)?);
+    }
+    match purpose {
+        Purpose::Inference => Transformer::for_inference(arch, specs, index, ParamSet { tensors }),
+        Purpose::Training => Transformer::trainable_from(arch, specs, index, ParamSet { tensors }),
+    }
+}
+
+/// The network of a GGUF file (its architecture from the metadata).
+pub fn load_gguf(b: &dyn ComputeBackend, file: &GgufFile) -> Result<Transformer> {
+    let vocab_from_tokens = file.metadata().get_strings("tokenizer.ggml.tokens")?.map(<[String]>::len);
+    let plan =
+        crate::arch::gguf_plan(file.metadata(), vocab_from_tokens, &|name| file.tensor_info(name).is_some(), &|| {
+            file.tensor("rope_freqs.weight")?.to_vec_f32()
+        })?;
+    load(b, file, plan)
+}
+
+/// The network of a Hugging Face directory (`config.json` and the safetensors
+/// shards), for inference.
+pub fn load_hf(b: &dyn ComputeBackend, dir: &std::path::Path) -> Result<Transformer> {
+    load_hf_for(b, dir, Purpose::Inference)
+}
+
+/// The network of a Hugging Face directory for `purpose`.
+pub fn load_hf_for(b: &dyn ComputeBackend, dir: &std::path::Path, purpose: Purpose) -> Result<Transformer> {
+    let plan = crate::arch::hf_plan(&read_config(dir)?)?;
+    load_for(b, &Shards::open(dir)?, plan, purpose)
+}
+
+/// Reads, checks, fixes and concatenates the parts of one parameter.
+fn read_param(
+    b: &dyn ComputeBackend,
+    src: &dyn TensorSource,
+    name: &str,
+    role: Role,
+    parts: &[Part],
+    shape: &[usize],
+    purpose: Purpose,
+) -> Result<Tensor> {
+    let origin = src.origin();
+    let mut host = Vec::with_capacity(parts.len());
+    for p in parts {
+        let t = src.get(&p.file)?;
+        let stored: Vec<usize> = match p.fix {
+            Fix::Transpose => p.shape.iter().rev().copied().collect(),
+            _ => p.shape.clone(),
+        };
+        if t.dims() != stored.as_slice() {
+            return Err(Error::Io(format!("{origin}: tensor '{}': shape {:?}, expected {stored:?}", p.file, t.dims())));
+        }
+        let dtype = t.dtype();
+        let float = matches!(dtype, DType::F32 | DType::F16 | DType::BF16);
+        let blocks = dtype.is_quantized() || dtype == DType::F8E4M3;
+        let ok = match (role, purpose) {
+            (_, Purpose::Training) | (Role::Plain, _) => float,
+            (Role::Matrix, _) => float || blocks,
+            (Role::Embedding, _) => float || dtype.is_quantized(),
+        };
+        if !ok || (p.fix != Fix::None && !float) {
+            return Err(Error::Io(format!(
+                "{origin}: tensor '{}': dtype {dtype} cannot be {}{}",
+                p.file,
+                if purpose == Purpose::Training { "trained as " } else { "" },
+                match role {
+                    Role::Matrix => "a weight matrix",
+                    Role::Embedding => "an embedding table",
+                    Role::Plain => "a norm weight, bias or position table (f32, f16 or bf16)",
+                }
+            )));
+        }
+        let t = match p.fix {
+            Fix::None => t,
+            Fix::Transpose => {
+                let (rows, cols) = (stored[0], stored[1]);
+                let v = t.to_vec_f32()?;
+                let mut out = vec![0.0f32; v.len()];
+                for r in 0..rows {
+                    for c in 0..cols {
+                        out[c * rows + r] = v[r * cols + c];
+                    }
+                }
+                Tensor::from_vec(out, p.shape.clone())?
+            }
+            Fix::PlusOne => Tensor::from_vec(t.to_vec_f32()?.iter().map(|w| w + 1.0).collect(), p.shape.clone())?,
+        };
+        host.push(t);
+    }
+    // One part as it is; several concatenated along rows: block formats by bytes (whole
+    // blocks per row), floats as f32.
+    let dtype = host[0].dtype();
+    let joined = if host.len() == 1 {
+        host.remove(0)
+    } else if host.iter().all(|t| t.dtype() == dtype) && !matches!(dtype, DType::F16 | DType::BF16 | DType::F32) {
+        let mut bytes = Vec::new();
+        for t in &host {
+            bytes.extend_from_slice(t.host_bytes()?);
+        }
+        Tensor::from_bytes(&bytes, shape.to_vec(), dtype)?
+    } else {
+        let mut values = Vec::new();
+        for t in &host {
+            values.extend(t.to_vec_f32()?);
+        }
+        Tensor::from_vec(values, shape.to_vec())?
+    };
+    let dtype = joined.dtype();
+    let widen = |t: &Tensor| -> Result<Tensor> {
+        let t = b.upload(t)?;
+        if t.dtype() == DType::F32 {
+            Ok(t)
+        } else {
+            b.cast(&t, DType::F32)
+        }
+    };
+    let out = match role {
+        _ if purpose == Purpose::Training => widen(&joined)?,
+        Role::Matrix if dtype.is_quantized() || dtype == DType::F8E4M3 => {
+            b.preprocess_linear_weight(&b.upload(&joined)?)?
+        }
+        Role::Matrix => b.preprocess_linear_weight(&widen(&joined)?)?,
+        Role::Embedding if dtype.is_quantized() => b.upload(&joined)?,
+        Role::Embedding | Role::Plain => widen(&joined)?,
+    };
+    if out.dims() != shape {
+        return Err(Error::Io(format!("{origin}: parameter '{name}': shape {:?}, expected {shape:?}", out.dims())));
+    }
+    Ok(out)
+}
