@@ -46,10 +46,10 @@ pub enum DType {
     /// Q4_K), 5-bit quants; x = d·sc·q − dmin·m.
     Q5K,
     /// GGUF IQ4_NL: blocks of 32, one f16 scale, 4-bit indices into a fixed non-linear
-    /// table of 16 levels (−127 … 113); x = d·table[q].
+    /// table of 16 levels (−127 … 113); x = d·table\[q\].
     IQ4NL,
     /// GGUF IQ4_XS: super-blocks of 256 with 8 sub-blocks of 32, 6-bit signed sub-block
-    /// scales, indices into IQ4_NL's table; x = d·(ls − 32)·table[q].
+    /// scales, indices into IQ4_NL's table; x = d·(ls − 32)·table\[q\].
     IQ4XS,
 }
 

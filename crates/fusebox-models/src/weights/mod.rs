@@ -196,11 +196,14 @@ pub fn load_for(b: &dyn ComputeBackend, src: &dyn TensorSource, plan: Plan, purp
     let tied_copy = file_of("lm_head.weight").ok().filter(|_| arch.tied_embeddings).map(|(f, _)| f);
     for name in src.names() {
         if !used.contains(name.as_str()) && !ignored(&name) && tied_copy.as_deref() != Some(name.as_str()) {
+            let layers_key = if src.origin() == "gguf" { "block_count" } else { "num_hidden_layers" };
             return Err(Error::Io(format!(
-                "{}: tensor '{name}' is not part of a {}-layer {} model; refusing a file with unexplained tensors",
+                "{}: tensor '{name}' is not part of a {}-layer {} model ({layers_key} {}); refusing a file \
+                 with unexplained tensors",
                 src.origin(),
                 arch.n_layers,
-                arch.name
+                arch.name,
+                arch.n_layers
             )));
         }
     }
