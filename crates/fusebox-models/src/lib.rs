@@ -4,7 +4,7 @@
 //! forward and backward passes) and generates through a preallocated KV cache for every
 //! architecture; around it: weight loading ([`weights`], [`gguf`], [`safetensors`]),
 //! byte-level BPE tokenizers ([`tokenizer`]), chat templates ([`chat`]), training
-//! ([`train`], [`checkpoint`], [`data`]) and generation ([`generate`], [`sampler`]).
+//! ([`train`], [`checkpoint`], [`data`]) and generation ([`mod@generate`], [`sampler`]).
 
 #![warn(missing_docs)]
 

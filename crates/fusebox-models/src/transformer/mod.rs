@@ -106,7 +106,7 @@ impl Transformer {
         Self::from_params(backend, arch, params)
     }
 
-    /// A trainable model around existing f32 parameters in [`layout`]'s order (no
+    /// A trainable model around existing f32 parameters in [`layout()`]'s order (no
     /// stacking), each checked against its spec.
     pub fn from_params(_backend: &dyn ComputeBackend, arch: Arch, params: ParamSet) -> Result<Transformer> {
         arch.validate()?;
@@ -118,7 +118,7 @@ impl Transformer {
         Ok(Transformer { arch, specs, index, params, trainable: true })
     }
 
-    /// An inference-only model from loaded tensors laid out by [`layout`] with
+    /// An inference-only model from loaded tensors laid out by [`layout()`] with
     /// `stacking` (matrices dense f32 after `preprocess_linear_weight`, or quantized).
     pub fn for_inference(
         arch: Arch,
@@ -131,7 +131,7 @@ impl Transformer {
         Ok(Transformer { arch, specs, index, params, trainable: false })
     }
 
-    /// A trainable model from loaded f32 tensors laid out by [`layout`] (stacked
+    /// A trainable model from loaded f32 tensors laid out by [`layout()`] (stacked
     /// projections as the file stores them).
     pub fn trainable_from(
         arch: Arch,

@@ -1,5 +1,5 @@
 //! Weight loading: a [`TensorSource`] (a GGUF file, or the safetensors shards of a
-//! Hugging Face directory) read into a [`Transformer`] as an [`arch::Plan`] says —
+//! Hugging Face directory) read into a [`Transformer`] as an [`crate::arch::Plan`] says —
 //! each file tensor found by its name, checked against the shape its parameter needs,
 //! fixed (transposed, `1 + w`), and kept in its stored format: block formats are
 //! multiplied straight from their blocks, F16/BF16 widened to f32 once.
