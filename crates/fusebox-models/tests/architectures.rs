@@ -317,3 +317,20 @@ fn gemma3_270m_config_and_tensor_names_map() {
         assert_eq!(info.shape().unwrap(), s.shape.dims(), "{}", s.name);
     }
 }
+
+/// The fixtures' tokenizers have 256 + specials ids below the 272-row embedding: what
+/// `fusebox generate --model DIR` samples must be a token the tokenizer decodes, however
+/// the padding rows score.
+#[test]
+fn generation_samples_only_ids_the_tokenizer_has() {
+    let b = cpu();
+    for name in ["llama", "llama_linear_tied", "mistral", "qwen2", "qwen3", "phi3", "gemma3", "gpt2"] {
+        let p = fusebox_models::llama::load(&b, &dir(name)).unwrap();
+        let prompt = p.tokenizer.encode("ab", false);
+        let mut session = p.session(&b, prompt.len() + 24).unwrap();
+        let mut sampler = Sampler::new(SamplerConfig::default()).unwrap();
+        let out = generate(&mut session, &b, &prompt, 24, &mut sampler, &[], |_| Ok(())).unwrap();
+        assert!(out.tokens.iter().all(|&t| (t as usize) < p.tokenizer.vocab_size()), "{name}: {:?}", out.tokens);
+        p.tokenizer.decode(&out.tokens).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}

@@ -338,7 +338,7 @@ impl<'m> ChatSession<'m> {
         let mut decoder = tok.stream_decoder(true);
         let mut tokens = Vec::new();
         let end = loop {
-            let next = sampler.sample(&logits, &seen)?;
+            let next = sampler.sample(self.session.sampled(&logits), &seen)?;
             if self.stop.contains(&next) {
                 break TurnEnd::StopToken;
             }

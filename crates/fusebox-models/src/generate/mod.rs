@@ -14,13 +14,29 @@ use crate::transformer::{KvCache, Transformer};
 pub struct Session<'m> {
     model: &'m Transformer,
     cache: KvCache,
+    /// Ids sampling may choose: `0..sample_vocab`.
+    sample_vocab: usize,
 }
 
 impl<'m> Session<'m> {
     /// A session of `model` whose caches hold `ctx_size` positions (1 ..= the model's
     /// context length), allocated once.
     pub fn new(model: &'m Transformer, b: &dyn ComputeBackend, ctx_size: usize) -> Result<Session<'m>> {
-        Ok(Session { model, cache: model.new_cache(b, ctx_size)? })
+        Ok(Session { model, cache: model.new_cache(b, ctx_size)?, sample_vocab: model.arch.vocab_size })
+    }
+
+    /// Restricts sampling to ids below `n` (at most the model's vocabulary): an embedding
+    /// table padded past the tokenizer's last token (Phi-3: 32,064 rows, 32,011 tokens)
+    /// has rows no text decodes to, so they are never chosen.
+    pub fn with_sample_vocab(mut self, n: usize) -> Session<'m> {
+        self.sample_vocab = n.clamp(1, self.model.arch.vocab_size);
+        self
+    }
+
+    /// The logits sampling chooses from: the first [`with_sample_vocab`](Self::with_sample_vocab)
+    /// ids of `logits`.
+    pub fn sampled<'l>(&self, logits: &'l [f32]) -> &'l [f32] {
+        &logits[..self.sample_vocab.min(logits.len())]
     }
 
     /// Runs `ids` after what the caches hold; returns the last position's logits.
@@ -155,7 +171,7 @@ pub fn generate(
         if tokens.len() >= max_new {
             break StopReason::MaxTokens;
         }
-        let next = sampler.sample(&logits, &seen)?;
+        let next = sampler.sample(session.sampled(&logits), &seen)?;
         tokens.push(next);
         seen.push(next);
         on_token(next)?;

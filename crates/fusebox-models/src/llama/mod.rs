@@ -51,9 +51,10 @@ pub struct Pretrained {
 }
 
 impl Pretrained {
-    /// Caches for one stream of `ctx_size` positions.
+    /// Caches for one stream of `ctx_size` positions; sampling chooses only ids the
+    /// tokenizer has (see [`Session::with_sample_vocab`]).
     pub fn session(&self, b: &dyn ComputeBackend, ctx_size: usize) -> Result<Session<'_>> {
-        Session::new(&self.network, b, ctx_size)
+        Ok(Session::new(&self.network, b, ctx_size)?.with_sample_vocab(self.tokenizer.vocab_size()))
     }
 
     /// The chat template, or an error saying why there is none: the file has no

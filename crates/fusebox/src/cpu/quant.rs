@@ -830,9 +830,10 @@ fn quantize_q4_0_block(x: &[f32], out: &mut [u8]) {
     }
 }
 
-/// `quantize_row_q4_1_ref`: d = (max − min)/15, m = min, q = min(15, trunc((x − min)/d + 0.5)).
+/// The block's minimum and maximum as ggml's `_1` quantizers find them (starting from
+/// ±FLT_MAX, strict comparisons: a NaN never replaces either).
 #[inline(always)]
-fn quantize_q4_1_block(x: &[f32], out: &mut [u8]) {
+fn block_min_max(x: &[f32]) -> (f32, f32) {
     let (mut min, mut max) = (f32::MAX, -f32::MAX);
     for &v in x {
         if v < min {
@@ -842,6 +843,13 @@ fn quantize_q4_1_block(x: &[f32], out: &mut [u8]) {
             max = v;
         }
     }
+    (min, max)
+}
+
+/// `quantize_row_q4_1_ref`: d = (max − min)/15, m = min, q = min(15, trunc((x − min)/d + 0.5)).
+#[inline(always)]
+fn quantize_q4_1_block(x: &[f32], out: &mut [u8]) {
+    let (min, max) = block_min_max(x);
     let d = (max - min) / 15.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     put_f16(out, 0, d);
@@ -1120,15 +1128,7 @@ fn quantize_q5_0_block(x: &[f32], out: &mut [u8]) {
 /// `quantize_row_q5_1_ref`: d = (max − min)/31, m = min, q = trunc((x − min)/d + 0.5).
 #[inline(always)]
 fn quantize_q5_1_block(x: &[f32], out: &mut [u8]) {
-    let (mut min, mut max) = (f32::MAX, -f32::MAX);
-    for &v in x {
-        if v < min {
-            min = v;
-        }
-        if v > max {
-            max = v;
-        }
-    }
+    let (min, max) = block_min_max(x);
     let d = (max - min) / 31.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     put_f16(out, 0, d);
