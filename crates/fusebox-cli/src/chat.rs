@@ -40,8 +40,10 @@ pub struct ChatArgs {
     /// Nucleus sampling threshold (1 = off).
     #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
     top_p: f32,
+    /// Penalty on tokens already in the conversation (1 = off).
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     repetition_penalty: f32,
+    /// Seed of the sampler's random numbers.
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Positions the KV cache holds (default min(4096, the model's context)).
@@ -51,8 +53,10 @@ pub struct ChatArgs {
     /// message stays) instead of stopping.
     #[arg(long)]
     context_shift: bool,
+    /// Compute backend: cpu or wgpu.
     #[arg(long, default_value = "cpu")]
     backend: String,
+    /// CPU threads (default: every core).
     #[arg(long)]
     threads: Option<usize>,
     /// One JSON object per turn instead of the answer's text (for scripts).

@@ -37,12 +37,16 @@ pub struct GenerateArgs {
     /// Nucleus sampling threshold (1 = off).
     #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
     pub(crate) top_p: f32,
+    /// Penalty on tokens already in the prompt or the output (1 = off).
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub(crate) repetition_penalty: f32,
+    /// Seed of the sampler's random numbers.
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
+    /// Compute backend: cpu or wgpu.
     #[arg(long, default_value = "cpu")]
     pub(crate) backend: String,
+    /// CPU threads (default: every core).
     #[arg(long)]
     pub(crate) threads: Option<usize>,
     /// Print one JSON object (no streaming).
