@@ -959,12 +959,13 @@ fn pack_k4_scales(scales: &[f32; 8], mins: &[f32; 8], max_scale: f32, max_min: f
     }
 }
 
-/// `quantize_row_q4_K_ref`: per sub-block of 32, a weighted (weights `√mean(x²) + |x|`)
-/// scale/min fit with 15 levels; the 8 scales and 8 mins are then quantized to 6 bits
-/// against the block's largest (`d = max_scale/63`, `dmin = max_min/63`), and the levels
-/// are recomputed with the scales as stored.
+/// The shared part of the Q4_K and Q5_K quantizers (`quantize_row_q{4,5}_K_ref`): per
+/// sub-block of 32 a weighted (weights `√mean(x²) + |x|`) scale/min fit with `nmax + 1`
+/// levels (`make_qkx2_quants(nmax, …, rmin, 0.1, nstep)`); the 8 scales and mins are
+/// quantized to 6 bits against the largest (`d = max_scale/63`, `dmin = max_min/63`) into
+/// `head` (d, dmin, 12 scale bytes), and the levels recomputed with the scales as stored.
 #[inline(always)]
-fn quantize_q4_k_block(x: &[f32], out: &mut [u8]) {
+fn k4_header_and_levels(x: &[f32], head: &mut [u8], nmax: i32, rmin: f32, nstep: i32) -> [u8; QK_K] {
     let mut levels = [0u8; QK_K];
     let mut scales = [0.0f32; 8];
     let mut mins = [0.0f32; 8];
@@ -973,26 +974,35 @@ fn quantize_q4_k_block(x: &[f32], out: &mut [u8]) {
         let xs = &x[32 * j..32 * j + 32];
         let av_x = (xs.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
         let weights: [f32; 32] = std::array::from_fn(|l| av_x + xs[l].abs());
-        let (scale, min) = make_qkx2_quants(15, xs, &weights, &mut levels[32 * j..32 * j + 32], -1.0, 0.1, 20, false);
+        let (scale, min) =
+            make_qkx2_quants(nmax, xs, &weights, &mut levels[32 * j..32 * j + 32], rmin, 0.1, nstep, false);
         scales[j] = scale;
         mins[j] = min;
         max_scale = max_scale.max(scale);
         max_min = max_min.max(min);
     }
-    pack_k4_scales(&scales, &mins, max_scale, max_min, &mut out[4..16]);
-    let d = put_f16(out, 0, max_scale / 63.0);
-    let dmin = put_f16(out, 2, max_min / 63.0);
+    pack_k4_scales(&scales, &mins, max_scale, max_min, &mut head[4..16]);
+    let d = put_f16(head, 0, max_scale / 63.0);
+    let dmin = put_f16(head, 2, max_min / 63.0);
     for j in 0..8 {
-        let (sc, m) = scale_min_k4(j, &out[4..16]);
+        let (sc, m) = scale_min_k4(j, &head[4..16]);
         let dj = d * f32::from(sc);
         if dj == 0.0 {
             continue;
         }
         let dm = dmin * f32::from(m);
         for ii in 0..32 {
-            levels[32 * j + ii] = nearest_int((x[32 * j + ii] + dm) / dj).clamp(0, 15) as u8;
+            levels[32 * j + ii] = nearest_int((x[32 * j + ii] + dm) / dj).clamp(0, nmax) as u8;
         }
     }
+    levels
+}
+
+/// `quantize_row_q4_K_ref`: [`k4_header_and_levels`] with 16 levels (`rmin = −1`, `nstep = 20`),
+/// two 4-bit levels a byte.
+#[inline(always)]
+fn quantize_q4_k_block(x: &[f32], out: &mut [u8]) {
+    let levels = k4_header_and_levels(x, &mut out[..16], 15, -1.0, 20);
     let qs = &mut out[16..144];
     for pair in 0..4 {
         for l in 0..32 {
@@ -1459,39 +1469,12 @@ fn quantize_q3_k_block(x: &[f32], out: &mut [u8]) {
     put_2bit_levels(&low, &mut out[32..96]);
 }
 
-/// `quantize_row_q5_K_ref`: as Q4_K with 31 levels (`make_qkx2_quants` with
-/// `rmin = −0.5`, 16 grids), the fifth bit of each level in `qh`.
+/// `quantize_row_q5_K_ref`: [`k4_header_and_levels`] with 32 levels (`rmin = −0.5`, `nstep = 15`),
+/// the fifth bit of each level in `qh`.
 #[inline(always)]
 fn quantize_q5_k_block(x: &[f32], out: &mut [u8]) {
-    let mut levels = [0u8; QK_K];
-    let mut scales = [0.0f32; 8];
-    let mut mins = [0.0f32; 8];
-    let (mut max_scale, mut max_min) = (0.0f32, 0.0f32);
-    for j in 0..8 {
-        let xs = &x[32 * j..32 * j + 32];
-        let av_x = (xs.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
-        let weights: [f32; 32] = std::array::from_fn(|l| av_x + xs[l].abs());
-        let (scale, min) = make_qkx2_quants(31, xs, &weights, &mut levels[32 * j..32 * j + 32], -0.5, 0.1, 15, false);
-        scales[j] = scale;
-        mins[j] = min;
-        max_scale = max_scale.max(scale);
-        max_min = max_min.max(min);
-    }
     out.fill(0);
-    pack_k4_scales(&scales, &mins, max_scale, max_min, &mut out[4..16]);
-    let d = put_f16(out, 0, max_scale / 63.0);
-    let dmin = put_f16(out, 2, max_min / 63.0);
-    for j in 0..8 {
-        let (sc, m) = scale_min_k4(j, &out[4..16]);
-        let dj = d * f32::from(sc);
-        if dj == 0.0 {
-            continue;
-        }
-        let dm = dmin * f32::from(m);
-        for ii in 0..32 {
-            levels[32 * j + ii] = nearest_int((x[32 * j + ii] + dm) / dj).clamp(0, 31) as u8;
-        }
-    }
+    let levels = k4_header_and_levels(x, &mut out[..16], 31, -0.5, 15);
     let (qh, qs) = out[16..176].split_at_mut(32);
     for pair in 0..4 {
         for l in 0..32 {
