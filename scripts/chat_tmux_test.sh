@@ -22,7 +22,7 @@ trap cleanup EXIT
 
 # The exit status is printed after the chat ends, and the pane stays for reading it.
 tmux new-session -d -s "$session" -x 160 -y 60 \
-    "$(printf '%q ' "$bin" chat --model "$model" --temperature 0 --max-tokens 48 --threads 2); echo EXIT:\$?; sleep 60"
+    "$(printf '%q ' "$bin" chat --model "$model" --temperature 0 --max-tokens 2000 --threads 2); echo EXIT:\$?; sleep 60"
 
 screen() { tmux capture-pane -p -t "$session" -S -500; }
 # Lines that are a prompt: "> " (rustyline), possibly with what was typed after it.
@@ -44,6 +44,8 @@ wait_for() {
     done
 }
 has() { screen | grep -qF -- "$1"; }
+# The answer to the story request has begun: a non-prompt line with text after it.
+story_started() { screen | sed -n '/learns to bake bread/,$p' | sed 1d | grep -v '^>' | grep -q '[[:alnum:]]'; }
 prompts_at_least() { (($(prompts) >= $1)); }
 
 wait_for 60 "the first prompt" prompts_at_least 1
@@ -57,8 +59,10 @@ wait_for 120 "the second answer" prompts_at_least 3
 echo "two turns: ok"
 
 # Ctrl-C during a long answer stops it; the chat stays.
+# Ctrl-C goes in as soon as the answer shows (--max-tokens 2000 keeps it going on a fast
+# machine; an answer that ended before the key would leave nothing to stop).
 tmux send-keys -t "$session" "Write a very long story about a dragon who learns to bake bread." Enter
-sleep 2
+wait_for 120 "the story to begin" story_started
 tmux send-keys -t "$session" C-c
 wait_for 60 "[stopped] after Ctrl-C" has "[stopped]"
 wait_for 30 "the prompt after Ctrl-C" prompts_at_least 4
