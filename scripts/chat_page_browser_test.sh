@@ -35,6 +35,9 @@ uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 EOF
     export FUSEBOX_SERVE_CMD="$PYTHON $launcher ${FUSEBOX_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf} crates/fusebox-serve/assets/chat.html {port}"
     echo "server: $FUSEBOX_SERVE_CMD" >&2
+else
+    # The test finds the binary beside its own executable (target/debug with the test profile).
+    cargo build --profile test -p fusebox-cli
 fi
 
 exec cargo test -p fusebox-serve --test browser -- --nocapture
