@@ -38,7 +38,8 @@ Usage (the lead's figures; a few minutes on 2 cores):
     # any server command ({port} is substituted), e.g. the peer on both sides:
     python3 bench/serve_load.py --server-cmd "python -m llama_cpp.server --model M --port {port}"
 
-fusebox runs as `fusebox serve --model M --port P --threads T --parallel MAX_CLIENTS`;
+fusebox runs as `fusebox serve --model M --port P --threads T --parallel P` with P the
+largest of --clients and 8 (the TTFT figure runs 8 streams);
 the peer as `python -m llama_cpp.server --model M --n_threads T --n_threads_batch T
 --interrupt_requests False` (it has no parallel slots: requests take turns on one
 context; interrupt_requests=False stops it from ending a running stream whenever
@@ -470,7 +471,7 @@ def main():
             if not os.path.isfile(args.fusebox_bin):
                 ap.error(f"{args.fusebox_bin} not found: cargo build --release -p fusebox-cli, or --fusebox-bin")
             words = [args.fusebox_bin, "serve", "--model", args.model, "--port", str(port),
-                     "--threads", str(args.threads), "--parallel", str(max(args.clients))]
+                     "--threads", str(args.threads), "--parallel", str(max(args.clients + [8]))]
         sides.append((args.name, (words, port)))
     if args.peer:
         port = free_port()
