@@ -204,8 +204,10 @@ async fn save_screenshot(c: &Client, name: &str) {
 
 /// Replaces `fetch` in the page for `v1/chat/completions` only: `spec.status` and
 /// `spec.body` answer with an error, `spec.events` streams those SSE data strings (CRLF
-/// line ends, a ping comment between, chunks cut mid-line). The request's
-/// Authorization header is kept in `window.__lastAuth`.
+/// line ends, a ping comment between, chunks cut mid-line), and with `spec.hang` the
+/// stream stays open after them until the request is aborted (as `fetch` does, the
+/// body then fails with an AbortError). The request's Authorization header is kept in
+/// `window.__lastAuth`.
 const STUB_FETCH: &str = r#"
 const spec = arguments[0];
 if (!window.__realFetch) window.__realFetch = window.fetch;
@@ -221,7 +223,8 @@ window.fetch = async function (url, init) {
   const stream = new ReadableStream({
     start(ctl) {
       for (let i = 0; i < bytes.length; i += 7) ctl.enqueue(bytes.slice(i, i + 7));
-      ctl.close();
+      if (!spec.hang) { ctl.close(); return; }
+      init.signal.addEventListener("abort", () => ctl.error(new DOMException("aborted", "AbortError")));
     }
   });
   return new Response(stream, { status: 200, headers: { "Content-Type": "text/event-stream" } });
@@ -482,6 +485,29 @@ async fn checks(c: &Client, port: u16) {
             .await;
     assert_eq!(injected, json!(0), "no element may come from message text");
     assert_eq!(js(c, "return window.__pwned === undefined;").await, json!(true), "message text ran as script");
+
+    // Escape stops a reply too.
+    c.execute(STUB_FETCH, vec![json!({ "events": [chunk("never", None), chunk(" ending", None)], "hang": true })])
+        .await
+        .expect("stub fetch");
+    let before = send(c, "a reply that never ends").await;
+    wait_for(c, "the endless reply", "document.body.dataset.state === 'streaming'", Duration::from_secs(10)).await;
+    wait_for(
+        c,
+        "the endless reply's text",
+        "(() => { const m = document.querySelectorAll('#messages .msg.assistant .content'); return m.length > 0 && m[m.length - 1].textContent === 'never ending'; })()",
+        Duration::from_secs(10),
+    )
+    .await;
+    c.find(Locator::Id("prompt"))
+        .await
+        .expect("#prompt")
+        .send_keys(&char::from(Key::Escape).to_string())
+        .await
+        .expect("press Escape");
+    wait_reply(c, before).await;
+    assert_eq!(js_str(c, "return document.getElementById('status').textContent").await, "Stopped.");
+    assert_eq!(js(c, "return document.getElementById('send').disabled;").await, json!(false));
 
     // The server's error message is shown.
     let error = "prompt is 9000 tokens, the context is 2048";
