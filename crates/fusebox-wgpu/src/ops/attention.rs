@@ -145,6 +145,9 @@ pub(crate) fn write_head_cache(be: &WgpuBackend, cache: &mut Tensor, new: &Tenso
     if cb.raw() == nb.raw() {
         return Err(Error::SharedStorage { op: OP });
     }
+    // F32 rows into a 16-bit cache: rounded (to nearest, ties to even) on the device first.
+    let new = if w.new_dtype != w.dtype { be.narrow(OP, new, w.dtype)? } else { new };
+    let nb = buffer_of(&new)?;
     // Rows are copied buffer to buffer when their byte ranges are 4-byte aligned (F32,
     // or 16-bit with an even head dim), else by the 16-bit copy kernel.
     let elem = cache.dtype().storage_bytes(1);
@@ -170,7 +173,7 @@ pub(crate) fn decode_attention(
     window: Option<usize>,
     scale: f32,
 ) -> Result<Tensor> {
-    let DecodeSpec { dims, capacity } = spec::decode_attention(q, k_cache, v_cache, kv_len, window)?;
+    let DecodeSpec { dims, capacity, .. } = spec::decode_attention(q, k_cache, v_cache, kv_len, window)?;
     if dims.tq == 0 || !native(&dims, &[q, k_cache, v_cache]) {
         return fallback!(be, cpu::attention::decode_attention; [q, k_cache, v_cache], kv_len, window, scale);
     }
