@@ -49,6 +49,9 @@ pub struct ChatArgs {
     /// Positions the KV cache holds (default min(4096, the model's context)).
     #[arg(long)]
     ctx_size: Option<usize>,
+    /// KV cache storage: f16 (default), bf16 or f32 (see `fusebox generate --help`).
+    #[arg(long, default_value = "f16", value_parser = crate::generate::parse_cache_type)]
+    cache_type: fusebox::DType,
     /// When the conversation no longer fits, drop the oldest exchanges (the system
     /// message stays) instead of stopping.
     #[arg(long)]
@@ -161,9 +164,9 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         eprintln!("[{notice}]");
     }
     let ctx = args.ctx_size.unwrap_or_else(|| DEFAULT_CTX.min(model.context_length()));
-    crate::generate_pretrained::check_cache_memory(&model, ctx)?;
+    crate::generate_pretrained::check_cache_memory(&model, ctx, args.cache_type)?;
     let options = ChatOptions { ctx_size: ctx, max_tokens: args.max_tokens, context_shift: args.context_shift };
-    let mut chat = ChatSession::new(&model, b.as_ref(), args.system.as_deref(), options)?;
+    let mut chat = ChatSession::with_cache_dtype(&model, b.as_ref(), args.system.as_deref(), options, args.cache_type)?;
 
     let interactive = std::io::stdin().is_terminal();
     // Ctrl-C while an answer streams sets this; the answer stops after its next token.

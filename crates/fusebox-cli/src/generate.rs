@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
-use fusebox::{Error, Result};
+use fusebox::{DType, Error, Result};
 use fusebox_models::checkpoint;
 use fusebox_models::data::{addition, text};
 use fusebox_models::generate::{generate, Session};
@@ -59,6 +59,21 @@ pub struct GenerateArgs {
     /// context)); a prompt longer than this is an error.
     #[arg(long)]
     pub(crate) ctx_size: Option<usize>,
+    /// KV cache storage: f16 (default), bf16 or f32. A 16-bit cache takes half the memory
+    /// and half the bytes read per position of context; keys and values are rounded to it
+    /// as they are written, and attention accumulates in f32.
+    #[arg(long, default_value = "f16", value_parser = parse_cache_type)]
+    pub(crate) cache_type: DType,
+}
+
+/// A `--cache-type` value: f32, f16 or bf16.
+pub(crate) fn parse_cache_type(s: &str) -> Result<DType> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "f32" => Ok(DType::F32),
+        "f16" => Ok(DType::F16),
+        "bf16" => Ok(DType::BF16),
+        _ => Err(Error::value("generate", "--cache-type", "f32, f16 or bf16", s)),
+    }
 }
 
 /// Tokens of a prompt for the checkpoint's task, and how to show tokens.
@@ -136,7 +151,8 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     if prompt.len() > max_seq {
         return Err(Error::value("generate", "prompt length", format!("≤ context {max_seq}"), prompt.len()));
     }
-    let mut session = Session::new(&model.net, b.as_ref(), (prompt.len() + args.max_tokens).min(max_seq))?;
+    let ctx = (prompt.len() + args.max_tokens).min(max_seq);
+    let mut session = Session::with_cache_dtype(&model.net, b.as_ref(), ctx, args.cache_type)?;
     let out = generate(&mut session, b.as_ref(), &prompt, args.max_tokens, &mut sampler, &stop, |t| {
         first_token.get_or_insert_with(|| start.elapsed().as_secs_f64());
         if streaming {

@@ -4,7 +4,7 @@
 
 use std::io::Write;
 
-use fusebox::{Error, Result};
+use fusebox::{DType, Error, Result};
 use fusebox_models::llama;
 use fusebox_models::Sampler;
 use serde_json::json;
@@ -15,13 +15,15 @@ use crate::train::backend_for;
 /// Default KV-cache size when `--ctx-size` is not given (clamped to the model's context).
 const DEFAULT_CTX: usize = 2048;
 
-/// Refuses a KV cache of `ctx` positions that does not fit in the memory available.
-pub(crate) fn check_cache_memory(model: &llama::Pretrained, ctx: usize) -> Result<()> {
+/// Refuses a KV cache of `ctx` positions stored in `dtype` that does not fit in the
+/// memory available.
+pub(crate) fn check_cache_memory(model: &llama::Pretrained, ctx: usize, dtype: DType) -> Result<()> {
     let a = &model.network.arch;
     let (layers, kv_heads, head_dim) = (a.n_layers, a.n_kv_heads, a.head_dim);
     let rope = a.positions == fusebox_models::transformer::Positions::Rope;
-    // Keys and values, f32, every layer; Llama's rope tables add cos and sin, head_dim / 2 each.
-    let per_position = 2 * 4 * (layers as u128) * (kv_heads as u128) * (head_dim as u128);
+    // Keys and values in the cache's dtype, every layer; Llama's rope tables add cos and
+    // sin, head_dim / 2 each (f32).
+    let per_position = fusebox_models::transformer::kv_bytes_per_position(a, dtype);
     let per_position = per_position + if rope { 4 * head_dim as u128 } else { 0 };
     let bytes = per_position * (ctx as u128);
     if let Some(avail) = crate::train::available_memory() {
@@ -31,7 +33,7 @@ pub(crate) fn check_cache_memory(model: &llama::Pretrained, ctx: usize) -> Resul
                 "--ctx-size",
                 format!("a KV cache that fits in the {} available", crate::train::gib(avail)),
                 format!(
-                    "{ctx} positions, which need {} ({layers} layers × {kv_heads} kv heads × {head_dim} × 2 × f32)",
+                    "{ctx} positions, which need {} ({layers} layers × {kv_heads} kv heads × {head_dim} × 2 × {dtype})",
                     crate::train::gib(u64::try_from(bytes).unwrap_or(u64::MAX))
                 ),
             ));
@@ -69,8 +71,8 @@ pub fn run(args: &GenerateArgs, mut sampler: Sampler) -> Result<()> {
             ctx,
         ));
     }
-    check_cache_memory(&model, ctx)?;
-    let mut session = model.session(b.as_ref(), ctx)?;
+    check_cache_memory(&model, ctx, args.cache_type)?;
+    let mut session = model.session_with_cache(b.as_ref(), ctx, args.cache_type)?;
     let stop = model.stop_ids(args.chat);
     let streaming = !args.json;
     let mut stream = tok.stream_decoder(true);
@@ -105,6 +107,7 @@ pub fn run(args: &GenerateArgs, mut sampler: Sampler) -> Result<()> {
             "prefill_tokens_per_s": generation.prefill_tokens_per_s(),
             "decode_tokens_per_s": generation.decode_tokens_per_s(),
             "ctx_size": ctx,
+            "cache_type": args.cache_type.to_string(),
             "threads": b.cpu().threads(),
         });
         println!("{v}");

@@ -83,6 +83,7 @@ kernel!(EMBEDDING, "embedding.wgsl", "embedding", [false, false, true]);
 kernel!(EMBEDDING16, "embedding16.wgsl", "embedding16", [false, false, true]);
 kernel!(SCATTER_ROWS, "scatter.wgsl", "scatter_rows", [false, false, true]);
 kernel!(ATTENTION, "attention.wgsl", "attention", [false, false, false, true, true, true]);
+kernel!(ATTENTION_KV16, "attention_kv16.wgsl", "attention_kv16", [false, false, false, true, true, true]);
 kernel!(ATTN_DELTA, "attn_delta.wgsl", "attn_delta", [false, false, true]);
 kernel!(ATTN_DQ, "attn_dq.wgsl", "attn_dq", [false, false, false, false, false, false, true]);
 kernel!(ATTN_DKV, "attn_dkv.wgsl", "attn_dkv", [false, false, false, false, false, false, true, true]);

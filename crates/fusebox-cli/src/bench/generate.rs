@@ -2,15 +2,31 @@
 //! `--prompt-tokens`) and decoding (`--new-tokens` greedy steps, EOS ignored) in tokens
 //! per second, the median of `--repeats` runs after a warm-up. `bench/peers/llama_cpp.py`
 //! measures llama.cpp on the same file and shapes.
+//!
+//! Then the decode bandwidth at each of `--bandwidth-contexts` positions of context: a
+//! decode step reads every weight once and the K and V rows of every cached position it
+//! attends to (at the cache's dtype), so
+//!
+//! ```text
+//!   bytes/token = Σ weights (the embedding: one row, unless it is also the output head)
+//!               + Σ_layers min(n, window_l) · 2 · kv_dim · bytes(cache dtype)
+//! ```
+//!
+//! with `n` the positions attended (the context plus the new token). Each timed step is
+//! followed by a read of as many bytes (the vectorized sum `bench ops` uses as its read
+//! reference) on the same threads; `% of read` is the median over steps of
+//! `(bytes/token / t_step) / (bytes / t_read)`.
 
 use std::time::Instant;
 
 use clap::Args;
-use fusebox::{Error, Result};
+use fusebox::{ComputeBackend, DType, Error, Result};
 use fusebox_models::llama;
 use fusebox_models::sampler::argmax;
+use fusebox_models::transformer::{Arch, Transformer};
 use serde_json::json;
 
+use super::measure;
 use crate::train::backend_for;
 
 #[derive(Args)]
@@ -31,6 +47,111 @@ pub struct GenerateBenchArgs {
     threads: Option<usize>,
     #[arg(long)]
     json: bool,
+    /// KV cache storage: f16 (default, as `generate`), bf16 or f32; a list
+    /// (`f32,f16`) measures the decode bandwidth with each in turn, in this run (the
+    /// prompt/decode figures use the first).
+    #[arg(long, value_delimiter = ',', default_value = "f16", value_parser = crate::generate::parse_cache_type)]
+    cache_type: Vec<DType>,
+    /// Contexts (positions already cached) at which the decode bandwidth is measured;
+    /// empty (`--bandwidth-contexts=`) skips it.
+    #[arg(long, value_delimiter = ',', default_value = "16,1500")]
+    bandwidth_contexts: Vec<usize>,
+    /// Decode steps timed (each beside a read of as many bytes) per context.
+    #[arg(long, default_value_t = 32)]
+    bandwidth_steps: usize,
+}
+
+/// Bytes one decode step reads from the weights: every parameter once, except the token
+/// (and learned position) embedding tables, of which a step reads one row each, unless
+/// the token table is also the output head (then it is read whole, as the head).
+fn weight_bytes_per_token(net: &Transformer) -> u128 {
+    let params = &net.params.tensors;
+    let all: u128 = params.iter().map(|t| t.byte_len() as u128).sum();
+    let row = |i: usize| params.get(i).map_or(0, |t| t.byte_len() as u128 / t.dims()[0].max(1) as u128);
+    let table = |i: usize| params.get(i).map_or(0, |t| t.byte_len() as u128);
+    let mut bytes = all + row(net.index.embed);
+    if net.index.head.is_some() {
+        bytes -= table(net.index.embed);
+    }
+    if let Some(p) = net.index.pos_embed {
+        bytes = bytes - table(p) + row(p);
+    }
+    bytes
+}
+
+/// Bytes of K and V a decode step attending to `n` positions reads from caches of
+/// `dtype`: each layer's last `min(n, window)` positions.
+fn kv_bytes_per_token(arch: &Arch, n: usize, dtype: DType) -> u128 {
+    let row = 2 * arch.kv_dim() as u128 * dtype.storage_bytes(1) as u128;
+    (0..arch.n_layers).map(|l| arch.window(l).map_or(n, |w| n.min(w)) as u128 * row).sum()
+}
+
+/// The decode bandwidth at one context: see the module docs.
+struct Bandwidth {
+    cache_type: DType,
+    context: usize,
+    tokens_per_s: f64,
+    weight_bytes: u128,
+    kv_bytes: u128,
+    gbps: f64,
+    read_gbps: f64,
+    pct_of_read: f64,
+}
+
+/// Fills a fresh session with `context` prompt tokens, then times `steps` greedy decode
+/// steps, each followed by a read of as many bytes as the step reads.
+fn decode_bandwidth(
+    b: &dyn ComputeBackend,
+    model: &llama::Pretrained,
+    cache_type: DType,
+    context: usize,
+    steps: usize,
+) -> Result<Bandwidth> {
+    let net = &model.network;
+    let cap = context + steps + 1;
+    if context == 0 || cap > net.arch.context_length {
+        return Err(Error::value(
+            "bench generate",
+            "--bandwidth-contexts",
+            format!("1..={} (the model's context length, less --bandwidth-steps + 1)", net.arch.context_length),
+            context,
+        ));
+    }
+    let mut session = model.session_with_cache(b, cap, cache_type)?;
+    let mut logits = session.step(b, &bench_prompt(&model.tokenizer, context)?)?;
+    let weight_bytes = weight_bytes_per_token(net);
+    let kv = |n: usize| kv_bytes_per_token(&net.arch, n, cache_type);
+    let per_step = |n: usize| (weight_bytes + kv(n)) as usize;
+    let mut read = measure::Bandwidth::read(per_step(context + steps));
+    read.run(b.cpu());
+    let (mut t_step, mut ratios) = (Vec::new(), Vec::new());
+    for i in 0..steps.max(1) {
+        let n = context + i + 1;
+        let t = Instant::now();
+        logits = session.step(b, &[argmax(&logits)])?;
+        b.synchronize()?;
+        let step_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        read.run(b.cpu());
+        let read_s = t.elapsed().as_secs_f64();
+        t_step.push(step_s);
+        ratios.push((per_step(n) as f64 / step_s) / (read.bytes() as f64 / read_s));
+    }
+    let step = median(t_step);
+    let n_mid = context + steps.max(1) / 2 + 1;
+    let kv_bytes = kv(n_mid);
+    let bytes = (weight_bytes + kv_bytes) as f64;
+    let pct_of_read = 100.0 * median(ratios);
+    Ok(Bandwidth {
+        cache_type,
+        context,
+        tokens_per_s: 1.0 / step,
+        weight_bytes,
+        kv_bytes,
+        gbps: bytes / step / 1e9,
+        read_gbps: bytes / step / 1e9 / (pct_of_read / 100.0),
+        pct_of_read,
+    })
 }
 
 /// The benchmark prompt: ordinary English text, repeated to `n` tokens.
@@ -64,11 +185,14 @@ pub fn run(args: &GenerateBenchArgs) -> Result<()> {
     if args.prompt_tokens == 0 {
         return Err(Error::value("bench generate", "--prompt-tokens", "≥ 1", 0));
     }
+    let Some(&cache_type) = args.cache_type.first() else {
+        return Err(Error::value("bench generate", "--cache-type", "f32, f16 or bf16 (or a list)", "nothing"));
+    };
     let b = backend_for(&args.backend, args.threads)?;
     let model = llama::load(b.as_ref(), &args.model)?;
     let prompt = bench_prompt(&model.tokenizer, args.prompt_tokens)?;
     let ctx = args.prompt_tokens + args.new_tokens + 1;
-    let mut session = model.session(b.as_ref(), ctx)?;
+    let mut session = model.session_with_cache(b.as_ref(), ctx, cache_type)?;
     // Warm-up: pages in the weights and starts the thread pool.
     let mut logits = session.step(b.as_ref(), &prompt[..prompt.len().min(32)])?;
     for _ in 0..4 {
@@ -80,7 +204,7 @@ pub fn run(args: &GenerateBenchArgs) -> Result<()> {
     let mut steps = Vec::new();
     for _ in 0..args.repeats.max(1) {
         drop(session);
-        session = model.session(b.as_ref(), ctx)?;
+        session = model.session_with_cache(b.as_ref(), ctx, cache_type)?;
         let t = Instant::now();
         let mut logits = session.step(b.as_ref(), &prompt)?;
         b.synchronize()?;
@@ -99,17 +223,34 @@ pub fn run(args: &GenerateBenchArgs) -> Result<()> {
     let pp = median(prefill);
     let tg = if decode.is_empty() { 0.0 } else { median(decode) };
     let tg_fast = fastest_tenth_tokens_per_s(steps);
+    drop(session);
+    let mut bandwidth = Vec::new();
+    for &c in &args.bandwidth_contexts {
+        for &t in &args.cache_type {
+            bandwidth.push(decode_bandwidth(b.as_ref(), &model, t, c, args.bandwidth_steps)?);
+        }
+    }
     if args.json {
+        let bw: Vec<_> = bandwidth
+            .iter()
+            .map(|w| {
+                json!({"cache_type": w.cache_type.to_string(), "context": w.context, "decode_tokens_per_s": measure::round(w.tokens_per_s),
+                       "weight_bytes_per_token": w.weight_bytes as u64, "kv_bytes_per_token": w.kv_bytes as u64,
+                       "bytes_per_token": (w.weight_bytes + w.kv_bytes) as u64, "gbps": measure::round(w.gbps),
+                       "read_gbps": measure::round(w.read_gbps), "pct_of_read": measure::round(w.pct_of_read)})
+            })
+            .collect();
         println!(
             "{}",
             json!({"name": "generate", "model": args.model.display().to_string(), "description": model.description,
                    "backend": b.name(), "threads": b.cpu().threads(), "prompt_tokens": args.prompt_tokens,
                    "new_tokens": args.new_tokens, "repeats": args.repeats.max(1),
+                   "cache_type": cache_type.to_string(),
                    "prefill_tokens_per_s": pp, "decode_tokens_per_s": tg,
-                   "decode_fastest_tenth_tokens_per_s": tg_fast})
+                   "decode_fastest_tenth_tokens_per_s": tg_fast, "decode_bandwidth": bw})
         );
     } else {
-        println!("{}", model.description);
+        println!("{} · {} KV cache", model.description, cache_type);
         println!(
             "'{}' ({} threads): prompt processing {} tokens: {:.1} tok/s · decode {} tokens: {:.1} tok/s (median of {})",
             b.name(),
@@ -120,6 +261,34 @@ pub fn run(args: &GenerateBenchArgs) -> Result<()> {
             tg,
             args.repeats.max(1)
         );
+        for w in &bandwidth {
+            let mb = |x: u128| x as f64 / 1e6;
+            println!(
+                "decode at context {} ({} cache): {:.1} tok/s × {:.1} MB/token (weights {:.1} + KV {:.1}) = {:.2} GB/s, \
+                 {:.0}% of the read bandwidth ({:.2} GB/s)",
+                w.context,
+                w.cache_type,
+                w.tokens_per_s,
+                mb(w.weight_bytes + w.kv_bytes),
+                mb(w.weight_bytes),
+                mb(w.kv_bytes),
+                w.gbps,
+                w.pct_of_read,
+                w.read_gbps
+            );
+        }
+        // Each cache type against the f32 cache at the same context, when both ran.
+        for w in &bandwidth {
+            let f32_run = bandwidth.iter().find(|x| x.context == w.context && x.cache_type == DType::F32);
+            if let Some(base) = f32_run.filter(|_| w.cache_type != DType::F32) {
+                println!(
+                    "decode at context {}: {} cache {:.2}× the f32 cache's tokens/s",
+                    w.context,
+                    w.cache_type,
+                    w.tokens_per_s / base.tokens_per_s
+                );
+            }
+        }
     }
     Ok(())
 }

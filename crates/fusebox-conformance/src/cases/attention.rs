@@ -578,6 +578,55 @@ fn decode_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     v.extend(decode_case(Cfg::new(1, 4, 2, 1, 10, 32).window(50), 12, f32_only, false)); // W > kv_len
     v.extend(decode_case(Cfg::new(2, 4, 4, 3, 17, 32).window(5), 32, f32_only, false)); // 3 new queries
     v.extend(decode_case(Cfg::new(1, 4, 2, 16, 140, 32).window(70), 150, &[DType::F32, DType::F16], false)); // per-head blocks
+    v.extend(half_cache_decode_cases());
+    v
+}
+
+/// Decode with f32 queries over caches stored in `cache_dtype` (F16 or BF16): the caches
+/// are random rows rounded to that dtype (NaN outside the rows the queries see), and
+/// the twin runs in f64 on those rounded values.
+fn half_cache_decode_case<B: ComputeBackend + ?Sized + 'static>(
+    c: Cfg,
+    capacity: usize,
+    cache_dtype: DType,
+    bad: bool,
+) -> Vec<Case<B>> {
+    let q = Rng::new(74).tensor(c.q_shape(), -1.0, 1.0);
+    let (scale, kv_len, window) = (c.scale(), c.tk, c.window);
+    let first = window.map_or(0, |w| (kv_len - c.tq + 1).saturating_sub(w));
+    let kc = rounded(&nan_outside_cache(c.b, c.hkv, capacity, c.d, first, c.tk, 75), cache_dtype);
+    let vc = rounded(&nan_outside_cache(c.b, c.hkv, capacity, c.d, first, c.tk, 76), cache_dtype);
+    let case = OpCase::new(
+        Op::DecodeAttention,
+        format!("decode_attention {} kv_len={kv_len} capacity={capacity}, f32 q over {cache_dtype} caches", c.name()),
+    )
+    .input(q)
+    .input(Input::new(kc).keep_f32())
+    .input(Input::new(vc).keep_f32())
+    .call(move |b: &B, t: &[Tensor]| Ok(vec![b.decode_attention(&t[0], &t[1], &t[2], kv_len, window, scale)?]))
+    .twin(move |a| vec![twin::decode_attention(&a[0], &a[1], &a[2], kv_len, window, scale as f64)])
+    .tolerance(Tolerance::F32_LOOSE);
+    if bad {
+        case.build()
+    } else {
+        case.no_bad_inputs().build()
+    }
+}
+
+fn half_cache_decode_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    let mut v = Vec::new();
+    for dtype in [DType::F16, DType::BF16] {
+        v.extend(half_cache_decode_case(Cfg::new(1, 9, 3, 1, 300, 64), 320, dtype, dtype == DType::F16)); // SmolLM2's GQA 3
+        v.extend(half_cache_decode_case(Cfg::new(1, 4, 1, 1, 1100, 64), 1200, dtype, false)); // split keys
+        v.extend(half_cache_decode_case(Cfg::new(2, 8, 1, 1, 130, 128), 150, dtype, false)); // GQA 8, D 128
+        v.extend(half_cache_decode_case(Cfg::new(1, 6, 2, 1, 67, 80), 80, dtype, false)); // D 80
+        v.extend(half_cache_decode_case(Cfg::new(1, 4, 2, 1, 40, 24), 41, dtype, false)); // D 24: portable
+        v.extend(half_cache_decode_case(Cfg::new(1, 4, 2, 1, 1, 64), 9, dtype, false)); // first token
+        v.extend(half_cache_decode_case(Cfg::new(2, 4, 4, 3, 17, 32), 32, dtype, false)); // 3 new queries
+        v.extend(half_cache_decode_case(Cfg::new(1, 4, 2, 18, 30, 64), 40, dtype, false)); // a prompt chunk
+        v.extend(half_cache_decode_case(Cfg::new(1, 4, 1, 1, 600, 64).window(257), 640, dtype, false));
+        v.extend(half_cache_decode_case(Cfg::new(1, 4, 2, 16, 140, 32).window(70), 150, dtype, false));
+    }
     v
 }
 
@@ -638,6 +687,64 @@ fn write_cache_case<B: ComputeBackend + ?Sized + 'static>(
     }
 }
 
+/// F32 rows written into a cache stored in `cache_dtype` (F16 or BF16): each value is
+/// rounded to the cache's dtype (to nearest, ties to even), the rest of the cache kept.
+fn write_half_cache_case<B: ComputeBackend + ?Sized + 'static>(
+    cache_dtype: DType,
+    (b, h, capacity, t, d, pos): (usize, usize, usize, usize, usize, usize),
+    bad: bool,
+) -> Vec<Case<B>> {
+    let mut rng = Rng::new(82);
+    let cache = rounded(&rng.tensor(Shape::new([b, h, capacity, d]), -1.0, 1.0), cache_dtype);
+    // Values near the top of f16's range and below its normal range too, and exact ties.
+    let mut values = rng.vec(b * h * t * d, -3.0, 3.0);
+    for (i, x) in values.iter_mut().enumerate() {
+        match i % 7 {
+            0 => *x *= 2.0e4,
+            1 => *x *= 1.0e-6,
+            2 => *x = 1.0 + (i % 3) as f32 * 2.0f32.powi(-11), // f16 ties and halfway points
+            _ => {}
+        }
+    }
+    let new = Tensor::from_vec(values, Shape::new([b, h, t, d])).expect("shape");
+    let case = OpCase::new(
+        Op::WriteHeadCache,
+        format!("write_head_cache f32 new[{b},{h},{t},{d}] into {cache_dtype} cache[{b},{h},{capacity},{d}] pos={pos}"),
+    )
+    .input(Input::new(cache).keep_f32())
+    .input(new)
+    .call(move |be: &B, t: &[Tensor]| {
+        let host = be.to_host(&t[0])?;
+        let fresh = Tensor::from_bytes(host.host_bytes()?, host.shape().clone(), host.dtype())?;
+        let mut cache = be.upload(&fresh)?;
+        drop(fresh);
+        be.write_head_cache(&mut cache, &t[1], pos)?;
+        Ok(vec![cache])
+    })
+    .twin(move |a| {
+        // Inputs are f32 values. F16 by `half` (round to nearest, ties to even); BF16 by
+        // hand: keep the high 16 bits of the f32, adding half an ulp less one plus the
+        // kept lowest bit (ties go to the even neighbour).
+        let round = |x: f64| match cache_dtype {
+            DType::F16 => half::f16::from_f32(x as f32).to_f64(),
+            _ => {
+                let bits = (x as f32).to_bits();
+                let kept = bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) & 0xFFFF_0000;
+                f32::from_bits(kept) as f64
+            }
+        };
+        let mut new = a[1].clone();
+        new.data.iter_mut().for_each(|x| *x = round(*x));
+        vec![twin::write_head_cache(&a[0], &new, pos)]
+    })
+    .tolerance(Tolerance::EXACT);
+    if bad {
+        case.build()
+    } else {
+        case.no_bad_inputs().build()
+    }
+}
+
 /// Two appends into NaN-filled caches, then decode over the filled prefix: equals
 /// causal attention over the concatenated rows.
 fn write_then_decode_case<B: ComputeBackend + ?Sized + 'static>() -> Case<B> {
@@ -675,7 +782,49 @@ fn cache_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     v.extend(write_cache_case(1, 2, 9, 9, 8, 0, false)); // fills the whole cache
     v.extend(write_cache_case(2, 4, 300, 130, 64, 170, false)); // threads
     v.push(write_then_decode_case());
+    for dtype in [DType::F16, DType::BF16] {
+        v.extend(write_half_cache_case(dtype, (2, 3, 20, 5, 17, 7), dtype == DType::F16));
+        v.extend(write_half_cache_case(dtype, (2, 4, 300, 130, 64, 170), false)); // threads
+        v.push(write_then_decode_half_case(dtype));
+    }
     v
+}
+
+/// As [`write_then_decode_case`] with F32 rows written into F16/BF16 caches: the twin
+/// attends over the rows rounded to the cache's dtype.
+fn write_then_decode_half_case<B: ComputeBackend + ?Sized + 'static>(cache_dtype: DType) -> Case<B> {
+    let c = Cfg::new(1, 9, 3, 1, 0, 64);
+    let (t0, t1, capacity) = (300, 1, 320);
+    let name = format!(
+        "write_head_cache f32 rows into {cache_dtype} caches ({t0} at 0, {t1} at {t0}), then decode_attention \
+         (Hq9 Hkv3 D64, NaN cache)"
+    );
+    Case::custom(Op::WriteHeadCache, CaseKind::Property, name, move |be: &B| {
+        let mut rng = Rng::new(92);
+        let kv = |t: usize, rng: &mut Rng| rng.tensor(Shape::new([c.b, c.hkv, t, c.d]), -1.0, 1.0);
+        let (k0, v0, k1, v1) = (kv(t0, &mut rng), kv(t0, &mut rng), kv(t1, &mut rng), kv(t1, &mut rng));
+        let q = rng.tensor(Shape::new([c.b, c.hq, t1, c.d]), -1.0, 1.0);
+        let nan_cache = || rounded(&nan_tail_cache(c.b, c.hkv, capacity, c.d, 0, 0), cache_dtype);
+        let (kn, vn) = (nan_cache(), nan_cache());
+        let mut kc = be.upload(&kn).map_err(err)?;
+        let mut vc = be.upload(&vn).map_err(err)?;
+        drop((kn, vn));
+        let up = |t: &Tensor| be.upload(t).map_err(err);
+        be.write_head_cache(&mut kc, &up(&k0)?, 0).map_err(err)?;
+        be.write_head_cache(&mut vc, &up(&v0)?, 0).map_err(err)?;
+        be.write_head_cache(&mut kc, &up(&k1)?, t0).map_err(err)?;
+        be.write_head_cache(&mut vc, &up(&v1)?, t0).map_err(err)?;
+        if kc.dtype() != cache_dtype {
+            return Err(format!("the cache came back as {} instead of {cache_dtype}", kc.dtype()));
+        }
+        let out = be.decode_attention(&up(&q)?, &kc, &vc, t0 + t1, None, c.scale()).map_err(err)?;
+        let got = Array::from_tensor(&be.to_host(&out).map_err(err)?);
+        let r = |t: &Tensor| rounded(t, cache_dtype);
+        let a = arrays(&[&q, &r(&k0), &r(&v0), &r(&k1), &r(&v1)]);
+        let want =
+            twin::attention(&a[0], &concat_rows(&a[1], &a[3]), &concat_rows(&a[2], &a[4]), c.scale() as f64, true);
+        Tolerance::F32_LOOSE.check("output", &got, &want)
+    })
 }
 
 // ──────────────────────────── mask and softmax ────────────────────────────
@@ -950,6 +1099,30 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
             let mut cache = b.upload(&fresh)?;
             drop(fresh);
             b.write_head_cache(&mut cache, &b.upload(&new)?, pos)
+        }));
+    }
+    // A cache's dtype is its storage format: the two caches must agree, and rows come in
+    // the cache's dtype or as f32.
+    {
+        let q = q.clone();
+        v.push(Case::expect_error(
+            Op::DecodeAttention,
+            "decode_attention f16 k_cache with a bf16 v_cache",
+            move |b: &B| {
+                let (kc, vc) = (rounded(&t(&[2, 1, 10, 8]), DType::F16), rounded(&t(&[2, 1, 10, 8]), DType::BF16));
+                b.decode_attention(&b.upload(&q)?, &b.upload(&kc)?, &b.upload(&vc)?, 5, None, 0.3).map(drop)
+            },
+        ));
+    }
+    for (what, cache_dtype, new_dtype) in [
+        ("bf16 rows into an f16 cache", DType::F16, DType::BF16),
+        ("f16 rows into an f32 cache", DType::F32, DType::F16),
+    ] {
+        v.push(Case::expect_error(Op::WriteHeadCache, format!("write_head_cache {what}"), move |b: &B| {
+            let fresh = rounded(&t(&[2, 1, 10, 8]), cache_dtype);
+            let mut cache = b.upload(&fresh)?;
+            drop(fresh);
+            b.write_head_cache(&mut cache, &b.upload(&rounded(&t(&[2, 1, 3, 8]), new_dtype))?, 0)
         }));
     }
     v.push(Case::expect_error(

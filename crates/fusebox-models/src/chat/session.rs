@@ -219,6 +219,17 @@ impl<'m> ChatSession<'m> {
         system: Option<&str>,
         options: ChatOptions,
     ) -> Result<Self> {
+        ChatSession::with_cache_dtype(model, backend, system, options, fusebox::DType::F32)
+    }
+
+    /// As [`new`](Self::new) with the KV cache stored in `cache_dtype` (F32, F16 or BF16).
+    pub fn with_cache_dtype(
+        model: &'m Pretrained,
+        backend: &'m dyn ComputeBackend,
+        system: Option<&str>,
+        options: ChatOptions,
+        cache_dtype: fusebox::DType,
+    ) -> Result<Self> {
         if options.ctx_size == 0 || options.ctx_size > model.context_length() {
             return Err(Error::value(
                 "chat",
@@ -232,7 +243,7 @@ impl<'m> ChatSession<'m> {
             model,
             template,
             backend,
-            session: model.session(backend, options.ctx_size)?,
+            session: model.session_with_cache(backend, options.ctx_size, cache_dtype)?,
             cached: Vec::new(),
             conversation: Conversation::new(system),
             stop: model.stop_ids(true),

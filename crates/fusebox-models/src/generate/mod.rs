@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use fusebox::{ComputeBackend, Error, Result};
+use fusebox::{ComputeBackend, DType, Error, Result};
 
 use crate::sampler::Sampler;
 use crate::transformer::{KvCache, Transformer};
@@ -22,7 +22,29 @@ impl<'m> Session<'m> {
     /// A session of `model` whose caches hold `ctx_size` positions (1 ..= the model's
     /// context length), allocated once.
     pub fn new(model: &'m Transformer, b: &dyn ComputeBackend, ctx_size: usize) -> Result<Session<'m>> {
-        Ok(Session { model, cache: model.new_cache(b, ctx_size)?, sample_vocab: model.arch.vocab_size })
+        Session::with_cache_dtype(model, b, ctx_size, DType::F32)
+    }
+
+    /// As [`new`](Self::new) with the caches stored in `cache_dtype` (F32, F16 or BF16;
+    /// see [`Transformer::new_cache_of`]).
+    pub fn with_cache_dtype(
+        model: &'m Transformer,
+        b: &dyn ComputeBackend,
+        ctx_size: usize,
+        cache_dtype: DType,
+    ) -> Result<Session<'m>> {
+        let cache = model.new_cache_of(b, ctx_size, cache_dtype)?;
+        Ok(Session { model, cache, sample_vocab: model.arch.vocab_size })
+    }
+
+    /// The KV caches' dtype.
+    pub fn cache_dtype(&self) -> DType {
+        self.cache.dtype()
+    }
+
+    /// Bytes of keys and values per cached position (every layer).
+    pub fn cache_bytes_per_position(&self) -> usize {
+        self.cache.bytes_per_position()
     }
 
     /// Restricts sampling to ids below `n` (at most the model's vocabulary): an embedding

@@ -54,7 +54,19 @@ impl Pretrained {
     /// Caches for one stream of `ctx_size` positions; sampling chooses only ids the
     /// tokenizer has (see [`Session::with_sample_vocab`]).
     pub fn session(&self, b: &dyn ComputeBackend, ctx_size: usize) -> Result<Session<'_>> {
-        Ok(Session::new(&self.network, b, ctx_size)?.with_sample_vocab(self.tokenizer.vocab_size()))
+        self.session_with_cache(b, ctx_size, fusebox::DType::F32)
+    }
+
+    /// As [`session`](Self::session) with the caches stored in `cache_dtype` (F32, F16
+    /// or BF16).
+    pub fn session_with_cache(
+        &self,
+        b: &dyn ComputeBackend,
+        ctx_size: usize,
+        cache_dtype: fusebox::DType,
+    ) -> Result<Session<'_>> {
+        let session = Session::with_cache_dtype(&self.network, b, ctx_size, cache_dtype)?;
+        Ok(session.with_sample_vocab(self.tokenizer.vocab_size()))
     }
 
     /// The chat template, or an error saying why there is none: the file has no

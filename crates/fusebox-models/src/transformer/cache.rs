@@ -65,7 +65,9 @@ impl RopeTables {
 }
 
 /// Per-layer key and value caches `[1, Hkv, capacity, hd]`, how much is filled, and
-/// the rotary tables for positions `0..capacity`.
+/// the rotary tables for positions `0..capacity`. The caches' dtype (F32, F16 or BF16)
+/// is their storage format: new keys and values (f32) are rounded to it as they are
+/// written, and attention reads it back as f32.
 #[derive(Debug)]
 pub struct KvCache {
     /// Keys per layer, `[1, Hkv, capacity, hd]`.
@@ -85,14 +87,44 @@ impl KvCache {
     pub fn clear(&mut self) {
         self.len = 0;
     }
+
+    /// The dtype the keys and values are stored in (F32 for a model without layers).
+    pub fn dtype(&self) -> DType {
+        self.k.first().map_or(DType::F32, Tensor::dtype)
+    }
+
+    /// Bytes of keys and values one cached position takes over every layer (what a
+    /// decode step reads per position of context).
+    pub fn bytes_per_position(&self) -> usize {
+        let per_layer = |t: &Tensor| t.dims().get(1..).map_or(0, |d| d[0] * d[2]) * t.dtype().storage_bytes(1);
+        self.k.iter().chain(&self.v).map(per_layer).sum()
+    }
+}
+
+/// Bytes of keys and values per position of `arch` with caches of `dtype`: every layer's
+/// K and V, `kv_dim` elements each.
+pub fn kv_bytes_per_position(arch: &Arch, dtype: DType) -> u128 {
+    (arch.n_layers as u128) * 2 * (arch.kv_dim() as u128) * (dtype.storage_bytes(1) as u128)
 }
 
 impl Transformer {
-    /// Caches for one stream of `capacity` positions (1 ..= the context length),
-    /// allocated once; the size is checked against memory before allocating.
+    /// F32 caches for one stream of `capacity` positions (1 ..= the context length),
+    /// allocated once; the size is checked against memory before allocating. See
+    /// [`new_cache_of`](Self::new_cache_of) for 16-bit caches.
     pub fn new_cache(&self, b: &dyn ComputeBackend, capacity: usize) -> Result<KvCache> {
+        self.new_cache_of(b, capacity, DType::F32)
+    }
+
+    /// Caches stored in `dtype` (F32, F16 or BF16: a 16-bit cache takes half the memory
+    /// and half the bytes a decode step reads per position) for one stream of
+    /// `capacity` positions (1 ..= the context length), allocated once; the size is
+    /// checked against memory before allocating.
+    pub fn new_cache_of(&self, b: &dyn ComputeBackend, capacity: usize, dtype: DType) -> Result<KvCache> {
         const OP: &str = "Transformer::new_cache";
         let arch = &self.arch;
+        if !fusebox::spec::attention::CACHE_DTYPES.contains(&dtype) {
+            return Err(Error::dtype(OP, "cache dtype", "f32, f16 or bf16", dtype));
+        }
         if capacity == 0 || capacity > arch.context_length {
             return Err(Error::value(
                 OP,
@@ -101,15 +133,15 @@ impl Transformer {
                 capacity,
             ));
         }
-        // K and V for every layer (f32) plus up to two pairs of rope tables.
-        let need = (arch.n_layers as u128) * 2 * (arch.kv_dim() as u128) * (capacity as u128) * 4
+        // K and V for every layer plus up to two pairs of f32 rope tables.
+        let need = kv_bytes_per_position(arch, dtype) * (capacity as u128)
             + 4 * (capacity as u128) * (arch.head_dim as u128 / 2) * 4;
         let too_big = |limit: String| {
             Error::value(
                 OP,
                 "context size",
                 format!(
-                    "a KV cache that fits {limit} ({} layers × 2 × {} kv dims × f32 per position)",
+                    "a KV cache that fits {limit} ({} layers × 2 × {} kv dims × {dtype} per position)",
                     arch.n_layers,
                     arch.kv_dim()
                 ),
@@ -123,7 +155,7 @@ impl Transformer {
             return Err(too_big(format!("in this machine's {total} bytes of memory")));
         }
         let shape = Shape::new([1, arch.n_kv_heads, capacity, arch.head_dim]);
-        let alloc = || -> Result<Vec<Tensor>> { (0..arch.n_layers).map(|_| b.zeros(&shape, DType::F32)).collect() };
+        let alloc = || -> Result<Vec<Tensor>> { (0..arch.n_layers).map(|_| b.zeros(&shape, dtype)).collect() };
         Ok(KvCache { k: alloc()?, v: alloc()?, len: 0, capacity, rope: RopeTables::new(b, arch, capacity)? })
     }
 }

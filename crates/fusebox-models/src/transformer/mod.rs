@@ -30,7 +30,7 @@ use fusebox::{
 };
 
 pub use arch::{Arch, Biases, LayerAttention, Mlp, NormKind, Positions, Rope, RopeScaling};
-pub use cache::{KvCache, RopeTables};
+pub use cache::{kv_bytes_per_position, KvCache, RopeTables};
 pub use layout::{layout, LayerIndex, NormIndex, ParamIndex, Proj, Stacking};
 
 use crate::params::{ParamSet, ParamSpec};

@@ -145,6 +145,9 @@ pub(crate) fn write_head_cache(be: &WgpuBackend, cache: &mut Tensor, new: &Tenso
     if cb.raw() == nb.raw() {
         return Err(Error::SharedStorage { op: OP });
     }
+    // F32 rows into a 16-bit cache: rounded (to nearest, ties to even) on the device first.
+    let new = if w.new_dtype != w.dtype { be.narrow(OP, new, w.dtype)? } else { new };
+    let nb = buffer_of(&new)?;
     // Rows are copied buffer to buffer when their byte ranges are 4-byte aligned (F32,
     // or 16-bit with an even head dim), else by the 16-bit copy kernel.
     let elem = cache.dtype().storage_bytes(1);
@@ -170,14 +173,69 @@ pub(crate) fn decode_attention(
     window: Option<usize>,
     scale: f32,
 ) -> Result<Tensor> {
-    let DecodeSpec { dims, capacity } = spec::decode_attention(q, k_cache, v_cache, kv_len, window)?;
+    let DecodeSpec { dims, capacity, cache_dtype } = spec::decode_attention(q, k_cache, v_cache, kv_len, window)?;
     if dims.tq == 0 || !native(&dims, &[q, k_cache, v_cache]) {
         return fallback!(be, cpu::attention::decode_attention; [q, k_cache, v_cache], kv_len, window, scale);
+    }
+    if cache_dtype != DType::F32 {
+        // 16-bit caches are read in place, each element widened in the kernel.
+        return be.attention_kv16(q, k_cache, v_cache, dims, capacity, cache_dtype, window, scale);
     }
     Ok(be.attention_forward("decode_attention", q, k_cache, v_cache, dims, capacity, window, scale, true)?.output)
 }
 
 impl WgpuBackend {
+    /// `decode_attention` over F16/BF16 caches (`cache_dtype`), read in place: the
+    /// attention kernel's key loop with each cache element widened as it is loaded.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_kv16(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        dims: AttentionDims,
+        cap: usize,
+        cache_dtype: DType,
+        window: Option<usize>,
+        scale: f32,
+    ) -> Result<Tensor> {
+        const OP: &str = "decode_attention";
+        let AttentionDims { batch: b, hq, hkv, tq, tk, d, .. } = dims;
+        let kind = if cache_dtype == DType::F16 { 1u32 } else { 2 };
+        let dtype = q.dtype();
+        let (q, k, v) = (self.widen(OP, q)?, self.dev(k)?, self.dev(v)?);
+        let output = self.ctx.empty(OP, q.shape().clone(), DType::F32)?;
+        let logsumexp = self.ctx.empty(OP, [b, hq, tq], DType::F32)?;
+        let rows = b * hq * tq;
+        let lsum = self.ctx.empty(OP, [rows], DType::F32)?;
+        let w = window_param(window, tk)?;
+        let c0 = first_chunk(&dims, window);
+        let chunks = tk.div_ceil(KEY_CHUNK).max(1);
+        for c in c0..chunks {
+            let (j0, j1) = (c * KEY_CHUNK, ((c + 1) * KEY_CHUNK).min(tk));
+            let params = [
+                u(rows)?,
+                u(hq)?,
+                u(hkv)?,
+                u(tq)?,
+                u(tk)?,
+                u(cap)?,
+                u(d)?,
+                f(scale),
+                1,
+                u(j0)?,
+                u(j1)?,
+                (c == c0) as u32,
+                (c + 1 == chunks) as u32,
+                w,
+                kind,
+            ];
+            let args = [&q, &k, &v, &output, &logsumexp, &lsum];
+            self.ctx.dispatch(OP, &kernels::ATTENTION_KV16, &args, &params, (rows as u64).div_ceil(64))?;
+        }
+        self.narrow(OP, output, dtype)
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention_forward(
         &self,

@@ -590,7 +590,7 @@ fn cache_prefix_f32<'a>(
 /// `q`: `[B, Hq, Tq, D]`; `k_cache`: `[B, Hkv, capacity, D]`, `len ≤ capacity` → `[B, Hq, Tq, len]`.
 pub fn head_prefix_matmul(cpu: &CpuBackend, q: &Tensor, k_cache: &Tensor, len: usize) -> Result<Tensor> {
     const OP: &str = "head_prefix_matmul";
-    let spec::attention::DecodeSpec { dims, capacity } = spec::attention::head_prefix_matmul(q, k_cache, len)?;
+    let spec::attention::DecodeSpec { dims, capacity, .. } = spec::attention::head_prefix_matmul(q, k_cache, len)?;
     let AttentionDims { batch, hq, hkv, tq, d, .. } = dims;
     let group = hq / hkv;
     let qd = convert::f32_data(OP, "q", q)?;

@@ -197,14 +197,32 @@ pub fn causal_attention_backward(
 /// `capacity`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodeSpec {
-    /// The sizes, with `tk = kv_len`.
+    /// The sizes, with `tk = kv_len`; `dims.dtype` is q's (and the output's) dtype.
     pub dims: AttentionDims,
     /// Rows each cache head holds.
     pub capacity: usize,
+    /// The dtype both caches store (F32, F16 or BF16); it may differ from q's: a 16-bit
+    /// cache is read as f32 and every product accumulates in f32.
+    pub cache_dtype: DType,
 }
 
-/// `decode_attention(q, k_cache, v_cache, kv_len, window, scale)`: [`qkv`] with the
-/// caches' capacity as rows, `kv_len ≤ capacity`, `Tq ≤ kv_len` and a valid [`window`].
+/// The dtypes a KV cache may store: F32, or F16 / BF16 (half the bytes to read per
+/// position).
+pub const CACHE_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+/// A KV cache tensor's dtype must be one of [`CACHE_DTYPES`].
+fn cache_dtype(op: &'static str, what: &str, cache: &Tensor) -> Result<DType> {
+    if CACHE_DTYPES.contains(&cache.dtype()) {
+        Ok(cache.dtype())
+    } else {
+        Err(Error::dtype(op, what, "a cache dtype (f32, f16 or bf16)", cache.dtype()))
+    }
+}
+
+/// `decode_attention(q, k_cache, v_cache, kv_len, window, scale)`: q `[B, Hq, Tq, D]`
+/// float; the caches `[B, Hkv, capacity, D]` of one cache dtype (F32, F16 or BF16, not
+/// necessarily q's: the cache's dtype is its storage format), B and D shared with q,
+/// `Hq % Hkv == 0`, `kv_len ≤ capacity`, `Tq ≤ kv_len` and a valid [`window`].
 pub fn decode_attention(
     q: &Tensor,
     k_cache: &Tensor,
@@ -214,14 +232,36 @@ pub fn decode_attention(
 ) -> Result<DecodeSpec> {
     const OP: &str = "decode_attention";
     self::window(OP, window)?;
-    let cache_dims = qkv(OP, q, k_cache, v_cache)?;
-    let capacity = cache_dims.tk;
+    check::float(OP, "q", q)?;
+    let cache_dtype = self::cache_dtype(OP, "k_cache", k_cache)?;
+    if v_cache.dtype() != cache_dtype {
+        return Err(Error::dtype(OP, "v_cache (must match k_cache's dtype)", cache_dtype, v_cache.dtype()));
+    }
+    // The shape rules of [`qkv`], which also asks one dtype of q and the caches.
+    check::rank(OP, "q", q, 4)?;
+    check::rank(OP, "k_cache", k_cache, 4)?;
+    check::rank(OP, "v_cache", v_cache, 4)?;
+    check::same_shape(OP, "v_cache (must match k_cache)", k_cache, v_cache)?;
+    let (qd, kd) = (q.dims(), k_cache.dims());
+    if kd[0] != qd[0] || kd[3] != qd[3] {
+        return Err(Error::shape(OP, "k_cache", format!("[{}, Hkv, capacity, {}]", qd[0], qd[3]), k_cache.shape()));
+    }
+    let (hq, hkv) = (qd[1], kd[1]);
+    if hq.checked_rem(hkv) != Some(0) {
+        return Err(Error::shape(
+            OP,
+            "heads",
+            format!("query heads ({hq}) a multiple of kv heads"),
+            format!("{hkv} kv heads"),
+        ));
+    }
+    let capacity = kd[2];
     if kv_len > capacity {
         return Err(Error::value(OP, "kv_len", format!("≤ cache capacity {capacity}"), kv_len));
     }
-    let dims = AttentionDims { tk: kv_len, ..cache_dims };
+    let dims = AttentionDims { batch: qd[0], hq, hkv, tq: qd[2], tk: kv_len, d: qd[3], dtype: q.dtype() };
     causal_lengths(OP, &dims)?;
-    Ok(DecodeSpec { dims, capacity })
+    Ok(DecodeSpec { dims, capacity, cache_dtype })
 }
 
 /// `head_prefix_matmul(q, k_cache, len)`: q `[B, Hq, Tq, D]` float, the cache
@@ -251,7 +291,7 @@ pub fn head_prefix_matmul(q: &Tensor, k_cache: &Tensor, len: usize) -> Result<De
         return Err(Error::value(OP, "len", format!("≤ capacity {capacity}"), len));
     }
     let dims = AttentionDims { batch, hq, hkv, tq, tk: len, d, dtype: q.dtype() };
-    Ok(DecodeSpec { dims, capacity })
+    Ok(DecodeSpec { dims, capacity, cache_dtype: q.dtype() })
 }
 
 /// A cache write: `rows` new rows at `pos` in each of `batch · heads` heads of
@@ -268,16 +308,27 @@ pub struct CacheWrite {
     pub rows: usize,
     /// Head dimension D.
     pub d: usize,
-    /// The cache's (and the new rows') dtype.
+    /// The cache's dtype (F32, F16 or BF16).
     pub dtype: DType,
+    /// The new rows' dtype: the cache's, or F32 rounded to the cache's dtype (to
+    /// nearest, ties to even) as it is written.
+    pub new_dtype: DType,
 }
 
-/// `write_head_cache(cache, new, pos)`: a float cache `[B, Hkv, capacity, D]`, `new`
-/// `[B, Hkv, T, D]` of its dtype, `pos + T ≤ capacity`.
+/// `write_head_cache(cache, new, pos)`: a cache `[B, Hkv, capacity, D]` of a cache
+/// dtype (F32, F16 or BF16), `new` `[B, Hkv, T, D]` of the cache's dtype or F32 (rounded
+/// to the cache's), `pos + T ≤ capacity`.
 pub fn write_head_cache(cache: &Tensor, new: &Tensor, pos: usize) -> Result<CacheWrite> {
     const OP: &str = "write_head_cache";
-    check::float(OP, "cache", cache)?;
-    check::same_dtype(OP, "new", cache, new)?;
+    let dtype = cache_dtype(OP, "cache", cache)?;
+    if new.dtype() != dtype && new.dtype() != DType::F32 {
+        return Err(Error::dtype(
+            OP,
+            "new",
+            format!("the cache's dtype ({dtype}) or f32 (rounded to the cache's dtype)"),
+            new.dtype(),
+        ));
+    }
     check::rank(OP, "cache", cache, 4)?;
     check::rank(OP, "new", new, 4)?;
     let (cd, nd) = (cache.dims(), new.dims());
@@ -288,7 +339,7 @@ pub fn write_head_cache(cache: &Tensor, new: &Tensor, pos: usize) -> Result<Cach
     if pos.checked_add(rows).is_none_or(|end| end > capacity) {
         return Err(Error::value(OP, "pos + T", format!("≤ capacity {capacity}"), format!("{pos} + {rows}")));
     }
-    Ok(CacheWrite { batch: cd[0], heads: cd[1], capacity, rows, d: cd[3], dtype: cache.dtype() })
+    Ok(CacheWrite { batch: cd[0], heads: cd[1], capacity, rows, d: cd[3], dtype, new_dtype: new.dtype() })
 }
 
 /// `causal_mask(seq, kv_len)`: `seq ≤ kv_len`.

@@ -12,9 +12,17 @@
 //!
 //! Query heads are taken [`HEADS`] at a time (a group is padded with zero queries whose
 //! scores are dropped), K and V are read in place with their true head dim.
+//!
+//! The cache rows may be F32, F16 or BF16 ([`KvElem`]): 16-bit rows are widened to f32
+//! inside the dot-product and accumulation loops (AVX2 + F16C, see `decode_half_x86`)
+//! or, on the portable path, one block at a time into an f32 scratch that stays in
+//! cache; every product and sum is f32.
 
 use super::{Dims, Problem};
 use std::mem::MaybeUninit;
+
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
 
 use crate::cpu::pool::SharedMut;
 use crate::cpu::simd::{self, multiversion};
@@ -28,7 +36,7 @@ pub(super) const HEADS: usize = 4;
 const LANES: usize = 16;
 
 /// Whether `p` takes the single-query path.
-pub(super) fn applies(p: &Problem) -> bool {
+pub(super) fn applies<T>(p: &Problem<T>) -> bool {
     p.dims.tq == 1 && p.dims.d > 0 && p.mask.is_none()
 }
 
@@ -39,7 +47,12 @@ pub(super) fn applies(p: &Problem) -> bool {
 /// task leaves its unnormalized `(o, m, l)` per query head, and the ranges of a head are
 /// then merged in order (`M = max m_i`, `l = Σ e^(m_i − M)·l_i`, `o = Σ e^(m_i − M)·o_i`),
 /// deterministic for a given thread count.
-pub(super) fn forward(cpu: &CpuBackend, p: &Problem, out: &mut [MaybeUninit<f32>], lse: &mut [MaybeUninit<f32>]) {
+pub(super) fn forward<T: KvElem>(
+    cpu: &CpuBackend,
+    p: &Problem<T>,
+    out: &mut [MaybeUninit<f32>],
+    lse: &mut [MaybeUninit<f32>],
+) {
     let Dims { batch, hkv, d, .. } = p.dims;
     let (out, lse) = (SharedMut(out.as_mut_ptr()), SharedMut(lse.as_mut_ptr()));
     let group = p.dims.group();
@@ -115,8 +128,8 @@ const MIN_SPLIT_KEYS: usize = 512;
 /// Keys `keys` of kv head `kv_head` (a `b·Hkv + h` index) for the G query heads that read
 /// it: `emit(g, o, m, l)` receives each head's unnormalized output `o` (`d` long), its
 /// running max and sum.
-fn group_forward(
-    p: &Problem,
+fn group_forward<T: KvElem>(
+    p: &Problem<T>,
     kv_head: usize,
     keys: std::ops::Range<usize>,
     mut emit: impl FnMut(usize, &[f32], f32, f32),
@@ -131,11 +144,7 @@ fn group_forward(
     let mut q = vec![0.0f32; HEADS * d];
     let mut o = vec![0.0f32; HEADS * d];
     let mut s = vec![0.0f32; HEADS * BLOCK_K];
-    // The AVX-512 kernels of `decode_x86` (head dims 64 and 128), else the portable ones.
-    #[cfg(target_arch = "x86_64")]
-    let fast = super::decode_x86::applies(d);
-    #[cfg(not(target_arch = "x86_64"))]
-    let fast = false;
+    let mut scratch = Vec::new();
     for h0 in (0..group).step_by(HEADS) {
         let heads = HEADS.min(group - h0);
         // q[g] = scale·q of head first + h0 + g; padded heads stay 0.
@@ -157,12 +166,7 @@ fn group_forward(
             // 70–80%.
             let next = (k0 + keys) * d..(k0 + keys + BLOCK_K).min(tk) * d;
             let (next_k, next_v) = (&k[next.clone()], &v[next]);
-            if fast {
-                #[cfg(target_arch = "x86_64")]
-                super::decode_x86::scores(&k[rows.clone()], d, &q, heads, &mut s, next_v);
-            } else {
-                group_scores(&k[rows.clone()], d, &q, &mut s);
-            }
+            T::scores(&k[rows.clone()], d, &q, heads, &mut s, next_v, &mut scratch);
             let mut alpha = [1.0f32; HEADS];
             for g in 0..heads {
                 let sg = &mut s[g * BLOCK_K..g * BLOCK_K + keys];
@@ -174,16 +178,125 @@ fn group_forward(
                 l[g] = alpha[g] * l[g] + block_sum;
                 m[g] = m_new;
             }
-            if fast {
-                #[cfg(target_arch = "x86_64")]
-                super::decode_x86::accumulate(&mut o, d, &s, &v[rows], &alpha, heads, next_k);
-            } else {
-                group_accumulate(&mut o, d, &s, &v[rows], &alpha, heads);
-            }
+            T::accumulate(&mut o, d, &s, &v[rows], &alpha, heads, next_k, &mut scratch);
         }
         for g in 0..heads {
             emit(h0 + g, &o[g * d..(g + 1) * d], m[g], l[g]);
         }
+    }
+}
+
+/// An element type a KV cache stores: F32 read in place, F16/BF16 widened to f32 as
+/// they are read. Both kernels see one block of at most [`BLOCK_K`] rows.
+pub(super) trait KvElem: Copy + Send + Sync {
+    /// `s[g·BLOCK_K + j] = q[g]·k_j` for the first `heads` of the [`HEADS`] queries `q`
+    /// (`[HEADS, d]`, padded heads zero) and every row `k_j` of `k` (`[keys, d]`),
+    /// prefetching `ahead` (the next block's V rows); `scratch` is the caller's buffer.
+    #[allow(clippy::too_many_arguments)]
+    fn scores(k: &[Self], d: usize, q: &[f32], heads: usize, s: &mut [f32], ahead: &[Self], scratch: &mut Vec<f32>);
+
+    /// `o[g] = α_g·o[g] + Σ_j p[g·BLOCK_K + j]·v_j` for the first `heads` heads (`o`
+    /// `[HEADS, d]`, `v` `[keys, d]`), prefetching `ahead` (the next block's K rows).
+    #[allow(clippy::too_many_arguments)]
+    fn accumulate(
+        o: &mut [f32],
+        d: usize,
+        p: &[f32],
+        v: &[Self],
+        alpha: &[f32; HEADS],
+        heads: usize,
+        ahead: &[Self],
+        scratch: &mut Vec<f32>,
+    );
+}
+
+impl KvElem for f32 {
+    fn scores(k: &[f32], d: usize, q: &[f32], heads: usize, s: &mut [f32], ahead: &[f32], _: &mut Vec<f32>) {
+        // The AVX-512 kernels of `decode_x86` (head dims 64 and 128), else the portable ones.
+        #[cfg(target_arch = "x86_64")]
+        if super::decode_x86::applies(d) {
+            return super::decode_x86::scores(k, d, q, heads, s, ahead);
+        }
+        let _ = (heads, ahead);
+        group_scores(k, d, q, s);
+    }
+
+    fn accumulate(
+        o: &mut [f32],
+        d: usize,
+        p: &[f32],
+        v: &[f32],
+        alpha: &[f32; HEADS],
+        heads: usize,
+        ahead: &[f32],
+        _: &mut Vec<f32>,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if super::decode_x86::applies(d) {
+            return super::decode_x86::accumulate(o, d, p, v, alpha, heads, ahead);
+        }
+        let _ = ahead;
+        group_accumulate(o, d, p, v, alpha, heads);
+    }
+}
+
+/// The 16-bit cache elements: `to_f32` widens a block of rows into the portable path's
+/// scratch; `BF` selects the AVX2 kernels' widening (a 16-bit shift for BF16, F16C's
+/// `vcvtph2ps` for F16).
+pub(super) trait HalfElem: Copy + Send + Sync {
+    /// BF16 (else F16).
+    const BF: bool;
+    /// `dst[i] = src[i]` as f32 (exact: every 16-bit value is an f32).
+    fn widen(src: &[Self], dst: &mut [f32]);
+}
+
+impl HalfElem for f16 {
+    const BF: bool = false;
+    fn widen(src: &[f16], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+}
+
+impl HalfElem for bf16 {
+    const BF: bool = true;
+    fn widen(src: &[bf16], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+}
+
+/// `rows` widened into `scratch` (resized to fit).
+fn widened<'s, T: HalfElem>(rows: &[T], scratch: &'s mut Vec<f32>) -> &'s [f32] {
+    scratch.resize(rows.len(), 0.0);
+    T::widen(rows, scratch);
+    scratch
+}
+
+impl<T: HalfElem> KvElem for T {
+    fn scores(k: &[T], d: usize, q: &[f32], heads: usize, s: &mut [f32], ahead: &[T], scratch: &mut Vec<f32>) {
+        #[cfg(target_arch = "x86_64")]
+        if super::decode_half_x86::applies(d) {
+            return super::decode_half_x86::scores(k, d, q, heads, s, ahead);
+        }
+        let _ = (heads, ahead);
+        group_scores(widened(k, scratch), d, q, s);
+    }
+
+    fn accumulate(
+        o: &mut [f32],
+        d: usize,
+        p: &[f32],
+        v: &[T],
+        alpha: &[f32; HEADS],
+        heads: usize,
+        ahead: &[T],
+        scratch: &mut Vec<f32>,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if super::decode_half_x86::applies(d) {
+            return super::decode_half_x86::accumulate(o, d, p, v, alpha, heads, ahead);
+        }
+        let _ = ahead;
+        group_accumulate(o, d, p, widened(v, scratch), alpha, heads);
     }
 }
 

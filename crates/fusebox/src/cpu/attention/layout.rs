@@ -1,9 +1,13 @@
 //! The unfused pieces around attention: the explicit causal mask, the causal softmax,
 //! KV cache writes and the head split/merge layouts.
 
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
+
 use crate::cpu::convert::{f32_data, from_f32};
 use crate::cpu::simd;
 use crate::cpu::CpuBackend;
+use crate::dtype::DType;
 use crate::error::Result;
 use crate::shape::Shape;
 use crate::spec::attention as spec;
@@ -54,19 +58,36 @@ pub fn causal_softmax(cpu: &CpuBackend, scores: &Tensor, scale: f32) -> Result<T
 }
 
 /// Writes `new` into rows `pos .. pos + T` of a preallocated cache, in place (no copy
-/// of the cache; a cache whose storage is shared is refused).
+/// of the cache; a cache whose storage is shared is refused). F32 rows written into an
+/// F16/BF16 cache are rounded to nearest, ties to even.
 ///
 /// # Shapes
-/// `cache`: `[B, Hkv, capacity, D]`; `new`: `[B, Hkv, T, D]`, same dtype; `pos + T ≤ capacity`.
+/// `cache`: `[B, Hkv, capacity, D]` (F32, F16 or BF16); `new`: `[B, Hkv, T, D]`, the
+/// cache's dtype or F32; `pos + T ≤ capacity`.
 pub fn write_head_cache(cpu: &CpuBackend, cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
     const OP: &str = "write_head_cache";
-    let spec::CacheWrite { capacity, rows: t, d, .. } = spec::write_head_cache(cache, new, pos)?;
+    let spec::CacheWrite { capacity, rows: t, d, dtype, new_dtype, .. } = spec::write_head_cache(cache, new, pos)?;
     cache.ensure_writable(OP)?;
-    let elem = cache.dtype().storage_bytes(1);
-    let (head_bytes, rows_bytes) = (capacity * d * elem, t * d * elem);
-    if rows_bytes == 0 {
+    if t * d == 0 {
         return Ok(());
     }
+    if new_dtype != dtype {
+        // F32 rows into a 16-bit cache (the only mixed pair the spec accepts).
+        let src = new.as_slice::<f32>()?;
+        let (head, rows) = (capacity * d, t * d);
+        let at = pos * d..pos * d + rows;
+        match dtype {
+            DType::F16 => cpu.for_each_chunk(cache.as_mut_slice::<f16>()?, head, rows, |h, slab| {
+                slab[at.clone()].convert_from_f32_slice(&src[h * rows..(h + 1) * rows]);
+            }),
+            _ => cpu.for_each_chunk(cache.as_mut_slice::<bf16>()?, head, rows, |h, slab| {
+                slab[at.clone()].convert_from_f32_slice(&src[h * rows..(h + 1) * rows]);
+            }),
+        }
+        return Ok(());
+    }
+    let elem = cache.dtype().storage_bytes(1);
+    let (head_bytes, rows_bytes) = (capacity * d * elem, t * d * elem);
     let src = new.host_bytes()?;
     let dst = cache.host_bytes_mut()?;
     cpu.for_each_chunk(dst, head_bytes, t * d, |head, slab| {

@@ -24,6 +24,8 @@
 mod backward;
 mod decode;
 #[cfg(target_arch = "x86_64")]
+mod decode_half_x86;
+#[cfg(target_arch = "x86_64")]
 mod decode_x86;
 mod forward;
 mod layout;
@@ -41,6 +43,7 @@ use crate::shape::Shape;
 use crate::spec::attention::{self as spec, AttentionDims, MaskSpec};
 use crate::tensor::Tensor;
 use crate::types::*;
+use half::{bf16, f16};
 
 /// Sizes of one attention call (see [`AttentionDims`]).
 type Dims = AttentionDims;
@@ -84,14 +87,15 @@ impl Mask<'_> {
     }
 }
 
-/// One attention problem in f32: queries `[B,Hq,Tq,D]`, keys and values read in place
-/// as `kv_stride`-spaced `[Tk, D]` slabs per (batch, kv head) (Tk = the whole tensor,
-/// or the filled prefix of a cache).
-struct Problem<'a> {
+/// One attention problem: f32 queries `[B,Hq,Tq,D]`, keys and values of element `T`
+/// (f32; F16/BF16 only for the single-query decode path) read in place as
+/// `kv_stride`-spaced `[Tk, D]` slabs per (batch, kv head) (Tk = the whole tensor, or
+/// the filled prefix of a cache).
+struct Problem<'a, T = f32> {
     dims: Dims,
     q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
+    k: &'a [T],
+    v: &'a [T],
     kv_stride: usize,
     scale: f32,
     causal: bool,
@@ -101,7 +105,7 @@ struct Problem<'a> {
     mask: Option<Mask<'a>>,
 }
 
-impl Problem<'_> {
+impl<T> Problem<'_, T> {
     /// Keys `lo .. hi` query row `i` sees (all `0 .. Tk` when not causal).
     fn keys(&self, i: usize) -> (usize, usize) {
         let hi = self.dims.visible(self.causal, i);
@@ -279,17 +283,56 @@ pub fn decode_attention(
     scale: f32,
 ) -> Result<Tensor> {
     const OP: &str = "decode_attention";
-    let dims = spec::decode_attention(q, k_cache, v_cache, kv_len, window)?.dims;
+    let spec::DecodeSpec { dims, capacity, cache_dtype } = spec::decode_attention(q, k_cache, v_cache, kv_len, window)?;
     // No query sees a row before the first query's window: the problem starts at that
     // row (shifting every key by `first` keeps the bottom-right alignment and the
     // windows), so those rows are neither read nor converted.
     let first = dims.window_start(window, 0);
     let dims = Dims { tk: kv_len - first, ..dims };
     let qf = f32_data(OP, "q", q)?;
+    if cache_dtype != DType::F32 && dims.tq == 1 && dims.d > 0 {
+        // One query reads each cache row once: 16-bit rows are widened as they are read.
+        let kv_stride = capacity * dims.d;
+        return match cache_dtype {
+            DType::F16 => {
+                let (k, v) = (cache_rows::<f16>(k_cache, first)?, cache_rows::<f16>(v_cache, first)?);
+                let p = Problem { dims, q: &qf, k, v, kv_stride, scale, causal: true, window, mask: None };
+                run_decode(cpu, &p, q.dtype())
+            }
+            _ => {
+                let (k, v) = (cache_rows::<bf16>(k_cache, first)?, cache_rows::<bf16>(v_cache, first)?);
+                let p = Problem { dims, q: &qf, k, v, kv_stride, scale, causal: true, window, mask: None };
+                run_decode(cpu, &p, q.dtype())
+            }
+        };
+    }
+    // Several queries (a chunk of a prompt): the blocked forward, over f32 rows (a 16-bit
+    // cache's rows `first .. kv_len` are widened once per call and read by every query).
     let (kf, kv_stride) = cache_rows_f32(OP, k_cache, first, kv_len)?;
     let (vf, _) = cache_rows_f32(OP, v_cache, first, kv_len)?;
     let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride, scale, causal: true, window, mask: None };
     Ok(run_forward(cpu, &p, q.dtype())?.0)
+}
+
+/// A 16-bit cache's elements from row `first` of its first head on (empty when it has
+/// no rows).
+fn cache_rows<T: crate::dtype::Element>(cache: &Tensor, first: usize) -> Result<&[T]> {
+    let d = cache.dims()[3];
+    Ok(cache.as_slice::<T>()?.get(first * d..).unwrap_or(&[]))
+}
+
+/// The single-query forward over a 16-bit cache (`decode::applies`), the output in `dtype`.
+fn run_decode<T: decode::KvElem>(cpu: &CpuBackend, p: &Problem<T>, dtype: DType) -> Result<Tensor> {
+    let Dims { batch, hq, d, .. } = p.dims;
+    let n = batch * hq * d;
+    let (mut out, mut lse) = (Vec::<f32>::with_capacity(n), Vec::<f32>::with_capacity(batch * hq));
+    if batch * hq > 0 {
+        decode::forward(cpu, p, &mut out.spare_capacity_mut()[..n], &mut lse.spare_capacity_mut()[..batch * hq]);
+        // SAFETY: `decode::forward` writes every element of both (a panic in it propagates
+        // before this line, dropping them empty).
+        unsafe { (out.set_len(n), lse.set_len(batch * hq)) };
+    }
+    in_dtype(Tensor::from_vec(out, [batch, hq, 1, d])?, dtype)
 }
 
 /// Rows `first .. kv_len` of every head of a `[B, Hkv, capacity, D]` cache as f32 (row
