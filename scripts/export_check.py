@@ -8,8 +8,9 @@ crates/fusebox-models/tests/export_reference.rs to compare with fusebox's own.
       every position of each id list are written to LOGITS.f32 (little-endian f32, the
       lists one after another, [T, vocab] each). Prints {"vocab": V}. Also checks that
       AutoTokenizer loads DIR.
-  tok DIR --text T [--text …]
-      AutoTokenizer(DIR) ids of each text (no special tokens added): {"ids": [[…], …]}.
+  tok DIR --texts FILE.json
+      AutoTokenizer(DIR) ids of each text of the JSON list in FILE (no special tokens
+      added): {"ids": [[…], …]}.
   gguf FILE --ids 1,2,3 [--ids …] --steps N
       llama-cpp-python loads FILE (CPU, n_ctx 512); for each id list, N greedy steps:
       {"runs": [{"tokens": [...], "gaps": [...]}, …]}, gap = top-1 minus top-2 logit at
@@ -51,7 +52,9 @@ def run_tok(args):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(args.path)
-    print(json.dumps({"ids": [tok.encode(t, add_special_tokens=False) for t in args.text]}))
+    with open(args.texts, encoding="utf-8") as f:
+        texts = json.load(f)
+    print(json.dumps({"ids": [tok.encode(t, add_special_tokens=False) for t in texts]}))
 
 
 def run_gguf(args):
@@ -81,6 +84,7 @@ def main():
     p.add_argument("path")
     p.add_argument("--ids", type=ids_list, action="append", default=[])
     p.add_argument("--text", action="append")
+    p.add_argument("--texts")
     p.add_argument("--out")
     p.add_argument("--steps", type=int, default=16)
     args = p.parse_args()

@@ -349,13 +349,9 @@ fn transformers_loads_every_hf_export() {
     assert!(r <= 1e-4, "SmolLM2: transformers vs fusebox logits rel {r}");
     // tokenizers' ids of the corpus.
     let texts = corpus();
-    let mut args = vec!["tok".to_string(), hf.display().to_string()];
-    for t in &texts {
-        args.push("--text".into());
-        args.push(t.clone());
-    }
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let ids = script(&argv);
+    let texts_file = s.dir.join("corpus.json");
+    std::fs::write(&texts_file, serde_json::to_string(&texts).unwrap()).unwrap();
+    let ids = script(&["tok", &hf.display().to_string(), "--texts", &texts_file.display().to_string()]);
     for (t, want) in texts.iter().zip(ids["ids"].as_array().unwrap()) {
         let want: Vec<u32> = want.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
         assert_eq!(p.tokenizer.encode_with(t, false, true), want, "{t:?}");
