@@ -309,7 +309,7 @@ pub fn write(
 }
 
 /// The safetensors shard(s) and, for more than one, the index.
-fn write_safetensors(dir: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)], dtype: FloatType) -> Result<()> {
+fn write_safetensors(dir: &Path, tensors: &[super::FileTensor], dtype: FloatType) -> Result<()> {
     let elem = dtype.dtype().block_bytes();
     let mut shards: Vec<Vec<usize>> = vec![Vec::new()];
     let mut bytes = 0usize;

@@ -69,6 +69,9 @@ impl FloatType {
     }
 }
 
+/// A file tensor: its name, its shape as stored, its f32 values.
+pub(crate) type FileTensor = (String, Vec<usize>, Vec<f32>);
+
 /// The model's parameters as f32 host values under fusebox's unstacked names
 /// (`h.0.attn.q.weight`, never `attn.qkv`), with q/k rows in the rope pair order the
 /// model computes with.
@@ -96,7 +99,7 @@ impl Weights {
             if v.len() != dims.iter().product::<usize>() {
                 return Err(Error::shape("export", format!("parameter '{}'", spec.name), format!("{dims:?}"), v.len()));
             }
-            let split = |stem: &str, parts: &[(&str, usize)]| -> Option<Vec<(String, Vec<usize>, Vec<f32>)>> {
+            let split = |stem: &str, parts: &[(&str, usize)]| -> Option<Vec<FileTensor>> {
                 let (head, tail) = spec.name.split_once(stem)?;
                 let cols: usize = dims[1..].iter().product();
                 let mut start = 0;
@@ -182,7 +185,7 @@ impl Weights {
     /// The tensors of a file as `plan` names and stores them, in the order of the
     /// parameter layout: `(file name, shape as stored, f32 values)`; `prefix` goes
     /// before every name. A tied head is not written.
-    pub(crate) fn file_tensors(&self, plan: &Plan, prefix: &str) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>> {
+    pub(crate) fn file_tensors(&self, plan: &Plan, prefix: &str) -> Result<Vec<FileTensor>> {
         let stacking = plan.file_stacking;
         let arch = &plan.arch;
         let (specs, _) = layout(arch, |_| stacking);
