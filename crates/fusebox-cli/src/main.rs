@@ -4,6 +4,7 @@ mod backends;
 mod bench;
 mod chat;
 mod demo;
+mod export;
 mod generate;
 mod generate_pretrained;
 mod info;
@@ -51,6 +52,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Token ids and pieces of a text under a model's tokenizer (GGUF or Hugging Face).
     Tokenize(tokenize::TokenizeArgs),
+    /// Write a model as a Hugging Face directory or a GGUF file (convert, requantize).
+    Export(Box<export::ExportArgs>),
 }
 
 fn main() {
@@ -68,6 +71,7 @@ fn main() {
         Command::Generate(args) => generate::run(&args),
         Command::Tokenize(args) => tokenize::run(&args),
         Command::Chat(args) => chat::run(&args),
+        Command::Export(args) => export::run(&args),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

@@ -3,7 +3,7 @@
 //! files in [`arch`] read from Hugging Face configs and GGUF metadata — trains (explicit
 //! forward and backward passes) and generates through a preallocated KV cache for every
 //! architecture; around it: weight loading ([`weights`], [`gguf`], [`safetensors`]),
-//! byte-level BPE tokenizers ([`tokenizer`]), chat templates ([`chat`]), training
+//! byte-level BPE tokenizers ([`tokenizer`]), chat templates ([`chat`]), export to Hugging Face and GGUF ([`export`]), training
 //! ([`train`], [`checkpoint`], [`data`]) and generation ([`mod@generate`], [`sampler`]).
 
 #![warn(missing_docs)]
@@ -13,6 +13,7 @@ pub mod chat;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod export;
 pub mod files;
 pub mod generate;
 pub mod gguf;
