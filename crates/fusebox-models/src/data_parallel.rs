@@ -149,4 +149,40 @@ mod tests {
         sync.finish(&b, &mut grads).unwrap();
         assert!(grads.tensors[2].to_vec::<f32>().unwrap().iter().all(|&v| v == 1.0), "one rank: unchanged");
     }
+
+    /// Every architecture's backward reports each gradient exactly once (`ready` and
+    /// `finish` check it), blocks from the last down, and the gradients equal the plain
+    /// backward's.
+    #[test]
+    fn the_backward_reports_every_gradient_once_for_every_architecture() {
+        use crate::config::{ModelConfig, Style};
+        use crate::model::Model;
+        use fusebox::Tensor;
+        let b = CpuBackend::with_threads(1).unwrap();
+        let comm = SingleProcess;
+        for style in Style::ALL {
+            for tied in [true, false] {
+                let cfg = ModelConfig { n_layers: 2, tied_embeddings: tied, ..ModelConfig::tiny(style, 20, 8) };
+                let model = Model::new(&b, cfg, 5).unwrap();
+                let ids = Tensor::from_vec((0..12u32).map(|i| i % 20).collect::<Vec<_>>(), [2, 6]).unwrap();
+                let targets = Tensor::from_vec((0..12u32).map(|i| (i * 7) % 20).collect::<Vec<_>>(), [2, 6]).unwrap();
+                let mut plain = ParamSet::zeros(&b, &model.net.specs).unwrap();
+                model.loss_and_grads(&b, &ids, &targets, None, 1.0, &mut plain).unwrap();
+                let mut grads = ParamSet::zeros(&b, &model.net.specs).unwrap();
+                let mut sync = GradSync::new(&comm, grads.tensors.len(), 1);
+                let mut order = Vec::new();
+                let mut ready = |g: &ParamSet, ids: &[usize]| {
+                    order.push(ids.to_vec());
+                    sync.ready(&b, g, ids)
+                };
+                model.loss_and_grads_with(&b, &ids, &targets, None, 1.0, &mut grads, &mut ready).unwrap();
+                sync.finish(&b, &mut grads).unwrap_or_else(|e| panic!("{style:?} tied {tied}: {e}"));
+                let layers = &model.net.index.layers;
+                assert_eq!(order[1], layers[1].params(), "{style:?}: the last block is reported first");
+                assert_eq!(order[2], layers[0].params());
+                assert!(order[3].contains(&model.net.index.embed), "{style:?}: the embeddings come last");
+                assert_eq!(plain.to_values(&b).unwrap(), grads.to_values(&b).unwrap());
+            }
+        }
+    }
 }

@@ -8,7 +8,7 @@
 //!
 //! [`SingleProcess`] is the world of one: every collective is the identity (an average over
 //! one rank is the value itself) and costs nothing, so plain training runs the same code as
-//! a distributed run. [`MpiCommunicator`] (cargo feature `mpi`) joins the processes an MPI
+//! a distributed run. `MpiCommunicator` (cargo feature `mpi`) joins the processes an MPI
 //! launcher (`mpirun -np N`) started, through the `mpi` crate (rsmpi).
 //!
 //! # Device buffers
