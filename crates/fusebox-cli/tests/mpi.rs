@@ -4,21 +4,7 @@
 //! job within seconds and the last checkpoint loads. Skips, saying why, without the
 //! feature or without `mpirun` (Debian: openmpi-bin libopenmpi-dev).
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn fusebox() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fusebox"))
-}
-
-/// `mpirun -np 2 fusebox …` (as root and on fewer cores than ranks, as CI runs).
-#[cfg(feature = "mpi")]
-fn mpirun2() -> Command {
-    let mut c = Command::new("mpirun");
-    c.args(["--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2"]);
-    c.arg(env!("CARGO_BIN_EXE_fusebox"));
-    c
-}
+use std::process::Command;
 
 /// Why the MPI tests cannot run here, if they cannot.
 fn unavailable() -> Option<String> {
@@ -31,53 +17,111 @@ fn unavailable() -> Option<String> {
     }
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("fusebox-mpi-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-#[track_caller]
-fn assert_ok(o: &Output) {
-    let t = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    assert!(o.status.success(), "status {:?}\nstdout: {}\nstderr: {}", o.status, t(&o.stdout), t(&o.stderr));
-}
-
-/// `(step, loss)` of every training row of `metrics.csv`.
-fn losses(out: &Path) -> Vec<(u64, f64)> {
-    let text = std::fs::read_to_string(out.join("metrics.csv")).unwrap();
-    text.lines()
-        .skip(1)
-        .filter_map(|l| {
-            let c: Vec<&str> = l.split(',').collect();
-            // Training rows have a learning rate; the final evaluation row does not.
-            (!c[2].is_empty()).then(|| (c[0].parse().unwrap(), c[1].parse().unwrap()))
-        })
-        .collect()
-}
-
-#[track_caller]
-fn assert_same_losses(a: &[(u64, f64)], b: &[(u64, f64)]) {
-    assert_eq!(a.len(), b.len(), "{a:?}\n{b:?}");
-    for (&(sa, la), &(sb, lb)) in a.iter().zip(b) {
-        assert_eq!(sa, sb);
-        let rel = (la - lb).abs() / la.abs().max(1e-30);
-        assert!(rel <= 1e-5, "step {sa}: loss {la} vs {lb} (relative {rel:.2e})");
+#[test]
+#[cfg_attr(not(feature = "mpi"), allow(clippy::single_match))]
+fn two_ranks_train_like_one_process_with_accumulation_two() {
+    match unavailable() {
+        Some(why) => eprintln!("skipping: {why}"),
+        None => {
+            #[cfg(feature = "mpi")]
+            with_mpi::parity();
+        }
     }
 }
-
-const RUN: [&str; 12] =
-    ["train", "--steps", "50", "--batch", "16", "--threads", "1", "--eval-every", "0", "--seed", "7", "--json"];
 
 #[test]
-fn two_ranks_train_like_one_process_with_accumulation_two() {
-    if let Some(why) = unavailable() {
-        eprintln!("skipping: {why}");
-        return;
+#[cfg_attr(not(feature = "mpi"), allow(clippy::single_match))]
+fn a_killed_rank_ends_the_job_and_the_last_checkpoint_loads() {
+    match unavailable() {
+        Some(why) => eprintln!("skipping: {why}"),
+        None => {
+            #[cfg(feature = "mpi")]
+            with_mpi::killed_rank();
+        }
     }
-    #[cfg(feature = "mpi")]
-    {
+}
+
+#[cfg(feature = "mpi")]
+mod with_mpi {
+    use std::path::{Path, PathBuf};
+    use std::process::{Command, Output};
+
+    fn fusebox() -> Command {
+        Command::new(env!("CARGO_BIN_EXE_fusebox"))
+    }
+
+    /// `mpirun -np 2 fusebox …` (as root and on fewer cores than ranks, as CI runs).
+    fn mpirun2() -> Command {
+        let mut c = Command::new("mpirun");
+        c.args(["--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2"]);
+        c.arg(env!("CARGO_BIN_EXE_fusebox"));
+        c
+    }
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("fusebox-mpi-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[track_caller]
+    fn assert_ok(o: &Output) {
+        let t = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        assert!(o.status.success(), "status {:?}\nstdout: {}\nstderr: {}", o.status, t(&o.stdout), t(&o.stderr));
+    }
+
+    /// `(step, loss)` of every training row of `metrics.csv`.
+    fn losses(out: &Path) -> Vec<(u64, f64)> {
+        let text = std::fs::read_to_string(out.join("metrics.csv")).unwrap();
+        text.lines()
+            .skip(1)
+            .filter_map(|l| {
+                let c: Vec<&str> = l.split(',').collect();
+                // Training rows have a learning rate; the final evaluation row does not.
+                (!c[2].is_empty()).then(|| (c[0].parse().unwrap(), c[1].parse().unwrap()))
+            })
+            .collect()
+    }
+
+    #[track_caller]
+    fn assert_same_losses(a: &[(u64, f64)], b: &[(u64, f64)]) {
+        assert_eq!(a.len(), b.len(), "{a:?}\n{b:?}");
+        for (&(sa, la), &(sb, lb)) in a.iter().zip(b) {
+            assert_eq!(sa, sb);
+            let rel = (la - lb).abs() / la.abs().max(1e-30);
+            assert!(rel <= 1e-5, "step {sa}: loss {la} vs {lb} (relative {rel:.2e})");
+        }
+    }
+
+    const RUN: [&str; 12] =
+        ["train", "--steps", "50", "--batch", "16", "--threads", "1", "--eval-every", "0", "--seed", "7", "--json"];
+
+    /// The step of the newest `step-N` directory in `out`.
+    fn last_step(out: &Path) -> u64 {
+        std::fs::read_dir(out)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("step-")?.parse().ok())
+            .max()
+            .unwrap()
+    }
+
+    /// The pid of the running `fusebox` process of MPI rank `rank` whose command line names `out`.
+    fn rank_pid(rank: u32, out: &Path) -> Option<String> {
+        let want = format!("OMPI_COMM_WORLD_RANK={rank}");
+        let out = out.to_str()?.as_bytes().to_vec();
+        std::fs::read_dir("/proc").ok()?.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()).find_map(
+            |pid| {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+                let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+                let names_out = cmdline.split(|&b| b == 0).any(|a| a == out.as_slice());
+                let is_rank = env.split(|&b| b == 0).any(|kv| kv == want.as_bytes());
+                (names_out && is_rank).then(|| pid.to_string())
+            },
+        )
+    }
+
+    pub fn parity() {
         let dir = temp_dir("parity");
         let (one, two, resumed) = (dir.join("one"), dir.join("two"), dir.join("resumed"));
         let o = fusebox().args(RUN).args(["--accumulation", "2", "--out"]).arg(&one).output().unwrap();
@@ -104,16 +148,8 @@ fn two_ranks_train_like_one_process_with_accumulation_two() {
         assert_same_losses(&losses(&resumed), &reference[25..]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
-}
 
-#[test]
-fn a_killed_rank_ends_the_job_and_the_last_checkpoint_loads() {
-    if let Some(why) = unavailable() {
-        eprintln!("skipping: {why}");
-        return;
-    }
-    #[cfg(feature = "mpi")]
-    {
+    pub fn killed_rank() {
         use std::time::{Duration, Instant};
         let dir = temp_dir("kill");
         let out = dir.join("run");
@@ -161,28 +197,4 @@ fn a_killed_rank_ends_the_job_and_the_last_checkpoint_loads() {
         assert_ok(&o);
         std::fs::remove_dir_all(&dir).unwrap();
     }
-}
-
-/// The step of the newest `step-N` directory in `out`.
-#[cfg(feature = "mpi")]
-fn last_step(out: &Path) -> u64 {
-    std::fs::read_dir(out)
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("step-")?.parse().ok())
-        .max()
-        .unwrap()
-}
-
-/// The pid of the running `fusebox` process of MPI rank `rank` whose command line names `out`.
-#[cfg(feature = "mpi")]
-fn rank_pid(rank: u32, out: &Path) -> Option<String> {
-    let want = format!("OMPI_COMM_WORLD_RANK={rank}");
-    let out = out.to_str()?.as_bytes().to_vec();
-    std::fs::read_dir("/proc").ok()?.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()).find_map(|pid| {
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-        let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-        let names_out = cmdline.split(|&b| b == 0).any(|a| a == out.as_slice());
-        let is_rank = env.split(|&b| b == 0).any(|kv| kv == want.as_bytes());
-        (names_out && is_rank).then(|| pid.to_string())
-    })
 }

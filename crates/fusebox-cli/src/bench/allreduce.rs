@@ -42,7 +42,7 @@ fn iterations(iters: usize, bytes: usize) -> usize {
 
 pub fn run(args: &AllReduceBenchArgs) -> Result<()> {
     let bad = |flag: &str, expected: &str, got: usize| Err(Error::value("bench allreduce", flag, expected, got));
-    if args.min_bytes < 4 || args.min_bytes % 4 != 0 {
+    if args.min_bytes < 4 || !args.min_bytes.is_multiple_of(4) {
         return bad("--min-bytes", "a positive multiple of 4", args.min_bytes);
     }
     if args.max_bytes < args.min_bytes {

@@ -63,8 +63,10 @@ pub trait PendingAllReduce {
     }
 }
 
-/// Collective operations over the processes of one run (see the module docs).
-pub trait Communicator: Debug {
+/// Collective operations over the processes of one run (see the module docs). Shareable
+/// between threads (a trainer holding one stays `Send`); an implementation may still
+/// require that its collectives are called from one thread, and says so by an error.
+pub trait Communicator: Debug + Send + Sync {
     /// This process's rank, `0..world_size`.
     fn rank(&self) -> usize;
 

@@ -22,6 +22,8 @@ pub struct MpiCommunicator {
     world: SimpleCommunicator,
     rank: usize,
     size: usize,
+    /// The thread that initialised MPI, the only one allowed to call it (FUNNELED).
+    owner: std::thread::ThreadId,
     // Declared last: MPI is finalised when the universe drops, after the world handle.
     _universe: mpi::environment::Universe,
 }
@@ -54,7 +56,19 @@ impl MpiCommunicator {
         }
         let world = universe.world();
         let (rank, size) = (world.rank() as usize, world.size() as usize);
-        Ok(MpiCommunicator { world, rank, size, _universe: universe })
+        Ok(MpiCommunicator { world, rank, size, owner: std::thread::current().id(), _universe: universe })
+    }
+
+    /// An error unless called on the thread that initialised MPI.
+    fn on_owner(&self, call: &str) -> Result<()> {
+        if std::thread::current().id() == self.owner {
+            Ok(())
+        } else {
+            Err(Error::unsupported(
+                "MpiCommunicator",
+                format!("{call} from a thread other than the one that initialised MPI (MPI_THREAD_FUNNELED)"),
+            ))
+        }
     }
 
     fn op(op: ReduceOp) -> ffi::MPI_Op {
@@ -126,6 +140,13 @@ impl Drop for MpiPending {
     }
 }
 
+// SAFETY: the handle may be shared and moved between threads, but every MPI call it makes
+// first checks that it runs on the thread that initialised MPI (`on_owner`), which is what
+// MPI_THREAD_FUNNELED requires; the handles themselves are plain values.
+unsafe impl Send for MpiCommunicator {}
+// SAFETY: as above.
+unsafe impl Sync for MpiCommunicator {}
+
 impl Communicator for MpiCommunicator {
     fn rank(&self) -> usize {
         self.rank
@@ -136,6 +157,7 @@ impl Communicator for MpiCommunicator {
     }
 
     fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> Result<()> {
+        self.on_owner("MPI_Allreduce")?;
         for piece in buf.chunks_mut(MAX_COUNT) {
             let send = piece.to_vec();
             // SAFETY: both buffers hold `piece.len()` f32 (≤ MAX_COUNT, fits a C int) and
@@ -157,6 +179,7 @@ impl Communicator for MpiCommunicator {
     }
 
     fn start_all_reduce(&self, buf: Vec<f32>, op: ReduceOp) -> Result<Box<dyn PendingAllReduce>> {
+        self.on_owner("MPI_Iallreduce")?;
         if buf.len() > MAX_COUNT {
             return Err(Error::value(
                 "MPI_Iallreduce",
@@ -187,6 +210,7 @@ impl Communicator for MpiCommunicator {
     }
 
     fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<()> {
+        self.on_owner("MPI_Bcast")?;
         check_root(root, self.size)?;
         for piece in buf.chunks_mut(MAX_COUNT) {
             // SAFETY: `piece` holds `piece.len()` f32 (fits a C int) across the blocking call.
@@ -205,6 +229,7 @@ impl Communicator for MpiCommunicator {
     }
 
     fn barrier(&self) -> Result<()> {
+        self.on_owner("MPI_Barrier")?;
         self.world.barrier();
         Ok(())
     }
