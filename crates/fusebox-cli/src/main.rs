@@ -3,6 +3,7 @@
 mod backends;
 mod bench;
 mod chat;
+mod comm;
 mod demo;
 mod export;
 mod generate;

@@ -9,6 +9,7 @@ use std::time::Instant;
 use clap::Args;
 use fusebox::{ComputeBackend, Error, Result};
 use fusebox_models::checkpoint;
+use fusebox_models::comm::{Communicator, ReduceOp};
 use fusebox_models::data::addition::{self, Addition};
 use fusebox_models::data::text::{self, TextData};
 use fusebox_models::generate::{generate, Session};
@@ -503,10 +504,12 @@ fn recover_noting(dir: &Path) -> Result<()> {
 }
 
 /// Decides the output directory and the settings, refusing to write over another run.
-fn plan(args: &TrainArgs, default_out: PathBuf) -> Result<Plan> {
+/// `lead`: whether this process checks and repairs the output directory (rank 0; the
+/// other ranks of a data-parallel run read the plan after it did); `world`: the ranks.
+fn plan(args: &TrainArgs, default_out: PathBuf, lead: bool, world: usize) -> Result<Plan> {
     let Some(src) = &args.resume else {
         let out = args.out.clone().unwrap_or(default_out);
-        if non_empty(&out) && !args.overwrite {
+        if lead && non_empty(&out) && !args.overwrite {
             return Err(Error::value(
                 "train",
                 "--out",
@@ -524,11 +527,13 @@ fn plan(args: &TrainArgs, default_out: PathBuf) -> Result<Plan> {
         });
     };
     let run_dir = run_dir_of(src);
-    recover_noting(&run_dir)?;
+    if lead {
+        recover_noting(&run_dir)?;
+    }
     let info = resume_info(src)?;
     let out = args.out.clone().unwrap_or_else(|| run_dir.clone());
     let continues = same_dir(&out, &run_dir);
-    if !continues && non_empty(&out) && !args.overwrite {
+    if lead && !continues && non_empty(&out) && !args.overwrite {
         return Err(Error::value(
             "train",
             "--out",
@@ -538,8 +543,24 @@ fn plan(args: &TrainArgs, default_out: PathBuf) -> Result<Plan> {
     }
     let clear = !continues && args.overwrite;
     let saved = info.config.clone();
-    let config = apply_flags(saved.clone().unwrap_or_else(default_config), args);
-    if !args.json {
+    let mut config = apply_flags(saved.clone().unwrap_or_else(default_config), args);
+    // The global batch (batch × accumulation × ranks) is kept across world sizes unless
+    // --accumulation says otherwise, so the run continues on the same data.
+    let saved_world = saved_world_size(&info.dir);
+    if let (None, Some(saved), Some(w0)) = (args.accumulation, &saved, saved_world) {
+        let global = saved.accumulation * w0;
+        if w0 != world && global % world == 0 {
+            config.accumulation = global / world;
+            if lead && !args.json {
+                println!(
+                    "the checkpoint was trained on {w0} rank(s) × accumulation {}: {world} rank(s) continue with \
+                     accumulation {} (the same global batch)",
+                    saved.accumulation, config.accumulation
+                );
+            }
+        }
+    }
+    if lead && !args.json {
         match &saved {
             Some(saved) => {
                 let changes = schedule_changes(saved, &config);
@@ -573,10 +594,44 @@ fn plan(args: &TrainArgs, default_out: PathBuf) -> Result<Plan> {
     Ok(Plan { out, config, resume: Some((info.dir, info.step)), continues, clear })
 }
 
+/// The ranks that trained the checkpoint in `dir` (`world_size` in trainer.json; absent
+/// in checkpoints older than the field or unreadable: `None`).
+fn saved_world_size(dir: &Path) -> Option<usize> {
+    let text = std::fs::read_to_string(dir.join("trainer.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    v.get("world_size")?.as_u64().and_then(|n| usize::try_from(n).ok()).filter(|&n| n > 0)
+}
+
 pub fn run(args: &TrainArgs) -> Result<()> {
     check_flags(args)?;
+    let comm = crate::comm::from_environment()?;
+    if comm.world_size() == 1 {
+        return run_rank(args, &comm);
+    }
+    // An error on one rank ends every rank (MPI_Abort): the others would wait in their next
+    // collective for ever. Rank 0 writes every file; its last checkpoint stays whole (saves
+    // are atomic).
+    if let Err(e) = run_rank(args, &comm) {
+        comm.abort(1, &format!("error: {e}"));
+    }
+    Ok(())
+}
+
+/// One rank's part of `fusebox train` (all of it in a world of one).
+fn run_rank(args: &TrainArgs, comm: &Arc<dyn Communicator>) -> Result<()> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let lead = rank == 0;
     let default_out = if args.data.is_some() { "runs/text" } else { "runs/addition" };
-    let plan = plan(args, PathBuf::from(default_out))?;
+    // Rank 0 checks and repairs the output directory before the others read from it.
+    let plan = if lead {
+        let p = plan(args, PathBuf::from(default_out), true, world)?;
+        comm.barrier()?;
+        p
+    } else {
+        comm.barrier()?;
+        plan(args, PathBuf::from(default_out), false, world)?
+    };
+    let json_out = args.json || !lead;
     let (out, config) = (plan.out.clone(), plan.config.clone());
     config.validate()?;
     let task = match &args.data {
@@ -613,7 +668,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         }
     };
     check_memory(&model_cfg, &config, seq)?;
-    if plan.clear {
+    if plan.clear && lead {
         clear_run(&out)?;
     }
     let b = backend_for(&args.backend, args.threads)?;
@@ -621,10 +676,14 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         Some((dir, _)) => Trainer::resume(b.as_ref(), dir, config.clone(), task)?,
         None => Trainer::new(b.as_ref(), model_cfg, config.clone(), task)?,
     };
+    trainer.join(b.as_ref(), comm.clone())?;
     let steps = config.steps;
     if trainer.step >= steps {
+        if !lead {
+            return Ok(());
+        }
         let dir = plan.resume.as_ref().map_or_else(|| out.clone(), |(d, _)| d.clone());
-        if args.json {
+        if json_out {
             println!("{}", json!({"steps": trainer.step, "trained_steps": 0, "checkpoint": dir.display().to_string()}));
         } else {
             println!(
@@ -635,10 +694,14 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         }
         return Ok(());
     }
-    std::fs::create_dir_all(&out).map_err(|e| Error::Io(format!("{}: {e}", out.display())))?;
-    recover_noting(&out)?;
-    let keep_until = plan.continues.then_some(trainer.step);
-    let mut metrics = Metrics::open(&out, keep_until)?;
+    // Rank 0 alone writes: checkpoints, metrics, the plot.
+    let mut metrics = None;
+    if lead {
+        std::fs::create_dir_all(&out).map_err(|e| Error::Io(format!("{}: {e}", out.display())))?;
+        recover_noting(&out)?;
+        let keep_until = plan.continues.then_some(trainer.step);
+        metrics = Some(Metrics::open(&out, keep_until)?);
+    }
 
     let stop = Arc::new(AtomicBool::new(false));
     {
@@ -651,9 +714,10 @@ pub fn run(args: &TrainArgs) -> Result<()> {
 
     let cfg = &trainer.model.config;
     let n_params = trainer.model.net.params.len();
-    if !args.json {
+    if !json_out {
+        let ranks = if world > 1 { format!("{world} ranks × ") } else { String::new() };
         println!(
-            "training {} ({} layers, d_model {}, {} heads / {} kv heads, {:.2}M parameters) on '{}' with {} threads",
+            "training {} ({} layers, d_model {}, {} heads / {} kv heads, {:.2}M parameters) on '{}' with {ranks}{} threads",
             cfg.style.name(),
             cfg.n_layers,
             cfg.d_model,
@@ -663,13 +727,19 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             b.name(),
             b.cpu().threads()
         );
+        if world > 1 {
+            println!(
+                "data-parallel: global batch {} × accumulation {} × {world} ranks",
+                config.batch, config.accumulation
+            );
+        }
         match &trainer.task {
             Task::Addition(_) => println!("task: 3-digit addition, answers reversed; 1000 held-out problems (and their b+a twins) never trained on"),
             Task::Text(t) => println!("task: byte-level text, {} train / {} validation bytes", t.train.len(), t.valid.len()),
             Task::Random { .. } => {}
         }
     }
-    let bar = if args.json { ProgressBar::hidden() } else { ProgressBar::new(steps) };
+    let bar = if json_out { ProgressBar::hidden() } else { ProgressBar::new(steps) };
     bar.set_style(
         ProgressStyle::with_template("{bar:30.cyan/blue} {pos}/{len} {msg} [{elapsed_precise} < {eta_precise}]")
             .map_err(|e| Error::Io(e.to_string()))?,
@@ -695,32 +765,43 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         last_loss = stats.loss;
         let tps = stats.tokens as f64 / t0.elapsed().as_secs_f64();
         let mut eval_cols = ",".to_string();
-        if config.eval_every > 0 && stats.step % config.eval_every == 0 && stats.step < steps {
+        let eval_now = config.eval_every > 0 && stats.step % config.eval_every == 0 && stats.step < steps;
+        if let (true, Some(metrics)) = (eval_now, &mut metrics) {
             let e = trainer.evaluate(b.as_ref())?;
             eval_cols = format!("{},{}", e.loss, e.accuracy.map_or(String::new(), |a| a.to_string()));
             metrics.eval.push((stats.step, e.loss));
             let line = format!("step {:>5}: train loss {:.4}, {}", stats.step, stats.loss, eval_line(&e));
-            if !args.json {
+            if !json_out {
                 // Printed above the bar (plain print when stderr is no terminal and the bar is hidden).
                 bar.suspend(|| println!("{line}"));
             }
         }
-        metrics
-            .line(&format!("{},{},{},{},{:.0},{eval_cols}", stats.step, stats.loss, stats.lr, stats.grad_norm, tps))?;
-        metrics.train.push((stats.step, stats.loss));
+        if let Some(metrics) = &mut metrics {
+            let line = format!("{},{},{},{},{:.0},{eval_cols}", stats.step, stats.loss, stats.lr, stats.grad_norm, tps);
+            metrics.line(&line)?;
+            metrics.train.push((stats.step, stats.loss));
+        }
         bar.set_message(format!("loss {:.4} · {:.0} tok/s", stats.loss, tps));
         bar.set_position(stats.step);
-        if args.save_every > 0 && stats.step % args.save_every == 0 {
+        if lead && args.save_every > 0 && stats.step % args.save_every == 0 {
             trainer.save(b.as_ref(), &out)?;
         }
-        let out_of_time = args.time_limit > 0.0 && start.elapsed().as_secs_f64() >= args.time_limit;
-        let interrupted = stop.load(Ordering::SeqCst);
+        // Every rank stops at the same step: a signal or the time limit on any rank counts.
+        let mut flags = [
+            f32::from(u8::from(stop.load(Ordering::SeqCst))),
+            f32::from(u8::from(args.time_limit > 0.0 && start.elapsed().as_secs_f64() >= args.time_limit)),
+        ];
+        comm.all_reduce(&mut flags, ReduceOp::Max)?;
+        let (interrupted, out_of_time) = (flags[0] > 0.0, flags[1] > 0.0);
+        if (interrupted || out_of_time) && !lead {
+            return Ok(());
+        }
         if interrupted || out_of_time {
             // Saved once: a step that was just saved by --save-every is not written again.
             let dir = trainer.save(b.as_ref(), &out)?;
             bar.abandon_with_message(format!("stopped at step {}; saved {}", trainer.step, dir.display()));
             if interrupted {
-                if args.json {
+                if json_out {
                     let v = json!({
                         "steps": trainer.step,
                         "train_loss": last_loss,
@@ -742,6 +823,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     }
     bar.finish();
     let seconds = start.elapsed().as_secs_f64();
+    let Some(mut metrics) = metrics else { return Ok(()) };
     let eval = trainer.evaluate(b.as_ref())?;
     metrics.eval.push((trainer.step, eval.loss));
     metrics.line(&format!(
@@ -756,7 +838,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         eprintln!("warning: could not draw loss.png: {e}");
     }
     let tokens_per_s = tokens as f64 / seconds;
-    if args.json {
+    if json_out {
         let v = json!({
             "steps": trainer.step,
             "train_loss": last_loss,

@@ -11,8 +11,10 @@
 pub mod arch;
 pub mod chat;
 pub mod checkpoint;
+pub mod comm;
 pub mod config;
 pub mod data;
+pub mod data_parallel;
 pub mod export;
 pub mod files;
 pub mod generate;

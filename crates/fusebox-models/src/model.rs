@@ -7,8 +7,8 @@ use fusebox::{ComputeBackend, Result, RopeStyle, Tensor};
 use crate::config::{ModelConfig, Style};
 use crate::params::{ParamSet, ParamSpec};
 use crate::transformer::{
-    layout, Arch, Biases, ForwardCache, LayerAttention, Mlp, NormKind, ParamIndex, Positions, Rope, Stacking,
-    Transformer,
+    layout, Arch, Biases, ForwardCache, GradsReady, LayerAttention, Mlp, NormKind, ParamIndex, Positions, Rope,
+    Stacking, Transformer,
 };
 
 /// The architecture a from-scratch config describes.
@@ -110,6 +110,21 @@ impl Model {
         grads: &mut ParamSet,
     ) -> Result<f32> {
         self.net.loss_and_grads(b, ids, targets, ignore, grad_scale, grads)
+    }
+
+    /// Loss and gradients, reporting finished gradients to `ready` (see
+    /// [`Transformer::loss_and_grads_with`]).
+    pub fn loss_and_grads_with(
+        &self,
+        b: &dyn ComputeBackend,
+        ids: &Tensor,
+        targets: &Tensor,
+        ignore: Option<u32>,
+        grad_scale: f32,
+        grads: &mut ParamSet,
+        ready: &mut GradsReady<'_>,
+    ) -> Result<f32> {
+        self.net.loss_and_grads_with(b, ids, targets, ignore, grad_scale, grads, ready)
     }
 
     /// Loss without gradients (see [`Transformer::loss`]).

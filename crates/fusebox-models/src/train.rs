@@ -3,14 +3,17 @@
 //! the state a checkpoint needs to resume bit-identically.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use fusebox::{AdamWConfig, ComputeBackend, Error, Result, Tensor};
 use serde_json::{json, Value};
 
 use crate::checkpoint;
+use crate::comm::{Communicator, ReduceOp, SingleProcess};
 use crate::config::ModelConfig;
 use crate::data::addition::{self, Addition};
 use crate::data::text::TextData;
+use crate::data_parallel::{GradSync, DEFAULT_BUCKET_BYTES};
 use crate::model::Model;
 use crate::params::ParamSet;
 use crate::rng::Rng;
@@ -242,6 +245,8 @@ pub struct Trainer {
     /// The checkpoint directory holding the state at `step`, if one was saved or loaded:
     /// saving the same step into it again is skipped.
     saved: Option<PathBuf>,
+    /// The processes training together ([`SingleProcess`] unless [`Trainer::join`]ed).
+    comm: Arc<dyn Communicator>,
 }
 
 /// What a checkpoint says about the run it came from, read before resuming it.
@@ -297,7 +302,7 @@ impl Trainer {
         let v = ParamSet::zeros(b, &model.net.specs)?;
         let grads = ParamSet::zeros(b, &model.net.specs)?;
         let data_rng = Rng::new(config.seed.wrapping_add(1));
-        Ok(Trainer { model, config, task, m, v, grads, step: 0, data_rng, saved: None })
+        Ok(Trainer { model, config, task, m, v, grads, step: 0, data_rng, saved: None, comm: Arc::new(SingleProcess) })
     }
 
     /// Continues the run saved in checkpoint `path` (an output directory or a `step-N`
@@ -331,7 +336,46 @@ impl Trainer {
             ));
         }
         let grads = ParamSet::zeros(b, &model.net.specs)?;
-        Ok(Trainer { model, config, task, m, v, grads, step, data_rng, saved: Some(ckpt.dir) })
+        Ok(Trainer {
+            model,
+            config,
+            task,
+            m,
+            v,
+            grads,
+            step,
+            data_rng,
+            saved: Some(ckpt.dir),
+            comm: Arc::new(SingleProcess),
+        })
+    }
+
+    /// Trains data-parallel with the other ranks of `comm`: rank 0's parameters and AdamW
+    /// moments are copied to every rank (so all start from the same state whatever each
+    /// loaded), and from now on every step averages gradients over the ranks.
+    pub fn join(&mut self, b: &dyn ComputeBackend, comm: Arc<dyn Communicator>) -> Result<()> {
+        let state = self.model.net.params.tensors.iter_mut().chain(&mut self.m.tensors).chain(&mut self.v.tensors);
+        let mut state: Vec<&mut Tensor> = state.collect();
+        comm.broadcast_tensors(b, &mut state, 0)?;
+        // Every rank must be at the same step with the same data position; compare them.
+        let here = [self.step as f32, (self.data_rng.state >> 40) as f32, (self.data_rng.state & 0xFF_FFFF) as f32];
+        let mut most = here;
+        comm.all_reduce(&mut most, ReduceOp::Max)?;
+        if most != here {
+            return Err(Error::value(
+                "Trainer::join",
+                format!("step and data position of rank {}", comm.rank()),
+                "the same on every rank (resume every rank from the same checkpoint)",
+                format!("step {}", self.step),
+            ));
+        }
+        self.comm = comm;
+        Ok(())
+    }
+
+    /// The processes this trainer trains with.
+    pub fn communicator(&self) -> &Arc<dyn Communicator> {
+        &self.comm
     }
 
     fn batch(&mut self) -> (Vec<u32>, Vec<u32>) {
@@ -348,24 +392,49 @@ impl Trainer {
         }
     }
 
-    /// One optimizer step: accumulate gradients over micro-batches, clip by global
-    /// norm, AdamW on every parameter. A non-finite loss or gradient is an error and
-    /// leaves the parameters untouched.
+    /// One optimizer step: accumulate gradients over micro-batches, average them over
+    /// the ranks, clip by global norm, AdamW on every parameter. A non-finite loss or
+    /// gradient is an error and leaves the parameters untouched.
+    ///
+    /// A step draws `accumulation × world_size` micro-batches of the data in one sequence;
+    /// rank `r` trains on micro-batches `r·accumulation ..` of them, so the ranks together
+    /// see exactly what one process with `accumulation × world_size` sees, and the data
+    /// position after a step is the same at any world size. The last micro-batch's backward
+    /// starts averaging each bucket of gradients as it finishes them ([`GradSync`]).
     pub fn train_step(&mut self, b: &dyn ComputeBackend) -> Result<StepStats> {
         let step = self.step + 1;
         let seq = self.task.seq_len(&self.config);
         let accum = self.config.accumulation;
+        let (rank, world) = (self.comm.rank(), self.comm.world_size());
+        let comm = self.comm.clone();
         self.grads.fill_zero(b)?;
+        let mut sync = GradSync::new(comm.as_ref(), self.grads.tensors.len(), DEFAULT_BUCKET_BYTES);
         let mut loss_sum = 0.0f64;
-        for _ in 0..accum {
+        for micro in 0..accum * world {
             let (ids, targets) = self.batch();
+            if micro / accum != rank {
+                continue;
+            }
             let ids = host_u32(b, ids, self.config.batch, seq)?;
             let targets = host_u32(b, targets, self.config.batch, seq)?;
             let ignore = self.task.ignore_index();
-            loss_sum +=
-                self.model.loss_and_grads(b, &ids, &targets, ignore, 1.0 / accum as f32, &mut self.grads)? as f64;
+            let scale = 1.0 / accum as f32;
+            let loss = if micro % accum == accum - 1 {
+                let mut ready = |g: &ParamSet, ids: &[usize]| sync.ready(b, g, ids);
+                self.model.loss_and_grads_with(b, &ids, &targets, ignore, scale, &mut self.grads, &mut ready)?
+            } else {
+                self.model.loss_and_grads(b, &ids, &targets, ignore, scale, &mut self.grads)?
+            };
+            loss_sum += loss as f64;
         }
-        let loss = (loss_sum / accum as f64) as f32;
+        sync.finish(b, &mut self.grads)?;
+        let loss = if world > 1 {
+            let mut l = [(loss_sum / accum as f64) as f32];
+            self.comm.all_reduce(&mut l, ReduceOp::Average)?;
+            l[0]
+        } else {
+            (loss_sum / accum as f64) as f32
+        };
         let grad_norm = b.global_norm(&self.grads.tensors)?;
         if !loss.is_finite() || !grad_norm.is_finite() {
             return Err(Error::value(
@@ -398,7 +467,7 @@ impl Trainer {
         }
         self.step = step;
         self.saved = None;
-        Ok(StepStats { step, loss, grad_norm, lr, tokens: self.config.batch * seq * accum })
+        Ok(StepStats { step, loss, grad_norm, lr, tokens: self.config.batch * seq * accum * world })
     }
 
     /// Held-out loss, and for the addition task greedy exact-match accuracy.
@@ -464,6 +533,7 @@ impl Trainer {
             "data_rng": self.data_rng.state,
             "task": match self.task { Task::Addition(_) => "addition", Task::Text(_) => "text", Task::Random { .. } => "random" },
             "train": self.config.to_json(),
+            "world_size": self.comm.world_size(),
         })
     }
 

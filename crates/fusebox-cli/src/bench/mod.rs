@@ -11,6 +11,7 @@
 //!   (minimal bytes read + written) against a read or copy bandwidth (fastest call)
 //!   measured over the same working-set size on the same threads.
 
+mod allreduce;
 mod attention;
 mod generate;
 mod matmul;
@@ -40,6 +41,9 @@ pub enum BenchCommand {
     Ops(ops::OpsBenchArgs),
     /// Prompt processing and decode tokens/s of a pretrained model (.gguf or HF dir).
     Generate(generate::GenerateBenchArgs),
+    /// The communicator's f32 all-reduce, 4 KiB – 256 MiB, under `mpirun -np N`: time,
+    /// algorithm and bus bandwidth (NCCL-tests' definitions).
+    Allreduce(allreduce::AllReduceBenchArgs),
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
@@ -49,5 +53,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         BenchCommand::Matmul(a) => matmul::run(a),
         BenchCommand::Ops(a) => ops::run(a),
         BenchCommand::Generate(a) => generate::run(a),
+        BenchCommand::Allreduce(a) => allreduce::run(a),
     }
 }

@@ -1,9 +1,13 @@
-//! `fusebox bench train`: seconds per full training step.
+//! `fusebox bench train`: seconds per full training step. Under `mpirun -np N` the ranks
+//! train data-parallel (each its own micro-batch, gradients averaged): the step is timed
+//! with the gradient all-reduce and, in the same run, without it (every rank still
+//! computing at once), so the difference is the communication the backward did not hide.
 
 use std::time::Instant;
 
 use clap::Args;
 use fusebox::Result;
+use fusebox_models::comm::SingleProcess;
 use fusebox_models::train::{Task, TrainConfig, Trainer};
 use serde_json::json;
 
@@ -58,26 +62,52 @@ pub fn run(args: &TrainBenchArgs) -> Result<()> {
     config.validate()?;
     let bytes = config.memory_estimate(&cfg, args.seq).map_or(u128::MAX, u128::from);
     super::measure::check_fits("bench train", "--preset, --batch and --seq", bytes)?;
+    let comm = crate::comm::from_environment()?;
+    let ranks = comm.world_size();
     let mut trainer = Trainer::new(b.as_ref(), cfg.clone(), config, Task::Random { vocab_size: vocab })?;
-    for _ in 0..2 {
-        trainer.train_step(b.as_ref())?;
+    trainer.join(b.as_ref(), comm.clone())?;
+    let time_steps = |trainer: &mut Trainer| -> Result<f64> {
+        for _ in 0..2 {
+            trainer.train_step(b.as_ref())?;
+        }
+        let mut times = Vec::with_capacity(args.steps);
+        for _ in 0..args.steps.max(1) {
+            let t = Instant::now();
+            trainer.train_step(b.as_ref())?;
+            b.synchronize()?;
+            times.push(t.elapsed().as_secs_f64());
+        }
+        Ok(median(times))
+    };
+    let s = time_steps(&mut trainer)?;
+    // The same steps with every rank computing alone: no gradient all-reduce.
+    let alone = if ranks > 1 {
+        trainer.join(b.as_ref(), std::sync::Arc::new(SingleProcess))?;
+        let t = time_steps(&mut trainer)?;
+        comm.barrier()?;
+        Some(t)
+    } else {
+        None
+    };
+    if comm.rank() != 0 {
+        return Ok(());
     }
-    let mut times = Vec::with_capacity(args.steps);
-    for _ in 0..args.steps.max(1) {
-        let t = Instant::now();
-        trainer.train_step(b.as_ref())?;
-        b.synchronize()?;
-        times.push(t.elapsed().as_secs_f64());
-    }
-    let s = median(times);
-    let tokens = (args.batch * args.seq) as f64;
+    let tokens = (args.batch * args.seq * ranks) as f64;
     if args.json {
         println!(
             "{}",
             json!({"name": format!("train_step/{}", args.preset), "preset": args.preset, "batch": args.batch, "seq": args.seq,
-                   "params": trainer.model.net.params.len(), "seconds_per_step": s, "ms": s * 1e3, "tokens_per_s": tokens / s})
+                   "ranks": ranks, "params": trainer.model.net.params.len(), "seconds_per_step": s, "ms": s * 1e3,
+                   "seconds_per_step_no_comm": alone, "tokens_per_s": tokens / s})
         );
     } else {
+        if let Some(a) = alone {
+            println!(
+                "{ranks} ranks: {s:.3} s/step with the gradient all-reduce, {a:.3} s/step without it \
+                 (exposed communication {:.3} s/step)",
+                s - a
+            );
+        }
         println!(
             "train step {} ({:.1}M params), batch {} × seq {} on '{}' ({} threads): {:.3} s/step (median of {}), {:.0} tokens/s",
             args.preset,

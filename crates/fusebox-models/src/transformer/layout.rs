@@ -62,6 +62,24 @@ pub struct LayerIndex {
     pub post_mlp_norm: Option<NormIndex>,
 }
 
+impl LayerIndex {
+    /// Every parameter index of the block.
+    pub fn params(&self) -> Vec<usize> {
+        let norm = |n: &NormIndex| [Some(n.weight), n.bias];
+        let proj = |p: &Proj| p.weights.iter().chain(p.biases.iter().flatten()).copied().collect::<Vec<_>>();
+        let mut v: Vec<usize> = norm(&self.norm1).into_iter().flatten().collect();
+        v.extend(proj(&self.qkv));
+        v.extend([self.q_norm, self.k_norm].into_iter().flatten());
+        v.extend(proj(&self.o));
+        v.extend(self.post_attn_norm.iter().flat_map(norm).flatten());
+        v.extend(norm(&self.norm2).into_iter().flatten());
+        v.extend(proj(&self.up));
+        v.extend(proj(&self.down));
+        v.extend(self.post_mlp_norm.iter().flat_map(norm).flatten());
+        v
+    }
+}
+
 /// Indices of every parameter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParamIndex {

@@ -53,6 +53,10 @@ pub struct Transformer {
     trainable: bool,
 }
 
+/// The backward's report that the gradients at some parameter indices are complete (see
+/// [`Transformer::backward_with`]).
+pub type GradsReady<'a> = dyn FnMut(&ParamSet, &[usize]) -> Result<()> + 'a;
+
 /// What one block's training forward keeps for its backward.
 #[derive(Debug)]
 struct LayerSaved {
@@ -526,6 +530,22 @@ impl Transformer {
         d_logits: &Tensor,
         grads: &mut ParamSet,
     ) -> Result<()> {
+        self.backward_with(b, cache, d_logits, grads, &mut |_, _| Ok(()))
+    }
+
+    /// [`backward`](Self::backward), calling `ready(grads, indices)` as soon as the
+    /// gradients of `indices` are complete (no later step of this backward adds to them):
+    /// the final norm and an untied head first, then each block from the last down, then
+    /// the embeddings. Every parameter is reported exactly once, in the same order on every
+    /// call; a data-parallel trainer starts reducing them while the rest runs.
+    pub fn backward_with(
+        &self,
+        b: &dyn ComputeBackend,
+        cache: ForwardCache,
+        d_logits: &Tensor,
+        grads: &mut ParamSet,
+        ready: &mut GradsReady<'_>,
+    ) -> Result<()> {
         const OP: &str = "Transformer::backward";
         self.check_trainable(OP)?;
         check_params(&self.specs, grads)?;
@@ -537,6 +557,8 @@ impl Transformer {
         let dhf = self.linear_grad(b, grads, &hf, (self.index.head_weight(), None), d_logits)?;
         let mut dx =
             self.norm_backward(b, &cache.x_final, self.index.norm_f, &cache.norm_f, &dhf.reshape([bsz, t, d])?, grads)?;
+        let norm_f = self.index.norm_f;
+        ready(grads, &[Some(norm_f.weight), norm_f.bias, self.index.head].into_iter().flatten().collect::<Vec<_>>())?;
 
         for (l, s) in cache.layers.into_iter().enumerate().rev() {
             let li = &self.index.layers[l];
@@ -591,6 +613,7 @@ impl Transformer {
             let dh1 = self.proj_backward(b, grads, &s.norm1.output, &li.qkv, &d_qkv)?;
             let dn1 = self.norm_backward(b, &s.x_in, li.norm1, &s.norm1, &dh1, grads)?;
             dx = b.add(&dx_mid, &dn1)?;
+            ready(grads, &li.params())?;
         }
 
         // Embeddings: token rows scatter-add straight into the (possibly tied) table's
@@ -603,7 +626,7 @@ impl Transformer {
             let rows = b.upload(&Tensor::from_vec((0..t as u32).collect::<Vec<_>>(), [t])?)?;
             b.scatter_add_rows(&mut grads.tensors[wpe], &rows, &dpos)?;
         }
-        Ok(())
+        ready(grads, &[Some(self.index.embed), self.index.pos_embed].into_iter().flatten().collect::<Vec<_>>())
     }
 
     /// Mean cross-entropy of next-token predictions and its gradient, added into `grads`
@@ -618,12 +641,27 @@ impl Transformer {
         grad_scale: f32,
         grads: &mut ParamSet,
     ) -> Result<f32> {
+        self.loss_and_grads_with(b, ids, targets, ignore, grad_scale, grads, &mut |_, _| Ok(()))
+    }
+
+    /// [`loss_and_grads`](Self::loss_and_grads) with the backward's `ready` callback (see
+    /// [`backward_with`](Self::backward_with)).
+    pub fn loss_and_grads_with(
+        &self,
+        b: &dyn ComputeBackend,
+        ids: &Tensor,
+        targets: &Tensor,
+        ignore: Option<u32>,
+        grad_scale: f32,
+        grads: &mut ParamSet,
+        ready: &mut GradsReady<'_>,
+    ) -> Result<f32> {
         let (logits, cache) = self.forward(b, ids)?;
         let n = logits.dims()[0];
         let ce = b.cross_entropy(&logits, &targets.reshape([n])?, ignore)?;
         let loss = b.to_host(&ce.loss)?.to_vec::<f32>()?[0];
         let d_logits = if grad_scale == 1.0 { ce.d_logits } else { b.mul_scalar(&ce.d_logits, grad_scale)? };
-        self.backward(b, cache, &d_logits, grads)?;
+        self.backward_with(b, cache, &d_logits, grads, ready)?;
         Ok(loss)
     }
 

@@ -1,0 +1,200 @@
+//! Data-parallel training under `mpirun` (cargo feature `mpi`): 2 ranks × 1 thread train
+//! the addition task with the same losses as 1 process with accumulation 2; a 2-rank
+//! checkpoint resumes on 1 process with the same losses; a rank killed mid-run ends the
+//! job within seconds and the last checkpoint loads. Skips, saying why, without the
+//! feature or without `mpirun` (Debian: openmpi-bin libopenmpi-dev).
+
+use std::process::Command;
+
+/// Why the MPI tests cannot run here, if they cannot.
+fn unavailable() -> Option<String> {
+    if !cfg!(feature = "mpi") {
+        return Some("built without the `mpi` feature (cargo test -p fusebox-cli --features mpi --test mpi)".into());
+    }
+    match Command::new("mpirun").arg("--version").output() {
+        Ok(o) if o.status.success() => None,
+        _ => Some("mpirun not found (apt-get install openmpi-bin libopenmpi-dev)".into()),
+    }
+}
+
+#[test]
+#[cfg_attr(not(feature = "mpi"), allow(clippy::single_match))]
+fn two_ranks_train_like_one_process_with_accumulation_two() {
+    match unavailable() {
+        Some(why) => eprintln!("skipping: {why}"),
+        None => {
+            #[cfg(feature = "mpi")]
+            with_mpi::parity();
+        }
+    }
+}
+
+#[test]
+#[cfg_attr(not(feature = "mpi"), allow(clippy::single_match))]
+fn a_killed_rank_ends_the_job_and_the_last_checkpoint_loads() {
+    match unavailable() {
+        Some(why) => eprintln!("skipping: {why}"),
+        None => {
+            #[cfg(feature = "mpi")]
+            with_mpi::killed_rank();
+        }
+    }
+}
+
+#[cfg(feature = "mpi")]
+mod with_mpi {
+    use std::path::{Path, PathBuf};
+    use std::process::{Command, Output};
+
+    fn fusebox() -> Command {
+        Command::new(env!("CARGO_BIN_EXE_fusebox"))
+    }
+
+    /// `mpirun -np 2 fusebox …` (as root and on fewer cores than ranks, as CI runs).
+    fn mpirun2() -> Command {
+        let mut c = Command::new("mpirun");
+        c.args(["--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2"]);
+        c.arg(env!("CARGO_BIN_EXE_fusebox"));
+        c
+    }
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("fusebox-mpi-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[track_caller]
+    fn assert_ok(o: &Output) {
+        let t = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        assert!(o.status.success(), "status {:?}\nstdout: {}\nstderr: {}", o.status, t(&o.stdout), t(&o.stderr));
+    }
+
+    /// `(step, loss)` of every training row of `metrics.csv`.
+    fn losses(out: &Path) -> Vec<(u64, f64)> {
+        let text = std::fs::read_to_string(out.join("metrics.csv")).unwrap();
+        text.lines()
+            .skip(1)
+            .filter_map(|l| {
+                let c: Vec<&str> = l.split(',').collect();
+                // Training rows have a learning rate; the final evaluation row does not.
+                (!c[2].is_empty()).then(|| (c[0].parse().unwrap(), c[1].parse().unwrap()))
+            })
+            .collect()
+    }
+
+    #[track_caller]
+    fn assert_same_losses(a: &[(u64, f64)], b: &[(u64, f64)]) {
+        assert_eq!(a.len(), b.len(), "{a:?}\n{b:?}");
+        for (&(sa, la), &(sb, lb)) in a.iter().zip(b) {
+            assert_eq!(sa, sb);
+            let rel = (la - lb).abs() / la.abs().max(1e-30);
+            assert!(rel <= 1e-5, "step {sa}: loss {la} vs {lb} (relative {rel:.2e})");
+        }
+    }
+
+    const RUN: [&str; 12] =
+        ["train", "--steps", "50", "--batch", "16", "--threads", "1", "--eval-every", "0", "--seed", "7", "--json"];
+
+    /// The step of the newest `step-N` directory in `out`.
+    fn last_step(out: &Path) -> u64 {
+        std::fs::read_dir(out)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("step-")?.parse().ok())
+            .max()
+            .unwrap()
+    }
+
+    /// The pid of the running `fusebox` process of MPI rank `rank` whose command line names `out`.
+    fn rank_pid(rank: u32, out: &Path) -> Option<String> {
+        let want = format!("OMPI_COMM_WORLD_RANK={rank}");
+        let out = out.to_str()?.as_bytes().to_vec();
+        std::fs::read_dir("/proc").ok()?.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()).find_map(
+            |pid| {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+                let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+                let names_out = cmdline.split(|&b| b == 0).any(|a| a == out.as_slice());
+                let is_rank = env.split(|&b| b == 0).any(|kv| kv == want.as_bytes());
+                (names_out && is_rank).then(|| pid.to_string())
+            },
+        )
+    }
+
+    pub fn parity() {
+        let dir = temp_dir("parity");
+        let (one, two, resumed) = (dir.join("one"), dir.join("two"), dir.join("resumed"));
+        let o = fusebox().args(RUN).args(["--accumulation", "2", "--out"]).arg(&one).output().unwrap();
+        assert_ok(&o);
+        let o = mpirun2().args(RUN).args(["--save-every", "25", "--out"]).arg(&two).output().unwrap();
+        assert_ok(&o);
+        let reference = losses(&one);
+        assert_eq!(reference.len(), 50);
+        assert_same_losses(&losses(&two), &reference);
+        // Only rank 0 writes: one JSON line, one set of files.
+        assert_eq!(String::from_utf8_lossy(&o.stdout).lines().filter(|l| l.starts_with('{')).count(), 1);
+        assert!(two.join("loss.png").exists() && two.join("step-25").is_dir() && two.join("step-50").is_dir());
+
+        // The 2-rank checkpoint at step 25 on 1 process: accumulation 2 keeps the global
+        // batch, and steps 26..50 repeat.
+        let o = fusebox()
+            .args(["train", "--threads", "1", "--json", "--resume"])
+            .arg(two.join("step-25"))
+            .arg("--out")
+            .arg(&resumed)
+            .output()
+            .unwrap();
+        assert_ok(&o);
+        assert_same_losses(&losses(&resumed), &reference[25..]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    pub fn killed_rank() {
+        use std::time::{Duration, Instant};
+        let dir = temp_dir("kill");
+        let out = dir.join("run");
+        let mut job = mpirun2()
+            .args(["train", "--steps", "100000", "--batch", "16", "--threads", "1", "--eval-every", "0"])
+            .args(["--save-every", "5", "--json", "--out"])
+            .arg(&out)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        while !out.join("step-10").is_dir() {
+            assert!(start.elapsed() < Duration::from_secs(120), "no checkpoint after 2 minutes");
+            assert!(job.try_wait().unwrap().is_none(), "the job ended before its second checkpoint");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let victim = rank_pid(1, &out).expect("rank 1 of the job is running");
+        let killed = Instant::now();
+        assert!(Command::new("kill").args(["-9", &victim]).status().unwrap().success());
+        let status = loop {
+            if let Some(s) = job.try_wait().unwrap() {
+                break s;
+            }
+            if killed.elapsed() > Duration::from_secs(30) {
+                let _ = job.kill();
+                panic!("the job still runs 30 s after rank 1 was killed");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let took = killed.elapsed();
+        let o = job.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!status.success(), "the job exited 0 after a rank was killed");
+        assert!(took < Duration::from_secs(10), "the job took {took:?} to end after rank 1 was killed");
+        eprintln!("the job ended {took:?} after rank 1 was killed: {status}\n{err}");
+        // The last complete checkpoint loads: one more step from it on 1 process.
+        let o = fusebox()
+            .args(["train", "--threads", "1", "--json", "--steps"])
+            .arg(format!("{}", last_step(&out) + 1))
+            .arg("--resume")
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert_ok(&o);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

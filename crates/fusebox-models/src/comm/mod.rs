@@ -1,0 +1,266 @@
+//! Collective communication between the processes of a data-parallel run.
+//!
+//! A [`Communicator`] joins `world_size` processes, each with its `rank`, and offers what
+//! data-parallel training needs: an all-reduce of an f32 buffer in place (sum, average or
+//! max), a broadcast from one rank, a barrier, and a non-blocking all-reduce
+//! ([`Communicator::start_all_reduce`]) whose handle owns its buffer while the reduction is
+//! in flight, so gradients can be reduced while the backward still runs.
+//!
+//! [`SingleProcess`] is the world of one: every collective is the identity (an average over
+//! one rank is the value itself) and costs nothing, so plain training runs the same code as
+//! a distributed run. `MpiCommunicator` (cargo feature `mpi`) joins the processes an MPI
+//! launcher (`mpirun -np N`) started, through the `mpi` crate (rsmpi).
+//!
+//! # Device buffers
+//!
+//! The byte-level methods work on host f32 buffers. The trainer reaches them only through
+//! the tensor methods ([`Communicator::start_all_reduce_tensors`] and
+//! [`PendingAllReduce::finish`]), whose default stages the tensors through one host buffer
+//! (`to_host`, reduce, `copy_into`). A communicator over device memory (NCCL for a CUDA
+//! backend, say) overrides those two methods to pack the tensors into one device buffer
+//! and reduce it in place on the device's stream; the trainer does not change.
+
+#[cfg(feature = "mpi")]
+mod mpi;
+
+use std::fmt::Debug;
+
+use fusebox::{ComputeBackend, Error, Result, Tensor};
+
+#[cfg(feature = "mpi")]
+pub use self::mpi::MpiCommunicator;
+
+/// How an all-reduce combines the ranks' values, element by element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// `Σ_r x_r`.
+    Sum,
+    /// `(Σ_r x_r) / world_size`: the sum, then one multiplication by `1/world_size`.
+    Average,
+    /// `max_r x_r`.
+    Max,
+}
+
+/// A non-blocking all-reduce in flight. It owns its buffer; dropping it unfinished waits
+/// for the reduction (the buffer must outlive it) and discards the result.
+pub trait PendingAllReduce {
+    /// Drives the reduction forward without blocking; true once it is complete. MPI
+    /// libraries progress non-blocking collectives mostly inside MPI calls, so a caller
+    /// that overlaps computation calls this between pieces of work.
+    fn test(&mut self) -> Result<bool>;
+
+    /// Waits for the reduction and returns the reduced buffer.
+    fn wait(self: Box<Self>) -> Result<Vec<f32>>;
+
+    /// Waits for the reduction and writes the result into `outs`, the tensors
+    /// [`Communicator::start_all_reduce_tensors`] was given, in the same order and shapes.
+    ///
+    /// # Shapes
+    /// `outs[i]`: the shape of the `i`-th tensor started; writable.
+    fn finish(self: Box<Self>, b: &dyn ComputeBackend, outs: &mut [&mut Tensor]) -> Result<()> {
+        let flat = self.wait()?;
+        unpack(b, &flat, outs)
+    }
+}
+
+/// Collective operations over the processes of one run (see the module docs). Shareable
+/// between threads (a trainer holding one stays `Send`); an implementation may still
+/// require that its collectives are called from one thread, and says so by an error.
+pub trait Communicator: Debug + Send + Sync {
+    /// This process's rank, `0..world_size`.
+    fn rank(&self) -> usize;
+
+    /// Number of processes.
+    fn world_size(&self) -> usize;
+
+    /// Reduces `buf` over every rank in place: afterwards every rank holds the same result.
+    ///
+    /// # Shapes
+    /// `buf`: the same length on every rank.
+    fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> Result<()>;
+
+    /// Starts reducing `buf` over every rank without waiting; the handle gives it back
+    /// reduced.
+    ///
+    /// # Shapes
+    /// `buf`: the same length on every rank, and collectives started in the same order.
+    fn start_all_reduce(&self, buf: Vec<f32>, op: ReduceOp) -> Result<Box<dyn PendingAllReduce>>;
+
+    /// Copies rank `root`'s `buf` into every other rank's `buf`.
+    ///
+    /// # Shapes
+    /// `buf`: the same length on every rank.
+    fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<()>;
+
+    /// Returns once every rank has called it.
+    fn barrier(&self) -> Result<()>;
+
+    /// Ends every process of the run with exit status `code`, after `why` (naming this rank)
+    /// is printed to stderr. The remedy for an error on one rank: the others would wait in
+    /// their next collective for ever.
+    fn abort(&self, code: i32, why: &str) -> ! {
+        eprintln!("rank {} of {}: {why}", self.rank(), self.world_size());
+        std::process::exit(code)
+    }
+
+    /// Starts an all-reduce of `tensors` (f32, any backend) as one message; the handle's
+    /// [`PendingAllReduce::finish`] writes the result back. The default copies them into one
+    /// host buffer; a device communicator reduces them where they live.
+    fn start_all_reduce_tensors(
+        &self,
+        b: &dyn ComputeBackend,
+        tensors: &[&Tensor],
+        op: ReduceOp,
+    ) -> Result<Box<dyn PendingAllReduce>> {
+        self.start_all_reduce(pack(b, tensors)?, op)
+    }
+
+    /// Reduces `tensors` in place over every rank (blocking).
+    fn all_reduce_tensors(&self, b: &dyn ComputeBackend, tensors: &mut [&mut Tensor], op: ReduceOp) -> Result<()> {
+        let refs: Vec<&Tensor> = tensors.iter().map(|t| &**t).collect();
+        let pending = self.start_all_reduce_tensors(b, &refs, op)?;
+        pending.finish(b, tensors)
+    }
+
+    /// Copies rank `root`'s `tensors` into every other rank's (blocking).
+    fn broadcast_tensors(&self, b: &dyn ComputeBackend, tensors: &mut [&mut Tensor], root: usize) -> Result<()> {
+        if self.world_size() == 1 {
+            return Ok(());
+        }
+        let refs: Vec<&Tensor> = tensors.iter().map(|t| &**t).collect();
+        let mut flat = pack(b, &refs)?;
+        self.broadcast(&mut flat, root)?;
+        unpack(b, &flat, tensors)
+    }
+}
+
+/// The f32 values of `tensors`, concatenated on the host.
+fn pack(b: &dyn ComputeBackend, tensors: &[&Tensor]) -> Result<Vec<f32>> {
+    let total = tensors.iter().map(|t| t.elem_count()).sum();
+    let mut flat = Vec::with_capacity(total);
+    for t in tensors {
+        if t.is_host() {
+            flat.extend_from_slice(t.as_slice::<f32>()?);
+        } else {
+            flat.extend_from_slice(b.to_host(t)?.as_slice::<f32>()?);
+        }
+    }
+    Ok(flat)
+}
+
+/// Writes consecutive pieces of `flat` into `outs`.
+fn unpack(b: &dyn ComputeBackend, flat: &[f32], outs: &mut [&mut Tensor]) -> Result<()> {
+    let total: usize = outs.iter().map(|t| t.elem_count()).sum();
+    if total != flat.len() {
+        return Err(Error::shape("all_reduce", "result", format!("{total} floats"), format!("{} floats", flat.len())));
+    }
+    let mut offset = 0;
+    for t in outs.iter_mut() {
+        let n = t.elem_count();
+        let piece = &flat[offset..offset + n];
+        if t.is_host() {
+            t.as_mut_slice::<f32>()?.copy_from_slice(piece);
+        } else {
+            let src = b.upload(&Tensor::from_slice(piece, t.shape().clone())?)?;
+            b.copy_into(t, &src)?;
+        }
+        offset += n;
+    }
+    Ok(())
+}
+
+/// The world of one process: every collective is the identity.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SingleProcess;
+
+/// A reduction over one rank, complete from the start.
+struct Done(Option<Vec<f32>>);
+
+impl PendingAllReduce for Done {
+    fn test(&mut self) -> Result<bool> {
+        Ok(true)
+    }
+    fn wait(self: Box<Self>) -> Result<Vec<f32>> {
+        Ok(self.0.unwrap_or_default())
+    }
+    fn finish(self: Box<Self>, _b: &dyn ComputeBackend, _outs: &mut [&mut Tensor]) -> Result<()> {
+        // The tensors already hold the result; nothing was copied out.
+        Ok(())
+    }
+}
+
+impl Communicator for SingleProcess {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world_size(&self) -> usize {
+        1
+    }
+    fn all_reduce(&self, _buf: &mut [f32], _op: ReduceOp) -> Result<()> {
+        Ok(())
+    }
+    fn start_all_reduce(&self, buf: Vec<f32>, _op: ReduceOp) -> Result<Box<dyn PendingAllReduce>> {
+        Ok(Box::new(Done(Some(buf))))
+    }
+    fn broadcast(&self, _buf: &mut [f32], root: usize) -> Result<()> {
+        check_root(root, 1)
+    }
+    fn barrier(&self) -> Result<()> {
+        Ok(())
+    }
+    fn start_all_reduce_tensors(
+        &self,
+        _b: &dyn ComputeBackend,
+        _tensors: &[&Tensor],
+        _op: ReduceOp,
+    ) -> Result<Box<dyn PendingAllReduce>> {
+        Ok(Box::new(Done(None)))
+    }
+}
+
+/// An error unless `root` is a rank of a world of `world` processes.
+fn check_root(root: usize, world: usize) -> Result<()> {
+    if root < world {
+        Ok(())
+    } else {
+        Err(Error::value("broadcast", "root", format!("a rank < {world}"), root))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fusebox::CpuBackend;
+
+    #[test]
+    fn the_world_of_one_is_the_identity() {
+        let c = SingleProcess;
+        assert_eq!((c.rank(), c.world_size()), (0, 1));
+        let mut buf = vec![1.0, -2.5, 3.0];
+        for op in [ReduceOp::Sum, ReduceOp::Average, ReduceOp::Max] {
+            c.all_reduce(&mut buf, op).unwrap();
+            assert_eq!(buf, [1.0, -2.5, 3.0]);
+        }
+        let mut p = c.start_all_reduce(buf.clone(), ReduceOp::Average).unwrap();
+        assert!(p.test().unwrap());
+        assert_eq!(p.wait().unwrap(), buf);
+        c.broadcast(&mut buf, 0).unwrap();
+        assert!(c.broadcast(&mut buf, 1).unwrap_err().to_string().contains("root"));
+        c.barrier().unwrap();
+    }
+
+    #[test]
+    fn host_staging_round_trips_tensors_in_order() {
+        let b = CpuBackend::with_threads(1).unwrap();
+        let mut x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2]).unwrap();
+        let mut y = Tensor::from_vec(vec![5.0f32], [1]).unwrap();
+        let flat = pack(&b, &[&x, &y]).unwrap();
+        assert_eq!(flat, [1.0, 2.0, 3.0, 4.0, 5.0]);
+        let doubled: Vec<f32> = flat.iter().map(|v| v * 2.0).collect();
+        unpack(&b, &doubled, &mut [&mut x, &mut y]).unwrap();
+        assert_eq!(x.to_vec::<f32>().unwrap(), [2.0, 4.0, 6.0, 8.0]);
+        assert_eq!(y.to_vec::<f32>().unwrap(), [10.0]);
+        let e = unpack(&b, &doubled[..4], &mut [&mut x, &mut y]).unwrap_err();
+        assert!(e.to_string().contains("5 floats"), "{e}");
+    }
+}

@@ -1,0 +1,242 @@
+//! [`MpiCommunicator`]: the processes an MPI launcher started (`mpirun -np N`), joined
+//! through rsmpi. The collectives are MPI's own (`MPI_Allreduce`, `MPI_Iallreduce`,
+//! `MPI_Bcast`, `MPI_Barrier`) on `MPI_COMM_WORLD`, called only from the thread that
+//! initialised MPI (`MPI_THREAD_FUNNELED`): the backend's worker threads never call MPI.
+
+use std::ffi::{c_int, c_void};
+
+use fusebox::{Error, Result};
+use mpi::ffi;
+use mpi::raw::AsRaw;
+use mpi::topology::{Communicator as _, SimpleCommunicator};
+use mpi::traits::CommunicatorCollectives;
+
+use super::{check_root, Communicator, PendingAllReduce, ReduceOp};
+
+/// Largest element count one MPI call takes (its `count` is a C `int`); longer buffers go
+/// in pieces.
+const MAX_COUNT: usize = 1 << 30;
+
+/// `MPI_COMM_WORLD` of an MPI job (see the module docs). Dropping it finalises MPI.
+pub struct MpiCommunicator {
+    world: SimpleCommunicator,
+    rank: usize,
+    size: usize,
+    /// The thread that initialised MPI, the only one allowed to call it (FUNNELED).
+    owner: std::thread::ThreadId,
+    // Declared last: MPI is finalised when the universe drops, after the world handle.
+    _universe: mpi::environment::Universe,
+}
+
+impl std::fmt::Debug for MpiCommunicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MpiCommunicator {{ rank: {}, world_size: {} }}", self.rank, self.size)
+    }
+}
+
+/// An error naming the MPI call unless it returned `MPI_SUCCESS`.
+fn check(call: &str, code: c_int) -> Result<()> {
+    if code == ffi::MPI_SUCCESS as c_int {
+        Ok(())
+    } else {
+        Err(Error::Io(format!("{call} failed with MPI error code {code}")))
+    }
+}
+
+impl MpiCommunicator {
+    /// Initialises MPI (once per process) and joins `MPI_COMM_WORLD`. An error when MPI was
+    /// already initialised or the library cannot give `MPI_THREAD_FUNNELED`.
+    pub fn init() -> Result<MpiCommunicator> {
+        let (universe, level) = mpi::initialize_with_threading(mpi::Threading::Funneled)
+            .ok_or_else(|| Error::Io("MPI_Init_thread: MPI is already initialised in this process".into()))?;
+        if level < mpi::Threading::Funneled {
+            return Err(Error::Io(format!(
+                "MPI_Init_thread: the MPI library offers thread level {level:?}, fusebox needs Funneled"
+            )));
+        }
+        let world = universe.world();
+        let (rank, size) = (world.rank() as usize, world.size() as usize);
+        Ok(MpiCommunicator { world, rank, size, owner: std::thread::current().id(), _universe: universe })
+    }
+
+    /// An error unless called on the thread that initialised MPI.
+    fn on_owner(&self, call: &str) -> Result<()> {
+        if std::thread::current().id() == self.owner {
+            Ok(())
+        } else {
+            Err(Error::unsupported(
+                "MpiCommunicator",
+                format!("{call} from a thread other than the one that initialised MPI (MPI_THREAD_FUNNELED)"),
+            ))
+        }
+    }
+
+    fn op(op: ReduceOp) -> ffi::MPI_Op {
+        // SAFETY: reading the library's predefined handles, constant after MPI_Init.
+        unsafe {
+            match op {
+                ReduceOp::Sum | ReduceOp::Average => ffi::RSMPI_SUM,
+                ReduceOp::Max => ffi::RSMPI_MAX,
+            }
+        }
+    }
+
+    fn scale(&self, op: ReduceOp, buf: &mut [f32]) {
+        if op == ReduceOp::Average && self.size > 1 {
+            let s = 1.0 / self.size as f32;
+            buf.iter_mut().for_each(|x| *x *= s);
+        }
+    }
+}
+
+/// An `MPI_Iallreduce` in flight; owns both of its buffers until it completes.
+struct MpiPending {
+    send: Vec<f32>,
+    recv: Vec<f32>,
+    request: ffi::MPI_Request,
+    done: bool,
+    /// `1/world_size` for an average, applied once complete.
+    scale: Option<f32>,
+}
+
+impl MpiPending {
+    fn wait_inner(&mut self) -> Result<()> {
+        if !self.done {
+            // SAFETY: `request` came from MPI_Iallreduce and has not completed; its buffers
+            // are owned by `self` and stay put until this returns.
+            check("MPI_Wait", unsafe { ffi::MPI_Wait(&mut self.request, ffi::RSMPI_STATUS_IGNORE) })?;
+            self.done = true;
+        }
+        Ok(())
+    }
+}
+
+impl PendingAllReduce for MpiPending {
+    fn test(&mut self) -> Result<bool> {
+        if !self.done {
+            let mut flag: c_int = 0;
+            // SAFETY: as in `wait_inner`.
+            check("MPI_Test", unsafe { ffi::MPI_Test(&mut self.request, &mut flag, ffi::RSMPI_STATUS_IGNORE) })?;
+            self.done = flag != 0;
+        }
+        Ok(self.done)
+    }
+
+    fn wait(mut self: Box<Self>) -> Result<Vec<f32>> {
+        self.wait_inner()?;
+        let mut out = std::mem::take(&mut self.recv);
+        if let Some(s) = self.scale {
+            out.iter_mut().for_each(|x| *x *= s);
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for MpiPending {
+    fn drop(&mut self) {
+        // The buffers must outlive the request: an unfinished reduction is waited for.
+        let _ = self.wait_inner();
+        let _ = &self.send;
+    }
+}
+
+// SAFETY: the handle may be shared and moved between threads, but every MPI call it makes
+// first checks that it runs on the thread that initialised MPI (`on_owner`), which is what
+// MPI_THREAD_FUNNELED requires; the handles themselves are plain values.
+unsafe impl Send for MpiCommunicator {}
+// SAFETY: as above.
+unsafe impl Sync for MpiCommunicator {}
+
+impl Communicator for MpiCommunicator {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.size
+    }
+
+    fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> Result<()> {
+        self.on_owner("MPI_Allreduce")?;
+        for piece in buf.chunks_mut(MAX_COUNT) {
+            let send = piece.to_vec();
+            // SAFETY: both buffers hold `piece.len()` f32 (≤ MAX_COUNT, fits a C int) and
+            // live across the blocking call.
+            let code = unsafe {
+                ffi::MPI_Allreduce(
+                    send.as_ptr() as *const c_void,
+                    piece.as_mut_ptr() as *mut c_void,
+                    piece.len() as c_int,
+                    ffi::RSMPI_FLOAT,
+                    Self::op(op),
+                    self.world.as_raw(),
+                )
+            };
+            check("MPI_Allreduce", code)?;
+            self.scale(op, piece);
+        }
+        Ok(())
+    }
+
+    fn start_all_reduce(&self, buf: Vec<f32>, op: ReduceOp) -> Result<Box<dyn PendingAllReduce>> {
+        self.on_owner("MPI_Iallreduce")?;
+        if buf.len() > MAX_COUNT {
+            return Err(Error::value(
+                "MPI_Iallreduce",
+                "buffer",
+                format!("at most {MAX_COUNT} floats in one non-blocking reduction"),
+                buf.len(),
+            ));
+        }
+        let mut recv = vec![0.0f32; buf.len()];
+        // SAFETY: reading a predefined handle, constant after MPI_Init.
+        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: `buf` and `recv` hold `buf.len()` f32 each; both move into the handle,
+        // which keeps their heap storage in place and waits before freeing it.
+        let code = unsafe {
+            ffi::MPI_Iallreduce(
+                buf.as_ptr() as *const c_void,
+                recv.as_mut_ptr() as *mut c_void,
+                buf.len() as c_int,
+                ffi::RSMPI_FLOAT,
+                Self::op(op),
+                self.world.as_raw(),
+                &mut request,
+            )
+        };
+        check("MPI_Iallreduce", code)?;
+        let scale = (op == ReduceOp::Average && self.size > 1).then(|| 1.0 / self.size as f32);
+        Ok(Box::new(MpiPending { send: buf, recv, request, done: false, scale }))
+    }
+
+    fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<()> {
+        self.on_owner("MPI_Bcast")?;
+        check_root(root, self.size)?;
+        for piece in buf.chunks_mut(MAX_COUNT) {
+            // SAFETY: `piece` holds `piece.len()` f32 (fits a C int) across the blocking call.
+            let code = unsafe {
+                ffi::MPI_Bcast(
+                    piece.as_mut_ptr() as *mut c_void,
+                    piece.len() as c_int,
+                    ffi::RSMPI_FLOAT,
+                    root as c_int,
+                    self.world.as_raw(),
+                )
+            };
+            check("MPI_Bcast", code)?;
+        }
+        Ok(())
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.on_owner("MPI_Barrier")?;
+        self.world.barrier();
+        Ok(())
+    }
+
+    fn abort(&self, code: i32, why: &str) -> ! {
+        eprintln!("rank {} of {}: {why}", self.rank, self.size);
+        // MPI_Abort ends every process of the job, so no rank waits for this one.
+        self.world.abort(code)
+    }
+}

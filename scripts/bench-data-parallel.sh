@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Data-parallel throughput on gpt2-124m-shaped training, in one run: 1 rank × 1 thread,
+# then 2 ranks × 1 thread under mpirun (each rank its own micro-batch of batch × seq
+# tokens, gradients averaged), the tokens/s ratio, and the 2-rank step time with and
+# without the gradient all-reduce (the communication the backward did not hide). Then the
+# all-reduce bus bandwidth over 2 ranks (4 KiB – 256 MiB).
+#
+#   cargo build --release -p fusebox-cli --features mpi
+#   scripts/bench-data-parallel.sh [BATCH] [SEQ] [STEPS]     # defaults 4 256 3
+#
+# Needs Open MPI (Debian: openmpi-bin libopenmpi-dev). Timings on a loaded machine are
+# indicative only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BATCH=${1:-4}
+SEQ=${2:-256}
+STEPS=${3:-3}
+BIN=${FUSEBOX_BIN:-target/release/fusebox}
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to core -np 2)
+ARGS=(bench train --preset gpt2-124m --batch "$BATCH" --seq "$SEQ" --steps "$STEPS" --threads 1 --json)
+
+one=$("$BIN" "${ARGS[@]}" | tail -1)
+two=$("${MPIRUN[@]}" "$BIN" "${ARGS[@]}" | tail -1)
+python3 - "$one" "$two" <<'PY'
+import json, sys
+one, two = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+print(f"1 rank  × 1 thread: {one['seconds_per_step']:.3f} s/step, {one['tokens_per_s']:.1f} tokens/s")
+print(f"2 ranks × 1 thread: {two['seconds_per_step']:.3f} s/step, {two['tokens_per_s']:.1f} tokens/s "
+      f"(without the all-reduce: {two['seconds_per_step_no_comm']:.3f} s/step; exposed communication "
+      f"{two['seconds_per_step'] - two['seconds_per_step_no_comm']:.3f} s/step)")
+print(f"speedup: {two['tokens_per_s'] / one['tokens_per_s']:.2f}× (target ≥ 1.8×)")
+PY
+FUSEBOX_THREADS=1 "${MPIRUN[@]}" "$BIN" bench allreduce
