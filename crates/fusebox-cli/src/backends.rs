@@ -3,6 +3,7 @@
 //! one place that reads the `FUSEBOX_*` environment variables, mapping them onto the
 //! backends' builders (the libraries read no environment).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +21,8 @@ Environment variables (read by this command line only; an invalid value is an er
                                process's CPUs (default 1)
   FUSEBOX_SPIN_US=N            microseconds idle CPU helpers spin before sleeping (default 300;
                                0 for a machine shared with other busy work)
+  FUSEBOX_EXACT_DECODE=0|1     decode with f32 activations against quantized weights instead of
+                               8-bit activations and integer dot products (default 0; --exact)
   FUSEBOX_STREAM_MIN_BYTES=N   outputs of at least N bytes are written with streaming stores
                                (default: a quarter of the last-level cache, at least 4 MiB)
   FUSEBOX_WGPU_ADAPTER=I|NAME  the wgpu adapter: its index, or text in its name (`fusebox info`
@@ -27,6 +30,16 @@ Environment variables (read by this command line only; an invalid value is an er
   FUSEBOX_WGPU_POWER=high|low|none
                                which adapter wgpu prefers when none is named (default high)
   FUSEBOX_WGPU_TRACE=0|1       name each op that falls back to the CPU on stderr (default 0)";
+
+/// Whether `--exact` was given (see [`set_exact_decode`]).
+static EXACT_DECODE: AtomicBool = AtomicBool::new(false);
+
+/// Records the `--exact` flag: every CPU backend built afterwards (and the default one
+/// other backends fall back to, when configured afterwards) keeps activations in f32 for
+/// decoding GEMVs over quantized weights.
+pub fn set_exact_decode(exact: bool) {
+    EXACT_DECODE.store(exact, Ordering::Relaxed);
+}
 
 /// The value of `name`, `None` when unset or empty; an error when not Unicode.
 fn var(name: &'static str) -> Result<Option<String>> {
@@ -78,6 +91,10 @@ pub fn cpu_builder(threads: Option<usize>) -> Result<CpuBackendBuilder> {
     })?;
     if let Some(bytes) = min_bytes {
         b = b.stream_min_bytes(bytes);
+    }
+    let env_exact = flag("FUSEBOX_EXACT_DECODE")?.unwrap_or(false);
+    if EXACT_DECODE.load(Ordering::Relaxed) || env_exact {
+        b = b.exact_decode(true);
     }
     Ok(b)
 }

@@ -50,6 +50,15 @@ fn cpu_backend_passes_with_streaming_stores_everywhere() {
     passes(&backend, "streaming stores");
 }
 
+/// Decoding GEMVs over quantized weights with x kept in f32 (the default rounds x to 8
+/// bits for integer dot products; the suite checks each path against its own twin).
+#[test]
+fn cpu_backend_passes_with_exact_decode() {
+    let backend = CpuBackend::builder().exact_decode(true).build().unwrap();
+    assert!(backend.exact_decode());
+    passes(&backend, "exact decode");
+}
+
 /// The builder refuses what it cannot honour, with an error rather than a panic.
 #[test]
 fn the_builder_refuses_bad_settings() {
