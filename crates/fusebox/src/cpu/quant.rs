@@ -1632,8 +1632,10 @@ pub fn dequantize(cpu: &CpuBackend, x: &Tensor) -> Result<Tensor> {
 /// `y = x · Wᵀ` straight from W's blocks (block format or FP8 E4M3), in x's dtype.
 ///
 /// W is never materialised in f32. For up to `SMALL_M` rows of x (token-by-token
-/// decoding) each task decodes one W row at a time into a row buffer and dots it with
-/// every x row; for more rows (prompt prefill) each task decodes a panel of W rows and
+/// decoding) each task takes W rows one at a time: for the formats with integer kernels
+/// (unless the backend was built with `exact_decode(true)`) it dots them in integers with
+/// x rounded to 8 bits once per call (see `int`); otherwise it dots the blocks with x in
+/// f32 (one x row) or decodes the row into a buffer and dots it with every x row; for more rows (prompt prefill) each task decodes a panel of W rows and
 /// multiplies x by it with gemm. Tasks own disjoint output columns, and each output is
 /// computed by one task in a fixed order, so results do not depend on scheduling.
 ///
