@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prefill and decode tokens/s of fusebox (integer decode path, the default, and --exact)
+# Prefill and decode tokens/s of fusebox (f32 activations, the default, and --int8)
 # against llama.cpp (bench/peers/llama_cpp.py, llama-cpp-python) on the same GGUF files,
 # same threads, same run; prints the ratios to llama.cpp. Short context: a 16-token
 # prompt; long: a 1,500-token prompt (decode then reads a 1.5k KV cache). Prefill is
@@ -29,11 +29,11 @@ for model in "${models[@]}"; do
     [ -f "$model" ] || { echo "skipping $model: not found"; continue; }
     echo "== $model, $threads threads, $new new tokens, median of $reps"
     for prompt in 16 1500 512; do
-        int=$("$F" bench generate --model "$model" --threads "$threads" --prompt-tokens $prompt --new-tokens "$new" --repeats "$reps" --json)
-        exact=$("$F" --exact bench generate --model "$model" --threads "$threads" --prompt-tokens $prompt --new-tokens "$new" --repeats "$reps" --json)
+        int=$("$F" --int8 bench generate --model "$model" --threads "$threads" --prompt-tokens $prompt --new-tokens "$new" --repeats "$reps" --json)
+        exact=$("$F" bench generate --model "$model" --threads "$threads" --prompt-tokens $prompt --new-tokens "$new" --repeats "$reps" --json)
         peer=$("$PY" bench/peers/llama_cpp.py --model "$model" --threads "$threads" --prompt-tokens $prompt --new-tokens "$new" --repeats "$reps" --json)
         if [ $prompt = 512 ]; then key=prefill_tokens_per_s; what="prefill 512"; else key=decode_tokens_per_s; what="decode after $prompt"; fi
         i=$(echo "$int" | field $key); e=$(echo "$exact" | field $key); p=$(echo "$peer" | field $key)
-        "$PY" -c "i,e,p=$i,$e,$p; print(f'  {\"$what\":<18} fusebox {i:8.1f} tok/s ({i/p:.2f}x llama.cpp)   --exact {e:8.1f} ({e/p:.2f}x)   llama.cpp {p:8.1f}')"
+        "$PY" -c "i,e,p=$i,$e,$p; print(f'  {\"$what\":<18} fusebox {e:8.1f} tok/s ({e/p:.2f}x llama.cpp)   --int8 {i:8.1f} ({i/p:.2f}x)   llama.cpp {p:8.1f}')"
     done
 done

@@ -33,11 +33,11 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// Multiply quantized weights by the activations in f32 when decoding, instead of
-    /// rounding the activations to 8 bits for integer dot products (the default: faster,
-    /// within that rounding of the f32 result; also FUSEBOX_EXACT_DECODE=1).
+    /// Decode with the activations rounded to 8 bits and integer dot products against
+    /// quantized weights (faster; within that rounding of the default f32 path, which can
+    /// change greedy choices; also FUSEBOX_INT8_DECODE=1).
     #[arg(long, global = true)]
-    exact: bool,
+    int8: bool,
 }
 
 #[derive(Subcommand)]
@@ -60,7 +60,7 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
-    backends::set_exact_decode(cli.exact);
+    backends::set_int8_decode(cli.int8);
     // The environment's CPU settings also hold for the CPU that other backends fall back to.
     if let Err(e) = backends::configure_default_cpu() {
         eprintln!("error: {e}");

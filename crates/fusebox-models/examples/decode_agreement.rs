@@ -1,6 +1,6 @@
 //! Agreement of the integer decode path (activations rounded to 8 bits for integer dot
-//! products with the quantized weights, `CpuBackend`'s default) with the f32-activation
-//! path (`exact_decode(true)`, which agrees with the plain-loop f64 reference within
+//! products with the quantized weights, `exact_decode(false)`) with the f32-activation
+//! path (`CpuBackend`'s default, which agrees with the plain-loop f64 reference within
 //! 1e-3 logits on SmolLM2: `tests/smollm2.rs`), on twelve prompts: greedy tokens compared
 //! up to the first step where the reference's top-2 logit gap is below 0.5, and the
 //! largest |Δlogit| over the compared steps.
@@ -64,7 +64,7 @@ fn main() -> Result<()> {
     let threads: usize = args.get(2).and_then(|t| t.parse().ok()).unwrap_or(2);
     let tokens: usize = args.get(3).and_then(|t| t.parse().ok()).unwrap_or(32);
     let exact = CpuBackend::builder().threads(threads).exact_decode(true).build()?;
-    let int = CpuBackend::builder().threads(threads).build()?;
+    let int = CpuBackend::builder().threads(threads).exact_decode(false).build()?;
     let reference_model = llama::load(&exact, path.as_ref())?;
     let model = llama::load(&int, path.as_ref())?;
     println!("{}: {} (integer path vs f32-activation path, top-2 margin {TIE_MARGIN})", path, model.description);

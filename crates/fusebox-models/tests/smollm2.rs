@@ -209,8 +209,8 @@ fn greedy_capital_of_france_is_paris() {
 /// within this.
 const LOGIT_TOLERANCE: f64 = 1e-3;
 
-/// The f32-activation decode path (`exact_decode`); the default integer path rounds the
-/// activations to 8 bits, see `examples/decode_agreement.rs` for its agreement.
+/// The f32-activation decode path (the default, `exact_decode`); the integer path rounds
+/// the activations to 8 bits, see `examples/decode_agreement.rs` for its agreement.
 #[test]
 fn greedy_matches_the_plain_loop_reference() {
     let Some(m) = model() else { return };

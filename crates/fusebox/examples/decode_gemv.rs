@@ -1,6 +1,6 @@
 //! Decode GEMV (`quantized_matmul` with one x row) per block format: the integer path
-//! (x rounded to 8 bits, the default) against the f32-activation path
-//! (`CpuBackend::builder().exact_decode(true)`), same threads, same run, interleaved.
+//! (x rounded to 8 bits, `CpuBackend::builder().exact_decode(false)`) against the
+//! f32-activation path (the default), same threads, same run, interleaved.
 //!
 //! ```text
 //! cargo run --release -p fusebox --example decode_gemv -- [THREADS] [REPS]
@@ -54,7 +54,7 @@ fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let threads = args.next().and_then(|a| a.parse().ok()).unwrap_or(2usize);
     let reps = args.next().and_then(|a| a.parse().ok()).unwrap_or(200usize);
-    let int = CpuBackend::builder().threads(threads).build()?;
+    let int = CpuBackend::builder().threads(threads).exact_decode(false).build()?;
     let exact = CpuBackend::builder().threads(threads).exact_decode(true).build()?;
     println!("decode GEMV, {threads} threads, median of {reps}; GB/s = W bytes / time");
     println!(

@@ -85,7 +85,7 @@ impl Default for CpuBackendBuilder {
             pin_threads: true,
             spin: team::SPIN,
             stream_min_bytes: None,
-            exact_decode: false,
+            exact_decode: true,
         }
     }
 }
@@ -128,10 +128,10 @@ impl CpuBackendBuilder {
     }
 
     /// Whether `quantized_matmul` with few x rows (decoding) multiplies the weight blocks
-    /// by x in f32 (`true`), or quantizes x to 8 bits per element once per call and sums
-    /// integer products block by block (`false`, the default: faster, within the
-    /// activations' rounding of the f32 result; see `cpu::quant`). Formats without an
-    /// integer kernel always take the f32 path.
+    /// by x in f32 (`true`, the default), or quantizes x to 8 bits per element once per
+    /// call and sums integer products block by block (`false`: faster, within the
+    /// activations' rounding of the f32 result, which can change greedy choices; see
+    /// `cpu::quant`). Formats without an integer kernel always take the f32 path.
     pub fn exact_decode(mut self, exact: bool) -> Self {
         self.exact_decode = exact;
         self
@@ -225,7 +225,7 @@ impl CpuBackend {
             pinned: false,
             spin,
             stream_min_bytes: output::default_stream_min_bytes(),
-            exact_decode: false,
+            exact_decode: true,
         }
     }
 

@@ -1633,7 +1633,7 @@ pub fn dequantize(cpu: &CpuBackend, x: &Tensor) -> Result<Tensor> {
 ///
 /// W is never materialised in f32. For up to `SMALL_M` rows of x (token-by-token
 /// decoding) each task takes W rows one at a time: for the formats with integer kernels
-/// (unless the backend was built with `exact_decode(true)`) it dots them in integers with
+/// (when the backend was built with `exact_decode(false)`) it dots them in integers with
 /// x rounded to 8 bits once per call (see `int`); otherwise it dots the blocks with x in
 /// f32 (one x row) or decodes the row into a buffer and dots it with every x row; for more rows (prompt prefill) each task decodes a panel of W rows and
 /// multiplies x by it with gemm. Tasks own disjoint output columns, and each output is

@@ -24,8 +24,8 @@
 //! here and the AVX2 kernels (`quant_int_x86.rs`) give bit-identical results.
 //!
 //! The results differ from the f32-activation path by the activation rounding (about
-//! 0.4% of a block's largest |x| per element, relative); `CpuBackendBuilder::exact_decode`
-//! selects that path instead.
+//! 0.4% of a block's largest |x| per element, relative); `CpuBackendBuilder::exact_decode(false)`
+//! selects this path (the f32 one is the default).
 
 use half::f16;
 

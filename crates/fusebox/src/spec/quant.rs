@@ -15,8 +15,8 @@ use crate::tensor::Tensor;
 /// (decoding), for the formats that have integer kernels: `x̃ = d·round(x/d)` with
 /// `d = max|x| / 127` per block of 32 (Q8_0, Q4_0, Q4_1, Q5_0; llama.cpp's Q8_0) or 256
 /// (Q4_K, Q5_K, Q6_K; llama.cpp's Q8_K), and then `y = x̃ · Wᵀ`. `None`: the format
-/// is always multiplied with x in f32. `CpuBackend` rounds unless built with
-/// `exact_decode(true)`.
+/// is always multiplied with x in f32. `CpuBackend` rounds when built with
+/// `exact_decode(false)`.
 pub fn int_activation_block(dtype: DType) -> Option<usize> {
     match dtype {
         DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 => Some(32),
