@@ -3,6 +3,7 @@
 //! one place that reads the `FUSEBOX_*` environment variables, mapping them onto the
 //! backends' builders (the libraries read no environment).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +21,9 @@ Environment variables (read by this command line only; an invalid value is an er
                                process's CPUs (default 1)
   FUSEBOX_SPIN_US=N            microseconds idle CPU helpers spin before sleeping (default 300;
                                0 for a machine shared with other busy work)
+  FUSEBOX_INT8_DECODE=0|1      decode with activations rounded to 8 bits and integer dot products
+                               against quantized weights, instead of f32 activations (default 0;
+                               --int8)
   FUSEBOX_STREAM_MIN_BYTES=N   outputs of at least N bytes are written with streaming stores
                                (default: a quarter of the last-level cache, at least 4 MiB)
   FUSEBOX_WGPU_ADAPTER=I|NAME  the wgpu adapter: its index, or text in its name (`fusebox info`
@@ -27,6 +31,16 @@ Environment variables (read by this command line only; an invalid value is an er
   FUSEBOX_WGPU_POWER=high|low|none
                                which adapter wgpu prefers when none is named (default high)
   FUSEBOX_WGPU_TRACE=0|1       name each op that falls back to the CPU on stderr (default 0)";
+
+/// Whether `--int8` was given (see [`set_int8_decode`]).
+static INT8_DECODE: AtomicBool = AtomicBool::new(false);
+
+/// Records the `--int8` flag: every CPU backend built afterwards (and the default one
+/// other backends fall back to, when configured afterwards) rounds activations to 8 bits
+/// for integer dot products in decoding GEMVs over quantized weights.
+pub fn set_int8_decode(int8: bool) {
+    INT8_DECODE.store(int8, Ordering::Relaxed);
+}
 
 /// The value of `name`, `None` when unset or empty; an error when not Unicode.
 fn var(name: &'static str) -> Result<Option<String>> {
@@ -78,6 +92,10 @@ pub fn cpu_builder(threads: Option<usize>) -> Result<CpuBackendBuilder> {
     })?;
     if let Some(bytes) = min_bytes {
         b = b.stream_min_bytes(bytes);
+    }
+    let env_int8 = flag("FUSEBOX_INT8_DECODE")?.unwrap_or(false);
+    if INT8_DECODE.load(Ordering::Relaxed) || env_int8 {
+        b = b.exact_decode(false);
     }
     Ok(b)
 }

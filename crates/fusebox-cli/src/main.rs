@@ -35,6 +35,11 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Decode with the activations rounded to 8 bits and integer dot products against
+    /// quantized weights (faster; within that rounding of the default f32 path, which can
+    /// change greedy choices; also FUSEBOX_INT8_DECODE=1).
+    #[arg(long, global = true)]
+    int8: bool,
 }
 
 #[derive(Subcommand)]
@@ -59,6 +64,7 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    backends::set_int8_decode(cli.int8);
     // The environment's CPU settings also hold for the CPU that other backends fall back to.
     if let Err(e) = backends::configure_default_cpu() {
         eprintln!("error: {e}");

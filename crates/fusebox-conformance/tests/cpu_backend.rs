@@ -50,6 +50,16 @@ fn cpu_backend_passes_with_streaming_stores_everywhere() {
     passes(&backend, "streaming stores");
 }
 
+/// Decoding GEMVs over quantized weights with x rounded to 8 bits for integer dot
+/// products (the default keeps x in f32; the suite checks each path against its twin).
+#[test]
+fn cpu_backend_passes_with_integer_decode() {
+    assert!(CpuBackend::with_threads(1).unwrap().exact_decode(), "f32 activations by default");
+    let backend = CpuBackend::builder().exact_decode(false).build().unwrap();
+    assert!(!backend.exact_decode());
+    passes(&backend, "integer decode");
+}
+
 /// The builder refuses what it cannot honour, with an error rather than a panic.
 #[test]
 fn the_builder_refuses_bad_settings() {

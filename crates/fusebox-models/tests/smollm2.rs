@@ -204,14 +204,17 @@ fn greedy_capital_of_france_is_paris() {
     assert!(text.starts_with(" Paris."), "{text:?}");
 }
 
-/// Logits of the fast path (f32, quantized blocks) and the f64 reference (dequantized
-/// weights) at the last prompt position and at every compared step agree within this.
+/// Logits of the fast path (f32 activations, quantized blocks) and the f64 reference
+/// (dequantized weights) at the last prompt position and at every compared step agree
+/// within this.
 const LOGIT_TOLERANCE: f64 = 1e-3;
 
+/// The f32-activation decode path (the default, `exact_decode`); the integer path rounds
+/// the activations to 8 bits, see `examples/decode_agreement.rs` for its agreement.
 #[test]
 fn greedy_matches_the_plain_loop_reference() {
     let Some(m) = model() else { return };
-    let b = CpuBackend::with_threads(2).unwrap();
+    let b = CpuBackend::builder().threads(2).exact_decode(true).build().unwrap();
     let p = llama::load(&b, &model_path()).unwrap();
     let reference = reference_llama::RefLlama::from_gguf(&m.file);
     // Five prompts × 24 tokens: `cargo run --release -p fusebox-models --example llama_agreement`.

@@ -381,7 +381,9 @@ pub trait ComputeBackend: Send + Sync + Debug {
         on_cpu!(self, cpu::quant::dequantize; [x])
     }
 
-    /// `y = x · Wᵀ` read straight from W's blocks (never materialising W in f32).
+    /// `y = x · Wᵀ` read straight from W's blocks (never materialising W in f32). With
+    /// few rows of x (decoding), a backend may use `x̃`, x rounded to 8 bits per block
+    /// (see [`crate::spec::quant::int_activation_block`]), for integer dot products.
     ///
     /// # Shapes
     /// `x`: `[..., in]` float; `w`: `[out, in]` block format → `[..., out]`, x's dtype.

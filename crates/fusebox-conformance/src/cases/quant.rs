@@ -5,8 +5,9 @@
 use fusebox::{ComputeBackend, DType, Op, Shape, Tensor};
 
 use crate::array::Array;
+use crate::case::catch;
 use crate::case::{Case, CaseKind};
-use crate::cases::memory::{foreign_tensor, forward_case, host_bytes, ok};
+use crate::cases::memory::{foreign_tensor, forward_case, host_bytes, host_values, ok, upload_all};
 use crate::reference::memory::f8e4m3_value;
 use crate::reference::quant as twin;
 use crate::rng::Rng;
@@ -432,7 +433,9 @@ fn matmul_tolerance(k: usize, dtype: DType) -> Tolerance {
 }
 
 /// A `quantized_matmul` case: x `x_dims` (random, rounded to `x_dtype`), W `[n, k]` random
-/// blocks of `w_dtype`, against `x · dequant(W)ᵀ` in f64.
+/// blocks of `w_dtype`, against `x · dequant(W)ᵀ` in f64 — or, for a format that has an
+/// 8-bit activation block, against either that or `x̃ · dequant(W)ᵀ` with x̃ the 8-bit
+/// rounding of x (a backend may take either path; each must match its twin closely).
 fn matmul_case<B: ComputeBackend + ?Sized + 'static>(
     rng: &mut Rng,
     w_dtype: DType,
@@ -445,6 +448,29 @@ fn matmul_case<B: ComputeBackend + ?Sized + 'static>(
     let x = Tensor::from_f32_as(&x.to_vec_f32().expect("f32"), x_dims.clone(), x_dtype).expect("float");
     let w = random_blocks(rng, w_dtype, &[n, k]);
     let name = format!("quantized_matmul x{x_dims:?} {x_dtype} · W[{n}, {k}] {w_dtype}ᵀ");
+    if let Some(block) = fusebox::spec::quant::int_activation_block(w_dtype) {
+        let (inputs, tol) = (vec![x, w], matmul_tolerance(k, x_dtype));
+        return Case::custom(Op::QuantizedMatmul, CaseKind::Forward, name, move |b: &B| {
+            let up = upload_all(b, &inputs)?;
+            let out = catch(|| b.quantized_matmul(&up[0], &up[1]))?.map_err(|e| format!("returned an error: {e}"))?;
+            if out.dtype() != x_dtype {
+                return Err(format!("output dtype {}, expected {x_dtype}", out.dtype()));
+            }
+            let got = host_values(b, &out)?;
+            let wd = twin::dequantize(w_dtype, inputs[1].host_bytes().expect("host bytes"), &[n, k]);
+            let xa = Array::from_tensor(&inputs[0]);
+            let exact = tol.check("output (f32 x)", &got, &twin::quantized_matmul(&xa, &wd));
+            let rounded = tol.check(
+                "output (x rounded to 8 bits)",
+                &got,
+                &twin::quantized_matmul(&twin::round_activations(&xa, block), &wd),
+            );
+            match (exact, rounded) {
+                (Err(e), Err(r)) => Err(format!("matches neither twin: {e}; {r}")),
+                _ => Ok(()),
+            }
+        });
+    }
     forward_case(
         Op::QuantizedMatmul,
         name,

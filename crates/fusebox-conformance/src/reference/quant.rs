@@ -231,3 +231,21 @@ pub fn quantized_matmul(x: &Array, w: &Array) -> Array {
     }
     y
 }
+
+/// x rounded to 8 bits per run of `block` elements along its last dim, as a decoding
+/// `quantized_matmul` may use it (`fusebox::spec::quant::int_activation_block`):
+/// `d = max|x| / 127`, `x̃ = d·round(x·(1/d))` (half away from zero), the scale and the
+/// rounding computed in f32 as the definition states.
+pub fn round_activations(x: &Array, block: usize) -> Array {
+    let mut out = x.clone();
+    for run in out.data.chunks_mut(block) {
+        let amax = run.iter().fold(0.0f32, |m, &v| m.max((v as f32).abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        for v in run.iter_mut() {
+            let q = ((*v as f32) * id).round().clamp(-127.0, 127.0);
+            *v = f64::from(q) * f64::from(d);
+        }
+    }
+    out
+}

@@ -62,6 +62,7 @@ pub struct CpuBackend {
     pinned: bool,
     spin: Duration,
     stream_min_bytes: usize,
+    exact_decode: bool,
 }
 
 /// Settings of a [`CpuBackend`], from [`CpuBackend::builder`]; [`build`](Self::build)
@@ -73,11 +74,19 @@ pub struct CpuBackendBuilder {
     pin_threads: bool,
     spin: Duration,
     stream_min_bytes: Option<usize>,
+    exact_decode: bool,
 }
 
 impl Default for CpuBackendBuilder {
     fn default() -> Self {
-        CpuBackendBuilder { threads: None, isa: None, pin_threads: true, spin: team::SPIN, stream_min_bytes: None }
+        CpuBackendBuilder {
+            threads: None,
+            isa: None,
+            pin_threads: true,
+            spin: team::SPIN,
+            stream_min_bytes: None,
+            exact_decode: true,
+        }
     }
 }
 
@@ -115,6 +124,16 @@ impl CpuBackendBuilder {
     /// [`output::default_stream_min_bytes`], a quarter of the last-level cache).
     pub fn stream_min_bytes(mut self, bytes: usize) -> Self {
         self.stream_min_bytes = Some(bytes);
+        self
+    }
+
+    /// Whether `quantized_matmul` with few x rows (decoding) multiplies the weight blocks
+    /// by x in f32 (`true`, the default), or quantizes x to 8 bits per element once per
+    /// call and sums integer products block by block (`false`: faster, within the
+    /// activations' rounding of the f32 result, which can change greedy choices; see
+    /// `cpu::quant`). Formats without an integer kernel always take the f32 path.
+    pub fn exact_decode(mut self, exact: bool) -> Self {
+        self.exact_decode = exact;
         self
     }
 
@@ -172,7 +191,8 @@ impl CpuBackendBuilder {
             Some(pool)
         };
         let pinned = cpus.is_some() && threads > 1;
-        Ok(CpuBackend { team, pool, threads, isa, pinned, spin: self.spin, stream_min_bytes })
+        let exact_decode = self.exact_decode;
+        Ok(CpuBackend { team, pool, threads, isa, pinned, spin: self.spin, stream_min_bytes, exact_decode })
     }
 }
 
@@ -205,6 +225,7 @@ impl CpuBackend {
             pinned: false,
             spin,
             stream_min_bytes: output::default_stream_min_bytes(),
+            exact_decode: true,
         }
     }
 
@@ -232,6 +253,12 @@ impl CpuBackend {
     /// Fresh outputs of at least this many bytes are written with streaming stores.
     pub fn stream_min_bytes(&self) -> usize {
         self.stream_min_bytes
+    }
+
+    /// Whether decoding GEMVs over quantized weights keep x in f32 (see
+    /// [`CpuBackendBuilder::exact_decode`]).
+    pub fn exact_decode(&self) -> bool {
+        self.exact_decode
     }
 
     /// Holds this backend's ISA on the calling thread while the guard lives. The trait's

@@ -38,6 +38,10 @@ use crate::tensor::Tensor;
 #[path = "quant_x86.rs"]
 mod x86;
 
+/// The integer decode path: x quantized to 8 bits, integer dots per block.
+#[path = "quant_int.rs"]
+mod int;
+
 /// Elements of a Q8_0 / Q4_0 / Q4_1 block.
 const QK: usize = 32;
 /// Elements of a Q4_K / Q6_K super-block.
@@ -1628,8 +1632,10 @@ pub fn dequantize(cpu: &CpuBackend, x: &Tensor) -> Result<Tensor> {
 /// `y = x · Wᵀ` straight from W's blocks (block format or FP8 E4M3), in x's dtype.
 ///
 /// W is never materialised in f32. For up to `SMALL_M` rows of x (token-by-token
-/// decoding) each task decodes one W row at a time into a row buffer and dots it with
-/// every x row; for more rows (prompt prefill) each task decodes a panel of W rows and
+/// decoding) each task takes W rows one at a time: for the formats with integer kernels
+/// (when the backend was built with `exact_decode(false)`) it dots them in integers with
+/// x rounded to 8 bits once per call (see `int`); otherwise it dots the blocks with x in
+/// f32 (one x row) or decodes the row into a buffer and dots it with every x row; for more rows (prompt prefill) each task decodes a panel of W rows and
 /// multiplies x by it with gemm. Tasks own disjoint output columns, and each output is
 /// computed by one task in a fixed order, so results do not depend on scheduling.
 ///
@@ -1658,6 +1664,28 @@ pub fn quantized_matmul(cpu: &CpuBackend, x: &Tensor, w: &Tensor) -> Result<Tens
 fn matmul_by_rows(cpu: &CpuBackend, xs: &[f32], m: usize, dtype: DType, wb: &[u8], n: usize, k: usize) -> Vec<f32> {
     let row_bytes = dtype.storage_bytes(k);
     let rows_per_task = n.div_ceil(cpu.threads() * 4).max(1);
+    let int_block = int::activation_block(dtype).filter(|&b| k.is_multiple_of(b) && !cpu.exact_decode());
+    if let Some(block) = int_block {
+        // x quantized once per call; each task dots its W rows with every x row in integers.
+        let xq: Vec<int::Q8Row> = xs.chunks_exact(k).map(|x| int::quantize_row(x, block)).collect();
+        let mut out_t = vec![0.0f32; n * m];
+        cpu.for_each_chunk(&mut out_t, rows_per_task * m, k, |task, chunk| {
+            let first = task * rows_per_task;
+            let rows = chunk.len() / m;
+            let w = &wb[first * row_bytes..(first + rows) * row_bytes];
+            let done = if m == 1 {
+                int::int_rows(dtype, w, &xq[0], chunk)
+            } else {
+                w.chunks_exact(row_bytes).zip(chunk.chunks_exact_mut(m)).all(|(wrow, outs)| {
+                    outs.chunks_exact_mut(1).zip(&xq).all(|(o, xq)| int::int_rows(dtype, wrow, xq, o))
+                })
+            };
+            if !done {
+                chunk.fill(f32::NAN);
+            }
+        });
+        return transposed(out_t, m, n);
+    }
     if m == 1 && dtype.is_quantized() {
         // One x row (decoding a token): dot each W row straight from its blocks.
         let xsum32: Vec<f32> = xs.chunks(QK).map(simd::sum).collect();
@@ -1684,6 +1712,11 @@ fn matmul_by_rows(cpu: &CpuBackend, xs: &[f32], m: usize, dtype: DType, wb: &[u8
             }
         }
     });
+    transposed(out_t, m, n)
+}
+
+/// `[n, m]` → `[m, n]` (nothing to move for one row).
+fn transposed(out_t: Vec<f32>, m: usize, n: usize) -> Vec<f32> {
     if m == 1 {
         return out_t;
     }

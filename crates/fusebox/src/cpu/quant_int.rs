@@ -1,0 +1,353 @@
+//! The integer decode path of `quantized_matmul`: the x row is quantized once per call
+//! to 8 bits per element, and each W row is dotted with it in integers, block by block
+//! (as llama.cpp's `ggml_vec_dot_q4_1_q8_1` etc.). Two activation layouts:
+//!
+//! * **Q8 per 32** (for Q8_0, Q4_0, Q4_1, Q5_0): `x[j] ≈ x̃[j] = d_b·q[j]` with one f32
+//!   scale `d_b = max|x| / 127` per block b of 32 and `q = round(x·(1/d_b))` (half away
+//!   from zero) ∈ [−127, 127], as llama.cpp's `quantize_row_q8_0` (whose scale is then
+//!   stored in f16; here it stays f32); Q4_1's offset `m·Σx̃` takes `Σx̃ = d_b·Σq`.
+//! * **Q8 per 256** (for Q4_K, Q5_K, Q6_K): the same with one scale per super-block of
+//!   256 (llama.cpp's Q8_K), and the integer sum of q over each run of 32 (for the
+//!   `dmin·m` offsets of Q4_K/Q5_K).
+//!
+//! Either way the result is `Σ_j W[r, j]·x̃[j]` (up to f32 rounding): x is replaced by
+//! its 8-bit rounding x̃ ([`crate::spec::quant::int_activation_block`] names the block).
+//!
+//! Per block the products `w_int·q` are summed exactly in i32 in **8 lanes**: lane l
+//! of a run of 32 elements holds elements 4l..4l+4 (the lanes AVX2's `maddubs` +
+//! `madd` produce), multiplied by the sub-block scale of the weights where the format
+//! has one (Q4_K, Q5_K: per 32; Q6_K: per 16, which never splits a lane). Then, per
+//! block, in f32: `acc[l] = fma(d_w·d_x, lane[l] as f32, acc[l])`, and offsets
+//! `off = fma(c, s, off)`; the row's result is `tree8(acc) ± off`, with
+//! `tree8` adding lanes l and l + 4, then l and l + 2, then 0 and 1. The integer sums
+//! are exact and the f32 operations happen in one fixed order, so the portable twin
+//! here and the AVX2 kernels (`quant_int_x86.rs`) give bit-identical results.
+//!
+//! The results differ from the f32-activation path by the activation rounding (about
+//! 0.4% of a block's largest |x| per element, relative); `CpuBackendBuilder::exact_decode(false)`
+//! selects this path (the f32 one is the default).
+
+use half::f16;
+
+use crate::dtype::DType;
+
+/// Elements of a 32-block (Q8_0, Q4_0, Q4_1, Q5_0).
+const QK: usize = 32;
+/// Elements of a K super-block.
+const QK_K: usize = 256;
+
+/// One x row quantized for the integer dots (see the module docs).
+#[derive(Debug, Clone, Default)]
+pub struct Q8Row {
+    /// The 8-bit values, one per element of x.
+    pub q: Vec<i8>,
+    /// The scale of each block (32 or 256 elements).
+    pub d: Vec<f32>,
+    /// Per run of 32, `Σx̃ = d·Σq` (Q4_1's offsets).
+    pub xsum: Vec<f32>,
+    /// Per run of 32, the integer sum of q (the K formats' offsets).
+    pub qsum: Vec<i32>,
+}
+
+/// Whether `dtype` has an integer kernel here, and which activation block it needs
+/// (32 or 256 elements).
+pub fn activation_block(dtype: DType) -> Option<usize> {
+    crate::spec::quant::int_activation_block(dtype)
+}
+
+/// Quantizes `x` (a multiple of `block` long; 32 or 256) for the integer dots.
+pub fn quantize_row(x: &[f32], block: usize) -> Q8Row {
+    let mut row = Q8Row {
+        q: vec![0; x.len()],
+        d: Vec::with_capacity(x.len() / block),
+        xsum: Vec::with_capacity(x.len() / QK),
+        qsum: Vec::with_capacity(x.len() / QK),
+    };
+    for (xs, qs) in x.chunks_exact(block).zip(row.q.chunks_exact_mut(block)) {
+        let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        for (q, &v) in qs.iter_mut().zip(xs) {
+            // |v·id| ≤ 127 up to rounding; the clamp keeps a NaN or a rounding overshoot in range.
+            *q = (v * id).round().clamp(-127.0, 127.0) as i8;
+        }
+        row.d.push(d);
+    }
+    for (r, qs) in row.q.chunks_exact(QK).enumerate() {
+        let qsum: i32 = qs.iter().map(|&q| i32::from(q)).sum();
+        row.xsum.push(row.d[r * QK / block] * qsum as f32);
+        row.qsum.push(qsum);
+    }
+    row
+}
+
+/// Bytes of one block of `dtype` (those with an integer kernel).
+fn block_bytes(dtype: DType) -> usize {
+    match dtype {
+        DType::Q8_0 => 34,
+        DType::Q4_0 => 18,
+        DType::Q4_1 => 20,
+        DType::Q5_0 => 22,
+        DType::Q4K => 144,
+        DType::Q5K => 176,
+        DType::Q6K => 210,
+        _ => 0,
+    }
+}
+
+/// `out[r] = Σ_j x[j]·W[r, j]` for the `out.len()` rows of `w` (whole rows of `dtype`
+/// blocks) with x given quantized (`xq`, from [`quantize_row`] with the block size
+/// [`activation_block`] names). Returns false, doing nothing, for a format without an
+/// integer kernel or sizes that do not fit.
+pub fn int_rows(dtype: DType, w: &[u8], xq: &Q8Row, out: &mut [f32]) -> bool {
+    if !fits(dtype, w, xq, out.len()) {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if x86::int_rows(dtype, w, xq, out) {
+        return true;
+    }
+    let row_bytes = w.len() / out.len().max(1);
+    for (o, row) in out.iter_mut().zip(w.chunks_exact(row_bytes.max(1))) {
+        *o = twin::row(dtype, row, xq);
+    }
+    true
+}
+
+/// Whether `w` holds exactly `rows` rows of `dtype` blocks as long as `xq`, and `xq`
+/// is quantized in the layout `dtype` needs (the bounds the kernels read).
+fn fits(dtype: DType, w: &[u8], xq: &Q8Row, rows: usize) -> bool {
+    let Some(block) = activation_block(dtype) else { return false };
+    let k = xq.q.len();
+    k.is_multiple_of(block)
+        && xq.d.len() == k / block
+        && xq.xsum.len() == k / QK
+        && xq.qsum.len() == k / QK
+        && w.len() == rows * (k / block) * block_bytes(dtype)
+}
+
+/// AVX2 forms of the integer row dots.
+#[cfg(target_arch = "x86_64")]
+#[path = "quant_int_x86.rs"]
+mod x86;
+
+/// The little-endian f16 at `b[at..at + 2]` as f32.
+#[inline(always)]
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// Lanes 0..8 added as the AVX2 reduction does: l + 4, then l + 2, then 0 + 1.
+#[inline(always)]
+pub(crate) fn tree8(acc: &[f32; 8]) -> f32 {
+    let mut v = *acc;
+    for width in [4, 2, 1] {
+        for l in 0..width {
+            v[l] += v[l + width];
+        }
+    }
+    v[0]
+}
+
+/// The portable twin: integer lanes in plain loops, f32 steps in the kernels' order.
+pub(crate) mod twin {
+    use super::super::scale_min_k4;
+    use super::*;
+
+    /// `lanes[l] += scale·Σ w[e]·q[e]` over the elements e of a run of 32 with
+    /// `e / 4 == l`; `scale(e)` is the weight's integer scale of element e.
+    #[inline(always)]
+    fn add_lanes(lanes: &mut [i32; 8], w: &[i32; 32], q: &[i8], scale: impl Fn(usize) -> i32) {
+        for e in 0..32 {
+            lanes[e / 4] += scale(e) * w[e] * i32::from(q[e]);
+        }
+    }
+
+    /// One row of `dtype` blocks dotted with `xq`.
+    pub fn row(dtype: DType, row: &[u8], xq: &Q8Row) -> f32 {
+        let mut acc = [0.0f32; 8];
+        let mut off = 0.0f32;
+        match dtype {
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 => {
+                let bb = block_bytes(dtype);
+                for (b, blk) in row.chunks_exact(bb).enumerate() {
+                    let mut w = [0i32; 32];
+                    match dtype {
+                        DType::Q8_0 => {
+                            for (j, v) in w.iter_mut().enumerate() {
+                                *v = i32::from(blk[2 + j] as i8);
+                            }
+                        }
+                        DType::Q4_0 | DType::Q4_1 => {
+                            let (qs, sub) = if dtype == DType::Q4_1 { (&blk[4..20], 0) } else { (&blk[2..18], 8) };
+                            for j in 0..16 {
+                                w[j] = i32::from(qs[j] & 0x0F) - sub;
+                                w[j + 16] = i32::from(qs[j] >> 4) - sub;
+                            }
+                        }
+                        _ => {
+                            let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+                            for j in 0..16 {
+                                w[j] = i32::from(blk[6 + j] & 0x0F) + 16 * ((qh >> j) & 1) as i32 - 16;
+                                w[j + 16] = i32::from(blk[6 + j] >> 4) + 16 * ((qh >> (j + 16)) & 1) as i32 - 16;
+                            }
+                        }
+                    }
+                    let mut lanes = [0i32; 8];
+                    add_lanes(&mut lanes, &w, &xq.q[QK * b..QK * b + QK], |_| 1);
+                    let d = f16_at(blk, 0) * xq.d[b];
+                    for l in 0..8 {
+                        acc[l] = d.mul_add(lanes[l] as f32, acc[l]);
+                    }
+                    if dtype == DType::Q4_1 {
+                        off = f16_at(blk, 2).mul_add(xq.xsum[b], off);
+                    }
+                }
+                tree8(&acc) + off
+            }
+            DType::Q4K | DType::Q5K => {
+                let bb = block_bytes(dtype);
+                for (sb, blk) in row.chunks_exact(bb).enumerate() {
+                    let (scales, qs_at) = (&blk[4..16], if dtype == DType::Q5K { 48 } else { 16 });
+                    let mut lanes = [0i32; 8];
+                    let mut mins = 0i32;
+                    for s in 0..8 {
+                        let (sc, m) = scale_min_k4(s, scales);
+                        let (pair, high) = (s / 2, s % 2 == 1);
+                        let mut w = [0i32; 32];
+                        for (l, v) in w.iter_mut().enumerate() {
+                            let byte = blk[qs_at + 32 * pair + l];
+                            let nib = if high { byte >> 4 } else { byte & 0x0F };
+                            let bit = if dtype == DType::Q5K { (blk[16 + l] >> s) & 1 } else { 0 };
+                            *v = i32::from(nib | (bit << 4));
+                        }
+                        let at = QK_K * sb + 32 * s;
+                        add_lanes(&mut lanes, &w, &xq.q[at..at + 32], |_| i32::from(sc));
+                        mins += i32::from(m) * xq.qsum[8 * sb + s];
+                    }
+                    let dx = xq.d[sb];
+                    let d = f16_at(blk, 0) * dx;
+                    for l in 0..8 {
+                        acc[l] = d.mul_add(lanes[l] as f32, acc[l]);
+                    }
+                    off = (f16_at(blk, 2) * dx).mul_add(mins as f32, off);
+                }
+                tree8(&acc) - off
+            }
+            DType::Q6K => {
+                for (sb, blk) in row.chunks_exact(210).enumerate() {
+                    let mut lanes = [0i32; 8];
+                    for half in 0..2 {
+                        let (ql, qh, sc) = (&blk[64 * half..], &blk[128 + 32 * half..], &blk[192 + 8 * half..]);
+                        for g in 0..4 {
+                            let mut w = [0i32; 32];
+                            for (l, v) in w.iter_mut().enumerate() {
+                                let byte = ql[l + 32 * (g % 2)];
+                                let nib = if g < 2 { byte & 0x0F } else { byte >> 4 };
+                                *v = i32::from(nib | (((qh[l] >> (2 * g)) & 3) << 4)) - 32;
+                            }
+                            let at = QK_K * sb + 128 * half + 32 * g;
+                            add_lanes(&mut lanes, &w, &xq.q[at..at + 32], |e| i32::from(sc[2 * g + e / 16] as i8));
+                        }
+                    }
+                    let d = f16_at(blk, 208) * xq.d[sb];
+                    for l in 0..8 {
+                        acc[l] = d.mul_add(lanes[l] as f32, acc[l]);
+                    }
+                }
+                tree8(&acc)
+            }
+            _ => f32::NAN,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{dequantize_row_into, quantize_into};
+    use super::*;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(12345);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s as f32 / u32::MAX as f32 - 0.5) * 4.0
+            })
+            .collect()
+    }
+
+    const FORMATS: [DType; 7] =
+        [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q4K, DType::Q5K, DType::Q6K];
+
+    /// The integer dot is the f32 dot of the dequantized row with the dequantized x up to
+    /// f32 rounding: checked against an f64 sum of the same integer-valued products.
+    #[test]
+    fn the_twin_computes_the_dot_of_the_dequantized_operands() {
+        let (k, rows) = (512, 5);
+        for dtype in FORMATS {
+            let block = activation_block(dtype).unwrap();
+            let x = values(k, 7);
+            let xq = quantize_row(&x, block);
+            let wf = values(rows * k, 11);
+            let mut wb = vec![0u8; dtype.storage_bytes(rows * k)];
+            quantize_into(dtype, &wf, &mut wb);
+            let row_bytes = dtype.storage_bytes(k);
+            for r in 0..rows {
+                let row = &wb[r * row_bytes..(r + 1) * row_bytes];
+                let mut wd = vec![0.0f32; k];
+                dequantize_row_into(dtype, row, &mut wd).unwrap();
+                let xd: Vec<f64> = (0..k).map(|j| f64::from(xq.q[j]) * f64::from(xq.d[j / block])).collect();
+                let want: f64 = wd.iter().zip(&xd).map(|(&w, &x)| f64::from(w) * x).sum();
+                let got = f64::from(twin::row(dtype, row, &xq));
+                let scale: f64 = wd.iter().zip(&xd).map(|(&w, &x)| (f64::from(w) * x).abs()).sum();
+                assert!((got - want).abs() <= 1e-5 * scale + 1e-6, "{dtype} row {r}: {got} vs {want}");
+                // And close to the exact f32 dot (activation rounding only).
+                let exact: f64 = wd.iter().zip(&x).map(|(&w, &x)| f64::from(w) * f64::from(x)).sum();
+                assert!((got - exact).abs() <= 0.02 * scale, "{dtype} row {r}: {got} vs exact {exact}");
+            }
+        }
+    }
+
+    /// The SIMD kernels give the twin's bits, over several row lengths, rows and seeds.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_simd_kernels_give_the_twins_bits() {
+        for dtype in FORMATS {
+            let block = activation_block(dtype).unwrap();
+            for (k, rows, seed) in [(block, 3, 1), (4 * block, 7, 2), (9 * block, 2, 3)] {
+                let x = values(k, seed);
+                let xq = quantize_row(&x, block);
+                let wf = values(rows * k, seed + 100);
+                let mut wb = vec![0u8; dtype.storage_bytes(rows * k)];
+                quantize_into(dtype, &wf, &mut wb);
+                let mut simd_out = vec![0.0f32; rows];
+                if !x86::int_rows(dtype, &wb, &xq, &mut simd_out) {
+                    println!("skipping {dtype}: no SIMD integer kernel on this CPU");
+                    continue;
+                }
+                let row_bytes = dtype.storage_bytes(k);
+                for r in 0..rows {
+                    let want = twin::row(dtype, &wb[r * row_bytes..(r + 1) * row_bytes], &xq);
+                    assert_eq!(simd_out[r].to_bits(), want.to_bits(), "{dtype} k={k} row {r}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_activation_rounds_to_at_most_127_levels_per_block() {
+        let x = values(256, 5);
+        let xq = quantize_row(&x, 32);
+        for (b, xs) in x.chunks(32).enumerate() {
+            let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            assert_eq!(xq.d[b], amax / 127.0);
+            for (j, &v) in xs.iter().enumerate() {
+                let q = xq.q[32 * b + j];
+                assert!((f32::from(q) * xq.d[b] - v).abs() <= 0.5 * xq.d[b] * 1.0001);
+            }
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! AVX2 forms of the integer row dots (see the parent module for the scheme): 32 bytes
+//! of weights and 32 of activations per step, `vpmaddubsw` (unsigned × signed bytes,
+//! adjacent pairs summed to i16) then `vpmaddwd` by 1 or by the sub-block scale (pairs
+//! summed to i32), so i32 lane l holds elements 4l..4l+4 of the run, exactly the
+//! portable twin's lanes. Signed weights use the sign trick (`|w|` × `sign(w)·x`).
+//! The products stay within i16: |w| ≤ 32 (Q4_0, Q5_0, Q6_K) or ≤ 31 unsigned (Q4_1,
+//! Q4_K, Q5_K) or ≤ 128 (Q8_0) times |x| ≤ 127, two per i16. Without VNNI: no
+//! `vpdpbusd` here (it would need hardware to test on).
+
+use std::arch::x86_64::*;
+
+use super::{fits, Q8Row, QK, QK_K};
+use crate::cpu::simd::Isa;
+use crate::dtype::DType;
+
+/// The rows of `w` dotted with `xq` as the parent's `int_rows`; false (doing nothing) when
+/// the ISA in use has no AVX2, the CPU no F16C, or the sizes do not fit.
+pub(super) fn int_rows(dtype: DType, w: &[u8], xq: &Q8Row, out: &mut [f32]) -> bool {
+    if !matches!(Isa::active(), Isa::Avx2 | Isa::Avx512)
+        || !std::arch::is_x86_feature_detected!("f16c")
+        || !fits(dtype, w, xq, out.len())
+    {
+        return false;
+    }
+    // SAFETY: AVX2, FMA (both implied by the active ISA, never one the CPU lacks) and F16C
+    // are available, and `fits` checked the bounds every kernel reads: `w` holds
+    // `out.len()` rows of blocks covering `xq.q`, and `xq`'s per-block vectors match.
+    unsafe {
+        match dtype {
+            DType::Q8_0 => rows32::<0>(w, xq, out),
+            DType::Q4_0 => rows32::<1>(w, xq, out),
+            DType::Q4_1 => rows32::<2>(w, xq, out),
+            DType::Q5_0 => rows32::<3>(w, xq, out),
+            DType::Q4K => rows_k4::<false>(w, xq, out),
+            DType::Q5K => rows_k4::<true>(w, xq, out),
+            DType::Q6K => rows_q6k(w, xq, out),
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// The f16 at `p` as f32.
+///
+/// # Safety
+/// `p` must point to 2 readable bytes; the CPU must support F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    // SAFETY: the caller guarantees 2 readable bytes at `p`.
+    let bits = unsafe { u16::from_le_bytes([*p, *p.add(1)]) };
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// The twin's `tree8`: lanes l + 4, then l + 2, then 0 + 1.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hsum8(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// i32 lanes `Σ_{4 bytes} w·x` for signed bytes `w`, `x` (|w·x| pairs within i16).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn lanes_signed(w: __m256i, x: __m256i) -> __m256i {
+    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+}
+
+/// i32 lanes `scale·Σ_{4 bytes} u·x` for unsigned `u`, signed `x`, i16 `scale` lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn lanes_unsigned(u: __m256i, x: __m256i, scale: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), scale)
+}
+
+/// 32 bytes at `p`.
+///
+/// # Safety
+/// `p` must point to 32 readable bytes; the CPU must support AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn load32(p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 32 readable bytes at `p`.
+    unsafe { _mm256_loadu_si256(p as *const __m256i) }
+}
+
+/// The 32 nibbles of 16 bytes at `p` in element order: low nibbles (elements 0..16) in
+/// the low half, high nibbles (16..32) in the high half.
+///
+/// # Safety
+/// `p` must point to 16 readable bytes; the CPU must support AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn nibbles(p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 16 readable bytes at `p`.
+    let q = unsafe { _mm_loadu_si128(p as *const __m128i) };
+    _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(q), q), _mm256_set1_epi8(0x0F))
+}
+
+/// Byte j is 0xFF where bit j of `bits` is set, else 0 (as ggml's `bytes_from_bits_32`).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn bytes_from_bits(bits: u32) -> __m256i {
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits as i32),
+        _mm256_setr_epi64x(0, 0x0101_0101_0101_0101, 0x0202_0202_0202_0202, 0x0303_0303_0303_0303),
+    );
+    let all_but_own_bit = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+    _mm256_cmpeq_epi8(_mm256_or_si256(spread, all_but_own_bit), _mm256_set1_epi64x(-1))
+}
+
+/// 32-element formats: `F` = 0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q5_0.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `w` holds `out.len()` rows of blocks covering `xq` (see `fits`).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows32<const F: u8>(w: &[u8], xq: &Q8Row, out: &mut [f32]) {
+    let nb = xq.q.len() / QK;
+    let bb = [34, 18, 20, 22][usize::from(F)];
+    let row_bytes = nb * bb;
+    let (xp, xd, xsum) = (xq.q.as_ptr() as *const u8, xq.d.as_ptr(), xq.xsum.as_ptr());
+    for (r, o) in out.iter_mut().enumerate() {
+        let row = w.as_ptr().wrapping_add(r * row_bytes);
+        let mut acc = _mm256_setzero_ps();
+        let mut off = 0.0f32;
+        for b in 0..nb {
+            // SAFETY: block b of row r lies inside `w`; `xq` holds block b (see `fits`).
+            unsafe {
+                let blk = row.add(b * bb);
+                let x = load32(xp.add(QK * b));
+                let lanes = match F {
+                    0 => lanes_signed(load32(blk.add(2)), x),
+                    1 => lanes_signed(_mm256_sub_epi8(nibbles(blk.add(2)), _mm256_set1_epi8(8)), x),
+                    2 => lanes_unsigned(nibbles(blk.add(4)), x, _mm256_set1_epi16(1)),
+                    _ => {
+                        let qh = u32::from_le_bytes([*blk.add(2), *blk.add(3), *blk.add(4), *blk.add(5)]);
+                        let high = _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10));
+                        let q = _mm256_or_si256(nibbles(blk.add(6)), high);
+                        lanes_signed(_mm256_sub_epi8(q, _mm256_set1_epi8(16)), x)
+                    }
+                };
+                let d = f16_at(blk) * *xd.add(b);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
+                if F == 2 {
+                    off = f16_at(blk.add(2)).mul_add(*xsum.add(b), off);
+                }
+            }
+        }
+        *o = hsum8(acc) + off;
+    }
+}
+
+/// The 8 six-bit scales and mins of a Q4_K / Q5_K block (ggml's `get_scale_min_k4`).
+#[inline(always)]
+fn scales_mins(s: &[u8]) -> ([i16; 8], [i32; 8]) {
+    let (mut sc, mut m) = ([0i16; 8], [0i32; 8]);
+    for j in 0..8 {
+        let (a, b) = super::super::scale_min_k4(j, s);
+        sc[j] = i16::from(a);
+        m[j] = i32::from(b);
+    }
+    (sc, m)
+}
+
+/// Q4_K (`FIFTH` false) or Q5_K rows.
+///
+/// # Safety
+/// As `rows32`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_k4<const FIFTH: bool>(w: &[u8], xq: &Q8Row, out: &mut [f32]) {
+    let nb = xq.q.len() / QK_K;
+    let (bb, qs_at) = if FIFTH { (176, 48) } else { (144, 16) };
+    let row_bytes = nb * bb;
+    let xp = xq.q.as_ptr() as *const u8;
+    let (low4, one) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(1));
+    for (r, o) in out.iter_mut().enumerate() {
+        let row = &w[r * row_bytes..(r + 1) * row_bytes];
+        let mut acc = _mm256_setzero_ps();
+        let mut off = 0.0f32;
+        for (sb, blk) in row.chunks_exact(bb).enumerate() {
+            let (sc, m) = scales_mins(&blk[4..16]);
+            let qsum = &xq.qsum[8 * sb..8 * sb + 8];
+            let mins: i32 = (0..8).map(|s| m[s] * qsum[s]).sum();
+            let mut lanes = _mm256_setzero_si256();
+            // SAFETY: the block's 32-byte runs lie inside `blk`, and xq holds super-block sb.
+            unsafe {
+                let qh = if FIFTH { load32(blk.as_ptr().add(16)) } else { _mm256_setzero_si256() };
+                for p in 0..4 {
+                    let qv = load32(blk.as_ptr().add(qs_at + 32 * p));
+                    let mut lo = _mm256_and_si256(qv, low4);
+                    let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qv), low4);
+                    if FIFTH {
+                        let bit = |s: i32| {
+                            let b = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(s)), one);
+                            _mm256_slli_epi16::<4>(b)
+                        };
+                        lo = _mm256_or_si256(lo, bit(2 * p as i32));
+                        hi = _mm256_or_si256(hi, bit(2 * p as i32 + 1));
+                    }
+                    let x = xp.add(QK_K * sb + 64 * p);
+                    lanes = _mm256_add_epi32(lanes, lanes_unsigned(lo, load32(x), _mm256_set1_epi16(sc[2 * p])));
+                    lanes = _mm256_add_epi32(
+                        lanes,
+                        lanes_unsigned(hi, load32(x.add(32)), _mm256_set1_epi16(sc[2 * p + 1])),
+                    );
+                }
+                let dx = xq.d[sb];
+                let d = f16_at(blk.as_ptr()) * dx;
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
+                off = (f16_at(blk.as_ptr().add(2)) * dx).mul_add(mins as f32, off);
+            }
+        }
+        *o = hsum8(acc) - off;
+    }
+}
+
+/// Q6_K rows.
+///
+/// # Safety
+/// As `rows32`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_q6k(w: &[u8], xq: &Q8Row, out: &mut [f32]) {
+    let nb = xq.q.len() / QK_K;
+    let row_bytes = nb * 210;
+    let xp = xq.q.as_ptr() as *const u8;
+    let (low4, three, m32) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3), _mm256_set1_epi8(32));
+    for (r, o) in out.iter_mut().enumerate() {
+        let row = &w[r * row_bytes..(r + 1) * row_bytes];
+        let mut acc = _mm256_setzero_ps();
+        for (sb, blk) in row.chunks_exact(210).enumerate() {
+            let mut lanes = _mm256_setzero_si256();
+            // SAFETY: the 32-byte runs read lie inside `blk` (ql 0..128, qh 128..192), and
+            // xq holds super-block sb.
+            unsafe {
+                let b = blk.as_ptr();
+                for half in 0..2 {
+                    let ql = [load32(b.add(64 * half)), load32(b.add(64 * half + 32))];
+                    let qh = load32(b.add(128 + 32 * half));
+                    let sc = &blk[192 + 8 * half..200 + 8 * half];
+                    for g in 0..4 {
+                        let base = ql[g % 2];
+                        let nib = if g < 2 {
+                            _mm256_and_si256(base, low4)
+                        } else {
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(base), low4)
+                        };
+                        let hb = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * g as i32)), three);
+                        let q = _mm256_sub_epi8(_mm256_or_si256(nib, _mm256_slli_epi16::<4>(hb)), m32);
+                        let x = load32(xp.add(QK_K * sb + 128 * half + 32 * g));
+                        let p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
+                        let scale = _mm256_set_m128i(
+                            _mm_set1_epi16(i16::from(sc[2 * g + 1] as i8)),
+                            _mm_set1_epi16(i16::from(sc[2 * g] as i8)),
+                        );
+                        lanes = _mm256_add_epi32(lanes, _mm256_madd_epi16(p, scale));
+                    }
+                }
+                let d = f16_at(b.add(208)) * xq.d[sb];
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
+            }
+        }
+        *o = hsum8(acc);
+    }
+}

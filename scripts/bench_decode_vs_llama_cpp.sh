@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Prefill and decode tokens/s of fusebox (f32 activations, the default, and --int8)
+# against llama.cpp (bench/peers/llama_cpp.py, llama-cpp-python) on the same GGUF files,
+# same threads, same run; prints the ratios to llama.cpp. Short context: a 16-token
+# prompt; long: a 1,500-token prompt (decode then reads a 1.5k KV cache). Prefill is
+# taken from a 512-token prompt.
+#
+#   scripts/bench_decode_vs_llama_cpp.sh [THREADS] [MODEL.gguf ...]
+#
+# Env: FUSEBOX (default target/release/fusebox), PYTHON (default /tmp/venv-py/bin/python
+# or python3), NEW_TOKENS (default 64), REPEATS (default 3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+threads=${1:-2}
+shift || true
+models=("$@")
+if [ ${#models[@]} -eq 0 ]; then
+    models=(models/SmolLM2-135M-Instruct.Q4_1.gguf models/gemma-3-270m-q4_k_m.gguf)
+fi
+F=${FUSEBOX:-target/release/fusebox}
+PY=${PYTHON:-$( [ -x /tmp/venv-py/bin/python ] && echo /tmp/venv-py/bin/python || echo python3 )}
+new=${NEW_TOKENS:-64}
+reps=${REPEATS:-3}
+[ -x "$F" ] || { echo "no fusebox binary at $F (cargo build --release -p fusebox-cli)" >&2; exit 1; }
+
+field() { "$PY" -c 'import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])[sys.argv[1]])' "$1"; }
+
+for model in "${models[@]}"; do
+    [ -f "$model" ] || { echo "skipping $model: not found"; continue; }
+    echo "== $model, $threads threads, $new new tokens, median of $reps"
+    for prompt in 16 1500 512; do
+        int=$("$F" --int8 bench generate --model "$model" --threads "$threads" --prompt-tokens $prompt --new-tokens "$new" --repeats "$reps" --json)
+        exact=$("$F" bench generate --model "$model" --threads "$threads" --prompt-tokens $prompt --new-tokens "$new" --repeats "$reps" --json)
+        peer=$("$PY" bench/peers/llama_cpp.py --model "$model" --threads "$threads" --prompt-tokens $prompt --new-tokens "$new" --repeats "$reps" --json)
+        if [ $prompt = 512 ]; then key=prefill_tokens_per_s; what="prefill 512"; else key=decode_tokens_per_s; what="decode after $prompt"; fi
+        i=$(echo "$int" | field $key); e=$(echo "$exact" | field $key); p=$(echo "$peer" | field $key)
+        "$PY" -c "i,e,p=$i,$e,$p; print(f'  {\"$what\":<18} fusebox {e:8.1f} tok/s ({e/p:.2f}x llama.cpp)   --int8 {i:8.1f} ({i/p:.2f}x)   llama.cpp {p:8.1f}')"
+    done
+done
