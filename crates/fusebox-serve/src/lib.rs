@@ -10,8 +10,7 @@
 //! async runtime ever waits for the model.
 //!
 //! ```no_run
-//! use std::sync::Arc;
-//! let b: Arc<dyn fusebox::ComputeBackend> = Arc::from(fusebox::create_backend("cpu")?);
+//! let b = fusebox::create_backend("cpu")?;
 //! let model = fusebox_models::llama::load(b.as_ref(), "models/SmolLM2-135M-Instruct.Q4_1.gguf".as_ref())?;
 //! let config = fusebox_serve::ServerConfig { port: 0, ..Default::default() };
 //! let server = fusebox_serve::Server::start(b, model, config)?;

@@ -27,7 +27,7 @@ fn model_path() -> Option<PathBuf> {
 }
 
 fn backend() -> Arc<dyn ComputeBackend> {
-    Arc::from(fusebox::create_backend("cpu:2").unwrap())
+    fusebox::create_backend("cpu:2").unwrap()
 }
 
 fn start(config: ServerConfig) -> Option<Server> {
