@@ -5,8 +5,9 @@
 //! queue), drops jobs whose client went away, runs one prefill chunk of at most
 //! `prefill_chunk` prompt tokens for the oldest slot still reading its prompt, and then
 //! one decode step for every slot that is generating: a single batched forward
-//! ([`Transformer::forward_batch`](fusebox_models::transformer::Transformer::forward_batch)) over all of them, each at its own position. Running
-//! streams therefore advance every turn while a new prompt is read in chunks.
+//! ([`forward_batch`](fusebox_models::transformer::Transformer::forward_batch)) over
+//! all of them, each at its own position. Running streams therefore advance every turn
+//! while a new prompt is read in chunks.
 //!
 //! Results go back on each job's own channel; a job whose channel is closed (the HTTP
 //! side dropped it: the client disconnected) is cancelled before the next step.
