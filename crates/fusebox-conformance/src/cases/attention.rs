@@ -603,7 +603,8 @@ fn batched_decode_case<B: ComputeBackend + ?Sized + 'static>(
 }
 
 /// Each sequence of a batched call gives exactly (bit for bit) what `decode_attention`
-/// gives it alone: a server's answer does not depend on its neighbours.
+/// gives it alone, where both run the same implementation (both native or both on the
+/// CPU; else to 1e-5): a server's answer does not depend on its neighbours.
 fn batched_equals_single<B: ComputeBackend + ?Sized + 'static>() -> Case<B> {
     let name = "batched_decode_attention row i == decode_attention of sequence i, bit for bit (Hq9 Hkv3 D64)";
     Case::custom(Op::BatchedDecodeAttention, CaseKind::Property, name, |b: &B| {
@@ -627,13 +628,23 @@ fn batched_equals_single<B: ComputeBackend + ?Sized + 'static>() -> Case<B> {
             .map_err(err)?;
         let all = all.to_vec::<f32>().map_err(err)?;
         let row = 9 * 64;
+        // Bits are compared where both ops run the same implementation.
+        let exact = b.supports(Op::DecodeAttention) == b.supports(Op::BatchedDecodeAttention);
         for (i, &l) in lens.iter().enumerate() {
             let qi = q.view(i * row, [1, 9, 1, 64]).map_err(err)?;
             let one = b.decode_attention(&b.upload(&qi).map_err(err)?, k[i], v[i], l, None, 0.125).map_err(err)?;
             let one = b.to_host(&one).map_err(err)?.to_vec::<f32>().map_err(err)?;
-            let same = one.iter().zip(&all[i * row..(i + 1) * row]).all(|(a, b)| a.to_bits() == b.to_bits());
-            if !same {
-                return Err(format!("sequence {i} (kv_len {l}) differs from its decode_attention"));
+            let got = &all[i * row..(i + 1) * row];
+            if exact {
+                if !one.iter().zip(got).all(|(a, b)| a.to_bits() == b.to_bits()) {
+                    return Err(format!("sequence {i} (kv_len {l}) differs from its decode_attention"));
+                }
+            } else {
+                // One op native and the other on the CPU: the same maths, other rounding.
+                let worst = one.iter().zip(got).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+                if worst > 1e-5 {
+                    return Err(format!("sequence {i} (kv_len {l}) off its decode_attention by {worst:e}"));
+                }
             }
         }
         Ok(())
