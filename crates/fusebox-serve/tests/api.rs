@@ -157,7 +157,15 @@ fn greedy_reply_equals_generate_and_the_stream_concatenates_to_it() {
         assert_eq!(v["status"], "ok");
         let page = c.get(format!("{base}/")).send().await.unwrap();
         assert!(page.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
-        let m = c.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+        // The model thread updates the slot gauge just after sending a job's end.
+        let t = Instant::now();
+        let m = loop {
+            let m = c.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+            if m.contains("fusebox_slots_busy 0") || t.elapsed() > Duration::from_secs(5) {
+                break m;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
         for name in [
             "fusebox_requests_total 3",
             "fusebox_slots_busy 0",
