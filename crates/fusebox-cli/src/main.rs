@@ -10,6 +10,7 @@ mod generate;
 mod generate_pretrained;
 mod info;
 mod plot;
+mod serve;
 mod tokenize;
 mod train;
 
@@ -54,6 +55,8 @@ enum Command {
     Generate(Box<generate::GenerateArgs>),
     /// Chat with a model in the terminal (or over a pipe, one message per line).
     Chat(Box<chat::ChatArgs>),
+    /// An OpenAI-compatible HTTP server with continuous batching and a chat page.
+    Serve(Box<serve::ServeArgs>),
     /// Benchmarks: attention, matmul, ops, train (`--json` for one object per case).
     Bench(bench::BenchArgs),
     /// Token ids and pieces of a text under a model's tokenizer (GGUF or Hugging Face).
@@ -79,6 +82,7 @@ fn main() {
         Command::Tokenize(args) => tokenize::run(&args),
         Command::Chat(args) => chat::run(&args),
         Command::Export(args) => export::run(&args),
+        Command::Serve(args) => serve::run(&args),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

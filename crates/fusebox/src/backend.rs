@@ -623,6 +623,30 @@ pub trait ComputeBackend: Send + Sync + Debug {
         on_cpu!(self, cpu::attention::decode_attention; [q, k_cache, v_cache], kv_len, window, scale)
     }
 
+    /// One decode step of `N` sequences at once, each over its own caches and filled
+    /// length (ragged): sequence `i` is exactly
+    /// `decode_attention(q[i], k_caches[i], v_caches[i], kv_lens[i], window, scale)`
+    /// (its result does not depend on the other sequences of the call). The caches'
+    /// dtypes are those `decode_attention` accepts.
+    ///
+    /// # Shapes
+    /// `q`: `[N, Hq, Tq, D]`; `k_caches[i]`, `v_caches[i]`: `[1, Hkv, capacity_i, D]`,
+    /// `Tq ≤ kv_lens[i] ≤ capacity_i` → `[N, Hq, Tq, D]`.
+    fn batched_decode_attention(
+        &self,
+        q: &Tensor,
+        k_caches: &[&Tensor],
+        v_caches: &[&Tensor],
+        kv_lens: &[usize],
+        window: Option<usize>,
+        scale: f32,
+    ) -> Result<Tensor> {
+        let host = |ts: &[&Tensor]| ts.iter().map(|t| self.to_host(t)).collect::<Result<Vec<Tensor>>>();
+        let (k, v) = (host(k_caches)?, host(v_caches)?);
+        let (k, v): (Vec<&Tensor>, Vec<&Tensor>) = (k.iter().collect(), v.iter().collect());
+        on_cpu!(self, [q] => |c| cpu::attention::batched_decode_attention(c, q, &k, &v, kv_lens, window, scale))
+    }
+
     /// `[B, T, H·D] → [B, H, T, D]`.
     ///
     /// # Shapes

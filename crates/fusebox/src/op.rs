@@ -71,6 +71,7 @@ ops! {
     CausalSoftmax => "causal_softmax",
     WriteHeadCache => "write_head_cache",
     DecodeAttention => "decode_attention",
+    BatchedDecodeAttention => "batched_decode_attention",
     SplitHeads => "split_heads",
     MergeHeads => "merge_heads",
     // activations

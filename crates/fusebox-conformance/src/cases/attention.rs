@@ -29,6 +29,7 @@ pub fn cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     v.extend(causal_attention_cases());
     v.extend(backward_cases());
     v.extend(decode_cases());
+    v.extend(batched_decode_cases());
     v.extend(cache_cases());
     v.extend(mask_and_softmax_cases());
     v.extend(layout_cases());
@@ -551,6 +552,115 @@ fn decode_case<B: ComputeBackend + ?Sized + 'static>(
     } else {
         case.no_bad_inputs().build()
     }
+}
+
+/// `batched_decode_attention` of `lens.len()` sequences with `c`'s heads, `Tq` and D
+/// (`c.tk` unused): sequence `i` holds `lens[i]` rows of a cache of `caps[i]` (NaN past
+/// them, and before the first row a window lets any query see).
+fn batched_decode_case<B: ComputeBackend + ?Sized + 'static>(
+    c: Cfg,
+    lens: &[usize],
+    caps: &[usize],
+    dtypes: &[DType],
+    bad: bool,
+) -> Vec<Case<B>> {
+    let n = lens.len();
+    let q = Rng::new(171).tensor(Shape::new([n, c.hq, c.tq, c.d]), -1.0, 1.0);
+    let (scale, window, lens_v) = (c.scale(), c.window, lens.to_vec());
+    let mut case = OpCase::new(
+        Op::BatchedDecodeAttention,
+        format!(
+            "batched_decode_attention Hq{} Hkv{} Tq{} D{} kv_lens={lens:?} capacities={caps:?} window={window:?}",
+            c.hq, c.hkv, c.tq, c.d
+        ),
+    )
+    .input(q);
+    for (i, (&len, &cap)) in lens.iter().zip(caps).enumerate() {
+        let first = window.map_or(0, |w| (len - c.tq + 1).saturating_sub(w));
+        case = case
+            .input(nan_outside_cache(1, c.hkv, cap, c.d, first, len, 172 + 2 * i as u64))
+            .input(nan_outside_cache(1, c.hkv, cap, c.d, first, len, 173 + 2 * i as u64));
+    }
+    let (l1, l2) = (lens_v.clone(), lens_v);
+    let case = case
+        .call(move |b: &B, t: &[Tensor]| {
+            let k: Vec<&Tensor> = t[1..].iter().step_by(2).collect();
+            let v: Vec<&Tensor> = t[2..].iter().step_by(2).collect();
+            Ok(vec![b.batched_decode_attention(&t[0], &k, &v, &l1, window, scale)?])
+        })
+        .twin(move |a| {
+            let k: Vec<&Array> = a[1..].iter().step_by(2).collect();
+            let v: Vec<&Array> = a[2..].iter().step_by(2).collect();
+            vec![twin::batched_decode_attention(&a[0], &k, &v, &l2, window, scale as f64)]
+        })
+        .tolerance(Tolerance::F32_LOOSE)
+        .dtypes(dtypes);
+    if bad {
+        case.build()
+    } else {
+        case.no_bad_inputs().build()
+    }
+}
+
+/// Each sequence of a batched call gives exactly (bit for bit) what `decode_attention`
+/// gives it alone, where both run the same implementation (both native or both on the
+/// CPU; else to 1e-5): a server's answer does not depend on its neighbours.
+fn batched_equals_single<B: ComputeBackend + ?Sized + 'static>() -> Case<B> {
+    let name = "batched_decode_attention row i == decode_attention of sequence i, bit for bit (Hq9 Hkv3 D64)";
+    Case::custom(Op::BatchedDecodeAttention, CaseKind::Property, name, |b: &B| {
+        let err = |e: fusebox::Error| e.to_string();
+        let lens = [5usize, 130, 1, 64];
+        let q = Rng::new(181).tensor(Shape::new([lens.len(), 9, 1, 64]), -1.0, 1.0);
+        let caches: Vec<(Tensor, Tensor)> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| {
+                let k = nan_tail_cache(1, 3, l + 7, 64, l, 182 + i as u64);
+                let v = nan_tail_cache(1, 3, l + 7, 64, l, 190 + i as u64);
+                Ok((b.upload(&k)?, b.upload(&v)?))
+            })
+            .collect::<fusebox::Result<_>>()
+            .map_err(err)?;
+        let k: Vec<&Tensor> = caches.iter().map(|c| &c.0).collect();
+        let v: Vec<&Tensor> = caches.iter().map(|c| &c.1).collect();
+        let all = b
+            .to_host(&b.batched_decode_attention(&b.upload(&q).map_err(err)?, &k, &v, &lens, None, 0.125).map_err(err)?)
+            .map_err(err)?;
+        let all = all.to_vec::<f32>().map_err(err)?;
+        let row = 9 * 64;
+        // Bits are compared where both ops run the same implementation.
+        let exact = b.supports(Op::DecodeAttention) == b.supports(Op::BatchedDecodeAttention);
+        for (i, &l) in lens.iter().enumerate() {
+            let qi = q.view(i * row, [1, 9, 1, 64]).map_err(err)?;
+            let one = b.decode_attention(&b.upload(&qi).map_err(err)?, k[i], v[i], l, None, 0.125).map_err(err)?;
+            let one = b.to_host(&one).map_err(err)?.to_vec::<f32>().map_err(err)?;
+            let got = &all[i * row..(i + 1) * row];
+            if exact {
+                if !one.iter().zip(got).all(|(a, b)| a.to_bits() == b.to_bits()) {
+                    return Err(format!("sequence {i} (kv_len {l}) differs from its decode_attention"));
+                }
+            } else {
+                // One op native and the other on the CPU: the same maths, other rounding.
+                let worst = one.iter().zip(got).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+                if worst > 1e-5 {
+                    return Err(format!("sequence {i} (kv_len {l}) off its decode_attention by {worst:e}"));
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+fn batched_decode_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    let f32_only = &[DType::F32];
+    let mut v = Vec::new();
+    // SmolLM2's heads: ragged lengths, each its own capacity, a first token among them.
+    v.extend(batched_decode_case(Cfg::new(1, 9, 3, 1, 1, 64), &[1, 70, 300], &[16, 80, 320], FLOATS, true));
+    v.extend(batched_decode_case(Cfg::new(1, 8, 2, 1, 1, 64).window(16), &[67, 3, 40], &[80, 8, 40], f32_only, false));
+    v.extend(batched_decode_case(Cfg::new(1, 4, 2, 3, 1, 32), &[17, 3], &[32, 4], f32_only, false)); // 3 new queries
+    v.extend(batched_decode_case(Cfg::new(1, 4, 1, 1, 1, 128), &[9], &[9], f32_only, false)); // one sequence
+    v.push(batched_equals_single());
+    v
 }
 
 fn decode_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
@@ -1087,6 +1197,45 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
             let c = b.upload(&cache)?;
             b.decode_attention(&b.upload(&qd)?, &c, &c, kv_len, None, 0.3).map(drop)
         }));
+    }
+    {
+        let (q, kv) = (q.clone(), kv.clone());
+        v.push(window_zero(Op::BatchedDecodeAttention, move |b: &B| {
+            let (qu, ku) = (b.upload(&q)?, b.upload(&kv)?);
+            let ks: Vec<&Tensor> = vec![&ku; q.dims()[0]];
+            b.batched_decode_attention(&qu, &ks, &ks, &vec![6; q.dims()[0]], Some(0), 0.3).map(drop)
+        }));
+    }
+    // One cache per sequence, each of batch 1; lengths within each capacity.
+    let one = t(&[1, 1, 10, 8]);
+    let q2 = t(&[2, 1, 1, 8]);
+    for (what, caches, lens) in [
+        ("kv_len 11 > capacity 10 in sequence 1", 2, vec![3, 11]),
+        ("one cache for two sequences", 1, vec![3, 3]),
+        ("two lengths, three caches", 3, vec![3, 3]),
+        ("kv_len 0 < Tq 1", 2, vec![0, 4]),
+    ] {
+        let (one, q2) = (one.clone(), q2.clone());
+        v.push(Case::expect_error(
+            Op::BatchedDecodeAttention,
+            format!("batched_decode_attention {what}"),
+            move |b: &B| {
+                let c = b.upload(&one)?;
+                let cs: Vec<&Tensor> = vec![&c; caches];
+                b.batched_decode_attention(&b.upload(&q2)?, &cs, &cs, &lens, None, 0.3).map(drop)
+            },
+        ));
+    }
+    {
+        let (whole, q2) = (t(&[2, 1, 10, 8]), q2.clone());
+        v.push(Case::expect_error(
+            Op::BatchedDecodeAttention,
+            "batched_decode_attention a batch-2 cache as one sequence's",
+            move |b: &B| {
+                let c = b.upload(&whole)?;
+                b.batched_decode_attention(&b.upload(&q2)?, &[&c, &c], &[&c, &c], &[3, 3], None, 0.3).map(drop)
+            },
+        ));
     }
     for (what, new, pos) in [
         ("pos 8 + T 3 > capacity 10", t(&[2, 1, 3, 8]), 8),

@@ -268,6 +268,26 @@ pub fn decode_attention(
     causal_attention(q, &prefix(k_cache), &prefix(v_cache), window, scale).0
 }
 
+/// One decode step of `N` sequences: row `i` of `q [N, Hq, Tq, D]` is
+/// [`decode_attention`] over its own caches `[1, Hkv, capacity_i, D]` and `kv_lens[i]`.
+pub fn batched_decode_attention(
+    q: &Array,
+    k_caches: &[&Array],
+    v_caches: &[&Array],
+    kv_lens: &[usize],
+    window: Option<usize>,
+    scale: f64,
+) -> Array {
+    let n = q.shape[0];
+    let row: usize = q.shape[1..].iter().product();
+    let mut out = Vec::with_capacity(n * row);
+    for i in 0..n {
+        let qi = Array::new(vec![1, q.shape[1], q.shape[2], q.shape[3]], q.data[i * row..(i + 1) * row].to_vec());
+        out.extend(decode_attention(&qi, k_caches[i], v_caches[i], kv_lens[i], window, scale).data);
+    }
+    Array::new(q.shape.clone(), out)
+}
+
 /// `[B, T, H·D] → [B, H, T, D]`.
 pub fn split_heads(x: &Array, heads: usize) -> Array {
     let (batch, t, c) = (x.shape[0], x.shape[1], x.shape[2]);

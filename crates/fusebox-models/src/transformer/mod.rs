@@ -21,6 +21,7 @@
 //! with its logsumexp (never a T×T matrix), and the MLP's pre-activations.
 
 pub mod arch;
+mod batch;
 pub mod cache;
 pub mod layout;
 

@@ -408,3 +408,57 @@ pub fn merge_heads(x: &Tensor) -> Result<HeadsLayout> {
     let (batch, heads, seq, d) = (x.dims()[0], x.dims()[1], x.dims()[2], x.dims()[3]);
     Ok(HeadsLayout { batch, seq, heads, d, elem_bytes })
 }
+
+/// A batched decode call: `n` sequences, each its own [`DecodeSpec`] (its cache's
+/// capacity and filled length).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchedDecodeSpec {
+    /// Sequences (q's batch).
+    pub n: usize,
+    /// Per sequence: the sizes of its [`decode_attention`] (batch 1).
+    pub rows: Vec<DecodeSpec>,
+}
+
+/// `batched_decode_attention(q, k_caches, v_caches, kv_lens, window, scale)`: q
+/// `[N, Hq, Tq, D]` float; one cache pair and one length per sequence
+/// (`k_caches.len() == v_caches.len() == kv_lens.len() == N`), and sequence `i` with
+/// its row of q, `[1, Hq, Tq, D]`, is a valid [`decode_attention`] call: caches
+/// `[1, Hkv, capacity_i, D]` of the dtypes `decode_attention` accepts, `Tq ≤ kv_lens[i]
+/// ≤ capacity_i`. Capacities and lengths may differ between sequences (ragged).
+pub fn batched_decode_attention(
+    q: &Tensor,
+    k_caches: &[&Tensor],
+    v_caches: &[&Tensor],
+    kv_lens: &[usize],
+    window: Option<usize>,
+) -> Result<BatchedDecodeSpec> {
+    const OP: &str = "batched_decode_attention";
+    self::window(OP, window)?;
+    check::float(OP, "q", q)?;
+    check::rank(OP, "q", q, 4)?;
+    let qd = q.dims();
+    let (n, row) = (qd[0], qd[1] * qd[2] * qd[3]);
+    for (what, len) in [("k_caches", k_caches.len()), ("v_caches", v_caches.len()), ("kv_lens", kv_lens.len())] {
+        if len != n {
+            return Err(Error::shape(OP, format!("{what} (one per sequence of q)"), n, len));
+        }
+    }
+    let mut rows = Vec::with_capacity(n);
+    for i in 0..n {
+        let qi = q.view(i * row, [1, qd[1], qd[2], qd[3]])?;
+        let per = decode_attention(&qi, k_caches[i], v_caches[i], kv_lens[i], window).map_err(|e| match e {
+            Error::Shape { what, expected, got, .. } => {
+                Error::Shape { op: OP, what: format!("sequence {i}: {what}"), expected, got }
+            }
+            Error::DType { what, expected, got, .. } => {
+                Error::DType { op: OP, what: format!("sequence {i}: {what}"), expected, got }
+            }
+            Error::Value { what, expected, got, .. } => {
+                Error::Value { op: OP, what: format!("sequence {i}: {what}"), expected, got }
+            }
+            other => other,
+        })?;
+        rows.push(per);
+    }
+    Ok(BatchedDecodeSpec { n, rows })
+}

@@ -22,6 +22,7 @@
 //! No T×T buffer is ever allocated.
 
 mod backward;
+mod batched_decode;
 mod decode;
 #[cfg(target_arch = "x86_64")]
 mod decode_half_x86;
@@ -31,6 +32,7 @@ mod forward;
 mod layout;
 mod tiles;
 
+pub use batched_decode::batched_decode_attention;
 pub use layout::{causal_mask, causal_softmax, merge_heads, split_heads, write_head_cache};
 
 use std::borrow::Cow;

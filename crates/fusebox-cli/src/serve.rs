@@ -1,0 +1,83 @@
+//! `fusebox serve --model M`: an OpenAI-compatible HTTP server (see `fusebox_serve`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use fusebox::Result;
+use fusebox_models::llama;
+
+use crate::train::backend_for;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// A GGUF file or a Hugging Face directory with a chat model.
+    #[arg(long)]
+    model: PathBuf,
+    /// Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Requests generated together, each in its own KV-cache slot.
+    #[arg(long, default_value_t = 4)]
+    parallel: usize,
+    /// Positions of each slot's KV cache (default min(2048, the model's context)).
+    #[arg(long)]
+    ctx_size: Option<usize>,
+    /// Requests that may wait for a slot; beyond, 503 with Retry-After.
+    #[arg(long, default_value_t = 64)]
+    queue: usize,
+    /// Most prompt tokens read between two decode steps.
+    #[arg(long, default_value_t = 256)]
+    prefill_chunk: usize,
+    /// Require `Authorization: Bearer KEY` on /v1/* and /metrics.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// The model's name in /v1/models (default: the file name without .gguf).
+    #[arg(long)]
+    alias: Option<String>,
+    /// Seconds running answers may go on after SIGTERM/Ctrl-C before they are cut.
+    #[arg(long, default_value_t = 2.0)]
+    shutdown_grace: f64,
+    /// Compute backend: cpu or wgpu.
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+    /// CPU threads (default: every core).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+pub fn run(args: &ServeArgs) -> Result<()> {
+    if !(args.shutdown_grace.is_finite() && args.shutdown_grace >= 0.0) {
+        return Err(fusebox::Error::value("serve", "--shutdown-grace", "seconds ≥ 0", args.shutdown_grace));
+    }
+    let b = backend_for(&args.backend, args.threads)?;
+    let model = llama::load(b.as_ref(), &args.model)?;
+    let description = model.description.clone();
+    let ctx = args.ctx_size.unwrap_or_else(|| 2048.min(model.context_length()));
+    // Every slot holds a cache of `ctx` positions.
+    crate::generate_pretrained::check_cache_memory(&model, ctx.saturating_mul(args.parallel.max(1)))?;
+    let config = fusebox_serve::ServerConfig {
+        host: args.host.clone(),
+        port: args.port,
+        parallel: args.parallel,
+        ctx_size: args.ctx_size,
+        queue: args.queue,
+        prefill_chunk: args.prefill_chunk,
+        api_key: args.api_key.clone(),
+        model_id: args.alias.clone(),
+        shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
+    };
+    let threads = b.cpu().threads();
+    let server = fusebox_serve::Server::start_with(b, model, config, fusebox_serve::termination())?;
+    eprintln!(
+        "[{description}] listening on http://{} ({} slots × {ctx} positions, {threads} threads); SIGTERM or Ctrl-C stops",
+        server.addr(),
+        args.parallel
+    );
+    server.wait()?;
+    eprintln!("stopped");
+    Ok(())
+}

@@ -1,0 +1,427 @@
+//! The model thread: a scheduler of `--parallel` slots, each a KV cache of `--ctx-size`
+//! positions, fed by a channel.
+//!
+//! Each turn of its loop it takes new jobs into free slots (the rest wait in a bounded
+//! queue), drops jobs whose client went away, runs one prefill chunk of at most
+//! `prefill_chunk` prompt tokens for the oldest slot still reading its prompt, and then
+//! one decode step for every slot that is generating: a single batched forward
+//! ([`forward_batch`](fusebox_models::transformer::Transformer::forward_batch)) over
+//! all of them, each at its own position. Running streams therefore advance every turn
+//! while a new prompt is read in chunks.
+//!
+//! Results go back on each job's own channel; a job whose channel is closed (the HTTP
+//! side dropped it: the client disconnected) is cancelled before the next step.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fusebox::ComputeBackend;
+use fusebox_models::llama::Pretrained;
+use fusebox_models::transformer::KvCache;
+use fusebox_models::Sampler;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::metrics::Metrics;
+
+/// Why a generation ended, in OpenAI's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// A stop token or a stop string.
+    Stop,
+    /// `max_tokens`, the end of the context, or cut short by a shutdown.
+    Length,
+}
+
+impl Finish {
+    /// `"stop"` or `"length"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+/// What the model thread sends back for one job.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// More text of the answer (never splits a character, never part of a stop string).
+    Text(String),
+    /// The end, with the token counts.
+    Done {
+        /// Why it ended.
+        finish: Finish,
+        /// Tokens of the prompt.
+        prompt_tokens: usize,
+        /// Tokens generated (a stop token included).
+        completion_tokens: usize,
+    },
+    /// The job failed (the model returned an error, or the server is shutting down
+    /// before it started).
+    Error(crate::openai::ApiError),
+}
+
+/// One request for the model thread.
+#[derive(Debug)]
+pub struct Job {
+    /// Prompt ids (1 ..= ctx).
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// The request's sampler.
+    pub sampler: Sampler,
+    /// Ids that end the answer (not shown).
+    pub stop_ids: Vec<u32>,
+    /// Strings that end the answer (not shown).
+    pub stop_strings: Vec<String>,
+    /// Where the events go.
+    pub events: UnboundedSender<Event>,
+}
+
+/// Messages to the model thread.
+#[derive(Debug)]
+pub enum Msg {
+    /// A new job.
+    Job(Job),
+    /// Stop: refuse waiting jobs, let running ones go on for `grace`, then end them.
+    Shutdown {
+        /// How long running answers may continue.
+        grace: Duration,
+    },
+}
+
+/// Scheduler settings.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Slots (sequences advanced together).
+    pub parallel: usize,
+    /// Positions of each slot's KV cache.
+    pub ctx_size: usize,
+    /// Most prompt tokens one prefill chunk runs.
+    pub prefill_chunk: usize,
+}
+
+enum Phase {
+    /// `done` prompt tokens are in the cache.
+    Prefill { done: usize },
+    /// Generating; `next` is the last sampled token, not yet in the cache.
+    Decode { next: u32 },
+}
+
+struct Active {
+    job: Job,
+    /// Arrival order: prompts are read first come, first served.
+    arrival: u64,
+    phase: Phase,
+    /// Generated ids, stop tokens included.
+    tokens: Vec<u32>,
+    /// Generated ids shown as text (stop tokens left out).
+    shown: Vec<u32>,
+    /// Bytes of the decoded text already sent.
+    sent: usize,
+}
+
+struct Slot {
+    cache: KvCache,
+    active: Option<Active>,
+}
+
+/// Runs the scheduler until a shutdown has ended every job; `ready` hears once the
+/// caches are allocated (or why they could not be). Errors of the model end
+/// the job they happened in (its client gets a 500 or an error chunk), not the server.
+pub fn run(
+    backend: Arc<dyn ComputeBackend>,
+    model: Arc<Pretrained>,
+    config: EngineConfig,
+    rx: Receiver<Msg>,
+    metrics: Arc<Metrics>,
+    ready: std::sync::mpsc::Sender<fusebox::Result<()>>,
+) -> fusebox::Result<()> {
+    let b = backend.as_ref();
+    let net = &model.network;
+    let mut slots = Vec::with_capacity(config.parallel);
+    for _ in 0..config.parallel {
+        match net.new_cache(b, config.ctx_size) {
+            Ok(cache) => slots.push(Slot { cache, active: None }),
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return Ok(());
+            }
+        }
+    }
+    let _ = ready.send(Ok(()));
+    let sample_vocab = model.tokenizer.vocab_size().clamp(1, net.arch.vocab_size);
+    let mut waiting: VecDeque<Job> = VecDeque::new();
+    let mut shutdown_at: Option<Instant> = None;
+    let mut open = true;
+    let mut arrivals = 0u64;
+    loop {
+        // Take in what came; sleep on the channel only when there is nothing to do.
+        let idle = waiting.is_empty() && slots.iter().all(|s| s.active.is_none());
+        if idle && !open {
+            return Ok(());
+        }
+        let mut first = None;
+        if idle {
+            first = match rx.recv_timeout(Duration::from_millis(500)) {
+                Ok(m) => Some(m),
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return Ok(()),
+            };
+        }
+        for msg in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
+            match msg {
+                Msg::Job(job) if open => waiting.push_back(job),
+                Msg::Job(job) => {
+                    metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                    let _ = job
+                        .events
+                        .send(Event::Error(crate::openai::ApiError::unavailable("the server is shutting down")));
+                }
+                Msg::Shutdown { grace } => {
+                    open = false;
+                    shutdown_at = Some(Instant::now() + grace);
+                    for job in waiting.drain(..) {
+                        metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                        let _ = job
+                            .events
+                            .send(Event::Error(crate::openai::ApiError::unavailable("the server is shutting down")));
+                    }
+                }
+            }
+        }
+        // Jobs whose client went away free their slot (or their place in the queue).
+        waiting.retain(|j| {
+            let keep = !j.events.is_closed();
+            if !keep {
+                metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+            keep
+        });
+        for s in slots.iter_mut() {
+            if s.active.as_ref().is_some_and(|a| a.job.events.is_closed()) {
+                s.active = None;
+                metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if shutdown_at.is_some_and(|t| Instant::now() >= t) {
+            for s in slots.iter_mut() {
+                if let Some(mut a) = s.active.take() {
+                    flush(&model, &mut a, true);
+                    finish(&a, Finish::Length, &metrics);
+                }
+            }
+        }
+        for s in slots.iter_mut().filter(|s| s.active.is_none()) {
+            let Some(job) = waiting.pop_front() else { break };
+            metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+            s.cache.clear();
+            arrivals += 1;
+            s.active = Some(Active {
+                job,
+                arrival: arrivals,
+                phase: Phase::Prefill { done: 0 },
+                tokens: Vec::new(),
+                shown: Vec::new(),
+                sent: 0,
+            });
+        }
+        metrics.slots_busy.store(slots.iter().filter(|s| s.active.is_some()).count(), Ordering::Relaxed);
+
+        // One prefill chunk, for the earliest arrival still reading its prompt.
+        let reading = slots
+            .iter_mut()
+            .filter_map(|s| match &s.active {
+                Some(a @ Active { phase: Phase::Prefill { .. }, .. }) => Some((a.arrival, s)),
+                _ => None,
+            })
+            .min_by_key(|(arrival, _)| *arrival);
+        if let Some((_, s)) = reading {
+            prefill_chunk(&model, b, s, config.prefill_chunk, sample_vocab, &metrics);
+        }
+
+        // One decode step for every generating slot, in one batched forward.
+        let mut rows: Vec<(usize, u32)> = Vec::new();
+        for (i, s) in slots.iter().enumerate() {
+            if let Some(Active { phase: Phase::Decode { next }, .. }) = &s.active {
+                rows.push((i, *next));
+            }
+        }
+        if !rows.is_empty() {
+            decode_step(&model, b, &mut slots, &rows, sample_vocab, &metrics);
+        }
+        metrics.slots_busy.store(slots.iter().filter(|s| s.active.is_some()).count(), Ordering::Relaxed);
+    }
+}
+
+/// Runs the next chunk of a slot's prompt; after the last chunk, samples the first token.
+fn prefill_chunk(model: &Pretrained, b: &dyn ComputeBackend, s: &mut Slot, chunk: usize, vocab: usize, m: &Metrics) {
+    let Some(a) = s.active.as_mut() else { return };
+    let Phase::Prefill { done } = a.phase else { return };
+    let end = (done + chunk.max(1)).min(a.job.prompt.len());
+    let start = Instant::now();
+    let result = model.network.forward_cached(b, &a.job.prompt[done..end], &mut s.cache);
+    m.add_prefill(end - done, start.elapsed());
+    match result {
+        Err(e) => {
+            let _ = a.job.events.send(Event::Error(crate::openai::ApiError::internal(format!("prefill failed: {e}"))));
+            s.active = None;
+        }
+        Ok(_) if end < a.job.prompt.len() => a.phase = Phase::Prefill { done: end },
+        Ok(logits) => {
+            if !accept(model, a, &logits[..vocab.min(logits.len())], s.cache.len, s.cache.capacity, m) {
+                s.active = None;
+            }
+        }
+    }
+}
+
+/// One forward over the last token of every generating slot, then a sample each.
+fn decode_step(
+    model: &Pretrained,
+    b: &dyn ComputeBackend,
+    slots: &mut [Slot],
+    rows: &[(usize, u32)],
+    vocab: usize,
+    m: &Metrics,
+) {
+    let start = Instant::now();
+    let ids: Vec<u32> = rows.iter().map(|r| r.1).collect();
+    let result = {
+        let mut caches: Vec<&mut KvCache> = Vec::with_capacity(rows.len());
+        let mut want = rows.iter().map(|r| r.0).peekable();
+        for (i, s) in slots.iter_mut().enumerate() {
+            if want.peek() == Some(&i) {
+                want.next();
+                caches.push(&mut s.cache);
+            }
+        }
+        model.network.forward_batch(b, &ids, &mut caches)
+    };
+    m.add_decode(rows.len(), start.elapsed());
+    match result {
+        Err(e) => {
+            for &(i, _) in rows {
+                if let Some(a) = slots[i].active.take() {
+                    let _ = a
+                        .job
+                        .events
+                        .send(Event::Error(crate::openai::ApiError::internal(format!("decode failed: {e}"))));
+                }
+            }
+        }
+        Ok(logits) => {
+            for (row, &(i, _)) in rows.iter().enumerate() {
+                let s = &mut slots[i];
+                let Some(a) = s.active.as_mut() else { continue };
+                let l = &logits[row];
+                if !accept(model, a, &l[..vocab.min(l.len())], s.cache.len, s.cache.capacity, m) {
+                    s.active = None;
+                }
+            }
+        }
+    }
+}
+
+/// Samples the next token from `logits`, sends the text it completes, and says
+/// whether the job goes on (false: it ended, its end has been sent).
+fn accept(model: &Pretrained, a: &mut Active, logits: &[f32], len: usize, capacity: usize, m: &Metrics) -> bool {
+    let seen: Vec<u32> = if a.job.sampler.config.repetition_penalty != 1.0 {
+        a.job.prompt.iter().chain(&a.tokens).copied().collect()
+    } else {
+        Vec::new()
+    };
+    let next = match a.job.sampler.sample(logits, &seen) {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = a.job.events.send(Event::Error(crate::openai::ApiError::internal(format!("sampling failed: {e}"))));
+            return false;
+        }
+    };
+    a.tokens.push(next);
+    m.completion_tokens.fetch_add(1, Ordering::Relaxed);
+    if a.job.stop_ids.contains(&next) {
+        flush(model, a, true);
+        finish(a, Finish::Stop, m);
+        return false;
+    }
+    a.shown.push(next);
+    if flush(model, a, false) {
+        finish(a, Finish::Stop, m);
+        return false;
+    }
+    if a.tokens.len() >= a.job.max_tokens || len >= capacity {
+        flush(model, a, true);
+        finish(a, Finish::Length, m);
+        return false;
+    }
+    a.phase = Phase::Decode { next };
+    true
+}
+
+/// Sends the decoded text not sent yet: all of it at the end (`last`), else what
+/// cannot still change (no trailing partial character) and cannot be the start of a
+/// stop string. Returns true when a stop string appeared (the text before it is sent).
+fn flush(model: &Pretrained, a: &mut Active, last: bool) -> bool {
+    let Ok(text) = model.tokenizer.decode_with(&a.shown, true) else { return false };
+    if a.sent > text.len() || !text.is_char_boundary(a.sent) {
+        return false;
+    }
+    let fresh = &text[a.sent..];
+    // A stop string may straddle what was sent and what is new: search from the
+    // earliest byte it could start at.
+    let longest = a.job.stop_strings.iter().map(String::len).max().unwrap_or(0);
+    let mut from = a.sent.saturating_sub(longest.saturating_sub(1));
+    while !text.is_char_boundary(from) {
+        from -= 1;
+    }
+    let hit = a.job.stop_strings.iter().filter_map(|s| text[from..].find(s.as_str()).map(|p| from + p)).min();
+    if let Some(at) = hit {
+        let at = at.max(a.sent);
+        send_text(a, text[a.sent..at].to_string());
+        a.sent = at;
+        return true;
+    }
+    let mut end = text.len();
+    if !last {
+        if fresh.ends_with('\u{FFFD}') {
+            // The last token may end inside a character.
+            end -= '\u{FFFD}'.len_utf8();
+        }
+        // Hold back a tail that a stop string starts with.
+        let held = a
+            .job
+            .stop_strings
+            .iter()
+            .flat_map(|s| (1..s.len()).filter(|&k| s.is_char_boundary(k)).map(move |k| &s[..k]))
+            .filter(|p| text[..end].ends_with(p))
+            .map(|p| p.len())
+            .max()
+            .unwrap_or(0);
+        end = end.saturating_sub(held).max(a.sent);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+    }
+    if end > a.sent {
+        send_text(a, text[a.sent..end].to_string());
+        a.sent = end;
+    }
+    false
+}
+
+fn send_text(a: &Active, s: String) {
+    if !s.is_empty() {
+        let _ = a.job.events.send(Event::Text(s));
+    }
+}
+
+fn finish(a: &Active, finish: Finish, m: &Metrics) {
+    m.finished.fetch_add(1, Ordering::Relaxed);
+    let _ =
+        a.job.events.send(Event::Done { finish, prompt_tokens: a.job.prompt.len(), completion_tokens: a.tokens.len() });
+}

@@ -1,0 +1,595 @@
+//! `fusebox serve`: an OpenAI-compatible HTTP server with continuous batching.
+//!
+//! Routes: `POST /v1/chat/completions` and `POST /v1/completions` (non-streamed, or
+//! server-sent events ending with `data: [DONE]`), `GET /v1/models`, `GET /health`,
+//! `GET /metrics` (Prometheus text) and the chat page at `GET /`.
+//!
+//! The HTTP side (axum on tokio) validates and tokenizes a request, then hands it to
+//! the model thread ([`engine`]), a plain std thread that owns the KV-cache slots and
+//! runs every forward pass; tokens come back on a per-request channel. Nothing on the
+//! async runtime ever waits for the model.
+//!
+//! ```no_run
+//! let b = fusebox::create_backend("cpu")?;
+//! let model = fusebox_models::llama::load(b.as_ref(), "models/SmolLM2-135M-Instruct.Q4_1.gguf".as_ref())?;
+//! let config = fusebox_serve::ServerConfig { port: 0, ..Default::default() };
+//! let server = fusebox_serve::Server::start(b, model, config)?;
+//! println!("listening on http://{}", server.addr());
+//! server.shutdown()?;
+//! # Ok::<(), fusebox::Error>(())
+//! ```
+
+pub mod engine;
+pub mod metrics;
+pub mod openai;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use fusebox::{ComputeBackend, Error, Result};
+use fusebox_models::llama::Pretrained;
+use fusebox_models::{Sampler, SamplerConfig};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use engine::{EngineConfig, Event, Finish, Job, Msg};
+use metrics::Metrics;
+use openai::{ApiError, Params};
+
+/// The chat page served at `/`.
+pub const CHAT_PAGE: &str = include_str!("../assets/chat.html");
+
+/// Largest request body accepted; more is answered 413.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// Server settings (the `fusebox serve` flags).
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Address to bind (default 127.0.0.1: only this machine).
+    pub host: String,
+    /// Port (0: any free one; [`Server::addr`] says which).
+    pub port: u16,
+    /// Sequences generated together, each in its own KV-cache slot.
+    pub parallel: usize,
+    /// Positions of each slot's cache (`None`: min(2048, the model's context)).
+    pub ctx_size: Option<usize>,
+    /// Requests that may wait for a slot; more are answered 503 with `Retry-After`.
+    pub queue: usize,
+    /// Most prompt tokens read in one step between decode steps.
+    pub prefill_chunk: usize,
+    /// When set, `/v1/*` and `/metrics` need `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+    /// The model's name in `/v1/models` (default: the file name without `.gguf`).
+    pub model_id: Option<String>,
+    /// After a shutdown signal, how long running answers may go on before they are
+    /// ended with `finish_reason: "length"`.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            parallel: 4,
+            ctx_size: None,
+            queue: 64,
+            prefill_chunk: 256,
+            api_key: None,
+            model_id: None,
+            shutdown_grace: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Default per-slot context when `ctx_size` is not given.
+const DEFAULT_CTX: usize = 2048;
+
+struct AppState {
+    model: Arc<Pretrained>,
+    model_id: String,
+    ctx_size: usize,
+    queue: usize,
+    api_key: Option<String>,
+    to_engine: Mutex<Sender<Msg>>,
+    metrics: Arc<Metrics>,
+    created: u64,
+}
+
+/// A running server: its address, and the handle that stops it.
+pub struct Server {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<()>>>,
+}
+
+impl Server {
+    /// Loads nothing: takes a loaded model, starts the model thread and the HTTP server
+    /// on its own runtime thread, and returns once it listens.
+    pub fn start(backend: Arc<dyn ComputeBackend>, model: Pretrained, config: ServerConfig) -> Result<Server> {
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        Server::start_with(backend, model, config, async move {
+            let _ = stop_rx.await;
+        })
+        .map(|mut s| {
+            s.stop = Some(stop_tx);
+            s
+        })
+    }
+
+    /// As [`start`](Self::start), stopping when `signal` completes (as well as on
+    /// [`shutdown`](Self::shutdown)).
+    pub fn start_with(
+        backend: Arc<dyn ComputeBackend>,
+        model: Pretrained,
+        config: ServerConfig,
+        signal: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<Server> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .thread_name("fusebox-http")
+            .build()
+            .map_err(|e| Error::Io(format!("serve: starting the async runtime: {e}")))?;
+        let (app, to_engine, engine) = build(backend, model, &config)?;
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind((config.host.as_str(), config.port)))
+            .map_err(|e| Error::Io(format!("serve: binding {}:{}: {e}", config.host, config.port)))?;
+        let addr = listener.local_addr().map_err(|e| Error::Io(format!("serve: local address: {e}")))?;
+        let grace = config.shutdown_grace;
+        let thread = std::thread::Builder::new()
+            .name("fusebox-serve".into())
+            .spawn(move || -> Result<()> {
+                rt.block_on(async move {
+                    let stopping = async move {
+                        signal.await;
+                        // Refuse what waits, end what runs after the grace period.
+                        let _ = to_engine.send(Msg::Shutdown { grace });
+                    };
+                    let served = axum::serve(listener, app).with_graceful_shutdown(stopping);
+                    // Streams end within `grace` once the engine ends them; the margin
+                    // covers clients that stop reading.
+                    served.await.map_err(|e| Error::Io(format!("serve: {e}")))
+                })?;
+                rt.shutdown_timeout(Duration::from_secs(1));
+                engine.join().map_err(|_| Error::Io("serve: the model thread panicked".into()))?
+            })
+            .map_err(|e| Error::Io(format!("serve: starting the server thread: {e}")))?;
+        Ok(Server { addr, stop: None, thread: Some(thread) })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting, lets running answers finish within the grace period, and
+    /// waits for the server to end.
+    pub fn shutdown(mut self) -> Result<()> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        self.wait()
+    }
+
+    /// Waits until the server ends (after its signal).
+    pub fn wait(mut self) -> Result<()> {
+        match self.thread.take() {
+            Some(t) => t.join().map_err(|_| Error::Io("serve: the server thread panicked".into()))?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+type Built = (Router, Sender<Msg>, std::thread::JoinHandle<Result<()>>);
+
+/// The router and the model thread.
+fn build(backend: Arc<dyn ComputeBackend>, model: Pretrained, config: &ServerConfig) -> Result<Built> {
+    const OP: &str = "serve";
+    if config.parallel == 0 {
+        return Err(Error::value(OP, "--parallel", "at least 1", 0));
+    }
+    if config.prefill_chunk == 0 {
+        return Err(Error::value(OP, "--prefill-chunk", "at least 1", 0));
+    }
+    let ctx_size = config.ctx_size.unwrap_or_else(|| DEFAULT_CTX.min(model.context_length()));
+    if ctx_size == 0 || ctx_size > model.context_length() {
+        return Err(Error::value(
+            OP,
+            "--ctx-size",
+            format!("1..={} (the model's context length)", model.context_length()),
+            ctx_size,
+        ));
+    }
+    // The chat endpoint needs a template; refuse at start rather than on every request.
+    model.chat_template()?;
+    let model_id = config.model_id.clone().unwrap_or_else(|| {
+        let name = model.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+        name.strip_suffix(".gguf").map(str::to_string).unwrap_or(name)
+    });
+    let model = Arc::new(model);
+    let metrics = Arc::new(Metrics::default());
+    metrics.slots_total.store(config.parallel, Ordering::Relaxed);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let engine_config = EngineConfig { parallel: config.parallel, ctx_size, prefill_chunk: config.prefill_chunk };
+    // The caches are allocated on the model thread; report a failure before listening.
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();
+    let (m, mm) = (model.clone(), metrics.clone());
+    let engine = std::thread::Builder::new()
+        .name("fusebox-model".into())
+        .spawn(move || engine::run(backend, m, engine_config, rx, mm, ready_tx))
+        .map_err(|e| Error::Io(format!("serve: starting the model thread: {e}")))?;
+    match ready_rx.recv() {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(e),
+        Err(_) => {
+            return Err(engine
+                .join()
+                .ok()
+                .and_then(|r| r.err())
+                .unwrap_or_else(|| Error::Io("serve: the model thread ended".into())))
+        }
+    }
+    let state = Arc::new(AppState {
+        model,
+        model_id,
+        ctx_size,
+        queue: config.queue,
+        api_key: config.api_key.clone(),
+        to_engine: Mutex::new(tx.clone()),
+        metrics,
+        created: now(),
+    });
+    let app = Router::new()
+        .route("/", get(|| async { Html(CHAT_PAGE) }))
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/metrics", get(metrics_route))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .fallback(|| async { ApiError { status: StatusCode::NOT_FOUND, ..ApiError::invalid(None, "no such route") } })
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(MAX_BODY_BYTES))
+        .with_state(state);
+    Ok((app, tx, engine))
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn authorize(state: &AppState, headers: &HeaderMap) -> std::result::Result<(), ApiError> {
+    let Some(key) = &state.api_key else { return Ok(()) };
+    let given = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim)
+        .unwrap_or("");
+    // Compared in time independent of where the first difference is.
+    let same = given.len() == key.len() && given.bytes().zip(key.bytes()).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0;
+    if same {
+        Ok(())
+    } else {
+        Err(ApiError::unauthorized())
+    }
+}
+
+async fn metrics_route(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&state, &headers) {
+        return e.into_response();
+    }
+    ([("content-type", "text/plain; version=0.0.4")], state.metrics.render()).into_response()
+}
+
+async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&state, &headers) {
+        return e.into_response();
+    }
+    Json(json!({
+        "object": "list",
+        "data": [{"id": state.model_id, "object": "model", "created": state.created, "owned_by": "fusebox",
+                  "meta": {"n_ctx": state.ctx_size, "n_vocab": state.model.tokenizer.vocab_size()}}],
+    }))
+    .into_response()
+}
+
+/// Which endpoint a job answers: the object names and the choice layout differ.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    let r = async {
+        authorize(&state, &headers)?;
+        let req = openai::chat_request(&body)?;
+        // Rendering and tokenizing up to a megabyte of text is CPU work: off the runtime.
+        let (st, messages) = (state.clone(), req.messages);
+        let prompt = tokio::task::spawn_blocking(move || {
+            let template = st.model.chat_template().map_err(|e| ApiError::internal(e.to_string()))?;
+            let msgs: Vec<(&str, &str)> = messages.iter().map(|(r, c)| (r.as_str(), c.as_str())).collect();
+            let text = template.apply(&msgs, true).map_err(|e| {
+                ApiError::invalid(Some("messages"), format!("the model's chat template refused them: {e}"))
+            })?;
+            Ok::<_, ApiError>(template.encode(&st.model.tokenizer, &text))
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))??;
+        submit(&state, Kind::Chat, prompt, req.params, "messages").await
+    }
+    .await;
+    r.unwrap_or_else(|e| {
+        state.metrics.rejected.fetch_add(1, Ordering::Relaxed);
+        e.into_response()
+    })
+}
+
+async fn completions(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    let r = async {
+        authorize(&state, &headers)?;
+        let req = openai::completion_request(&body)?;
+        let (st, text) = (state.clone(), req.prompt);
+        let mut prompt = tokio::task::spawn_blocking(move || {
+            let tok = &st.model.tokenizer;
+            tok.encode(&text, tok.add_bos_default())
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))?;
+        if prompt.is_empty() {
+            // An empty prompt starts from BOS (or EOS, GPT-2's document start).
+            let tok = &state.model.tokenizer;
+            prompt.extend(tok.bos_id().or(tok.eos_id()));
+        }
+        if prompt.is_empty() {
+            return Err(ApiError::invalid(
+                Some("prompt"),
+                "'prompt' is empty and the tokenizer has no BOS to start from",
+            ));
+        }
+        submit(&state, Kind::Completion, prompt, req.params, "prompt").await
+    }
+    .await;
+    r.unwrap_or_else(|e| {
+        state.metrics.rejected.fetch_add(1, Ordering::Relaxed);
+        e.into_response()
+    })
+}
+
+/// Checks the model and the prompt's length, queues the job and answers it.
+async fn submit(
+    state: &Arc<AppState>,
+    kind: Kind,
+    prompt: Vec<u32>,
+    p: Params,
+    prompt_param: &str,
+) -> std::result::Result<Response, ApiError> {
+    if let Some(m) = &p.model {
+        let file = state.model.path.file_name().map(|n| n.to_string_lossy().into_owned());
+        if *m != state.model_id && Some(m) != file.as_ref() {
+            return Err(ApiError::invalid(
+                Some("model"),
+                format!("The model '{m}' does not exist: this server serves '{}'", state.model_id),
+            )
+            .with_code("model_not_found"));
+        }
+    }
+    if prompt.len() > state.ctx_size {
+        return Err(ApiError::invalid(
+            Some(prompt_param),
+            format!(
+                "This model's maximum context length is {} tokens (--ctx-size). However, your {} resulted in {} tokens.",
+                state.ctx_size,
+                if kind == Kind::Chat { "messages" } else { "prompt" },
+                prompt.len()
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    let sampler = Sampler::new(SamplerConfig {
+        temperature: p.temperature,
+        top_k: p.top_k,
+        top_p: p.top_p,
+        repetition_penalty: p.repetition_penalty,
+        seed: p.seed.unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)),
+    })
+    .map_err(|e| ApiError::invalid(None, e.to_string()))?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let prompt_tokens = prompt.len();
+    let job = Job {
+        prompt,
+        max_tokens: p.max_tokens.unwrap_or(usize::MAX),
+        sampler,
+        stop_ids: state.model.stop_ids(kind == Kind::Chat),
+        stop_strings: p.stop.clone(),
+        events: tx,
+    };
+    // Bounded queue: count first, give back on refusal.
+    let depth = state.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
+    let busy = state.metrics.slots_busy.load(Ordering::Relaxed);
+    let slots = state.metrics.slots_total.load(Ordering::Relaxed);
+    if depth + busy >= slots + state.queue {
+        state.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+        return Err(ApiError::unavailable(format!(
+            "All {slots} slots are busy and {} requests are waiting (the queue's limit): retry later",
+            depth
+        )));
+    }
+    let sent = state.to_engine.lock().map(|t| t.send(Msg::Job(job)).is_ok()).unwrap_or(false);
+    if !sent {
+        state.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+        return Err(ApiError::unavailable("the model thread has stopped"));
+    }
+    state.metrics.prompt_tokens.fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+    let id = format!("{}-{:x}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, rand_id());
+    let meta = Meta { id, created: now(), model: state.model_id.clone(), kind };
+    if p.stream {
+        Ok(stream(meta, rx, p.include_usage).into_response())
+    } else {
+        whole(meta, rx).await
+    }
+}
+
+fn rand_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(now());
+    h.finish()
+}
+
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+    kind: Kind,
+}
+
+fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
+    json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+           "total_tokens": prompt_tokens + completion_tokens})
+}
+
+/// The non-streamed answer: waits for the end (dropping the future, as a disconnect
+/// does, closes the channel and cancels the job).
+async fn whole(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>) -> std::result::Result<Response, ApiError> {
+    let mut text = String::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Text(t) => text.push_str(&t),
+            Event::Error(e) => return Err(e),
+            Event::Done { finish, prompt_tokens, completion_tokens } => {
+                let choice = match meta.kind {
+                    Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text},
+                                         "logprobs": null, "finish_reason": finish.as_str()}),
+                    Kind::Completion => {
+                        json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish.as_str()})
+                    }
+                };
+                let object = if meta.kind == Kind::Chat { "chat.completion" } else { "text_completion" };
+                return Ok(Json(json!({
+                    "id": meta.id, "object": object, "created": meta.created, "model": meta.model,
+                    "choices": [choice], "usage": usage(prompt_tokens, completion_tokens),
+                    "system_fingerprint": "fusebox",
+                }))
+                .into_response());
+            }
+        }
+    }
+    Err(ApiError::internal("the model thread ended the request without an answer"))
+}
+
+fn chunk(meta: &Meta, delta: Value, finish: Option<Finish>) -> Value {
+    let finish = finish.map(Finish::as_str);
+    let choice = match meta.kind {
+        Kind::Chat => json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}),
+        Kind::Completion => json!({"index": 0, "text": delta.get("content").cloned().unwrap_or(json!("")),
+                                   "logprobs": null, "finish_reason": finish}),
+    };
+    let object = if meta.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
+    json!({"id": meta.id, "object": object, "created": meta.created, "model": meta.model,
+           "system_fingerprint": "fusebox", "choices": [choice]})
+}
+
+/// The streamed answer: `data: {chunk}` events, a last chunk with `finish_reason` and
+/// `usage`, then `data: [DONE]`. A relay task forwards the model's events; when the
+/// client goes away the response stream is dropped, the relay ends and the job's
+/// channel closes, which cancels it on the model thread.
+fn stream(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, include_usage: bool) -> Response {
+    let (out, out_rx) = mpsc::channel::<std::result::Result<SseEvent, Infallible>>(64);
+    tokio::spawn(async move {
+        let data = |v: Value| Ok(SseEvent::default().data(v.to_string()));
+        if meta.kind == Kind::Chat
+            && out.send(data(chunk(&meta, json!({"role": "assistant", "content": ""}), None))).await.is_err()
+        {
+            return;
+        }
+        loop {
+            let ev = tokio::select! {
+                ev = rx.recv() => ev,
+                _ = out.closed() => return,
+            };
+            let Some(ev) = ev else {
+                let e = ApiError::internal("the model thread ended the request without an answer");
+                let _ = out.send(data(e.body())).await;
+                return;
+            };
+            match ev {
+                Event::Text(t) => {
+                    if out.send(data(chunk(&meta, json!({"content": t}), None))).await.is_err() {
+                        return;
+                    }
+                }
+                Event::Error(e) => {
+                    let _ = out.send(data(e.body())).await;
+                    return;
+                }
+                Event::Done { finish, prompt_tokens, completion_tokens } => {
+                    let u = usage(prompt_tokens, completion_tokens);
+                    let mut last = chunk(&meta, json!({}), Some(finish));
+                    last["usage"] = u.clone();
+                    let _ = out.send(data(last)).await;
+                    if include_usage {
+                        let mut c = chunk(&meta, json!({}), None);
+                        c["choices"] = json!([]);
+                        c["usage"] = u;
+                        let _ = out.send(data(c)).await;
+                    }
+                    let _ = out.send(Ok(SseEvent::default().data("[DONE]"))).await;
+                    return;
+                }
+            }
+        }
+    });
+    let mut r = Sse::new(tokio_stream::wrappers::ReceiverStream::new(out_rx)).into_response();
+    r.headers_mut().insert("cache-control", axum::http::HeaderValue::from_static("no-cache"));
+    r
+}
+
+/// Completes on SIGTERM or SIGINT (Ctrl-C): the signal for [`Server::start_with`].
+pub async fn termination() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            // Without signal handlers the server runs until the process is killed.
+            _ => std::future::pending::<()>().await,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! Counters for `GET /metrics`, in Prometheus' text format.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// Counters shared by the HTTP side and the model thread.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// HTTP requests to the completion endpoints, accepted or not.
+    pub requests: AtomicU64,
+    /// Requests answered with an error status.
+    pub rejected: AtomicU64,
+    /// Jobs that ended (stop or length).
+    pub finished: AtomicU64,
+    /// Jobs dropped because their client disconnected.
+    pub cancelled: AtomicU64,
+    /// Prompt tokens of accepted requests.
+    pub prompt_tokens: AtomicU64,
+    /// Tokens generated.
+    pub completion_tokens: AtomicU64,
+    /// Jobs waiting for a slot.
+    pub queue_depth: AtomicUsize,
+    /// Slots holding a job.
+    pub slots_busy: AtomicUsize,
+    /// Slots in all.
+    pub slots_total: AtomicUsize,
+    prefill_tokens: AtomicU64,
+    prefill_nanos: AtomicU64,
+    decode_tokens: AtomicU64,
+    decode_nanos: AtomicU64,
+}
+
+impl Metrics {
+    /// Counts a prefill chunk of `tokens` that took `d`.
+    pub fn add_prefill(&self, tokens: usize, d: Duration) {
+        self.prefill_tokens.fetch_add(tokens as u64, Ordering::Relaxed);
+        self.prefill_nanos.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Counts a decode step over `rows` sequences that took `d`.
+    pub fn add_decode(&self, rows: usize, d: Duration) {
+        self.decode_tokens.fetch_add(rows as u64, Ordering::Relaxed);
+        self.decode_nanos.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let rate = |tokens: u64, nanos: u64| if nanos == 0 { 0.0 } else { tokens as f64 / (nanos as f64 * 1e-9) };
+        let mut out = String::new();
+        let mut put = |name: &str, kind: &str, help: &str, value: String| {
+            out.push_str(&format!(
+                "# HELP fusebox_{name} {help}\n# TYPE fusebox_{name} {kind}\nfusebox_{name} {value}\n"
+            ));
+        };
+        put("requests_total", "counter", "Completion requests received.", g(&self.requests).to_string());
+        put("requests_rejected_total", "counter", "Requests answered with an error.", g(&self.rejected).to_string());
+        put(
+            "requests_finished_total",
+            "counter",
+            "Generations that ended (stop or length).",
+            g(&self.finished).to_string(),
+        );
+        put(
+            "requests_cancelled_total",
+            "counter",
+            "Generations dropped by a disconnected client.",
+            g(&self.cancelled).to_string(),
+        );
+        put(
+            "prompt_tokens_total",
+            "counter",
+            "Prompt tokens of accepted requests.",
+            g(&self.prompt_tokens).to_string(),
+        );
+        put("completion_tokens_total", "counter", "Tokens generated.", g(&self.completion_tokens).to_string());
+        put(
+            "prefill_tokens_total",
+            "counter",
+            "Prompt tokens run through the model.",
+            g(&self.prefill_tokens).to_string(),
+        );
+        put(
+            "decode_tokens_total",
+            "counter",
+            "Tokens decoded (one per sequence per step).",
+            g(&self.decode_tokens).to_string(),
+        );
+        put(
+            "queue_depth",
+            "gauge",
+            "Requests waiting for a slot.",
+            self.queue_depth.load(Ordering::Relaxed).to_string(),
+        );
+        put("slots_busy", "gauge", "Slots holding a request.", self.slots_busy.load(Ordering::Relaxed).to_string());
+        put("slots_total", "gauge", "Slots (--parallel).", self.slots_total.load(Ordering::Relaxed).to_string());
+        put(
+            "prefill_tokens_per_second",
+            "gauge",
+            "Prompt tokens per second of prefill time.",
+            format!("{:.3}", rate(g(&self.prefill_tokens), g(&self.prefill_nanos))),
+        );
+        put(
+            "decode_tokens_per_second",
+            "gauge",
+            "Tokens decoded per second of decode time (all sequences of a step together).",
+            format!("{:.3}", rate(g(&self.decode_tokens), g(&self.decode_nanos))),
+        );
+        out
+    }
+}

@@ -1,0 +1,422 @@
+//! OpenAI request parsing and error bodies.
+//!
+//! Requests are parsed from a `serde_json::Value` by hand rather than derived, so that
+//! every bad field is reported the way OpenAI does: HTTP 400 with
+//! `{"error": {"message", "type", "param", "code"}}` naming the field, what it must be
+//! and what came. Fields the server does not use (`user`, `logprobs: false`, …) are
+//! ignored, as OpenAI-compatible servers do.
+
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Map, Value};
+
+/// An error answered with OpenAI's error body.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Human-readable message naming the problem.
+    pub message: String,
+    /// `invalid_request_error`, `authentication_error`, `server_error`, …
+    pub kind: &'static str,
+    /// The request field at fault, if any.
+    pub param: Option<String>,
+    /// A machine-readable code (`context_length_exceeded`, `model_not_found`, …).
+    pub code: Option<&'static str>,
+    /// Seconds a client should wait before retrying (503 only).
+    pub retry_after: Option<u32>,
+}
+
+impl ApiError {
+    /// 400 `invalid_request_error` about `param`.
+    pub fn invalid(param: Option<&str>, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: param.map(str::to_string),
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    /// The same error with a `code`.
+    pub fn with_code(mut self, code: &'static str) -> ApiError {
+        self.code = Some(code);
+        self
+    }
+
+    /// 401: the `Authorization: Bearer` key is missing or wrong.
+    pub fn unauthorized() -> ApiError {
+        ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            message: "Invalid or missing API key: send `Authorization: Bearer <key>` with the server's --api-key"
+                .into(),
+            kind: "authentication_error",
+            param: None,
+            code: Some("invalid_api_key"),
+            retry_after: None,
+        }
+    }
+
+    /// 503 with `Retry-After`: every slot is busy and the queue is full, or the server
+    /// is shutting down.
+    pub fn unavailable(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: Some("server_overloaded"),
+            retry_after: Some(1),
+        }
+    }
+
+    /// 500: the model failed.
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    /// The JSON body `{"error": {...}}`.
+    pub fn body(&self) -> Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut().insert("retry-after", HeaderValue::from(s));
+        }
+        r
+    }
+}
+
+/// What a completion request asks of the sampler and the stop conditions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Params {
+    /// `model`, when given.
+    pub model: Option<String>,
+    /// Softmax temperature, 0 = greedy (OpenAI's default 1).
+    pub temperature: f32,
+    /// Nucleus threshold (default 1 = off).
+    pub top_p: f32,
+    /// Top-k (default 0 = off; an extension llama-server and vLLM accept).
+    pub top_k: usize,
+    /// Penalty on tokens already seen (default 1 = off; extension).
+    pub repetition_penalty: f32,
+    /// Most tokens to generate (`max_tokens` or `max_completion_tokens`); `None`: until
+    /// a stop or the end of the context.
+    pub max_tokens: Option<usize>,
+    /// Stop strings (up to 4, not included in the output).
+    pub stop: Vec<String>,
+    /// Seed of the sampler (default: from the clock).
+    pub seed: Option<u64>,
+    /// Whether to answer with server-sent events.
+    pub stream: bool,
+    /// `stream_options.include_usage`: a last chunk with `usage` and no choices.
+    pub include_usage: bool,
+}
+
+/// A parsed `/v1/chat/completions` request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatRequest {
+    /// `(role, content)` in order.
+    pub messages: Vec<(String, String)>,
+    /// The rest.
+    pub params: Params,
+}
+
+/// A parsed `/v1/completions` request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompletionRequest {
+    /// The prompt text.
+    pub prompt: String,
+    /// The rest.
+    pub params: Params,
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn wrong_type(param: &str, expected: &str, got: &Value) -> ApiError {
+    ApiError::invalid(Some(param), format!("'{param}' must be {expected}, got {}", type_name(got)))
+}
+
+/// The body as a JSON object, or 400 saying why not.
+pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::invalid(None, format!("The request body is not valid JSON: {e}")).with_code("invalid_json")
+    })?;
+    match v {
+        Value::Object(m) => Ok(m),
+        other => {
+            Err(ApiError::invalid(None, format!("The request body must be a JSON object, got {}", type_name(&other)))
+                .with_code("invalid_json"))
+        }
+    }
+}
+
+/// A present, non-null field.
+fn field<'a>(obj: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
+    obj.get(name).filter(|v| !v.is_null())
+}
+
+fn number(obj: &Map<String, Value>, name: &str, lo: f64, hi: f64, default: f64) -> Result<f64, ApiError> {
+    match field(obj, name) {
+        None => Ok(default),
+        Some(v) => {
+            let x = v.as_f64().ok_or_else(|| wrong_type(name, "a number", v))?;
+            if !(lo..=hi).contains(&x) {
+                return Err(ApiError::invalid(Some(name), format!("'{name}' must be in [{lo}, {hi}], got {x}")));
+            }
+            Ok(x)
+        }
+    }
+}
+
+fn integer(obj: &Map<String, Value>, name: &str, min: u64) -> Result<Option<u64>, ApiError> {
+    match field(obj, name) {
+        None => Ok(None),
+        Some(v) => {
+            let x = v.as_u64().ok_or_else(|| wrong_type(name, "a non-negative integer", v))?;
+            if x < min {
+                return Err(ApiError::invalid(Some(name), format!("'{name}' must be at least {min}, got {x}")));
+            }
+            Ok(Some(x))
+        }
+    }
+}
+
+fn boolean(obj: &Map<String, Value>, name: &str) -> Result<bool, ApiError> {
+    match field(obj, name) {
+        None => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => Err(wrong_type(name, "a boolean", v)),
+    }
+}
+
+fn params(obj: &Map<String, Value>) -> Result<Params, ApiError> {
+    let model = match field(obj, "model") {
+        None => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(v) => return Err(wrong_type("model", "a string", v)),
+    };
+    if let Some(n) = integer(obj, "n", 0)? {
+        if n != 1 {
+            return Err(ApiError::invalid(Some("n"), format!("only 'n' = 1 is supported, got {n}")));
+        }
+    }
+    let max_tokens = match integer(obj, "max_completion_tokens", 1)? {
+        Some(n) => Some(n),
+        None => integer(obj, "max_tokens", 1)?,
+    };
+    let stop = match field(obj, "stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => {
+            if a.len() > 4 {
+                return Err(ApiError::invalid(
+                    Some("stop"),
+                    format!("'stop' holds at most 4 strings, got {}", a.len()),
+                ));
+            }
+            a.iter()
+                .map(|s| {
+                    s.as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| wrong_type("stop", "a string or an array of strings", s))
+                })
+                .collect::<Result<Vec<_>, _>>()?
+        }
+        Some(v) => return Err(wrong_type("stop", "a string or an array of strings", v)),
+    };
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid(Some("stop"), "'stop' strings must not be empty"));
+    }
+    let seed = match field(obj, "seed") {
+        None => None,
+        Some(v) => Some(
+            v.as_u64().or_else(|| v.as_i64().map(|i| i as u64)).ok_or_else(|| wrong_type("seed", "an integer", v))?,
+        ),
+    };
+    let include_usage = match field(obj, "stream_options") {
+        None => false,
+        Some(Value::Object(o)) => boolean(o, "include_usage").map_err(|mut e| {
+            e.param = Some("stream_options.include_usage".into());
+            e
+        })?,
+        Some(v) => return Err(wrong_type("stream_options", "an object", v)),
+    };
+    Ok(Params {
+        model,
+        temperature: number(obj, "temperature", 0.0, 2.0, 1.0)? as f32,
+        top_p: number(obj, "top_p", 0.0, 1.0, 1.0)? as f32,
+        top_k: integer(obj, "top_k", 0)?.map_or(0, |k| k as usize),
+        repetition_penalty: number(obj, "repetition_penalty", f64::MIN_POSITIVE, 100.0, 1.0)? as f32,
+        max_tokens: max_tokens.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+        stop,
+        seed,
+        stream: boolean(obj, "stream")?,
+        include_usage,
+    })
+}
+
+fn message_content(i: usize, v: Option<&Value>, role: &str) -> Result<String, ApiError> {
+    let param = format!("messages[{i}].content");
+    match v {
+        Some(Value::String(s)) => Ok(s.clone()),
+        // An assistant turn that called tools has no content.
+        None | Some(Value::Null) if role == "assistant" => Ok(String::new()),
+        None | Some(Value::Null) => Err(ApiError::invalid(Some(&param), format!("'{param}' is required"))),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, p) in parts.iter().enumerate() {
+                let part = format!("{param}[{j}]");
+                match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    (Some(other), _) if other != "text" => {
+                        return Err(ApiError::invalid(
+                            Some(&part),
+                            format!("'{part}' is of type '{other}': only text parts are supported"),
+                        ))
+                    }
+                    _ => {
+                        return Err(ApiError::invalid(
+                            Some(&part),
+                            format!("'{part}' must be {{\"type\": \"text\", \"text\": \"...\"}}"),
+                        ))
+                    }
+                }
+            }
+            Ok(text)
+        }
+        Some(v) => Err(wrong_type(&param, "a string or an array of text parts", v)),
+    }
+}
+
+/// Parses a `/v1/chat/completions` body.
+pub fn chat_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
+    let obj = parse_object(body)?;
+    let list = match field(&obj, "messages") {
+        None => return Err(ApiError::invalid(Some("messages"), "'messages' is required")),
+        Some(Value::Array(a)) => a,
+        Some(v) => return Err(wrong_type("messages", "an array", v)),
+    };
+    if list.is_empty() {
+        return Err(ApiError::invalid(Some("messages"), "'messages' must hold at least one message, got []"));
+    }
+    let mut messages = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let Value::Object(m) = m else {
+            return Err(wrong_type(&format!("messages[{i}]"), "an object", m));
+        };
+        let role = match m.get("role") {
+            Some(Value::String(r)) => r.clone(),
+            None => {
+                return Err(ApiError::invalid(
+                    Some(&format!("messages[{i}].role")),
+                    format!("'messages[{i}].role' is required"),
+                ))
+            }
+            Some(v) => return Err(wrong_type(&format!("messages[{i}].role"), "a string", v)),
+        };
+        if !["system", "developer", "user", "assistant", "tool"].contains(&role.as_str()) {
+            return Err(ApiError::invalid(
+                Some(&format!("messages[{i}].role")),
+                format!("'messages[{i}].role' must be one of system, developer, user, assistant, tool; got '{role}'"),
+            ));
+        }
+        let content = message_content(i, m.get("content"), &role)?;
+        // OpenAI's `developer` role is the newer name of `system`; templates know `system`.
+        let role = if role == "developer" { "system".to_string() } else { role };
+        messages.push((role, content));
+    }
+    Ok(ChatRequest { messages, params: params(&obj)? })
+}
+
+/// Parses a `/v1/completions` body: `prompt` is a string (or an array of one string).
+pub fn completion_request(body: &[u8]) -> Result<CompletionRequest, ApiError> {
+    let obj = parse_object(body)?;
+    let prompt = match field(&obj, "prompt") {
+        None => return Err(ApiError::invalid(Some("prompt"), "'prompt' is required")),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_string(),
+        Some(Value::Array(a)) => {
+            return Err(ApiError::invalid(
+                Some("prompt"),
+                format!("'prompt' must be a string or an array of one string, got an array of {}", a.len()),
+            ))
+        }
+        Some(v) => return Err(wrong_type("prompt", "a string", v)),
+    };
+    Ok(CompletionRequest { prompt, params: params(&obj)? })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_usual_request() {
+        let r = chat_request(
+            br#"{"model":"m","messages":[{"role":"system","content":"S"},{"role":"user","content":[{"type":"text","text":"Hi"}]}],
+                 "temperature":0,"max_tokens":5,"stop":"x","seed":3,"stream":true,"stream_options":{"include_usage":true}}"#,
+        )
+        .unwrap();
+        assert_eq!(r.messages, vec![("system".into(), "S".into()), ("user".into(), "Hi".into())]);
+        assert_eq!(r.params.temperature, 0.0);
+        assert_eq!(r.params.max_tokens, Some(5));
+        assert_eq!(r.params.stop, vec!["x".to_string()]);
+        assert_eq!(r.params.seed, Some(3));
+        assert!(r.params.stream && r.params.include_usage);
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let cases: &[(&[u8], Option<&str>, &str)] = &[
+            (b"{", None, "not valid JSON"),
+            (b"[]", None, "must be a JSON object"),
+            (br#"{"messages":[]}"#, Some("messages"), "at least one"),
+            (br#"{}"#, Some("messages"), "required"),
+            (br#"{"messages":"hi"}"#, Some("messages"), "must be an array, got a string"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"temperature":"hot"}"#, Some("temperature"), "a number"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"temperature":3}"#, Some("temperature"), "[0, 2]"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":0}"#, Some("max_tokens"), "at least 1"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"n":2}"#, Some("n"), "n' = 1"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"stream":"yes"}"#, Some("stream"), "a boolean"),
+            (br#"{"messages":[{"role":"wizard","content":"x"}]}"#, Some("messages[0].role"), "wizard"),
+            (br#"{"messages":[{"role":"user","content":5}]}"#, Some("messages[0].content"), "got a number"),
+            (br#"{"messages":[{"role":"user"}]}"#, Some("messages[0].content"), "required"),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"stop":["a","b","c","d","e"]}"#,
+                Some("stop"),
+                "at most 4",
+            ),
+        ];
+        for (body, param, text) in cases {
+            let e = chat_request(body).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST);
+            assert_eq!(e.param.as_deref(), *param, "{}", String::from_utf8_lossy(body));
+            assert!(e.message.contains(text), "{} → {}", String::from_utf8_lossy(body), e.message);
+        }
+        let e = completion_request(br#"{"prompt":3}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt"));
+    }
+}
