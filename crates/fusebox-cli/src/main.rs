@@ -10,6 +10,7 @@ mod info;
 mod plot;
 mod tokenize;
 mod train;
+mod train_init;
 
 use clap::{Parser, Subcommand};
 

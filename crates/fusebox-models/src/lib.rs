@@ -14,6 +14,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod files;
+pub mod finetune;
 pub mod generate;
 pub mod gguf;
 pub mod llama;
