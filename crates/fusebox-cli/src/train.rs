@@ -78,7 +78,8 @@ pub struct TrainArgs {
     /// CPU threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Train on this UTF-8 text file (byte-level tokens) instead of the addition task.
+    /// Train on this UTF-8 text file (byte-level tokens) instead of the addition task. With
+    /// --init: FILE.txt, FILE.jsonl (chat) or addition-chat.
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// Output directory for checkpoints, metrics.csv and loss.png (default: runs/addition

@@ -304,6 +304,18 @@ fn train_loop(
     }
     bar.finish_and_clear();
     let seconds = start.elapsed().as_secs_f64();
+    if interrupted {
+        // Saved at once, without the final evaluation: a stop asks for a quick exit.
+        let dir = tuner.save(b, out)?;
+        if args.json {
+            let v = json!({"steps": tuner.step, "train_loss": last_loss, "interrupted": true,
+                           "checkpoint": dir.display().to_string()});
+            println!("{v}");
+        } else {
+            println!("interrupted: checkpoint saved to {} (resume with --resume {})", dir.display(), out.display());
+        }
+        return Ok(());
+    }
     let eval = tuner.evaluate(b)?;
     metrics.eval.push((tuner.step, eval.loss));
     metrics.line(&format!(
@@ -328,7 +340,7 @@ fn train_loop(
             "tokens_per_s": tokens as f64 / seconds,
             "seconds": seconds,
             "peak_rss_bytes": peak_rss(),
-            "interrupted": interrupted,
+            "interrupted": false,
             "checkpoint": dir.display().to_string(),
         });
         println!("{v}");
@@ -347,9 +359,6 @@ fn train_loop(
         println!("peak memory (RSS): {}", crate::train::gib(rss));
     }
     println!("checkpoint: {}  ·  metrics: {}", dir.display(), out.join("metrics.csv").display());
-    if interrupted {
-        println!("interrupted: resume with --resume {}", out.display());
-    }
     Ok(())
 }
 

@@ -71,7 +71,7 @@ fn init_trains_resumes_and_generates() {
 fn bad_data_lines_are_named() {
     let dir = temp_dir("bad");
     let path = dir.join("chat.jsonl");
-    let good = r#"{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}"#;
+    let good = r#"{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}"#;
     std::fs::write(&path, format!("{good}\n{good}\n{{oops\n{good}\n")).unwrap();
     let (data, out) = (path.display().to_string(), dir.join("out").display().to_string());
     let args =

@@ -142,7 +142,7 @@ fn malformed_jsonl_lines_are_named_and_skipped_only_when_asked() {
     let template = ChatTemplate::chatml(None).unwrap();
     let dir = temp_dir("jsonl");
     let path = dir.join("chat.jsonl");
-    let good = r#"{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}"#;
+    let good = r#"{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}"#;
     std::fs::write(&path, format!("{good}\n{{\"messages\": 3}}\n\n{good}\n{good}\nnot json\n")).unwrap();
     let e = sequences::chat_jsonl(&path, &model.tokenizer, &template, 64, false, 1).unwrap_err().to_string();
     assert!(e.contains("chat.jsonl:2:") && e.contains("--skip-bad-lines"), "{e}");
