@@ -188,11 +188,9 @@ mod tests {
             high_freq_factor: 4.0,
             original_max_positions: 16.0,
         };
-        arch.rope_local = Some(Rope {
-            theta: 10.0,
-            scaling: RopeScaling::FreqFactors(vec![1.0, 2.5]),
-            style: RopeStyle::Interleaved,
-        });
+        let factors = (0..arch.head_dim / 2).map(|i| 1.0 + i as f32 / 4.0).collect();
+        arch.rope_local =
+            Some(Rope { theta: 10.0, scaling: RopeScaling::FreqFactors(factors), style: RopeStyle::Interleaved });
         assert_eq!(from_json(&to_json(&arch)).unwrap(), arch);
         let mut v = to_json(&arch);
         v["mlp"] = json!("relu");
