@@ -13,6 +13,7 @@ mod plot;
 mod serve;
 mod tokenize;
 mod train;
+mod train_init;
 
 use clap::{Parser, Subcommand};
 
@@ -49,7 +50,8 @@ enum Command {
     Info(info::InfoArgs),
     /// A short causal-attention demo: forward and backward through the fused kernel.
     Demo(demo::DemoArgs),
-    /// Train a GPT/Llama model: the built-in addition task, or --data FILE.
+    /// Train a GPT/Llama model: the built-in addition task, or --data FILE; or fine-tune a
+    /// pretrained one (--init MODEL).
     Train(Box<train::TrainArgs>),
     /// Generate text from a checkpoint, a GGUF file or a Hugging Face directory.
     Generate(Box<generate::GenerateArgs>),

@@ -79,7 +79,8 @@ pub struct TrainArgs {
     /// CPU threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Train on this UTF-8 text file (byte-level tokens) instead of the addition task.
+    /// Train on this UTF-8 text file (byte-level tokens) instead of the addition task. With
+    /// --init: FILE.txt, FILE.jsonl (chat) or addition-chat.
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// Output directory for checkpoints, metrics.csv and loss.png (default: runs/addition
@@ -106,6 +107,21 @@ pub struct TrainArgs {
     /// Print one final JSON object instead of progress and samples.
     #[arg(long)]
     pub json: bool,
+    /// Fine-tune this pretrained model (a GGUF file or a Hugging Face directory) instead
+    /// of training one from scratch: every parameter in f32 (block formats dequantized).
+    /// --data is then FILE.txt (the model's tokens, --seq windows), FILE.jsonl (chat
+    /// conversations, loss on assistant turns) or addition-chat (the built-in task as
+    /// chat turns).
+    #[arg(long, conflicts_with_all = ["preset", "arch", "layers", "d_model", "heads", "kv_heads"])]
+    pub init: Option<PathBuf>,
+    /// Fine-tuning: skip malformed JSONL lines (each reported with its line number)
+    /// instead of stopping at the first.
+    #[arg(long)]
+    pub skip_bad_lines: bool,
+    /// Fine-tuning: only evaluate the --init model or the --resume checkpoint on the
+    /// held-out data (loss, and exact match for chat data), print it and exit.
+    #[arg(long)]
+    pub eval_only: bool,
 }
 
 /// The settings of a fresh run where no flag says otherwise.
@@ -129,7 +145,7 @@ fn default_config() -> TrainConfig {
 }
 
 /// Checks every numeric flag on its own (finite, in range), naming the flag.
-fn check_flags(args: &TrainArgs) -> Result<()> {
+pub(crate) fn check_flags(args: &TrainArgs) -> Result<()> {
     let bad = |flag: &str, expected: &str, got: String| Err(Error::value("train", flag, expected, got));
     for (flag, v) in [
         ("--batch", args.batch),
@@ -203,7 +219,7 @@ fn apply_flags(mut config: TrainConfig, args: &TrainArgs) -> TrainConfig {
 }
 
 /// What a resumed run's settings change against the saved ones, in words (empty: none).
-fn schedule_changes(saved: &TrainConfig, now: &TrainConfig) -> Vec<String> {
+pub(crate) fn schedule_changes(saved: &TrainConfig, now: &TrainConfig) -> Vec<String> {
     let mut v = Vec::new();
     if saved.steps != now.steps {
         v.push(format!(
@@ -278,12 +294,12 @@ fn check_memory(model: &ModelConfig, config: &TrainConfig, seq: usize) -> Result
 }
 
 /// Whether `dir` exists and holds any entry.
-fn non_empty(dir: &Path) -> bool {
+pub(crate) fn non_empty(dir: &Path) -> bool {
     std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some())
 }
 
 /// The names of a few entries of `dir`, for messages.
-fn listing(dir: &Path) -> String {
+pub(crate) fn listing(dir: &Path) -> String {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
         .unwrap_or_default();
@@ -297,7 +313,7 @@ fn listing(dir: &Path) -> String {
 }
 
 /// Removes what a run writes into `out` (checkpoints, `latest`, metrics, plot), for --overwrite.
-fn clear_run(out: &Path) -> Result<()> {
+pub(crate) fn clear_run(out: &Path) -> Result<()> {
     let Ok(entries) = std::fs::read_dir(out) else { return Ok(()) };
     for entry in entries.filter_map(|e| e.ok()) {
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -318,7 +334,7 @@ fn clear_run(out: &Path) -> Result<()> {
 
 /// The run directory of a checkpoint path: the path itself when it is an output
 /// directory, the parent of a `step-N` directory.
-fn run_dir_of(path: &Path) -> PathBuf {
+pub(crate) fn run_dir_of(path: &Path) -> PathBuf {
     let step_dir = path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("step-"));
     if step_dir || (path.join("model.safetensors").exists() && !path.join("latest").exists()) {
         if let Some(parent) = path.parent() {
@@ -329,7 +345,7 @@ fn run_dir_of(path: &Path) -> PathBuf {
 }
 
 /// Whether two paths name the same directory (compared canonically when both exist).
-fn same_dir(a: &Path, b: &Path) -> bool {
+pub(crate) fn same_dir(a: &Path, b: &Path) -> bool {
     match (a.canonicalize(), b.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
         _ => a == b,
@@ -394,10 +410,10 @@ pub fn backend_for(name: &str, threads: Option<usize>) -> Result<Arc<dyn Compute
     }
 }
 
-struct Metrics {
+pub(crate) struct Metrics {
     file: std::fs::File,
-    train: Vec<(u64, f32)>,
-    eval: Vec<(u64, f32)>,
+    pub(crate) train: Vec<(u64, f32)>,
+    pub(crate) eval: Vec<(u64, f32)>,
 }
 
 const METRICS_HEADER: &str = "step,loss,lr,grad_norm,tokens_per_s,eval_loss,accuracy";
@@ -406,7 +422,7 @@ impl Metrics {
     /// Opens `out/metrics.csv` for appending. `keep_until`: the step a resumed run
     /// continues from: rows of later steps (written after that checkpoint by a run that
     /// was then killed, and about to be redone) are dropped first; `None` starts afresh.
-    fn open(out: &Path, keep_until: Option<u64>) -> Result<Metrics> {
+    pub(crate) fn open(out: &Path, keep_until: Option<u64>) -> Result<Metrics> {
         let path = out.join("metrics.csv");
         let io = |e: std::io::Error| Error::Io(format!("{}: {e}", path.display()));
         let (mut train, mut eval) = (Vec::new(), Vec::new());
@@ -435,12 +451,12 @@ impl Metrics {
         let file = std::fs::OpenOptions::new().append(true).open(&path).map_err(io)?;
         Ok(Metrics { file, train, eval })
     }
-    fn line(&mut self, s: &str) -> Result<()> {
+    pub(crate) fn line(&mut self, s: &str) -> Result<()> {
         writeln!(self.file, "{s}").map_err(|e| Error::Io(format!("metrics.csv: {e}")))
     }
 }
 
-fn eval_line(e: &EvalStats) -> String {
+pub(crate) fn eval_line(e: &EvalStats) -> String {
     match e.accuracy {
         Some(a) => format!("eval loss {:.4}, exact match {:.1}%", e.loss, 100.0 * a),
         None => format!("eval loss {:.4}", e.loss),
@@ -496,7 +512,7 @@ struct Plan {
 }
 
 /// Prints repairs of an interrupted save (stderr: they are no result).
-fn recover_noting(dir: &Path) -> Result<()> {
+pub(crate) fn recover_noting(dir: &Path) -> Result<()> {
     for note in checkpoint::recover(dir)? {
         eprintln!("note: {}: {note}", dir.display());
     }
@@ -603,6 +619,17 @@ fn saved_world_size(dir: &Path) -> Option<usize> {
 }
 
 pub fn run(args: &TrainArgs) -> Result<()> {
+    if args.init.is_some() || args.resume.as_deref().is_some_and(fusebox_models::finetune::is_finetune_checkpoint) {
+        return crate::train_init::run(args);
+    }
+    if args.eval_only || args.skip_bad_lines {
+        return Err(Error::value(
+            "train",
+            if args.eval_only { "--eval-only" } else { "--skip-bad-lines" },
+            "--init MODEL or --resume of a fine-tuning run (flags of fine-tuning)",
+            "a from-scratch run",
+        ));
+    }
     check_flags(args)?;
     let comm = crate::comm::from_environment()?;
     if comm.world_size() == 1 {

@@ -119,6 +119,53 @@ pub(crate) fn save_with(
     trainer: &Value,
     after: &mut dyn FnMut(Phase) -> Result<()>,
 ) -> Result<PathBuf> {
+    let contents = Contents {
+        specs: &model.net.specs,
+        params: &model.net.params,
+        moments,
+        config: model.config.to_json(),
+        extra: Vec::new(),
+    };
+    save_contents_with(backend, out, step, &contents, trainer, after)
+}
+
+/// What a checkpoint directory holds besides `trainer.json`: the weights, the optimizer
+/// moments, `config.json`, and further files (a fine-tuning run's `arch.json`, its
+/// tokenizer), all written before `trainer.json`.
+#[derive(Debug)]
+pub struct Contents<'a> {
+    /// Names and shapes of `params` (and of the moments).
+    pub specs: &'a [ParamSpec],
+    /// The tensors of `model.safetensors`.
+    pub params: &'a ParamSet,
+    /// AdamW's `(m, v)`, written to `optimizer.safetensors`.
+    pub moments: Option<(&'a ParamSet, &'a ParamSet)>,
+    /// `config.json`.
+    pub config: Value,
+    /// Other files: `(file name, bytes)`, each written by write-then-rename.
+    pub extra: Vec<(String, Vec<u8>)>,
+}
+
+/// Saves `contents` as `out/step-{step}` with `trainer` as its `trainer.json`, by the
+/// steps of the module docs (the same crash safety as [`save`]).
+pub fn save_contents(
+    backend: &dyn ComputeBackend,
+    out: &Path,
+    step: u64,
+    contents: &Contents<'_>,
+    trainer: &Value,
+) -> Result<PathBuf> {
+    save_contents_with(backend, out, step, contents, trainer, &mut |_| Ok(()))
+}
+
+fn save_contents_with(
+    backend: &dyn ComputeBackend,
+    out: &Path,
+    step: u64,
+    contents: &Contents<'_>,
+    trainer: &Value,
+    after: &mut dyn FnMut(Phase) -> Result<()>,
+) -> Result<PathBuf> {
     std::fs::create_dir_all(out).map_err(io(out))?;
     // Leftovers of an interrupted save are repaired first, so every `step-M/` is complete.
     recover(out)?;
@@ -128,19 +175,21 @@ pub(crate) fn save_with(
     std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
     after(Phase::TmpCreated)?;
     let meta = BTreeMap::from([("format".to_string(), "fusebox".to_string())]);
-    safetensors::write(
-        &tmp.join("model.safetensors"),
-        &named(backend, &model.net.specs, &model.net.params, "")?,
-        &meta,
-    )?;
+    safetensors::write(&tmp.join("model.safetensors"), &named(backend, contents.specs, contents.params, "")?, &meta)?;
     after(Phase::ModelWritten)?;
-    if let Some((m, v)) = moments {
-        let mut tensors = named(backend, &model.net.specs, m, "m.")?;
-        tensors.extend(named(backend, &model.net.specs, v, "v.")?);
+    if let Some((m, v)) = contents.moments {
+        let mut tensors = named(backend, contents.specs, m, "m.")?;
+        tensors.extend(named(backend, contents.specs, v, "v.")?);
         safetensors::write(&tmp.join("optimizer.safetensors"), &tensors, &meta)?;
     }
     after(Phase::OptimizerWritten)?;
-    write_json(&tmp.join("config.json"), &model.config.to_json())?;
+    for (name, bytes) in &contents.extra {
+        let path = tmp.join(name);
+        let part = tmp.join(format!("{name}.part"));
+        write_synced(&part, bytes)?;
+        std::fs::rename(&part, &path).map_err(io(&path))?;
+    }
+    write_json(&tmp.join("config.json"), &contents.config)?;
     after(Phase::ConfigWritten)?;
     write_json(&tmp.join("trainer.json"), trainer)?;
     sync_dir(&tmp);
@@ -303,7 +352,7 @@ pub fn resolve(path: &Path) -> Result<PathBuf> {
     Err(Error::Io(format!("{}: not a checkpoint (no model.safetensors, no 'latest' file)", path.display())))
 }
 
-fn load_set(
+pub(crate) fn load_set(
     backend: &dyn ComputeBackend,
     st: &SafeTensors,
     specs: &[ParamSpec],

@@ -17,6 +17,7 @@ pub mod data;
 pub mod data_parallel;
 pub mod export;
 pub mod files;
+pub mod finetune;
 pub mod generate;
 pub mod gguf;
 pub mod llama;

@@ -153,7 +153,8 @@ impl TrainConfig {
         floats.checked_mul(4)
     }
 
-    fn to_json(&self) -> Value {
+    /// The settings as `trainer.json`'s `"train"` object (read by [`TrainConfig::from_json`]).
+    pub fn to_json(&self) -> Value {
         json!({
             "steps": self.steps, "batch": self.batch, "accumulation": self.accumulation, "seq_len": self.seq_len,
             "lr": self.lr, "min_lr_ratio": self.min_lr_ratio, "warmup": self.warmup, "weight_decay": self.weight_decay,

@@ -276,7 +276,7 @@ fn unknown_architectures_and_options_are_refused_by_name() {
     let mut c = g.clone();
     c["final_logit_softcapping"] = serde_json::json!(30.0);
     assert!(arch::hf_plan(&c).unwrap_err().to_string().contains("final_logit_softcapping"));
-    // A quantized model cannot be trained; a loaded-for-inference one refuses to.
+    // A model loaded for inference (quantized or backend-laid-out weights) refuses to train.
     let b = cpu();
     let m = weights::load_hf(&b, &dir("llama")).unwrap();
     let ids = Tensor::from_vec(vec![1u32, 2, 3], [1, 3]).unwrap();

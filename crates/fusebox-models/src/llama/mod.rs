@@ -105,12 +105,16 @@ impl Pretrained {
     }
 }
 
-/// Whether `path` is something [`load`] reads: a regular file that starts with the
+/// Whether `path` is something [`load`] reads: a fine-tuning checkpoint (see
+/// [`crate::finetune`]), a regular file that starts with the
 /// GGUF magic (whatever its name), a `.gguf` path, or a directory whose `config.json`
 /// is not one of fusebox's own training checkpoints (those name a `style`; a Hugging
 /// Face one has a `model_type`, and one with neither is reported by [`load`]), or
 /// whose `config.json` is not a regular file (which [`load`] refuses).
 pub fn is_pretrained(path: &Path) -> bool {
+    if crate::finetune::is_finetune_checkpoint(path) {
+        return true;
+    }
     if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
         return true;
     }
@@ -130,11 +134,15 @@ pub fn is_pretrained(path: &Path) -> bool {
     }
 }
 
-/// Loads a GGUF file or a Hugging Face directory (see the module docs).
+/// Loads a GGUF file, a Hugging Face directory (see the module docs), or a fine-tuning
+/// checkpoint (its f32 network, the base's tokenizer, the saved chat template).
 ///
 /// Every error names the file; sizes, tensors and vocabularies are checked against
 /// each other before anything large is allocated.
 pub fn load(b: &dyn ComputeBackend, path: &Path) -> Result<Pretrained> {
+    if crate::finetune::is_finetune_checkpoint(path) {
+        return crate::finetune::load_pretrained(b, path);
+    }
     let meta = std::fs::metadata(path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
     if meta.is_dir() {
         return load_hf_dir(b, path);

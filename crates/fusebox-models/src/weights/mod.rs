@@ -97,7 +97,7 @@ pub enum Purpose {
     /// projections of one input stacked where their formats agree.
     Inference,
     /// Training (fine-tuning): every parameter f32 in the plain `[out, in]` layout the
-    /// backward reads; only the file's own stacking. Block-quantized files are refused.
+    /// backward reads; only the file's own stacking. Block formats are dequantized.
     Training,
 }
 
@@ -229,12 +229,17 @@ pub fn load_for(b: &dyn ComputeBackend, src: &dyn TensorSource, plan: Plan, purp
 
 /// The network of a GGUF file (its architecture from the metadata).
 pub fn load_gguf(b: &dyn ComputeBackend, file: &GgufFile) -> Result<Transformer> {
+    load_gguf_for(b, file, Purpose::Inference)
+}
+
+/// The network of a GGUF file for `purpose`.
+pub fn load_gguf_for(b: &dyn ComputeBackend, file: &GgufFile, purpose: Purpose) -> Result<Transformer> {
     let vocab_from_tokens = file.metadata().get_strings("tokenizer.ggml.tokens")?.map(<[String]>::len);
     let plan =
         crate::arch::gguf_plan(file.metadata(), vocab_from_tokens, &|name| file.tensor_info(name).is_some(), &|| {
             file.tensor("rope_freqs.weight")?.to_vec_f32()
         })?;
-    load(b, file, plan)
+    load_for(b, file, plan, purpose)
 }
 
 /// The network of a Hugging Face directory (`config.json` and the safetensors
@@ -274,8 +279,9 @@ fn read_param(
         let float = matches!(dtype, DType::F32 | DType::F16 | DType::BF16);
         let blocks = dtype.is_quantized() || dtype == DType::F8E4M3;
         let ok = match (role, purpose) {
-            (_, Purpose::Training) | (Role::Plain, _) => float,
-            (Role::Matrix, _) => float || blocks,
+            (Role::Plain, _) => float,
+            // Training dequantizes block formats to f32 once, at load.
+            (Role::Matrix, _) | (Role::Embedding, Purpose::Training) => float || blocks,
             (Role::Embedding, _) => float || dtype.is_quantized(),
         };
         if !ok || (p.fix != Fix::None && !float) {
@@ -330,6 +336,8 @@ fn read_param(
         let t = b.upload(t)?;
         if t.dtype() == DType::F32 {
             Ok(t)
+        } else if t.dtype().is_quantized() || t.dtype() == DType::F8E4M3 {
+            b.dequantize(&t)
         } else {
             b.cast(&t, DType::F32)
         }
