@@ -9,7 +9,7 @@ use std::time::Instant;
 use clap::{Args, ValueEnum};
 use fusebox::{CpuBackend, Error, Result};
 use fusebox_models::export::{self, gguf, FloatType, TokenizerInfo};
-use fusebox_models::llama;
+use fusebox_models::{finetune, llama};
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -54,10 +54,16 @@ fn source(path: &Path) -> Result<Source> {
     if !path.exists() {
         return Err(Error::Io(format!("{}: no such file or directory", path.display())));
     }
-    if llama::is_pretrained(path) {
+    // A fine-tuning checkpoint first: it may also hold a config.json.
+    if finetune::is_finetune_checkpoint(path) {
+        Ok(Source::Checkpoint)
+    } else if llama::is_pretrained(path) {
         Ok(Source::Pretrained)
     } else {
-        Ok(Source::Checkpoint)
+        Err(Error::Io(format!(
+            "{}: neither a GGUF file, a Hugging Face model directory nor a fine-tuning checkpoint",
+            path.display()
+        )))
     }
 }
 
@@ -79,17 +85,14 @@ pub fn run(args: &ExportArgs) -> Result<()> {
             eprintln!("loaded {} ({})", args.model.display(), model.description);
             (model.network, info, template)
         }
-        // ─── fine-tune checkpoints: wired to `finetune::load_merged` at merge ───
         Source::Checkpoint => {
-            return Err(Error::unsupported(
-                "export",
-                format!(
-                    "{}: a fusebox checkpoint directory; exporting one needs the fine-tuning loader \
-                     (finetune::load_merged), which this build does not have. Export a GGUF file or a Hugging Face \
-                     directory",
-                    args.model.display()
-                ),
-            ));
+            let (network, tokenizer, template) = finetune::load_merged(&cpu, &args.model)?;
+            let base = match &tokenizer {
+                finetune::TokenizerSource::Gguf(path) | finetune::TokenizerSource::Hf(path) => path,
+            };
+            let (info, base_template) = export::read_tokenizer_source(base)?;
+            eprintln!("loaded fine-tuning checkpoint {} (LoRA merged)", args.model.display());
+            (network, info, template.or(base_template))
         }
     };
     write(&cpu, &network, &tokenizer, template.as_deref(), args, float, quant)?;

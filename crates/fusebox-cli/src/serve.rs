@@ -41,6 +41,9 @@ pub struct ServeArgs {
     /// Seconds running answers may go on after SIGTERM/Ctrl-C before they are cut.
     #[arg(long, default_value_t = 2.0)]
     shutdown_grace: f64,
+    /// KV-cache element type of every slot: f32, f16 or bf16 (as `generate`).
+    #[arg(long, default_value = "f16", value_parser = crate::generate::parse_cache_type)]
+    cache_type: fusebox::DType,
     /// Compute backend: cpu or wgpu.
     #[arg(long, default_value = "cpu")]
     backend: String,
@@ -58,7 +61,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let description = model.description.clone();
     let ctx = args.ctx_size.unwrap_or_else(|| 2048.min(model.context_length()));
     // Every slot holds a cache of `ctx` positions.
-    crate::generate_pretrained::check_cache_memory(&model, ctx.saturating_mul(args.parallel.max(1)))?;
+    crate::generate_pretrained::check_cache_memory(&model, ctx.saturating_mul(args.parallel.max(1)), args.cache_type)?;
     let config = fusebox_serve::ServerConfig {
         host: args.host.clone(),
         port: args.port,
@@ -69,6 +72,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         api_key: args.api_key.clone(),
         model_id: args.alias.clone(),
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
+        cache_type: args.cache_type,
     };
     let threads = b.cpu().threads();
     let server = fusebox_serve::Server::start_with(b, model, config, fusebox_serve::termination())?;

@@ -102,6 +102,8 @@ pub struct EngineConfig {
     pub ctx_size: usize,
     /// Most prompt tokens one prefill chunk runs.
     pub prefill_chunk: usize,
+    /// Element type of every slot's KV cache.
+    pub cache_type: fusebox::DType,
 }
 
 enum Phase {
@@ -144,7 +146,7 @@ pub fn run(
     let net = &model.network;
     let mut slots = Vec::with_capacity(config.parallel);
     for _ in 0..config.parallel {
-        match net.new_cache(b, config.ctx_size) {
+        match net.new_cache_of(b, config.ctx_size, config.cache_type) {
             Ok(cache) => slots.push(Slot { cache, active: None }),
             Err(e) => {
                 let _ = ready.send(Err(e));

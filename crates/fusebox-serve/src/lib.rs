@@ -75,6 +75,9 @@ pub struct ServerConfig {
     /// After a shutdown signal, how long running answers may go on before they are
     /// ended with `finish_reason: "length"`.
     pub shutdown_grace: Duration,
+    /// Element type of the KV caches: f32, or f16/bf16 (half the memory and the bytes a
+    /// decode step reads per position; rounded as written, widened to f32 as read).
+    pub cache_type: fusebox::DType,
 }
 
 impl Default for ServerConfig {
@@ -89,6 +92,7 @@ impl Default for ServerConfig {
             api_key: None,
             model_id: None,
             shutdown_grace: Duration::from_secs(2),
+            cache_type: fusebox::DType::F32,
         }
     }
 }
@@ -233,7 +237,12 @@ fn build(backend: Arc<dyn ComputeBackend>, model: Pretrained, config: &ServerCon
     let metrics = Arc::new(Metrics::default());
     metrics.slots_total.store(config.parallel, Ordering::Relaxed);
     let (tx, rx) = std::sync::mpsc::channel();
-    let engine_config = EngineConfig { parallel: config.parallel, ctx_size, prefill_chunk: config.prefill_chunk };
+    let engine_config = EngineConfig {
+        parallel: config.parallel,
+        ctx_size,
+        prefill_chunk: config.prefill_chunk,
+        cache_type: config.cache_type,
+    };
     // The caches are allocated on the model thread; report a failure before listening.
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();
     let (m, mm) = (model.clone(), metrics.clone());
