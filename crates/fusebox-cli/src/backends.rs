@@ -213,7 +213,10 @@ mod tests {
         let mut rest = code;
         let mut found = 0;
         while let Some(at) = rest.find("\"FUSEBOX_") {
-            let name: String = rest[at + 1..].chars().take_while(|c| c.is_ascii_uppercase() || *c == '_').collect();
+            let name: String = rest[at + 1..]
+                .chars()
+                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
             assert!(ENV_HELP.contains(&format!("{name}=")), "{name} is read but not in ENV_HELP");
             found += 1;
             rest = &rest[at + 1..];
