@@ -265,7 +265,12 @@ fn bad_input_gets_openai_errors() {
         assert_eq!(u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap(), 65, "{v}");
         // Over 1 MiB: 413.
         let big = format!("{{\"messages\": [{{\"role\": \"user\", \"content\": \"{}\"}}]}}", "a".repeat((1 << 20) + 10));
-        assert_eq!(post(big.into_bytes(), Some("sekret")).await.unwrap().status(), 413);
+        // The server may answer 413 and close before the client has written the whole body;
+        // the client then sees the connection broken while sending, which is the same refusal.
+        match post(big.into_bytes(), Some("sekret")).await {
+            Ok(r) => assert_eq!(r.status(), 413),
+            Err(e) => assert!(e.is_request(), "expected 413 or a refused body, got {e}"),
+        }
     });
     server.shutdown().unwrap();
 }
