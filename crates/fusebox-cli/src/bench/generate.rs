@@ -15,7 +15,9 @@
 //! with `n` the positions attended (the context plus the new token). Each timed step is
 //! followed by a read of as many bytes (the vectorized sum `bench ops` uses as its read
 //! reference) on the same threads; `% of read` is the median over steps of
-//! `(bytes/token / t_step) / (bytes / t_read)`.
+//! `(bytes/token / t_step) / (bytes / t_read)`. It also counts the parallel regions
+//! (fork-joins of the CPU backend's threads, `CpuBackend::parallel_regions`) one step
+//! starts: each ends in a synchronisation of every thread.
 
 use std::time::Instant;
 
@@ -96,6 +98,8 @@ struct Bandwidth {
     gbps: f64,
     read_gbps: f64,
     pct_of_read: f64,
+    /// Parallel regions (fork-joins) the CPU backend started per step (median).
+    regions_per_token: u64,
 }
 
 /// Fills a fresh session with `context` prompt tokens, then times `steps` greedy decode
@@ -124,13 +128,15 @@ fn decode_bandwidth(
     let per_step = |n: usize| (weight_bytes + kv(n)) as usize;
     let mut read = measure::Bandwidth::read(per_step(context + steps));
     read.run(b.cpu());
-    let (mut t_step, mut ratios) = (Vec::new(), Vec::new());
+    let (mut t_step, mut ratios, mut regions) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..steps.max(1) {
         let n = context + i + 1;
+        let regions_before = b.cpu().parallel_regions();
         let t = Instant::now();
         logits = session.step(b, &[argmax(&logits)])?;
         b.synchronize()?;
         let step_s = t.elapsed().as_secs_f64();
+        regions.push(b.cpu().parallel_regions() - regions_before);
         let t = Instant::now();
         read.run(b.cpu());
         let read_s = t.elapsed().as_secs_f64();
@@ -142,7 +148,9 @@ fn decode_bandwidth(
     let kv_bytes = kv(n_mid);
     let bytes = (weight_bytes + kv_bytes) as f64;
     let pct_of_read = 100.0 * median(ratios);
+    regions.sort_unstable();
     Ok(Bandwidth {
+        regions_per_token: regions[regions.len() / 2],
         cache_type,
         context,
         tokens_per_s: 1.0 / step,
@@ -237,7 +245,8 @@ pub fn run(args: &GenerateBenchArgs) -> Result<()> {
                 json!({"cache_type": w.cache_type.to_string(), "context": w.context, "decode_tokens_per_s": measure::round(w.tokens_per_s),
                        "weight_bytes_per_token": w.weight_bytes as u64, "kv_bytes_per_token": w.kv_bytes as u64,
                        "bytes_per_token": (w.weight_bytes + w.kv_bytes) as u64, "gbps": measure::round(w.gbps),
-                       "read_gbps": measure::round(w.read_gbps), "pct_of_read": measure::round(w.pct_of_read)})
+                       "read_gbps": measure::round(w.read_gbps), "pct_of_read": measure::round(w.pct_of_read),
+                       "parallel_regions_per_token": w.regions_per_token})
             })
             .collect();
         println!(
@@ -265,7 +274,7 @@ pub fn run(args: &GenerateBenchArgs) -> Result<()> {
             let mb = |x: u128| x as f64 / 1e6;
             println!(
                 "decode at context {} ({} cache): {:.1} tok/s × {:.1} MB/token (weights {:.1} + KV {:.1}) = {:.2} GB/s, \
-                 {:.0}% of the read bandwidth ({:.2} GB/s)",
+                 {:.0}% of the read bandwidth ({:.2} GB/s); {} parallel regions per token",
                 w.context,
                 w.cache_type,
                 w.tokens_per_s,
@@ -274,7 +283,8 @@ pub fn run(args: &GenerateBenchArgs) -> Result<()> {
                 mb(w.kv_bytes),
                 w.gbps,
                 w.pct_of_read,
-                w.read_gbps
+                w.read_gbps,
+                w.regions_per_token
             );
         }
         // Each cache type against the f32 cache at the same context, when both ran.

@@ -186,10 +186,19 @@ impl Transformer {
         if p.stacked() {
             let y = self.linear(b, x, p.weights[0], bias(0))?;
             let axis = y.rank() - 1;
+            // One row (a decode step) in host memory: each part is a contiguous run of
+            // it, so a view of it, not a copy.
+            let one_row = y.is_host() && y.dims()[..axis].iter().product::<usize>() == 1;
             let mut start = 0;
             let mut parts = Vec::with_capacity(p.parts.len());
             for &r in &p.parts {
-                parts.push(b.slice(&y, axis, start, r)?);
+                parts.push(if one_row {
+                    let mut dims = y.dims().to_vec();
+                    dims[axis] = r;
+                    y.view(start, dims)?
+                } else {
+                    b.slice(&y, axis, start, r)?
+                });
                 start += r;
             }
             Ok(parts)
@@ -315,9 +324,9 @@ impl Transformer {
             .proj(b, &h.output, &li.qkv)?
             .try_into()
             .map_err(|_| Error::value(OP, "q/k/v projections", "three", "another count"))?;
-        let mut q = b.split_heads(&q, arch.n_heads)?;
-        let mut k = b.split_heads(&k, arch.n_kv_heads)?;
-        let v = b.split_heads(&v, arch.n_kv_heads)?;
+        let mut q = split_heads(b, &q, arch.n_heads)?;
+        let mut k = split_heads(b, &k, arch.n_kv_heads)?;
+        let v = split_heads(b, &v, arch.n_kv_heads)?;
         let qk_pre = match (li.q_norm, li.k_norm) {
             (Some(qn), Some(kn)) => {
                 let nq = b.rms_norm(&q, self.p(qn), arch.norm_eps)?;
@@ -345,7 +354,7 @@ impl Transformer {
             }
             Pass::Cached { cache, pos } => (self.cached_attention(b, l, &q, &k, &v, cache, *pos)?, None),
         };
-        let merged = b.merge_heads(&attn_out)?;
+        let merged = merge_heads(b, &attn_out)?;
         let o = self.proj(b, &merged, &li.o)?.remove(0);
         let (o, post_attn) = match li.post_attn_norm {
             Some(n) => {
@@ -713,6 +722,23 @@ fn attend_backward(
     scale: f32,
 ) -> Result<AttentionGradients> {
     b.causal_attention_backward(q, k, v, result, d_out, window, scale)
+}
+
+/// `[B, T, H·D] → [B, H, T, D]`; for one position (T = 1) the two orders are the same
+/// memory, so a reshape.
+fn split_heads(b: &dyn ComputeBackend, x: &Tensor, heads: usize) -> Result<Tensor> {
+    match *x.dims() {
+        [bsz, 1, hd] if heads > 0 && hd % heads == 0 => x.reshape([bsz, heads, 1, hd / heads]),
+        _ => b.split_heads(x, heads),
+    }
+}
+
+/// `[B, H, T, D] → [B, T, H·D]`; a reshape for T = 1 (as [`split_heads`]).
+fn merge_heads(b: &dyn ComputeBackend, x: &Tensor) -> Result<Tensor> {
+    match *x.dims() {
+        [bsz, h, 1, d] => x.reshape([bsz, 1, h * d]),
+        _ => b.merge_heads(x),
+    }
 }
 
 /// Attention of new queries over the first `kv_len` cached positions (the last `W`

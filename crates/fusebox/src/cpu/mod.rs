@@ -31,6 +31,7 @@ pub mod softmax_x86;
 pub mod stream_x86;
 pub mod team;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
@@ -63,6 +64,8 @@ pub struct CpuBackend {
     spin: Duration,
     stream_min_bytes: usize,
     exact_decode: bool,
+    /// Loops handed to the rayon pool (`install`); the team counts its own jobs.
+    pool_regions: AtomicU64,
 }
 
 /// Settings of a [`CpuBackend`], from [`CpuBackend::builder`]; [`build`](Self::build)
@@ -192,7 +195,17 @@ impl CpuBackendBuilder {
         };
         let pinned = cpus.is_some() && threads > 1;
         let exact_decode = self.exact_decode;
-        Ok(CpuBackend { team, pool, threads, isa, pinned, spin: self.spin, stream_min_bytes, exact_decode })
+        Ok(CpuBackend {
+            team,
+            pool,
+            threads,
+            isa,
+            pinned,
+            spin: self.spin,
+            stream_min_bytes,
+            exact_decode,
+            pool_regions: AtomicU64::new(0),
+        })
     }
 }
 
@@ -226,6 +239,7 @@ impl CpuBackend {
             spin,
             stream_min_bytes: output::default_stream_min_bytes(),
             exact_decode: true,
+            pool_regions: AtomicU64::new(0),
         }
     }
 
@@ -261,6 +275,14 @@ impl CpuBackend {
         self.exact_decode
     }
 
+    /// How many parallel regions (fork-joins: a job of the spinning team, or a call into
+    /// the rayon pool) this backend has started since it was built. Every region ends in
+    /// a synchronisation of all its threads; `fusebox bench generate` reports the count
+    /// per decoded token. Loops small enough to run on the caller alone are not counted.
+    pub fn parallel_regions(&self) -> u64 {
+        self.team.jobs() + self.pool_regions.load(Ordering::Relaxed)
+    }
+
     /// Holds this backend's ISA on the calling thread while the guard lives. The trait's
     /// methods do this themselves; a caller of the kernels in [`crate::cpu`] directly
     /// holds one around the call so its own thread dispatches like the backend's workers
@@ -280,6 +302,7 @@ impl CpuBackend {
         match &self.pool {
             Some(pool) => {
                 self.team.rest();
+                self.pool_regions.fetch_add(1, Ordering::Relaxed);
                 pool.install(f)
             }
             None => f(),

@@ -137,6 +137,8 @@ pub struct Team {
     /// Held by the one caller running a job; a second caller at the same time (another
     /// thread sharing the backend) is told to use the rayon pool instead.
     busy: Mutex<()>,
+    /// Jobs run so far (see [`Team::jobs`]).
+    jobs: AtomicU64,
 }
 
 impl std::fmt::Debug for Team {
@@ -166,18 +168,18 @@ impl Team {
                 Ok(handle) => handles.push(handle),
                 Err(e) => {
                     // Stop the helpers already started before reporting.
-                    drop(Team { shared, helpers: handles, busy: Mutex::new(()) });
+                    drop(Team { shared, helpers: handles, busy: Mutex::new(()), jobs: AtomicU64::new(0) });
                     return Err(e);
                 }
             }
         }
-        Ok(Team { shared, helpers: handles, busy: Mutex::new(()) })
+        Ok(Team { shared, helpers: handles, busy: Mutex::new(()), jobs: AtomicU64::new(0) })
     }
 
     /// A team of the caller alone running `isa` (no helper; starts no thread, so it
     /// cannot fail).
     pub fn solo(isa: Isa) -> Team {
-        Team { shared: Team::shared(1, isa, SPIN), helpers: Vec::new(), busy: Mutex::new(()) }
+        Team { shared: Team::shared(1, isa, SPIN), helpers: Vec::new(), busy: Mutex::new(()), jobs: AtomicU64::new(0) }
     }
 
     /// The state shared by a team of `threads` participants.
@@ -204,6 +206,7 @@ impl Team {
             Err(TryLockError::WouldBlock) => return false,
             Err(TryLockError::Poisoned(e)) => e.into_inner(),
         };
+        self.jobs.fetch_add(1, Ordering::Relaxed);
         // SAFETY (lifetime erasure): see the module's hazard; we wait below for every
         // claimed index before returning or unwinding.
         let body: *const (dyn Fn(usize) + Sync + '_) = body;
@@ -243,6 +246,11 @@ impl Team {
             resume_unwind(p);
         }
         true
+    }
+
+    /// How many jobs [`run`](Self::run) has run (each one fork-join of the team).
+    pub fn jobs(&self) -> u64 {
+        self.jobs.load(Ordering::Relaxed)
     }
 
     /// Tells spinning helpers to park now (before other threads, such as the rayon

@@ -5,6 +5,7 @@ use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 use crate::cpu::convert::{f32_data, from_f32};
+use crate::cpu::pool::SERIAL_WORK;
 use crate::cpu::simd;
 use crate::cpu::CpuBackend;
 use crate::dtype::DType;
@@ -71,16 +72,20 @@ pub fn write_head_cache(cpu: &CpuBackend, cache: &mut Tensor, new: &Tensor, pos:
     if t * d == 0 {
         return Ok(());
     }
+    // The work is the rows written (T·D per head), not the cache's size: a decode step
+    // writes one row per head, far too little for a parallel loop. (`len / head` is the
+    // number of heads, in elements or in bytes alike.)
+    let parallel = |len: usize, head: usize| len / head.max(1) * t * d >= SERIAL_WORK;
     if new_dtype != dtype {
         // F32 rows into a 16-bit cache (the only mixed pair the spec accepts).
         let src = new.as_slice::<f32>()?;
         let (head, rows) = (capacity * d, t * d);
         let at = pos * d..pos * d + rows;
         match dtype {
-            DType::F16 => cpu.for_each_chunk(cache.as_mut_slice::<f16>()?, head, rows, |h, slab| {
+            DType::F16 => for_each_head(cpu, cache.as_mut_slice::<f16>()?, head, rows, parallel, |h, slab| {
                 slab[at.clone()].convert_from_f32_slice(&src[h * rows..(h + 1) * rows]);
             }),
-            _ => cpu.for_each_chunk(cache.as_mut_slice::<bf16>()?, head, rows, |h, slab| {
+            _ => for_each_head(cpu, cache.as_mut_slice::<bf16>()?, head, rows, parallel, |h, slab| {
                 slab[at.clone()].convert_from_f32_slice(&src[h * rows..(h + 1) * rows]);
             }),
         }
@@ -90,11 +95,28 @@ pub fn write_head_cache(cpu: &CpuBackend, cache: &mut Tensor, new: &Tensor, pos:
     let (head_bytes, rows_bytes) = (capacity * d * elem, t * d * elem);
     let src = new.host_bytes()?;
     let dst = cache.host_bytes_mut()?;
-    cpu.for_each_chunk(dst, head_bytes, t * d, |head, slab| {
+    for_each_head(cpu, dst, head_bytes, t * d, parallel, |head, slab| {
         slab[pos * d * elem..pos * d * elem + rows_bytes]
             .copy_from_slice(&src[head * rows_bytes..(head + 1) * rows_bytes]);
     });
     Ok(())
+}
+
+/// `f(h, slab)` for each `head`-long slab of `data`: a parallel loop where
+/// `parallel(data.len(), head)` says the writes are worth one, else on the caller.
+fn for_each_head<T: Send>(
+    cpu: &CpuBackend,
+    data: &mut [T],
+    head: usize,
+    work: usize,
+    parallel: impl Fn(usize, usize) -> bool,
+    f: impl Fn(usize, &mut [T]) + Sync + Send,
+) {
+    if parallel(data.len(), head) {
+        cpu.for_each_chunk(data, head, work, f);
+    } else {
+        data.chunks_mut(head.max(1)).enumerate().for_each(|(h, slab)| f(h, slab));
+    }
 }
 
 /// `[B, T, H·D] → [B, H, T, D]`.
