@@ -50,9 +50,11 @@ const QK_K: usize = 256;
 const GROUP_MAX_EPS: f32 = 1e-15;
 /// Blocks per parallel task of `quantize` / `dequantize`.
 const BLOCKS_PER_TASK: usize = 64;
-/// Up to this many rows of x, `quantized_matmul` decodes one W row at a time and dots it
-/// with every x row; above it, it decodes panels of W rows and runs gemm on them.
-const SMALL_M: usize = 12;
+/// Up to this many rows of x, `quantized_matmul` dots each x row with the W blocks as it
+/// does for one row (a row's result does not depend on how many rows come with it: a
+/// server batching 1..=16 sequences relies on it); above it, it decodes panels of W rows
+/// and runs gemm on them.
+const SMALL_M: usize = 16;
 
 /// The little-endian f16 at `bytes[at..at + 2]`, as f32.
 #[inline(always)]
@@ -790,6 +792,42 @@ fn fused_rows(dtype: DType, w: &[u8], x: &[f32], xsum32: &[f32], out: &mut [f32]
         DType::Q5K => fused_dot::q5_k(w, x, xsum32, out),
         DType::IQ4XS => fused_dot::iq4_xs(w, x, xsum32, out),
         _ => return false,
+    }
+    true
+}
+
+/// `out[r·m + i] = Σ_j x_i[j]·W[r, j]` for the `out.len() / m` rows of `w` and the `m`
+/// rows `x_i` of `xs` (`k` elements each; `xsum32` holds each row's `nb` = ⌈k/32⌉ sums
+/// over runs of 32). Every `out[r·m + i]` has the bits [`fused_rows`] gives for x_i
+/// alone: the x86 kernels that decode a block once for several x rows repeat the one-row
+/// kernel's operations per x row; elsewhere each x row runs the one-row kernel. Returns
+/// false for FP8, which has no fused form.
+#[allow(clippy::too_many_arguments)]
+fn fused_rows_multi(
+    dtype: DType,
+    w: &[u8],
+    xs: &[f32],
+    k: usize,
+    nb: usize,
+    xsum32: &[f32],
+    m: usize,
+    out: &mut [f32],
+) -> bool {
+    if m == 1 {
+        return fused_rows(dtype, w, xs, xsum32, out);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if x86::fused_rows_multi(dtype, w, xs, k, xsum32, m, out) {
+        return true;
+    }
+    let mut col = vec![0.0f32; out.len() / m];
+    for (i, (x, sums)) in xs.chunks_exact(k).zip(xsum32.chunks_exact(nb)).enumerate() {
+        if !fused_rows(dtype, w, x, sums, &mut col) {
+            return false;
+        }
+        for (outs, &v) in out.chunks_exact_mut(m).zip(&col) {
+            outs[i] = v;
+        }
     }
     true
 }
@@ -1634,8 +1672,11 @@ pub fn dequantize(cpu: &CpuBackend, x: &Tensor) -> Result<Tensor> {
 /// W is never materialised in f32. For up to `SMALL_M` rows of x (token-by-token
 /// decoding) each task takes W rows one at a time: for the formats with integer kernels
 /// (when the backend was built with `exact_decode(false)`) it dots them in integers with
-/// x rounded to 8 bits once per call (see `int`); otherwise it dots the blocks with x in
-/// f32 (one x row) or decodes the row into a buffer and dots it with every x row; for more rows (prompt prefill) each task decodes a panel of W rows and
+/// x rounded to 8 bits once per call (see `int`); otherwise it dots the blocks with each
+/// x row in f32, each x row with the arithmetic of the one-row kernel (the AVX2 Q4_0,
+/// Q4_1 and Q8_0 kernels decode a block once for up to 4 x rows), so each row's result
+/// is bit-identical whatever the number of rows up to `SMALL_M` (FP8 weights: decoded
+/// into a buffer and dotted with every x row); for more rows (prompt prefill) each task decodes a panel of W rows and
 /// multiplies x by it with gemm. Tasks own disjoint output columns, and each output is
 /// computed by one task in a fixed order, so results do not depend on scheduling.
 ///
@@ -1658,9 +1699,9 @@ pub fn quantized_matmul(cpu: &CpuBackend, x: &Tensor, w: &Tensor) -> Result<Tens
     convert::from_f32(out, Shape::new(out_dims), x.dtype())
 }
 
-/// Few x rows: each task takes W rows one by one and dots each with all `m` x rows —
-/// straight from the blocks for one x row (block formats), else decoding the W row once
-/// into a buffer and reusing it.
+/// Few x rows: each task takes a run of W rows and dots them with all `m` x rows —
+/// straight from the blocks (block formats; see `fused_rows_multi`), else decoding each
+/// W row once into a buffer and reusing it.
 fn matmul_by_rows(cpu: &CpuBackend, xs: &[f32], m: usize, dtype: DType, wb: &[u8], n: usize, k: usize) -> Vec<f32> {
     let row_bytes = dtype.storage_bytes(k);
     let rows_per_task = n.div_ceil(cpu.threads() * 4).max(1);
@@ -1686,18 +1727,20 @@ fn matmul_by_rows(cpu: &CpuBackend, xs: &[f32], m: usize, dtype: DType, wb: &[u8
         });
         return transposed(out_t, m, n);
     }
-    if m == 1 && dtype.is_quantized() {
-        // One x row (decoding a token): dot each W row straight from its blocks.
-        let xsum32: Vec<f32> = xs.chunks(QK).map(simd::sum).collect();
-        let mut out = vec![0.0f32; n];
-        cpu.for_each_chunk(&mut out, rows_per_task, k, |task, chunk| {
+    if dtype.is_quantized() {
+        // Each x row is dotted with the blocks by the one-row kernel's arithmetic (see
+        // `fused_rows_multi`), so a row's result is the same, bit for bit, for every m.
+        let nb = k.div_ceil(QK);
+        let xsum32: Vec<f32> = xs.chunks_exact(k).flat_map(|x| x.chunks(QK).map(simd::sum)).collect();
+        let mut out_t = vec![0.0f32; n * m];
+        cpu.for_each_chunk(&mut out_t, rows_per_task * m, k, |task, chunk| {
             let first = task * rows_per_task;
-            let w = &wb[first * row_bytes..(first + chunk.len()) * row_bytes];
-            if !fused_rows(dtype, w, xs, &xsum32, chunk) {
+            let w = &wb[first * row_bytes..(first + chunk.len() / m) * row_bytes];
+            if !fused_rows_multi(dtype, w, xs, k, nb, &xsum32, m, chunk) {
                 chunk.fill(f32::NAN);
             }
         });
-        return out;
+        return transposed(out_t, m, n);
     }
     // Computed transposed, `[n, m]`, so each task owns a contiguous chunk.
     let mut out_t = vec![0.0f32; n * m];
@@ -1892,6 +1935,52 @@ mod tests {
             fused_dot::q5_0(wb, &x, &xsum32, &mut portable);
             for r in 0..n {
                 assert_eq!(simd_out[r].to_bits(), portable[r].to_bits(), "{dtype} row {r} vs the {} path", isa.name());
+            }
+        }
+    }
+
+    /// A server batches 1..=16 sequences into one `quantized_matmul`: each row's result
+    /// must not depend on how many rows come with it, on either decode path, for every
+    /// block format (and for FP8), with the work split over threads.
+    #[test]
+    fn each_rows_result_is_bit_identical_for_every_row_count_up_to_16() {
+        let (n, k) = (37, 512);
+        let x_all: Vec<f32> = (0..SMALL_M * k)
+            .map(|i| ((i * 37 % 101) as f32 / 25.0 - 2.0) * if i % 97 == 3 { 9.0 } else { 1.0 })
+            .collect();
+        let w_f32: Vec<f32> = (0..n * k).map(|i| (i * 53 % 89) as f32 / 22.0 - 2.0).collect();
+        let dense = Tensor::from_vec(w_f32, [n, k]).unwrap();
+        for exact in [true, false] {
+            let cpu = CpuBackend::builder().threads(2).exact_decode(exact).build().unwrap();
+            for dtype in DType::ALL.into_iter().filter(|d| d.is_quantized() || *d == DType::F8E4M3) {
+                let w = match quantize(&cpu, &dense, dtype) {
+                    Ok(w) => w,
+                    Err(e) => panic!("{dtype}: {e}"),
+                };
+                let one: Vec<Vec<u32>> = (0..SMALL_M)
+                    .map(|i| {
+                        let x = Tensor::from_vec(x_all[i * k..(i + 1) * k].to_vec(), [1, k]).unwrap();
+                        quantized_matmul(&cpu, &x, &w)
+                            .unwrap()
+                            .to_vec_f32()
+                            .unwrap()
+                            .iter()
+                            .map(|v| v.to_bits())
+                            .collect()
+                    })
+                    .collect();
+                assert!(one.iter().flatten().all(|&b| f32::from_bits(b).is_finite()), "{dtype}: non-finite output");
+                for m in 2..=SMALL_M {
+                    let x = Tensor::from_vec(x_all[..m * k].to_vec(), [m, k]).unwrap();
+                    let y = quantized_matmul(&cpu, &x, &w).unwrap().to_vec_f32().unwrap();
+                    for (i, row) in y.chunks_exact(n).enumerate() {
+                        let bits: Vec<u32> = row.iter().map(|v| v.to_bits()).collect();
+                        assert_eq!(
+                            bits, one[i],
+                            "{dtype}, exact_decode {exact}: row {i} of {m} differs from the row alone"
+                        );
+                    }
+                }
             }
         }
     }

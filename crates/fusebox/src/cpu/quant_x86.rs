@@ -69,6 +69,67 @@ pub(super) fn fused_rows(dtype: DType, w: &[u8], x: &[f32], xsum32: &[f32], out:
     true
 }
 
+/// `out[r·m + i] = Σ_j x_i[j]·W[r, j]` for the `out.len() / m` rows of `w` and the `m`
+/// rows `x_i` of `xs` (`k` elements each, `xsum32` their sums over each run of 32,
+/// `k / 32` per row): each block of W is decoded once for all the x rows, and each x
+/// row's arithmetic is, operation for operation, that of the one-row kernel
+/// [`fused_rows`] runs for this format and ISA, so `out[r·m + i]` has the bits
+/// `fused_rows` gives for x_i alone. Returns false (doing nothing) where no such kernel
+/// fits the format and ISA in use.
+pub(super) fn fused_rows_multi(
+    dtype: DType,
+    w: &[u8],
+    xs: &[f32],
+    k: usize,
+    xsum32: &[f32],
+    m: usize,
+    out: &mut [f32],
+) -> bool {
+    let block_bytes = match dtype {
+        DType::Q8_0 => 34,
+        DType::Q4_0 => 18,
+        DType::Q4_1 => 20,
+        _ => return false,
+    };
+    if m == 0 || k == 0 || !k.is_multiple_of(QK) || !out.len().is_multiple_of(m) {
+        return false;
+    }
+    let (rows, nb) = (out.len() / m, k / QK);
+    if xs.len() != m * k || xsum32.len() != m * nb || w.len() != rows * nb * block_bytes {
+        return false;
+    }
+    if Isa::active() != Isa::Avx2 || !has_f16c() {
+        return false;
+    }
+    // Groups of up to 4 x rows share each decoded block.
+    let mut i = 0;
+    while i < m {
+        let g = (m - i).min(4);
+        let (x, s) = (&xs[i * k..(i + g) * k], &xsum32[i * nb..(i + g) * nb]);
+        // SAFETY: AVX2 and F16C are available (checked above); `w` holds `rows` rows of
+        // `nb` blocks, `x` g rows of k = 32·nb elements and `s` g rows of nb sums, and the
+        // kernels write out[r·m + i + 0..g] for r < rows, inside `out` (rows·m long).
+        unsafe {
+            match (dtype, g) {
+                (DType::Q4_1, 4) => avx2::q4_rows_multi::<true, 4>(w, x, s, nb, out, m, i),
+                (DType::Q4_1, 3) => avx2::q4_rows_multi::<true, 3>(w, x, s, nb, out, m, i),
+                (DType::Q4_1, 2) => avx2::q4_rows_multi::<true, 2>(w, x, s, nb, out, m, i),
+                (DType::Q4_1, _) => avx2::q4_rows_multi::<true, 1>(w, x, s, nb, out, m, i),
+                (DType::Q4_0, 4) => avx2::q4_rows_multi::<false, 4>(w, x, s, nb, out, m, i),
+                (DType::Q4_0, 3) => avx2::q4_rows_multi::<false, 3>(w, x, s, nb, out, m, i),
+                (DType::Q4_0, 2) => avx2::q4_rows_multi::<false, 2>(w, x, s, nb, out, m, i),
+                (DType::Q4_0, _) => avx2::q4_rows_multi::<false, 1>(w, x, s, nb, out, m, i),
+                (_, 4) => avx2::q8_0_rows_multi::<4>(w, x, nb, out, m, i),
+                (_, 3) => avx2::q8_0_rows_multi::<3>(w, x, nb, out, m, i),
+                (_, 2) => avx2::q8_0_rows_multi::<2>(w, x, nb, out, m, i),
+                (_, _) => avx2::q8_0_rows_multi::<1>(w, x, nb, out, m, i),
+            }
+        }
+        i += g;
+    }
+    true
+}
+
 fn has_f16c() -> bool {
     std::arch::is_x86_feature_detected!("f16c")
 }
@@ -278,6 +339,122 @@ mod avx2 {
             let offset =
                 if OFFSET { f32::from_bits(_mm_extract_ps::<1>(off) as u32) } else { -8.0 * _mm_cvtss_f32(off) };
             *o = hsum(_mm256_add_ps(acc0, acc1)) + offset;
+        }
+    }
+
+    /// `q4_rows` for `R` x rows at once (rows `0..R` of `x`, sums in `xsum32[i·nb..]`):
+    /// each block's nibbles are widened and converted once, then every x row does
+    /// exactly `q4_rows`' operations on them, in the same order, into its own
+    /// accumulators; row r's result for x row i goes to `out[r·m + col + i]`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; `x` must hold `R` rows of `32·nb`
+    /// elements, `xsum32` `R·nb` sums, `w` whole rows of `nb` blocks (20 bytes each for
+    /// Q4_1, 18 for Q4_0), and `out` at least `(w rows − 1)·m + col + R` elements.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q4_rows_multi<const OFFSET: bool, const R: usize>(
+        w: &[u8],
+        x: &[f32],
+        xsum32: &[f32],
+        nb: usize,
+        out: &mut [f32],
+        m: usize,
+        col: usize,
+    ) {
+        let (bb, qs_at) = if OFFSET { (20, 4) } else { (18, 2) };
+        let row_bytes = nb * bb;
+        let rows = w.len() / row_bytes;
+        let mask = _mm256_set1_epi32(0x0F);
+        let xp = x.as_ptr();
+        for r in 0..rows {
+            prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
+            let row = w.as_ptr().wrapping_add(r * row_bytes);
+            let mut acc0 = [_mm256_setzero_ps(); R];
+            let mut acc1 = [_mm256_setzero_ps(); R];
+            let mut off = [_mm_setzero_ps(); R];
+            for b in 0..nb {
+                // SAFETY: block b of row r lies inside `w`; x row i's block b and sum b
+                // lie inside `x` and `xsum32` (the caller's contract).
+                unsafe {
+                    let blk = row.add(b * bb);
+                    let a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(blk.add(qs_at) as *const __m128i));
+                    let c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(blk.add(qs_at + 8) as *const __m128i));
+                    let lo_a = _mm256_cvtepi32_ps(_mm256_and_si256(a, mask));
+                    let lo_c = _mm256_cvtepi32_ps(_mm256_and_si256(c, mask));
+                    let hi_a = _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(a));
+                    let hi_c = _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(c));
+                    let dm = header(blk);
+                    let d = _mm256_broadcastss_ps(dm);
+                    for i in 0..R {
+                        let xb = xp.add(i * nb * QK + QK * b);
+                        let t0 = _mm256_mul_ps(_mm256_loadu_ps(xb), lo_a);
+                        let t1 = _mm256_mul_ps(_mm256_loadu_ps(xb.add(8)), lo_c);
+                        let t0 = _mm256_fmadd_ps(_mm256_loadu_ps(xb.add(16)), hi_a, t0);
+                        let t1 = _mm256_fmadd_ps(_mm256_loadu_ps(xb.add(24)), hi_c, t1);
+                        acc0[i] = _mm256_fmadd_ps(d, t0, acc0[i]);
+                        acc1[i] = _mm256_fmadd_ps(d, t1, acc1[i]);
+                        off[i] = _mm_fmadd_ps(dm, _mm_set1_ps(*xsum32.get_unchecked(i * nb + b)), off[i]);
+                    }
+                }
+            }
+            for i in 0..R {
+                let offset = if OFFSET {
+                    f32::from_bits(_mm_extract_ps::<1>(off[i]) as u32)
+                } else {
+                    -8.0 * _mm_cvtss_f32(off[i])
+                };
+                // SAFETY: r·m + col + i < out.len() (the caller's contract).
+                unsafe { *out.get_unchecked_mut(r * m + col + i) = hsum(_mm256_add_ps(acc0[i], acc1[i])) + offset };
+            }
+        }
+    }
+
+    /// `q8_0_rows` for `R` x rows at once, as `q4_rows_multi`: each block's bytes are
+    /// converted once, every x row does `q8_0_rows`' operations on them in its order.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; `x` must hold `R` rows of `32·nb`
+    /// elements, `w` whole rows of `nb` blocks of 34 bytes, and `out` at least
+    /// `(w rows − 1)·m + col + R` elements.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q8_0_rows_multi<const R: usize>(
+        w: &[u8],
+        x: &[f32],
+        nb: usize,
+        out: &mut [f32],
+        m: usize,
+        col: usize,
+    ) {
+        let row_bytes = nb * 34;
+        let rows = w.len() / row_bytes;
+        let xp = x.as_ptr();
+        for r in 0..rows {
+            prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
+            let row = w.as_ptr().wrapping_add(r * row_bytes);
+            let mut acc0 = [_mm256_setzero_ps(); R];
+            let mut acc1 = [_mm256_setzero_ps(); R];
+            for b in 0..nb {
+                // SAFETY: as in `q4_rows_multi`.
+                unsafe {
+                    let blk = row.add(b * 34);
+                    let (q0, q1) = (i8x8(blk.add(2)), i8x8(blk.add(10)));
+                    let (q2, q3) = (i8x8(blk.add(18)), i8x8(blk.add(26)));
+                    let d = _mm256_broadcastss_ps(header(blk));
+                    for i in 0..R {
+                        let xs = xp.add(i * nb * QK + QK * b);
+                        let t0 = _mm256_mul_ps(_mm256_loadu_ps(xs), q0);
+                        let t1 = _mm256_mul_ps(_mm256_loadu_ps(xs.add(8)), q1);
+                        let t0 = _mm256_fmadd_ps(_mm256_loadu_ps(xs.add(16)), q2, t0);
+                        let t1 = _mm256_fmadd_ps(_mm256_loadu_ps(xs.add(24)), q3, t1);
+                        acc0[i] = _mm256_fmadd_ps(d, t0, acc0[i]);
+                        acc1[i] = _mm256_fmadd_ps(d, t1, acc1[i]);
+                    }
+                }
+            }
+            for i in 0..R {
+                // SAFETY: r·m + col + i < out.len() (the caller's contract).
+                unsafe { *out.get_unchecked_mut(r * m + col + i) = hsum(_mm256_add_ps(acc0[i], acc1[i])) };
+            }
         }
     }
 
