@@ -6,11 +6,12 @@
 //! `batched_decode_attention`, each row over its own cache and length.
 //!
 //! Bit-identity with a sequence run alone: every op here is row-wise (norms,
-//! activations, rope, attention per sequence), except the linears, whose CPU kernels
-//! for block-quantized weights take a fused path for a single row and a
-//! decode-then-dot path for 2..=12 rows. A step of one sequence is therefore run as two
-//! identical rows, so that for up to 12 sequences each row's result does not depend on
-//! how many others share the step.
+//! activations, rope, attention per sequence), and the CPU kernels for block-quantized
+//! weights give each row of x the bits it gets alone, for up to 16 rows. A step of one
+//! sequence is therefore the single-sequence path itself (`forward_cached`), and on the
+//! CPU each row of a batch of up to 16 has the bits of that sequence stepped alone
+//! (`tests/forward_batch.rs` checks it on SmolLM2). Dense weights go through gemm, whose
+//! blocking depends on the row count: rows agree to rounding, not bit for bit.
 
 use fusebox::{ComputeBackend, DType, Error, GeluForm, NormOutput, Result, Tensor};
 
@@ -59,6 +60,10 @@ impl Transformer {
         if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.arch.vocab_size) {
             return Err(Error::value(OP, "token id", format!("< vocab size {}", self.arch.vocab_size), bad));
         }
+        if let [cache] = caches {
+            // One sequence: the single-sequence path, the same bits (see the module docs).
+            return Ok(vec![self.forward_cached(b, ids, cache)?]);
+        }
         let positions: Vec<usize> = caches.iter().map(|c| c.len).collect();
         let d = self.arch.d_model;
         // `[N, 1, D]`: the sequences as a batch of one-token rows.
@@ -83,44 +88,10 @@ impl Transformer {
         for c in caches.iter_mut() {
             c.len += 1;
         }
-        let logits = self.batch_linear(b, &h.output.reshape([n, d])?, self.index.head_weight(), None)?;
+        let logits = self.linear(b, &h.output.reshape([n, d])?, self.index.head_weight(), None)?;
         let logits = b.to_host(&logits)?.to_vec::<f32>()?;
         let v = logits.len() / n;
         Ok(logits.chunks_exact(v).map(<[f32]>::to_vec).collect())
-    }
-
-    /// `x·Wᵀ (+ bias)` of `[..., in]` with at least two rows: one row is doubled, and
-    /// the copy dropped, so that it takes the same kernel path as several (see the
-    /// module docs).
-    fn batch_linear(&self, b: &dyn ComputeBackend, x: &Tensor, w: usize, bias: Option<usize>) -> Result<Tensor> {
-        let rows = x.elem_count() / x.dims().last().copied().unwrap_or(1).max(1);
-        if rows != 1 {
-            return self.linear(b, x, w, bias);
-        }
-        let axis = x.rank() - 1;
-        let flat = x.reshape([1, x.dims()[axis]])?;
-        let y = self.linear(b, &b.concat(&[flat.clone(), flat], 0)?, w, bias)?;
-        let mut dims = x.dims().to_vec();
-        dims[axis] = y.dims()[1];
-        b.slice_rows(&y, 0, 1)?.reshape(dims)
-    }
-
-    /// Each part of a projection group, through [`batch_linear`](Self::batch_linear).
-    fn batch_proj(&self, b: &dyn ComputeBackend, x: &Tensor, p: &super::Proj) -> Result<Vec<Tensor>> {
-        let bias = |i: usize| p.biases.as_ref().map(|bs| bs[i]);
-        if p.stacked() {
-            let y = self.batch_linear(b, x, p.weights[0], bias(0))?;
-            let axis = y.rank() - 1;
-            let mut start = 0;
-            let mut parts = Vec::with_capacity(p.parts.len());
-            for &r in &p.parts {
-                parts.push(b.slice(&y, axis, start, r)?);
-                start += r;
-            }
-            Ok(parts)
-        } else {
-            p.weights.iter().enumerate().map(|(i, &w)| self.batch_linear(b, x, w, bias(i))).collect()
-        }
     }
 
     /// One decoder block over `x` `[N, 1, D]` with `h = norm1(x)`: the N rows' queries,
@@ -143,7 +114,7 @@ impl Transformer {
         let li = &self.index.layers[l];
         let n = positions.len();
         let [q, k, v]: [Tensor; 3] = self
-            .batch_proj(b, &h.output, &li.qkv)?
+            .proj(b, &h.output, &li.qkv)?
             .try_into()
             .map_err(|_| Error::value(OP, "q/k/v projections", "three", "another count"))?;
         // The N rows as the positions of one sequence, `[1, H, N, hd]`: rope then reads
@@ -207,19 +178,19 @@ impl Transformer {
             b.batched_decode_attention(&q, &kc, &vc, &lens, arch.window(l), arch.attn_scale)?
         };
         let merged = b.merge_heads(&attn)?;
-        let mut o = self.batch_proj(b, &merged, &li.o)?.remove(0);
+        let mut o = self.proj(b, &merged, &li.o)?.remove(0);
         if let Some(nrm) = li.post_attn_norm {
             o = self.norm(b, &o, nrm)?.output;
         }
         let (x_mid, norm2) = self.add_norm(b, &x, &o, li.norm2)?;
-        let up = self.batch_proj(b, &norm2.output, &li.up)?;
+        let up = self.proj(b, &norm2.output, &li.up)?;
         let act = match (arch.mlp, up.as_slice()) {
             (Mlp::Gelu, [fc]) => b.gelu(fc, GeluForm::Tanh)?,
             (Mlp::SwiGlu, [gate, up]) => b.silu_mul(gate, up)?,
             (Mlp::GeGlu, [gate, up]) => b.mul(&b.gelu(gate, GeluForm::Tanh)?, up)?,
             _ => return Err(Error::value(OP, "MLP projections", "one (gelu) or two (gated)", up.len())),
         };
-        let mut m = self.batch_proj(b, &act, &li.down)?.remove(0);
+        let mut m = self.proj(b, &act, &li.down)?.remove(0);
         if let Some(nrm) = li.post_mlp_norm {
             m = self.norm(b, &m, nrm)?.output;
         }
