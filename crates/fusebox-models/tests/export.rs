@@ -413,3 +413,47 @@ fn llama_cpp_follows_fusebox_greedy_on_the_gguf_exports() {
         }
     }
 }
+
+fn gemma3_path() -> PathBuf {
+    match std::env::var_os("FUSEBOX_GEMMA3_GGUF") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/gemma-3-270m-q4_k_m.gguf"),
+    }
+}
+
+/// Gemma 3's SentencePiece-style GGUF vocabulary (scores, byte fallback, `▁` spaces)
+/// written as a `tokenizer.json` BPE: fusebox's tokenizer built from it gives the GGUF's
+/// ids on the corpus, and so does Hugging Face's (`transformers`' `AutoTokenizer` on the
+/// written files) when it imports.
+#[test]
+fn gemma3_sentencepiece_gguf_tokenizer_converts_to_tokenizer_json() {
+    let path = gemma3_path();
+    if !path.exists() {
+        eprintln!("skipping: Gemma 3 GGUF not found at {} (scripts/fetch-gemma3.sh)", path.display());
+        return;
+    }
+    let (info, _) = export::read_tokenizer_source(&path).unwrap();
+    let source = info.tokenizer().unwrap();
+    let (text, config, _) = info.hf_files().unwrap();
+    let converted = fusebox_models::tokenizer::Tokenizer::from_hf_json(&text, Some(&config.to_string())).unwrap();
+    let texts = corpus();
+    for t in &texts {
+        for (add_special, special) in [(false, false), (false, true), (true, true)] {
+            assert_eq!(converted.tokenize(t, add_special, special), source.tokenize(t, add_special, special), "{t:?}");
+        }
+    }
+    if !have("transformers") {
+        return;
+    }
+    let dir = scratch("gemma3-tokenizer");
+    std::fs::write(dir.join("tokenizer.json"), &text).unwrap();
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+    let texts_file = dir.join("corpus.json");
+    std::fs::write(&texts_file, serde_json::to_string(&texts).unwrap()).unwrap();
+    let ids = script(&["tok", &dir.display().to_string(), "--texts", &texts_file.display().to_string()]);
+    for (t, want) in texts.iter().zip(ids["ids"].as_array().unwrap()) {
+        let want: Vec<u32> = want.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        assert_eq!(source.tokenize(t, false, true), want, "{t:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -5,8 +5,10 @@
 //! Conversions cover byte-level BPE (GGUF `tokenizer.ggml.model = gpt2`) with the
 //! pre-tokenizers both sides name: `gpt2` (`ByteLevel` with its regex), `smollm`
 //! (`Digits` then `ByteLevel`), `llama-bpe` and `qwen2` (a `Split` regex, then
-//! `ByteLevel` without one). Every conversion is checked: the tokenizer built from the
-//! converted description must give the ids of the source's on a sample text.
+//! `ByteLevel` without one); and GGUF SentencePiece-style BPE (`llama`: scores) to a
+//! `tokenizer.json` BPE with byte fallback. Every conversion is checked: the tokenizer
+//! built from the converted description must give the ids of the source's on a sample
+//! text.
 
 use std::path::Path;
 
@@ -112,8 +114,10 @@ impl TokenizerInfo {
     }
 
     /// `tokenizer.json` (text), the `tokenizer_config.json` to start from, and the
-    /// source's `generation_config.json`, for a Hugging Face directory.
-    pub(crate) fn hf_files(&self) -> Result<(String, Json, Option<Json>)> {
+    /// source's `generation_config.json`, for a Hugging Face directory. A GGUF
+    /// tokenizer is converted, and the conversion refused when it tokenizes a sample
+    /// text differently from the source.
+    pub fn hf_files(&self) -> Result<(String, Json, Option<Json>)> {
         let (text, config, generation) = match self {
             TokenizerInfo::Hf { tokenizer_json, tokenizer_config, generation_config } => (
                 tokenizer_json.clone(),
@@ -268,33 +272,37 @@ fn hf_pre_tokenizer(pre: PreTokenizer) -> Option<Json> {
     }
 }
 
-/// `tokenizer.json` (text) and `tokenizer_config.json` for GGUF byte-level BPE metadata.
+/// `tokenizer.json` (text) and `tokenizer_config.json` for GGUF tokenizer metadata:
+/// byte-level BPE (`gpt2`) or SentencePiece-style BPE (`llama`).
 fn gguf_to_hf(meta: &Metadata, tok: &Tokenizer) -> Result<(String, Json)> {
     let model = meta.get_str("tokenizer.ggml.model")?.unwrap_or("");
-    if model != "gpt2" || tok.is_sentencepiece() {
-        return Err(Error::unsupported(
+    match model {
+        "gpt2" if !tok.is_sentencepiece() => gguf_byte_level_to_hf(meta, tok),
+        "llama" => gguf_sentencepiece_to_hf(meta, tok),
+        _ => Err(Error::unsupported(
             "export",
             format!(
                 "a GGUF tokenizer of model '{model}' cannot be written as tokenizer.json here (converted: byte-level \
-                 BPE, tokenizer.ggml.model = gpt2)"
+                 BPE, tokenizer.ggml.model = gpt2, and SentencePiece-style BPE, llama)"
             ),
-        ));
+        )),
     }
-    let pre = tok.pre_tokenizer();
-    let pre_tokenizer = hf_pre_tokenizer(pre).ok_or_else(|| {
-        Error::unsupported(
-            "export",
-            format!(
-                "the GGUF pre-tokenizer '{}' has no tokenizer.json form here (converted: gpt2, smollm, llama-bpe, qwen2)",
-                meta.get_str("tokenizer.ggml.pre").ok().flatten().unwrap_or("default")
-            ),
-        )
-    })?;
+}
+
+/// The vocabulary, and the `added_tokens` entries of the control, unknown and
+/// user-defined tokens. Their types are the file's own, or with `as_llama_cpp` the
+/// tokenizer's, which is llama.cpp's view (texts such as `</s>` or `<end_of_turn>` are
+/// control tokens, matched in text only when special tokens are parsed, whatever the
+/// file says).
+fn gguf_vocab(meta: &Metadata, tok: &Tokenizer, as_llama_cpp: bool) -> Result<(Map<String, Json>, Vec<Json>)> {
     let tokens = meta.require_strings("tokenizer.ggml.tokens")?;
-    // The file's own types: the tokenizer's are llama.cpp's view (end-of-turn texts as control).
-    let raw_types: Vec<i64> = match meta.get_array("tokenizer.ggml.token_type")? {
-        Some(a) => (0..a.len()).map(|i| a.get_i64(i).unwrap_or(1)).collect(),
-        None => vec![1; tokens.len()],
+    let raw_types: Vec<i64> = if as_llama_cpp {
+        (0..tokens.len() as u32).map(|id| tok.token_type(id).map_or(1, |t| type_code(t).into())).collect()
+    } else {
+        match meta.get_array("tokenizer.ggml.token_type")? {
+            Some(a) => (0..a.len()).map(|i| a.get_i64(i).unwrap_or(1)).collect(),
+            None => vec![1; tokens.len()],
+        }
     };
     let mut vocab = Map::new();
     let mut added = Vec::new();
@@ -308,6 +316,119 @@ fn gguf_to_hf(meta: &Metadata, tok: &Tokenizer) -> Result<(String, Json)> {
                               "normalized": false, "special": ty != 4}));
         }
     }
+    Ok((vocab, added))
+}
+
+/// The post-processor that puts BOS before a text when the tokenizer adds it.
+fn bos_post_processor(tok: &Tokenizer) -> Option<Json> {
+    let bos = tok.bos_id().filter(|_| tok.add_bos_default())?;
+    let text = tok.token(bos).unwrap_or_default();
+    Some(json!({"type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": text, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": text, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"SpecialToken": {"id": text, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {text: {"id": text, "ids": [bos], "tokens": [text]}}}))
+}
+
+/// `tokenizer_config.json` for a converted tokenizer.
+fn hf_tokenizer_config(tok: &Tokenizer) -> Json {
+    let name = |id: Option<u32>| id.and_then(|i| tok.token(i)).map(|s| json!(s)).unwrap_or(Json::Null);
+    json!({
+        "add_bos_token": tok.add_bos_default(),
+        "add_eos_token": tok.add_eos_default(),
+        "bos_token": name(tok.bos_id()),
+        "eos_token": name(tok.eos_id()),
+        "pad_token": name(tok.pad_id()),
+        "unk_token": name(tok.unk_id()),
+        "clean_up_tokenization_spaces": false,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    })
+}
+
+/// SentencePiece-style BPE (GGUF `llama`: token scores) as a Hugging Face BPE
+/// `tokenizer.json`, the form `transformers` ships for Llama 2, Mistral and Gemma.
+///
+/// llama.cpp merges, anywhere in the text, the adjacent pair whose concatenation is the
+/// token of highest score. A BPE model does the same when its merge list holds, for
+/// every token, each split of it into two tokens, ranked by the merged token's score
+/// (highest first; then by the merged token's id and the halves' ids) — the list
+/// `transformers`' `SentencePieceExtractor` derives from a `tokenizer.model`. Spaces
+/// become `▁` in the normalizer (after a `▁` prefix when `add_space_prefix`), and
+/// characters outside the vocabulary fall back to their `<0xNN>` byte tokens.
+fn gguf_sentencepiece_to_hf(meta: &Metadata, tok: &Tokenizer) -> Result<(String, Json)> {
+    let tokens = meta.require_strings("tokenizer.ggml.tokens")?;
+    // The tokenizer compares scores as f32, as llama.cpp does.
+    let scores: Vec<f32> = match meta.get_array("tokenizer.ggml.scores")? {
+        Some(Array::F32(v)) => v.clone(),
+        Some(Array::F64(v)) => v.iter().map(|&x| x as f32).collect(),
+        Some(other) => return Err(err(format!("tokenizer.ggml.scores is an array of {}", other.element_type()))),
+        None => vec![0.0; tokens.len()],
+    };
+    if scores.len() != tokens.len() {
+        return Err(err(format!("tokenizer.ggml.scores has {} entries for {} tokens", scores.len(), tokens.len())));
+    }
+    let (vocab, added) = gguf_vocab(meta, tok, true)?;
+    let id_of = |t: &str| vocab.get(t).and_then(Json::as_u64);
+    // (merged id, left id, right id) for every split of every token into two tokens.
+    let mut merges: Vec<(u64, u64, u64)> = Vec::new();
+    for (id, t) in tokens.iter().enumerate() {
+        for (cut, _) in t.char_indices().skip(1) {
+            if let (Some(l), Some(r)) = (id_of(&t[..cut]), id_of(&t[cut..])) {
+                merges.push((id as u64, l, r));
+            }
+        }
+    }
+    merges.sort_by(|a, b| scores[b.0 as usize].total_cmp(&scores[a.0 as usize]).then(a.cmp(b)));
+    let merges: Vec<Json> = merges.iter().map(|&(_, l, r)| json!([tokens[l as usize], tokens[r as usize]])).collect();
+    let space_prefix = meta.get_bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
+    let replace_space = json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"});
+    let normalizer = if space_prefix {
+        json!({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u{2581}"}, replace_space]})
+    } else {
+        replace_space
+    };
+    let mut decoders = vec![
+        json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
+        json!({"type": "ByteFallback"}),
+        json!({"type": "Fuse"}),
+    ];
+    if space_prefix {
+        decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+    }
+    let unk = tok.unk_id().and_then(|i| tok.token(i)).map(|s| json!(s)).unwrap_or(Json::Null);
+    let root = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": normalizer,
+        "pre_tokenizer": null,
+        "post_processor": bos_post_processor(tok),
+        "decoder": {"type": "Sequence", "decoders": decoders},
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true,
+            "ignore_merges": false, "vocab": vocab, "merges": merges
+        }
+    });
+    let text = serde_json::to_string(&root).map_err(|e| err(e.to_string()))?;
+    Ok((text, hf_tokenizer_config(tok)))
+}
+
+/// `tokenizer.json` (text) and `tokenizer_config.json` for GGUF byte-level BPE metadata.
+fn gguf_byte_level_to_hf(meta: &Metadata, tok: &Tokenizer) -> Result<(String, Json)> {
+    let pre = tok.pre_tokenizer();
+    let pre_tokenizer = hf_pre_tokenizer(pre).ok_or_else(|| {
+        Error::unsupported(
+            "export",
+            format!(
+                "the GGUF pre-tokenizer '{}' has no tokenizer.json form here (converted: gpt2, smollm, llama-bpe, qwen2)",
+                meta.get_str("tokenizer.ggml.pre").ok().flatten().unwrap_or("default")
+            ),
+        )
+    })?;
+    // The file's own types, as llama.cpp's converter read them from the source.
+    let (vocab, added) = gguf_vocab(meta, tok, false)?;
     let merges: Vec<Json> = meta
         .require_strings("tokenizer.ggml.merges")?
         .iter()
@@ -316,18 +437,9 @@ fn gguf_to_hf(meta: &Metadata, tok: &Tokenizer) -> Result<(String, Json)> {
             None => Err(err(format!("merge {m:?} has no space"))),
         })
         .collect::<Result<_>>()?;
-    let name = |id: Option<u32>| id.and_then(|i| tok.token(i)).map(|s| json!(s)).unwrap_or(Json::Null);
-    let post_processor = match (tok.add_bos_default(), tok.bos_id()) {
-        (true, Some(bos)) => {
-            let text = tok.token(bos).unwrap_or_default();
-            json!({"type": "TemplateProcessing",
-                "single": [{"SpecialToken": {"id": text, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-                "pair": [{"SpecialToken": {"id": text, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                         {"SpecialToken": {"id": text, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
-                "special_tokens": {text: {"id": text, "ids": [bos], "tokens": [text]}}})
-        }
-        _ => json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true}),
-    };
+    let post_processor = bos_post_processor(tok).unwrap_or_else(
+        || json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true}),
+    );
     let root = json!({
         "version": "1.0",
         "truncation": null,
@@ -344,15 +456,5 @@ fn gguf_to_hf(meta: &Metadata, tok: &Tokenizer) -> Result<(String, Json)> {
         }
     });
     let text = serde_json::to_string(&root).map_err(|e| err(e.to_string()))?;
-    let config = json!({
-        "add_bos_token": tok.add_bos_default(),
-        "add_eos_token": tok.add_eos_default(),
-        "bos_token": name(tok.bos_id()),
-        "eos_token": name(tok.eos_id()),
-        "pad_token": name(tok.pad_id()),
-        "unk_token": name(tok.unk_id()),
-        "clean_up_tokenization_spaces": false,
-        "tokenizer_class": "PreTrainedTokenizerFast",
-    });
-    Ok((text, config))
+    Ok((text, hf_tokenizer_config(tok)))
 }
