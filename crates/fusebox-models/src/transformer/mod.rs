@@ -23,6 +23,7 @@
 pub mod arch;
 mod batch;
 pub mod cache;
+mod counted;
 pub mod layout;
 
 use fusebox::{
@@ -465,6 +466,15 @@ impl Transformer {
 
     /// Training forward: logits `[B·T, V]` for ids `[B, T]`, and what the backward needs.
     pub fn forward(&self, b: &dyn ComputeBackend, ids: &Tensor) -> Result<(Tensor, ForwardCache)> {
+        let cache = self.forward_trunk(b, ids)?;
+        let h = cache.norm_f.output.reshape([cache.batch * cache.seq, self.arch.d_model])?;
+        let logits = self.linear(b, &h, self.index.head_weight(), None)?;
+        Ok((logits, cache))
+    }
+
+    /// The training forward up to the final norm (the head's input is
+    /// `cache.norm_f.output`).
+    fn forward_trunk(&self, b: &dyn ComputeBackend, ids: &Tensor) -> Result<ForwardCache> {
         const OP: &str = "Transformer::forward";
         self.check_trainable(OP)?;
         let (bsz, t) = self.check_ids(OP, ids, 0, self.arch.context_length)?;
@@ -479,9 +489,7 @@ impl Transformer {
                 (x, h) = self.block(b, l, x, h, &mut pass)?;
             }
         }
-        let logits =
-            self.linear(b, &h.output.reshape([bsz * t, self.arch.d_model])?, self.index.head_weight(), None)?;
-        Ok((logits, ForwardCache { ids: ids.clone(), batch: bsz, seq: t, rope, layers: saved, x_final: x, norm_f: h }))
+        Ok(ForwardCache { ids: ids.clone(), batch: bsz, seq: t, rope, layers: saved, x_final: x, norm_f: h })
     }
 
     /// Backward of one linear layer `y = x·Wᵀ (+ bias)`: adds the weight (and bias)
@@ -550,12 +558,28 @@ impl Transformer {
         const OP: &str = "Transformer::backward";
         self.check_trainable(OP)?;
         check_params(&self.specs, grads)?;
+        // Output head.
+        let hf = cache.norm_f.output.reshape([cache.batch * cache.seq, self.arch.d_model])?;
+        let dhf = self.linear_grad(b, grads, &hf, (self.index.head_weight(), None), d_logits)?;
+        self.backward_below_head(b, cache, &dhf, grads, ready)
+    }
+
+    /// The backward from the head's input gradient `dhf` `[B·T, D]` (the head's own
+    /// gradient already added): final norm, blocks, embeddings; `ready` as in
+    /// [`backward_with`](Self::backward_with).
+    fn backward_below_head(
+        &self,
+        b: &dyn ComputeBackend,
+        cache: ForwardCache,
+        dhf: &Tensor,
+        grads: &mut ParamSet,
+        ready: &mut GradsReady<'_>,
+    ) -> Result<()> {
+        const OP: &str = "Transformer::backward";
         let arch = &self.arch;
         let (bsz, t, d) = (cache.batch, cache.seq, arch.d_model);
 
-        // Output head and final norm.
-        let hf = cache.norm_f.output.reshape([bsz * t, d])?;
-        let dhf = self.linear_grad(b, grads, &hf, (self.index.head_weight(), None), d_logits)?;
+        // Final norm.
         let mut dx =
             self.norm_backward(b, &cache.x_final, self.index.norm_f, &cache.norm_f, &dhf.reshape([bsz, t, d])?, grads)?;
         let norm_f = self.index.norm_f;
@@ -632,7 +656,10 @@ impl Transformer {
 
     /// Mean cross-entropy of next-token predictions and its gradient, added into `grads`
     /// scaled by `grad_scale` (1/accumulation steps). `targets` `[B, T]` U32; positions
-    /// whose target is `ignore` do not count. Returns the loss.
+    /// whose target is `ignore` do not count. Returns the loss. When at most half the
+    /// positions count (chat data: loss on the answers only), the head's logits are
+    /// computed at the counted positions only: the same loss and gradients, without
+    /// the `[B·T, V]` logits.
     pub fn loss_and_grads(
         &self,
         b: &dyn ComputeBackend,
@@ -657,6 +684,9 @@ impl Transformer {
         grads: &mut ParamSet,
         ready: &mut GradsReady<'_>,
     ) -> Result<f32> {
+        if let Some(loss) = self.counted_loss_and_grads(b, ids, targets, ignore, grad_scale, grads, ready)? {
+            return Ok(loss);
+        }
         let (logits, cache) = self.forward(b, ids)?;
         let n = logits.dims()[0];
         let ce = b.cross_entropy(&logits, &targets.reshape([n])?, ignore)?;
