@@ -22,6 +22,7 @@
 
 pub mod gguf;
 pub mod hf;
+pub mod peft;
 mod tokenizer;
 
 use std::collections::HashMap;

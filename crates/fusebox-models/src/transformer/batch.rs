@@ -38,6 +38,12 @@ impl Transformer {
         if caches.len() != n {
             return Err(Error::value(OP, "caches", format!("one per token ({n})"), caches.len()));
         }
+        if self.lora.is_some() {
+            return Err(Error::unsupported(
+                OP,
+                "LoRA adapters are attached: merge them first (Transformer::merge_lora)",
+            ));
+        }
         for (i, c) in caches.iter().enumerate() {
             if c.k.len() != self.arch.n_layers || c.v.len() != self.arch.n_layers {
                 return Err(Error::value(
