@@ -133,6 +133,8 @@ fn lora_trains_resumes_generates_and_exports() {
     assert_eq!(cfg["lora_alpha"].as_f64(), Some(8.0));
     assert_eq!(cfg["target_modules"], serde_json::json!(["down_proj", "q_proj", "v_proj"]));
     assert!(dir.0.join("peft/adapter_model.safetensors").exists());
+    let o = run(&["export", "--model", &out, "--format", "peft", "--out", &peft]);
+    assert!(o.status.success(), "an earlier PEFT export is replaced: {}", stderr(&o));
     let o = run(&["export", "--model", &out, "--format", "peft", "--quant", "q8_0", "--out", &peft]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("--quant"), "{}", stderr(&o));
