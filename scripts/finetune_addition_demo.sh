@@ -20,7 +20,7 @@
 set -euo pipefail
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 BIN=${FUSEBOX:-target/release/fusebox}
-STEPS=${STEPS:-120}
+STEPS=${STEPS:-300}
 LR=${LR:-3e-4}
 WARMUP=${WARMUP:-10}
 BATCH=${BATCH:-8}
