@@ -17,6 +17,9 @@ pub enum Format {
     Hf,
     /// One GGUF file.
     Gguf,
+    /// A LoRA checkpoint's adapters as Hugging Face PEFT writes them
+    /// (adapter_config.json, adapter_model.safetensors), not merged.
+    Peft,
 }
 
 #[derive(Args)]
@@ -70,6 +73,9 @@ fn source(path: &Path) -> Result<Source> {
 pub fn run(args: &ExportArgs) -> Result<()> {
     let float = FloatType::parse(&args.dtype)?;
     let quant = args.quant.as_deref().map(gguf::parse_quant).transpose()?;
+    if quant.is_some() && args.format == Format::Peft {
+        return Err(Error::unsupported("export", "--quant is for --format gguf (PEFT adapters are written in f32)"));
+    }
     if quant.is_some() && args.format == Format::Hf {
         return Err(Error::unsupported(
             "export",
@@ -78,6 +84,18 @@ pub fn run(args: &ExportArgs) -> Result<()> {
     }
     let cpu = CpuBackend::builder().build()?;
     let start = Instant::now();
+    if args.format == Format::Peft {
+        if !finetune::is_finetune_checkpoint(&args.model) {
+            return Err(Error::unsupported(
+                "export --format peft",
+                format!("{} is not a LoRA fine-tuning checkpoint", args.model.display()),
+            ));
+        }
+        let (arch, adapters, base) = finetune::load_adapters(&cpu, &args.model)?;
+        export::peft::write(&cpu, &arch, &adapters, &base.path.display().to_string(), &args.out)?;
+        eprintln!("wrote {} in {:.1}s", args.out.display(), start.elapsed().as_secs_f64());
+        return Ok(());
+    }
     let (network, tokenizer, template) = match source(&args.model)? {
         Source::Pretrained => {
             let model = llama::load(&cpu, &args.model)?;
@@ -91,7 +109,7 @@ pub fn run(args: &ExportArgs) -> Result<()> {
                 finetune::TokenizerSource::Gguf(path) | finetune::TokenizerSource::Hf(path) => path,
             };
             let (info, base_template) = export::read_tokenizer_source(base)?;
-            eprintln!("loaded fine-tuning checkpoint {} (LoRA merged)", args.model.display());
+            eprintln!("loaded fine-tuning checkpoint {} (LoRA adapters, if any, merged)", args.model.display());
             (network, info, template.or(base_template))
         }
     };
@@ -114,5 +132,6 @@ fn write(
         Format::Gguf => {
             export::write_gguf(cpu, network, tokenizer, template, &args.out, &gguf::Options { float, quant })
         }
+        Format::Peft => Err(Error::unsupported("export", "--format peft writes adapters, not a network")),
     }
 }

@@ -122,6 +122,20 @@ pub struct TrainArgs {
     /// held-out data (loss, and exact match for chat data), print it and exit.
     #[arg(long)]
     pub eval_only: bool,
+    /// Fine-tuning: train LoRA adapters of rank R instead of every parameter; the base
+    /// stays frozen (a GGUF base keeps its block format in memory: QLoRA).
+    #[arg(long)]
+    pub lora_rank: Option<usize>,
+    /// LoRA: α; the update B·A is scaled by α / r [default: 2·rank].
+    #[arg(long, requires = "lora_rank", allow_negative_numbers = true)]
+    pub lora_alpha: Option<f32>,
+    /// LoRA: the adapted projections, comma-separated, of q,k,v,o,gate,up,down
+    /// [default: all of them].
+    #[arg(long, requires = "lora_rank")]
+    pub lora_targets: Option<String>,
+    /// LoRA: dropout on the adapters' input; only 0 (no dropout) is supported.
+    #[arg(long, requires = "lora_rank", allow_negative_numbers = true)]
+    pub lora_dropout: Option<f32>,
 }
 
 /// The settings of a fresh run where no flag says otherwise.
@@ -172,6 +186,14 @@ pub(crate) fn check_flags(args: &TrainArgs) -> Result<()> {
                 return bad(flag, "a finite number ≥ 0", v.to_string());
             }
         }
+    }
+    if args.lora_rank.is_some() && args.init.is_none() {
+        let why = if args.resume.is_some() {
+            "--init MODEL: a resumed run keeps its checkpoint's method (full fine-tuning or LoRA)"
+        } else {
+            "--init MODEL (LoRA fine-tunes a pretrained model)"
+        };
+        return bad("--lora-rank", why, "no --init".into());
     }
     if !(args.time_limit.is_finite() && args.time_limit >= 0.0) {
         return bad("--time-limit", "a finite number of seconds ≥ 0", args.time_limit.to_string());

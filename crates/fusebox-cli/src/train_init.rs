@@ -10,6 +10,8 @@ use fusebox::{ComputeBackend, Error, Result};
 use fusebox_models::data::sequences::{self, Sequences};
 use fusebox_models::finetune::{self, FineTuner, Loaded};
 use fusebox_models::train::{resume_info, TrainConfig};
+use fusebox_models::transformer::{Adapters, LoraConfig, Target};
+use fusebox_models::weights::Purpose;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 
@@ -43,6 +45,30 @@ fn default_config() -> TrainConfig {
         eval_every: 50,
         eval_batches: 4,
     }
+}
+
+/// The learning rate of a fresh LoRA run where `--lr` does not say otherwise: the
+/// adapters start at B = 0 and need larger steps than full fine-tuning's 1e-4.
+const LORA_LR: f32 = 1e-3;
+
+/// The LoRA settings the flags ask for (`None`: full fine-tuning); every bad value is
+/// refused naming its flag.
+fn lora_config(a: &TrainArgs) -> Result<Option<LoraConfig>> {
+    let Some(rank) = a.lora_rank else { return Ok(None) };
+    let mut c = LoraConfig::new(rank);
+    if let Some(alpha) = a.lora_alpha {
+        c.alpha = alpha;
+    }
+    if let Some(t) = &a.lora_targets {
+        c.targets = Target::parse_list(t)?;
+    }
+    if let Some(p) = a.lora_dropout {
+        if p != 0.0 {
+            return Err(Error::value("train", "--lora-dropout", "0 (adapter dropout is not implemented)", p));
+        }
+    }
+    c.validate()?;
+    Ok(Some(c))
 }
 
 fn apply_flags(mut c: TrainConfig, a: &TrainArgs) -> TrainConfig {
@@ -118,9 +144,22 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                     format!("{}, which holds {}", out.display(), listing(&out)),
                 ));
             }
-            let config = apply_flags(default_config(), args);
+            let lora = lora_config(args)?;
+            let mut defaults = default_config();
+            if lora.is_some() {
+                defaults.lr = LORA_LR;
+            }
+            let config = apply_flags(defaults, args);
             config.validate()?;
-            let model = finetune::load_base(b, init)?;
+            let model = match lora {
+                Some(cfg) => {
+                    let mut m = finetune::load_base_for(b, init, Purpose::Frozen)?;
+                    let adapters = Adapters::init(b, &m.net.arch, cfg, config.seed)?;
+                    m.net.attach_lora(adapters)?;
+                    m
+                }
+                None => finetune::load_base(b, init)?,
+            };
             (model, None, config, data.display().to_string(), args.skip_bad_lines, out, false)
         }
         (None, Some(src)) => {
@@ -245,8 +284,18 @@ fn train_loop(
     }
     let arch = &tuner.model.net.arch;
     if !args.json {
+        let what = match &tuner.model.net.lora {
+            Some(ad) => format!(
+                "frozen; LoRA rank {}, alpha {}, on {}: {:.2}M adapter parameters trained",
+                ad.config.rank,
+                ad.config.alpha,
+                ad.config.targets.iter().map(|t| t.name()).collect::<Vec<_>>().join(","),
+                ad.len() as f64 / 1e6
+            ),
+            None => "all trained in f32".to_string(),
+        };
         println!(
-            "fine-tuning {} ({}: {} layers, d_model {}, {:.1}M parameters, all trained in f32) on '{}' with {} threads",
+            "fine-tuning {} ({}: {} layers, d_model {}, {:.1}M parameters, {what}) on '{}' with {} threads",
             tuner.model.base.path.display(),
             arch.name,
             arch.n_layers,
@@ -329,6 +378,7 @@ fn train_loop(
     if let Err(e) = crate::plot::loss_plot(&out.join("loss.png"), &metrics.train, &metrics.eval) {
         eprintln!("warning: could not draw loss.png: {e}");
     }
+    let mem = tuner.memory();
     if args.json {
         let v = json!({
             "steps": tuner.step,
@@ -340,6 +390,10 @@ fn train_loop(
             "tokens_per_s": tokens as f64 / seconds,
             "seconds": seconds,
             "peak_rss_bytes": peak_rss(),
+            "method": if tuner.model.net.lora.is_some() { "lora" } else { "full" },
+            "parameter_bytes": mem.parameter_bytes,
+            "adapter_bytes": mem.adapter_bytes,
+            "optimizer_bytes": mem.optimizer_bytes,
             "interrupted": false,
             "checkpoint": dir.display().to_string(),
         });
@@ -355,6 +409,12 @@ fn train_loop(
     );
     println!("before: {}", eval_line(&initial));
     println!("after:  {}", eval_line(&eval));
+    println!(
+        "memory: parameters {}, adapters {}, gradients + AdamW moments {}",
+        crate::train::gib(mem.parameter_bytes),
+        crate::train::gib(mem.adapter_bytes),
+        crate::train::gib(mem.optimizer_bytes)
+    );
     if let Some(rss) = peak_rss() {
         println!("peak memory (RSS): {}", crate::train::gib(rss));
     }

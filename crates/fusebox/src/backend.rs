@@ -391,6 +391,16 @@ pub trait ComputeBackend: Send + Sync + Debug {
         on_cpu!(self, cpu::quant::quantized_matmul; [x, w])
     }
 
+    /// `dx = dy · W` read straight from W's blocks: the input gradient of
+    /// `y = quantized_matmul(x, W)` with W frozen (LoRA/QLoRA on a quantized base), never
+    /// materialising W in f32.
+    ///
+    /// # Shapes
+    /// `dy`: `[..., out]` float; `w`: `[out, in]` block format → `[..., in]`, dy's dtype.
+    fn quantized_matmul_backward(&self, dy: &Tensor, w: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::quant::quantized_matmul_backward; [dy, w])
+    }
+
     // ───────────────────────────── linear algebra ─────────────────────────────
 
     /// `out = op(a) · op(b)`, `op` transposing the last two dims when its flag is set;

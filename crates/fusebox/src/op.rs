@@ -53,6 +53,7 @@ ops! {
     Quantize => "quantize",
     Dequantize => "dequantize",
     QuantizedMatmul => "quantized_matmul",
+    QuantizedMatmulBackward => "quantized_matmul_backward",
     // linear algebra
     Matmul => "matmul",
     MatmulBackward => "matmul_backward",

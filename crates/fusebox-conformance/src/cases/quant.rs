@@ -1,6 +1,7 @@
 //! Cases of the quant family: `dequantize` against the twin's reading of the same bytes,
 //! `quantize` by its round-trip error, hand-worked blocks and FP8 rounding, and
-//! `quantized_matmul` against `x · dequant(W)ᵀ` in f64, for every format.
+//! `quantized_matmul` against `x · dequant(W)ᵀ` in f64, and `quantized_matmul_backward`
+//! against `dy · dequant(W)`, for every format.
 
 use fusebox::{ComputeBackend, DType, Op, Shape, Tensor};
 
@@ -44,6 +45,7 @@ pub fn cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     v.extend(dequantize_cases());
     v.extend(quantize_cases());
     v.extend(matmul_cases());
+    v.extend(matmul_backward_cases());
     v.extend(fixture_cases());
     v
 }
@@ -534,6 +536,118 @@ fn matmul_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
         b.quantized_matmul(&b.upload(&Tensor::zeros([2, 32], DType::F32)?)?, &foreign_tensor(&[4, 32], DType::Q8_0))
             .map(drop)
     }));
+    v
+}
+
+// ───────────────────────── quantized_matmul_backward ─────────────────────────
+
+/// A `quantized_matmul_backward` case: dy `dy_dims` (random, rounded to `dy_dtype`), W
+/// `[n, k]` random blocks of `w_dtype` (n = dy's last dim), against `dy · dequant(W)` in f64.
+fn matmul_backward_case<B: ComputeBackend + ?Sized + 'static>(
+    rng: &mut Rng,
+    w_dtype: DType,
+    dy_dims: Vec<usize>,
+    k: usize,
+    dy_dtype: DType,
+) -> Case<B> {
+    let n = *dy_dims.last().expect("rank ≥ 1");
+    let dy = rng.tensor(dy_dims.clone(), -1.0, 1.0);
+    let dy = Tensor::from_f32_as(&dy.to_vec_f32().expect("f32"), dy_dims.clone(), dy_dtype).expect("float");
+    let w = random_blocks(rng, w_dtype, &[n, k]);
+    let name = format!("quantized_matmul_backward dy{dy_dims:?} {dy_dtype} · W[{n}, {k}] {w_dtype}");
+    let (inputs, tol) = (vec![dy, w], matmul_tolerance(n, dy_dtype));
+    Case::custom(Op::QuantizedMatmulBackward, CaseKind::Backward, name, move |b: &B| {
+        let up = upload_all(b, &inputs)?;
+        let out =
+            catch(|| b.quantized_matmul_backward(&up[0], &up[1]))?.map_err(|e| format!("returned an error: {e}"))?;
+        if out.dtype() != dy_dtype {
+            return Err(format!("output dtype {}, expected {dy_dtype}", out.dtype()));
+        }
+        let want_dims: Vec<usize> = dy_dims[..dy_dims.len() - 1].iter().copied().chain([k]).collect();
+        if out.dims() != want_dims.as_slice() {
+            return Err(format!("output shape {:?}, expected {want_dims:?}", out.dims()));
+        }
+        let got = host_values(b, &out)?;
+        let wd = twin::dequantize(w_dtype, inputs[1].host_bytes().expect("host bytes"), &[n, k]);
+        tol.check("dx", &got, &twin::quantized_matmul_backward(&Array::from_tensor(&inputs[0]), &wd))
+    })
+}
+
+fn matmul_backward_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    let mut rng = Rng::new(15);
+    let mut v = Vec::new();
+    for w_dtype in BLOCK_FORMATS.into_iter().chain([DType::F8E4M3]) {
+        let [k_small, k] = inner_sizes(w_dtype);
+        for m in [1, 7, 33] {
+            v.push(matmul_backward_case(&mut rng, w_dtype, vec![m, 37], k, DType::F32));
+        }
+        for dy_dtype in [DType::F16, DType::BF16] {
+            v.push(matmul_backward_case(&mut rng, w_dtype, vec![7, 19], k_small, dy_dtype));
+        }
+        v.push(matmul_backward_case(&mut rng, w_dtype, vec![2, 5, 23], k_small, DType::F32));
+        // Large enough for the multithreaded path: many column groups and row chunks.
+        v.push(matmul_backward_case(&mut rng, w_dtype, vec![3, 35, 150], 1024, DType::F32));
+    }
+    // The twin is the gradient of the forward twin: central differences of Σ dy · (x · Wᵀ).
+    v.push(Case::custom(
+        Op::QuantizedMatmulBackward,
+        CaseKind::TwinGradient,
+        "quantized_matmul_backward dy[2, 3, 5] · W[5, 64] q4_1 | twin vs finite differences",
+        |_b: &B| {
+            let mut rng = Rng::new(16);
+            let w = random_blocks(&mut rng, DType::Q4_1, &[5, 64]);
+            let wd = twin::dequantize(DType::Q4_1, w.host_bytes().expect("host bytes"), &[5, 64]);
+            let x = Array::from_tensor(&rng.tensor([2, 3, 64], -1.0, 1.0));
+            let dy = Array::from_tensor(&rng.tensor([2, 3, 5], -1.0, 1.0));
+            let grad = twin::quantized_matmul_backward(&dy, &wd);
+            let h = 1e-3;
+            let mut numeric = Array::zeros(x.shape.clone());
+            for e in 0..x.len() {
+                let (mut plus, mut minus) = (x.clone(), x.clone());
+                plus.data[e] += h;
+                minus.data[e] -= h;
+                numeric.data[e] = (twin::quantized_matmul(&plus, &wd).dot(&dy)
+                    - twin::quantized_matmul(&minus, &wd).dot(&dy))
+                    / (2.0 * h);
+            }
+            Tolerance { abs: 1e-7, rel: 1e-7 }.check("dx", &grad, &numeric)
+        },
+    ));
+    let mut rng2 = Rng::new(17);
+    let w96 = random_blocks(&mut rng2, DType::Q8_0, &[16, 96]);
+    let bad: Vec<(&str, Tensor, Tensor)> = vec![
+        ("dy[3, 96] with w[16, 96] (dy's last dim is not w's rows)", rng2.tensor([3, 96], -1.0, 1.0), w96.clone()),
+        ("dy[3, 17] with w[16, 96] (out mismatch)", rng2.tensor([3, 17], -1.0, 1.0), w96.clone()),
+        ("w f32 (not quantized)", rng2.tensor([3, 16], -1.0, 1.0), rng2.tensor([16, 96], -1.0, 1.0)),
+        ("w u32", rng2.tensor([3, 16], -1.0, 1.0), rng2.ids([16, 96], 5)),
+        ("w of rank 3", rng2.tensor([3, 4], -1.0, 1.0), Tensor::zeros([2, 4, 64], DType::Q4_0).expect("zeros")),
+        ("w of rank 1", rng2.tensor([3, 64], -1.0, 1.0), Tensor::zeros([64], DType::Q4_0).expect("zeros")),
+        ("dy u32", rng2.ids([3, 16], 5), w96.clone()),
+        (
+            "dy q8_0 (quantized dy)",
+            random_blocks(&mut rng2, DType::Q8_0, &[3, 32]),
+            random_blocks(&mut rng2, DType::Q8_0, &[32, 64]),
+        ),
+        ("dy a scalar", Tensor::scalar(1.0), w96),
+    ];
+    for (what, dy, w) in bad {
+        v.push(Case::expect_error(
+            Op::QuantizedMatmulBackward,
+            format!("quantized_matmul_backward: {what}"),
+            move |b: &B| b.quantized_matmul_backward(&b.upload(&dy)?, &b.upload(&w)?).map(drop),
+        ));
+    }
+    v.push(Case::expect_error(
+        Op::QuantizedMatmulBackward,
+        "quantized_matmul_backward with w on a foreign device",
+        |b: &B| {
+            b.quantized_matmul_backward(
+                &b.upload(&Tensor::zeros([2, 4], DType::F32)?)?,
+                &foreign_tensor(&[4, 32], DType::Q8_0),
+            )
+            .map(drop)
+        },
+    ));
     v
 }
 

@@ -232,6 +232,27 @@ pub fn quantized_matmul(x: &Array, w: &Array) -> Array {
     y
 }
 
+/// `quantized_matmul_backward`: `dx[..., i] = Σ_o dy[..., o] · W[o, i]` with W already
+/// dequantized (`[out, in]`), summed in f64 — the gradient of `Σ dy · quantized_matmul(x, W)`
+/// with respect to x.
+pub fn quantized_matmul_backward(dy: &Array, w: &Array) -> Array {
+    let (n, k) = (w.shape[0], w.shape[1]);
+    let m = dy.rows();
+    let mut shape = dy.shape.clone();
+    *shape.last_mut().unwrap() = k;
+    let mut dx = Array::zeros(shape);
+    for r in 0..m {
+        for i in 0..k {
+            let mut acc = 0.0;
+            for o in 0..n {
+                acc += dy.data[r * n + o] * w.data[o * k + i];
+            }
+            dx.data[r * k + i] = acc;
+        }
+    }
+    dx
+}
+
 /// x rounded to 8 bits per run of `block` elements along its last dim, as a decoding
 /// `quantized_matmul` may use it (`fusebox::spec::quant::int_activation_block`):
 /// `d = max|x| / 127`, `x̃ = d·round(x·(1/d))` (half away from zero), the scale and the

@@ -22,6 +22,7 @@
 
 pub mod gguf;
 pub mod hf;
+pub mod peft;
 mod tokenizer;
 
 use std::collections::HashMap;
@@ -350,12 +351,13 @@ fn check_out(out: &Path, dir: bool) -> Result<()> {
         Err(_) => Ok(()),
         Ok(m) if dir && m.is_dir() => {
             let empty = std::fs::read_dir(out).map_err(io_at(out))?.next().is_none();
-            if empty || out.join("config.json").exists() && files::is_regular(&out.join("config.json")) {
+            let has = |name: &str| files::is_regular(&out.join(name));
+            if empty || has("config.json") || has("adapter_config.json") {
                 Ok(())
             } else {
                 Err(Error::Io(format!(
-                    "{}: exists and is neither empty nor a Hugging Face directory (no config.json); refusing to \
-                     replace it",
+                    "{}: exists and is neither empty nor a Hugging Face or PEFT directory (no config.json or \
+                     adapter_config.json); refusing to replace it",
                     out.display()
                 )))
             }

@@ -43,7 +43,7 @@ use crate::safetensors::SafeTensors;
 use crate::sampler::argmax;
 use crate::tokenizer::Tokenizer;
 use crate::train::{EvalStats, StepStats, TrainConfig};
-use crate::transformer::{layout, Stacking, Transformer};
+use crate::transformer::{layout, Adapters, LoraConfig, Stacking, Transformer};
 use crate::weights::{self, Purpose};
 
 /// What a base model file is.
@@ -226,17 +226,22 @@ fn check_vocab(net: &Transformer, tok: &Tokenizer, origin: &Path) -> Result<()> 
 /// Loads a pretrained model to fine-tune: every parameter f32 (block formats
 /// dequantized), with its tokenizer and chat template.
 pub fn load_base(b: &dyn ComputeBackend, path: &Path) -> Result<Loaded> {
+    load_base_for(b, path, Purpose::Training)
+}
+
+/// Loads a pretrained model for `purpose`: [`Purpose::Training`] (full fine-tuning, f32)
+/// or [`Purpose::Frozen`] (a LoRA base: block formats kept).
+pub fn load_base_for(b: &dyn ComputeBackend, path: &Path, purpose: Purpose) -> Result<Loaded> {
     let base = Base::detect(path)?;
     let at = |e: Error| Error::Io(format!("{}: {e}", base.path.display()));
     let (net, source) = match base.kind {
         BaseKind::Gguf => {
             let file = GgufFile::open(&base.path).map_err(at)?;
-            (weights::load_gguf_for(b, &file, Purpose::Training).map_err(at)?, TokenizerSource::Gguf(base.path.clone()))
+            (weights::load_gguf_for(b, &file, purpose).map_err(at)?, TokenizerSource::Gguf(base.path.clone()))
         }
-        BaseKind::Hf => (
-            weights::load_hf_for(b, &base.path, Purpose::Training).map_err(at)?,
-            TokenizerSource::Hf(base.path.clone()),
-        ),
+        BaseKind::Hf => {
+            (weights::load_hf_for(b, &base.path, purpose).map_err(at)?, TokenizerSource::Hf(base.path.clone()))
+        }
     };
     let tokenizer = source.load()?;
     check_vocab(&net, &tokenizer, &base.path)?;
@@ -266,8 +271,30 @@ pub fn is_finetune_checkpoint(path: &Path) -> bool {
         .is_some_and(|v| v.get("finetune").is_some())
 }
 
-/// Loads a fine-tuning checkpoint (an output directory or a `step-N` directory).
+/// Loads a fine-tuning checkpoint (an output directory or a `step-N` directory). A LoRA
+/// checkpoint's base is read again (frozen, block formats kept) and its adapters
+/// attached, ready to resume.
 pub fn load_checkpoint(b: &dyn ComputeBackend, path: &Path) -> Result<(Loaded, Saved)> {
+    load_checkpoint_as(b, path, Purpose::Frozen)
+}
+
+/// The LoRA settings a checkpoint's `trainer.json` records (`None` for full fine-tuning).
+pub fn lora_of(trainer: &Value, file: &Path) -> Result<Option<LoraConfig>> {
+    let ft = trainer.get("finetune");
+    match ft.and_then(|f| f.get("method")).and_then(Value::as_str) {
+        Some("lora") => {
+            let cfg = ft
+                .and_then(|f| f.get("lora"))
+                .ok_or_else(|| Error::Io(format!("{}: a LoRA checkpoint without 'finetune.lora'", file.display())))?;
+            LoraConfig::from_json(cfg).map(Some).map_err(|e| Error::Io(format!("{}: {e}", file.display())))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// [`load_checkpoint`] with the base of a LoRA checkpoint loaded for `base_purpose`
+/// (`Frozen` to train on, `Training` for f32 weights to merge into).
+fn load_checkpoint_as(b: &dyn ComputeBackend, path: &Path, base_purpose: Purpose) -> Result<(Loaded, Saved)> {
     let dir = checkpoint::resolve(path)?;
     let trainer_file = dir.join("trainer.json");
     let trainer = files::read_json(&trainer_file, "trainer.json", 64 << 20)?;
@@ -275,6 +302,9 @@ pub fn load_checkpoint(b: &dyn ComputeBackend, path: &Path) -> Result<(Loaded, S
         Error::Io(format!("{}: no 'finetune' section: not a fine-tuning checkpoint", trainer_file.display()))
     })?;
     let base = Base::from_json(ft, &trainer_file)?;
+    if let Some(cfg) = lora_of(&trainer, &trainer_file)? {
+        return load_lora_checkpoint(b, dir, trainer, base, cfg, base_purpose);
+    }
     let arch_file = dir.join("arch.json");
     let arch = arch_json::from_json(&files::read_json(&arch_file, "arch.json", 64 << 20)?)
         .map_err(|e| Error::Io(format!("{}: {e}", arch_file.display())))?;
@@ -311,14 +341,70 @@ pub fn load_checkpoint(b: &dyn ComputeBackend, path: &Path) -> Result<(Loaded, S
     Ok((Loaded { net, tokenizer, template, template_error, base, tokenizer_source: source }, saved))
 }
 
-/// The model of a fine-tuning checkpoint for export and inference: the f32 network,
+fn read_template(dir: &Path, tokenizer: &Tokenizer) -> Result<(Option<ChatTemplate>, Option<String>)> {
+    let template_file = dir.join("chat_template.jinja");
+    Ok(if template_file.exists() {
+        template_of(Some(&files::read_text(&template_file, "chat_template.jinja", files::MAX_CONFIG_BYTES)?), tokenizer)
+    } else {
+        (None, Some(format!("{} has no chat_template.jinja", dir.display())))
+    })
+}
+
+fn saved_of(dir: PathBuf, trainer: Value) -> Result<Saved> {
+    let trainer_file = dir.join("trainer.json");
+    let field = |name: &str| {
+        trainer
+            .get(name)
+            .and_then(Value::as_u64)
+            .ok_or_else(|| Error::Io(format!("{}: no '{name}' (a non-negative integer)", trainer_file.display())))
+    };
+    Ok(Saved { step: field("step")?, data_rng: field("data_rng")?, dir, trainer: trainer.clone() })
+}
+
+/// A LoRA checkpoint: the base (from its recorded path) with the saved adapters attached.
+fn load_lora_checkpoint(
+    b: &dyn ComputeBackend,
+    dir: PathBuf,
+    trainer: Value,
+    base: Base,
+    cfg: LoraConfig,
+    purpose: Purpose,
+) -> Result<(Loaded, Saved)> {
+    let mut loaded = load_base_for(b, &base.path, purpose).map_err(|e| {
+        Error::Io(format!("{}: the LoRA checkpoint's base {}: {e}", dir.display(), base.path.display()))
+    })?;
+    let arch_file = dir.join("arch.json");
+    let arch = arch_json::from_json(&files::read_json(&arch_file, "arch.json", 64 << 20)?)
+        .map_err(|e| Error::Io(format!("{}: {e}", arch_file.display())))?;
+    if arch_json::to_json(&arch) != arch_json::to_json(&loaded.net.arch) {
+        return Err(Error::Io(format!(
+            "{}: the base {} is not the model this checkpoint was trained on (its architecture differs)",
+            arch_file.display(),
+            base.path.display()
+        )));
+    }
+    let specs = Adapters::specs_for(&arch, &cfg)?;
+    let file = dir.join("model.safetensors");
+    let params = checkpoint::load_set(b, &SafeTensors::read(&file)?, &specs, "", &file)?;
+    loaded.net.attach_lora(Adapters::with_params(&arch, cfg, params)?)?;
+    if base.kind == BaseKind::Hf {
+        loaded.tokenizer_source = TokenizerSource::Hf(dir.clone());
+    }
+    let (template, template_error) = read_template(&dir, &loaded.tokenizer)?;
+    loaded.template = template;
+    loaded.template_error = template_error;
+    Ok((loaded, saved_of(dir, trainer)?))
+}
+
+/// The model of a fine-tuning checkpoint for export and inference: the f32 network (a
+/// LoRA checkpoint's adapters merged, `W' = W + (α/r)·B·A`, into its dequantized base),
 /// where its tokenizer is read from ([`TokenizerSource::load`]), and the chat template's
 /// Jinja source.
 pub fn load_merged(
     b: &dyn ComputeBackend,
     checkpoint: &Path,
 ) -> Result<(Transformer, TokenizerSource, Option<String>)> {
-    let (loaded, _) = load_checkpoint(b, checkpoint)?;
+    let (loaded, _) = load_merged_checkpoint(b, checkpoint)?;
     let template = loaded.template.as_ref().map(|t| t.source().to_string());
     Ok((loaded.net, loaded.tokenizer_source, template))
 }
@@ -326,7 +412,7 @@ pub fn load_merged(
 /// A fine-tuning checkpoint as a [`Pretrained`] model for `fusebox generate`/`chat`
 /// (the f32 network as trained, run through the KV cache).
 pub fn load_pretrained(b: &dyn ComputeBackend, checkpoint: &Path) -> Result<Pretrained> {
-    let (loaded, saved) = load_checkpoint(b, checkpoint)?;
+    let (loaded, saved) = load_merged_checkpoint(b, checkpoint)?;
     let a = &loaded.net.arch;
     let description = format!(
         "fine-tuned {} ({} layers, d_model {}, vocab {}; f32, step {} of {})",
@@ -345,6 +431,40 @@ pub fn load_pretrained(b: &dyn ComputeBackend, checkpoint: &Path) -> Result<Pret
         path: saved.dir,
         description,
     })
+}
+
+/// The LoRA adapters of a checkpoint without its base: the architecture, the adapters
+/// and the base they were trained on (for `fusebox export --format peft`). An error
+/// when the checkpoint is a full fine-tuning one.
+pub fn load_adapters(b: &dyn ComputeBackend, checkpoint: &Path) -> Result<(crate::transformer::Arch, Adapters, Base)> {
+    let dir = checkpoint::resolve(checkpoint)?;
+    let trainer_file = dir.join("trainer.json");
+    let trainer = files::read_json(&trainer_file, "trainer.json", 64 << 20)?;
+    let ft = trainer.get("finetune").ok_or_else(|| {
+        Error::Io(format!("{}: no 'finetune' section: not a fine-tuning checkpoint", trainer_file.display()))
+    })?;
+    let base = Base::from_json(ft, &trainer_file)?;
+    let cfg = lora_of(&trainer, &trainer_file)?.ok_or_else(|| {
+        Error::unsupported(
+            "export --format peft",
+            format!("{} is a full fine-tuning checkpoint (no LoRA adapters)", dir.display()),
+        )
+    })?;
+    let arch_file = dir.join("arch.json");
+    let arch = arch_json::from_json(&files::read_json(&arch_file, "arch.json", 64 << 20)?)
+        .map_err(|e| Error::Io(format!("{}: {e}", arch_file.display())))?;
+    let specs = Adapters::specs_for(&arch, &cfg)?;
+    let file = dir.join("model.safetensors");
+    let params = checkpoint::load_set(b, &SafeTensors::read(&file)?, &specs, "", &file)?;
+    let adapters = Adapters::with_params(&arch, cfg, params)?;
+    Ok((arch, adapters, base))
+}
+
+/// A checkpoint with LoRA adapters merged into an f32 base.
+fn load_merged_checkpoint(b: &dyn ComputeBackend, checkpoint: &Path) -> Result<(Loaded, Saved)> {
+    let (mut loaded, saved) = load_checkpoint_as(b, checkpoint, Purpose::Training)?;
+    loaded.net.merge_lora(b)?;
+    Ok((loaded, saved))
 }
 
 /// A fine-tuning run: the network, its optimizer state and its data position.
@@ -368,6 +488,25 @@ pub struct FineTuner {
     saved: Option<PathBuf>,
 }
 
+/// The specs of what a run trains: the adapters under LoRA, else every parameter.
+fn trained_specs(net: &Transformer) -> &[crate::params::ParamSpec] {
+    match &net.lora {
+        Some(ad) => &ad.specs,
+        None => &net.specs,
+    }
+}
+
+/// Bytes a fine-tuning run holds in tensors (see [`FineTuner::memory`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryReport {
+    /// The model's parameters as stored (block formats at their block size).
+    pub parameter_bytes: u64,
+    /// The LoRA adapters (0 for full fine-tuning).
+    pub adapter_bytes: u64,
+    /// Gradients and AdamW's two moments of what is trained.
+    pub optimizer_bytes: u64,
+}
+
 fn upload_u32(b: &dyn ComputeBackend, v: Vec<u32>, rows: usize, cols: usize) -> Result<Tensor> {
     b.upload(&Tensor::from_vec(v, [rows, cols])?)
 }
@@ -377,7 +516,7 @@ impl FineTuner {
     pub fn new(b: &dyn ComputeBackend, model: Loaded, config: TrainConfig, data: Sequences) -> Result<FineTuner> {
         config.validate()?;
         Self::check_data(&model, &data)?;
-        let specs = &model.net.specs;
+        let specs = trained_specs(&model.net);
         let (m, v, grads) = (ParamSet::zeros(b, specs)?, ParamSet::zeros(b, specs)?, ParamSet::zeros(b, specs)?);
         let data_rng = Rng::new(config.seed.wrapping_add(1));
         Ok(FineTuner { model, config, data, step: 0, data_args: Value::Null, m, v, grads, data_rng, saved: None })
@@ -393,8 +532,9 @@ impl FineTuner {
     ) -> Result<FineTuner> {
         config.validate()?;
         Self::check_data(&model, &data)?;
-        let (m, v) = checkpoint::load_moments(b, &saved.dir, &model.net.specs)?;
-        let grads = ParamSet::zeros(b, &model.net.specs)?;
+        let specs = trained_specs(&model.net);
+        let (m, v) = checkpoint::load_moments(b, &saved.dir, specs)?;
+        let grads = ParamSet::zeros(b, specs)?;
         Ok(FineTuner {
             model,
             config,
@@ -454,9 +594,13 @@ impl FineTuner {
             tokens += picks.iter().map(|s| s.ids.len()).sum::<usize>();
             let ids = upload_u32(b, ids, picks.len(), t)?;
             let targets = upload_u32(b, targets, picks.len(), t)?;
-            loss_sum +=
-                self.model.net.loss_and_grads(b, &ids, &targets, Some(IGNORE), 1.0 / accum as f32, &mut self.grads)?
-                    as f64;
+            let net = &self.model.net;
+            let scale = 1.0 / accum as f32;
+            loss_sum += if net.lora.is_some() {
+                net.lora_loss_and_grads(b, &ids, &targets, Some(IGNORE), scale, &mut self.grads)?
+            } else {
+                net.loss_and_grads(b, &ids, &targets, Some(IGNORE), scale, &mut self.grads)?
+            } as f64;
         }
         let loss = (loss_sum / accum as f64) as f32;
         let grad_norm = b.global_norm(&self.grads.tensors)?;
@@ -470,7 +614,12 @@ impl FineTuner {
         }
         let clip = if self.config.grad_clip > 0.0 { b.clip_scale(grad_norm, self.config.grad_clip)? } else { 1.0 };
         let lr = self.config.lr_at(step);
-        for (i, spec) in self.model.net.specs.iter().enumerate() {
+        let net = &mut self.model.net;
+        let (specs, params) = match &mut net.lora {
+            Some(ad) => (&ad.specs, &mut ad.params),
+            None => (&net.specs, &mut net.params),
+        };
+        for (i, spec) in specs.iter().enumerate() {
             let hyper = AdamWConfig {
                 lr,
                 beta1: self.config.beta1,
@@ -480,7 +629,7 @@ impl FineTuner {
                 grad_scale: clip,
             };
             b.adamw_update(
-                &mut self.model.net.params.tensors[i],
+                &mut params.tensors[i],
                 &self.grads.tensors[i],
                 &mut self.m.tensors[i],
                 &mut self.v.tensors[i],
@@ -505,7 +654,13 @@ impl FineTuner {
         let specs = &self.model.net.specs;
         let stacked = |part: &str| specs.iter().any(|s| s.name.contains(part));
         let mut ft = self.model.base.to_json();
-        ft["method"] = json!("full");
+        match &self.model.net.lora {
+            Some(ad) => {
+                ft["method"] = json!("lora");
+                ft["lora"] = ad.config.to_json();
+            }
+            None => ft["method"] = json!("full"),
+        }
         ft["stacking"] = json!({"qkv": stacked(".attn.qkv."), "gate_up": stacked(".mlp.gate_up.")});
         ft["data"] = json!(self.data.description);
         ft["data_args"] = self.data_args.clone();
@@ -539,9 +694,14 @@ impl FineTuner {
         if let Some(t) = &self.model.template {
             extra.push(("chat_template.jinja".to_string(), t.source().as_bytes().to_vec()));
         }
+        let net = &self.model.net;
+        let (specs, params) = match &net.lora {
+            Some(ad) => (&ad.specs[..], &ad.params),
+            None => (&net.specs[..], &net.params),
+        };
         let contents = Contents {
-            specs: &self.model.net.specs,
-            params: &self.model.net.params,
+            specs,
+            params,
             moments: Some((&self.m, &self.v)),
             config: json!({"fusebox_finetune": self.model.base.to_json()}),
             extra,
@@ -549,6 +709,17 @@ impl FineTuner {
         let dir = checkpoint::save_contents(b, out, self.step, &contents, &self.state_json())?;
         self.saved = Some(dir.clone());
         Ok(dir)
+    }
+
+    /// Bytes held in tensors: the model's parameters as stored, the adapters, and the
+    /// gradients and moments of what is trained.
+    pub fn memory(&self) -> MemoryReport {
+        let bytes = |s: &ParamSet| s.tensors.iter().map(|t| t.byte_len() as u64).sum::<u64>();
+        MemoryReport {
+            parameter_bytes: bytes(&self.model.net.params),
+            adapter_bytes: self.model.net.lora.as_ref().map_or(0, |a| bytes(&a.params)),
+            optimizer_bytes: bytes(&self.grads) + bytes(&self.m) + bytes(&self.v),
+        }
     }
 
     /// Whether the state at the current step is already saved in `out`.

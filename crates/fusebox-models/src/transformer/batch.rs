@@ -39,6 +39,12 @@ impl Transformer {
         if caches.len() != n {
             return Err(Error::value(OP, "caches", format!("one per token ({n})"), caches.len()));
         }
+        if self.lora.is_some() {
+            return Err(Error::unsupported(
+                OP,
+                "LoRA adapters are attached: merge them first (Transformer::merge_lora)",
+            ));
+        }
         for (i, c) in caches.iter().enumerate() {
             if c.k.len() != self.arch.n_layers || c.v.len() != self.arch.n_layers {
                 return Err(Error::value(
@@ -114,7 +120,7 @@ impl Transformer {
         let li = &self.index.layers[l];
         let n = positions.len();
         let [q, k, v]: [Tensor; 3] = self
-            .proj(b, &h.output, &li.qkv)?
+            .base_proj(b, &h.output, &li.qkv)?
             .try_into()
             .map_err(|_| Error::value(OP, "q/k/v projections", "three", "another count"))?;
         // The N rows as the positions of one sequence, `[1, H, N, hd]`: rope then reads
@@ -178,19 +184,19 @@ impl Transformer {
             b.batched_decode_attention(&q, &kc, &vc, &lens, arch.window(l), arch.attn_scale)?
         };
         let merged = b.merge_heads(&attn)?;
-        let mut o = self.proj(b, &merged, &li.o)?.remove(0);
+        let mut o = self.base_proj(b, &merged, &li.o)?.remove(0);
         if let Some(nrm) = li.post_attn_norm {
             o = self.norm(b, &o, nrm)?.output;
         }
         let (x_mid, norm2) = self.add_norm(b, &x, &o, li.norm2)?;
-        let up = self.proj(b, &norm2.output, &li.up)?;
+        let up = self.base_proj(b, &norm2.output, &li.up)?;
         let act = match (arch.mlp, up.as_slice()) {
             (Mlp::Gelu, [fc]) => b.gelu(fc, GeluForm::Tanh)?,
             (Mlp::SwiGlu, [gate, up]) => b.silu_mul(gate, up)?,
             (Mlp::GeGlu, [gate, up]) => b.mul(&b.gelu(gate, GeluForm::Tanh)?, up)?,
             _ => return Err(Error::value(OP, "MLP projections", "one (gelu) or two (gated)", up.len())),
         };
-        let mut m = self.proj(b, &act, &li.down)?.remove(0);
+        let mut m = self.base_proj(b, &act, &li.down)?.remove(0);
         if let Some(nrm) = li.post_mlp_norm {
             m = self.norm(b, &m, nrm)?.output;
         }

@@ -23,7 +23,9 @@
 pub mod arch;
 mod batch;
 pub mod cache;
+mod counted;
 pub mod layout;
+pub mod lora;
 
 use fusebox::{
     AttentionGradients, CausalAttentionResult, ComputeBackend, DType, Error, GeluForm, NormGradients, NormOutput,
@@ -33,6 +35,9 @@ use fusebox::{
 pub use arch::{Arch, Biases, LayerAttention, Mlp, NormKind, Positions, Rope, RopeScaling};
 pub use cache::{kv_bytes_per_position, KvCache, RopeTables};
 pub use layout::{layout, LayerIndex, NormIndex, ParamIndex, Proj, Stacking};
+pub use lora::{Adapters, LoraConfig, Target};
+
+use lora::{base_rows, Group};
 
 use crate::params::{ParamSet, ParamSpec};
 
@@ -52,6 +57,28 @@ pub struct Transformer {
     /// Whether the parameters are plain f32 tensors the backward may use (a loaded
     /// model's matrices are laid out by `preprocess_linear_weight` or quantized).
     trainable: bool,
+    /// Whether the parameters are a frozen base in the plain `[out, in]` layout (f32 or
+    /// block formats, never preprocessed): the backward computes `dx` through them but
+    /// no gradient of theirs (LoRA).
+    frozen: bool,
+    /// LoRA adapters added to the projections (training and the KV-cache forward).
+    pub lora: Option<Adapters>,
+}
+
+/// Where the backward adds gradients: every parameter's (full training), or only the
+/// LoRA adapters' (the base frozen).
+enum Sink<'a> {
+    Full(&'a mut ParamSet),
+    Lora(&'a mut ParamSet),
+}
+
+impl Sink<'_> {
+    fn base(&mut self) -> Option<&mut ParamSet> {
+        match self {
+            Sink::Full(g) => Some(g),
+            Sink::Lora(_) => None,
+        }
+    }
 }
 
 /// The backward's report that the gradients at some parameter indices are complete (see
@@ -120,7 +147,7 @@ impl Transformer {
         if let Some((s, t)) = specs.iter().zip(&params.tensors).find(|(_, t)| t.dtype() != DType::F32) {
             return Err(Error::dtype("Transformer", format!("parameter '{}'", s.name), "f32", t.dtype()));
         }
-        Ok(Transformer { arch, specs, index, params, trainable: true })
+        Ok(Transformer { arch, specs, index, params, trainable: true, frozen: false, lora: None })
     }
 
     /// An inference-only model from loaded tensors laid out by [`layout()`] with
@@ -133,7 +160,7 @@ impl Transformer {
     ) -> Result<Transformer> {
         arch.validate()?;
         check_params(&specs, &params)?;
-        Ok(Transformer { arch, specs, index, params, trainable: false })
+        Ok(Transformer { arch, specs, index, params, trainable: false, frozen: false, lora: None })
     }
 
     /// A trainable model from loaded f32 tensors laid out by [`layout()`] (stacked
@@ -149,7 +176,64 @@ impl Transformer {
         if let Some((s, t)) = specs.iter().zip(&params.tensors).find(|(_, t)| t.dtype() != DType::F32) {
             return Err(Error::dtype("Transformer", format!("parameter '{}'", s.name), "f32", t.dtype()));
         }
-        Ok(Transformer { arch, specs, index, params, trainable: true })
+        Ok(Transformer { arch, specs, index, params, trainable: true, frozen: false, lora: None })
+    }
+
+    /// A frozen base for LoRA from loaded tensors laid out by [`layout()`]: matrices and
+    /// the embedding f32 or block formats in the plain `[out, in]` layout (never
+    /// `preprocess_linear_weight`ed), everything else f32. [`attach_lora`](Self::attach_lora)
+    /// then gives it something to train.
+    pub fn frozen_from(arch: Arch, specs: Vec<ParamSpec>, index: ParamIndex, params: ParamSet) -> Result<Transformer> {
+        arch.validate()?;
+        check_params(&specs, &params)?;
+        Ok(Transformer { arch, specs, index, params, trainable: false, frozen: true, lora: None })
+    }
+
+    /// Adds `adapters` (made for this architecture) to the projections; the base
+    /// parameters are frozen from now on: [`lora_loss_and_grads`](Self::lora_loss_and_grads)
+    /// gives only the adapters' gradients.
+    pub fn attach_lora(&mut self, adapters: Adapters) -> Result<()> {
+        let expected = Adapters::specs_for(&self.arch, &adapters.config)?;
+        if expected != adapters.specs {
+            return Err(Error::value("attach_lora", "adapters", format!("made for this {}", self.arch.name), "others"));
+        }
+        if !(self.trainable || self.frozen) {
+            return Err(Error::unsupported(
+                "attach_lora",
+                "the base was loaded for inference (backend-laid-out weights); load it frozen (weights::Purpose::Frozen)",
+            ));
+        }
+        self.lora = Some(adapters);
+        Ok(())
+    }
+
+    /// `W += (α/r)·B·A` for every adapter, the adapters then removed: the plain network
+    /// the adapters describe. Needs f32 base parameters (a trainable model).
+    pub fn merge_lora(&mut self, b: &dyn ComputeBackend) -> Result<()> {
+        const OP: &str = "Transformer::merge_lora";
+        let Some(ad) = self.lora.take() else { return Ok(()) };
+        if !self.trainable {
+            self.lora = Some(ad);
+            return Err(Error::unsupported(OP, "merging needs f32 base weights (load the base for training)"));
+        }
+        let scale = ad.config.scale();
+        let gated = self.arch.mlp.gated();
+        for (i, &(l, t)) in ad.sites().iter().enumerate() {
+            let (a, bm) = (&ad.params.tensors[2 * i], &ad.params.tensors[2 * i + 1]);
+            let delta = b.to_host(&b.mul_scalar(&b.matmul(bm, a, false, false)?, scale)?)?.to_vec::<f32>()?;
+            let (w, start, rows) = base_rows(&self.index, l, t, gated).ok_or_else(|| {
+                Error::value(OP, "adapter", "a projection of the model", format!("h.{l}.{}", t.name()))
+            })?;
+            let wt = &mut self.params.tensors[w];
+            let cols = wt.dims()[1];
+            let mut host = b.to_host(wt)?.to_vec::<f32>()?;
+            for (dst, d) in host[start * cols..(start + rows) * cols].iter_mut().zip(&delta) {
+                *dst += d;
+            }
+            let new = b.upload(&Tensor::from_vec(host, wt.shape().clone())?)?;
+            b.copy_into(wt, &new)?;
+        }
+        Ok(())
     }
 
     /// Whether [`forward`](Self::forward) and [`backward`](Self::backward) may run.
@@ -181,7 +265,22 @@ impl Transformer {
     }
 
     /// Each part of a projection group: one matmul per matrix, a stacked output sliced.
-    fn proj(&self, b: &dyn ComputeBackend, x: &Tensor, p: &Proj) -> Result<Vec<Tensor>> {
+    fn proj(&self, b: &dyn ComputeBackend, x: &Tensor, p: &Proj, site: (usize, Group)) -> Result<Vec<Tensor>> {
+        let mut parts = self.base_proj(b, x, p)?;
+        if let Some(ad) = &self.lora {
+            // y += s·(x·Aᵀ)·Bᵀ per adapted part.
+            for (i, part) in parts.iter_mut().enumerate() {
+                if let Some(slot) = ad.slot(site.0, site.1, i) {
+                    let xa = b.linear_forward(x, &ad.params.tensors[slot.a], None)?;
+                    let d = b.linear_forward(&xa, &ad.params.tensors[slot.b], None)?;
+                    *part = b.add(part, &b.mul_scalar(&d, ad.config.scale())?)?;
+                }
+            }
+        }
+        Ok(parts)
+    }
+
+    fn base_proj(&self, b: &dyn ComputeBackend, x: &Tensor, p: &Proj) -> Result<Vec<Tensor>> {
         let bias = |i: usize| p.biases.as_ref().map(|bs| bs[i]);
         if p.stacked() {
             let y = self.linear(b, x, p.weights[0], bias(0))?;
@@ -233,15 +332,17 @@ impl Transformer {
         n: NormIndex,
         stats: &NormOutput,
         dy: &Tensor,
-        grads: &mut ParamSet,
+        sink: &mut Sink<'_>,
     ) -> Result<Tensor> {
         let NormGradients { dx, dweight, dbias } = match &stats.mean {
             Some(mean) => b.layer_norm_backward(x, self.p(n.weight), mean, &stats.rstd, dy)?,
             None => b.rms_norm_backward(x, self.p(n.weight), &stats.rstd, dy)?,
         };
-        b.add_assign(&mut grads.tensors[n.weight], &dweight)?;
-        if let (Some(i), Some(g)) = (n.bias, dbias) {
-            b.add_assign(&mut grads.tensors[i], &g)?;
+        if let Some(grads) = sink.base() {
+            b.add_assign(&mut grads.tensors[n.weight], &dweight)?;
+            if let (Some(i), Some(g)) = (n.bias, dbias) {
+                b.add_assign(&mut grads.tensors[i], &g)?;
+            }
         }
         Ok(dx)
     }
@@ -321,7 +422,7 @@ impl Transformer {
         let arch = &self.arch;
         let li = &self.index.layers[l];
         let [q, k, v]: [Tensor; 3] = self
-            .proj(b, &h.output, &li.qkv)?
+            .proj(b, &h.output, &li.qkv, (l, Group::Qkv))?
             .try_into()
             .map_err(|_| Error::value(OP, "q/k/v projections", "three", "another count"))?;
         let mut q = split_heads(b, &q, arch.n_heads)?;
@@ -355,7 +456,7 @@ impl Transformer {
             Pass::Cached { cache, pos } => (self.cached_attention(b, l, &q, &k, &v, cache, *pos)?, None),
         };
         let merged = merge_heads(b, &attn_out)?;
-        let o = self.proj(b, &merged, &li.o)?.remove(0);
+        let o = self.proj(b, &merged, &li.o, (l, Group::O))?.remove(0);
         let (o, post_attn) = match li.post_attn_norm {
             Some(n) => {
                 let no = self.norm(b, &o, n)?;
@@ -364,14 +465,14 @@ impl Transformer {
             None => (o, None),
         };
         let (x_mid, norm2) = self.add_norm(b, &x, &o, li.norm2)?;
-        let up = self.proj(b, &norm2.output, &li.up)?;
+        let up = self.proj(b, &norm2.output, &li.up, (l, Group::Up))?;
         let act = match (arch.mlp, up.as_slice()) {
             (Mlp::Gelu, [fc]) => b.gelu(fc, GeluForm::Tanh)?,
             (Mlp::SwiGlu, [gate, up]) => b.silu_mul(gate, up)?,
             (Mlp::GeGlu, [gate, up]) => b.mul(&b.gelu(gate, GeluForm::Tanh)?, up)?,
             _ => return Err(Error::value(OP, "MLP projections", "one (gelu) or two (gated)", up.len())),
         };
-        let m = self.proj(b, &act, &li.down)?.remove(0);
+        let m = self.proj(b, &act, &li.down, (l, Group::Down))?.remove(0);
         let (m, post_mlp) = match li.post_mlp_norm {
             Some(n) => {
                 let nm = self.norm(b, &m, n)?;
@@ -458,7 +559,7 @@ impl Transformer {
     }
 
     fn check_trainable(&self, op: &'static str) -> Result<()> {
-        if self.trainable {
+        if self.trainable || self.frozen {
             Ok(())
         } else {
             Err(Error::unsupported(
@@ -474,6 +575,15 @@ impl Transformer {
 
     /// Training forward: logits `[B·T, V]` for ids `[B, T]`, and what the backward needs.
     pub fn forward(&self, b: &dyn ComputeBackend, ids: &Tensor) -> Result<(Tensor, ForwardCache)> {
+        let cache = self.forward_trunk(b, ids)?;
+        let h = cache.norm_f.output.reshape([cache.batch * cache.seq, self.arch.d_model])?;
+        let logits = self.linear(b, &h, self.index.head_weight(), None)?;
+        Ok((logits, cache))
+    }
+
+    /// The training forward up to the final norm (the head's input is
+    /// `cache.norm_f.output`).
+    fn forward_trunk(&self, b: &dyn ComputeBackend, ids: &Tensor) -> Result<ForwardCache> {
         const OP: &str = "Transformer::forward";
         self.check_trainable(OP)?;
         let (bsz, t) = self.check_ids(OP, ids, 0, self.arch.context_length)?;
@@ -488,9 +598,7 @@ impl Transformer {
                 (x, h) = self.block(b, l, x, h, &mut pass)?;
             }
         }
-        let logits =
-            self.linear(b, &h.output.reshape([bsz * t, self.arch.d_model])?, self.index.head_weight(), None)?;
-        Ok((logits, ForwardCache { ids: ids.clone(), batch: bsz, seq: t, rope, layers: saved, x_final: x, norm_f: h }))
+        Ok(ForwardCache { ids: ids.clone(), batch: bsz, seq: t, rope, layers: saved, x_final: x, norm_f: h })
     }
 
     /// Backward of one linear layer `y = x·Wᵀ (+ bias)`: adds the weight (and bias)
@@ -498,38 +606,68 @@ impl Transformer {
     fn linear_grad(
         &self,
         b: &dyn ComputeBackend,
-        grads: &mut ParamSet,
+        sink: &mut Sink<'_>,
         x: &Tensor,
         (weight, bias): (usize, Option<usize>),
         dy: &Tensor,
     ) -> Result<Tensor> {
-        let (dw, db) = grads.pair_mut(weight, bias)?;
-        b.linear_backward_accumulate(x, self.p(weight), dy, dw, db)
+        if let Some(grads) = sink.base() {
+            let (dw, db) = grads.pair_mut(weight, bias)?;
+            return b.linear_backward_accumulate(x, self.p(weight), dy, dw, db);
+        }
+        // Frozen W: only dx = dy·W, straight from the blocks of a block-format W.
+        let w = self.p(weight);
+        if w.dtype().is_quantized() || w.dtype() == DType::F8E4M3 {
+            b.quantized_matmul_backward(dy, w)
+        } else {
+            let rows: usize = dy.dims()[..dy.rank() - 1].iter().product();
+            let mut shape = dy.dims().to_vec();
+            let last = shape.len() - 1;
+            shape[last] = w.dims()[1];
+            b.matmul(&dy.reshape([rows, dy.dims()[last]])?, w, false, false)?.reshape(shape)
+        }
     }
 
     /// Backward of a projection group from each part's output gradient; returns `dx`.
     fn proj_backward(
         &self,
         b: &dyn ComputeBackend,
-        grads: &mut ParamSet,
+        sink: &mut Sink<'_>,
         x: &Tensor,
         p: &Proj,
+        site: (usize, Group),
         d_parts: &[Tensor],
     ) -> Result<Tensor> {
         let bias = |i: usize| p.biases.as_ref().map(|bs| bs[i]);
-        if p.stacked() {
+        let mut dx = if p.stacked() {
             let dy = b.concat(d_parts, d_parts[0].rank() - 1)?;
-            return self.linear_grad(b, grads, x, (p.weights[0], bias(0)), &dy);
+            self.linear_grad(b, sink, x, (p.weights[0], bias(0)), &dy)?
+        } else {
+            let mut dx: Option<Tensor> = None;
+            for (i, (&w, dy)) in p.weights.iter().zip(d_parts).enumerate() {
+                let d = self.linear_grad(b, sink, x, (w, bias(i)), dy)?;
+                dx = Some(match dx {
+                    Some(acc) => b.add(&acc, &d)?,
+                    None => d,
+                });
+            }
+            dx.ok_or_else(|| Error::value("Transformer::backward", "projection", "at least one matrix", 0))?
+        };
+        if let (Some(ad), Sink::Lora(grads)) = (&self.lora, sink) {
+            // y = s·(x·Aᵀ)·Bᵀ: with u = x·Aᵀ and g = s·dy, dB += gᵀ·u, du = g·B,
+            // dA += duᵀ·x, dx += du·A.
+            for (i, dy) in d_parts.iter().enumerate() {
+                if let Some(slot) = ad.slot(site.0, site.1, i) {
+                    let (a, bm) = (&ad.params.tensors[slot.a], &ad.params.tensors[slot.b]);
+                    let u = b.linear_forward(x, a, None)?;
+                    let g = b.mul_scalar(dy, ad.config.scale())?;
+                    let du = b.linear_backward_accumulate(&u, bm, &g, &mut grads.tensors[slot.b], None)?;
+                    let dxl = b.linear_backward_accumulate(x, a, &du, &mut grads.tensors[slot.a], None)?;
+                    dx = b.add(&dx, &dxl)?;
+                }
+            }
         }
-        let mut dx: Option<Tensor> = None;
-        for (i, (&w, dy)) in p.weights.iter().zip(d_parts).enumerate() {
-            let d = self.linear_grad(b, grads, x, (w, bias(i)), dy)?;
-            dx = Some(match dx {
-                Some(acc) => b.add(&acc, &d)?,
-                None => d,
-            });
-        }
-        dx.ok_or_else(|| Error::value("Transformer::backward", "projection", "at least one matrix", 0))
+        Ok(dx)
     }
 
     /// Backward from `d_logits` `[B·T, V]`: adds every parameter's gradient into `grads`.
@@ -557,27 +695,65 @@ impl Transformer {
         ready: &mut GradsReady<'_>,
     ) -> Result<()> {
         const OP: &str = "Transformer::backward";
-        self.check_trainable(OP)?;
+        if self.lora.is_some() || self.frozen {
+            return Err(Error::unsupported(
+                OP,
+                "the base is frozen (LoRA): its parameters have no gradient; use lora_loss_and_grads",
+            ));
+        }
         check_params(&self.specs, grads)?;
+        self.backward_impl(b, cache, d_logits, &mut Sink::Full(grads), ready)
+    }
+
+    /// The backward from `d_logits` into `sink`: the head, then
+    /// [`backward_below_head`](Self::backward_below_head).
+    fn backward_impl(
+        &self,
+        b: &dyn ComputeBackend,
+        cache: ForwardCache,
+        d_logits: &Tensor,
+        sink: &mut Sink<'_>,
+        ready: &mut GradsReady<'_>,
+    ) -> Result<()> {
+        // Output head.
+        let hf = cache.norm_f.output.reshape([cache.batch * cache.seq, self.arch.d_model])?;
+        let dhf = self.linear_grad(b, sink, &hf, (self.index.head_weight(), None), d_logits)?;
+        self.backward_below_head(b, cache, &dhf, sink, ready)
+    }
+
+    /// The backward from the head's input gradient `dhf` `[B·T, D]` (the head's own
+    /// gradient already added): final norm, blocks, embeddings; `ready` as in
+    /// [`backward_with`](Self::backward_with) (not called for a LoRA sink).
+    fn backward_below_head(
+        &self,
+        b: &dyn ComputeBackend,
+        cache: ForwardCache,
+        dhf: &Tensor,
+        sink: &mut Sink<'_>,
+        ready: &mut GradsReady<'_>,
+    ) -> Result<()> {
+        const OP: &str = "Transformer::backward";
+        self.check_trainable(OP)?;
         let arch = &self.arch;
         let (bsz, t, d) = (cache.batch, cache.seq, arch.d_model);
 
-        // Output head and final norm.
-        let hf = cache.norm_f.output.reshape([bsz * t, d])?;
-        let dhf = self.linear_grad(b, grads, &hf, (self.index.head_weight(), None), d_logits)?;
+        // Final norm.
         let mut dx =
-            self.norm_backward(b, &cache.x_final, self.index.norm_f, &cache.norm_f, &dhf.reshape([bsz, t, d])?, grads)?;
+            self.norm_backward(b, &cache.x_final, self.index.norm_f, &cache.norm_f, &dhf.reshape([bsz, t, d])?, sink)?;
         let norm_f = self.index.norm_f;
-        ready(grads, &[Some(norm_f.weight), norm_f.bias, self.index.head].into_iter().flatten().collect::<Vec<_>>())?;
+        if let Some(grads) = sink.base() {
+            let done = [Some(norm_f.weight), norm_f.bias, self.index.head].into_iter().flatten().collect::<Vec<_>>();
+            ready(grads, &done)?;
+        }
 
         for (l, s) in cache.layers.into_iter().enumerate().rev() {
             let li = &self.index.layers[l];
             // MLP: x_out = x_mid + post_mlp_norm(down(act(up(norm2(x_mid))))).
             let d_m = match (li.post_mlp_norm, &s.post_mlp) {
-                (Some(n), Some((m, stats))) => self.norm_backward(b, m, n, stats, &dx, grads)?,
+                (Some(n), Some((m, stats))) => self.norm_backward(b, m, n, stats, &dx, sink)?,
                 _ => dx.clone(),
             };
-            let d_act = self.proj_backward(b, grads, &s.act, &li.down, &[d_m])?;
+            let d_act = self.proj_backward(b, sink, &s.act, &li.down, (l, Group::Down), &[d_m])?;
             let d_up = match (arch.mlp, s.up.as_slice()) {
                 (Mlp::Gelu, [fc]) => vec![b.gelu_backward(fc, &d_act, GeluForm::Tanh)?],
                 (Mlp::SwiGlu, [gate, up]) => {
@@ -592,16 +768,16 @@ impl Transformer {
                 }
                 _ => return Err(Error::value(OP, "saved MLP projections", "one (gelu) or two (gated)", s.up.len())),
             };
-            let dh2 = self.proj_backward(b, grads, &s.norm2.output, &li.up, &d_up)?;
-            let dn2 = self.norm_backward(b, &s.x_mid, li.norm2, &s.norm2, &dh2, grads)?;
+            let dh2 = self.proj_backward(b, sink, &s.norm2.output, &li.up, (l, Group::Up), &d_up)?;
+            let dn2 = self.norm_backward(b, &s.x_mid, li.norm2, &s.norm2, &dh2, sink)?;
             let dx_mid = b.add(&dx, &dn2)?;
 
             // Attention: x_mid = x_in + post_attn_norm(o(attention(...))).
             let d_o = match (li.post_attn_norm, &s.post_attn) {
-                (Some(n), Some((o, stats))) => self.norm_backward(b, o, n, stats, &dx_mid, grads)?,
+                (Some(n), Some((o, stats))) => self.norm_backward(b, o, n, stats, &dx_mid, sink)?,
                 _ => dx_mid.clone(),
             };
-            let d_merged = self.proj_backward(b, grads, &s.merged, &li.o, &[d_o])?;
+            let d_merged = self.proj_backward(b, sink, &s.merged, &li.o, (l, Group::O), &[d_o])?;
             let d_attn = b.split_heads(&d_merged, arch.n_heads)?;
             let AttentionGradients { dq, dk, dv } =
                 attend_backward(b, &s.q, &s.k, &s.v, &s.attn, &d_attn, arch.window(l), arch.attn_scale)?;
@@ -615,16 +791,21 @@ impl Transformer {
             if let (Some(qn), Some(kn), Some((q_pre, nq, k_pre, nk))) = (li.q_norm, li.k_norm, &s.qk_pre) {
                 let gq = b.rms_norm_backward(q_pre, self.p(qn), &nq.rstd, &dq)?;
                 let gk = b.rms_norm_backward(k_pre, self.p(kn), &nk.rstd, &dk)?;
-                b.add_assign(&mut grads.tensors[qn], &gq.dweight)?;
-                b.add_assign(&mut grads.tensors[kn], &gk.dweight)?;
+                if let Some(grads) = sink.base() {
+                    b.add_assign(&mut grads.tensors[qn], &gq.dweight)?;
+                    b.add_assign(&mut grads.tensors[kn], &gk.dweight)?;
+                }
                 (dq, dk) = (gq.dx, gk.dx);
             }
             let d_qkv = [b.merge_heads(&dq)?, b.merge_heads(&dk)?, b.merge_heads(&dv)?];
-            let dh1 = self.proj_backward(b, grads, &s.norm1.output, &li.qkv, &d_qkv)?;
-            let dn1 = self.norm_backward(b, &s.x_in, li.norm1, &s.norm1, &dh1, grads)?;
+            let dh1 = self.proj_backward(b, sink, &s.norm1.output, &li.qkv, (l, Group::Qkv), &d_qkv)?;
+            let dn1 = self.norm_backward(b, &s.x_in, li.norm1, &s.norm1, &dh1, sink)?;
             dx = b.add(&dx_mid, &dn1)?;
-            ready(grads, &li.params())?;
+            if let Some(grads) = sink.base() {
+                ready(grads, &li.params())?;
+            }
         }
+        let Some(grads) = sink.base() else { return Ok(()) };
 
         // Embeddings: token rows scatter-add straight into the (possibly tied) table's
         // gradient (times the embedding scale); positions sum over the batch.
@@ -641,7 +822,10 @@ impl Transformer {
 
     /// Mean cross-entropy of next-token predictions and its gradient, added into `grads`
     /// scaled by `grad_scale` (1/accumulation steps). `targets` `[B, T]` U32; positions
-    /// whose target is `ignore` do not count. Returns the loss.
+    /// whose target is `ignore` do not count. Returns the loss. When at most half the
+    /// positions count (chat data: loss on the answers only), the head's logits are
+    /// computed at the counted positions only: the same loss and gradients, without
+    /// the `[B·T, V]` logits.
     pub fn loss_and_grads(
         &self,
         b: &dyn ComputeBackend,
@@ -666,12 +850,59 @@ impl Transformer {
         grads: &mut ParamSet,
         ready: &mut GradsReady<'_>,
     ) -> Result<f32> {
+        const OP: &str = "Transformer::loss_and_grads";
+        if self.lora.is_some() || self.frozen {
+            return Err(Error::unsupported(
+                OP,
+                "the base is frozen (LoRA): its parameters have no gradient; use lora_loss_and_grads",
+            ));
+        }
+        check_params(&self.specs, grads)?;
+        self.loss_and_grads_into(b, ids, targets, ignore, grad_scale, &mut Sink::Full(grads), ready)
+    }
+
+    /// LoRA training: the mean cross-entropy, and its gradient with respect to the
+    /// adapters only (the base frozen), added into `grads` (laid out as the adapters'
+    /// specs) scaled by `grad_scale`. `targets` as in
+    /// [`loss_and_grads`](Self::loss_and_grads); chat data takes the same counted-rows
+    /// path.
+    pub fn lora_loss_and_grads(
+        &self,
+        b: &dyn ComputeBackend,
+        ids: &Tensor,
+        targets: &Tensor,
+        ignore: Option<u32>,
+        grad_scale: f32,
+        grads: &mut ParamSet,
+    ) -> Result<f32> {
+        const OP: &str = "Transformer::lora_loss_and_grads";
+        let ad = self.lora.as_ref().ok_or_else(|| Error::unsupported(OP, "no LoRA adapters are attached"))?;
+        check_params(&ad.specs, grads)?;
+        self.loss_and_grads_into(b, ids, targets, ignore, grad_scale, &mut Sink::Lora(grads), &mut |_, _| Ok(()))
+    }
+
+    /// The loss and its gradients into `sink`: the counted-rows path when it applies,
+    /// else the dense head.
+    #[allow(clippy::too_many_arguments)]
+    fn loss_and_grads_into(
+        &self,
+        b: &dyn ComputeBackend,
+        ids: &Tensor,
+        targets: &Tensor,
+        ignore: Option<u32>,
+        grad_scale: f32,
+        sink: &mut Sink<'_>,
+        ready: &mut GradsReady<'_>,
+    ) -> Result<f32> {
+        if let Some(loss) = self.counted_loss_and_grads(b, ids, targets, ignore, grad_scale, sink, ready)? {
+            return Ok(loss);
+        }
         let (logits, cache) = self.forward(b, ids)?;
         let n = logits.dims()[0];
         let ce = b.cross_entropy(&logits, &targets.reshape([n])?, ignore)?;
         let loss = b.to_host(&ce.loss)?.to_vec::<f32>()?[0];
         let d_logits = if grad_scale == 1.0 { ce.d_logits } else { b.mul_scalar(&ce.d_logits, grad_scale)? };
-        self.backward_with(b, cache, &d_logits, grads, ready)?;
+        self.backward_impl(b, cache, &d_logits, sink, ready)?;
         Ok(loss)
     }
 

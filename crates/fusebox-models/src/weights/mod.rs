@@ -99,6 +99,10 @@ pub enum Purpose {
     /// Training (fine-tuning): every parameter f32 in the plain `[out, in]` layout the
     /// backward reads; only the file's own stacking. Block formats are dequantized.
     Training,
+    /// A frozen base for LoRA: block formats kept (matrices and the embedding multiplied
+    /// straight from their blocks, forward and backward), floats f32, all in the plain
+    /// `[out, in]` layout; projections stacked as for inference.
+    Frozen,
 }
 
 /// Reads the model `plan` describes from `src`, for inference (see [`load_for`]).
@@ -110,7 +114,7 @@ pub fn load(b: &dyn ComputeBackend, src: &dyn TensorSource, plan: Plan) -> Resul
 /// shapes, unusable dtypes and tensors the architecture has no place for are errors
 /// that name them; everything is checked before anything large is read.
 pub fn load_for(b: &dyn ComputeBackend, src: &dyn TensorSource, plan: Plan, purpose: Purpose) -> Result<Transformer> {
-    let inference = purpose == Purpose::Inference;
+    let inference = purpose != Purpose::Training;
     let Plan { arch, names, mut prefix, file_stacking, ignored } = plan;
     arch.validate()?;
     if prefix.is_empty() {
@@ -224,6 +228,7 @@ pub fn load_for(b: &dyn ComputeBackend, src: &dyn TensorSource, plan: Plan, purp
     match purpose {
         Purpose::Inference => Transformer::for_inference(arch, specs, index, ParamSet { tensors }),
         Purpose::Training => Transformer::trainable_from(arch, specs, index, ParamSet { tensors }),
+        Purpose::Frozen => Transformer::frozen_from(arch, specs, index, ParamSet { tensors }),
     }
 }
 
@@ -344,6 +349,10 @@ fn read_param(
     };
     let out = match role {
         _ if purpose == Purpose::Training => widen(&joined)?,
+        Role::Matrix if purpose == Purpose::Frozen && (dtype.is_quantized() || dtype == DType::F8E4M3) => {
+            b.upload(&joined)?
+        }
+        Role::Matrix if purpose == Purpose::Frozen => widen(&joined)?,
         Role::Matrix if dtype.is_quantized() || dtype == DType::F8E4M3 => {
             b.preprocess_linear_weight(&b.upload(&joined)?)?
         }

@@ -42,6 +42,11 @@ mod x86;
 #[path = "quant_int.rs"]
 mod int;
 
+/// `quantized_matmul_backward`: `dx = dy · W` from W's blocks, a decoded panel at a time.
+#[path = "quant_backward.rs"]
+mod backward;
+pub use backward::quantized_matmul_backward;
+
 /// Elements of a Q8_0 / Q4_0 / Q4_1 block.
 const QK: usize = 32;
 /// Elements of a Q4_K / Q6_K super-block.

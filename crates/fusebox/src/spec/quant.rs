@@ -1,5 +1,5 @@
-//! Weight storage formats: `quantize`, `dequantize`, `quantized_matmul` and
-//! `preprocess_linear_weight`.
+//! Weight storage formats: `quantize`, `dequantize`, `quantized_matmul`,
+//! `quantized_matmul_backward` and `preprocess_linear_weight`.
 //!
 //! A *storage format* is a GGUF block format ([`DType::is_quantized`]) or FP8 E4M3: what a
 //! weight may be stored as, and what `quantize` may produce. A tensor of a block format
@@ -115,6 +115,43 @@ pub fn quantized_matmul(x: &Tensor, w: &Tensor) -> Result<QuantMatmulSpec> {
     Ok(QuantMatmulSpec { m: lead.iter().product(), n, k, w_dtype: w.dtype(), dtype: x.dtype(), out_dims })
 }
 
+/// A validated `quantized_matmul_backward`: `dx = dy · W`, `[m, n] · [n, k] → [m, k]`
+/// with dy's leading dims flattened into m.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuantMatmulBackwardSpec {
+    /// Rows of dy (the product of its leading dims).
+    pub m: usize,
+    /// W's rows (dy's last dim, the forward's outputs).
+    pub n: usize,
+    /// W's columns (dx's last dim, the forward's inputs).
+    pub k: usize,
+    /// W's storage format.
+    pub w_dtype: DType,
+    /// dy's dtype (F32, F16 or BF16), which dx takes.
+    pub dtype: DType,
+    /// dx's dims: dy's leading dims, then k.
+    pub out_dims: Vec<usize>,
+}
+
+/// `quantized_matmul_backward(dy, w)`: dy F32/F16/BF16 `[..., n]` (rank ≥ 1), w `[n, k]`
+/// of a storage format (the W of the forward `y = quantized_matmul(x, w)`).
+pub fn quantized_matmul_backward(dy: &Tensor, w: &Tensor) -> Result<QuantMatmulBackwardSpec> {
+    const OP: &str = "quantized_matmul_backward";
+    check::float(OP, "dy", dy)?;
+    check::min_rank(OP, "dy", dy, 1)?;
+    if !is_storage_format(w.dtype()) {
+        return Err(Error::dtype(OP, "w", STORAGE_FORMATS, w.dtype()));
+    }
+    check::rank(OP, "w", w, 2)?;
+    let (n, k) = (w.dims()[0], w.dims()[1]);
+    if dy.shape().last_dim() != n {
+        return Err(Error::shape(OP, "dy (last dim = w's out, its rows)", format!("[..., {n}]"), dy.shape()));
+    }
+    let lead = &dy.dims()[..dy.rank() - 1]; // rank ≥ 1 checked above
+    let out_dims: Vec<usize> = lead.iter().copied().chain([k]).collect();
+    Ok(QuantMatmulBackwardSpec { m: lead.iter().product(), n, k, w_dtype: w.dtype(), dtype: dy.dtype(), out_dims })
+}
+
 /// A validated linear weight `[out, in]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LinearWeightSpec {
@@ -163,5 +200,21 @@ mod tests {
         assert_eq!(s.out_dims, vec![2, 3, 5]);
         let err = quantized_matmul(&x, &Tensor::zeros([5, 64], DType::F32).unwrap()).unwrap_err().to_string();
         assert!(err.contains("quantized_matmul") && err.contains("w") && err.contains("f32"), "{err}");
+    }
+
+    #[test]
+    fn matmul_backward_describes_the_flattened_call_and_names_bad_arguments() {
+        let dy = Tensor::zeros([2, 3, 5], DType::BF16).unwrap();
+        let w = Tensor::zeros([5, 256], DType::Q4K).unwrap();
+        let s = quantized_matmul_backward(&dy, &w).unwrap();
+        assert_eq!((s.m, s.n, s.k, s.w_dtype, s.dtype), (6, 5, 256, DType::Q4K, DType::BF16));
+        assert_eq!(s.out_dims, vec![2, 3, 256]);
+        let err = quantized_matmul_backward(&Tensor::zeros([2, 256], DType::F32).unwrap(), &w).unwrap_err().to_string();
+        assert!(err.contains("quantized_matmul_backward") && err.contains("dy") && err.contains("[..., 5]"), "{err}");
+        let err =
+            quantized_matmul_backward(&dy, &Tensor::zeros([5, 256], DType::F32).unwrap()).unwrap_err().to_string();
+        assert!(err.contains("quantized_matmul_backward") && err.contains("w") && err.contains("f32"), "{err}");
+        let err = quantized_matmul_backward(&Tensor::zeros([2, 5], DType::U32).unwrap(), &w).unwrap_err().to_string();
+        assert!(err.contains("dy") && err.contains("u32"), "{err}");
     }
 }
