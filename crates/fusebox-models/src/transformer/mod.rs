@@ -558,6 +558,18 @@ impl Transformer {
         b.to_host(&logits)
     }
 
+    /// Gradients of every parameter are asked for: refused when the base is frozen (LoRA)
+    /// and when `grads` is not laid out as the parameters.
+    fn check_full_grads(&self, op: &'static str, grads: &ParamSet) -> Result<()> {
+        if self.lora.is_some() || self.frozen {
+            return Err(Error::unsupported(
+                op,
+                "the base is frozen (LoRA): its parameters have no gradient; use lora_loss_and_grads",
+            ));
+        }
+        check_params(&self.specs, grads)
+    }
+
     fn check_trainable(&self, op: &'static str) -> Result<()> {
         if self.trainable || self.frozen {
             Ok(())
@@ -695,13 +707,7 @@ impl Transformer {
         ready: &mut GradsReady<'_>,
     ) -> Result<()> {
         const OP: &str = "Transformer::backward";
-        if self.lora.is_some() || self.frozen {
-            return Err(Error::unsupported(
-                OP,
-                "the base is frozen (LoRA): its parameters have no gradient; use lora_loss_and_grads",
-            ));
-        }
-        check_params(&self.specs, grads)?;
+        self.check_full_grads(OP, grads)?;
         self.backward_impl(b, cache, d_logits, &mut Sink::Full(grads), ready)
     }
 
@@ -851,13 +857,7 @@ impl Transformer {
         ready: &mut GradsReady<'_>,
     ) -> Result<f32> {
         const OP: &str = "Transformer::loss_and_grads";
-        if self.lora.is_some() || self.frozen {
-            return Err(Error::unsupported(
-                OP,
-                "the base is frozen (LoRA): its parameters have no gradient; use lora_loss_and_grads",
-            ));
-        }
-        check_params(&self.specs, grads)?;
+        self.check_full_grads(OP, grads)?;
         self.loss_and_grads_into(b, ids, targets, ignore, grad_scale, &mut Sink::Full(grads), ready)
     }
 

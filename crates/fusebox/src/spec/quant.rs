@@ -78,6 +78,18 @@ pub fn dequantize(x: &Tensor) -> Result<StorageSpec> {
     Ok(StorageSpec { dtype, elems: x.elem_count(), float: DType::F32 })
 }
 
+/// The checks `quantized_matmul` and its backward share: `a` (named `name`) F32, F16 or
+/// BF16 of rank ≥ 1, `w` a rank-2 matrix of a storage format. Returns w's `(rows, cols)`.
+fn float_rows_and_block_weight(op: &'static str, name: &str, a: &Tensor, w: &Tensor) -> Result<(usize, usize)> {
+    check::float(op, name, a)?;
+    check::min_rank(op, name, a, 1)?;
+    if !is_storage_format(w.dtype()) {
+        return Err(Error::dtype(op, "w", STORAGE_FORMATS, w.dtype()));
+    }
+    check::rank(op, "w", w, 2)?;
+    Ok((w.dims()[0], w.dims()[1]))
+}
+
 /// A validated `quantized_matmul`: `[m, k] · [n, k]ᵀ → [m, n]` with x's leading dims
 /// flattened into m.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,13 +112,7 @@ pub struct QuantMatmulSpec {
 /// storage format.
 pub fn quantized_matmul(x: &Tensor, w: &Tensor) -> Result<QuantMatmulSpec> {
     const OP: &str = "quantized_matmul";
-    check::float(OP, "x", x)?;
-    check::min_rank(OP, "x", x, 1)?;
-    if !is_storage_format(w.dtype()) {
-        return Err(Error::dtype(OP, "w", STORAGE_FORMATS, w.dtype()));
-    }
-    check::rank(OP, "w", w, 2)?;
-    let (n, k) = (w.dims()[0], w.dims()[1]);
+    let (n, k) = float_rows_and_block_weight(OP, "x", x, w)?;
     if x.shape().last_dim() != k {
         return Err(Error::shape(OP, "x (last dim = w's in)", format!("[..., {k}]"), x.shape()));
     }
@@ -137,13 +143,7 @@ pub struct QuantMatmulBackwardSpec {
 /// of a storage format (the W of the forward `y = quantized_matmul(x, w)`).
 pub fn quantized_matmul_backward(dy: &Tensor, w: &Tensor) -> Result<QuantMatmulBackwardSpec> {
     const OP: &str = "quantized_matmul_backward";
-    check::float(OP, "dy", dy)?;
-    check::min_rank(OP, "dy", dy, 1)?;
-    if !is_storage_format(w.dtype()) {
-        return Err(Error::dtype(OP, "w", STORAGE_FORMATS, w.dtype()));
-    }
-    check::rank(OP, "w", w, 2)?;
-    let (n, k) = (w.dims()[0], w.dims()[1]);
+    let (n, k) = float_rows_and_block_weight(OP, "dy", dy, w)?;
     if dy.shape().last_dim() != n {
         return Err(Error::shape(OP, "dy (last dim = w's out, its rows)", format!("[..., {n}]"), dy.shape()));
     }
