@@ -1678,8 +1678,8 @@ pub fn dequantize(cpu: &CpuBackend, x: &Tensor) -> Result<Tensor> {
 /// decoding) each task takes W rows one at a time: for the formats with integer kernels
 /// (when the backend was built with `exact_decode(false)`) it dots them in integers with
 /// x rounded to 8 bits once per call (see `int`); otherwise it dots the blocks with each
-/// x row in f32, each x row with the arithmetic of the one-row kernel (the AVX2 Q4_0,
-/// Q4_1 and Q8_0 kernels decode a block once for up to 4 x rows), so each row's result
+/// x row in f32, each x row with the arithmetic of the one-row kernel (the AVX-512 and
+/// AVX2 Q4_0, Q4_1 and Q8_0 kernels decode a block once for up to 4 x rows), so each row's result
 /// is bit-identical whatever the number of rows up to `SMALL_M` (FP8 weights: decoded
 /// into a buffer and dotted with every x row); for more rows (prompt prefill) each task decodes a panel of W rows and
 /// multiplies x by it with gemm. Tasks own disjoint output columns, and each output is
@@ -1945,45 +1945,54 @@ mod tests {
     }
 
     /// A server batches 1..=16 sequences into one `quantized_matmul`: each row's result
-    /// must not depend on how many rows come with it, on either decode path, for every
-    /// block format (and for FP8), with the work split over threads.
+    /// must not depend on how many rows come with it, on either decode path, on every ISA
+    /// this CPU has, for every block format (and for FP8), with the work split over
+    /// threads. Rows of 17 blocks of 32 (an odd count: the kernels' last block has no
+    /// partner) for the 32-element formats, 3 blocks of 256 for the K formats. Called
+    /// through the trait, so the caller's share of the work runs on the backend's ISA too.
     #[test]
     fn each_rows_result_is_bit_identical_for_every_row_count_up_to_16() {
-        let (n, k) = (37, 512);
-        let x_all: Vec<f32> = (0..SMALL_M * k)
-            .map(|i| ((i * 37 % 101) as f32 / 25.0 - 2.0) * if i % 97 == 3 { 9.0 } else { 1.0 })
-            .collect();
-        let w_f32: Vec<f32> = (0..n * k).map(|i| (i * 53 % 89) as f32 / 22.0 - 2.0).collect();
-        let dense = Tensor::from_vec(w_f32, [n, k]).unwrap();
-        for exact in [true, false] {
-            let cpu = CpuBackend::builder().threads(2).exact_decode(exact).build().unwrap();
-            for dtype in DType::ALL.into_iter().filter(|d| d.is_quantized() || *d == DType::F8E4M3) {
-                let w = match quantize(&cpu, &dense, dtype) {
-                    Ok(w) => w,
-                    Err(e) => panic!("{dtype}: {e}"),
-                };
-                let one: Vec<Vec<u32>> = (0..SMALL_M)
-                    .map(|i| {
-                        let x = Tensor::from_vec(x_all[i * k..(i + 1) * k].to_vec(), [1, k]).unwrap();
-                        quantized_matmul(&cpu, &x, &w)
-                            .unwrap()
-                            .to_vec_f32()
-                            .unwrap()
-                            .iter()
-                            .map(|v| v.to_bits())
-                            .collect()
-                    })
-                    .collect();
-                assert!(one.iter().flatten().all(|&b| f32::from_bits(b).is_finite()), "{dtype}: non-finite output");
-                for m in 2..=SMALL_M {
-                    let x = Tensor::from_vec(x_all[..m * k].to_vec(), [m, k]).unwrap();
-                    let y = quantized_matmul(&cpu, &x, &w).unwrap().to_vec_f32().unwrap();
-                    for (i, row) in y.chunks_exact(n).enumerate() {
-                        let bits: Vec<u32> = row.iter().map(|v| v.to_bits()).collect();
-                        assert_eq!(
-                            bits, one[i],
-                            "{dtype}, exact_decode {exact}: row {i} of {m} differs from the row alone"
-                        );
+        use crate::backend::ComputeBackend;
+        let n = 37;
+        for isa in simd::Isa::available() {
+            for exact in [true, false] {
+                let cpu = CpuBackend::builder().threads(2).isa(isa).exact_decode(exact).build().unwrap();
+                for dtype in DType::ALL.into_iter().filter(|d| d.is_quantized() || *d == DType::F8E4M3) {
+                    let k = if dtype.block_elems() == 256 { 768 } else { 544 };
+                    let x_all: Vec<f32> = (0..SMALL_M * k)
+                        .map(|i| ((i * 37 % 101) as f32 / 25.0 - 2.0) * if i % 97 == 3 { 9.0 } else { 1.0 })
+                        .collect();
+                    let w_f32: Vec<f32> = (0..n * k).map(|i| (i * 53 % 89) as f32 / 22.0 - 2.0).collect();
+                    let dense = Tensor::from_vec(w_f32, [n, k]).unwrap();
+                    let w = match cpu.quantize(&dense, dtype) {
+                        Ok(w) => w,
+                        Err(e) => panic!("{dtype}: {e}"),
+                    };
+                    let one: Vec<Vec<u32>> = (0..SMALL_M)
+                        .map(|i| {
+                            let x = Tensor::from_vec(x_all[i * k..(i + 1) * k].to_vec(), [1, k]).unwrap();
+                            cpu.quantized_matmul(&x, &w)
+                                .unwrap()
+                                .to_vec_f32()
+                                .unwrap()
+                                .iter()
+                                .map(|v| v.to_bits())
+                                .collect()
+                        })
+                        .collect();
+                    assert!(one.iter().flatten().all(|&b| f32::from_bits(b).is_finite()), "{dtype}: non-finite output");
+                    for m in 2..=SMALL_M {
+                        let x = Tensor::from_vec(x_all[..m * k].to_vec(), [m, k]).unwrap();
+                        let y = cpu.quantized_matmul(&x, &w).unwrap().to_vec_f32().unwrap();
+                        for (i, row) in y.chunks_exact(n).enumerate() {
+                            let bits: Vec<u32> = row.iter().map(|v| v.to_bits()).collect();
+                            assert_eq!(
+                                bits,
+                                one[i],
+                                "{dtype}, {}, exact_decode {exact}: row {i} of {m} differs from the row alone",
+                                isa.name()
+                            );
+                        }
                     }
                 }
             }

@@ -24,6 +24,11 @@
 //!
 //! Per row the 16 (AVX-512) or 8 (AVX2) lanes are reduced once at the end. Rows are
 //! independent and summed in a fixed order, so results do not depend on threads.
+//!
+//! With several x rows (sequences batched by a server) the `*_rows_multi` kernels
+//! convert each Q8_0/Q4_0/Q4_1 block once for up to 4 x rows and then run, per x row,
+//! the one-row kernel's operations in its order: a row's result has the same bits alone
+//! or in a batch.
 
 use std::arch::x86_64::*;
 
@@ -98,7 +103,8 @@ pub(super) fn fused_rows_multi(
     if xs.len() != m * k || xsum32.len() != m * nb || w.len() != rows * nb * block_bytes {
         return false;
     }
-    if Isa::active() != Isa::Avx2 || !has_f16c() {
+    let isa = Isa::active();
+    if !matches!(isa, Isa::Avx512 | Isa::Avx2) || !has_f16c() {
         return false;
     }
     // Groups of up to 4 x rows share each decoded block.
@@ -106,28 +112,52 @@ pub(super) fn fused_rows_multi(
     while i < m {
         let g = (m - i).min(4);
         let (x, s) = (&xs[i * k..(i + g) * k], &xsum32[i * nb..(i + g) * nb]);
-        // SAFETY: AVX2 and F16C are available (checked above); `w` holds `rows` rows of
-        // `nb` blocks, `x` g rows of k = 32·nb elements and `s` g rows of nb sums, and the
-        // kernels write out[r·m + i + 0..g] for r < rows, inside `out` (rows·m long).
+        // SAFETY: the ISA is available (`Isa::active` never names a level the CPU lacks;
+        // F16C checked above); `w` holds `rows` rows of `nb` blocks, `x` g rows of
+        // k = 32·nb elements and `s` g rows of nb sums, and the kernels write
+        // out[r·m + i + 0..g] for r < rows, inside `out` (rows·m long).
         unsafe {
-            match (dtype, g) {
-                (DType::Q4_1, 4) => avx2::q4_rows_multi::<true, 4>(w, x, s, nb, out, m, i),
-                (DType::Q4_1, 3) => avx2::q4_rows_multi::<true, 3>(w, x, s, nb, out, m, i),
-                (DType::Q4_1, 2) => avx2::q4_rows_multi::<true, 2>(w, x, s, nb, out, m, i),
-                (DType::Q4_1, _) => avx2::q4_rows_multi::<true, 1>(w, x, s, nb, out, m, i),
-                (DType::Q4_0, 4) => avx2::q4_rows_multi::<false, 4>(w, x, s, nb, out, m, i),
-                (DType::Q4_0, 3) => avx2::q4_rows_multi::<false, 3>(w, x, s, nb, out, m, i),
-                (DType::Q4_0, 2) => avx2::q4_rows_multi::<false, 2>(w, x, s, nb, out, m, i),
-                (DType::Q4_0, _) => avx2::q4_rows_multi::<false, 1>(w, x, s, nb, out, m, i),
-                (_, 4) => avx2::q8_0_rows_multi::<4>(w, x, nb, out, m, i),
-                (_, 3) => avx2::q8_0_rows_multi::<3>(w, x, nb, out, m, i),
-                (_, 2) => avx2::q8_0_rows_multi::<2>(w, x, nb, out, m, i),
-                (_, _) => avx2::q8_0_rows_multi::<1>(w, x, nb, out, m, i),
+            match g {
+                4 => group::<4>(isa, dtype, w, x, s, nb, out, m, i),
+                3 => group::<3>(isa, dtype, w, x, s, nb, out, m, i),
+                2 => group::<2>(isa, dtype, w, x, s, nb, out, m, i),
+                _ => group::<1>(isa, dtype, w, x, s, nb, out, m, i),
             }
         }
         i += g;
     }
     true
+}
+
+/// The kernel of [`fused_rows_multi`] for a group of `R` x rows, `isa` AVX-512 or AVX2,
+/// `dtype` Q4_1, Q4_0 or Q8_0.
+///
+/// # Safety
+/// As the kernels: `isa` (with FMA and F16C) available, and the bounds of
+/// `fused_rows_multi` for the group's x rows `x` and sums `s`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn group<const R: usize>(
+    isa: Isa,
+    dtype: DType,
+    w: &[u8],
+    x: &[f32],
+    s: &[f32],
+    nb: usize,
+    out: &mut [f32],
+    m: usize,
+    col: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match (isa, dtype) {
+            (Isa::Avx512, DType::Q4_1) => avx512::q4_rows_multi::<true, R>(w, x, s, nb, out, m, col),
+            (Isa::Avx512, DType::Q4_0) => avx512::q4_rows_multi::<false, R>(w, x, s, nb, out, m, col),
+            (Isa::Avx512, _) => avx512::q8_0_rows_multi::<R>(w, x, nb, out, m, col),
+            (_, DType::Q4_1) => avx2::q4_rows_multi::<true, R>(w, x, s, nb, out, m, col),
+            (_, DType::Q4_0) => avx2::q4_rows_multi::<false, R>(w, x, s, nb, out, m, col),
+            (_, _) => avx2::q8_0_rows_multi::<R>(w, x, nb, out, m, col),
+        }
+    }
 }
 
 fn has_f16c() -> bool {
@@ -259,6 +289,133 @@ mod avx512 {
                 block(b, &mut acc0);
             }
             *o = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+        }
+    }
+
+    /// `q4_rows` for `R` x rows at once (rows `0..R` of `x`, sums in `xsum32[i·nb..]`):
+    /// each block's nibbles become floats and its header is converted once, then every x
+    /// row does exactly `q4_rows`' operations on them, in the same order (even blocks
+    /// into its first accumulators, odd ones into its second), so row r's result for x row i, written to `out[r·m + col + i]`, has the
+    /// bits `q4_rows` gives for that x row alone.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 (F, BW, VL), AVX2, FMA and F16C; `x` must hold `R`
+    /// rows of `32·nb` elements, `xsum32` `R·nb` sums, `w` whole rows of `nb` blocks (20
+    /// bytes each for Q4_1, 18 for Q4_0), and `out` at least `(w rows − 1)·m + col + R`
+    /// elements.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub(super) unsafe fn q4_rows_multi<const OFFSET: bool, const R: usize>(
+        w: &[u8],
+        x: &[f32],
+        xsum32: &[f32],
+        nb: usize,
+        out: &mut [f32],
+        m: usize,
+        col: usize,
+    ) {
+        let (bb, qs_at) = if OFFSET { (20, 4) } else { (18, 2) };
+        let row_bytes = nb * bb;
+        let rows = w.len() / row_bytes;
+        let table = _mm512_setr_ps(0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.);
+        let xp = x.as_ptr();
+        for r in 0..rows {
+            prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
+            let row = w.as_ptr().wrapping_add(r * row_bytes);
+            // `q4_rows`' acc0/acc1 and off0/off1, per x row.
+            let (mut acc0, mut acc1) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
+            let (mut off0, mut off1) = ([_mm_setzero_ps(); R], [_mm_setzero_ps(); R]);
+            let block = |b: usize, acc: &mut [__m512; R], off: &mut [__m128; R]| {
+                // SAFETY: block b of row r lies inside `w`; x row i's block b and sum b
+                // lie inside `x` and `xsum32` (the caller's contract).
+                unsafe {
+                    let blk = row.add(b * bb);
+                    let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(qs_at) as *const __m128i));
+                    let lo = _mm512_permutexvar_ps(q, table);
+                    let hi = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(q), table);
+                    let dm = header(blk);
+                    let d = _mm512_broadcastss_ps(dm);
+                    for i in 0..R {
+                        let xb = xp.add(i * nb * QK + QK * b);
+                        let t =
+                            _mm512_fmadd_ps(_mm512_loadu_ps(xb.add(16)), hi, _mm512_mul_ps(_mm512_loadu_ps(xb), lo));
+                        acc[i] = _mm512_fmadd_ps(d, t, acc[i]);
+                        off[i] = _mm_fmadd_ps(dm, _mm_set1_ps(*xsum32.get_unchecked(i * nb + b)), off[i]);
+                    }
+                }
+            };
+            let mut b = 0;
+            while b + 2 <= nb {
+                block(b, &mut acc0, &mut off0);
+                block(b + 1, &mut acc1, &mut off1);
+                b += 2;
+            }
+            if b < nb {
+                block(b, &mut acc0, &mut off0);
+            }
+            for i in 0..R {
+                let o = _mm_add_ps(off0[i], off1[i]);
+                let offset =
+                    if OFFSET { f32::from_bits(_mm_extract_ps::<1>(o) as u32) } else { -8.0 * _mm_cvtss_f32(o) };
+                let v = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i], acc1[i])) + offset;
+                // SAFETY: r·m + col + i < out.len() (the caller's contract).
+                unsafe { *out.get_unchecked_mut(r * m + col + i) = v };
+            }
+        }
+    }
+
+    /// `q8_0_rows` for `R` x rows at once, as `q4_rows_multi`: each block's bytes and
+    /// header are converted once, every x row does `q8_0_rows`' operations on them in
+    /// its order.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 (F, BW, VL), AVX2, FMA and F16C; `x` must hold `R`
+    /// rows of `32·nb` elements, `w` whole rows of `nb` blocks of 34 bytes, and `out` at
+    /// least `(w rows − 1)·m + col + R` elements.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub(super) unsafe fn q8_0_rows_multi<const R: usize>(
+        w: &[u8],
+        x: &[f32],
+        nb: usize,
+        out: &mut [f32],
+        m: usize,
+        col: usize,
+    ) {
+        let row_bytes = nb * 34;
+        let rows = w.len() / row_bytes;
+        let xp = x.as_ptr();
+        for r in 0..rows {
+            prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
+            let row = w.as_ptr().wrapping_add(r * row_bytes);
+            let (mut acc0, mut acc1) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
+            let block = |b: usize, acc: &mut [__m512; R]| {
+                // SAFETY: as in `q4_rows_multi`.
+                unsafe {
+                    let blk = row.add(b * 34);
+                    let q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(2) as *const __m128i)));
+                    let q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(18) as *const __m128i)));
+                    let d = _mm512_broadcastss_ps(header(blk));
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        let xb = xp.add(i * nb * QK + QK * b);
+                        let t =
+                            _mm512_fmadd_ps(_mm512_loadu_ps(xb.add(16)), q1, _mm512_mul_ps(_mm512_loadu_ps(xb), q0));
+                        *a = _mm512_fmadd_ps(d, t, *a);
+                    }
+                }
+            };
+            let mut b = 0;
+            while b + 2 <= nb {
+                block(b, &mut acc0);
+                block(b + 1, &mut acc1);
+                b += 2;
+            }
+            if b < nb {
+                block(b, &mut acc0);
+            }
+            for i in 0..R {
+                let v = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i], acc1[i]));
+                // SAFETY: r·m + col + i < out.len() (the caller's contract).
+                unsafe { *out.get_unchecked_mut(r * m + col + i) = v };
+            }
         }
     }
 }
