@@ -1931,7 +1931,7 @@ mod tests {
         let wb = w.host_bytes().unwrap();
         let mut simd_out = vec![0.0f32; n];
         let mut portable = vec![0.0f32; n];
-        for isa in [Isa::Avx2, Isa::Scalar] {
+        for isa in Isa::available() {
             {
                 let _avx2 = IsaGuard::enter(Isa::Avx2);
                 assert!(x86::fused_rows(dtype, wb, &x, &xsum32, &mut simd_out), "{dtype}: no AVX2 kernel");

@@ -1,11 +1,11 @@
 //! Hand-written x86-64 kernels for the fused row dots of `quantized_matmul` with one
 //! x row (token-by-token decoding): `out[r] = Σ_j x[j]·W[r, j]` with W in Q8_0, Q4_0 or
-//! Q4_1 blocks (AVX-512 and AVX2), or Q5_0 blocks (AVX2), and x in f32 — the activations
-//! are not quantized, so the results stay as close to f32 as the portable path. The
-//! Q8_0/Q4_0/Q4_1 kernels sum in their own order (within f32 rounding of the portable
-//! path); the Q5_0 kernel keeps the portable path's 16 lanes in two 8-lane vectors and
-//! performs the same fused operations in the same order, so its results are bit-identical
-//! to it. Q4_K and Q6_K have no kernel here: the portable loops, compiled per ISA by
+//! Q4_1 blocks (AVX-512 and AVX2), or Q5_0 blocks (AVX2, also run under AVX-512), and x
+//! in f32 — the activations are not quantized, so the results stay as close to f32 as
+//! the portable path. The Q8_0/Q4_0/Q4_1 kernels sum in their own order (within f32
+//! rounding of the portable path); the Q5_0 kernel keeps the portable path's 16 lanes in
+//! two 8-lane vectors and performs the same fused operations in the same order, so its
+//! results are bit-identical to it. Q4_K and Q6_K have no kernel here: the portable loops, compiled per ISA by
 //! `multiversion!`, vectorize them well (hand-written AVX2 forms of the same arithmetic
 //! were slower).
 //!
@@ -67,7 +67,8 @@ pub(super) fn fused_rows(dtype: DType, w: &[u8], x: &[f32], xsum32: &[f32], out:
             (Isa::Avx2, DType::Q4_1) if has_f16c() => avx2::q4_rows::<true>(w, x, xsum32, out),
             (Isa::Avx2, DType::Q4_0) if has_f16c() => avx2::q4_rows::<false>(w, x, xsum32, out),
             (Isa::Avx2, DType::Q8_0) if has_f16c() => avx2::q8_0_rows(w, x, out),
-            (Isa::Avx2, DType::Q5_0) if has_f16c() => avx2::q5_0_rows(w, x, out),
+            // No AVX-512 form: the AVX2 kernel gives the portable path's bits on any ISA.
+            (Isa::Avx512 | Isa::Avx2, DType::Q5_0) if has_f16c() => avx2::q5_0_rows(w, x, out),
             _ => return false,
         }
     }
