@@ -1,13 +1,13 @@
 //! Hand-written x86-64 kernels for the fused row dots of `quantized_matmul` with one
-//! x row (token-by-token decoding): `out[r] = Σ_j x[j]·W[r, j]` with W in Q8_0, Q4_0 or
-//! Q4_1 blocks (AVX-512 and AVX2), or Q5_0 blocks (AVX2, also run under AVX-512), and x
-//! in f32 — the activations are not quantized, so the results stay as close to f32 as
-//! the portable path. The Q8_0/Q4_0/Q4_1 kernels sum in their own order (within f32
-//! rounding of the portable path); the Q5_0 kernel keeps the portable path's 16 lanes in
-//! two 8-lane vectors and performs the same fused operations in the same order, so its
-//! results are bit-identical to it. Q4_K and Q6_K have no kernel here: the portable loops, compiled per ISA by
-//! `multiversion!`, vectorize them well (hand-written AVX2 forms of the same arithmetic
-//! were slower).
+//! x row (token-by-token decoding): `out[r] = Σ_j x[j]·W[r, j]` with W in Q8_0, Q4_0,
+//! Q4_1 or Q5_0 blocks (AVX-512 and AVX2), and x in f32 — the activations are not
+//! quantized, so the results stay as close to f32 as the portable path. The
+//! Q8_0/Q4_0/Q4_1 kernels sum in their own order (within f32 rounding of the portable
+//! path); the Q5_0 kernels keep the portable path's 16 lanes (in one 16-lane or two
+//! 8-lane vectors) and perform the same fused operations in the same order, so their
+//! results are bit-identical to it. Q4_K and Q6_K have no kernel here: the portable
+//! loops, compiled per ISA by `multiversion!`, vectorize them well (hand-written AVX2
+//! forms of the same arithmetic were slower).
 //!
 //! The portable loops in `quant.rs` leave the compiler to vectorize nibble unpacking and
 //! per-block f16 scales, which it does poorly (a scalar f16 conversion and several
@@ -67,8 +67,8 @@ pub(super) fn fused_rows(dtype: DType, w: &[u8], x: &[f32], xsum32: &[f32], out:
             (Isa::Avx2, DType::Q4_1) if has_f16c() => avx2::q4_rows::<true>(w, x, xsum32, out),
             (Isa::Avx2, DType::Q4_0) if has_f16c() => avx2::q4_rows::<false>(w, x, xsum32, out),
             (Isa::Avx2, DType::Q8_0) if has_f16c() => avx2::q8_0_rows(w, x, out),
-            // No AVX-512 form: the AVX2 kernel gives the portable path's bits on any ISA.
-            (Isa::Avx512 | Isa::Avx2, DType::Q5_0) if has_f16c() => avx2::q5_0_rows(w, x, out),
+            (Isa::Avx512, DType::Q5_0) => avx512::q5_0_rows(w, x, out),
+            (Isa::Avx2, DType::Q5_0) if has_f16c() => avx2::q5_0_rows(w, x, out),
             _ => return false,
         }
     }
@@ -417,6 +417,61 @@ mod avx512 {
                 // SAFETY: r·m + col + i < out.len() (the caller's contract).
                 unsafe { *out.get_unchecked_mut(r * m + col + i) = v };
             }
+        }
+    }
+
+    /// Q5_0 rows, lane for lane the portable `fused_dot::q5_0_row`: its 16 lanes in one
+    /// vector, lane l of a block takes elements l and l + 16,
+    /// `acc = d·(x_l·q_l + x_{l+16}·q_{l+16}) + acc` with both products fused as there,
+    /// and the same tree reduction (halves added down to one lane), so the results have
+    /// its bits.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 (F, BW, VL), AVX2, FMA and F16C; `x.len()` must be a
+    /// multiple of 32 and `w` hold exactly `out.len()` rows of `x.len() / 32` blocks of 22
+    /// bytes.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub(super) unsafe fn q5_0_rows(w: &[u8], x: &[f32], out: &mut [f32]) {
+        let nb = x.len() / QK;
+        let row_bytes = nb * 22;
+        let (mask, sixteen, one) = (_mm512_set1_epi32(0x0F), _mm512_set1_epi32(16), _mm512_set1_epi32(1));
+        let shifts_lo = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let shifts_hi = _mm512_add_epi32(shifts_lo, sixteen);
+        let xp = x.as_ptr();
+        for (r, o) in out.iter_mut().enumerate() {
+            prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
+            let row = w.as_ptr().wrapping_add(r * row_bytes);
+            let mut acc = _mm512_setzero_ps();
+            for b in 0..nb {
+                // SAFETY: block b of row r lies inside `w` (22 bytes, of which `header`
+                // reads 8 and the nibbles are bytes 6..22), and x holds block b.
+                unsafe {
+                    let blk = row.add(b * 22);
+                    let d = _mm512_broadcastss_ps(header(blk));
+                    let qh = _mm512_set1_epi32(
+                        u32::from_le_bytes([*blk.add(2), *blk.add(3), *blk.add(4), *blk.add(5)]) as i32,
+                    );
+                    let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(6) as *const __m128i));
+                    let bit_lo = _mm512_and_si512(_mm512_srlv_epi32(qh, shifts_lo), one);
+                    let bit_hi = _mm512_and_si512(_mm512_srlv_epi32(qh, shifts_hi), one);
+                    let lo = _mm512_or_si512(_mm512_and_si512(q, mask), _mm512_slli_epi32::<4>(bit_lo));
+                    let hi = _mm512_or_si512(_mm512_srli_epi32::<4>(q), _mm512_slli_epi32::<4>(bit_hi));
+                    let lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, sixteen));
+                    let hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, sixteen));
+                    let xl = _mm512_loadu_ps(xp.add(QK * b));
+                    let xh = _mm512_loadu_ps(xp.add(QK * b + 16));
+                    let t = _mm512_fmadd_ps(xl, lo, _mm512_mul_ps(xh, hi));
+                    acc = _mm512_fmadd_ps(d, t, acc);
+                }
+            }
+            // hsum16: lanes l + 8 onto l, then 4, 2, 1.
+            let halves = _mm256_add_ps(
+                _mm512_castps512_ps256(acc),
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc))),
+            );
+            let s = _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps::<1>(halves));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            *o = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
         }
     }
 }
