@@ -111,6 +111,54 @@ pub(super) fn forward<T: KvElem>(
     });
 }
 
+/// [`forward`] of several single-query problems (a server's sequences, each over its own
+/// cache and length), `out` and `lse` holding their outputs one after another. Problems
+/// whose keys [`forward`] would not split run their kv heads together in one parallel
+/// region, each head exactly as [`forward`] runs it; the others run through [`forward`].
+/// Each problem's results are therefore the bits it gets alone.
+pub(super) fn forward_many<T: KvElem>(
+    cpu: &CpuBackend,
+    problems: &[Problem<T>],
+    out: &mut [MaybeUninit<f32>],
+    lse: &mut [MaybeUninit<f32>],
+) {
+    // (problem, its first output element, its first logsumexp) of the unsplit problems,
+    // and the index of the first of each one's kv heads among the joint tasks.
+    let (mut joint, mut starts, mut work) = (Vec::new(), Vec::new(), 0usize);
+    let (mut tasks, mut at_out, mut at_lse) = (0, 0, 0);
+    for (i, p) in problems.iter().enumerate() {
+        let Dims { batch, hq, hkv, d, .. } = p.dims;
+        let (rows, heads) = (batch * hq, batch * hkv);
+        let (first, tk) = p.keys(0);
+        if key_splits(cpu.threads(), heads, tk - first) == 1 {
+            joint.push((i, at_out, at_lse));
+            starts.push(tasks);
+            tasks += heads;
+            work += heads * 2 * p.dims.group() * (tk - first) * d;
+        } else {
+            forward(cpu, p, &mut out[at_out..at_out + rows * d], &mut lse[at_lse..at_lse + rows]);
+        }
+        (at_out, at_lse) = (at_out + rows * d, at_lse + rows);
+    }
+    let (out, lse) = (SharedMut(out.as_mut_ptr()), SharedMut(lse.as_mut_ptr()));
+    cpu.for_each_index(tasks, work, |task| {
+        let j = starts.partition_point(|&s| s <= task) - 1;
+        let (i, out_at, lse_at) = joint[j];
+        let p = &problems[i];
+        let kv_head = task - starts[j];
+        let Dims { hq, hkv, d, .. } = p.dims;
+        let row = (kv_head / hkv) * hq + (kv_head % hkv) * p.dims.group();
+        let (first, tk) = p.keys(0);
+        group_forward(p, kv_head, first..tk, |g, o, m, l| {
+            // SAFETY: query row `row + g` of problem i belongs to this task alone (groups
+            // partition the query heads, Tq = 1), and problem i's rows lie inside `out`
+            // and `lse` from `out_at` and `lse_at` on (the caller sized them for all).
+            let (out, lse) = unsafe { (out.slice(out_at + (row + g) * d, d), lse.slice(lse_at + row + g, 1)) };
+            super::forward::finish_row(o, m, l, out, &mut lse[0]);
+        });
+    });
+}
+
 /// Ranges each kv head's keys are cut into: at least two tasks per thread (with fewer kv
 /// heads than that, some threads would sit idle), each range at least [`MIN_SPLIT_KEYS`]
 /// long; 1 on one thread. More splits than needed measured no faster: each range's
