@@ -180,6 +180,18 @@ fn prefetch_range(w: &[u8], start: usize, len: usize) {
 /// How many rows ahead of the one being computed the prefetches run.
 const PREFETCH_ROWS: usize = 2;
 
+/// `xsum32` of `R` ≤ 4 x rows (`nb` sums each) regrouped by block: `[b·4 + i]` is x row
+/// i's sum over block b, lanes of rows past R zero.
+fn sums_by_block<const R: usize>(xsum32: &[f32], nb: usize) -> Vec<f32> {
+    let mut sums = vec![0.0f32; 4 * nb];
+    for (i, row) in xsum32.chunks_exact(nb).take(R.min(4)).enumerate() {
+        for (b, &s) in row.iter().enumerate() {
+            sums[4 * b + i] = s;
+        }
+    }
+    sums
+}
+
 mod avx512 {
     use super::*;
 
@@ -293,11 +305,14 @@ mod avx512 {
         }
     }
 
-    /// `q4_rows` for `R` x rows at once (rows `0..R` of `x`, sums in `xsum32[i·nb..]`):
-    /// each block's nibbles become floats and its header is converted once, then every x
-    /// row does exactly `q4_rows`' operations on them, in the same order (even blocks
-    /// into its first accumulators, odd ones into its second), so row r's result for x row i, written to `out[r·m + col + i]`, has the
-    /// bits `q4_rows` gives for that x row alone.
+    /// `q4_rows` for `R` ≤ 4 x rows at once (rows `0..R` of `x`, sums in
+    /// `xsum32[i·nb..]`): each block's nibbles become floats and its header is converted
+    /// once, then every x row does exactly `q4_rows`' operations on them, in the same order
+    /// (even blocks into its first accumulators, odd ones into its second), so row r's
+    /// result for x row i, written to `out[r·m + col + i]`, has the bits `q4_rows` gives
+    /// for that x row alone. The offset term `m·Σx` (Q4_0: `d·Σx`), which `q4_rows` keeps
+    /// in one lane of a 4-lane vector, is kept for all R rows in one vector (lane i: x row
+    /// i), one fused multiply-add per block instead of R.
     ///
     /// # Safety
     /// The CPU must support AVX-512 (F, BW, VL), AVX2, FMA and F16C; `x` must hold `R`
@@ -319,15 +334,16 @@ mod avx512 {
         let rows = w.len() / row_bytes;
         let table = _mm512_setr_ps(0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.);
         let xp = x.as_ptr();
+        let sums = sums_by_block::<R>(xsum32, nb);
         for r in 0..rows {
             prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
             let row = w.as_ptr().wrapping_add(r * row_bytes);
-            // `q4_rows`' acc0/acc1 and off0/off1, per x row.
+            // `q4_rows`' acc0/acc1 per x row; its off0/off1 lane for every x row.
             let (mut acc0, mut acc1) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
-            let (mut off0, mut off1) = ([_mm_setzero_ps(); R], [_mm_setzero_ps(); R]);
-            let block = |b: usize, acc: &mut [__m512; R], off: &mut [__m128; R]| {
-                // SAFETY: block b of row r lies inside `w`; x row i's block b and sum b
-                // lie inside `x` and `xsum32` (the caller's contract).
+            let (mut off0, mut off1) = (_mm_setzero_ps(), _mm_setzero_ps());
+            let block = |b: usize, acc: &mut [__m512; R], off: &mut __m128| {
+                // SAFETY: block b of row r lies inside `w`; x row i's block b lies inside
+                // `x` (the caller's contract) and `sums` holds 4 sums per block.
                 unsafe {
                     let blk = row.add(b * bb);
                     let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(qs_at) as *const __m128i));
@@ -335,13 +351,15 @@ mod avx512 {
                     let hi = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(q), table);
                     let dm = header(blk);
                     let d = _mm512_broadcastss_ps(dm);
-                    for i in 0..R {
+                    for (i, a) in acc.iter_mut().enumerate() {
                         let xb = xp.add(i * nb * QK + QK * b);
                         let t =
                             _mm512_fmadd_ps(_mm512_loadu_ps(xb.add(16)), hi, _mm512_mul_ps(_mm512_loadu_ps(xb), lo));
-                        acc[i] = _mm512_fmadd_ps(d, t, acc[i]);
-                        off[i] = _mm_fmadd_ps(dm, _mm_set1_ps(*xsum32.get_unchecked(i * nb + b)), off[i]);
+                        *a = _mm512_fmadd_ps(d, t, *a);
                     }
+                    // Lane i: `q4_rows`' lane 1 (m·Σx, Q4_1) or lane 0 (d·Σx, Q4_0) for x row i.
+                    let scale = if OFFSET { _mm_permute_ps::<0b01_01_01_01>(dm) } else { _mm_broadcastss_ps(dm) };
+                    *off = _mm_fmadd_ps(scale, _mm_loadu_ps(sums.as_ptr().add(4 * b)), *off);
                 }
             };
             let mut b = 0;
@@ -353,10 +371,11 @@ mod avx512 {
             if b < nb {
                 block(b, &mut acc0, &mut off0);
             }
+            let mut offsets = [0f32; 4];
+            // SAFETY: `offsets` holds the 4 lanes stored.
+            unsafe { _mm_storeu_ps(offsets.as_mut_ptr(), _mm_add_ps(off0, off1)) };
             for i in 0..R {
-                let o = _mm_add_ps(off0[i], off1[i]);
-                let offset =
-                    if OFFSET { f32::from_bits(_mm_extract_ps::<1>(o) as u32) } else { -8.0 * _mm_cvtss_f32(o) };
+                let offset = if OFFSET { offsets[i] } else { -8.0 * offsets[i] };
                 let v = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i], acc1[i])) + offset;
                 // SAFETY: r·m + col + i < out.len() (the caller's contract).
                 unsafe { *out.get_unchecked_mut(r * m + col + i) = v };
@@ -555,10 +574,11 @@ mod avx2 {
         }
     }
 
-    /// `q4_rows` for `R` x rows at once (rows `0..R` of `x`, sums in `xsum32[i·nb..]`):
-    /// each block's nibbles are widened and converted once, then every x row does
-    /// exactly `q4_rows`' operations on them, in the same order, into its own
-    /// accumulators; row r's result for x row i goes to `out[r·m + col + i]`.
+    /// `q4_rows` for `R` ≤ 4 x rows at once (rows `0..R` of `x`, sums in
+    /// `xsum32[i·nb..]`): each block's nibbles are widened and converted once, then every
+    /// x row does exactly `q4_rows`' operations on them, in the same order, into its own
+    /// accumulators; row r's result for x row i goes to `out[r·m + col + i]`. The offset
+    /// term is kept for all R rows in one vector, as in `avx512::q4_rows_multi`.
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C; `x` must hold `R` rows of `32·nb`
@@ -579,15 +599,16 @@ mod avx2 {
         let rows = w.len() / row_bytes;
         let mask = _mm256_set1_epi32(0x0F);
         let xp = x.as_ptr();
+        let sums = sums_by_block::<R>(xsum32, nb);
         for r in 0..rows {
             prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
             let row = w.as_ptr().wrapping_add(r * row_bytes);
             let mut acc0 = [_mm256_setzero_ps(); R];
             let mut acc1 = [_mm256_setzero_ps(); R];
-            let mut off = [_mm_setzero_ps(); R];
+            let mut off = _mm_setzero_ps();
             for b in 0..nb {
-                // SAFETY: block b of row r lies inside `w`; x row i's block b and sum b
-                // lie inside `x` and `xsum32` (the caller's contract).
+                // SAFETY: block b of row r lies inside `w`; x row i's block b lies inside
+                // `x` (the caller's contract) and `sums` holds 4 sums per block.
                 unsafe {
                     let blk = row.add(b * bb);
                     let a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(blk.add(qs_at) as *const __m128i));
@@ -606,16 +627,17 @@ mod avx2 {
                         let t1 = _mm256_fmadd_ps(_mm256_loadu_ps(xb.add(24)), hi_c, t1);
                         acc0[i] = _mm256_fmadd_ps(d, t0, acc0[i]);
                         acc1[i] = _mm256_fmadd_ps(d, t1, acc1[i]);
-                        off[i] = _mm_fmadd_ps(dm, _mm_set1_ps(*xsum32.get_unchecked(i * nb + b)), off[i]);
                     }
+                    // Lane i: `q4_rows`' lane 1 (m·Σx, Q4_1) or lane 0 (d·Σx, Q4_0) for x row i.
+                    let scale = if OFFSET { _mm_permute_ps::<0b01_01_01_01>(dm) } else { _mm_broadcastss_ps(dm) };
+                    off = _mm_fmadd_ps(scale, _mm_loadu_ps(sums.as_ptr().add(4 * b)), off);
                 }
             }
+            let mut offsets = [0f32; 4];
+            // SAFETY: `offsets` holds the 4 lanes stored.
+            unsafe { _mm_storeu_ps(offsets.as_mut_ptr(), off) };
             for i in 0..R {
-                let offset = if OFFSET {
-                    f32::from_bits(_mm_extract_ps::<1>(off[i]) as u32)
-                } else {
-                    -8.0 * _mm_cvtss_f32(off[i])
-                };
+                let offset = if OFFSET { offsets[i] } else { -8.0 * offsets[i] };
                 // SAFETY: r·m + col + i < out.len() (the caller's contract).
                 unsafe { *out.get_unchecked_mut(r * m + col + i) = hsum(_mm256_add_ps(acc0[i], acc1[i])) + offset };
             }
