@@ -100,16 +100,8 @@ mod tests {
     use super::*;
     use crate::cpu::attention::decode_attention;
 
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(7);
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                s as f32 / u32::MAX as f32 * 2.0 - 1.0
-            })
-            .collect()
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        crate::rng::Rng::new(seed).uniform_vec(n, -1.0, 1.0)
     }
 
     /// Each sequence of a batched decode step has the bits of its own `decode_attention`:
@@ -134,7 +126,7 @@ mod tests {
                             )
                             .unwrap()
                         };
-                        (make(10 + i as u32), make(20 + i as u32))
+                        (make(10 + i as u64), make(20 + i as u64))
                     })
                     .collect();
                 let ks: Vec<&Tensor> = caches.iter().map(|c| &c.0).collect();
