@@ -53,7 +53,10 @@ fn main() -> fusebox::Result<()> {
     };
     let num = |i: usize, default: usize| args.get(i).and_then(|s| s.parse().ok()).unwrap_or(default);
     let (threads, tokens, rounds) = (num(1, 2), num(2, 128), num(3, 3));
-    let b = fusebox::create_backend(&format!("cpu:{threads}"))?;
+    // FUSEBOX_INT8_DECODE=1: the integer decode path, as `fusebox serve --int8`.
+    let int8 = std::env::var("FUSEBOX_INT8_DECODE").is_ok_and(|v| v == "1");
+    let b: Arc<dyn ComputeBackend> =
+        Arc::new(fusebox::CpuBackend::builder().threads(threads).exact_decode(!int8).build()?);
     let model = Arc::new(llama::load(b.as_ref(), path.as_ref())?);
     let template = model.chat_template()?;
     let prompts: Vec<Vec<u32>> = PROMPTS
@@ -62,7 +65,11 @@ fn main() -> fusebox::Result<()> {
         .collect::<fusebox::Result<_>>()?;
     let ctx = prompts.iter().map(Vec::len).max().unwrap_or(0) + tokens + 1;
     let dtype = fusebox::DType::F16;
-    println!("{} · {threads} threads · {tokens} tokens · f16 cache · {rounds} rounds", model.description);
+    println!(
+        "{} · {threads} threads · {tokens} tokens · f16 cache · {} decode · {rounds} rounds",
+        model.description,
+        if int8 { "int8" } else { "f32" }
+    );
 
     let mut rows: Vec<[f64; 9]> = Vec::new();
     for round in 0..rounds {

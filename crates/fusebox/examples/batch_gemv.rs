@@ -4,7 +4,7 @@
 //! checks it); the ratio says what batching saves.
 //!
 //! ```text
-//! cargo run --release -p fusebox --example batch_gemv -- [THREADS] [REPS]
+//! [FUSEBOX_INT8_DECODE=1] cargo run --release -p fusebox --example batch_gemv -- [THREADS] [REPS]
 //! ```
 //!
 //! Prints per format, on W `[1536, 576]` (SmolLM2-135M's MLP up; 768 inputs for the K
@@ -38,8 +38,11 @@ fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let threads = args.next().and_then(|a| a.parse().ok()).unwrap_or(2usize);
     let reps = args.next().and_then(|a| a.parse().ok()).unwrap_or(100usize);
-    let b = CpuBackend::builder().threads(threads).build()?;
-    println!("batched GEMV vs single rows, {threads} threads, median of {reps}");
+    // FUSEBOX_INT8_DECODE=1: the integer decode path (x rounded to 8 bits).
+    let int8 = std::env::var("FUSEBOX_INT8_DECODE").is_ok_and(|v| v == "1");
+    let b = CpuBackend::builder().threads(threads).exact_decode(!int8).build()?;
+    let path = if int8 { "int8" } else { "f32" };
+    println!("batched GEMV vs single rows, {threads} threads, {path} activations, median of {reps}");
     println!("{:<6} {:>3} {:>12} {:>14} {:>8}", "format", "M", "batched µs", "M × single µs", "ratio");
     for dtype in FORMATS {
         let k = if dtype.block_elems() == 256 { 768 } else { 576 };

@@ -1711,22 +1711,14 @@ fn matmul_by_rows(cpu: &CpuBackend, xs: &[f32], m: usize, dtype: DType, wb: &[u8
     let row_bytes = dtype.storage_bytes(k);
     let rows_per_task = n.div_ceil(cpu.threads() * 4).max(1);
     let int_block = int::activation_block(dtype).filter(|&b| k.is_multiple_of(b) && !cpu.exact_decode());
-    if let Some(block) = int_block {
+    if int_block.is_some() {
         // x quantized once per call; each task dots its W rows with every x row in integers.
-        let xq: Vec<int::Q8Row> = xs.chunks_exact(k).map(|x| int::quantize_row(x, block)).collect();
+        let xq: Vec<int::Q8Row> = xs.chunks_exact(k).map(|x| int::quantize_row(x, dtype)).collect();
         let mut out_t = vec![0.0f32; n * m];
         cpu.for_each_chunk(&mut out_t, rows_per_task * m, k, |task, chunk| {
             let first = task * rows_per_task;
-            let rows = chunk.len() / m;
-            let w = &wb[first * row_bytes..(first + rows) * row_bytes];
-            let done = if m == 1 {
-                int::int_rows(dtype, w, &xq[0], chunk)
-            } else {
-                w.chunks_exact(row_bytes).zip(chunk.chunks_exact_mut(m)).all(|(wrow, outs)| {
-                    outs.chunks_exact_mut(1).zip(&xq).all(|(o, xq)| int::int_rows(dtype, wrow, xq, o))
-                })
-            };
-            if !done {
+            let w = &wb[first * row_bytes..(first + chunk.len() / m) * row_bytes];
+            if !int::int_rows_multi(dtype, w, &xq, chunk) {
                 chunk.fill(f32::NAN);
             }
         });

@@ -15,13 +15,22 @@
 //!
 //! Per block the products `w_int·q` are summed exactly in i32 in **8 lanes**: lane l
 //! of a run of 32 elements holds elements 4l..4l+4 (the lanes AVX2's `maddubs` +
-//! `madd` produce), multiplied by the sub-block scale of the weights where the format
-//! has one (Q4_K, Q5_K: per 32; Q6_K: per 16, which never splits a lane). Then, per
-//! block, in f32: `acc[l] = fma(d_w·d_x, lane[l] as f32, acc[l])`, and offsets
-//! `off = fma(c, s, off)`; the row's result is `tree8(acc) ± off`, with
-//! `tree8` adding lanes l and l + 4, then l and l + 2, then 0 and 1. The integer sums
-//! are exact and the f32 operations happen in one fixed order, so the portable twin
-//! here and the AVX2 kernels (`quant_int_x86.rs`) give bit-identical results.
+//! `madd` and AVX-512's `vpdpbusd` produce), multiplied by the sub-block scale of the
+//! weights where the format has one (Q4_K, Q5_K: per 32; Q6_K: per 16, which never
+//! splits a lane). Then, in f32, with `d = d_w·d_x` per block:
+//!
+//! * 32-blocks: 16 accumulator lanes, block b in lanes `8·(b mod 2) + l` (so AVX-512
+//!   takes two blocks per instruction): `acc[8h + l] = fma(d, lane[l], acc[8h + l])`,
+//!   and Q4_1's offsets `off[h] = fma(m, Σx̃, off[h])`; the row's result is
+//!   `tree16(acc) + (off[0] + off[1])`.
+//! * K super-blocks: 8 lanes, `acc[l] = fma(d, lane[l], acc[l])` and the `dmin·m`
+//!   offsets `off = fma(c, s, off)`; the row's result is `tree8(acc) − off`.
+//!
+//! `tree16` adds lanes l and l + 8, then `tree8` adds l and l + 4, l and l + 2, 0 and 1.
+//! The integer sums are exact and the f32 operations happen in one fixed order, so the
+//! portable twin here, the AVX2 kernels (`quant_int_x86.rs`) and the AVX-512 VNNI
+//! kernels (`quant_int_vnni.rs`) give bit-identical results, and a row's result does
+//! not depend on how many x rows one call takes.
 //!
 //! The results differ from the f32-activation path by the activation rounding (about
 //! 0.4% of a block's largest |x| per element, relative); `CpuBackendBuilder::exact_decode(false)`
@@ -47,6 +56,13 @@ pub struct Q8Row {
     pub xsum: Vec<f32>,
     /// Per run of 32, the integer sum of q (the K formats' offsets).
     pub qsum: Vec<i32>,
+    /// 32-blocks: per group of 4 elements (one i32 lane), `−2^s·Σq` for the offset `2^s`
+    /// that makes the weights unsigned for `vpdpbusd` ([`weight_offset_shift`]), padded
+    /// with 0 to whole pairs of blocks; empty for the K formats.
+    pub bias: Vec<i32>,
+    /// 32-blocks: per pair of blocks, their two scales each repeated 8 times (the lanes
+    /// of a 512-bit accumulator; 0 for a missing odd block); empty for the K formats.
+    pub d16: Vec<f32>,
 }
 
 /// Whether `dtype` has an integer kernel here, and which activation block it needs
@@ -55,13 +71,38 @@ pub fn activation_block(dtype: DType) -> Option<usize> {
     crate::spec::quant::int_activation_block(dtype)
 }
 
-/// Quantizes `x` (a multiple of `block` long; 32 or 256) for the integer dots.
-pub fn quantize_row(x: &[f32], block: usize) -> Q8Row {
+/// The 32-block formats' offset `2^s` that makes a weight unsigned: Q8_0 (−128..127) s = 7,
+/// Q4_0 (−8..7) 3, Q5_0 (−16..15) 4, Q4_1 (0..15) none; `None` for the K formats.
+pub fn weight_offset_shift(dtype: DType) -> Option<u32> {
+    match dtype {
+        DType::Q8_0 => Some(7),
+        DType::Q4_0 => Some(3),
+        DType::Q5_0 => Some(4),
+        DType::Q4_1 => Some(0),
+        _ => None,
+    }
+}
+
+/// Quantizes `x` (whole activation blocks of `dtype`, a format with an integer kernel)
+/// for the integer dots with `dtype` weights.
+pub fn quantize_row(x: &[f32], dtype: DType) -> Q8Row {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(row) = vnni::quantize_row(x, dtype) {
+        return row;
+    }
+    quantize_row_portable(x, dtype)
+}
+
+/// [`quantize_row`] in plain loops (the twin of the SIMD form).
+fn quantize_row_portable(x: &[f32], dtype: DType) -> Q8Row {
+    let block = activation_block(dtype).unwrap_or(QK);
     let mut row = Q8Row {
         q: vec![0; x.len()],
         d: Vec::with_capacity(x.len() / block),
         xsum: Vec::with_capacity(x.len() / QK),
         qsum: Vec::with_capacity(x.len() / QK),
+        bias: Vec::new(),
+        d16: Vec::new(),
     };
     for (xs, qs) in x.chunks_exact(block).zip(row.q.chunks_exact_mut(block)) {
         let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -77,6 +118,14 @@ pub fn quantize_row(x: &[f32], block: usize) -> Q8Row {
         let qsum: i32 = qs.iter().map(|&q| i32::from(q)).sum();
         row.xsum.push(row.d[r * QK / block] * qsum as f32);
         row.qsum.push(qsum);
+    }
+    if let (Some(s), QK) = (weight_offset_shift(dtype), block) {
+        row.bias.extend(row.q.chunks_exact(4).map(|g| -(g.iter().map(|&q| i32::from(q)).sum::<i32>() << s)));
+        row.bias.resize(16 * row.d.len().div_ceil(2), 0);
+        for pair in row.d.chunks(2) {
+            let second = pair.get(1).copied().unwrap_or(0.0);
+            row.d16.extend([pair[0]; 8].into_iter().chain([second; 8]));
+        }
     }
     row
 }
@@ -104,12 +153,36 @@ pub fn int_rows(dtype: DType, w: &[u8], xq: &Q8Row, out: &mut [f32]) -> bool {
         return false;
     }
     #[cfg(target_arch = "x86_64")]
-    if x86::int_rows(dtype, w, xq, out) {
+    if vnni::int_rows_multi(dtype, w, std::slice::from_ref(xq), out) || x86::int_rows(dtype, w, xq, out) {
         return true;
     }
     let row_bytes = w.len() / out.len().max(1);
     for (o, row) in out.iter_mut().zip(w.chunks_exact(row_bytes.max(1))) {
         *o = twin::row(dtype, row, xq);
+    }
+    true
+}
+
+/// `out[r·m + i] = Σ_j xs[i][j]·W[r, j]` for the rows r of `w` and the `m = xs.len()`
+/// quantized x rows, each result bit-identical to [`int_rows`] on that x row alone (the
+/// AVX-512 VNNI kernels decode a weight block once for up to 8 x rows). Returns false,
+/// doing nothing, as `int_rows` does.
+pub fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f32]) -> bool {
+    let m = xs.len();
+    if m == 0 || !out.len().is_multiple_of(m) || !xs.iter().all(|xq| fits(dtype, w, xq, out.len() / m)) {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if vnni::int_rows_multi(dtype, w, xs, out) {
+        return true;
+    }
+    let row_bytes = w.len() / (out.len() / m).max(1);
+    for (wrow, outs) in w.chunks_exact(row_bytes.max(1)).zip(out.chunks_exact_mut(m)) {
+        for (o, xq) in outs.iter_mut().zip(xs) {
+            if !int_rows(dtype, wrow, xq, std::slice::from_mut(o)) {
+                return false;
+            }
+        }
     }
     true
 }
@@ -123,6 +196,8 @@ fn fits(dtype: DType, w: &[u8], xq: &Q8Row, rows: usize) -> bool {
         && xq.d.len() == k / block
         && xq.xsum.len() == k / QK
         && xq.qsum.len() == k / QK
+        && xq.bias.len() == if block == QK { 16 * (k / QK).div_ceil(2) } else { 0 }
+        && xq.d16.len() == if block == QK { 16 * (k / QK).div_ceil(2) } else { 0 }
         && w.len() == rows * (k / block) * block_bytes(dtype)
 }
 
@@ -131,10 +206,25 @@ fn fits(dtype: DType, w: &[u8], xq: &Q8Row, rows: usize) -> bool {
 #[path = "quant_int_x86.rs"]
 mod x86;
 
+/// AVX-512 VNNI forms of the 32-block integer dots, several x rows per weight pass.
+#[cfg(target_arch = "x86_64")]
+#[path = "quant_int_vnni.rs"]
+mod vnni;
+
 /// The little-endian f16 at `b[at..at + 2]` as f32.
 #[inline(always)]
 fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// Lanes 0..16 added as the SIMD reductions do: l + 8, then [`tree8`].
+#[inline(always)]
+pub(crate) fn tree16(acc: &[f32; 16]) -> f32 {
+    let mut v = [0.0f32; 8];
+    for l in 0..8 {
+        v[l] = acc[l] + acc[l + 8];
+    }
+    tree8(&v)
 }
 
 /// Lanes 0..8 added as the AVX2 reduction does: l + 4, then l + 2, then 0 + 1.
@@ -165,11 +255,10 @@ pub(crate) mod twin {
 
     /// One row of `dtype` blocks dotted with `xq`.
     pub fn row(dtype: DType, row: &[u8], xq: &Q8Row) -> f32 {
-        let mut acc = [0.0f32; 8];
-        let mut off = 0.0f32;
         match dtype {
             DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 => {
                 let bb = block_bytes(dtype);
+                let (mut acc, mut off) = ([0.0f32; 16], [0.0f32; 2]);
                 for (b, blk) in row.chunks_exact(bb).enumerate() {
                     let mut w = [0i32; 32];
                     match dtype {
@@ -195,18 +284,19 @@ pub(crate) mod twin {
                     }
                     let mut lanes = [0i32; 8];
                     add_lanes(&mut lanes, &w, &xq.q[QK * b..QK * b + QK], |_| 1);
-                    let d = f16_at(blk, 0) * xq.d[b];
+                    let (d, h) = (f16_at(blk, 0) * xq.d[b], b % 2);
                     for l in 0..8 {
-                        acc[l] = d.mul_add(lanes[l] as f32, acc[l]);
+                        acc[8 * h + l] = d.mul_add(lanes[l] as f32, acc[8 * h + l]);
                     }
                     if dtype == DType::Q4_1 {
-                        off = f16_at(blk, 2).mul_add(xq.xsum[b], off);
+                        off[h] = f16_at(blk, 2).mul_add(xq.xsum[b], off[h]);
                     }
                 }
-                tree8(&acc) + off
+                tree16(&acc) + (off[0] + off[1])
             }
             DType::Q4K | DType::Q5K => {
                 let bb = block_bytes(dtype);
+                let (mut acc, mut off) = ([0.0f32; 8], 0.0f32);
                 for (sb, blk) in row.chunks_exact(bb).enumerate() {
                     let (scales, qs_at) = (&blk[4..16], if dtype == DType::Q5K { 48 } else { 16 });
                     let mut lanes = [0i32; 8];
@@ -235,6 +325,7 @@ pub(crate) mod twin {
                 tree8(&acc) - off
             }
             DType::Q6K => {
+                let mut acc = [0.0f32; 8];
                 for (sb, blk) in row.chunks_exact(210).enumerate() {
                     let mut lanes = [0i32; 8];
                     for half in 0..2 {
@@ -290,7 +381,7 @@ mod tests {
         for dtype in FORMATS {
             let block = activation_block(dtype).unwrap();
             let x = values(k, 7);
-            let xq = quantize_row(&x, block);
+            let xq = quantize_row(&x, dtype);
             let wf = values(rows * k, 11);
             let mut wb = vec![0u8; dtype.storage_bytes(rows * k)];
             quantize_into(dtype, &wf, &mut wb);
@@ -319,7 +410,7 @@ mod tests {
             let block = activation_block(dtype).unwrap();
             for (k, rows, seed) in [(block, 3, 1), (4 * block, 7, 2), (9 * block, 2, 3)] {
                 let x = values(k, seed);
-                let xq = quantize_row(&x, block);
+                let xq = quantize_row(&x, dtype);
                 let wf = values(rows * k, seed + 100);
                 let mut wb = vec![0u8; dtype.storage_bytes(rows * k)];
                 quantize_into(dtype, &wf, &mut wb);
@@ -337,10 +428,64 @@ mod tests {
         }
     }
 
+    /// The AVX-512 VNNI kernels give the twin's bits for every number of x rows up to 16
+    /// (the groups of 8, 4, 2 and 1) and for odd block counts (a half-empty last pair).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_vnni_kernels_give_the_twins_bits_for_any_number_of_x_rows() {
+        for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0] {
+            for (k, rows, m) in [(32, 3, 1), (128, 5, 3), (288, 4, 8), (576, 2, 13), (96, 3, 16)] {
+                let xs: Vec<Q8Row> = (0..m).map(|i| quantize_row(&values(k, 40 + i as u32), dtype)).collect();
+                let wf = values(rows * k, 7 + m as u32);
+                let mut wb = vec![0u8; dtype.storage_bytes(rows * k)];
+                quantize_into(dtype, &wf, &mut wb);
+                let mut got = vec![0.0f32; rows * m];
+                if !vnni::int_rows_multi(dtype, &wb, &xs, &mut got) {
+                    println!("skipping {dtype}: no AVX-512 VNNI on this CPU");
+                    continue;
+                }
+                let row_bytes = dtype.storage_bytes(k);
+                for r in 0..rows {
+                    for (i, xq) in xs.iter().enumerate() {
+                        let want = twin::row(dtype, &wb[r * row_bytes..(r + 1) * row_bytes], xq);
+                        assert_eq!(got[r * m + i].to_bits(), want.to_bits(), "{dtype} k={k} m={m} row {r} x {i}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The AVX-512 quantizer gives the portable one's every field, bit for bit, ties
+    /// (x·(1/d) = k + ½), NaN and infinities included.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_simd_quantizer_gives_the_portable_ones_bits() {
+        let mut x = values(32 * 9, 3);
+        // Block 0: d = 1 exactly, with ties both ways; block 1: a NaN; block 2: an infinity.
+        x[0] = 127.0;
+        x[1..7].copy_from_slice(&[2.5, -2.5, 0.5, -0.5, 126.5, -3.5]);
+        x[40] = f32::NAN;
+        x[70] = f32::NEG_INFINITY;
+        for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0] {
+            let Some(simd) = vnni::quantize_row(&x, dtype) else {
+                println!("skipping: no AVX-512 VNNI on this CPU");
+                return;
+            };
+            let want = quantize_row_portable(&x, dtype);
+            assert_eq!(simd.q, want.q, "{dtype}");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&simd.d), bits(&want.d), "{dtype}");
+            assert_eq!(bits(&simd.xsum), bits(&want.xsum), "{dtype}");
+            assert_eq!(bits(&simd.d16), bits(&want.d16), "{dtype}");
+            assert_eq!((&simd.qsum, &simd.bias), (&want.qsum, &want.bias), "{dtype}");
+        }
+        assert_eq!(&quantize_row_portable(&x, DType::Q8_0).q[..7], &[127, 3, -3, 1, -1, 127, -4]);
+    }
+
     #[test]
     fn the_activation_rounds_to_at_most_127_levels_per_block() {
         let x = values(256, 5);
-        let xq = quantize_row(&x, 32);
+        let xq = quantize_row(&x, DType::Q4_0);
         for (b, xs) in x.chunks(32).enumerate() {
             let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             assert_eq!(xq.d[b], amax / 127.0);

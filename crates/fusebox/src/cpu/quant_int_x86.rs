@@ -4,8 +4,8 @@
 //! summed to i32), so i32 lane l holds elements 4l..4l+4 of the run, exactly the
 //! portable twin's lanes. Signed weights use the sign trick (`|w|` × `sign(w)·x`).
 //! The products stay within i16: |w| ≤ 32 (Q4_0, Q5_0, Q6_K) or ≤ 31 unsigned (Q4_1,
-//! Q4_K, Q5_K) or ≤ 128 (Q8_0) times |x| ≤ 127, two per i16. Without VNNI: no
-//! `vpdpbusd` here (it would need hardware to test on).
+//! Q4_K, Q5_K) or ≤ 128 (Q8_0) times |x| ≤ 127, two per i16. Where AVX-512 VNNI is
+//! present the 32-block formats take `quant_int_vnni.rs` instead.
 
 use std::arch::x86_64::*;
 
@@ -52,10 +52,11 @@ unsafe fn f16_at(p: *const u8) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
 
-/// The twin's `tree8`: lanes l + 4, then l + 2, then 0 + 1.
+/// The twin's `tree8`: lanes l + 4, then l + 2, then 0 + 1 (after `tree16`'s l + 8,
+/// for the 32-block formats).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn hsum8(v: __m256) -> f32 {
+pub(super) fn hsum8(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -125,8 +126,9 @@ unsafe fn rows32<const F: u8>(w: &[u8], xq: &Q8Row, out: &mut [f32]) {
     let (xp, xd, xsum) = (xq.q.as_ptr() as *const u8, xq.d.as_ptr(), xq.xsum.as_ptr());
     for (r, o) in out.iter_mut().enumerate() {
         let row = w.as_ptr().wrapping_add(r * row_bytes);
-        let mut acc = _mm256_setzero_ps();
-        let mut off = 0.0f32;
+        // Even blocks in acc[0] (the twin's lanes 0..8), odd ones in acc[1] (8..16).
+        let mut acc = [_mm256_setzero_ps(); 2];
+        let mut off = [0.0f32; 2];
         for b in 0..nb {
             // SAFETY: block b of row r lies inside `w`; `xq` holds block b (see `fits`).
             unsafe {
@@ -143,14 +145,14 @@ unsafe fn rows32<const F: u8>(w: &[u8], xq: &Q8Row, out: &mut [f32]) {
                         lanes_signed(_mm256_sub_epi8(q, _mm256_set1_epi8(16)), x)
                     }
                 };
-                let d = f16_at(blk) * *xd.add(b);
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
+                let (d, h) = (f16_at(blk) * *xd.add(b), b % 2);
+                acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc[h]);
                 if F == 2 {
-                    off = f16_at(blk.add(2)).mul_add(*xsum.add(b), off);
+                    off[h] = f16_at(blk.add(2)).mul_add(*xsum.add(b), off[h]);
                 }
             }
         }
-        *o = hsum8(acc) + off;
+        *o = hsum8(_mm256_add_ps(acc[0], acc[1])) + (off[0] + off[1]);
     }
 }
 

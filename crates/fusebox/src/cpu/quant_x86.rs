@@ -167,7 +167,7 @@ fn has_f16c() -> bool {
 
 /// Hints the cache lines of `w[start..start + len]` (clamped to `w`) towards L1.
 #[inline(always)]
-fn prefetch_range(w: &[u8], start: usize, len: usize) {
+pub(super) fn prefetch_range(w: &[u8], start: usize, len: usize) {
     let end = (start + len).min(w.len());
     let mut at = start;
     while at < end {
@@ -179,7 +179,7 @@ fn prefetch_range(w: &[u8], start: usize, len: usize) {
 
 /// How many rows ahead of the one being computed the prefetches run: far enough that a
 /// short row's lines (SmolLM2's 360-byte Q4_1 rows) arrive from DRAM in time.
-const PREFETCH_ROWS: usize = 6;
+pub(super) const PREFETCH_ROWS: usize = 6;
 
 /// `xsum32` of `R` ≤ 4 x rows (`nb` sums each) regrouped by block: `[b·4 + i]` is x row
 /// i's sum over block b, lanes of rows past R zero.
