@@ -533,7 +533,8 @@ mod fused_dot {
     /// Q4_K: per sub-block of 32, `d·sc·Σ x·q − dmin·m·Σ x`.
     #[inline(always)]
     fn q4_k_row(bytes: &[u8], x: &[f32], xsum32: &[f32]) -> f32 {
-        let mut acc = [0.0f32; 16];
+        // Four accumulators (pair parity × half) keep each FMA chain a quarter as long.
+        let mut acc = [[0.0f32; 16]; 4];
         let mut offsets = 0.0f32;
         for ((b, xs), sums) in bytes.chunks_exact(144).zip(x.chunks_exact(QK_K)).zip(xsum32.chunks_exact(8)) {
             let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
@@ -547,6 +548,7 @@ mod fused_dot {
                 let (xl, xh) = xs[64 * pair..64 * pair + 64].split_at(32);
                 for half in 0..2 {
                     let (q, xl, xh) = (&q[16 * half..16 * half + 16], &xl[16 * half..], &xh[16 * half..]);
+                    let acc = &mut acc[2 * (pair % 2) + half];
                     for l in 0..16 {
                         let lo = xl[l] * f32::from(q[l] & 0x0F);
                         acc[l] = d2.mul_add(xh[l] * f32::from(q[l] >> 4), d1.mul_add(lo, acc[l]));
@@ -554,12 +556,13 @@ mod fused_dot {
                 }
             }
         }
-        acc.iter().sum::<f32>() - offsets
+        hsum16(&add16(&add16(&acc[0], &acc[1]), &add16(&acc[2], &acc[3]))) - offsets
     }
     /// Q6_K: per sub-block of 16, `d·scale·Σ x·(q − 32)`.
     #[inline(always)]
     fn q6_k_row(bytes: &[u8], x: &[f32], _xsum32: &[f32]) -> f32 {
-        let mut acc = [0.0f32; 16];
+        // Four accumulators (half × part) keep each FMA chain a quarter as long.
+        let mut acc = [[0.0f32; 16]; 4];
         for (b, xs) in bytes.chunks_exact(210).zip(x.chunks_exact(QK_K)) {
             let d = f16_at(b, 208);
             for half in 0..2 {
@@ -573,6 +576,7 @@ mod fused_dot {
                     let s = |g: usize| d * f32::from(sc[part + 2 * g] as i8);
                     let (s0, s1, s2, s3) = (s(0), s(1), s(2), s(3));
                     let o = 16 * part;
+                    let acc = &mut acc[2 * half + part];
                     let (ql0, ql1, qh) = (&ql[o..o + 16], &ql[o + 32..o + 48], &qh[o..o + 16]);
                     let (x0, x1, x2, x3) = (&x[o..o + 16], &x[o + 32..o + 48], &x[o + 64..o + 80], &x[o + 96..o + 112]);
                     for l in 0..16 {
@@ -588,7 +592,7 @@ mod fused_dot {
                 }
             }
         }
-        acc.iter().sum::<f32>()
+        hsum16(&add16(&add16(&acc[0], &acc[1]), &add16(&acc[2], &acc[3])))
     }
 
     /// Q5_0: `Σ_blocks d·Σ x·(q − 16)`.
@@ -695,7 +699,8 @@ mod fused_dot {
     /// Q5_K: per sub-block of 32, `d·sc·Σ x·q − dmin·m·Σ x`.
     #[inline(always)]
     fn q5_k_row(bytes: &[u8], x: &[f32], xsum32: &[f32]) -> f32 {
-        let mut acc = [0.0f32; 16];
+        // Four accumulators (pair parity × half) keep each FMA chain a quarter as long.
+        let mut acc = [[0.0f32; 16]; 4];
         let mut offsets = 0.0f32;
         for ((b, xs), sums) in bytes.chunks_exact(176).zip(x.chunks_exact(QK_K)).zip(xsum32.chunks_exact(8)) {
             let (d, dmin) = (f16_le(b, 0), f16_le(b, 2));
@@ -710,6 +715,7 @@ mod fused_dot {
                 for half in 0..2 {
                     let r = 16 * half..16 * half + 16;
                     let (q, qh, xl, xh) = (&q[r.clone()], &qh[r.clone()], &xl[r.clone()], &xh[r]);
+                    let acc = &mut acc[2 * (pair % 2) + half];
                     for l in 0..16 {
                         let lo = (q[l] & 0x0F) | (((qh[l] >> (2 * pair)) & 1) << 4);
                         let hi = (q[l] >> 4) | (((qh[l] >> (2 * pair + 1)) & 1) << 4);
@@ -719,7 +725,7 @@ mod fused_dot {
                 }
             }
         }
-        hsum16(&acc) - offsets
+        hsum16(&add16(&add16(&acc[0], &acc[1]), &add16(&acc[2], &acc[3]))) - offsets
     }
     /// IQ4_XS: per sub-block of 32, `d·(ls − 32)·Σ x·table[q]`.
     #[inline(always)]
