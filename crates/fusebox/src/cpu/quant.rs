@@ -1913,11 +1913,11 @@ mod tests {
             .collect()
     }
 
-    /// Every ISA's Q5_0 kernel, and the portable loop compiled for that ISA, give the
-    /// scalar portable loop's bits.
+    /// Every ISA's Q5_0 (and, on AVX-512, Q4_K) kernel, and the portable loop compiled
+    /// for that ISA, give the scalar portable loop's bits.
     #[test]
     #[cfg(target_arch = "x86_64")]
-    fn the_q5_0_decode_kernels_give_the_portable_paths_bits() {
+    fn the_q5_0_and_q4_k_decode_kernels_give_the_portable_paths_bits() {
         use crate::cpu::simd::{Isa, IsaGuard};
         if !std::arch::is_x86_feature_detected!("f16c") {
             return; // no x86 kernel on this CPU
@@ -1926,27 +1926,31 @@ mod tests {
         let (n, k) = (19, 1024);
         let x = values(k, 1);
         let xsum32: Vec<f32> = x.chunks(QK).map(simd::sum).collect();
-        let dtype = DType::Q5_0;
-        let w = quantize(&cpu, &Tensor::from_vec(values(n * k, 2), [n, k]).unwrap(), dtype).unwrap();
-        let wb = w.host_bytes().unwrap();
-        let mut portable = vec![0.0f32; n];
-        {
-            let _scalar = IsaGuard::enter(Isa::Scalar);
-            fused_dot::q5_0(wb, &x, &xsum32, &mut portable);
-        }
-        for isa in Isa::available() {
-            let _isa = IsaGuard::enter(isa);
-            let mut out = vec![0.0f32; n];
-            if isa != Isa::Scalar {
-                assert!(x86::fused_rows(dtype, wb, &x, &xsum32, &mut out), "{dtype}: no {} kernel", isa.name());
-                for r in 0..n {
-                    assert_eq!(out[r].to_bits(), portable[r].to_bits(), "{dtype} row {r}: {} kernel", isa.name());
-                }
+        type Portable = fn(&[u8], &[f32], &[f32], &mut [f32]);
+        let cases: [(DType, Portable, &[Isa]); 2] =
+            [(DType::Q5_0, fused_dot::q5_0, &[Isa::Avx512, Isa::Avx2]), (DType::Q4K, fused_dot::q4_k, &[Isa::Avx512])];
+        for (dtype, portable_fn, kernel_isas) in cases {
+            let w = quantize(&cpu, &Tensor::from_vec(values(n * k, 2), [n, k]).unwrap(), dtype).unwrap();
+            let wb = w.host_bytes().unwrap();
+            let mut portable = vec![0.0f32; n];
+            {
+                let _scalar = IsaGuard::enter(Isa::Scalar);
+                portable_fn(wb, &x, &xsum32, &mut portable);
             }
-            // The portable loop compiled for this ISA.
-            fused_dot::q5_0(wb, &x, &xsum32, &mut out);
-            for r in 0..n {
-                assert_eq!(out[r].to_bits(), portable[r].to_bits(), "{dtype} row {r}: {} portable", isa.name());
+            for isa in Isa::available() {
+                let _isa = IsaGuard::enter(isa);
+                let mut out = vec![0.0f32; n];
+                if kernel_isas.contains(&isa) {
+                    assert!(x86::fused_rows(dtype, wb, &x, &xsum32, &mut out), "{dtype}: no {} kernel", isa.name());
+                    for r in 0..n {
+                        assert_eq!(out[r].to_bits(), portable[r].to_bits(), "{dtype} row {r}: {} kernel", isa.name());
+                    }
+                }
+                // The portable loop compiled for this ISA.
+                portable_fn(wb, &x, &xsum32, &mut out);
+                for r in 0..n {
+                    assert_eq!(out[r].to_bits(), portable[r].to_bits(), "{dtype} row {r}: {} portable", isa.name());
+                }
             }
         }
     }

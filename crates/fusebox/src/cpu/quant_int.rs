@@ -46,8 +46,10 @@ const QK: usize = 32;
 const QK_K: usize = 256;
 
 /// One x row quantized for the integer dots (see the module docs).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Q8Row {
+    /// The weight format it was quantized for (its block size and `bias` depend on it).
+    pub dtype: DType,
     /// The 8-bit values, one per element of x.
     pub q: Vec<i8>,
     /// The scale of each block (32 or 256 elements).
@@ -97,6 +99,7 @@ pub fn quantize_row(x: &[f32], dtype: DType) -> Q8Row {
 fn quantize_row_portable(x: &[f32], dtype: DType) -> Q8Row {
     let block = activation_block(dtype).unwrap_or(QK);
     let mut row = Q8Row {
+        dtype,
         q: vec![0; x.len()],
         d: Vec::with_capacity(x.len() / block),
         xsum: Vec::with_capacity(x.len() / QK),
@@ -145,9 +148,9 @@ fn block_bytes(dtype: DType) -> usize {
 }
 
 /// `out[r] = Σ_j x[j]·W[r, j]` for the `out.len()` rows of `w` (whole rows of `dtype`
-/// blocks) with x given quantized (`xq`, from [`quantize_row`] with the block size
-/// [`activation_block`] names). Returns false, doing nothing, for a format without an
-/// integer kernel or sizes that do not fit.
+/// blocks) with x given quantized (`xq`, from [`quantize_row`] for `dtype`). Returns
+/// false, doing nothing, for a format without an integer kernel, an `xq` quantized for
+/// another format, or sizes that do not fit.
 pub fn int_rows(dtype: DType, w: &[u8], xq: &Q8Row, out: &mut [f32]) -> bool {
     if !fits(dtype, w, xq, out.len()) {
         return false;
@@ -192,7 +195,8 @@ pub fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f32]) -> 
 fn fits(dtype: DType, w: &[u8], xq: &Q8Row, rows: usize) -> bool {
     let Some(block) = activation_block(dtype) else { return false };
     let k = xq.q.len();
-    k.is_multiple_of(block)
+    xq.dtype == dtype
+        && k.is_multiple_of(block)
         && xq.d.len() == k / block
         && xq.xsum.len() == k / QK
         && xq.qsum.len() == k / QK

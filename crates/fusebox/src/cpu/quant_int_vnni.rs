@@ -230,6 +230,7 @@ pub(super) fn quantize_row(x: &[f32], dtype: DType) -> Option<Q8Row> {
     }
     let nb = x.len() / QK;
     let mut row = Q8Row {
+        dtype,
         q: vec![0; x.len()],
         d: vec![0.0; nb],
         xsum: vec![0.0; nb],

@@ -37,21 +37,27 @@ use crate::dtype::DType;
 
 /// Elements per block (Q8_0, Q4_0, Q4_1, Q5_0).
 const QK: usize = 32;
+/// Elements of a K super-block.
+const QK_K: usize = 256;
 
 /// `out[r] = Σ_j x[j]·W[r, j]` for the `out.len()` rows of `w` (whole rows of `dtype`
 /// blocks, `x.len()` elements each); `xsum32[b]` is the sum of `x[32b..32b + 32]`.
 /// Returns false (doing nothing) when no kernel here fits the format and the ISA in use.
 pub(super) fn fused_rows(dtype: DType, w: &[u8], x: &[f32], xsum32: &[f32], out: &mut [f32]) -> bool {
     let nb = x.len() / QK;
-    let block_bytes = match dtype {
-        DType::Q8_0 => 34,
-        DType::Q4_0 => 18,
-        DType::Q4_1 => 20,
-        DType::Q5_0 => 22,
+    let (block_bytes, block_elems) = match dtype {
+        DType::Q8_0 => (34, QK),
+        DType::Q4_0 => (18, QK),
+        DType::Q4_1 => (20, QK),
+        DType::Q5_0 => (22, QK),
+        DType::Q4K => (144, QK_K),
         _ => return false,
     };
     // The kernels read exactly these bounds; anything else goes to the portable path.
-    if !x.len().is_multiple_of(QK) || xsum32.len() < nb || w.len() != out.len() * nb * block_bytes {
+    if !x.len().is_multiple_of(block_elems)
+        || xsum32.len() < nb
+        || w.len() != out.len() * (x.len() / block_elems) * block_bytes
+    {
         return false;
     }
     let isa = Isa::active();
@@ -68,6 +74,7 @@ pub(super) fn fused_rows(dtype: DType, w: &[u8], x: &[f32], xsum32: &[f32], out:
             (Isa::Avx2, DType::Q4_0) if has_f16c() => avx2::q4_rows::<false>(w, x, xsum32, out),
             (Isa::Avx2, DType::Q8_0) if has_f16c() => avx2::q8_0_rows(w, x, out),
             (Isa::Avx512, DType::Q5_0) => avx512::q5_0_rows(w, x, out),
+            (Isa::Avx512, DType::Q4K) => avx512::q4_k_rows(w, x, xsum32, out),
             (Isa::Avx2, DType::Q5_0) if has_f16c() => avx2::q5_0_rows(w, x, out),
             _ => return false,
         }
@@ -454,9 +461,12 @@ mod avx512 {
     pub(super) unsafe fn q5_0_rows(w: &[u8], x: &[f32], out: &mut [f32]) {
         let nb = x.len() / QK;
         let row_bytes = nb * 22;
-        let (mask, sixteen, one) = (_mm512_set1_epi32(0x0F), _mm512_set1_epi32(16), _mm512_set1_epi32(1));
-        let shifts_lo = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        let shifts_hi = _mm512_add_epi32(shifts_lo, sixteen);
+        // The 32 levels q − 16 as f32, for `vpermt2ps` (index bits 0..5: the low nibble
+        // and the fifth bit), in two 16-entry halves.
+        let levels_lo =
+            _mm512_setr_ps(-16., -15., -14., -13., -12., -11., -10., -9., -8., -7., -6., -5., -4., -3., -2., -1.);
+        let levels_hi = _mm512_setr_ps(0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.);
+        let (low4, sixteen) = (_mm512_set1_epi32(0x0F), _mm512_set1_epi32(16));
         let xp = x.as_ptr();
         for (r, o) in out.iter_mut().enumerate() {
             prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
@@ -468,16 +478,15 @@ mod avx512 {
                 unsafe {
                     let blk = row.add(b * 22);
                     let d = _mm512_broadcastss_ps(header(blk));
-                    let qh = _mm512_set1_epi32(
-                        u32::from_le_bytes([*blk.add(2), *blk.add(3), *blk.add(4), *blk.add(5)]) as i32,
-                    );
+                    // Bit j of qh is the fifth bit of element j: 0..16 low nibbles, 16..32 high.
+                    let qh = u32::from_le_bytes([*blk.add(2), *blk.add(3), *blk.add(4), *blk.add(5)]);
                     let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(6) as *const __m128i));
-                    let bit_lo = _mm512_and_si512(_mm512_srlv_epi32(qh, shifts_lo), one);
-                    let bit_hi = _mm512_and_si512(_mm512_srlv_epi32(qh, shifts_hi), one);
-                    let lo = _mm512_or_si512(_mm512_and_si512(q, mask), _mm512_slli_epi32::<4>(bit_lo));
-                    let hi = _mm512_or_si512(_mm512_srli_epi32::<4>(q), _mm512_slli_epi32::<4>(bit_hi));
-                    let lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, sixteen));
-                    let hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, sixteen));
+                    let idx_lo =
+                        _mm512_mask_add_epi32(_mm512_and_si512(q, low4), qh as u16, _mm512_and_si512(q, low4), sixteen);
+                    let q_hi = _mm512_srli_epi32::<4>(q);
+                    let idx_hi = _mm512_mask_add_epi32(q_hi, (qh >> 16) as u16, q_hi, sixteen);
+                    let lo = _mm512_permutex2var_ps(levels_lo, idx_lo, levels_hi);
+                    let hi = _mm512_permutex2var_ps(levels_lo, idx_hi, levels_hi);
                     let xl = _mm512_loadu_ps(xp.add(QK * b));
                     let xh = _mm512_loadu_ps(xp.add(QK * b + 16));
                     let t = _mm512_fmadd_ps(xl, lo, _mm512_mul_ps(xh, hi));
@@ -493,6 +502,73 @@ mod avx512 {
             let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
             *o = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
         }
+    }
+
+    /// Q4_K rows, operation for operation the portable `fused_dot::q4_k_row`: its four
+    /// 16-lane accumulators (pair parity × half) in four vectors, the same scalar scales
+    /// and offsets, `acc = d2·(xh·q_hi) + (d1·(xl·q_lo) + acc)` fused as there, and the same
+    /// reduction (the four added pairwise, then halves down to one lane), so the results
+    /// have its bits. A run of 16 quant bytes becomes its two sets of 16 levels through
+    /// a 16-entry table (`vpermps` reads an index's low 4 bits) rather than by masking,
+    /// widening and converting each.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 (F, BW, VL), AVX2, FMA and F16C; `x.len()` must be a
+    /// multiple of 256, `xsum32` hold at least `x.len() / 32` sums, and `w` exactly
+    /// `out.len()` rows of `x.len() / 256` blocks of 144 bytes.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub(super) unsafe fn q4_k_rows(w: &[u8], x: &[f32], xsum32: &[f32], out: &mut [f32]) {
+        let nsb = x.len() / QK_K;
+        let row_bytes = nsb * 144;
+        let table = _mm512_setr_ps(0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.);
+        for (r, o) in out.iter_mut().enumerate() {
+            prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
+            let row = &w[r * row_bytes..(r + 1) * row_bytes];
+            let mut acc = [_mm512_setzero_ps(); 4];
+            let mut offsets = 0.0f32;
+            for (sb, b) in row.chunks_exact(144).enumerate() {
+                let (d, dmin) = (f16_le(b, 0), f16_le(b, 2));
+                let (scales, sums) = (&b[4..16], &xsum32[8 * sb..8 * sb + 8]);
+                for pair in 0..4 {
+                    let (sc1, m1) = super::super::scale_min_k4(2 * pair, scales);
+                    let (sc2, m2) = super::super::scale_min_k4(2 * pair + 1, scales);
+                    let (d1, d2) = (d * f32::from(sc1), d * f32::from(sc2));
+                    offsets += dmin * (f32::from(m1) * sums[2 * pair] + f32::from(m2) * sums[2 * pair + 1]);
+                    let (d1, d2) = (_mm512_set1_ps(d1), _mm512_set1_ps(d2));
+                    for half in 0..2 {
+                        // SAFETY: bytes 16 + 32·pair + 16·half .. +16 lie inside the block,
+                        // and x holds super-block sb's 256 elements.
+                        unsafe {
+                            let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(
+                                b.as_ptr().add(16 + 32 * pair + 16 * half) as *const __m128i
+                            ));
+                            let lo = _mm512_permutexvar_ps(q, table);
+                            let hi = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(q), table);
+                            let xs = x.as_ptr().add(QK_K * sb + 64 * pair + 16 * half);
+                            let (xl, xh) = (_mm512_loadu_ps(xs), _mm512_loadu_ps(xs.add(32)));
+                            let a = &mut acc[2 * (pair % 2) + half];
+                            let t = _mm512_fmadd_ps(d1, _mm512_mul_ps(xl, lo), *a);
+                            *a = _mm512_fmadd_ps(d2, _mm512_mul_ps(xh, hi), t);
+                        }
+                    }
+                }
+            }
+            let sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+            // hsum16: lanes l + 8 onto l, then 4, 2, 1.
+            let halves = _mm256_add_ps(
+                _mm512_castps512_ps256(sum),
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(sum))),
+            );
+            let s = _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps::<1>(halves));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            *o = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s))) - offsets;
+        }
+    }
+
+    /// The little-endian f16 at `b[at..at + 2]` as f32.
+    #[inline(always)]
+    fn f16_le(b: &[u8], at: usize) -> f32 {
+        half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
     }
 }
 
