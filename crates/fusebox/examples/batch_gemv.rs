@@ -4,7 +4,7 @@
 //! checks it); the ratio says what batching saves.
 //!
 //! ```text
-//! [FUSEBOX_INT8_DECODE=1] cargo run --release -p fusebox --example batch_gemv -- [THREADS] [REPS]
+//! [FUSEBOX_INT8_DECODE=1] [FUSEBOX_ISA=avx2] cargo run --release -p fusebox --example batch_gemv -- [THREADS] [REPS]
 //! ```
 //!
 //! Prints per format, on W `[1536, 576]` (SmolLM2-135M's MLP up; 768 inputs for the K
@@ -13,7 +13,7 @@
 
 use std::time::Instant;
 
-use fusebox::{ComputeBackend, CpuBackend, DType, Error, Result, Tensor};
+use fusebox::{ComputeBackend, CpuBackend, DType, Error, Isa, Result, Tensor};
 
 const FORMATS: [DType; 5] = [DType::Q4_1, DType::Q4_0, DType::Q8_0, DType::Q4K, DType::Q6K];
 
@@ -40,9 +40,15 @@ fn main() -> Result<()> {
     let reps = args.next().and_then(|a| a.parse().ok()).unwrap_or(100usize);
     // FUSEBOX_INT8_DECODE=1: the integer decode path (x rounded to 8 bits).
     let int8 = std::env::var("FUSEBOX_INT8_DECODE").is_ok_and(|v| v == "1");
-    let b = CpuBackend::builder().threads(threads).exact_decode(!int8).build()?;
+    // FUSEBOX_ISA=avx2 (or scalar): that level's kernels on a CPU that has a better one.
+    let isa = std::env::var("FUSEBOX_ISA").ok().and_then(|n| Isa::ALL.into_iter().find(|i| i.name() == n));
+    let b =
+        CpuBackend::builder().threads(threads).exact_decode(!int8).isa(isa.unwrap_or_else(Isa::detected)).build()?;
     let path = if int8 { "int8" } else { "f32" };
-    println!("batched GEMV vs single rows, {threads} threads, {path} activations, median of {reps}");
+    println!(
+        "batched GEMV vs single rows, {threads} threads, {path} activations, {}, median of {reps}",
+        b.isa().name()
+    );
     println!("{:<6} {:>3} {:>12} {:>14} {:>8}", "format", "M", "batched µs", "M × single µs", "ratio");
     for dtype in FORMATS {
         let k = if dtype.block_elems() == 256 { 768 } else { 576 };

@@ -168,7 +168,8 @@ pub fn int_rows(dtype: DType, w: &[u8], xq: &Q8Row, out: &mut [f32]) -> bool {
 
 /// `out[r·m + i] = Σ_j xs[i][j]·W[r, j]` for the rows r of `w` and the `m = xs.len()`
 /// quantized x rows, each result bit-identical to [`int_rows`] on that x row alone (the
-/// AVX-512 VNNI kernels decode a weight block once for up to 8 x rows). Returns false,
+/// 32-block kernels decode a weight block once for up to 8 x rows with AVX-512 VNNI, 4
+/// with AVX2). Returns false,
 /// doing nothing, as `int_rows` does.
 pub fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f32]) -> bool {
     let m = xs.len();
@@ -176,15 +177,17 @@ pub fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f32]) -> 
         return false;
     }
     #[cfg(target_arch = "x86_64")]
-    if vnni::int_rows_multi(dtype, w, xs, out) {
+    if vnni::int_rows_multi(dtype, w, xs, out) || x86::int_rows_multi(dtype, w, xs, out) {
         return true;
     }
-    let row_bytes = w.len() / (out.len() / m).max(1);
-    for (wrow, outs) in w.chunks_exact(row_bytes.max(1)).zip(out.chunks_exact_mut(m)) {
-        for (o, xq) in outs.iter_mut().zip(xs) {
-            if !int_rows(dtype, wrow, xq, std::slice::from_mut(o)) {
-                return false;
-            }
+    // Each x row against all of `w` (which stays in cache between them), then scattered.
+    let mut col = vec![0.0f32; out.len() / m];
+    for (i, xq) in xs.iter().enumerate() {
+        if !int_rows(dtype, w, xq, &mut col) {
+            return false;
+        }
+        for (outs, &v) in out.chunks_exact_mut(m).zip(&col) {
+            outs[i] = v;
         }
     }
     true
@@ -432,27 +435,36 @@ mod tests {
         }
     }
 
-    /// The AVX-512 VNNI kernels give the twin's bits for every number of x rows up to 16
-    /// (the groups of 8, 4, 2 and 1) and for odd block counts (a half-empty last pair).
+    /// The multi-row kernels (AVX-512 VNNI, AVX2) give the twin's bits for every number of
+    /// x rows up to 16 (their groups of 8, 4, 2 and 1) and for odd block counts (a
+    /// half-empty last pair).
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn the_vnni_kernels_give_the_twins_bits_for_any_number_of_x_rows() {
-        for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0] {
-            for (k, rows, m) in [(32, 3, 1), (128, 5, 3), (288, 4, 8), (576, 2, 13), (96, 3, 16)] {
-                let xs: Vec<Q8Row> = (0..m).map(|i| quantize_row(&values(k, 40 + i as u32), dtype)).collect();
-                let wf = values(rows * k, 7 + m as u32);
-                let mut wb = vec![0u8; dtype.storage_bytes(rows * k)];
-                quantize_into(dtype, &wf, &mut wb);
-                let mut got = vec![0.0f32; rows * m];
-                if !vnni::int_rows_multi(dtype, &wb, &xs, &mut got) {
-                    println!("skipping {dtype}: no AVX-512 VNNI on this CPU");
-                    continue;
-                }
-                let row_bytes = dtype.storage_bytes(k);
-                for r in 0..rows {
-                    for (i, xq) in xs.iter().enumerate() {
-                        let want = twin::row(dtype, &wb[r * row_bytes..(r + 1) * row_bytes], xq);
-                        assert_eq!(got[r * m + i].to_bits(), want.to_bits(), "{dtype} k={k} m={m} row {r} x {i}");
+    fn the_multi_row_kernels_give_the_twins_bits_for_any_number_of_x_rows() {
+        type Kernel = fn(DType, &[u8], &[Q8Row], &mut [f32]) -> bool;
+        let kernels: [(&str, Kernel); 2] = [("AVX-512 VNNI", vnni::int_rows_multi), ("AVX2", x86::int_rows_multi)];
+        for (name, kernel) in kernels {
+            for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0] {
+                for (k, rows, m) in [(32, 3, 1), (128, 5, 3), (288, 4, 8), (576, 2, 13), (96, 3, 16)] {
+                    let xs: Vec<Q8Row> = (0..m).map(|i| quantize_row(&values(k, 40 + i as u32), dtype)).collect();
+                    let wf = values(rows * k, 7 + m as u32);
+                    let mut wb = vec![0u8; dtype.storage_bytes(rows * k)];
+                    quantize_into(dtype, &wf, &mut wb);
+                    let mut got = vec![0.0f32; rows * m];
+                    if !kernel(dtype, &wb, &xs, &mut got) {
+                        println!("skipping {dtype}: no {name} on this CPU");
+                        continue;
+                    }
+                    let row_bytes = dtype.storage_bytes(k);
+                    for r in 0..rows {
+                        for (i, xq) in xs.iter().enumerate() {
+                            let want = twin::row(dtype, &wb[r * row_bytes..(r + 1) * row_bytes], xq);
+                            assert_eq!(
+                                got[r * m + i].to_bits(),
+                                want.to_bits(),
+                                "{name} {dtype} k={k} m={m} row {r} x {i}"
+                            );
+                        }
                     }
                 }
             }

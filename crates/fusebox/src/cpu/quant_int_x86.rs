@@ -9,6 +9,7 @@
 
 use std::arch::x86_64::*;
 
+use super::super::x86::{prefetch_range, PREFETCH_ROWS};
 use super::{fits, Q8Row, QK, QK_K};
 use crate::cpu::simd::Isa;
 use crate::dtype::DType;
@@ -27,13 +28,39 @@ pub(super) fn int_rows(dtype: DType, w: &[u8], xq: &Q8Row, out: &mut [f32]) -> b
     // `out.len()` rows of blocks covering `xq.q`, and `xq`'s per-block vectors match.
     unsafe {
         match dtype {
-            DType::Q8_0 => rows32::<0>(w, xq, out),
-            DType::Q4_0 => rows32::<1>(w, xq, out),
-            DType::Q4_1 => rows32::<2>(w, xq, out),
-            DType::Q5_0 => rows32::<3>(w, xq, out),
+            DType::Q8_0 => rows32::<0>(w, std::slice::from_ref(xq), out),
+            DType::Q4_0 => rows32::<1>(w, std::slice::from_ref(xq), out),
+            DType::Q4_1 => rows32::<2>(w, std::slice::from_ref(xq), out),
+            DType::Q5_0 => rows32::<3>(w, std::slice::from_ref(xq), out),
             DType::Q4K => rows_k4::<false>(w, xq, out),
             DType::Q5K => rows_k4::<true>(w, xq, out),
             DType::Q6K => rows_q6k(w, xq, out),
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// `out[r·m + i]` = row r of `w` · `xs[i]` for the 32-block formats (the parent's
+/// `int_rows_multi`), each weight block decoded once for up to 4 x rows; false (doing
+/// nothing) for the K formats, or as `int_rows`.
+pub(super) fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f32]) -> bool {
+    let m = xs.len();
+    if !matches!(Isa::active(), Isa::Avx2 | Isa::Avx512)
+        || !std::arch::is_x86_feature_detected!("f16c")
+        || m == 0
+        || !out.len().is_multiple_of(m)
+        || !xs.iter().all(|xq| fits(dtype, w, xq, out.len() / m))
+    {
+        return false;
+    }
+    // SAFETY: as in `int_rows`, for every x row.
+    unsafe {
+        match dtype {
+            DType::Q8_0 => rows32::<0>(w, xs, out),
+            DType::Q4_0 => rows32::<1>(w, xs, out),
+            DType::Q4_1 => rows32::<2>(w, xs, out),
+            DType::Q5_0 => rows32::<3>(w, xs, out),
             _ => return false,
         }
     }
@@ -61,14 +88,6 @@ pub(super) fn hsum8(v: __m256) -> f32 {
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
     _mm_cvtss_f32(s)
-}
-
-/// i32 lanes `Σ_{4 bytes} w·x` for signed bytes `w`, `x` (|w·x| pairs within i16).
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn lanes_signed(w: __m256i, x: __m256i) -> __m256i {
-    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
 }
 
 /// i32 lanes `scale·Σ_{4 bytes} u·x` for unsigned `u`, signed `x`, i16 `scale` lanes.
@@ -114,46 +133,82 @@ fn bytes_from_bits(bits: u32) -> __m256i {
     _mm256_cmpeq_epi8(_mm256_or_si256(spread, all_but_own_bit), _mm256_set1_epi64x(-1))
 }
 
-/// 32-element formats: `F` = 0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q5_0.
+/// 32-element formats, `F` = 0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q5_0: `out[r·m + i]` = row r · x
+/// row i, for the `m = xs.len()` x rows in groups of up to 4 per pass over a W row.
 ///
 /// # Safety
-/// AVX2, FMA and F16C; `w` holds `out.len()` rows of blocks covering `xq` (see `fits`).
+/// AVX2, FMA and F16C; `w` holds `out.len() / m` rows of blocks covering every x row
+/// (see `fits`).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows32<const F: u8>(w: &[u8], xq: &Q8Row, out: &mut [f32]) {
-    let nb = xq.q.len() / QK;
-    let bb = [34, 18, 20, 22][usize::from(F)];
-    let row_bytes = nb * bb;
-    let (xp, xd, xsum) = (xq.q.as_ptr() as *const u8, xq.d.as_ptr(), xq.xsum.as_ptr());
-    for (r, o) in out.iter_mut().enumerate() {
+unsafe fn rows32<const F: u8>(w: &[u8], xs: &[Q8Row], out: &mut [f32]) {
+    let m = xs.len();
+    let nb = xs[0].q.len() / QK;
+    let row_bytes = nb * [34, 18, 20, 22][usize::from(F)];
+    for (r, outs) in out.chunks_exact_mut(m).enumerate() {
+        prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
         let row = w.as_ptr().wrapping_add(r * row_bytes);
-        // Even blocks in acc[0] (the twin's lanes 0..8), odd ones in acc[1] (8..16).
-        let mut acc = [_mm256_setzero_ps(); 2];
-        let mut off = [0.0f32; 2];
-        for b in 0..nb {
-            // SAFETY: block b of row r lies inside `w`; `xq` holds block b (see `fits`).
-            unsafe {
-                let blk = row.add(b * bb);
-                let x = load32(xp.add(QK * b));
-                let lanes = match F {
-                    0 => lanes_signed(load32(blk.add(2)), x),
-                    1 => lanes_signed(_mm256_sub_epi8(nibbles(blk.add(2)), _mm256_set1_epi8(8)), x),
-                    2 => lanes_unsigned(nibbles(blk.add(4)), x, _mm256_set1_epi16(1)),
-                    _ => {
-                        let qh = u32::from_le_bytes([*blk.add(2), *blk.add(3), *blk.add(4), *blk.add(5)]);
-                        let high = _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10));
-                        let q = _mm256_or_si256(nibbles(blk.add(6)), high);
-                        lanes_signed(_mm256_sub_epi8(q, _mm256_set1_epi8(16)), x)
-                    }
-                };
-                let (d, h) = (f16_at(blk) * *xd.add(b), b % 2);
-                acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc[h]);
+        let mut i = 0;
+        while i < m {
+            let (x, o) = (&xs[i..], &mut outs[i..]);
+            // SAFETY: row r lies inside `w`, and each x row covers its nb blocks.
+            i += unsafe {
+                match m - i {
+                    4.. => group32::<F, 4>(row, nb, x, o),
+                    2 | 3 => group32::<F, 2>(row, nb, x, o),
+                    _ => group32::<F, 1>(row, nb, x, o),
+                }
+            };
+        }
+    }
+}
+
+/// One W row (`nb` blocks at `row`) dotted with `xs[..R]` into `out[..R]`; returns R. Each
+/// block's weights are decoded once: signed ones as `|w|` and the signs that `vpsignb`
+/// moves onto each x row (Q8_0, Q4_0, Q5_0), Q4_1's unsigned as they are.
+///
+/// # Safety
+/// As `rows32`; `row` points to `nb` blocks, `xs` and `out` hold at least R entries.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group32<const F: u8, const R: usize>(row: *const u8, nb: usize, xs: &[Q8Row], out: &mut [f32]) -> usize {
+    let bb = [34, 18, 20, 22][usize::from(F)];
+    let ones = _mm256_set1_epi16(1);
+    // Per x row: even blocks in acc[i][0] (the twin's lanes 0..8), odd ones in acc[i][1].
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    let mut off = [[0.0f32; 2]; R];
+    for b in 0..nb {
+        // SAFETY: block b lies inside the row; each x row holds block b (see `fits`).
+        unsafe {
+            let blk = row.add(b * bb);
+            let wq = match F {
+                0 => load32(blk.add(2)),
+                1 => _mm256_sub_epi8(nibbles(blk.add(2)), _mm256_set1_epi8(8)),
+                2 => nibbles(blk.add(4)),
+                _ => {
+                    let qh = u32::from_le_bytes([*blk.add(2), *blk.add(3), *blk.add(4), *blk.add(5)]);
+                    let high = _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10));
+                    _mm256_sub_epi8(_mm256_or_si256(nibbles(blk.add(6)), high), _mm256_set1_epi8(16))
+                }
+            };
+            let wabs = if F == 2 { wq } else { _mm256_sign_epi8(wq, wq) };
+            let (dw, mw, h) = (f16_at(blk), if F == 2 { f16_at(blk.add(2)) } else { 0.0 }, b % 2);
+            for i in 0..R {
+                let x = &xs[i];
+                let xv = load32((x.q.as_ptr() as *const u8).add(QK * b));
+                let xv = if F == 2 { xv } else { _mm256_sign_epi8(xv, wq) };
+                let lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xv), ones);
+                let d = dw * *x.d.as_ptr().add(b);
+                acc[i][h] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc[i][h]);
                 if F == 2 {
-                    off[h] = f16_at(blk.add(2)).mul_add(*xsum.add(b), off[h]);
+                    off[i][h] = mw.mul_add(*x.xsum.as_ptr().add(b), off[i][h]);
                 }
             }
         }
-        *o = hsum8(_mm256_add_ps(acc[0], acc[1])) + (off[0] + off[1]);
     }
+    for i in 0..R {
+        out[i] = hsum8(_mm256_add_ps(acc[i][0], acc[i][1])) + (off[i][0] + off[i][1]);
+    }
+    R
 }
 
 /// The 8 six-bit scales and mins of a Q4_K / Q5_K block (ggml's `get_scale_min_k4`).
