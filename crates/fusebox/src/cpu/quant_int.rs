@@ -172,10 +172,10 @@ pub fn int_rows(dtype: DType, w: &[u8], xq: &Q8Row, out: &mut [f32]) -> bool {
 /// with AVX2). Returns false,
 /// doing nothing, as `int_rows` does.
 pub fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f32]) -> bool {
-    let m = xs.len();
-    if m == 0 || !out.len().is_multiple_of(m) || !xs.iter().all(|xq| fits(dtype, w, xq, out.len() / m)) {
+    if !fits_all(dtype, w, xs, out.len()) {
         return false;
     }
+    let m = xs.len();
     #[cfg(target_arch = "x86_64")]
     if vnni::int_rows_multi(dtype, w, xs, out) || x86::int_rows_multi(dtype, w, xs, out) {
         return true;
@@ -206,6 +206,13 @@ fn fits(dtype: DType, w: &[u8], xq: &Q8Row, rows: usize) -> bool {
         && xq.bias.len() == if block == QK { 16 * (k / QK).div_ceil(2) } else { 0 }
         && xq.d16.len() == if block == QK { 16 * (k / QK).div_ceil(2) } else { 0 }
         && w.len() == rows * (k / block) * block_bytes(dtype)
+}
+
+/// Whether `out_len` outputs are whole rows of `w` times `xs.len()` (at least one) x rows,
+/// each of which `fits`.
+fn fits_all(dtype: DType, w: &[u8], xs: &[Q8Row], out_len: usize) -> bool {
+    let m = xs.len();
+    m > 0 && out_len.is_multiple_of(m) && xs.iter().all(|xq| fits(dtype, w, xq, out_len / m))
 }
 
 /// AVX2 forms of the integer row dots.

@@ -18,7 +18,7 @@ use std::arch::x86_64::*;
 
 use super::super::x86::{prefetch_range, PREFETCH_ROWS};
 use super::x86::hsum8;
-use super::{fits, weight_offset_shift, Q8Row, QK};
+use super::{fits_all, weight_offset_shift, Q8Row, QK};
 use crate::cpu::simd::Isa;
 use crate::dtype::DType;
 
@@ -29,7 +29,6 @@ const BLOCK_BYTES: [usize; 4] = [34, 18, 20, 22];
 /// nothing, for the K formats, where the active ISA is not AVX-512 or the CPU lacks
 /// VNNI, or for sizes that do not fit.
 pub(super) fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f32]) -> bool {
-    let m = xs.len();
     let f = match dtype {
         DType::Q8_0 => 0,
         DType::Q4_0 => 1,
@@ -40,9 +39,7 @@ pub(super) fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f3
     if Isa::active() != Isa::Avx512
         || !std::arch::is_x86_feature_detected!("avx512vnni")
         || !std::arch::is_x86_feature_detected!("f16c")
-        || m == 0
-        || !out.len().is_multiple_of(m)
-        || !xs.iter().all(|xq| fits(dtype, w, xq, out.len() / m))
+        || !fits_all(dtype, w, xs, out.len())
     {
         return false;
     }

@@ -10,7 +10,7 @@
 use std::arch::x86_64::*;
 
 use super::super::x86::{prefetch_range, PREFETCH_ROWS};
-use super::{fits, Q8Row, QK, QK_K};
+use super::{fits, fits_all, Q8Row, QK, QK_K};
 use crate::cpu::simd::Isa;
 use crate::dtype::DType;
 
@@ -45,12 +45,9 @@ pub(super) fn int_rows(dtype: DType, w: &[u8], xq: &Q8Row, out: &mut [f32]) -> b
 /// `int_rows_multi`), each weight block decoded once for up to 4 x rows; false (doing
 /// nothing) for the K formats, or as `int_rows`.
 pub(super) fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f32]) -> bool {
-    let m = xs.len();
     if !matches!(Isa::active(), Isa::Avx2 | Isa::Avx512)
         || !std::arch::is_x86_feature_detected!("f16c")
-        || m == 0
-        || !out.len().is_multiple_of(m)
-        || !xs.iter().all(|xq| fits(dtype, w, xq, out.len() / m))
+        || !fits_all(dtype, w, xs, out.len())
     {
         return false;
     }
