@@ -56,6 +56,9 @@ impl Sampler {
         if logits.is_empty() {
             return Err(Error::value("Sampler::sample", "logits", "at least one value", "none"));
         }
+        if self.config.temperature == 0.0 && self.config.repetition_penalty == 1.0 {
+            return Ok(argmax(logits)); // greedy, nothing to adjust: no copy of the logits
+        }
         let mut logits = logits.to_vec();
         if self.config.repetition_penalty != 1.0 {
             let p = self.config.repetition_penalty;

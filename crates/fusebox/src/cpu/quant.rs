@@ -1720,34 +1720,28 @@ fn matmul_by_rows(cpu: &CpuBackend, xs: &[f32], m: usize, dtype: DType, wb: &[u8
     if int_block.is_some() {
         // x quantized once per call; each task dots its W rows with every x row in integers.
         let xq: Vec<int::Q8Row> = xs.chunks_exact(k).map(|x| int::quantize_row(x, dtype)).collect();
-        let mut out_t = vec![0.0f32; n * m];
-        cpu.for_each_chunk(&mut out_t, rows_per_task * m, k, |task, chunk| {
+        return by_row_runs(cpu, n, m, k, rows_per_task, |task, chunk| {
             let first = task * rows_per_task;
             let w = &wb[first * row_bytes..(first + chunk.len() / m) * row_bytes];
             if !int::int_rows_multi(dtype, w, &xq, chunk) {
                 chunk.fill(f32::NAN);
             }
         });
-        return transposed(out_t, m, n);
     }
     if dtype.is_quantized() {
         // Each x row is dotted with the blocks by the one-row kernel's arithmetic (see
         // `fused_rows_multi`), so a row's result is the same, bit for bit, for every m.
         let nb = k.div_ceil(QK);
         let xsum32: Vec<f32> = xs.chunks_exact(k).flat_map(|x| x.chunks(QK).map(simd::sum)).collect();
-        let mut out_t = vec![0.0f32; n * m];
-        cpu.for_each_chunk(&mut out_t, rows_per_task * m, k, |task, chunk| {
+        return by_row_runs(cpu, n, m, k, rows_per_task, |task, chunk| {
             let first = task * rows_per_task;
             let w = &wb[first * row_bytes..(first + chunk.len() / m) * row_bytes];
             if !fused_rows_multi(dtype, w, xs, k, nb, &xsum32, m, chunk) {
                 chunk.fill(f32::NAN);
             }
         });
-        return transposed(out_t, m, n);
     }
-    // Computed transposed, `[n, m]`, so each task owns a contiguous chunk.
-    let mut out_t = vec![0.0f32; n * m];
-    cpu.for_each_chunk(&mut out_t, rows_per_task * m, k, |task, chunk| {
+    by_row_runs(cpu, n, m, k, rows_per_task, |task, chunk| {
         let mut row = vec![0.0f32; k];
         for (r, outs) in chunk.chunks_exact_mut(m).enumerate() {
             let j = task * rows_per_task + r;
@@ -1757,21 +1751,41 @@ fn matmul_by_rows(cpu: &CpuBackend, xs: &[f32], m: usize, dtype: DType, wb: &[u8
                 *o = simd::dot(&xs[i * k..(i + 1) * k], &row);
             }
         }
-    });
-    transposed(out_t, m, n)
+    })
 }
 
-/// `[n, m]` → `[m, n]` (nothing to move for one row).
-fn transposed(out_t: Vec<f32>, m: usize, n: usize) -> Vec<f32> {
-    if m == 1 {
-        return out_t;
-    }
+/// The `[m, n]` product from `compute(task, chunk)`, run for each run of `rows_per_task`
+/// W rows (task t's run starts at row `t·rows_per_task`), `chunk` holding the run's outputs
+/// row by row (`[rows, m]`: W row r's m results together). With several x rows each task
+/// then writes its own columns of the output, so no serial transpose follows.
+fn by_row_runs(
+    cpu: &CpuBackend,
+    n: usize,
+    m: usize,
+    k: usize,
+    rows_per_task: usize,
+    compute: impl Fn(usize, &mut [f32]) + Sync + Send,
+) -> Vec<f32> {
     let mut out = vec![0.0f32; m * n];
-    for (j, outs) in out_t.chunks_exact(m).enumerate() {
-        for (i, &v) in outs.iter().enumerate() {
-            out[i * n + j] = v;
-        }
+    if m == 1 {
+        cpu.for_each_chunk(&mut out, rows_per_task, k, compute);
+        return out;
     }
+    let dst = SharedMut(out.as_mut_ptr());
+    cpu.for_each_index(n.div_ceil(rows_per_task), rows_per_task * m * k, |task| {
+        let dst = &dst; // borrow the whole `SharedMut` (Sync), not its raw-pointer field
+        let first = task * rows_per_task;
+        let mut chunk = vec![0.0f32; rows_per_task.min(n - first) * m];
+        compute(task, &mut chunk);
+        for (r, outs) in chunk.chunks_exact(m).enumerate() {
+            for (i, &v) in outs.iter().enumerate() {
+                // SAFETY: column first + r < n of row i < m lies inside the m × n output,
+                // only this task writes columns first..first + rows, and `out` outlives
+                // the loop.
+                unsafe { *dst.0.add(i * n + first + r) = v };
+            }
+        }
+    });
     out
 }
 
