@@ -1716,8 +1716,8 @@ pub fn quantized_matmul(cpu: &CpuBackend, x: &Tensor, w: &Tensor) -> Result<Tens
 fn matmul_by_rows(cpu: &CpuBackend, xs: &[f32], m: usize, dtype: DType, wb: &[u8], n: usize, k: usize) -> Vec<f32> {
     let row_bytes = dtype.storage_bytes(k);
     let rows_per_task = n.div_ceil(cpu.threads() * 4).max(1);
-    let int_block = int::activation_block(dtype).filter(|&b| k.is_multiple_of(b) && !cpu.exact_decode());
-    if int_block.is_some() {
+    let integer = !cpu.exact_decode() && int::activation_block(dtype).is_some_and(|b| k.is_multiple_of(b));
+    if integer {
         // x quantized once per call; each task dots its W rows with every x row in integers.
         let xq: Vec<int::Q8Row> = xs.chunks_exact(k).map(|x| int::quantize_row(x, dtype)).collect();
         return by_row_runs(cpu, n, m, k, rows_per_task, |task, chunk| {

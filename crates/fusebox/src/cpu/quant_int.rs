@@ -147,45 +147,32 @@ fn block_bytes(dtype: DType) -> usize {
     }
 }
 
-/// `out[r] = Σ_j x[j]·W[r, j]` for the `out.len()` rows of `w` (whole rows of `dtype`
-/// blocks) with x given quantized (`xq`, from [`quantize_row`] for `dtype`). Returns
-/// false, doing nothing, for a format without an integer kernel, an `xq` quantized for
-/// another format, or sizes that do not fit.
-pub fn int_rows(dtype: DType, w: &[u8], xq: &Q8Row, out: &mut [f32]) -> bool {
-    if !fits(dtype, w, xq, out.len()) {
-        return false;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if vnni::int_rows_multi(dtype, w, std::slice::from_ref(xq), out) || x86::int_rows(dtype, w, xq, out) {
-        return true;
-    }
-    let row_bytes = w.len() / out.len().max(1);
-    for (o, row) in out.iter_mut().zip(w.chunks_exact(row_bytes.max(1))) {
-        *o = twin::row(dtype, row, xq);
-    }
-    true
-}
-
-/// `out[r·m + i] = Σ_j xs[i][j]·W[r, j]` for the rows r of `w` and the `m = xs.len()`
-/// quantized x rows, each result bit-identical to [`int_rows`] on that x row alone (the
-/// 32-block kernels decode a weight block once for up to 8 x rows with AVX-512 VNNI, 4
-/// with AVX2). Returns false,
-/// doing nothing, as `int_rows` does.
+/// `out[r·m + i] = Σ_j xs[i][j]·W[r, j]` for the rows r of `w` (whole rows of `dtype`
+/// blocks) and the `m = xs.len()` x rows given quantized (from [`quantize_row`] for
+/// `dtype`). Each result has the bits it gets with that x row alone: the 32-block kernels
+/// decode a weight block once for up to 8 x rows (AVX-512 VNNI) or 4 (AVX2); other
+/// formats take each x row in turn. Returns false, doing nothing, for a format without an
+/// integer kernel, an x row quantized for another format, or sizes that do not fit.
 pub fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f32]) -> bool {
     if !fits_all(dtype, w, xs, out.len()) {
         return false;
     }
-    let m = xs.len();
     #[cfg(target_arch = "x86_64")]
     if vnni::int_rows_multi(dtype, w, xs, out) || x86::int_rows_multi(dtype, w, xs, out) {
+        return true;
+    }
+    let m = xs.len();
+    if m == 1 {
+        let row_bytes = w.len() / out.len().max(1);
+        for (o, row) in out.iter_mut().zip(w.chunks_exact(row_bytes.max(1))) {
+            *o = twin::row(dtype, row, &xs[0]);
+        }
         return true;
     }
     // Each x row against all of `w` (which stays in cache between them), then scattered.
     let mut col = vec![0.0f32; out.len() / m];
     for (i, xq) in xs.iter().enumerate() {
-        if !int_rows(dtype, w, xq, &mut col) {
-            return false;
-        }
+        int_rows_multi(dtype, w, std::slice::from_ref(xq), &mut col);
         for (outs, &v) in out.chunks_exact_mut(m).zip(&col) {
             outs[i] = v;
         }
@@ -429,7 +416,7 @@ mod tests {
                 let mut wb = vec![0u8; dtype.storage_bytes(rows * k)];
                 quantize_into(dtype, &wf, &mut wb);
                 let mut simd_out = vec![0.0f32; rows];
-                if !x86::int_rows(dtype, &wb, &xq, &mut simd_out) {
+                if !x86::int_rows_multi(dtype, &wb, std::slice::from_ref(&xq), &mut simd_out) {
                     println!("skipping {dtype}: no SIMD integer kernel on this CPU");
                     continue;
                 }

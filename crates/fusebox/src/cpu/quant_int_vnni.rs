@@ -95,19 +95,13 @@ unsafe fn row_group<const F: u8, const R: usize>(row: *const u8, nb: usize, xs: 
     let bb = BLOCK_BYTES[usize::from(F)];
     let mut acc = [_mm512_setzero_ps(); R];
     let mut off = [_mm_setzero_ps(); R];
-    let x: [XPtrs; R] = std::array::from_fn(|i| XPtrs {
-        q: xs[i].q.as_ptr(),
-        bias: xs[i].bias.as_ptr(),
-        d16: xs[i].d16.as_ptr(),
-        xsum: xs[i].xsum.as_ptr(),
-    });
     // SAFETY: the pairs lie inside the row and the x rows (the caller's contract).
     unsafe {
         for b0 in (0..nb - nb % 2).step_by(2) {
-            pair::<F, R, true>(row.add(b0 * bb), b0, &x, &mut acc, &mut off);
+            pair::<F, R, true>(row.add(b0 * bb), b0, xs, &mut acc, &mut off);
         }
         if nb % 2 == 1 {
-            pair::<F, R, false>(row.add((nb - 1) * bb), nb - 1, &x, &mut acc, &mut off);
+            pair::<F, R, false>(row.add((nb - 1) * bb), nb - 1, xs, &mut acc, &mut off);
         }
     }
     for i in 0..R {
@@ -118,15 +112,6 @@ unsafe fn row_group<const F: u8, const R: usize>(row: *const u8, nb: usize, xs: 
         out[i] = sum + (_mm_cvtss_f32(o) + _mm_cvtss_f32(_mm_movehdup_ps(o)));
     }
     R
-}
-
-/// Where one quantized x row's vectors start (a `Q8Row` borrowed for the kernel).
-#[derive(Clone, Copy)]
-struct XPtrs {
-    q: *const i8,
-    bias: *const i32,
-    d16: *const f32,
-    xsum: *const f32,
 }
 
 /// Blocks b0 and b0 + 1 (`TWO`) or b0 alone (the odd last block) of one W row at `blk0`
@@ -140,7 +125,7 @@ struct XPtrs {
 unsafe fn pair<const F: u8, const R: usize, const TWO: bool>(
     blk0: *const u8,
     b0: usize,
-    xs: &[XPtrs; R],
+    xs: &[Q8Row],
     acc: &mut [__m512; R],
     off: &mut [__m128; R],
 ) {
@@ -150,16 +135,19 @@ unsafe fn pair<const F: u8, const R: usize, const TWO: bool>(
         // activations, masked), which leaves its accumulator lanes unchanged, as in the twin.
         let next = if TWO { Some(blk0.add(BLOCK_BYTES[usize::from(F)])) } else { None };
         let (wv, dw, mw) = weights::<F>(blk0, next);
-        for (i, x) in xs.iter().enumerate() {
-            let start =
-                if F == 2 { _mm512_setzero_si512() } else { _mm512_loadu_si512(x.bias.add(8 * b0) as *const _) };
-            let qp = x.q.add(QK * b0);
+        for (i, x) in xs[..R].iter().enumerate() {
+            let start = if F == 2 {
+                _mm512_setzero_si512()
+            } else {
+                _mm512_loadu_si512(x.bias.as_ptr().add(8 * b0) as *const _)
+            };
+            let qp = x.q.as_ptr().add(QK * b0);
             let q = if TWO { _mm512_loadu_si512(qp as *const _) } else { _mm512_maskz_loadu_epi8(u32::MAX.into(), qp) };
             let lanes = _mm512_dpbusd_epi32(start, wv, q);
-            let d = _mm512_mul_ps(dw, _mm512_loadu_ps(x.d16.add(8 * b0)));
+            let d = _mm512_mul_ps(dw, _mm512_loadu_ps(x.d16.as_ptr().add(8 * b0)));
             acc[i] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lanes), acc[i]);
             if F == 2 {
-                let xp = x.xsum.add(b0);
+                let xp = x.xsum.as_ptr().add(b0);
                 let xsum = if TWO { _mm_castsi128_ps(_mm_loadl_epi64(xp as *const __m128i)) } else { _mm_load_ss(xp) };
                 off[i] = _mm_fmadd_ps(mw, xsum, off[i]);
             }

@@ -10,40 +10,14 @@
 use std::arch::x86_64::*;
 
 use super::super::x86::{prefetch_range, PREFETCH_ROWS};
-use super::{fits, fits_all, Q8Row, QK, QK_K};
+use super::{fits_all, Q8Row, QK, QK_K};
 use crate::cpu::simd::Isa;
 use crate::dtype::DType;
 
-/// The rows of `w` dotted with `xq` as the parent's `int_rows`; false (doing nothing) when
-/// the ISA in use has no AVX2, the CPU no F16C, or the sizes do not fit.
-pub(super) fn int_rows(dtype: DType, w: &[u8], xq: &Q8Row, out: &mut [f32]) -> bool {
-    if !matches!(Isa::active(), Isa::Avx2 | Isa::Avx512)
-        || !std::arch::is_x86_feature_detected!("f16c")
-        || !fits(dtype, w, xq, out.len())
-    {
-        return false;
-    }
-    // SAFETY: AVX2, FMA (both implied by the active ISA, never one the CPU lacks) and F16C
-    // are available, and `fits` checked the bounds every kernel reads: `w` holds
-    // `out.len()` rows of blocks covering `xq.q`, and `xq`'s per-block vectors match.
-    unsafe {
-        match dtype {
-            DType::Q8_0 => rows32::<0>(w, std::slice::from_ref(xq), out),
-            DType::Q4_0 => rows32::<1>(w, std::slice::from_ref(xq), out),
-            DType::Q4_1 => rows32::<2>(w, std::slice::from_ref(xq), out),
-            DType::Q5_0 => rows32::<3>(w, std::slice::from_ref(xq), out),
-            DType::Q4K => rows_k4::<false>(w, xq, out),
-            DType::Q5K => rows_k4::<true>(w, xq, out),
-            DType::Q6K => rows_q6k(w, xq, out),
-            _ => return false,
-        }
-    }
-    true
-}
-
-/// `out[r·m + i]` = row r of `w` · `xs[i]` for the 32-block formats (the parent's
-/// `int_rows_multi`), each weight block decoded once for up to 4 x rows; false (doing
-/// nothing) for the K formats, or as `int_rows`.
+/// `out[r·m + i]` = row r of `w` · `xs[i]` (the parent's `int_rows_multi`): the 32-block
+/// formats for any number of x rows, each weight block decoded once for up to 4 of them;
+/// the K formats for one x row. False (doing nothing) otherwise, where the ISA in use has
+/// no AVX2 or the CPU no F16C, or for sizes that do not fit.
 pub(super) fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f32]) -> bool {
     if !matches!(Isa::active(), Isa::Avx2 | Isa::Avx512)
         || !std::arch::is_x86_feature_detected!("f16c")
@@ -51,13 +25,18 @@ pub(super) fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f3
     {
         return false;
     }
-    // SAFETY: as in `int_rows`, for every x row.
+    // SAFETY: AVX2, FMA (both implied by the active ISA, never one the CPU lacks) and F16C
+    // are available, and `fits_all` checked the bounds every kernel reads: `w` holds
+    // `out.len() / m` rows of blocks covering each `xs[i].q`, whose per-block vectors match.
     unsafe {
-        match dtype {
-            DType::Q8_0 => rows32::<0>(w, xs, out),
-            DType::Q4_0 => rows32::<1>(w, xs, out),
-            DType::Q4_1 => rows32::<2>(w, xs, out),
-            DType::Q5_0 => rows32::<3>(w, xs, out),
+        match (dtype, xs) {
+            (DType::Q8_0, _) => rows32::<0>(w, xs, out),
+            (DType::Q4_0, _) => rows32::<1>(w, xs, out),
+            (DType::Q4_1, _) => rows32::<2>(w, xs, out),
+            (DType::Q5_0, _) => rows32::<3>(w, xs, out),
+            (DType::Q4K, [xq]) => rows_k4::<false>(w, xq, out),
+            (DType::Q5K, [xq]) => rows_k4::<true>(w, xq, out),
+            (DType::Q6K, [xq]) => rows_q6k(w, xq, out),
             _ => return false,
         }
     }

@@ -493,14 +493,7 @@ mod avx512 {
                     acc = _mm512_fmadd_ps(d, t, acc);
                 }
             }
-            // hsum16: lanes l + 8 onto l, then 4, 2, 1.
-            let halves = _mm256_add_ps(
-                _mm512_castps512_ps256(acc),
-                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc))),
-            );
-            let s = _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps::<1>(halves));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            *o = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+            *o = hsum16(acc);
         }
     }
 
@@ -527,7 +520,7 @@ mod avx512 {
             let mut acc = [_mm512_setzero_ps(); 4];
             let mut offsets = 0.0f32;
             for (sb, b) in row.chunks_exact(144).enumerate() {
-                let (d, dmin) = (f16_le(b, 0), f16_le(b, 2));
+                let (d, dmin) = (super::super::f16_at(b, 0), super::super::f16_at(b, 2));
                 let (scales, sums) = (&b[4..16], &xsum32[8 * sb..8 * sb + 8]);
                 for pair in 0..4 {
                     let (sc1, m1) = super::super::scale_min_k4(2 * pair, scales);
@@ -554,21 +547,22 @@ mod avx512 {
                 }
             }
             let sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-            // hsum16: lanes l + 8 onto l, then 4, 2, 1.
-            let halves = _mm256_add_ps(
-                _mm512_castps512_ps256(sum),
-                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(sum))),
-            );
-            let s = _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps::<1>(halves));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            *o = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s))) - offsets;
+            *o = hsum16(sum) - offsets;
         }
     }
 
-    /// The little-endian f16 at `b[at..at + 2]` as f32.
-    #[inline(always)]
-    fn f16_le(b: &[u8], at: usize) -> f32 {
-        half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+    /// The 16 lanes summed as the portable `fused_dot::hsum16`: lanes l + 8 onto l, then
+    /// 4, 2, 1.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+    fn hsum16(v: __m512) -> f32 {
+        let halves = _mm256_add_ps(
+            _mm512_castps512_ps256(v),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
+        );
+        let s = _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps::<1>(halves));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
     }
 }
 
