@@ -56,3 +56,29 @@ fn a_huge_ctx_size_is_refused_with_the_cache_size_not_an_abort() {
     assert!(err.contains("context length"), "{err}");
     std::fs::remove_file(&model).unwrap();
 }
+
+#[test]
+fn bench_generate_measures_the_bandwidth_at_the_contexts_asked_and_none_when_empty() {
+    let model = tiny_gguf(4096);
+    let bench = |extra: &[&str]| -> Output {
+        Command::new(std::env::var_os("FUSEBOX_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_fusebox").into()))
+            .args(["bench", "generate", "--model", model.to_str().unwrap(), "--threads", "1", "--json"])
+            .args(["--prompt-tokens", "4", "--new-tokens", "2", "--repeats", "1", "--bandwidth-steps", "2"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    for (extra, contexts) in [(&["--bandwidth-contexts="][..], vec![]), (&["--bandwidth-contexts", "3,5"], vec![3, 5])]
+    {
+        let o = bench(extra);
+        assert!(o.status.success(), "{extra:?}: {}", text(&o.stderr));
+        let v: serde_json::Value = serde_json::from_str(text(&o.stdout).trim()).unwrap();
+        let measured: Vec<u64> =
+            v["decode_bandwidth"].as_array().unwrap().iter().map(|b| b["context"].as_u64().unwrap()).collect();
+        assert_eq!(measured, contexts, "{v}");
+    }
+    let o = bench(&["--bandwidth-contexts", "16,x"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("'x' is not a context length"), "{}", text(&o.stderr));
+    std::fs::remove_file(&model).unwrap();
+}

@@ -56,11 +56,19 @@ pub struct GenerateBenchArgs {
     cache_type: Vec<DType>,
     /// Contexts (positions already cached) at which the decode bandwidth is measured;
     /// empty (`--bandwidth-contexts=`) skips it.
-    #[arg(long, value_delimiter = ',', default_value = "16,1500")]
-    bandwidth_contexts: Vec<usize>,
+    #[arg(long, value_delimiter = ',', default_value = "16,1500", value_parser = parse_context)]
+    bandwidth_contexts: Vec<Option<usize>>,
     /// Decode steps timed (each beside a read of as many bytes) per context.
     #[arg(long, default_value_t = 32)]
     bandwidth_steps: usize,
+}
+
+/// One entry of `--bandwidth-contexts`: a position count, or nothing (`--bandwidth-contexts=`).
+fn parse_context(s: &str) -> std::result::Result<Option<usize>, String> {
+    match s.trim() {
+        "" => Ok(None),
+        n => n.parse().map(Some).map_err(|e| format!("'{n}' is not a context length (a whole number): {e}")),
+    }
 }
 
 /// Bytes one decode step reads from the weights: every parameter once, except the token
@@ -199,7 +207,8 @@ pub fn run(args: &GenerateBenchArgs) -> Result<()> {
     let b = backend_for(&args.backend, args.threads)?;
     let model = llama::load(b.as_ref(), &args.model)?;
     let prompt = bench_prompt(&model.tokenizer, args.prompt_tokens)?;
-    let ctx = args.prompt_tokens + args.new_tokens + 1;
+    // Room for the warm-up's four decode steps when fewer new tokens are asked for.
+    let ctx = args.prompt_tokens + args.new_tokens.max(4) + 1;
     let mut session = model.session_with_cache(b.as_ref(), ctx, cache_type)?;
     // Warm-up: pages in the weights and starts the thread pool.
     let mut logits = session.step(b.as_ref(), &prompt[..prompt.len().min(32)])?;
@@ -233,7 +242,7 @@ pub fn run(args: &GenerateBenchArgs) -> Result<()> {
     let tg_fast = fastest_tenth_tokens_per_s(steps);
     drop(session);
     let mut bandwidth = Vec::new();
-    for &c in &args.bandwidth_contexts {
+    for &c in args.bandwidth_contexts.iter().flatten() {
         for &t in &args.cache_type {
             bandwidth.push(decode_bandwidth(b.as_ref(), &model, t, c, args.bandwidth_steps)?);
         }
