@@ -123,7 +123,45 @@ impl Sampler {
 }
 
 /// Index of the largest value (first on ties; NaN never wins).
+///
+/// One pass in 16 independent lanes, which the compiler turns into vector compares and
+/// blends (a decode step's greedy choice over Gemma 3's 262,144 logits took 0.7 ms with
+/// the one-element loop): lane j keeps the largest value of elements `16·c + j` and its
+/// first index; the answer is the smallest index among the lanes holding the overall
+/// largest. Only values above −∞ enter a lane, so NaN never does; when none is above
+/// −∞, [`argmax_scalar`]'s rule decides.
 pub fn argmax(v: &[f32]) -> u32 {
+    const LANES: usize = 16;
+    let mut best = [f32::NEG_INFINITY; LANES];
+    let mut at = [u32::MAX; LANES];
+    let chunks = v.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for (c, chunk) in chunks.enumerate() {
+        for j in 0..LANES {
+            // Strictly greater: a lane keeps its first maximum; false for NaN.
+            if chunk[j] > best[j] {
+                best[j] = chunk[j];
+                at[j] = (c * LANES + j) as u32;
+            }
+        }
+    }
+    let base = v.len() - tail.len();
+    for (j, &x) in tail.iter().enumerate() {
+        if x > best[j] {
+            best[j] = x;
+            at[j] = (base + j) as u32;
+        }
+    }
+    let top = best.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    match (0..LANES).filter(|&j| at[j] != u32::MAX && best[j] == top).map(|j| at[j]).min() {
+        Some(i) => i,
+        // Every value is −∞ or NaN.
+        None => argmax_scalar(v),
+    }
+}
+
+/// [`argmax`] one element at a time: the definition it is tested against.
+pub fn argmax_scalar(v: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &x) in v.iter().enumerate() {
         if x > v[best] || v[best].is_nan() {
@@ -136,6 +174,40 @@ pub fn argmax(v: &[f32]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lane_wise_argmax_is_the_one_element_loops() {
+        let mut rng = Rng::new(7);
+        let mut cases: Vec<Vec<f32>> = vec![
+            vec![],
+            vec![f32::NAN],
+            vec![f32::NAN; 40],
+            vec![f32::NEG_INFINITY; 37],
+            vec![f32::NAN, f32::NEG_INFINITY, f32::NAN],
+            vec![2.0; 50],
+            vec![f32::INFINITY, 1.0, f32::INFINITY],
+        ];
+        for n in [1usize, 15, 16, 17, 33, 100, 1000] {
+            for ties in [false, true] {
+                let mut v: Vec<f32> =
+                    (0..n).map(|_| if ties { (rng.uniform() * 4.0).floor() } else { rng.uniform() - 0.5 }).collect();
+                cases.push(v.clone());
+                for i in (0..n).step_by(3) {
+                    v[i] = f32::NAN;
+                }
+                cases.push(v.clone());
+                v[n - 1] = f32::INFINITY;
+                cases.push(v);
+            }
+        }
+        for v in &cases {
+            if v.is_empty() {
+                assert_eq!(argmax(v), 0);
+            } else {
+                assert_eq!(argmax(v), argmax_scalar(v), "{v:?}");
+            }
+        }
+    }
 
     #[test]
     fn greedy_takes_the_argmax() {

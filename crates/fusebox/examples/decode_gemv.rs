@@ -3,15 +3,18 @@
 //! f32-activation path (the default), same threads, same run, interleaved.
 //!
 //! ```text
-//! cargo run --release -p fusebox --example decode_gemv -- [THREADS] [REPS]
+//! cargo run --release -p fusebox --example decode_gemv -- [THREADS] [REPS] [SHAPES] [FORMATS]
 //! ```
+//!
+//! SHAPES: `OUTxIN` pairs, comma-separated (e.g. `262144x640` for Gemma 3's head);
+//! FORMATS: format names (e.g. `q8_0,q5_0`). Both default to the lists below.
 //!
 //! Prints per format and shape W `[out, in]`: the median time of each path, the weight
 //! bandwidth it reaches (W bytes / time) and the speedup of the integer path.
 
 use std::time::Instant;
 
-use fusebox::{ComputeBackend, CpuBackend, DType, Result, Tensor};
+use fusebox::{ComputeBackend, CpuBackend, DType, Error, Result, Tensor};
 
 /// W shapes `[out, in]`: SmolLM2-135M's MLP up (576 → 1536), down (1536 → 576) and the
 /// LM head (576 → 49152); `in` rounded up to whole blocks (768 for the K formats).
@@ -54,6 +57,28 @@ fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let threads = args.next().and_then(|a| a.parse().ok()).unwrap_or(2usize);
     let reps = args.next().and_then(|a| a.parse().ok()).unwrap_or(200usize);
+    let shapes: Vec<[usize; 2]> = match args.next() {
+        Some(list) => list
+            .split(',')
+            .map(|s| {
+                let (n, k) = s.split_once('x').ok_or_else(|| Error::value("decode_gemv", "a shape", "OUTxIN", s))?;
+                let dim = |d: &str| d.parse().map_err(|_| Error::value("decode_gemv", "a dimension", "a number", d));
+                Ok([dim(n)?, dim(k)?])
+            })
+            .collect::<Result<_>>()?,
+        None => SHAPES.to_vec(),
+    };
+    let formats: Vec<DType> = match args.next() {
+        Some(list) => list
+            .split(',')
+            .map(|f| {
+                FORMATS.iter().copied().find(|d| d.name() == f).ok_or_else(|| {
+                    Error::value("decode_gemv", "a format", "q8_0, q4_0, q4_1, q5_0, q4_k, q5_k or q6_k", f)
+                })
+            })
+            .collect::<Result<_>>()?,
+        None => FORMATS.to_vec(),
+    };
     let int = CpuBackend::builder().threads(threads).exact_decode(false).build()?;
     let exact = CpuBackend::builder().threads(threads).exact_decode(true).build()?;
     println!("decode GEMV, {threads} threads, median of {reps}; GB/s = W bytes / time");
@@ -61,8 +86,8 @@ fn main() -> Result<()> {
         "{:<7} {:>13} {:>10} {:>8} {:>10} {:>8} {:>7}",
         "format", "W [out, in]", "f32 x µs", "GB/s", "int8 x µs", "GB/s", "ratio"
     );
-    for dtype in FORMATS {
-        for [n, k] in SHAPES {
+    for &dtype in &formats {
+        for &[n, k] in &shapes {
             // K formats need whole super-blocks of 256: 576 becomes 768.
             let k = k.next_multiple_of(dtype.block_elems());
             let w = int.quantize(&Tensor::from_vec(values(n * k, 7), [n, k])?, dtype)?;
