@@ -307,9 +307,12 @@ impl Tensor {
                 format!("{} bytes", bytes.len()),
             ));
         }
-        let mut t = Self::zeros(shape, dtype)?;
-        t.host_bytes_mut()?.copy_from_slice(bytes);
-        Ok(t)
+        // Written once, not zeroed first: a model's weights come through here at load.
+        let buf = HostBuffer::aligned("Tensor::from_bytes", need, false)?;
+        // SAFETY: `buf` is a fresh allocation of `need` bytes, `bytes` holds exactly
+        // `need`, and the two cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.ptr.as_ptr(), need) };
+        Ok(Tensor::from_storage(Storage::Host(buf), shape, dtype))
     }
 
     /// A rank-0 f32 tensor.
