@@ -28,10 +28,19 @@ field() { "$PY" -c 'import json,sys; print(json.loads(sys.stdin.read().strip().s
 for model in "${models[@]}"; do
     [ -f "$model" ] || { echo "skipping $model: not found"; continue; }
     echo "== $model, $threads threads, $new new tokens, median of $reps"
+    # The three runs of a prompt length go in a rotated order (int8, f32, llama.cpp;
+    # then f32, llama.cpp, int8; …) so none is always the first after another program.
+    turn=0
     for prompt in 16 1500 512; do
-        int=$("$F" --int8 bench generate --model "$model" --threads "$threads" --prompt-tokens $prompt --new-tokens "$new" --repeats "$reps" --json)
-        exact=$("$F" bench generate --model "$model" --threads "$threads" --prompt-tokens $prompt --new-tokens "$new" --repeats "$reps" --json)
-        peer=$("$PY" bench/peers/llama_cpp.py --model "$model" --threads "$threads" --prompt-tokens $prompt --new-tokens "$new" --repeats "$reps" --json)
+        fb=(bench generate --model "$model" --threads "$threads" --prompt-tokens $prompt --new-tokens "$new" --repeats "$reps" --bandwidth-contexts= --json)
+        for who in $(echo "int exact peer int exact" | cut -d' ' -f$((turn + 1))-$((turn + 3))); do
+            case $who in
+                int) int=$("$F" --int8 "${fb[@]}") ;;
+                exact) exact=$("$F" "${fb[@]}") ;;
+                peer) peer=$("$PY" bench/peers/llama_cpp.py --model "$model" --threads "$threads" --prompt-tokens $prompt --new-tokens "$new" --repeats "$reps" --json) ;;
+            esac
+        done
+        turn=$(((turn + 1) % 3))
         if [ $prompt = 512 ]; then key=prefill_tokens_per_s; what="prefill 512"; else key=decode_tokens_per_s; what="decode after $prompt"; fi
         i=$(echo "$int" | field $key); e=$(echo "$exact" | field $key); p=$(echo "$peer" | field $key)
         "$PY" -c "i,e,p=$i,$e,$p; print(f'  {\"$what\":<18} fusebox {e:8.1f} tok/s ({e/p:.2f}x llama.cpp)   --int8 {i:8.1f} ({i/p:.2f}x)   llama.cpp {p:8.1f}')"
