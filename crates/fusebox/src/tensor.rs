@@ -24,6 +24,27 @@ use crate::shape::Shape;
 /// Alignment of host allocations: one cache line, enough for any SIMD load.
 const HOST_ALIGN: usize = 64;
 
+/// Transparent huge pages: the size of one, and the allocation size from which a host
+/// buffer is aligned to it and asks for them. A decode step streams every weight once;
+/// in 4 KiB pages each page is a TLB miss (a two-level walk in a virtual machine), which
+/// cost Gemma 3's 180 MB head GEMV 10.6 ms against 7.7 ms in 2 MiB pages (docs/decode.md).
+const HUGE_PAGE: usize = 2 << 20;
+const HUGE_FROM: usize = 4 << 20;
+
+/// Asks the kernel to back `[ptr, ptr + bytes)` with transparent huge pages (Linux in
+/// `madvise` mode; elsewhere, or when refused, nothing changes). Called before the
+/// first write, which is when pages are chosen.
+fn advise_huge_pages(ptr: *mut u8, bytes: usize) {
+    #[cfg(all(target_os = "linux", not(miri)))]
+    // SAFETY: the range is one live allocation of this process; the advice changes how
+    // its pages are backed, not its contents.
+    unsafe {
+        libc::madvise(ptr as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE);
+    }
+    #[cfg(any(not(target_os = "linux"), miri))]
+    let _ = (ptr, bytes);
+}
+
 /// A host allocation: 64-byte aligned (zero-initialised, or written before it becomes a
 /// tensor: [`UninitHost`]), or a vector taken over as is.
 ///
@@ -49,14 +70,15 @@ impl HostBuffer {
 
     /// `bytes` of [`HOST_ALIGN`]-aligned memory, zeroed or left uninitialised.
     fn aligned(op: &'static str, bytes: usize, zeroed: bool) -> Result<Self> {
-        let layout = Layout::from_size_align(bytes, HOST_ALIGN)
+        let huge = bytes >= HUGE_FROM;
+        let layout = Layout::from_size_align(bytes, if huge { HUGE_PAGE } else { HOST_ALIGN })
             .map_err(|_| Error::value(op, "size", "an allocatable number of bytes", bytes))?;
         if bytes == 0 {
             return Ok(HostBuffer { ptr: NonNull::<u64>::dangling().cast(), bytes: 0, layout });
         }
         // SAFETY: the layout has non-zero size.
         let raw = unsafe {
-            if zeroed {
+            if zeroed && !huge {
                 alloc::alloc_zeroed(layout)
             } else {
                 alloc::alloc(layout)
@@ -67,6 +89,13 @@ impl HostBuffer {
         let ptr = NonNull::new(raw).ok_or_else(|| {
             Error::value(op, "allocation", "memory for the tensor", format!("{bytes} bytes refused by the allocator"))
         })?;
+        if huge {
+            advise_huge_pages(ptr.as_ptr(), bytes);
+            if zeroed {
+                // SAFETY: `ptr` holds `bytes` writable bytes.
+                unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, bytes) };
+            }
+        }
         Ok(HostBuffer { ptr, bytes, layout })
     }
 
@@ -552,6 +581,22 @@ mod tests {
         let e = Tensor::zeros([1usize << 40, 1 << 20], DType::F32).unwrap_err();
         assert!(e.to_string().contains("refused by the allocator"), "{e}");
         assert!(UninitHost::<f32>::new("test", 1 << 60).is_err());
+    }
+
+    #[test]
+    fn large_buffers_are_huge_page_aligned_and_hold_what_was_asked() {
+        let n = HUGE_FROM / 4 + 3;
+        let z = Tensor::zeros([n], DType::F32).unwrap();
+        let zs = z.as_slice::<f32>().unwrap();
+        assert_eq!(zs.as_ptr() as usize % HUGE_PAGE, 0);
+        assert!(zs.iter().all(|&v| v == 0.0));
+        let bytes: Vec<u8> = (0..HUGE_FROM + 5).map(|i| (i % 251) as u8).collect();
+        let t = Tensor::from_bytes(&bytes, [bytes.len()], DType::F8E4M3).unwrap();
+        assert_eq!(t.host_bytes().unwrap().as_ptr() as usize % HUGE_PAGE, 0);
+        assert_eq!(t.host_bytes().unwrap(), &bytes[..]);
+        // Below the threshold: cache-line alignment.
+        let small = Tensor::from_bytes(&bytes[..1000], [1000], DType::F8E4M3).unwrap();
+        assert_eq!(small.host_bytes().unwrap().as_ptr() as usize % HOST_ALIGN, 0);
     }
 
     #[test]

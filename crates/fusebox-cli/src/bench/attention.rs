@@ -189,7 +189,7 @@ pub fn run(a: &AttentionBenchArgs) -> Result<()> {
     // Cache rows a decode query reads: kv_len, or the last W of them.
     let read_rows = a.window.map_or(t, |w| w.min(t));
     let kv_bytes = 2 * b * hkv * read_rows * d * 4;
-    let mut read = (a.pass == Pass::Decode).then(|| Bandwidth::read(kv_bytes));
+    let mut read = if a.pass == Pass::Decode { Some(Bandwidth::read(kv_bytes)?) } else { None };
     let single = if a.speedup && cpu.threads() > 1 { Some(cpu_backend(Some(1))?) } else { None };
     // Calls per rep: the op; the read (decode); the op on 1 thread (--speedup).
     let read_call = read.is_some().then_some(1);
@@ -204,8 +204,7 @@ pub fn run(a: &AttentionBenchArgs) -> Result<()> {
         };
         time_interleaved(budget, calls, before, |k| {
             if Some(k) == read_call {
-                read.as_mut().expect("a read reference for decode").run(&cpu);
-                Ok(())
+                read.as_mut().expect("a read reference for decode").run(&cpu)
             } else if Some(k) == single_call {
                 call(single.as_ref().expect("a 1-thread backend with --speedup"), a.pass, &x, t)
             } else {

@@ -134,8 +134,8 @@ fn decode_bandwidth(
     let weight_bytes = weight_bytes_per_token(net);
     let kv = |n: usize| kv_bytes_per_token(&net.arch, n, cache_type);
     let per_step = |n: usize| (weight_bytes + kv(n)) as usize;
-    let mut read = measure::Bandwidth::read(per_step(context + steps));
-    read.run(b.cpu());
+    let mut read = measure::Bandwidth::read(per_step(context + steps))?;
+    read.run(b.cpu())?;
     let (mut t_step, mut ratios, mut regions) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..steps.max(1) {
         let n = context + i + 1;
@@ -146,7 +146,7 @@ fn decode_bandwidth(
         let step_s = t.elapsed().as_secs_f64();
         regions.push(b.cpu().parallel_regions() - regions_before);
         let t = Instant::now();
-        read.run(b.cpu());
+        read.run(b.cpu())?;
         let read_s = t.elapsed().as_secs_f64();
         t_step.push(step_s);
         ratios.push((per_step(n) as f64 / step_s) / (read.bytes() as f64 / read_s));

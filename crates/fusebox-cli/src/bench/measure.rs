@@ -4,7 +4,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
-use fusebox::{ComputeBackend, CpuBackend, Error, Result, Tensor};
+use fusebox::{ComputeBackend, CpuBackend, DType, Error, Result, Tensor};
 use serde_json::{Map, Value};
 
 /// How long and how often a case is repeated.
@@ -180,48 +180,64 @@ fn sum_lanes(x: &[f32]) -> f32 {
 const BLOCK: usize = 64 * 1024;
 
 /// A memory bandwidth reference, called beside the op it is compared with
-/// ([`time_interleaved`]): its buffers are made once.
+/// ([`time_interleaved`]): its buffers are made once, as tensors, so they live in the
+/// same kind of memory as the weights and activations they are compared with (host
+/// tensors of 4 MiB and more ask for transparent huge pages).
 pub enum Bandwidth {
     /// A vectorized sum over the buffer (bytes read).
-    Read { x: Vec<f32>, sink: f32 },
-    /// `copy_from_slice` between two buffers (bytes read + bytes written).
-    Copy { src: Vec<f32>, dst: Vec<f32> },
+    Read { x: Tensor, sink: f32 },
+    /// A copy between two buffers (bytes read + bytes written).
+    Copy { src: Tensor, dst: Tensor },
+}
+
+/// `n` f32 ones (`0` when `zero`) in a host tensor.
+fn filled(n: usize, zero: bool) -> Result<Tensor> {
+    let mut t = Tensor::zeros([n], DType::F32)?;
+    if !zero {
+        t.as_mut_slice::<f32>()?.fill(1.0);
+    }
+    Ok(t)
 }
 
 impl Bandwidth {
     /// Reads `bytes` of f32.
-    pub fn read(bytes: usize) -> Bandwidth {
-        Bandwidth::Read { x: vec![1f32; (bytes / 4).max(BLOCK)], sink: 0.0 }
+    pub fn read(bytes: usize) -> Result<Bandwidth> {
+        Ok(Bandwidth::Read { x: filled((bytes / 4).max(BLOCK), false)?, sink: 0.0 })
     }
 
     /// Copies between two buffers that together hold `bytes`.
-    pub fn copy(bytes: usize) -> Bandwidth {
+    pub fn copy(bytes: usize) -> Result<Bandwidth> {
         let n = (bytes / 8).max(BLOCK);
-        Bandwidth::Copy { src: vec![1f32; n], dst: vec![0f32; n] }
+        Ok(Bandwidth::Copy { src: filled(n, false)?, dst: filled(n, true)? })
     }
 
     /// Bytes one call moves.
     pub fn bytes(&self) -> usize {
         match self {
-            Bandwidth::Read { x, .. } => x.len() * 4,
-            Bandwidth::Copy { src, .. } => src.len() * 8,
+            Bandwidth::Read { x, .. } => x.elem_count() * 4,
+            Bandwidth::Copy { src, .. } => src.elem_count() * 8,
         }
     }
 
-    /// One pass, on the backend's threads.
-    pub fn run(&mut self, cpu: &CpuBackend) {
+    /// One pass, on the backend's threads (fails only if the buffers were not the host
+    /// f32 tensors [`read`](Self::read) and [`copy`](Self::copy) make).
+    pub fn run(&mut self, cpu: &CpuBackend) -> Result<()> {
         match self {
             Bandwidth::Read { x, sink } => {
+                let x = x.as_slice::<f32>()?;
                 let blocks = x.len().div_ceil(BLOCK);
                 let part = |i: usize| sum_lanes(&x[i * BLOCK..((i + 1) * BLOCK).min(x.len())]);
                 *sink += cpu.map_indices(blocks, BLOCK, part).iter().sum::<f32>();
                 std::hint::black_box(sink);
             }
             Bandwidth::Copy { src, dst } => {
+                let src = src.as_slice::<f32>()?;
+                let dst = dst.as_mut_slice::<f32>()?;
                 cpu.for_each_chunk(dst, BLOCK, 1, |i, d| d.copy_from_slice(&src[i * BLOCK..i * BLOCK + d.len()]));
                 std::hint::black_box(dst);
             }
         }
+        Ok(())
     }
 }
 

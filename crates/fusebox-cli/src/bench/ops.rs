@@ -246,7 +246,7 @@ pub fn run(a: &OpsBenchArgs) -> Result<()> {
             .set("threads", cpu.threads());
         let measured = guarded(case.name, || {
             let mut f = (case.make)(&cpu, Size { rows: a.rows })?;
-            let mut copy = Bandwidth::copy(case.footprint);
+            let mut copy = Bandwidth::copy(case.footprint)?;
             // op and copy on N threads, then (for the speedups) both on 1 thread.
             let calls = if single.is_some() { 4 } else { 2 };
             // The N-thread calls start with the helpers awake (see `wake`).
@@ -259,15 +259,9 @@ pub fn run(a: &OpsBenchArgs) -> Result<()> {
                 let one = || single.as_ref().expect("a 1-thread backend when 4 calls");
                 match k {
                     0 => f(&cpu),
-                    1 => {
-                        copy.run(&cpu);
-                        Ok(())
-                    }
+                    1 => copy.run(&cpu),
                     2 => f(one()),
-                    _ => {
-                        copy.run(one());
-                        Ok(())
-                    }
+                    _ => copy.run(one()),
                 }
             })?;
             Ok((times, copy.bytes()))
