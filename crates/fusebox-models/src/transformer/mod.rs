@@ -252,16 +252,7 @@ impl Transformer {
 
     /// `x·Wᵀ (+ bias)`, from dense or block-quantized W.
     fn linear(&self, b: &dyn ComputeBackend, x: &Tensor, w: usize, bias: Option<usize>) -> Result<Tensor> {
-        let wt = self.p(w);
-        if wt.dtype().is_quantized() || wt.dtype() == DType::F8E4M3 {
-            let y = b.quantized_matmul(x, wt)?;
-            match bias {
-                Some(bi) => b.add_row(&y, self.p(bi)),
-                None => Ok(y),
-            }
-        } else {
-            b.linear_forward(x, wt, bias.map(|i| self.p(i)))
-        }
+        linear_with(b, x, self.p(w), bias.map(|i| self.p(i)))
     }
 
     /// Each part of a projection group: one matmul per matrix, a stacked output sliced.
@@ -282,6 +273,22 @@ impl Transformer {
 
     fn base_proj(&self, b: &dyn ComputeBackend, x: &Tensor, p: &Proj) -> Result<Vec<Tensor>> {
         let bias = |i: usize| p.biases.as_ref().map(|bs| bs[i]);
+        let rows: usize = x.dims()[..x.rank().saturating_sub(1)].iter().product();
+        let stacked = self.p(p.weights[0]);
+        if p.stacked() && rows > 1 && stacked.is_host() {
+            // Several rows (a prompt): each part from its own rows of the stacked matrix
+            // (a view, no copy), so its output needs no strided slice of a stacked one.
+            let k = stacked.dims()[1];
+            let mut start = 0;
+            let mut parts = Vec::with_capacity(p.parts.len());
+            for &r in &p.parts {
+                let w = stacked.view(start * k, [r, k])?;
+                let bias = bias(0).map(|i| self.p(i).view(start, [r])).transpose()?;
+                parts.push(linear_with(b, x, &w, bias.as_ref())?);
+                start += r;
+            }
+            return Ok(parts);
+        }
         if p.stacked() {
             let y = self.linear(b, x, p.weights[0], bias(0))?;
             let axis = y.rank() - 1;
@@ -957,6 +964,19 @@ fn attend_backward(
 
 /// `[B, T, H·D] → [B, H, T, D]`; for one position (T = 1) the two orders are the same
 /// memory, so a reshape.
+/// `x·Wᵀ (+ bias)`, from dense or block-quantized W.
+fn linear_with(b: &dyn ComputeBackend, x: &Tensor, wt: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    if wt.dtype().is_quantized() || wt.dtype() == DType::F8E4M3 {
+        let y = b.quantized_matmul(x, wt)?;
+        match bias {
+            Some(bias) => b.add_row(&y, bias),
+            None => Ok(y),
+        }
+    } else {
+        b.linear_forward(x, wt, bias)
+    }
+}
+
 fn split_heads(b: &dyn ComputeBackend, x: &Tensor, heads: usize) -> Result<Tensor> {
     match *x.dims() {
         [bsz, 1, hd] if heads > 0 && hd % heads == 0 => x.reshape([bsz, heads, 1, hd / heads]),
