@@ -275,9 +275,10 @@ impl Transformer {
         let bias = |i: usize| p.biases.as_ref().map(|bs| bs[i]);
         let rows: usize = x.dims()[..x.rank().saturating_sub(1)].iter().product();
         let stacked = self.p(p.weights[0]);
-        if p.stacked() && rows > 1 && stacked.is_host() {
-            // Several rows (a prompt): each part from its own rows of the stacked matrix
-            // (a view, no copy), so its output needs no strided slice of a stacked one.
+        if p.stacked() && rows > BATCH_ROWS && stacked.is_host() {
+            // A prompt: each part from its own rows of the stacked matrix (a view, no
+            // copy), so its output needs no strided slice of a stacked one. A decode
+            // batch keeps one GEMV (one parallel region) and slices its few rows.
             let k = stacked.dims()[1];
             let mut start = 0;
             let mut parts = Vec::with_capacity(p.parts.len());
@@ -964,6 +965,9 @@ fn attend_backward(
 
 /// `[B, T, H·D] → [B, H, T, D]`; for one position (T = 1) the two orders are the same
 /// memory, so a reshape.
+/// Rows up to which a stacked projection runs as one product (a server's decode batch).
+const BATCH_ROWS: usize = 16;
+
 /// `x·Wᵀ (+ bias)`, from dense or block-quantized W.
 fn linear_with(b: &dyn ComputeBackend, x: &Tensor, wt: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     if wt.dtype().is_quantized() || wt.dtype() == DType::F8E4M3 {
