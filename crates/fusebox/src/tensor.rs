@@ -68,7 +68,9 @@ impl HostBuffer {
         Self::aligned("Tensor::zeros", bytes, true)
     }
 
-    /// `bytes` of [`HOST_ALIGN`]-aligned memory, zeroed or left uninitialised.
+    /// `bytes` of [`HOST_ALIGN`]-aligned memory (from [`HUGE_FROM`] bytes on,
+    /// [`HUGE_PAGE`]-aligned and in huge pages where the kernel grants them), zeroed or
+    /// left uninitialised.
     fn aligned(op: &'static str, bytes: usize, zeroed: bool) -> Result<Self> {
         let huge = bytes >= HUGE_FROM;
         let layout = Layout::from_size_align(bytes, if huge { HUGE_PAGE } else { HOST_ALIGN })

@@ -255,7 +255,8 @@ impl Transformer {
         linear_with(b, x, self.p(w), bias.map(|i| self.p(i)))
     }
 
-    /// Each part of a projection group: one matmul per matrix, a stacked output sliced.
+    /// Each part of a projection group: one matmul per matrix; for a stacked matrix one
+    /// matmul sliced (up to [`BATCH_ROWS`] rows) or one per part's rows of it (a prompt).
     fn proj(&self, b: &dyn ComputeBackend, x: &Tensor, p: &Proj, site: (usize, Group)) -> Result<Vec<Tensor>> {
         let mut parts = self.base_proj(b, x, p)?;
         if let Some(ad) = &self.lora {
@@ -963,8 +964,6 @@ fn attend_backward(
     b.causal_attention_backward(q, k, v, result, d_out, window, scale)
 }
 
-/// `[B, T, H·D] → [B, H, T, D]`; for one position (T = 1) the two orders are the same
-/// memory, so a reshape.
 /// Rows up to which a stacked projection runs as one product (a server's decode batch).
 const BATCH_ROWS: usize = 16;
 
@@ -981,6 +980,8 @@ fn linear_with(b: &dyn ComputeBackend, x: &Tensor, wt: &Tensor, bias: Option<&Te
     }
 }
 
+/// `[B, T, H·D] → [B, H, T, D]`; for one position (T = 1) the two orders are the same
+/// memory, so a reshape.
 fn split_heads(b: &dyn ComputeBackend, x: &Tensor, heads: usize) -> Result<Tensor> {
     match *x.dims() {
         [bsz, 1, hd] if heads > 0 && hd % heads == 0 => x.reshape([bsz, heads, 1, hd / heads]),
