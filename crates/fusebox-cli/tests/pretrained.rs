@@ -13,9 +13,14 @@ use std::process::{Command, Output};
 
 use tiny_model::tiny_gguf;
 
-fn generate(model: &Path, extra: &[&str]) -> Output {
-    // `FUSEBOX_BIN` runs the check against another build (see tests/cli.rs).
+/// The `fusebox` command; `FUSEBOX_BIN` runs the checks against another build (see
+/// tests/cli.rs).
+fn fusebox() -> Command {
     Command::new(std::env::var_os("FUSEBOX_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_fusebox").into()))
+}
+
+fn generate(model: &Path, extra: &[&str]) -> Output {
+    fusebox()
         .args(["generate", "--model", model.to_str().unwrap(), "--threads", "1", "--max-tokens", "2", "--json"])
         .args(extra)
         .output()
@@ -61,7 +66,7 @@ fn a_huge_ctx_size_is_refused_with_the_cache_size_not_an_abort() {
 fn bench_generate_measures_the_bandwidth_at_the_contexts_asked_and_none_when_empty() {
     let model = tiny_gguf(4096);
     let bench = |extra: &[&str]| -> Output {
-        Command::new(std::env::var_os("FUSEBOX_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_fusebox").into()))
+        fusebox()
             .args(["bench", "generate", "--model", model.to_str().unwrap(), "--threads", "1", "--json"])
             .args(["--prompt-tokens", "4", "--new-tokens", "2", "--repeats", "1", "--bandwidth-steps", "2"])
             .args(extra)

@@ -274,45 +274,40 @@ impl Transformer {
 
     fn base_proj(&self, b: &dyn ComputeBackend, x: &Tensor, p: &Proj) -> Result<Vec<Tensor>> {
         let bias = |i: usize| p.biases.as_ref().map(|bs| bs[i]);
-        let rows: usize = x.dims()[..x.rank().saturating_sub(1)].iter().product();
+        if !p.stacked() {
+            return p.weights.iter().enumerate().map(|(i, &w)| self.linear(b, x, w, bias(i))).collect();
+        }
         let stacked = self.p(p.weights[0]);
-        if p.stacked() && rows > BATCH_ROWS && stacked.is_host() {
-            // A prompt: each part from its own rows of the stacked matrix (a view, no
-            // copy), so its output needs no strided slice of a stacked one. A decode
-            // batch keeps one GEMV (one parallel region) and slices its few rows.
-            let k = stacked.dims()[1];
-            let mut start = 0;
-            let mut parts = Vec::with_capacity(p.parts.len());
-            for &r in &p.parts {
-                let w = stacked.view(start * k, [r, k])?;
-                let bias = bias(0).map(|i| self.p(i).view(start, [r])).transpose()?;
-                parts.push(linear_with(b, x, &w, bias.as_ref())?);
-                start += r;
-            }
-            return Ok(parts);
-        }
-        if p.stacked() {
-            let y = self.linear(b, x, p.weights[0], bias(0))?;
-            let axis = y.rank() - 1;
-            // One row (a decode step) in host memory: each part is a contiguous run of
-            // it, so a view of it, not a copy.
-            let one_row = y.is_host() && y.dims()[..axis].iter().product::<usize>() == 1;
-            let mut start = 0;
-            let mut parts = Vec::with_capacity(p.parts.len());
-            for &r in &p.parts {
-                parts.push(if one_row {
-                    let mut dims = y.dims().to_vec();
-                    dims[axis] = r;
-                    y.view(start, dims)?
-                } else {
-                    b.slice(&y, axis, start, r)?
-                });
-                start += r;
-            }
-            Ok(parts)
+        let rows: usize = x.dims()[..x.rank().saturating_sub(1)].iter().product();
+        // A prompt: each part from its own rows of the stacked matrix (a view, no copy),
+        // so its output needs no strided slice of a stacked one. A decode batch keeps one
+        // GEMV (one parallel region) and slices its few rows.
+        let y = if rows > BATCH_ROWS && stacked.is_host() {
+            None
         } else {
-            p.weights.iter().enumerate().map(|(i, &w)| self.linear(b, x, w, bias(i))).collect()
+            Some(self.linear(b, x, p.weights[0], bias(0))?)
+        };
+        let mut start = 0;
+        let mut parts = Vec::with_capacity(p.parts.len());
+        for &r in &p.parts {
+            parts.push(match &y {
+                None => {
+                    let k = stacked.dims()[1];
+                    let bias = bias(0).map(|i| self.p(i).view(start, [r])).transpose()?;
+                    linear_with(b, x, &stacked.view(start * k, [r, k])?, bias.as_ref())?
+                }
+                // One row (a decode step) in host memory: each part is a contiguous run
+                // of it, so a view of it, not a copy.
+                Some(y) if y.is_host() && rows == 1 => {
+                    let mut dims = y.dims().to_vec();
+                    dims[y.rank() - 1] = r;
+                    y.view(start, dims)?
+                }
+                Some(y) => b.slice(y, y.rank() - 1, start, r)?,
+            });
+            start += r;
         }
+        Ok(parts)
     }
 
     fn norm(&self, b: &dyn ComputeBackend, x: &Tensor, n: NormIndex) -> Result<NormOutput> {
