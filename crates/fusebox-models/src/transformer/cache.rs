@@ -55,6 +55,11 @@ impl RopeTables {
         Ok(RopeTables { global, local, layer_local })
     }
 
+    /// Whether layer `l` reads the local table (its own rope base).
+    pub(crate) fn is_local(&self, l: usize) -> bool {
+        self.layer_local.get(l).copied().unwrap_or(false) && self.local.is_some()
+    }
+
     /// `(cos, sin)` of layer `l`.
     pub fn of(&self, l: usize) -> Result<(&Tensor, &Tensor)> {
         let t = if self.layer_local.get(l).copied().unwrap_or(false) { &self.local } else { &self.global };
