@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use fusebox::ComputeBackend;
 use fusebox_models::open;
-use fusebox_models::pretrained::{self, Pretrained};
+use fusebox_models::pretrained::Pretrained;
 use fusebox_models::transformer::KvCache;
 use fusebox_models::{Sampler, SamplerConfig};
 use fusebox_serve::engine::{self, EngineConfig, Event, Job, Msg};

@@ -110,7 +110,7 @@ impl Architecture for Gemma3 {
         &GGUF
     }
 
-    fn from_hf(&self, c: &HfConfig<'_>) -> Result<Arch> {
+    fn read_hf(&self, c: &HfConfig<'_>) -> Result<Arch> {
         let act = c.string("hidden_activation")?.or(c.string("hidden_act")?).unwrap_or("gelu_pytorch_tanh");
         if !matches!(act, "gelu_pytorch_tanh" | "gelu_new" | "gelu_fast") {
             return Err(Error::unsupported(
@@ -157,7 +157,7 @@ impl Architecture for Gemma3 {
     /// 10000, the global base `rope.freq_base` (with the file's scaling); the attention
     /// scale `1/sqrt(key_length)`, except the 27B model (62 layers), which uses
     /// `1/sqrt(d_model / heads)`.
-    fn from_gguf(&self, k: &GgufKeys<'_>) -> Result<Arch> {
+    fn read_gguf(&self, k: &GgufKeys<'_>) -> Result<Arch> {
         let arch = gguf_llama_like(k, RopeStyle::HalfSplit)?;
         let window = k.size("attention.sliding_window")?;
         let layers = pattern_layers(arch.n_layers, 6);
@@ -166,7 +166,7 @@ impl Architecture for Gemma3 {
         Ok(gemma(arch, window, layers, local, scalar))
     }
 
-    fn to_hf(&self, arch: &Arch, c: &mut HfConfigOut) -> Result<()> {
+    fn write_hf(&self, arch: &Arch, c: &mut HfConfigOut) -> Result<()> {
         c.model(&HF);
         c.llama_sizes(arch);
         c.set("hidden_activation", "gelu_pytorch_tanh".into());
@@ -195,7 +195,7 @@ impl Architecture for Gemma3 {
     }
 
     /// llama.cpp's converter writes the head size of every Gemma 3.
-    fn to_gguf(&self, arch: &Arch, m: &mut GgufMetaOut) -> Result<()> {
+    fn write_gguf(&self, arch: &Arch, m: &mut GgufMetaOut) -> Result<()> {
         m.size("attention.head_count_kv", "n_kv_heads", arch.n_kv_heads)?;
         gguf::write_head_size(arch, m)
     }

@@ -126,7 +126,7 @@ impl Architecture for Gpt2 {
         &GGUF
     }
 
-    fn from_hf(&self, c: &HfConfig<'_>) -> Result<Arch> {
+    fn read_hf(&self, c: &HfConfig<'_>) -> Result<Arch> {
         let act = c.string("activation_function")?.unwrap_or("gelu_new");
         if !matches!(act, "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast") {
             return Err(Error::unsupported(
@@ -160,7 +160,7 @@ impl Architecture for Gpt2 {
         Ok(arch)
     }
 
-    fn from_gguf(&self, k: &GgufKeys<'_>) -> Result<Arch> {
+    fn read_gguf(&self, k: &GgufKeys<'_>) -> Result<Arch> {
         let d_model = k.size("embedding_length")?;
         let n_heads = k.size("attention.head_count")?;
         if !d_model.is_multiple_of(n_heads) {
@@ -189,7 +189,7 @@ impl Architecture for Gpt2 {
         ))
     }
 
-    fn to_hf(&self, arch: &Arch, c: &mut HfConfigOut) -> Result<()> {
+    fn write_hf(&self, arch: &Arch, c: &mut HfConfigOut) -> Result<()> {
         c.model(&HF);
         c.set("n_embd", arch.d_model.into());
         c.set("n_head", arch.n_heads.into());
@@ -209,7 +209,7 @@ impl Architecture for Gpt2 {
     }
 
     /// llama.cpp's GPT-2 has one head count (no `head_count_kv`).
-    fn to_gguf(&self, _: &Arch, _: &mut GgufMetaOut) -> Result<()> {
+    fn write_gguf(&self, _: &Arch, _: &mut GgufMetaOut) -> Result<()> {
         Ok(())
     }
 

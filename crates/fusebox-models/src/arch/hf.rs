@@ -281,7 +281,7 @@ pub fn hf_sliding_window_all(c: &HfConfig<'_>, arch: &mut Arch) -> Result<()> {
 }
 
 /// A `config.json` being written. The export sets the fields every model has (vocab,
-/// token ids, dtype); an architecture's [`super::Architecture::to_hf`] the rest.
+/// token ids, dtype); an architecture's [`super::Architecture::write_hf`] the rest.
 #[derive(Debug, Default)]
 pub struct HfConfigOut {
     fields: Map<String, Json>,

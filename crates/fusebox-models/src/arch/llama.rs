@@ -62,13 +62,13 @@ impl Architecture for Llama {
         &GGUF
     }
 
-    fn from_hf(&self, c: &HfConfig<'_>) -> Result<Arch> {
+    fn read_hf(&self, c: &HfConfig<'_>) -> Result<Arch> {
         hf_llama_like(c, "llama", 1e-6)
     }
 
     /// llama.cpp's converter permutes the q and k rows of Llama weights so that rope
     /// pairs are adjacent (interleaved); a window makes it Mistral.
-    fn from_gguf(&self, k: &GgufKeys<'_>) -> Result<Arch> {
+    fn read_gguf(&self, k: &GgufKeys<'_>) -> Result<Arch> {
         let mut arch = gguf_llama_like(k, RopeStyle::Interleaved)?;
         if let Some(w) = k.opt_size("attention.sliding_window")? {
             super::mistral::set_window(&mut arch, w);
@@ -76,10 +76,10 @@ impl Architecture for Llama {
         Ok(arch)
     }
 
-    fn to_hf(&self, arch: &Arch, c: &mut HfConfigOut) -> Result<()> {
+    fn write_hf(&self, arch: &Arch, c: &mut HfConfigOut) -> Result<()> {
         // A Llama with a window is Mistral in transformers.
         if arch.sliding_window.is_some() {
-            return super::mistral::Mistral.to_hf(arch, c);
+            return super::mistral::Mistral.write_hf(arch, c);
         }
         c.model(&HF);
         c.llama_sizes(arch);

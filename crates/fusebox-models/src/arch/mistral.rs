@@ -33,17 +33,17 @@ impl Architecture for Mistral {
         &GGUF
     }
 
-    fn from_hf(&self, c: &HfConfig<'_>) -> Result<Arch> {
+    fn read_hf(&self, c: &HfConfig<'_>) -> Result<Arch> {
         let mut arch = hf_llama_like(c, "mistral", 1e-6)?;
         hf_sliding_window_all(c, &mut arch)?;
         Ok(arch)
     }
 
-    fn from_gguf(&self, k: &GgufKeys<'_>) -> Result<Arch> {
-        Llama.from_gguf(k)
+    fn read_gguf(&self, k: &GgufKeys<'_>) -> Result<Arch> {
+        Llama.read_gguf(k)
     }
 
-    fn to_hf(&self, arch: &Arch, c: &mut HfConfigOut) -> Result<()> {
+    fn write_hf(&self, arch: &Arch, c: &mut HfConfigOut) -> Result<()> {
         c.model(&HF);
         c.llama_sizes(arch);
         c.set("hidden_act", "silu".into());

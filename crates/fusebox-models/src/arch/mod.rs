@@ -54,18 +54,18 @@ pub trait Architecture: Sync {
     fn gguf(&self) -> &'static GgufFacts;
 
     /// Its [`Arch`] from a `config.json` whose `model_type` is [`HfFacts::model_type`].
-    fn from_hf(&self, c: &HfConfig<'_>) -> Result<Arch>;
+    fn read_hf(&self, c: &HfConfig<'_>) -> Result<Arch>;
 
     /// Its [`Arch`] from GGUF metadata whose `general.architecture` is [`GgufFacts::name`].
-    fn from_gguf(&self, k: &GgufKeys<'_>) -> Result<Arch>;
+    fn read_gguf(&self, k: &GgufKeys<'_>) -> Result<Arch>;
 
     /// Writes `arch` as a `config.json` that reads back as `arch`: `model_type`, the
     /// class and every field of its own ([`HfConfigOut`] holds the ones every model shares).
-    fn to_hf(&self, arch: &Arch, c: &mut HfConfigOut) -> Result<()>;
+    fn write_hf(&self, arch: &Arch, c: &mut HfConfigOut) -> Result<()>;
 
     /// Writes the `{arch}.*` metadata of `arch` that is not the same for every
     /// architecture ([`gguf::write_common`] writes that); llama.cpp's Llama keys by default.
-    fn to_gguf(&self, arch: &Arch, m: &mut GgufMetaOut) -> Result<()> {
+    fn write_gguf(&self, arch: &Arch, m: &mut GgufMetaOut) -> Result<()> {
         gguf::write_llama_like(arch, m)
     }
 
@@ -215,7 +215,7 @@ pub fn hf_plan(v: &Json, file: &FileTensors<'_>) -> Result<Plan> {
     let c = HfConfig::new(v, file.count);
     let unit = by_hf_model_type(c.model_type()?)?;
     let hf = unit.hf();
-    let arch = unit.from_hf(&c)?;
+    let arch = unit.read_hf(&c)?;
     arch.validate()?;
     Ok(Plan { arch, names: hf.names, prefix: String::new(), file_stacking: hf.stacking, ignored: hf.ignored })
 }
@@ -237,7 +237,7 @@ pub fn gguf_plan(
     let name = meta.require_str("general.architecture")?;
     let unit = by_gguf_name(name)?;
     let k = GgufKeys { meta, arch: name.to_string(), vocab_from_tokens, tensors: file.count };
-    let mut arch = unit.from_gguf(&k)?;
+    let mut arch = unit.read_gguf(&k)?;
     arch.tied_embeddings = !(file.has)("output.weight");
     let mut ignored: fn(&str) -> bool = ignore_none;
     if (file.has)("rope_freqs.weight") {

@@ -56,7 +56,7 @@ impl Architecture for Phi3 {
         &GGUF
     }
 
-    fn from_hf(&self, c: &HfConfig<'_>) -> Result<Arch> {
+    fn read_hf(&self, c: &HfConfig<'_>) -> Result<Arch> {
         let mut arch = hf_llama_like(c, "phi3", 1e-5)?;
         if let Some(f) = c.float("partial_rotary_factor")? {
             if f != 1.0 {
@@ -68,7 +68,7 @@ impl Architecture for Phi3 {
     }
 
     /// NEOX rope: half-split pairs.
-    fn from_gguf(&self, k: &GgufKeys<'_>) -> Result<Arch> {
+    fn read_gguf(&self, k: &GgufKeys<'_>) -> Result<Arch> {
         let mut arch = gguf_llama_like(k, RopeStyle::HalfSplit)?;
         if let Some(w) = k.opt_size("attention.sliding_window")? {
             super::mistral::set_window(&mut arch, w);
@@ -76,7 +76,7 @@ impl Architecture for Phi3 {
         Ok(arch)
     }
 
-    fn to_hf(&self, arch: &Arch, c: &mut HfConfigOut) -> Result<()> {
+    fn write_hf(&self, arch: &Arch, c: &mut HfConfigOut) -> Result<()> {
         c.model(&HF);
         c.llama_sizes(arch);
         c.set("hidden_act", "silu".into());

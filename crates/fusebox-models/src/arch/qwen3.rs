@@ -36,7 +36,7 @@ impl Architecture for Qwen3 {
         &GGUF
     }
 
-    fn from_hf(&self, c: &HfConfig<'_>) -> Result<Arch> {
+    fn read_hf(&self, c: &HfConfig<'_>) -> Result<Arch> {
         let mut arch = hf_llama_like(c, "qwen3", 1e-6)?;
         arch.qk_norm = true;
         if c.flag("use_sliding_window")?.unwrap_or(false) {
@@ -46,13 +46,13 @@ impl Architecture for Qwen3 {
     }
 
     /// NEOX rope: half-split pairs.
-    fn from_gguf(&self, k: &GgufKeys<'_>) -> Result<Arch> {
+    fn read_gguf(&self, k: &GgufKeys<'_>) -> Result<Arch> {
         let mut arch = gguf_llama_like(k, RopeStyle::HalfSplit)?;
         arch.qk_norm = true;
         Ok(arch)
     }
 
-    fn to_hf(&self, arch: &Arch, c: &mut HfConfigOut) -> Result<()> {
+    fn write_hf(&self, arch: &Arch, c: &mut HfConfigOut) -> Result<()> {
         c.model(&HF);
         c.llama_sizes(arch);
         c.set("hidden_act", "silu".into());

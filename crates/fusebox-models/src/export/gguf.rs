@@ -105,7 +105,7 @@ fn freq_factors(arch: &Arch) -> Option<Vec<f32>> {
 }
 
 /// The general and `{arch}.*` metadata of `arch`: what every architecture writes
-/// ([`crate::arch::gguf::write_common`]), then its own ([`crate::arch::Architecture::to_gguf`]).
+/// ([`crate::arch::gguf::write_common`]), then its own ([`crate::arch::Architecture::write_gguf`]).
 fn model_metadata(arch: &Arch, o: &Options) -> Result<Vec<(String, Value)>> {
     let unit = crate::arch::by_name(&arch.name)?;
     let mut m = GgufMetaOut::new(unit.gguf().export_as);
@@ -115,7 +115,7 @@ fn model_metadata(arch: &Arch, o: &Options) -> Result<Vec<(String, Value)>> {
         m.put("general.quantization_version", Value::U32(2));
     }
     crate::arch::gguf::write_common(arch, &mut m)?;
-    unit.to_gguf(arch, &mut m)?;
+    unit.write_gguf(arch, &mut m)?;
     Ok(m.into_entries())
 }
 

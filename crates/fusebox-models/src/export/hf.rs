@@ -22,7 +22,7 @@ use crate::transformer::{Arch, Transformer};
 pub const SHARD_BYTES: usize = 2 << 30;
 
 /// The `config.json` of `arch` (ids from the tokenizer): the fields every model has,
-/// and its architecture's ([`crate::arch::Architecture::to_hf`]).
+/// and its architecture's ([`crate::arch::Architecture::write_hf`]).
 pub fn config_json(
     arch: &Arch,
     bos: Option<u32>,
@@ -46,7 +46,7 @@ pub fn config_json(
     c.set("torch_dtype", json!(torch_dtype));
     c.set("use_cache", json!(true));
     c.set("initializer_range", json!(0.02));
-    unit.to_hf(arch, &mut c)?;
+    unit.write_hf(arch, &mut c)?;
     if !c.has("model_type") {
         return Err(Error::unsupported("export", format!("the {} unit wrote no model_type", arch.name)));
     }
