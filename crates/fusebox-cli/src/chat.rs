@@ -14,7 +14,7 @@ use std::sync::Arc;
 use clap::Args;
 use fusebox::{Error, Result};
 use fusebox_models::chat::{ChatOptions, ChatSession, Turn, TurnEnd};
-use fusebox_models::llama;
+use fusebox_models::open;
 use fusebox_models::{Sampler, SamplerConfig};
 use serde_json::json;
 
@@ -158,7 +158,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         return Err(Error::value("chat", "--threads", "at least 1", 0));
     }
     let b = backend_for(&args.backend, args.threads)?;
-    let model = llama::load(b.as_ref(), &args.model)?;
+    let model = open::load(b.as_ref(), &args.model)?;
     let template = model.chat_template()?;
     if let Some(notice) = template.notice() {
         eprintln!("[{notice}]");

@@ -9,7 +9,7 @@ use std::time::Instant;
 use clap::{Args, ValueEnum};
 use fusebox::{CpuBackend, Error, Result};
 use fusebox_models::export::{self, gguf, FloatType, TokenizerInfo};
-use fusebox_models::{finetune, llama};
+use fusebox_models::{finetune, open};
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -60,7 +60,7 @@ fn source(path: &Path) -> Result<Source> {
     // A fine-tuning checkpoint first: it may also hold a config.json.
     if finetune::is_finetune_checkpoint(path) {
         Ok(Source::Checkpoint)
-    } else if llama::is_pretrained(path) {
+    } else if open::is_pretrained(path) {
         Ok(Source::Pretrained)
     } else {
         Err(Error::Io(format!(
@@ -98,7 +98,7 @@ pub fn run(args: &ExportArgs) -> Result<()> {
     }
     let (network, tokenizer, template) = match source(&args.model)? {
         Source::Pretrained => {
-            let model = llama::load(&cpu, &args.model)?;
+            let model = open::load(&cpu, &args.model)?;
             let (info, template) = export::read_tokenizer_source(&args.model)?;
             eprintln!("loaded {} ({})", args.model.display(), model.description);
             (model.network, info, template)

@@ -126,7 +126,7 @@ pub(crate) fn sampler(args: &GenerateArgs) -> Result<Sampler> {
 
 pub fn run(args: &GenerateArgs) -> Result<()> {
     let mut sampler = sampler(args)?;
-    if fusebox_models::llama::is_pretrained(&args.model) {
+    if fusebox_models::open::is_pretrained(&args.model) {
         return crate::generate_pretrained::run(args, sampler);
     }
     let b = backend_for(&args.backend, args.threads)?;

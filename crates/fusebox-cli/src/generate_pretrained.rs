@@ -5,8 +5,8 @@
 use std::io::Write;
 
 use fusebox::{DType, Error, Result};
-use fusebox_models::llama;
 use fusebox_models::Sampler;
+use fusebox_models::{open, pretrained};
 use serde_json::json;
 
 use crate::generate::GenerateArgs;
@@ -17,7 +17,7 @@ const DEFAULT_CTX: usize = 2048;
 
 /// Refuses a KV cache of `ctx` positions stored in `dtype` that does not fit in the
 /// memory available.
-pub(crate) fn check_cache_memory(model: &llama::Pretrained, ctx: usize, dtype: DType) -> Result<()> {
+pub(crate) fn check_cache_memory(model: &pretrained::Pretrained, ctx: usize, dtype: DType) -> Result<()> {
     let a = &model.network.arch;
     let (layers, kv_heads, head_dim) = (a.n_layers, a.n_kv_heads, a.head_dim);
     let rope = a.positions == fusebox_models::transformer::Positions::Rope;
@@ -44,7 +44,7 @@ pub(crate) fn check_cache_memory(model: &llama::Pretrained, ctx: usize, dtype: D
 
 pub fn run(args: &GenerateArgs, mut sampler: Sampler) -> Result<()> {
     let b = backend_for(&args.backend, args.threads)?;
-    let model = llama::load(b.as_ref(), &args.model)?;
+    let model = open::load(b.as_ref(), &args.model)?;
     let tok = &model.tokenizer;
     let mut prompt = if args.chat {
         let template = model.chat_template()?;
@@ -83,13 +83,14 @@ pub fn run(args: &GenerateArgs, mut sampler: Sampler) -> Result<()> {
         }
         let _ = out.flush();
     }
-    let generation = llama::generate(&mut session, b.as_ref(), &prompt, args.max_tokens, &mut sampler, &stop, |t| {
-        if streaming && !stop.contains(&t) {
-            print!("{}", stream.push(t)?);
-            let _ = out.flush();
-        }
-        Ok(())
-    })?;
+    let generation =
+        pretrained::generate(&mut session, b.as_ref(), &prompt, args.max_tokens, &mut sampler, &stop, |t| {
+            if streaming && !stop.contains(&t) {
+                print!("{}", stream.push(t)?);
+                let _ = out.flush();
+            }
+            Ok(())
+        })?;
     let shown: Vec<u32> = generation.tokens.iter().copied().filter(|t| !stop.contains(t)).collect();
     if args.json {
         let kind = model.network.arch.name.as_str();

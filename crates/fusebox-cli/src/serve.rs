@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 use fusebox::Result;
-use fusebox_models::llama;
+use fusebox_models::open;
 
 use crate::train::backend_for;
 
@@ -57,7 +57,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         return Err(fusebox::Error::value("serve", "--shutdown-grace", "seconds ≥ 0", args.shutdown_grace));
     }
     let b = backend_for(&args.backend, args.threads)?;
-    let model = llama::load(b.as_ref(), &args.model)?;
+    let model = open::load(b.as_ref(), &args.model)?;
     let description = model.description.clone();
     let ctx = args.ctx_size.unwrap_or_else(|| 2048.min(model.context_length()));
     // Every slot holds a cache of `ctx` positions.

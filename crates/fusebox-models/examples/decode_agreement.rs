@@ -10,7 +10,7 @@
 //! ```
 
 use fusebox::{CpuBackend, Result};
-use fusebox_models::llama;
+use fusebox_models::{open, pretrained};
 
 const PROMPTS: [&str; 12] = [
     "The capital of France is",
@@ -46,7 +46,7 @@ fn top2_gap(v: &[f32]) -> f32 {
 }
 
 /// Greedy logits of `n` steps after `prompt` (each step fed the previous argmax).
-fn greedy(b: &CpuBackend, model: &llama::Pretrained, prompt: &[u32], n: usize) -> Result<Vec<Vec<f32>>> {
+fn greedy(b: &CpuBackend, model: &pretrained::Pretrained, prompt: &[u32], n: usize) -> Result<Vec<Vec<f32>>> {
     let mut session = model.session(b, prompt.len() + n + 1)?;
     let mut logits = session.step(b, prompt)?;
     let mut all = Vec::with_capacity(n);
@@ -65,8 +65,8 @@ fn main() -> Result<()> {
     let tokens: usize = args.get(3).and_then(|t| t.parse().ok()).unwrap_or(32);
     let exact = CpuBackend::builder().threads(threads).exact_decode(true).build()?;
     let int = CpuBackend::builder().threads(threads).exact_decode(false).build()?;
-    let reference_model = llama::load(&exact, path.as_ref())?;
-    let model = llama::load(&int, path.as_ref())?;
+    let reference_model = open::load(&exact, path.as_ref())?;
+    let model = open::load(&int, path.as_ref())?;
     println!("{}: {} (integer path vs f32-activation path, top-2 margin {TIE_MARGIN})", path, model.description);
     let (mut agreeing, mut steps, mut worst, mut worst_first) = (0, 0, 0.0f32, 0.0f32);
     for prompt in PROMPTS {

@@ -12,7 +12,7 @@ use std::io::Write;
 use std::path::Path;
 
 use fusebox::{create_backend, Error, Result};
-use fusebox_models::llama;
+use fusebox_models::{open, pretrained};
 use fusebox_models::{Sampler, SamplerConfig};
 
 const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -38,7 +38,7 @@ fn run() -> Result<()> {
     }
 
     let b = create_backend("cpu")?;
-    let model = llama::load(b.as_ref(), path.as_ref())?;
+    let model = open::load(b.as_ref(), path.as_ref())?;
     println!("loaded {}", model.description);
 
     let ids = model.tokenizer.encode(&prompt, false);
@@ -47,7 +47,7 @@ fn run() -> Result<()> {
     let mut text = model.tokenizer.stream_decoder(false);
     print!("{prompt}");
     let out =
-        llama::generate(&mut session, b.as_ref(), &ids, new_tokens, &mut sampler, &model.stop_ids(false), |id| {
+        pretrained::generate(&mut session, b.as_ref(), &ids, new_tokens, &mut sampler, &model.stop_ids(false), |id| {
             print!("{}", text.push(id)?);
             std::io::stdout().flush().map_err(|e| Error::Io(format!("stdout: {e}")))
         })?;

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use fusebox::create_backend;
 use fusebox_models::gguf::GgufFile;
-use fusebox_models::llama;
+use fusebox_models::open;
 use reference_llama::{compare_greedy, RefLlama};
 
 const PROMPTS: [&str; 5] = [
@@ -33,7 +33,7 @@ fn main() -> fusebox::Result<()> {
     let threads = args.get(2).cloned().unwrap_or_else(|| "2".into());
     let b = create_backend(&format!("cpu:{threads}"))?;
     let t = Instant::now();
-    let fast = llama::load(b.as_ref(), path.as_ref())?;
+    let fast = open::load(b.as_ref(), path.as_ref())?;
     println!("fast path: {} (loaded in {:.1} s)", fast.description, t.elapsed().as_secs_f64());
     let t = Instant::now();
     let reference = RefLlama::from_gguf(&GgufFile::open(&path)?);

@@ -110,6 +110,17 @@ pub fn read_json(path: &Path, what: &str, cap: u64) -> Result<serde_json::Value>
     serde_json::from_str(&text).map_err(|e| Error::Io(format!("{}: {what} is not valid JSON: {e}", path.display())))
 }
 
+/// Reads `T` from JSON `v`; an error names `what` (the file) and the field's path:
+/// `arch.json: 'rope.scaling.factor': invalid type: string "big", expected f64`.
+pub fn from_json_value<T: serde::de::DeserializeOwned>(v: &serde_json::Value, what: &str) -> Result<T> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        // serde quotes names with backticks; the rest of fusebox's messages use '…'.
+        let msg = e.inner().to_string().replace('`', "'");
+        Error::Io(if path == "." { format!("{what}: {msg}") } else { format!("{what}: '{path}': {msg}") })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,9 @@
 //! One [`transformer::Transformer`] — configured by an [`transformer::Arch`] that the
 //! files in [`arch`] read from Hugging Face configs and GGUF metadata — trains (explicit
 //! forward and backward passes) and generates through a preallocated KV cache for every
-//! architecture; around it: weight loading ([`weights`], [`gguf`], [`safetensors`]),
+//! architecture; around it: weight loading ([`weights`], [`gguf`], [`safetensors`];
+//! [`open`] opens any model by its path, [`pretrained`] GGUF files and Hugging Face
+//! directories),
 //! byte-level BPE tokenizers ([`tokenizer`]), chat templates ([`chat`]), export to Hugging Face and GGUF ([`export`]), training
 //! ([`train`], [`checkpoint`], [`data`]) and generation ([`mod@generate`], [`sampler`]).
 
@@ -20,9 +22,10 @@ pub mod files;
 pub mod finetune;
 pub mod generate;
 pub mod gguf;
-pub mod llama;
 pub mod model;
+pub mod open;
 pub mod params;
+pub mod pretrained;
 pub mod rng;
 pub mod safetensors;
 pub mod sampler;

@@ -2,56 +2,16 @@
 //! style a checkpoint records) and the [`Transformer`] it describes. Forward, backward and
 //! cached inference are the transformer's; this type only ties them to the config.
 
-use fusebox::{ComputeBackend, Result, RopeStyle, Tensor};
+use fusebox::{ComputeBackend, Result, Tensor};
 
-use crate::config::{ModelConfig, Style};
+use crate::config::ModelConfig;
 use crate::params::{ParamSet, ParamSpec};
-use crate::transformer::{
-    layout, Arch, Biases, ForwardCache, GradsReady, LayerAttention, Mlp, NormKind, ParamIndex, Positions, Rope,
-    Stacking, Transformer,
-};
+use crate::transformer::{layout, Arch, ForwardCache, GradsReady, ParamIndex, Stacking, Transformer};
 
-/// The architecture a from-scratch config describes.
+/// The architecture a from-scratch config describes: its style's preset
+/// ([`crate::arch::Preset::block`]) of the config's sizes.
 pub fn arch_of(cfg: &ModelConfig) -> Arch {
-    let gpt2 = cfg.style == Style::Gpt2;
-    let gemma = cfg.style == Style::Gemma3;
-    let mut arch = Arch {
-        name: cfg.style.name().to_string(),
-        vocab_size: cfg.vocab_size,
-        n_layers: cfg.n_layers,
-        d_model: cfg.d_model,
-        n_heads: cfg.n_heads,
-        n_kv_heads: cfg.n_kv_heads,
-        head_dim: cfg.head_dim(),
-        d_ff: cfg.d_ff,
-        context_length: cfg.max_seq,
-        norm: if gpt2 { NormKind::LayerNorm } else { NormKind::Rms },
-        norm_eps: cfg.norm_eps,
-        post_norms: false,
-        qk_norm: false,
-        mlp: if gpt2 { Mlp::Gelu } else { Mlp::SwiGlu },
-        positions: if gpt2 { Positions::Learned } else { Positions::Rope },
-        rope: Rope::plain(f64::from(cfg.rope_theta), RopeStyle::HalfSplit),
-        rope_local: None,
-        sliding_window: None,
-        layer_attention: vec![LayerAttention::Global; cfg.n_layers],
-        bias: Biases { qkv: gpt2, o: gpt2, mlp: gpt2 },
-        attn_scale: 1.0 / (cfg.head_dim() as f32).sqrt(),
-        embed_scale: 1.0,
-        tied_embeddings: cfg.tied_embeddings,
-    };
-    arch.qk_norm = matches!(cfg.style, Style::Qwen3 | Style::Gemma3);
-    if gemma {
-        arch.post_norms = true;
-        arch.mlp = Mlp::GeGlu;
-        arch.embed_scale = (cfg.d_model as f32).sqrt();
-        arch.sliding_window = Some(cfg.max_seq.div_ceil(2));
-        arch.layer_attention = (0..cfg.n_layers)
-            .map(|l| if l % 2 == 1 { LayerAttention::Global } else { LayerAttention::Local })
-            .collect();
-        arch.rope_local = Some(Rope::plain(10_000.0, RopeStyle::HalfSplit));
-    }
-    arch
+    cfg.arch()
 }
 
 /// The parameter specs (names, shapes, init) of a config and their indices.

@@ -54,13 +54,13 @@ fn rel_err(got: &[f32], want: &[f32]) -> f64 {
     got.iter().zip(want).map(|(&g, &w)| (f64::from(g) - f64::from(w)).abs()).fold(0.0, f64::max) / scale
 }
 
-/// Through `llama::load` (config, safetensors and tokenizer.json — what `fusebox
+/// Through `open::load` (config, safetensors and tokenizer.json — what `fusebox
 /// generate --model DIR` runs): the prompt's last logits and greedy decoding.
 fn logits_and_greedy(name: &str) {
     let b = cpu();
     let r = Reference::open(name);
     // The loader `fusebox generate --model DIR` uses: weights, config and tokenizer.
-    let pretrained = fusebox_models::llama::load(&b, &dir(name)).unwrap();
+    let pretrained = fusebox_models::open::load(&b, &dir(name)).unwrap();
     assert_eq!(pretrained.tokenizer.vocab_size(), 256, "{name}: the byte-level tokenizer");
     let model = &pretrained.network;
     let ids = r.ids("ids");
@@ -109,7 +109,7 @@ fn training_step(name: &str) {
 
     // Every parameter's gradient, found under the file's name for it.
     let config = weights::read_config(&dir(name)).unwrap();
-    let plan = arch::hf_plan(&config).unwrap();
+    let plan = weights::hf_plan(&config, &weights::Shards::open(&dir(name)).unwrap()).unwrap();
     let prefix = if r.0.tensors.contains_key("grad.transformer.wte.weight") { "transformer." } else { "" };
     let (mut checked, mut worst) = (0, 0.0f64);
     for (spec, g) in model.specs.iter().zip(&grads.tensors) {
@@ -262,20 +262,22 @@ fn gguf_files_of_the_fixtures_match_their_hf_directories() {
 #[test]
 fn unknown_architectures_and_options_are_refused_by_name() {
     let config = weights::read_config(&dir("llama")).unwrap();
+    let shards = weights::Shards::open(&dir("llama")).unwrap();
     let mut c = config.clone();
     c["model_type"] = serde_json::json!("falcon");
-    let err = arch::hf_plan(&c).unwrap_err().to_string();
+    let err = weights::hf_plan(&c, &shards).unwrap_err().to_string();
     assert!(err.contains("falcon") && err.contains("qwen3"), "{err}");
     let mut c = config.clone();
     c["rope_parameters"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0});
-    assert!(arch::hf_plan(&c).unwrap_err().to_string().contains("yarn"));
+    assert!(weights::hf_plan(&c, &shards).unwrap_err().to_string().contains("yarn"));
     let mut c = config.clone();
     c["hidden_act"] = serde_json::json!("relu");
-    assert!(arch::hf_plan(&c).unwrap_err().to_string().contains("relu"));
+    assert!(weights::hf_plan(&c, &shards).unwrap_err().to_string().contains("relu"));
     let g = weights::read_config(&dir("gemma3")).unwrap();
     let mut c = g.clone();
     c["final_logit_softcapping"] = serde_json::json!(30.0);
-    assert!(arch::hf_plan(&c).unwrap_err().to_string().contains("final_logit_softcapping"));
+    let gemma_shards = weights::Shards::open(&dir("gemma3")).unwrap();
+    assert!(weights::hf_plan(&c, &gemma_shards).unwrap_err().to_string().contains("final_logit_softcapping"));
     // A model loaded for inference (quantized or backend-laid-out weights) refuses to train.
     let b = cpu();
     let m = weights::load_hf(&b, &dir("llama")).unwrap();
@@ -294,7 +296,8 @@ fn gemma3_270m_config_and_tensor_names_map() {
     }
     let file = GgufFile::open(&path).unwrap();
     let vocab = file.metadata().get_strings("tokenizer.ggml.tokens").unwrap().map(<[String]>::len);
-    let plan = arch::gguf_plan(file.metadata(), vocab, &|n| file.tensor_info(n).is_some(), &|| unreachable!()).unwrap();
+    let tensors = arch::FileTensors { count: file.tensors().len(), has: &|n| file.tensor_info(n).is_some() };
+    let plan = arch::gguf_plan(file.metadata(), vocab, &tensors, &|| unreachable!()).unwrap();
     let a = &plan.arch;
     assert_eq!(
         (a.name.as_str(), a.n_layers, a.d_model, a.n_heads, a.n_kv_heads, a.head_dim),
@@ -325,7 +328,7 @@ fn gemma3_270m_config_and_tensor_names_map() {
 fn generation_samples_only_ids_the_tokenizer_has() {
     let b = cpu();
     for name in ["llama", "llama_linear_tied", "mistral", "qwen2", "qwen3", "phi3", "gemma3", "gpt2"] {
-        let p = fusebox_models::llama::load(&b, &dir(name)).unwrap();
+        let p = fusebox_models::open::load(&b, &dir(name)).unwrap();
         let prompt = p.tokenizer.encode("ab", false);
         let mut session = p.session(&b, prompt.len() + 24).unwrap();
         let mut sampler = Sampler::new(SamplerConfig::default()).unwrap();

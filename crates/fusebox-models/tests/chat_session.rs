@@ -13,7 +13,7 @@ use std::path::Path;
 
 use fusebox::CpuBackend;
 use fusebox_models::chat::{ChatOptions, ChatSession, TurnEnd};
-use fusebox_models::llama;
+use fusebox_models::{open, pretrained};
 use fusebox_models::{Sampler, SamplerConfig};
 
 fn greedy() -> Sampler {
@@ -28,7 +28,7 @@ fn the_second_turn_on_the_cache_answers_as_a_full_prefill_does() {
         return;
     }
     let b = CpuBackend::builder().threads(2).build().unwrap();
-    let model = llama::load(&b, &path).unwrap();
+    let model = open::load(&b, &path).unwrap();
     let options = ChatOptions { ctx_size: 512, max_tokens: 24, context_shift: false };
     let mut chat = ChatSession::new(&model, &b, Some("Answer in one sentence."), options).unwrap();
     let mut streamed = String::new();
@@ -59,7 +59,7 @@ fn the_second_turn_on_the_cache_answers_as_a_full_prefill_does() {
     assert_eq!(prompt.len(), second.prompt_tokens);
     let mut session = model.session(&b, 512).unwrap();
     let stop = model.stop_ids(true);
-    let g = llama::generate(&mut session, &b, &prompt, 24, &mut greedy(), &stop, |_| Ok(())).unwrap();
+    let g = pretrained::generate(&mut session, &b, &prompt, 24, &mut greedy(), &stop, |_| Ok(())).unwrap();
     let fresh: Vec<u32> = g.tokens.into_iter().filter(|t| !stop.contains(t)).collect();
     assert_eq!(second.tokens, fresh, "{:?} vs {:?}", second.reply, model.tokenizer.decode(&fresh));
 }
@@ -68,7 +68,7 @@ fn the_second_turn_on_the_cache_answers_as_a_full_prefill_does() {
 fn a_failed_turn_leaves_the_conversation_and_the_next_turn_restarts_the_cache() {
     let path = tiny_model::tiny_gguf(4096);
     let b = CpuBackend::builder().threads(1).build().unwrap();
-    let model = llama::load(&b, &path).unwrap();
+    let model = open::load(&b, &path).unwrap();
     std::fs::remove_file(&path).unwrap();
     let options = ChatOptions { ctx_size: 256, max_tokens: 3, context_shift: false };
     let mut chat = ChatSession::new(&model, &b, None, options).unwrap();

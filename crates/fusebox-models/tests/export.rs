@@ -23,7 +23,8 @@ use std::sync::OnceLock;
 use fusebox::{CpuBackend, DType};
 use fusebox_models::export::{self, gguf::Options, FloatType};
 use fusebox_models::gguf::GgufFile;
-use fusebox_models::llama::{self, Pretrained};
+use fusebox_models::open;
+use fusebox_models::pretrained::Pretrained;
 use fusebox_models::transformer::RopeScaling;
 use fusebox_models::{Session, Transformer};
 use serde_json::Value as Json;
@@ -68,7 +69,7 @@ fn rel(got: &[f32], want: &[f32]) -> f64 {
 }
 
 fn load(path: &Path) -> Pretrained {
-    llama::load(&cpu(), path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    open::load(&cpu(), path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// Exports the model at `src` (GGUF or HF) as `format` into `out`.

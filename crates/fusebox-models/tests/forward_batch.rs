@@ -93,7 +93,7 @@ fn check_bits(file: &str) {
         return;
     }
     let b = CpuBackend::with_threads(2).unwrap();
-    let model = fusebox_models::llama::load(&b, &path).unwrap().network;
+    let model = fusebox_models::open::load(&b, &path).unwrap().network;
     let vocab = model.arch.vocab_size as u32;
     for n in [2usize, 5, 16] {
         let lens: Vec<(usize, usize)> = (0..n).map(|s| (s, 1 + (s * 13) % 37)).collect();

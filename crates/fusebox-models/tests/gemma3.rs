@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use fusebox::CpuBackend;
-use fusebox_models::llama;
+use fusebox_models::open;
 use serde_json::Value as Json;
 
 /// Greedy tokens are compared while the reference's top-2 logit gap is at least this:
@@ -39,7 +39,7 @@ fn greedy_tokens_agree_with_llama_cpp_while_the_gap_is_clear() {
         return;
     }
     let b = CpuBackend::with_threads(2).unwrap();
-    let p = llama::load(&b, &path).unwrap();
+    let p = open::load(&b, &path).unwrap();
     assert!(p.description.contains("gemma3"), "{}", p.description);
     let mut compared = 0;
     for case in fixture()["cases"].as_array().unwrap() {

@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 
 use fusebox::{CpuBackend, DType};
-use fusebox_models::llama;
+use fusebox_models::open;
 
 /// Steps are compared while the F32 cache's top-2 logit gap is at least this.
 const CLEAR_GAP: f32 = 0.5;
@@ -55,7 +55,7 @@ fn top2(logits: &[f32]) -> (usize, f32) {
 
 fn agreement(path: &std::path::Path, dtype: DType) -> Agreement {
     let b = CpuBackend::with_threads(2).unwrap();
-    let p = llama::load(&b, path).unwrap();
+    let p = open::load(&b, path).unwrap();
     let mut a = Agreement::default();
     for prompt in PROMPTS {
         let ids = p.tokenizer.encode(prompt, p.tokenizer.add_bos_default());

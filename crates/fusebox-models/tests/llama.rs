@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use common::gguf_writer::GgufWriter;
 use fusebox::{ComputeBackend, CpuBackend, DType, Tensor};
 use fusebox_models::gguf::{Array, GgmlType, GgufFile, Value};
-use fusebox_models::llama::{self, Session};
+use fusebox_models::pretrained::{self, Session};
 use fusebox_models::weights::{load_gguf, load_hf};
 use fusebox_models::{safetensors, Model, ModelConfig, Style, Transformer};
 use reference_llama::RefLlama;
@@ -441,15 +441,15 @@ fn broken_files_and_long_prompts_are_errors() {
     // generate: a prompt longer than the context is an error; at the limit it stops.
     let mut session = Session::new(&model, &b, 8).unwrap();
     let mut sampler = fusebox_models::Sampler::new(Default::default()).unwrap();
-    let err = llama::generate(&mut session, &b, &[1; 9], 4, &mut sampler, &[], |_| Ok(())).unwrap_err();
+    let err = pretrained::generate(&mut session, &b, &[1; 9], 4, &mut sampler, &[], |_| Ok(())).unwrap_err();
     assert!(err.to_string().contains("ctx-size"), "{err}");
-    let g = llama::generate(&mut session, &b, &PROMPT, 10, &mut sampler, &[], |_| Ok(())).unwrap();
-    assert_eq!((g.tokens.len(), g.stop), (2, llama::StopReason::ContextFull));
+    let g = pretrained::generate(&mut session, &b, &PROMPT, 10, &mut sampler, &[], |_| Ok(())).unwrap();
+    assert_eq!((g.tokens.len(), g.stop), (2, pretrained::StopReason::ContextFull));
     let mut session = Session::new(&model, &b, 32).unwrap();
-    let g = llama::generate(&mut session, &b, &PROMPT, 5, &mut sampler, &[], |_| Ok(())).unwrap();
-    assert_eq!((g.tokens.len(), g.stop, g.decode_steps), (5, llama::StopReason::MaxTokens, 4));
+    let g = pretrained::generate(&mut session, &b, &PROMPT, 5, &mut sampler, &[], |_| Ok(())).unwrap();
+    assert_eq!((g.tokens.len(), g.stop, g.decode_steps), (5, pretrained::StopReason::MaxTokens, 4));
     let first = g.tokens[0];
     let mut session = Session::new(&model, &b, 32).unwrap();
-    let g = llama::generate(&mut session, &b, &PROMPT, 5, &mut sampler, &[first], |_| Ok(())).unwrap();
-    assert_eq!((g.tokens.clone(), g.stop), (vec![first], llama::StopReason::StopToken));
+    let g = pretrained::generate(&mut session, &b, &PROMPT, 5, &mut sampler, &[first], |_| Ok(())).unwrap();
+    assert_eq!((g.tokens.clone(), g.stop), (vec![first], pretrained::StopReason::StopToken));
 }

@@ -12,7 +12,8 @@ use common::gguf_writer::GgufWriter;
 use common::small_vocab::{hf_tokenizer_json, small_tokenizer_writer, small_vocab, ADDED};
 use fusebox::{CpuBackend, Tensor};
 use fusebox_models::gguf::{GgmlType, Value};
-use fusebox_models::llama::{self, Pretrained};
+use fusebox_models::open;
+use fusebox_models::pretrained::{self, Pretrained};
 use fusebox_models::safetensors;
 use fusebox_models::tokenizer::Tokenizer;
 use serde_json::{json, Value as Json};
@@ -98,7 +99,7 @@ fn temp_dir(name: &str) -> PathBuf {
 }
 
 fn load(path: &Path) -> Result<Pretrained, String> {
-    llama::load(&cpu(), path).map_err(|e| e.to_string())
+    open::load(&cpu(), path).map_err(|e| e.to_string())
 }
 
 /// Writes `bytes` as `name` in a fresh directory and loads it.
@@ -185,7 +186,7 @@ fn the_tiny_models_load_and_run() {
     let p = load_gguf_bytes("valid", &gguf().to_bytes()).unwrap();
     let mut s = p.session(&b, 8).unwrap();
     let mut sampler = fusebox_models::Sampler::new(Default::default()).unwrap();
-    let g = llama::generate(&mut s, &b, &[1, 2, 3], 2, &mut sampler, &[], |_| Ok(())).unwrap();
+    let g = pretrained::generate(&mut s, &b, &[1, 2, 3], 2, &mut sampler, &[], |_| Ok(())).unwrap();
     assert_eq!(g.tokens.len(), 2);
     assert!(p.chat_template().is_ok());
     let dir = hf_dir("valid");
@@ -276,7 +277,7 @@ fn special_files_are_refused() {
             }
             if file == "config.json" {
                 // Routed to the loader (which refuses it), not to a checkpoint reader.
-                assert!(llama::is_pretrained(&dir), "{file} as {kind}");
+                assert!(open::is_pretrained(&dir), "{file} as {kind}");
             }
             let d = dir.clone();
             let e = within_time(file, move || load(&d).err());
@@ -291,7 +292,7 @@ fn special_files_are_refused() {
     let f = fifo.clone();
     let e = within_time("fifo gguf", move || load(&f).err()).unwrap();
     assert!(e.contains("m.gguf"), "{e}");
-    assert!(!llama::is_pretrained(&dir.join("missing.bin")));
+    assert!(!open::is_pretrained(&dir.join("missing.bin")));
     let zero = dir.join("z.gguf");
     symlink_to_dev_zero(&zero);
     let e = within_time("/dev/zero gguf", move || load(&zero).err()).unwrap();
@@ -426,7 +427,7 @@ fn errors_name_the_file_field_and_values() {
     let mut c = hf_config();
     c.as_object_mut().unwrap().remove("model_type");
     std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
-    assert!(llama::is_pretrained(&dir));
+    assert!(open::is_pretrained(&dir));
     let e = hf_err(&dir);
     assert!(e.contains("model_type") && !e.contains("style"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -435,7 +436,7 @@ fn errors_name_the_file_field_and_values() {
     let dir = temp_dir("bin");
     let path = dir.join("x.bin");
     std::fs::write(&path, gguf().to_bytes()).unwrap();
-    assert!(llama::is_pretrained(&path));
+    assert!(open::is_pretrained(&path));
     assert!(load(&path).is_ok());
     std::fs::remove_dir_all(&dir).unwrap();
 
@@ -472,4 +473,59 @@ fn named_chat_templates_use_default() {
     let e = load(&dir).unwrap().chat_template().err().unwrap().to_string();
     assert!(e.contains("no 'default'") && e.contains("tool_use, rag"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// Issue 34, item 5: a layer count from the file sized the parameter plan before anything
+// checked it, so a GGUF whose `llama.block_count` is 4294967295 or a `config.json` whose
+// `num_hidden_layers` is 2^40 aborted the process (`memory allocation of 1786706394720
+// bytes failed`). Counts are now checked against the tensors the file holds first.
+#[test]
+fn layer_counts_past_the_tensors_present_are_errors_not_aborts() {
+    let w = set_kv(gguf(), "llama.block_count", Value::U32(u32::MAX));
+    let e = gguf_err("block-count-max", &w.to_bytes());
+    assert!(e.contains("llama.block_count") && e.contains("4294967295"), "{e}");
+
+    let dir = hf_dir("layers-2-40");
+    let mut c = hf_config();
+    c["num_hidden_layers"] = json!(1u64 << 40);
+    std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
+    let e = hf_err(&dir);
+    assert!(e.contains("num_hidden_layers") && e.contains("1099511627776"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// Item 5 for the other sizes a file states: each is checked against the tensors present
+// before it sizes anything (the context is checked against memory when a cache is made:
+// `a_context_that_does_not_fit_is_an_error`).
+#[test]
+fn huge_sizes_in_metadata_are_errors_not_aborts() {
+    for (key, v) in [
+        ("llama.embedding_length", u32::MAX - 1),
+        ("llama.feed_forward_length", u32::MAX),
+        ("llama.attention.head_count", 1 << 31),
+        ("llama.attention.head_count_kv", 1 << 30),
+        ("llama.attention.key_length", 1 << 30),
+        ("llama.vocab_size", u32::MAX),
+    ] {
+        let w = set_kv(gguf(), key, Value::U32(v));
+        let e = gguf_err("huge-size", &w.to_bytes());
+        // The key itself, the head size derived from it, or the tensor whose shape it contradicts.
+        assert!(e.contains(key) || e.contains("head_dim") || e.contains("shape"), "{key} = {v}: {e}");
+    }
+    for (key, v) in [
+        ("hidden_size", 1u64 << 40),
+        ("intermediate_size", 1 << 40),
+        ("num_attention_heads", 1 << 40),
+        ("num_key_value_heads", 1 << 39),
+        ("head_dim", 1 << 40),
+        ("vocab_size", 1 << 40),
+    ] {
+        let dir = hf_dir("huge-size");
+        let mut c = hf_config();
+        c[key] = json!(v);
+        std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
+        let e = hf_err(&dir);
+        assert!(e.contains(key) || e.contains("head_dim") || e.contains("shape"), "{key} = {v}: {e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -239,7 +239,7 @@ fn adapter_gradients_match_finite_differences() {
 fn quantized_gguf(dir: &Path) -> PathBuf {
     let b = CpuBackend::with_threads(2).unwrap();
     let src = fixture("llama");
-    let p = fusebox_models::llama::load(&b, &src).unwrap();
+    let p = fusebox_models::open::load(&b, &src).unwrap();
     let (tok, template) = export::read_tokenizer_source(&src).unwrap();
     let out = dir.join("llama-q8_0.gguf");
     let opts = Options { float: FloatType::F32, quant: Some(DType::Q8_0) };

@@ -16,8 +16,8 @@ use common::Rng;
 use fusebox::{CpuBackend, DType};
 use fusebox_models::chat::ChatTemplate;
 use fusebox_models::gguf::GgufFile;
-use fusebox_models::llama;
 use fusebox_models::tokenizer::{PreTokenizer, Tokenizer};
+use fusebox_models::{open, pretrained};
 use serde_json::{json, Value as Json};
 
 fn model_path() -> PathBuf {
@@ -195,11 +195,11 @@ fn tokenizer_json_loader_matches_on_the_real_vocab() {
 fn greedy_capital_of_france_is_paris() {
     let Some(_) = model() else { return };
     let b = CpuBackend::with_threads(2).unwrap();
-    let p = llama::load(&b, &model_path()).unwrap();
+    let p = open::load(&b, &model_path()).unwrap();
     let prompt = p.tokenizer.encode("The capital of France is", false);
     let mut session = p.session(&b, 64).unwrap();
     let mut sampler = fusebox_models::Sampler::new(Default::default()).unwrap();
-    let out = llama::generate(&mut session, &b, &prompt, 4, &mut sampler, &p.stop_ids(false), |_| Ok(())).unwrap();
+    let out = pretrained::generate(&mut session, &b, &prompt, 4, &mut sampler, &p.stop_ids(false), |_| Ok(())).unwrap();
     let text = p.tokenizer.decode(&out.tokens).unwrap();
     assert!(text.starts_with(" Paris."), "{text:?}");
 }
@@ -215,7 +215,7 @@ const LOGIT_TOLERANCE: f64 = 1e-3;
 fn greedy_matches_the_plain_loop_reference() {
     let Some(m) = model() else { return };
     let b = CpuBackend::builder().threads(2).exact_decode(true).build().unwrap();
-    let p = llama::load(&b, &model_path()).unwrap();
+    let p = open::load(&b, &model_path()).unwrap();
     let reference = reference_llama::RefLlama::from_gguf(&m.file);
     // Five prompts × 24 tokens: `cargo run --release -p fusebox-models --example llama_agreement`.
     for prompt in ["The capital of France is", "Once upon a time, there was a little girl who"] {

@@ -28,7 +28,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fusebox::ComputeBackend;
-use fusebox_models::llama::{self, Pretrained};
+use fusebox_models::open;
+use fusebox_models::pretrained::Pretrained;
 use fusebox_models::transformer::KvCache;
 use fusebox_models::{Sampler, SamplerConfig};
 use fusebox_serve::engine::{self, EngineConfig, Event, Job, Msg};
@@ -57,7 +58,7 @@ fn main() -> fusebox::Result<()> {
     let int8 = std::env::var("FUSEBOX_INT8_DECODE").is_ok_and(|v| v == "1");
     let b: Arc<dyn ComputeBackend> =
         Arc::new(fusebox::CpuBackend::builder().threads(threads).exact_decode(!int8).build()?);
-    let model = Arc::new(llama::load(b.as_ref(), path.as_ref())?);
+    let model = Arc::new(open::load(b.as_ref(), path.as_ref())?);
     let template = model.chat_template()?;
     let prompts: Vec<Vec<u32>> = PROMPTS
         .iter()

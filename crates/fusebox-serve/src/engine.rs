@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fusebox::ComputeBackend;
-use fusebox_models::llama::Pretrained;
+use fusebox_models::pretrained::Pretrained;
 use fusebox_models::transformer::KvCache;
 use fusebox_models::Sampler;
 use tokio::sync::mpsc::UnboundedSender;

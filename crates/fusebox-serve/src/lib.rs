@@ -11,7 +11,7 @@
 //!
 //! ```no_run
 //! let b = fusebox::create_backend("cpu")?;
-//! let model = fusebox_models::llama::load(b.as_ref(), "models/SmolLM2-135M-Instruct.Q4_1.gguf".as_ref())?;
+//! let model = fusebox_models::open::load(b.as_ref(), "models/SmolLM2-135M-Instruct.Q4_1.gguf".as_ref())?;
 //! let config = fusebox_serve::ServerConfig { port: 0, ..Default::default() };
 //! let server = fusebox_serve::Server::start(b, model, config)?;
 //! println!("listening on http://{}", server.addr());
@@ -38,7 +38,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use fusebox::{ComputeBackend, Error, Result};
-use fusebox_models::llama::Pretrained;
+use fusebox_models::pretrained::Pretrained;
 use fusebox_models::{Sampler, SamplerConfig};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;

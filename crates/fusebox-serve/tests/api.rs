@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fusebox::ComputeBackend;
-use fusebox_models::llama;
+use fusebox_models::{open, pretrained};
 use fusebox_models::{Sampler, SamplerConfig};
 use fusebox_serve::{Server, ServerConfig};
 use serde_json::{json, Value};
@@ -33,7 +33,7 @@ fn backend() -> Arc<dyn ComputeBackend> {
 fn start(config: ServerConfig) -> Option<Server> {
     let path = model_path()?;
     let b = backend();
-    let model = llama::load(b.as_ref(), &path).unwrap();
+    let model = open::load(b.as_ref(), &path).unwrap();
     Some(Server::start(b, model, ServerConfig { port: 0, ..config }).unwrap())
 }
 
@@ -50,13 +50,14 @@ fn rt() -> tokio::runtime::Runtime {
 fn solo_reference(messages: &[(&str, &str)], max_tokens: usize) -> String {
     let path = model_path().unwrap();
     let b = backend();
-    let model = llama::load(b.as_ref(), &path).unwrap();
+    let model = open::load(b.as_ref(), &path).unwrap();
     let template = model.chat_template().unwrap();
     let prompt = template.encode(&model.tokenizer, &template.apply(messages, true).unwrap());
     let mut session = model.session(b.as_ref(), 2048).unwrap();
     let stop = model.stop_ids(true);
     let mut sampler = Sampler::new(SamplerConfig::default()).unwrap();
-    let g = llama::generate(&mut session, b.as_ref(), &prompt, max_tokens, &mut sampler, &stop, |_| Ok(())).unwrap();
+    let g =
+        pretrained::generate(&mut session, b.as_ref(), &prompt, max_tokens, &mut sampler, &stop, |_| Ok(())).unwrap();
     let shown: Vec<u32> = g.tokens.iter().copied().filter(|t| !stop.contains(t)).collect();
     model.tokenizer.decode_with(&shown, true).unwrap()
 }

@@ -23,9 +23,9 @@ use std::time::Instant;
 
 use clap::Args;
 use fusebox::{ComputeBackend, DType, Error, Result};
-use fusebox_models::llama;
 use fusebox_models::sampler::argmax;
 use fusebox_models::transformer::{Arch, Transformer};
+use fusebox_models::{open, pretrained};
 use serde_json::json;
 
 use super::measure;
@@ -114,7 +114,7 @@ struct Bandwidth {
 /// steps, each followed by a read of as many bytes as the step reads.
 fn decode_bandwidth(
     b: &dyn ComputeBackend,
-    model: &llama::Pretrained,
+    model: &pretrained::Pretrained,
     cache_type: DType,
     context: usize,
     steps: usize,
@@ -205,7 +205,7 @@ pub fn run(args: &GenerateBenchArgs) -> Result<()> {
         return Err(Error::value("bench generate", "--cache-type", "f32, f16 or bf16 (or a list)", "nothing"));
     };
     let b = backend_for(&args.backend, args.threads)?;
-    let model = llama::load(b.as_ref(), &args.model)?;
+    let model = open::load(b.as_ref(), &args.model)?;
     let prompt = bench_prompt(&model.tokenizer, args.prompt_tokens)?;
     // Room for the warm-up's four decode steps when fewer new tokens are asked for.
     let ctx = args.prompt_tokens + args.new_tokens.max(4) + 1;

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use fusebox::CpuBackend;
-use fusebox_models::llama;
+use fusebox_models::{open, pretrained};
 use libfuzzer_sys::fuzz_target;
 
 fn dir() -> &'static PathBuf {
@@ -54,14 +54,14 @@ fuzz_target!(|data: &[u8]| {
         std::fs::write(d.join(name), bytes).expect("write");
     }
     let b = backend();
-    let _ = std::hint::black_box(llama::is_pretrained(d));
-    let Ok(p) = llama::load(b, d) else { return };
+    let _ = std::hint::black_box(open::is_pretrained(d));
+    let Ok(p) = open::load(b, d) else { return };
     let _ = std::hint::black_box(p.chat_template());
     if let Ok(mut s) = p.session(b, 4) {
         let mut sampler = fusebox_models::Sampler::new(Default::default()).expect("greedy sampler");
         let prompt = p.tokenizer.encode("hi", false);
         if !prompt.is_empty() {
-            let _ = std::hint::black_box(llama::generate(&mut s, b, &prompt, 1, &mut sampler, &[], |_| Ok(())));
+            let _ = std::hint::black_box(pretrained::generate(&mut s, b, &prompt, 1, &mut sampler, &[], |_| Ok(())));
         }
     }
 });

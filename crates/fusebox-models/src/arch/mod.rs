@@ -1,6 +1,9 @@
-//! The architectures, one small file each: how its Hugging Face `config.json` and its
-//! GGUF metadata map onto an [`Arch`], and how the files name its tensors. What they
-//! share (the config readers, the llama.cpp tensor names) is here.
+//! The architectures, one file each. A file holds everything fusebox knows that is
+//! specific to its architecture: how a Hugging Face `config.json` and GGUF metadata map
+//! onto an [`Arch`] and back, how each format names its tensors, and the block it
+//! trains from scratch. Each file implements [`Architecture`] for a unit struct, and
+//! [`ARCHITECTURES`] lists them: the one place that names them all. Everything else asks
+//! the list ([`by_name`], [`by_hf_model_type`], [`by_gguf_name`]).
 //!
 //! | arch | norm | MLP | positions | extras |
 //! |---|---|---|---|---|
@@ -11,59 +14,184 @@
 //! | [`qwen3`] | RMS | SwiGLU | rope | per-head QK-norm, explicit head_dim |
 //! | [`phi3`] | RMS | SwiGLU | rope | fused qkv and gate_up |
 //! | [`gemma3`] | RMS (1 + w) | GeGLU | rope, local base | pre+post norms, QK-norm, √d embeddings, local/global layers |
+//!
+//! What the files share lives beside them: [`hf`] (reading and writing `config.json`),
+//! [`gguf`] (reading and writing `{arch}.*` metadata), [`names`] (tensor names) and
+//! [`preset`] (from-scratch configs).
 
 pub mod gemma3;
+pub mod gguf;
 pub mod gpt2;
+pub mod hf;
 pub mod llama;
 pub mod mistral;
+pub mod names;
 pub mod phi3;
+pub mod preset;
 pub mod qwen2;
 pub mod qwen3;
 
-use fusebox::{Error, Result, RopeStyle};
+use fusebox::{Error, Result};
 use serde_json::Value as Json;
 
+pub use gguf::{gguf_llama_like, GgufKeys, GgufMetaOut};
+pub use hf::{hf_llama_like, hf_sizes, hf_sliding_window_all, HfConfig, HfConfigOut};
+pub use names::{Fix, NameTable, GGUF_NAMES, HF_LLAMA_NAMES};
+pub use preset::{ModelConfig, Preset, Style};
+
 use crate::gguf::Metadata;
-use crate::transformer::{Arch, Biases, LayerAttention, Mlp, NormKind, Positions, Rope, RopeScaling, Stacking};
+use crate::transformer::{Arch, Positions, RopeScaling, Stacking};
 
-/// HF `model_type`s with an architecture here.
-pub const HF_MODEL_TYPES: &[&str] = &["gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text"];
-/// GGUF `general.architecture`s with an architecture here.
-pub const GGUF_ARCHITECTURES: &[&str] = &["gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3"];
+/// One architecture: everything specific to it, behind one registered unit.
+pub trait Architecture: Sync {
+    /// fusebox's name: [`Arch::name`] of the models it builds (`llama`, `gemma3`).
+    fn name(&self) -> &'static str;
 
-/// A change a file's tensor needs on its way to fusebox's layout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fix {
-    /// As stored.
-    None,
-    /// Stored `[in, out]` (GPT-2's `Conv1D`): transposed to `[out, in]`.
-    Transpose,
-    /// A Gemma `(1 + w)` norm weight stored as `w`: 1 is added.
-    PlusOne,
-}
+    /// How Hugging Face stores it: `model_type`, class, tensor names.
+    fn hf(&self) -> &'static HfFacts;
 
-/// How a file names fusebox's parameters: `(fusebox name, file name, fix)` pairs for
-/// the per-layer tensors (after `h.{l}.` / `{layer_prefix}{l}.`) and the global ones.
-#[derive(Debug)]
-pub struct NameTable {
-    /// The file's layer prefix (`model.layers.`, `blk.`, `h.`).
-    pub layer_prefix: &'static str,
-    /// Per-layer names.
-    pub layer: &'static [(&'static str, &'static str, Fix)],
-    /// Global names.
-    pub global: &'static [(&'static str, &'static str, Fix)],
-}
+    /// How llama.cpp stores it: `general.architecture`, stacked tensors.
+    fn gguf(&self) -> &'static GgufFacts;
 
-impl NameTable {
-    /// The file's name of fusebox parameter `name`, and its fix.
-    pub fn file_name(&self, name: &str) -> Option<(String, Fix)> {
-        if let Some(rest) = name.strip_prefix("h.") {
-            let (l, part) = rest.split_once('.')?;
-            let (_, file, fix) = self.layer.iter().find(|(ours, _, _)| *ours == part)?;
-            return Some((format!("{}{l}.{file}", self.layer_prefix), *fix));
-        }
-        self.global.iter().find(|(ours, _, _)| *ours == name).map(|(_, file, fix)| (file.to_string(), *fix))
+    /// Its [`Arch`] from a `config.json` whose `model_type` is [`HfFacts::model_type`].
+    fn read_hf(&self, c: &HfConfig<'_>) -> Result<Arch>;
+
+    /// Its [`Arch`] from GGUF metadata whose `general.architecture` is [`GgufFacts::name`].
+    fn read_gguf(&self, k: &GgufKeys<'_>) -> Result<Arch>;
+
+    /// Writes `arch` as a `config.json` that reads back as `arch`: `model_type`, the
+    /// class and every field of its own ([`HfConfigOut`] holds the ones every model shares).
+    fn write_hf(&self, arch: &Arch, c: &mut HfConfigOut) -> Result<()>;
+
+    /// Writes the `{arch}.*` metadata of `arch` that is not the same for every
+    /// architecture ([`gguf::write_common`] writes that); llama.cpp's Llama keys by default.
+    fn write_gguf(&self, arch: &Arch, m: &mut GgufMetaOut) -> Result<()> {
+        gguf::write_llama_like(arch, m)
     }
+
+    /// The from-scratch preset, for the architectures `fusebox train` builds.
+    fn preset(&self) -> Option<&'static Preset> {
+        None
+    }
+}
+
+impl std::fmt::Debug for dyn Architecture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Architecture({})", self.name())
+    }
+}
+
+/// Every architecture fusebox runs, in the order errors list them (one a line, so
+/// adding one is a one-line diff).
+#[rustfmt::skip]
+pub static ARCHITECTURES: &[&dyn Architecture] = &[
+    &gpt2::Gpt2,
+    &llama::Llama,
+    &mistral::Mistral,
+    &qwen2::Qwen2,
+    &qwen3::Qwen3,
+    &phi3::Phi3,
+    &gemma3::Gemma3,
+];
+
+/// How Hugging Face stores an architecture.
+#[derive(Debug)]
+pub struct HfFacts {
+    /// `config.json`'s `model_type`.
+    pub model_type: &'static str,
+    /// The transformers class (`config.json`'s `architectures`).
+    pub class: &'static str,
+    /// The checkpoint's tensor names; PEFT's module names are these without `.weight`.
+    pub names: &'static NameTable,
+    /// Which groups the checkpoint stores as one matrix.
+    pub stacking: Stacking,
+    /// Tensors a checkpoint may hold that are derived here (rotary `inv_freq`, mask buffers).
+    pub ignored: fn(&str) -> bool,
+    /// Written before every tensor name on export (GPT-2's `transformer.`).
+    pub export_prefix: &'static str,
+}
+
+impl HfFacts {
+    /// The facts of the Llama family (`LlamaForCausalLM` and the models written as its
+    /// diff); an architecture fills in its `model_type` and class.
+    pub const LLAMA_LIKE: HfFacts = HfFacts {
+        model_type: "",
+        class: "",
+        names: &HF_LLAMA_NAMES,
+        stacking: Stacking { qkv: false, gate_up: false },
+        ignored: names::hf_derived,
+        export_prefix: "",
+    };
+}
+
+/// How llama.cpp stores an architecture (tensor names are [`GGUF_NAMES`] for all).
+#[derive(Debug)]
+pub struct GgufFacts {
+    /// `general.architecture` of the files it reads, and the `{arch}.` key prefix.
+    pub name: &'static str,
+    /// `general.architecture` an export writes (llama.cpp runs Mistral weights as `llama`).
+    pub export_as: &'static str,
+    /// Which groups the file stores as one matrix.
+    pub stacking: Stacking,
+}
+
+impl GgufFacts {
+    /// An architecture llama.cpp stores under its own `name`, nothing stacked.
+    pub const fn named(name: &'static str) -> GgufFacts {
+        GgufFacts { name, export_as: name, stacking: Stacking { qkv: false, gate_up: false } }
+    }
+}
+
+fn supported(f: impl Fn(&dyn Architecture) -> &'static str) -> String {
+    ARCHITECTURES.iter().map(|a| f(*a)).collect::<Vec<_>>().join(", ")
+}
+
+fn find(f: impl Fn(&dyn Architecture) -> bool) -> Option<&'static dyn Architecture> {
+    ARCHITECTURES.iter().copied().find(|a| f(*a))
+}
+
+/// The architecture fusebox calls `name` ([`Arch::name`]).
+pub fn by_name(name: &str) -> Result<&'static dyn Architecture> {
+    find(|a| a.name() == name).ok_or_else(|| {
+        Error::unsupported(
+            "architecture",
+            format!("'{name}' is not one fusebox runs (supported: {})", supported(|a| a.name())),
+        )
+    })
+}
+
+/// The architecture of a Hugging Face `model_type`.
+pub fn by_hf_model_type(model_type: &str) -> Result<&'static dyn Architecture> {
+    find(|a| a.hf().model_type == model_type).ok_or_else(|| {
+        Error::unsupported(
+            "config.json",
+            format!("model_type '{model_type}' is not supported (supported: {})", supported(|a| a.hf().model_type)),
+        )
+    })
+}
+
+/// The architecture of a GGUF `general.architecture`.
+pub fn by_gguf_name(name: &str) -> Result<&'static dyn Architecture> {
+    find(|a| a.gguf().name == name).ok_or_else(|| {
+        Error::unsupported(
+            "gguf",
+            format!("architecture '{name}' is not supported (supported: {})", supported(|a| a.gguf().name)),
+        )
+    })
+}
+
+/// The `model_type`s with an architecture here, for messages.
+pub fn hf_model_types() -> String {
+    supported(|a| a.hf().model_type)
+}
+
+/// The tensors a checkpoint holds, as far as building its plan needs them.
+pub struct FileTensors<'a> {
+    /// How many tensors it holds. Every layer has tensors of its own, so a layer count
+    /// from the metadata past this is refused before it sizes anything.
+    pub count: usize,
+    /// Whether it holds tensor `name` (as the file names it).
+    pub has: &'a dyn Fn(&str) -> bool,
 }
 
 /// Everything needed to load a checkpoint's tensors into an [`Arch`].
@@ -81,141 +209,38 @@ pub struct Plan {
     pub ignored: fn(&str) -> bool,
 }
 
+/// The plan for a Hugging Face checkpoint of `config.json` `v` holding `file`'s tensors;
+/// an unknown `model_type` is refused naming it and the supported ones.
+pub fn hf_plan(v: &Json, file: &FileTensors<'_>) -> Result<Plan> {
+    let c = HfConfig::new(v, file.count);
+    let unit = by_hf_model_type(c.model_type()?)?;
+    let hf = unit.hf();
+    let arch = unit.read_hf(&c)?;
+    arch.validate()?;
+    Ok(Plan { arch, names: hf.names, prefix: String::new(), file_stacking: hf.stacking, ignored: hf.ignored })
+}
+
 fn ignore_none(_: &str) -> bool {
     false
 }
 
-/// The llama.cpp tensor names (`llama-arch.cpp`), the same for every architecture here.
-pub static GGUF_NAMES: NameTable = NameTable {
-    layer_prefix: "blk.",
-    layer: &[
-        ("norm1.weight", "attn_norm.weight", Fix::None),
-        ("norm1.bias", "attn_norm.bias", Fix::None),
-        ("attn.q.weight", "attn_q.weight", Fix::None),
-        ("attn.q.bias", "attn_q.bias", Fix::None),
-        ("attn.k.weight", "attn_k.weight", Fix::None),
-        ("attn.k.bias", "attn_k.bias", Fix::None),
-        ("attn.v.weight", "attn_v.weight", Fix::None),
-        ("attn.v.bias", "attn_v.bias", Fix::None),
-        ("attn.qkv.weight", "attn_qkv.weight", Fix::None),
-        ("attn.qkv.bias", "attn_qkv.bias", Fix::None),
-        ("attn.q_norm.weight", "attn_q_norm.weight", Fix::None),
-        ("attn.k_norm.weight", "attn_k_norm.weight", Fix::None),
-        ("attn.o.weight", "attn_output.weight", Fix::None),
-        ("attn.o.bias", "attn_output.bias", Fix::None),
-        ("post_attn_norm.weight", "post_attention_norm.weight", Fix::None),
-        ("norm2.weight", "ffn_norm.weight", Fix::None),
-        ("norm2.bias", "ffn_norm.bias", Fix::None),
-        ("mlp.gate.weight", "ffn_gate.weight", Fix::None),
-        ("mlp.up.weight", "ffn_up.weight", Fix::None),
-        ("mlp.gate_up.weight", "ffn_up.weight", Fix::None),
-        ("mlp.down.weight", "ffn_down.weight", Fix::None),
-        ("mlp.fc.weight", "ffn_up.weight", Fix::None),
-        ("mlp.fc.bias", "ffn_up.bias", Fix::None),
-        ("mlp.proj.weight", "ffn_down.weight", Fix::None),
-        ("mlp.proj.bias", "ffn_down.bias", Fix::None),
-        ("post_mlp_norm.weight", "post_ffw_norm.weight", Fix::None),
-    ],
-    global: &[
-        ("wte", "token_embd.weight", Fix::None),
-        ("wpe", "position_embd.weight", Fix::None),
-        ("norm_f.weight", "output_norm.weight", Fix::None),
-        ("norm_f.bias", "output_norm.bias", Fix::None),
-        ("lm_head.weight", "output.weight", Fix::None),
-    ],
-};
-
-/// The HF names of the Llama family (`LlamaForCausalLM` and the models written as its diff).
-pub static HF_LLAMA_NAMES: NameTable = NameTable {
-    layer_prefix: "model.layers.",
-    layer: &[
-        ("norm1.weight", "input_layernorm.weight", Fix::None),
-        ("attn.q.weight", "self_attn.q_proj.weight", Fix::None),
-        ("attn.q.bias", "self_attn.q_proj.bias", Fix::None),
-        ("attn.k.weight", "self_attn.k_proj.weight", Fix::None),
-        ("attn.k.bias", "self_attn.k_proj.bias", Fix::None),
-        ("attn.v.weight", "self_attn.v_proj.weight", Fix::None),
-        ("attn.v.bias", "self_attn.v_proj.bias", Fix::None),
-        ("attn.q_norm.weight", "self_attn.q_norm.weight", Fix::None),
-        ("attn.k_norm.weight", "self_attn.k_norm.weight", Fix::None),
-        ("attn.o.weight", "self_attn.o_proj.weight", Fix::None),
-        ("attn.o.bias", "self_attn.o_proj.bias", Fix::None),
-        ("norm2.weight", "post_attention_layernorm.weight", Fix::None),
-        ("mlp.gate.weight", "mlp.gate_proj.weight", Fix::None),
-        ("mlp.gate.bias", "mlp.gate_proj.bias", Fix::None),
-        ("mlp.up.weight", "mlp.up_proj.weight", Fix::None),
-        ("mlp.up.bias", "mlp.up_proj.bias", Fix::None),
-        ("mlp.down.weight", "mlp.down_proj.weight", Fix::None),
-        ("mlp.down.bias", "mlp.down_proj.bias", Fix::None),
-    ],
-    global: &[
-        ("wte", "model.embed_tokens.weight", Fix::None),
-        ("norm_f.weight", "model.norm.weight", Fix::None),
-        ("lm_head.weight", "lm_head.weight", Fix::None),
-    ],
-};
-
-/// A derived buffer some HF exports keep (recomputed from the config here).
-fn hf_ignored(name: &str) -> bool {
-    name.ends_with(".rotary_emb.inv_freq")
-}
-
-/// The plan for a Hugging Face checkpoint of `config.json` `v`; an unknown
-/// `model_type` is refused naming it and the supported ones.
-pub fn hf_plan(v: &Json) -> Result<Plan> {
-    let c = HfConfig(v);
-    let model_type = c.model_type()?;
-    let llama_names = |arch: Arch| Plan {
-        arch,
-        names: &HF_LLAMA_NAMES,
-        prefix: String::new(),
-        file_stacking: Stacking::default(),
-        ignored: hf_ignored,
-    };
-    match model_type {
-        "llama" => Ok(llama_names(llama::hf(&c)?)),
-        "mistral" => Ok(llama_names(mistral::hf(&c)?)),
-        "qwen2" => Ok(llama_names(qwen2::hf(&c)?)),
-        "qwen3" => Ok(llama_names(qwen3::hf(&c)?)),
-        "phi3" => phi3::hf_plan(&c),
-        "gemma3_text" => gemma3::hf_plan(&c),
-        "gpt2" => gpt2::hf_plan(&c),
-        other => Err(Error::unsupported(
-            "config.json",
-            format!("model_type '{other}' is not supported (supported: {})", HF_MODEL_TYPES.join(", ")),
-        )),
-    }
-}
-
 /// The plan for a GGUF file from its metadata; `vocab_from_tokens` is the tokenizer's
-/// size, used when `{arch}.vocab_size` is absent; `has_tensor` tells which optional
-/// tensors (an untied `output.weight`, `rope_freqs.weight`) the file holds, and
-/// `rope_freqs` reads the Llama 3 frequency factors.
+/// size, used when `{arch}.vocab_size` is absent; `file` tells which optional tensors
+/// (an untied `output.weight`, `rope_freqs.weight`) the file holds, and `rope_freqs`
+/// reads the Llama 3 frequency factors.
 pub fn gguf_plan(
     meta: &Metadata,
     vocab_from_tokens: Option<usize>,
-    has_tensor: &dyn Fn(&str) -> bool,
+    file: &FileTensors<'_>,
     rope_freqs: &dyn Fn() -> Result<Vec<f32>>,
 ) -> Result<Plan> {
-    let name = meta.require_str("general.architecture")?.to_string();
-    let k = GgufKeys { meta, arch: name.clone(), vocab_from_tokens };
-    let (mut arch, file_stacking) = match name.as_str() {
-        "llama" | "mistral" => (llama::gguf(&k)?, Stacking::default()),
-        "qwen2" => (qwen2::gguf(&k)?, Stacking::default()),
-        "qwen3" => (qwen3::gguf(&k)?, Stacking::default()),
-        "phi3" => (phi3::gguf(&k)?, Stacking { qkv: true, gate_up: true }),
-        "gemma3" => (gemma3::gguf(&k)?, Stacking::default()),
-        "gpt2" => (gpt2::gguf(&k)?, Stacking { qkv: true, gate_up: false }),
-        other => {
-            return Err(Error::unsupported(
-                "gguf",
-                format!("architecture '{other}' is not supported (supported: {})", GGUF_ARCHITECTURES.join(", ")),
-            ))
-        }
-    };
-    arch.tied_embeddings = !has_tensor("output.weight");
+    let name = meta.require_str("general.architecture")?;
+    let unit = by_gguf_name(name)?;
+    let k = GgufKeys { meta, arch: name.to_string(), vocab_from_tokens, tensors: file.count };
+    let mut arch = unit.read_gguf(&k)?;
+    arch.tied_embeddings = !(file.has)("output.weight");
     let mut ignored: fn(&str) -> bool = ignore_none;
-    if has_tensor("rope_freqs.weight") {
+    if (file.has)("rope_freqs.weight") {
         if arch.positions != Positions::Rope {
             return Err(Error::Io(format!("gguf: rope_freqs.weight in a {name} model, which has no rope")));
         }
@@ -223,392 +248,19 @@ pub fn gguf_plan(
         ignored = |n| n == "rope_freqs.weight";
     }
     arch.validate()?;
-    Ok(Plan { arch, names: &GGUF_NAMES, prefix: String::new(), file_stacking, ignored })
-}
-
-/// Typed, error-naming access to a Hugging Face `config.json`.
-pub struct HfConfig<'a>(pub &'a Json);
-
-fn io(msg: impl Into<String>) -> Error {
-    Error::Io(msg.into())
-}
-
-impl HfConfig<'_> {
-    /// `model_type`, required.
-    pub fn model_type(&self) -> Result<&str> {
-        match self.0.get("model_type") {
-            Some(Json::String(s)) => Ok(s.as_str()),
-            None | Some(Json::Null) => {
-                Err(io(format!("config.json: missing 'model_type' (expected one of: {})", HF_MODEL_TYPES.join(", "))))
-            }
-            Some(other) => Err(io(format!("config.json: 'model_type': expected a string, found {other}"))),
-        }
-    }
-
-    /// The field, absent when missing or null.
-    pub fn field(&self, name: &str) -> Option<&Json> {
-        self.0.get(name).filter(|x| !x.is_null())
-    }
-
-    /// An optional non-negative integer.
-    pub fn uint(&self, name: &str) -> Result<Option<usize>> {
-        self.field(name)
-            .map(|x| {
-                x.as_u64()
-                    .and_then(|n| usize::try_from(n).ok())
-                    .ok_or_else(|| io(format!("config.json: '{name}': expected a non-negative integer, found {x}")))
-            })
-            .transpose()
-    }
-
-    /// A required integer > 0.
-    pub fn size(&self, name: &str) -> Result<usize> {
-        match self.uint(name)? {
-            None => Err(io(format!("config.json: missing '{name}'"))),
-            Some(0) => Err(Error::value("config.json", format!("'{name}'"), "> 0", 0)),
-            Some(v) => Ok(v),
-        }
-    }
-
-    /// An optional number.
-    pub fn float(&self, name: &str) -> Result<Option<f64>> {
-        self.field(name)
-            .map(|x| x.as_f64().ok_or_else(|| io(format!("config.json: '{name}': expected a number, found {x}"))))
-            .transpose()
-    }
-
-    /// An optional boolean.
-    pub fn flag(&self, name: &str) -> Result<Option<bool>> {
-        self.field(name)
-            .map(|x| x.as_bool().ok_or_else(|| io(format!("config.json: '{name}': expected a boolean, found {x}"))))
-            .transpose()
-    }
-
-    /// An optional string.
-    pub fn string(&self, name: &str) -> Result<Option<&str>> {
-        self.field(name)
-            .map(|x| x.as_str().ok_or_else(|| io(format!("config.json: '{name}': expected a string, found {x}"))))
-            .transpose()
-    }
-
-    /// Refuses `name` unless it is absent or one of `allowed`.
-    pub fn require_one_of(&self, name: &str, default: &str, allowed: &[&str]) -> Result<()> {
-        let v = self.string(name)?.unwrap_or(default);
-        if allowed.contains(&v) {
-            Ok(())
-        } else {
-            Err(Error::unsupported(
-                "config.json",
-                format!("{name} '{v}' is not supported here (supported: {})", allowed.join(", ")),
-            ))
-        }
-    }
-
-    /// Refuses a field that is present and not null (an option this model cannot run).
-    pub fn refuse(&self, name: &str) -> Result<()> {
-        match self.field(name) {
-            None => Ok(()),
-            Some(v) => Err(Error::unsupported("config.json", format!("'{name}' = {v} is not supported"))),
-        }
-    }
-
-    /// The rope of `config.json`: `rope_theta` and `rope_scaling` (transformers 4), or
-    /// `rope_parameters` (transformers 5; `key` picks an entry of a per-layer-type dict).
-    pub fn rope(&self, key: Option<&str>, default_theta: f64) -> Result<Rope> {
-        let params = match (self.field("rope_parameters"), key) {
-            (Some(p), Some(k)) if p.get(k).is_some() => p.get(k),
-            (Some(p), _) => Some(p),
-            (None, _) => None,
-        };
-        let theta = match params.and_then(|p| p.get("rope_theta")) {
-            Some(t) => t.as_f64().ok_or_else(|| io(format!("config.json: rope_parameters.rope_theta: found {t}")))?,
-            None => self.float("rope_theta")?.unwrap_or(default_theta),
-        };
-        let scaling = match params {
-            Some(p) => rope_scaling(Some(p))?,
-            None => rope_scaling(self.field("rope_scaling"))?,
-        };
-        Ok(Rope { theta, scaling, style: RopeStyle::HalfSplit })
-    }
-
-    /// `layer_types` (`full_attention` / `sliding_attention` per layer) when present.
-    pub fn layer_types(&self, n_layers: usize) -> Result<Option<Vec<LayerAttention>>> {
-        let Some(v) = self.field("layer_types") else { return Ok(None) };
-        let list = v.as_array().ok_or_else(|| io(format!("config.json: 'layer_types': expected a list, found {v}")))?;
-        if list.len() != n_layers {
-            return Err(Error::value(
-                "config.json",
-                "'layer_types'",
-                format!("{n_layers} entries (num_hidden_layers)"),
-                list.len(),
-            ));
-        }
-        list.iter()
-            .map(|t| match t.as_str() {
-                Some("full_attention") => Ok(LayerAttention::Global),
-                Some("sliding_attention") => Ok(LayerAttention::Local),
-                _ => Err(Error::unsupported("config.json", format!("layer_types entry {t} is not supported"))),
-            })
-            .collect::<Result<Vec<_>>>()
-            .map(Some)
-    }
-}
-
-/// `rope_scaling` (or `rope_parameters`): none, `default`, `linear` or `llama3`.
-fn rope_scaling(v: Option<&Json>) -> Result<RopeScaling> {
-    let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(RopeScaling::None) };
-    let kind = match v.get("rope_type").or_else(|| v.get("type")) {
-        Some(Json::String(s)) => s.as_str(),
-        None => "default",
-        Some(other) => {
-            return Err(io(format!("config.json: rope_scaling: expected a string 'rope_type', found {other}")));
-        }
-    };
-    let num = |name: &str| -> Result<f64> {
-        v.get(name)
-            .and_then(Json::as_f64)
-            .ok_or_else(|| io(format!("config.json: rope_scaling ({kind}) lacks the number '{name}'")))
-    };
-    if let Some(f) = v.get("partial_rotary_factor").and_then(Json::as_f64) {
-        if f != 1.0 {
-            return Err(Error::unsupported("config.json", format!("partial_rotary_factor {f} (only 1.0)")));
-        }
-    }
-    match kind {
-        "default" => Ok(RopeScaling::None),
-        "linear" => Ok(RopeScaling::Linear { factor: num("factor")? }),
-        "llama3" => Ok(RopeScaling::Llama3 {
-            factor: num("factor")?,
-            low_freq_factor: num("low_freq_factor")?,
-            high_freq_factor: num("high_freq_factor")?,
-            original_max_positions: num("original_max_position_embeddings")?,
-        }),
-        other => Err(Error::unsupported(
-            "config.json",
-            format!("rope_scaling type '{other}' is not supported (supported: linear, llama3)"),
-        )),
-    }
-}
-
-/// The Llama-shaped description of an HF config (RMS norms, SwiGLU, half-split rope,
-/// GQA, biases as `attention_bias` / `mlp_bias` say); each architecture edits it.
-pub fn hf_llama_like(c: &HfConfig<'_>, name: &str, default_eps: f64) -> Result<Arch> {
-    c.require_one_of("hidden_act", "silu", &["silu"])?;
-    hf_sizes(c, name, default_eps)
-}
-
-/// [`hf_llama_like`] without the activation check (for architectures whose MLP differs).
-pub fn hf_sizes(c: &HfConfig<'_>, name: &str, default_eps: f64) -> Result<Arch> {
-    let d_model = c.size("hidden_size")?;
-    let n_heads = c.size("num_attention_heads")?;
-    let head_dim = match c.uint("head_dim")? {
-        Some(0) => return Err(Error::value("config.json", "'head_dim'", "> 0", 0)),
-        Some(h) => h,
-        None if d_model.is_multiple_of(n_heads) => d_model / n_heads,
-        None => {
-            return Err(Error::value(
-                "config.json",
-                "'num_attention_heads'",
-                format!("a divisor of 'hidden_size' = {d_model} (or an explicit 'head_dim')"),
-                n_heads,
-            ))
-        }
-    };
-    let n_kv_heads = match c.uint("num_key_value_heads")? {
-        Some(0) => return Err(Error::value("config.json", "'num_key_value_heads'", "> 0", 0)),
-        Some(k) => k,
-        None => n_heads,
-    };
-    let n_layers = c.size("num_hidden_layers")?;
-    let attn_bias = c.flag("attention_bias")?.unwrap_or(false);
-    let mlp_bias = c.flag("mlp_bias")?.unwrap_or(false);
-    Ok(Arch {
-        name: name.to_string(),
-        vocab_size: c.size("vocab_size")?,
-        n_layers,
-        d_model,
-        n_heads,
-        n_kv_heads,
-        head_dim,
-        d_ff: c.size("intermediate_size")?,
-        context_length: c.size("max_position_embeddings")?,
-        norm: NormKind::Rms,
-        norm_eps: c.float("rms_norm_eps")?.unwrap_or(default_eps) as f32,
-        post_norms: false,
-        qk_norm: false,
-        mlp: Mlp::SwiGlu,
-        positions: Positions::Rope,
-        rope: c.rope(None, 10000.0)?,
-        rope_local: None,
-        sliding_window: None,
-        layer_attention: vec![LayerAttention::Global; n_layers],
-        bias: Biases { qkv: attn_bias, o: attn_bias, mlp: mlp_bias },
-        attn_scale: 1.0 / (head_dim as f32).sqrt(),
-        embed_scale: 1.0,
-        tied_embeddings: c.flag("tie_word_embeddings")?.unwrap_or(false),
-    })
-}
-
-/// Sets a sliding window on every layer from `sliding_window` (absent or null: none).
-pub fn hf_sliding_window_all(c: &HfConfig<'_>, arch: &mut Arch) -> Result<()> {
-    if let Some(w) = c.uint("sliding_window")? {
-        if w == 0 {
-            return Err(Error::value("config.json", "'sliding_window'", "> 0 or null", 0));
-        }
-        arch.sliding_window = Some(w);
-        arch.layer_attention = match c.layer_types(arch.n_layers)? {
-            Some(types) => types,
-            None => vec![LayerAttention::Local; arch.n_layers],
-        };
-    }
-    Ok(())
-}
-
-/// Typed, error-naming access to the `{arch}.*` keys of GGUF metadata.
-pub struct GgufKeys<'a> {
-    /// The metadata.
-    pub meta: &'a Metadata,
-    /// `general.architecture`.
-    pub arch: String,
-    /// The tokenizer's size (when `{arch}.vocab_size` is absent).
-    pub vocab_from_tokens: Option<usize>,
-}
-
-impl GgufKeys<'_> {
-    /// `{arch}.{k}`.
-    pub fn key(&self, k: &str) -> String {
-        format!("{}.{k}", self.arch)
-    }
-
-    fn positive(&self, k: &str, v: u64) -> Result<usize> {
-        match usize::try_from(v) {
-            Ok(v) if v > 0 => Ok(v),
-            _ => Err(Error::value("gguf", format!("metadata '{}'", self.key(k)), "> 0", v)),
-        }
-    }
-
-    /// A required size > 0.
-    pub fn size(&self, k: &str) -> Result<usize> {
-        self.positive(k, self.meta.require_u64(&self.key(k))?)
-    }
-
-    /// An optional size > 0.
-    pub fn opt_size(&self, k: &str) -> Result<Option<usize>> {
-        self.meta.get_u64(&self.key(k))?.map(|v| self.positive(k, v)).transpose()
-    }
-
-    /// An optional number.
-    pub fn float(&self, k: &str) -> Result<Option<f64>> {
-        self.meta.get_f64(&self.key(k))
-    }
-
-    /// A required number.
-    pub fn require_float(&self, k: &str) -> Result<f64> {
-        self.meta.require_f64(&self.key(k))
-    }
-}
-
-/// The Llama-shaped description of GGUF metadata (RMS norms, SwiGLU, rope in `style`,
-/// no biases, tied unless the file has `output.weight`); each architecture edits it.
-pub fn gguf_llama_like(k: &GgufKeys<'_>, style: RopeStyle) -> Result<Arch> {
-    let d_model = k.size("embedding_length")?;
-    let n_heads = k.size("attention.head_count")?;
-    let n_kv_heads = k.opt_size("attention.head_count_kv")?.unwrap_or(n_heads);
-    if !n_heads.is_multiple_of(n_kv_heads) {
-        return Err(Error::value(
-            "gguf",
-            format!("metadata '{}'", k.key("attention.head_count_kv")),
-            format!("a divisor of {} = {n_heads}", k.key("attention.head_count")),
-            n_kv_heads,
-        ));
-    }
-    let head_dim = match k.opt_size("attention.key_length")? {
-        Some(h) => h,
-        None if d_model.is_multiple_of(n_heads) => d_model / n_heads,
-        None => {
-            return Err(Error::value(
-                "gguf",
-                format!("metadata '{}'", k.key("attention.head_count")),
-                format!(
-                    "a divisor of {} = {d_model} (or an explicit {})",
-                    k.key("embedding_length"),
-                    k.key("attention.key_length")
-                ),
-                n_heads,
-            ))
-        }
-    };
-    if let Some(v) = k.opt_size("attention.value_length")? {
-        if v != head_dim {
-            return Err(Error::unsupported(
-                "gguf",
-                format!("{} = {v} differs from the key head size {head_dim}", k.key("attention.value_length")),
-            ));
-        }
-    }
-    if let Some(rot) = k.opt_size("rope.dimension_count")? {
-        if rot != head_dim {
-            return Err(Error::unsupported(
-                "gguf",
-                format!(
-                    "{} = {rot} but the head size is {head_dim}: partial rotary embedding is not supported",
-                    k.key("rope.dimension_count")
-                ),
-            ));
-        }
-    }
-    let vocab_size = match k.opt_size("vocab_size")? {
-        Some(v) => v,
-        None => k
-            .vocab_from_tokens
-            .filter(|&n| n > 0)
-            .ok_or_else(|| io(format!("gguf: no {} and no tokenizer.ggml.tokens", k.key("vocab_size"))))?,
-    };
-    let scaling = match k.meta.get_str(&k.key("rope.scaling.type"))? {
-        None | Some("none") => RopeScaling::None,
-        Some("linear") => match k.float("rope.scaling.factor")?.unwrap_or(1.0) {
-            1.0 => RopeScaling::None,
-            factor => RopeScaling::Linear { factor },
-        },
-        Some(other) => {
-            return Err(Error::unsupported(
-                "gguf",
-                format!("rope scaling type '{other}' is not supported (supported: none, linear)"),
-            ))
-        }
-    };
-    let n_layers = k.size("block_count")?;
-    Ok(Arch {
-        name: k.arch.clone(),
-        vocab_size,
-        n_layers,
-        d_model,
-        n_heads,
-        n_kv_heads,
-        head_dim,
-        d_ff: k.size("feed_forward_length")?,
-        context_length: k.size("context_length")?,
-        norm: NormKind::Rms,
-        norm_eps: k.require_float("attention.layer_norm_rms_epsilon")? as f32,
-        post_norms: false,
-        qk_norm: false,
-        mlp: Mlp::SwiGlu,
-        positions: Positions::Rope,
-        rope: Rope { theta: k.float("rope.freq_base")?.unwrap_or(10000.0), scaling, style },
-        rope_local: None,
-        sliding_window: None,
-        layer_attention: vec![LayerAttention::Global; n_layers],
-        bias: Biases::default(),
-        attn_scale: 1.0 / (head_dim as f32).sqrt(),
-        embed_scale: 1.0,
-        tied_embeddings: true,
-    })
+    Ok(Plan { arch, names: &GGUF_NAMES, prefix: String::new(), file_stacking: unit.gguf().stacking, ignored })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transformer::Mlp;
+    use fusebox::RopeStyle;
     use serde_json::json;
+
+    fn plan(v: &Json) -> Result<Plan> {
+        hf_plan(v, &FileTensors { count: 1000, has: &|_| false })
+    }
 
     /// SmolLM2-135M's config as transformers 4 writes it (`rope_theta`, `rope_scaling`).
     fn smollm2_hf() -> Json {
@@ -621,8 +273,24 @@ mod tests {
     }
 
     #[test]
+    fn every_unit_is_found_by_each_of_its_names() {
+        for unit in ARCHITECTURES {
+            assert_eq!(by_name(unit.name()).unwrap().name(), unit.name());
+            assert_eq!(by_hf_model_type(unit.hf().model_type).unwrap().name(), unit.name());
+            assert_eq!(by_gguf_name(unit.gguf().name).unwrap().name(), unit.name());
+            assert!(
+                by_gguf_name(unit.gguf().export_as).is_ok(),
+                "{}: exports as an architecture it reads",
+                unit.name()
+            );
+        }
+        let e = by_name("falcon").unwrap_err().to_string();
+        assert!(e.contains("falcon") && e.contains("gpt2, llama, mistral, qwen2, qwen3, phi3, gemma3"), "{e}");
+    }
+
+    #[test]
     fn transformers4_config_reads_sizes_and_defaults() {
-        let a = hf_plan(&smollm2_hf()).unwrap().arch;
+        let a = plan(&smollm2_hf()).unwrap().arch;
         assert_eq!((a.d_model, a.n_heads, a.n_kv_heads, a.head_dim, a.n_layers), (576, 9, 3, 64, 30));
         assert_eq!(
             (a.rope.style, a.rope.scaling.clone(), a.tied_embeddings),
@@ -638,16 +306,22 @@ mod tests {
     fn unsupported_configs_are_named() {
         let mut v = smollm2_hf();
         v["model_type"] = json!("falcon");
-        assert!(hf_plan(&v).unwrap_err().to_string().contains("falcon"));
+        assert!(plan(&v).unwrap_err().to_string().contains("falcon"));
         let mut v = smollm2_hf();
         v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
-        assert!(hf_plan(&v).unwrap_err().to_string().contains("yarn"));
+        assert!(plan(&v).unwrap_err().to_string().contains("yarn"));
         let mut v = smollm2_hf();
         v["num_attention_heads"] = json!(0);
-        assert!(hf_plan(&v).is_err());
+        assert!(plan(&v).is_err());
         let mut v = smollm2_hf();
         v["num_key_value_heads"] = json!(2);
-        assert!(hf_plan(&v).is_err());
+        assert!(plan(&v).is_err());
+    }
+
+    #[test]
+    fn a_layer_count_past_the_tensors_present_is_refused_before_it_sizes_anything() {
+        let e = hf_plan(&smollm2_hf(), &FileTensors { count: 29, has: &|_| false }).unwrap_err().to_string();
+        assert!(e.contains("num_hidden_layers") && e.contains("29 tensors") && e.contains("30"), "{e}");
     }
 
     #[test]
@@ -656,7 +330,7 @@ mod tests {
         v["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
         v["rope_theta"] = json!(500000.0);
-        let a = hf_plan(&v).unwrap().arch;
+        let a = plan(&v).unwrap().arch;
         let f = a.rope.frequencies(a.head_dim);
         let plain = |i: usize| 500000f64.powf(-2.0 * i as f64 / 64.0);
         assert_eq!(f[0], plain(0));
@@ -673,7 +347,7 @@ mod tests {
             "query_pre_attn_scalar": 256, "hidden_activation": "gelu_pytorch_tanh",
             "final_logit_softcapping": null, "attn_logit_softcapping": null, "rope_scaling": null
         });
-        let a = hf_plan(&v).unwrap().arch;
+        let a = plan(&v).unwrap().arch;
         let global: Vec<usize> = (0..18).filter(|&l| a.window(l).is_none()).collect();
         assert_eq!(global, [5, 11, 17]);
         assert_eq!((a.rope_of(0).theta, a.rope_of(5).theta, a.window(0)), (10_000.0, 1_000_000.0, Some(512)));

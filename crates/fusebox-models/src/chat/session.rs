@@ -12,7 +12,7 @@
 use fusebox::{ComputeBackend, Error, Result};
 
 use super::ChatTemplate;
-use crate::llama::{Pretrained, Session};
+use crate::pretrained::{Pretrained, Session};
 use crate::sampler::Sampler;
 
 /// The messages of a conversation: an optional system message, then the turns.

@@ -19,9 +19,9 @@ use std::path::Path;
 use fusebox::{ComputeBackend, DType, Error, Result, Tensor};
 
 use super::{check_out, check_reads_back, float_tensor, write_file_atomic, FloatType, TokenizerInfo, Weights};
-use crate::arch::gguf_plan;
+use crate::arch::{gguf_plan, FileTensors, GgufMetaOut};
 use crate::gguf::{Array, GgmlType, Metadata, Value, DEFAULT_ALIGNMENT};
-use crate::transformer::{Arch, NormKind, Positions, RopeScaling, Transformer};
+use crate::transformer::{Arch, RopeScaling, Transformer};
 
 /// How tensors are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,23 +91,6 @@ fn fit(want: DType, cols: usize, float: FloatType) -> DType {
     float.dtype()
 }
 
-/// llama.cpp's architecture name.
-fn gguf_arch(arch: &Arch) -> &str {
-    match arch.name.as_str() {
-        // llama.cpp runs Mistral weights as `llama`.
-        "mistral" => "llama",
-        other => other,
-    }
-}
-
-fn f32_value(x: f64) -> Value {
-    Value::F32(x as f32)
-}
-
-fn u32_value(what: &str, n: usize) -> Result<Value> {
-    u32::try_from(n).map(Value::U32).map_err(|_| Error::value("export", what.to_string(), "≤ u32::MAX", n))
-}
-
 /// The rope frequency factors a Llama 3 scaling amounts to (`rope_freqs.weight`).
 fn freq_factors(arch: &Arch) -> Option<Vec<f32>> {
     match &arch.rope.scaling {
@@ -121,48 +104,19 @@ fn freq_factors(arch: &Arch) -> Option<Vec<f32>> {
     }
 }
 
-/// The general and `{arch}.*` metadata of `arch`.
+/// The general and `{arch}.*` metadata of `arch`: what every architecture writes
+/// ([`crate::arch::gguf::write_common`]), then its own ([`crate::arch::Architecture::write_gguf`]).
 fn model_metadata(arch: &Arch, o: &Options) -> Result<Vec<(String, Value)>> {
-    let a = gguf_arch(arch).to_string();
-    let key = |k: &str| format!("{a}.{k}");
-    let mut m = vec![
-        ("general.architecture".to_string(), Value::String(a.clone())),
-        ("general.type".to_string(), Value::String("model".into())),
-        ("general.file_type".to_string(), Value::U32(file_type(o))),
-        (key("vocab_size"), u32_value("vocab_size", arch.vocab_size)?),
-        (key("context_length"), u32_value("context_length", arch.context_length)?),
-        (key("embedding_length"), u32_value("d_model", arch.d_model)?),
-        (key("block_count"), u32_value("n_layers", arch.n_layers)?),
-        (key("feed_forward_length"), u32_value("d_ff", arch.d_ff)?),
-        (key("attention.head_count"), u32_value("n_heads", arch.n_heads)?),
-    ];
+    let unit = crate::arch::by_name(&arch.name)?;
+    let mut m = GgufMetaOut::new(unit.gguf().export_as);
+    m.put("general.type", Value::String("model".into()));
+    m.put("general.file_type", Value::U32(file_type(o)));
     if o.quant.is_some() {
-        m.push(("general.quantization_version".into(), Value::U32(2)));
+        m.put("general.quantization_version", Value::U32(2));
     }
-    if arch.norm == NormKind::LayerNorm {
-        m.push((key("attention.layer_norm_epsilon"), Value::F32(arch.norm_eps)));
-    } else {
-        m.push((key("attention.layer_norm_rms_epsilon"), Value::F32(arch.norm_eps)));
-    }
-    if arch.name != "gpt2" {
-        m.push((key("attention.head_count_kv"), u32_value("n_kv_heads", arch.n_kv_heads)?));
-    }
-    if arch.positions == Positions::Rope {
-        m.push((key("rope.freq_base"), f32_value(arch.rope.theta)));
-        m.push((key("rope.dimension_count"), u32_value("head_dim", arch.head_dim)?));
-        if let RopeScaling::Linear { factor } = arch.rope.scaling {
-            m.push((key("rope.scaling.type"), Value::String("linear".into())));
-            m.push((key("rope.scaling.factor"), f32_value(factor)));
-        }
-    }
-    if arch.name == "gemma3" || arch.head_dim * arch.n_heads != arch.d_model {
-        m.push((key("attention.key_length"), u32_value("head_dim", arch.head_dim)?));
-        m.push((key("attention.value_length"), u32_value("head_dim", arch.head_dim)?));
-    }
-    if let Some(w) = arch.sliding_window {
-        m.push((key("attention.sliding_window"), u32_value("sliding_window", w)?));
-    }
-    Ok(m)
+    crate::arch::gguf::write_common(arch, &mut m)?;
+    unit.write_gguf(arch, &mut m)?;
+    Ok(m.into_entries())
 }
 
 /// Writes `model` as a GGUF file at `out` (see the module docs), atomically: the file
@@ -190,16 +144,14 @@ pub fn write(
     }
     let factors = freq_factors(arch);
     let n_tokens = meta.get_strings("tokenizer.ggml.tokens")?.map(<[String]>::len);
-    let plan = gguf_plan(
-        &meta,
-        n_tokens,
-        &|name| match name {
-            "output.weight" => !arch.tied_embeddings,
-            "rope_freqs.weight" => factors.is_some(),
-            _ => false,
-        },
-        &|| Ok(factors.clone().unwrap_or_default()),
-    )?;
+    let has = |name: &str| match name {
+        "output.weight" => !arch.tied_embeddings,
+        "rope_freqs.weight" => factors.is_some(),
+        _ => false,
+    };
+    // The counts read back are the model's own, bounded by the tensors it holds.
+    let file = FileTensors { count: model.specs.len(), has: &has };
+    let plan = gguf_plan(&meta, n_tokens, &file, &|| Ok(factors.clone().unwrap_or_default()))?;
     check_reads_back(arch, &plan.arch, "GGUF metadata")?;
 
     let mut weights = Weights::read(b, model)?;

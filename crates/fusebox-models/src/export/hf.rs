@@ -12,86 +12,17 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use fusebox::{ComputeBackend, Error, Result};
-use serde_json::{json, Map, Value as Json};
+use serde_json::{json, Value as Json};
 
-use super::{
-    check_out, check_reads_back, float_tensor, io_at, json_f32, temp_beside, FloatType, TokenizerInfo, Weights,
-};
-use crate::arch::hf_plan;
-use crate::transformer::{Arch, LayerAttention, Rope, RopeScaling, Transformer};
+use super::{check_out, check_reads_back, float_tensor, io_at, temp_beside, FloatType, TokenizerInfo, Weights};
+use crate::arch::{hf_plan, FileTensors, HfConfigOut};
+use crate::transformer::{Arch, Transformer};
 
 /// Largest shard written; a model past it is split into `model-0000i-of-0000n.safetensors`.
 pub const SHARD_BYTES: usize = 2 << 30;
 
-/// transformers' `model_type` and class for an architecture.
-fn model_type(arch: &Arch) -> Result<(&'static str, &'static str)> {
-    Ok(match arch.name.as_str() {
-        // A Llama file with a window is Mistral in transformers.
-        "llama" | "mistral" if arch.sliding_window.is_some() => ("mistral", "MistralForCausalLM"),
-        "llama" => ("llama", "LlamaForCausalLM"),
-        "mistral" => ("mistral", "MistralForCausalLM"),
-        "qwen2" => ("qwen2", "Qwen2ForCausalLM"),
-        "qwen3" => ("qwen3", "Qwen3ForCausalLM"),
-        "phi3" => ("phi3", "Phi3ForCausalLM"),
-        "gemma3" => ("gemma3_text", "Gemma3ForCausalLM"),
-        "gpt2" => ("gpt2", "GPT2LMHeadModel"),
-        other => {
-            return Err(Error::unsupported("export", format!("no Hugging Face model_type for architecture '{other}'")))
-        }
-    })
-}
-
-/// `rope_parameters` (transformers 5) of one rope.
-fn rope_parameters(rope: &Rope) -> Result<Json> {
-    let mut p = json!({"rope_theta": rope.theta, "rope_type": "default"});
-    match &rope.scaling {
-        RopeScaling::None => {}
-        RopeScaling::Linear { factor } => {
-            p["rope_type"] = json!("linear");
-            p["factor"] = json!(factor);
-        }
-        RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_positions } => {
-            p["rope_type"] = json!("llama3");
-            p["factor"] = json!(factor);
-            p["low_freq_factor"] = json!(low_freq_factor);
-            p["high_freq_factor"] = json!(high_freq_factor);
-            p["original_max_position_embeddings"] = json!(*original_max_positions as u64);
-        }
-        RopeScaling::FreqFactors(_) => {
-            return Err(Error::unsupported(
-                "export",
-                "rope frequency factors (GGUF rope_freqs.weight) have no config.json form: transformers describes \
-                 Llama 3 scaling by its four parameters, which the factors do not give back",
-            ))
-        }
-    }
-    Ok(p)
-}
-
-/// transformers 4's `rope_scaling` of one rope (null when plain).
-fn rope_scaling_v4(rope: &Rope) -> Result<Json> {
-    let p = rope_parameters(rope)?;
-    Ok(if rope.scaling == RopeScaling::None {
-        Json::Null
-    } else {
-        let mut m = p.as_object().cloned().unwrap_or_default();
-        m.remove("rope_theta");
-        Json::Object(m)
-    })
-}
-
-fn layer_types(arch: &Arch) -> Json {
-    json!(arch
-        .layer_attention
-        .iter()
-        .map(|a| match a {
-            LayerAttention::Global => "full_attention",
-            LayerAttention::Local => "sliding_attention",
-        })
-        .collect::<Vec<_>>())
-}
-
-/// The `config.json` of `arch` (ids from the tokenizer).
+/// The `config.json` of `arch` (ids from the tokenizer): the fields every model has,
+/// and its architecture's ([`crate::arch::Architecture::write_hf`]).
 pub fn config_json(
     arch: &Arch,
     bos: Option<u32>,
@@ -99,119 +30,27 @@ pub fn config_json(
     pad: Option<u32>,
     dtype: FloatType,
 ) -> Result<Json> {
-    let (model_type, class) = model_type(arch)?;
+    let unit = crate::arch::by_name(&arch.name)?;
     let torch_dtype = match dtype {
         FloatType::F32 => "float32",
         FloatType::F16 => "float16",
         FloatType::BF16 => "bfloat16",
     };
-    let mut c = Map::new();
-    let mut set = |k: &str, v: Json| {
-        c.insert(k.to_string(), v);
-    };
-    set("architectures", json!([class]));
-    set("model_type", json!(model_type));
-    set("vocab_size", json!(arch.vocab_size));
-    set("bos_token_id", json!(bos));
-    set("eos_token_id", json!(eos));
-    set("pad_token_id", json!(pad));
-    set("tie_word_embeddings", json!(arch.tied_embeddings));
-    set("dtype", json!(torch_dtype));
-    set("torch_dtype", json!(torch_dtype));
-    set("use_cache", json!(true));
-    set("initializer_range", json!(0.02));
-    if model_type == "gpt2" {
-        set("n_embd", json!(arch.d_model));
-        set("n_head", json!(arch.n_heads));
-        set("n_layer", json!(arch.n_layers));
-        set("n_positions", json!(arch.context_length));
-        set("n_ctx", json!(arch.context_length));
-        set("n_inner", json!(arch.d_ff));
-        set("layer_norm_epsilon", json_f32(arch.norm_eps));
-        set("activation_function", json!("gelu_new"));
-        set("scale_attn_weights", json!(true));
-        set("scale_attn_by_inverse_layer_idx", json!(false));
-        set("reorder_and_upcast_attn", json!(false));
-        for k in ["attn_pdrop", "embd_pdrop", "resid_pdrop"] {
-            set(k, json!(0.0));
-        }
-        return Ok(Json::Object(c));
+    let mut c = HfConfigOut::new();
+    c.set("vocab_size", json!(arch.vocab_size));
+    c.set("bos_token_id", json!(bos));
+    c.set("eos_token_id", json!(eos));
+    c.set("pad_token_id", json!(pad));
+    c.set("tie_word_embeddings", json!(arch.tied_embeddings));
+    c.set("dtype", json!(torch_dtype));
+    c.set("torch_dtype", json!(torch_dtype));
+    c.set("use_cache", json!(true));
+    c.set("initializer_range", json!(0.02));
+    unit.write_hf(arch, &mut c)?;
+    if !c.has("model_type") {
+        return Err(Error::unsupported("export", format!("the {} unit wrote no model_type", arch.name)));
     }
-    set("hidden_size", json!(arch.d_model));
-    set("intermediate_size", json!(arch.d_ff));
-    set("num_hidden_layers", json!(arch.n_layers));
-    set("num_attention_heads", json!(arch.n_heads));
-    set("num_key_value_heads", json!(arch.n_kv_heads));
-    set("head_dim", json!(arch.head_dim));
-    set("max_position_embeddings", json!(arch.context_length));
-    set("rms_norm_eps", json_f32(arch.norm_eps));
-    set("attention_dropout", json!(0.0));
-    let window = arch.sliding_window;
-    match model_type {
-        "llama" => {
-            set("hidden_act", json!("silu"));
-            set("attention_bias", json!(arch.bias.qkv));
-            set("mlp_bias", json!(arch.bias.mlp));
-            set("pretraining_tp", json!(1));
-        }
-        "mistral" => {
-            set("hidden_act", json!("silu"));
-            set("sliding_window", json!(window));
-            if window.is_some() {
-                set("layer_types", layer_types(arch));
-            }
-        }
-        "qwen2" | "qwen3" => {
-            set("hidden_act", json!("silu"));
-            if model_type == "qwen3" {
-                set("attention_bias", json!(arch.bias.qkv));
-            }
-            set("use_sliding_window", json!(window.is_some()));
-            set("sliding_window", json!(window));
-            // Layers from `max_window_layers` on use the window.
-            let first_local = arch.layer_attention.iter().position(|a| *a == LayerAttention::Local);
-            set("max_window_layers", json!(first_local.unwrap_or(arch.n_layers)));
-            set("layer_types", layer_types(arch));
-        }
-        "phi3" => {
-            set("hidden_act", json!("silu"));
-            set("sliding_window", json!(window));
-            set("original_max_position_embeddings", json!(arch.context_length));
-            set("partial_rotary_factor", json!(1.0));
-            for k in ["embd_pdrop", "resid_pdrop"] {
-                set(k, json!(0.0));
-            }
-        }
-        "gemma3_text" => {
-            set("hidden_activation", json!("gelu_pytorch_tanh"));
-            let scalar = 1.0 / (f64::from(arch.attn_scale) * f64::from(arch.attn_scale));
-            let rounded = scalar.round();
-            // transformers types it as an integer.
-            if (scalar - rounded).abs() < 1e-3 * rounded.max(1.0) {
-                set("query_pre_attn_scalar", json!(rounded as u64));
-            } else {
-                set("query_pre_attn_scalar", json!(scalar));
-            }
-            set("sliding_window", json!(window));
-            set("layer_types", layer_types(arch));
-            set("final_logit_softcapping", Json::Null);
-            set("attn_logit_softcapping", Json::Null);
-            let local = arch.rope_local.clone().unwrap_or_else(|| arch.rope.clone());
-            set("rope_local_base_freq", json!(local.theta));
-            set(
-                "rope_parameters",
-                json!({"full_attention": rope_parameters(&arch.rope)?, "sliding_attention": rope_parameters(&local)?}),
-            );
-            set("rope_theta", json!(arch.rope.theta));
-            set("rope_scaling", rope_scaling_v4(&arch.rope)?);
-            return Ok(Json::Object(c));
-        }
-        _ => {}
-    }
-    set("rope_parameters", rope_parameters(&arch.rope)?);
-    set("rope_theta", json!(arch.rope.theta));
-    set("rope_scaling", rope_scaling_v4(&arch.rope)?);
-    Ok(Json::Object(c))
+    Ok(c.into_json())
 }
 
 fn write_json(path: &Path, v: &Json) -> Result<()> {
@@ -243,13 +82,14 @@ pub fn write(
         )));
     }
     let config = config_json(arch, tok.bos_id(), tok.eos_id(), tok.pad_id(), dtype)?;
-    let plan = hf_plan(&config)?;
+    // The counts read back are the model's own, bounded by the tensors it holds.
+    let plan = hf_plan(&config, &FileTensors { count: model.specs.len(), has: &|_| true })?;
     check_reads_back(arch, &plan.arch, "a config.json")?;
     let (tokenizer_json, mut tokenizer_config, generation) = tokenizer.hf_files()?;
 
     let mut weights = Weights::read(b, model)?;
     weights.set_rope_style(arch, arch.rope.style, plan.arch.rope.style);
-    let prefix = if plan.arch.name == "gpt2" { "transformer." } else { "" };
+    let prefix = crate::arch::by_name(&plan.arch.name)?.hf().export_prefix;
     let tensors = weights.file_tensors(&plan, prefix)?;
     drop(weights);
 

@@ -29,7 +29,6 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use fusebox::{ComputeBackend, DType, Error, Result, RopeStyle, Tensor};
-use serde_json::Value as Json;
 
 use crate::arch::{Fix, Plan};
 use crate::files;
@@ -279,13 +278,6 @@ fn check_reads_back(model: &Arch, read_back: &Arch, what: &str) -> Result<()> {
             model.name
         ),
     ))
-}
-
-/// A finite f32 as the JSON number of its shortest decimal form (`1e-5`, not
-/// `9.999999747378752e-6`).
-fn json_f32(x: f32) -> Json {
-    let shortest: f64 = x.to_string().parse().unwrap_or(f64::from(x));
-    serde_json::Number::from_f64(shortest).map(Json::Number).unwrap_or(Json::Null)
 }
 
 /// A temporary path beside `out` for an atomic write.

@@ -15,28 +15,53 @@ use fusebox::{ComputeBackend, Error, Result, Tensor};
 use serde_json::json;
 
 use super::{check_out, temp_beside, Weights};
-use crate::arch::hf_plan;
+use crate::arch::{hf_plan, FileTensors};
 use crate::transformer::{Adapters, Arch, Target};
 
+/// fusebox's name of the weight a LoRA target adapts in layer `l` (`h.0.attn.q.weight`).
+fn adapted_weight(l: usize, t: Target, gated: bool) -> String {
+    let stem = match t {
+        Target::Q | Target::K | Target::V | Target::O => format!("attn.{}", t.name()),
+        Target::Up if !gated => "mlp.fc".into(),
+        Target::Down if !gated => "mlp.proj".into(),
+        _ => format!("mlp.{}", t.name()),
+    };
+    format!("h.{l}.{stem}.weight")
+}
+
 /// Writes `ad`, adapters of a model of `arch`, as a PEFT adapter directory `out`
-/// (replacing an earlier one); `base` is recorded as `base_model_name_or_path`.
-/// Architectures whose Hugging Face layer fuses the adapted projections (GPT-2's
-/// `c_attn`, Phi-3's `qkv_proj`/`gate_up_proj`) are refused.
+/// (replacing an earlier one); `base` is recorded as `base_model_name_or_path`. The
+/// module names are the architecture's Hugging Face names of the adapted weights;
+/// an architecture whose Hugging Face layer fuses them (GPT-2's `c_attn`, Phi-3's
+/// `qkv_proj`/`gate_up_proj`) has none, and is refused.
 pub fn write(b: &dyn ComputeBackend, arch: &Arch, ad: &Adapters, base: &str, out: &Path) -> Result<()> {
     const OP: &str = "export --format peft";
-    if matches!(arch.name.as_str(), "gpt2" | "phi3") {
-        return Err(Error::unsupported(
-            OP,
-            format!(
-                "{}'s Hugging Face layers fuse the projections LoRA adapts here; export the merged model \
-                 (--format hf) instead",
-                arch.name
-            ),
-        ));
-    }
+    let names = crate::arch::by_name(&arch.name)?.hf().names;
+    let gated = arch.mlp.gated();
+    // `{layers prefix}{l}.self_attn.q_proj` per adapted site, under PEFT's wrapper.
+    let modules = ad
+        .sites()
+        .iter()
+        .map(|&(l, t)| {
+            let (file, _) = names.file_name(&adapted_weight(l, t, gated))?;
+            Some(format!("base_model.model.{}", file.strip_suffix(".weight")?))
+        })
+        .collect::<Option<Vec<String>>>()
+        .ok_or_else(|| {
+            Error::unsupported(
+                OP,
+                format!(
+                    "{}'s Hugging Face layers fuse the projections LoRA adapts here; export the merged model \
+                     (--format hf) instead",
+                    arch.name
+                ),
+            )
+        })?;
     check_out(out, true)?;
     let config = super::hf::config_json(arch, None, None, None, super::FloatType::F32)?;
-    let hf_style = hf_plan(&config)?.arch.rope.style;
+    // The model is in memory: its own layer count bounds what reads back.
+    let file = FileTensors { count: arch.n_layers, has: &|_| true };
+    let hf_style = hf_plan(&config, &file)?.arch.rope.style;
 
     // B of q and k through the hf export's row permutation, under the names it expects.
     let mut values = HashMap::new();
@@ -50,8 +75,8 @@ pub fn write(b: &dyn ComputeBackend, arch: &Arch, ad: &Adapters, base: &str, out
     qk.set_rope_style(arch, arch.rope.style, hf_style);
 
     let mut tensors = Vec::with_capacity(ad.specs.len());
-    for (i, &(l, t)) in ad.sites().iter().enumerate() {
-        let stem = format!("base_model.model.model.layers.{l}.{}", t.hf_module());
+    let mut target_modules: Vec<String> = Vec::new();
+    for (i, (&(l, t), stem)) in ad.sites().iter().zip(&modules).enumerate() {
         let a = b.to_host(&ad.params.tensors[2 * i])?;
         let bm = match qk.values.remove(&format!("h.{l}.attn.{}.weight", t.name())) {
             Some((shape, v)) => Tensor::from_vec(v, shape)?,
@@ -59,10 +84,12 @@ pub fn write(b: &dyn ComputeBackend, arch: &Arch, ad: &Adapters, base: &str, out
         };
         tensors.push((format!("{stem}.lora_A.weight"), a));
         tensors.push((format!("{stem}.lora_B.weight"), bm));
+        let module = stem.rsplit('.').next().unwrap_or("").to_string();
+        if !target_modules.contains(&module) {
+            target_modules.push(module);
+        }
     }
-    let mut modules: Vec<&str> =
-        ad.config.targets.iter().map(|t| t.hf_module().rsplit('.').next().unwrap_or("")).collect();
-    modules.sort_unstable();
+    target_modules.sort_unstable();
     let adapter_config = json!({
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -70,7 +97,7 @@ pub fn write(b: &dyn ComputeBackend, arch: &Arch, ad: &Adapters, base: &str, out
         "r": ad.config.rank,
         "lora_alpha": ad.config.alpha,
         "lora_dropout": 0.0,
-        "target_modules": modules,
+        "target_modules": target_modules,
         "bias": "none",
         "fan_in_fan_out": false,
         "inference_mode": true,

@@ -1,11 +1,17 @@
 //! [`Arch`]: everything that distinguishes one decoder-only transformer from another,
 //! as data. The block in [`super::Transformer`] reads it; the files under
 //! [`crate::arch`] fill it from a Hugging Face `config.json` or GGUF metadata.
+//!
+//! It reads and writes itself as JSON ([`Arch::to_json`], [`Arch::from_json`]: a
+//! fine-tuning checkpoint's `arch.json`); the field names are the Rust ones, the
+//! choices snake case (`"rms"`, `"swiglu"`, `{"type": "llama3", ...}`).
 
 use fusebox::{Error, Result, RopeStyle};
+use serde::{Deserialize, Serialize};
 
 /// Which normalisation the blocks use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum NormKind {
     /// `(x − mean)/sqrt(var + eps)·w + b` (GPT-2).
     LayerNorm,
@@ -15,7 +21,8 @@ pub enum NormKind {
 }
 
 /// The MLP of a block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Mlp {
     /// `down(gelu_tanh(up(x)))` (GPT-2's `fc` / `proj`).
     Gelu,
@@ -33,7 +40,8 @@ impl Mlp {
 }
 
 /// How positions enter the model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Positions {
     /// A learned table `[context_length, D]` added to the token embeddings (GPT-2).
     Learned,
@@ -42,7 +50,8 @@ pub enum Positions {
 }
 
 /// How rotary frequencies are rescaled for a longer context.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(into = "ScalingJson", try_from = "ScalingJson")]
 pub enum RopeScaling {
     /// Plain `θ^(−2i/d)`.
     None,
@@ -66,8 +75,101 @@ pub enum RopeScaling {
     FreqFactors(Vec<f32>),
 }
 
+/// [`RopeScaling`] as JSON: `{"type": "none" | "linear" | "llama3" | "freq_factors", ...}`
+/// with the numbers of its kind. Read as one flat object (not a serde-tagged enum) so a
+/// bad number's error names its path (`rope.scaling.factor`).
+#[derive(Serialize, Deserialize)]
+struct ScalingJson {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    factor: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    low_freq_factor: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    high_freq_factor: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    original_max_positions: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    factors: Option<Vec<f32>>,
+}
+
+impl From<RopeScaling> for ScalingJson {
+    fn from(s: RopeScaling) -> ScalingJson {
+        let mut j = ScalingJson {
+            kind: String::new(),
+            factor: None,
+            low_freq_factor: None,
+            high_freq_factor: None,
+            original_max_positions: None,
+            factors: None,
+        };
+        j.kind = match s {
+            RopeScaling::None => "none",
+            RopeScaling::Linear { factor } => {
+                j.factor = Some(factor);
+                "linear"
+            }
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_positions } => {
+                j.factor = Some(factor);
+                j.low_freq_factor = Some(low_freq_factor);
+                j.high_freq_factor = Some(high_freq_factor);
+                j.original_max_positions = Some(original_max_positions);
+                "llama3"
+            }
+            RopeScaling::FreqFactors(factors) => {
+                j.factors = Some(factors);
+                "freq_factors"
+            }
+        }
+        .to_string();
+        j
+    }
+}
+
+impl TryFrom<ScalingJson> for RopeScaling {
+    type Error = String;
+    fn try_from(j: ScalingJson) -> std::result::Result<RopeScaling, String> {
+        let ScalingJson { kind, factor, low_freq_factor, high_freq_factor, original_max_positions, factors } = j;
+        let need = |v: Option<f64>, name: &str| v.ok_or_else(|| format!("{kind} scaling needs '{name}'"));
+        Ok(match kind.as_str() {
+            "none" => RopeScaling::None,
+            "linear" => RopeScaling::Linear { factor: need(factor, "factor")? },
+            "llama3" => RopeScaling::Llama3 {
+                factor: need(factor, "factor")?,
+                low_freq_factor: need(low_freq_factor, "low_freq_factor")?,
+                high_freq_factor: need(high_freq_factor, "high_freq_factor")?,
+                original_max_positions: need(original_max_positions, "original_max_positions")?,
+            },
+            "freq_factors" => RopeScaling::FreqFactors(factors.ok_or("freq_factors scaling needs 'factors'")?),
+            other => return Err(format!("type '{other}': expected one of none, linear, llama3, freq_factors")),
+        })
+    }
+}
+
+/// [`RopeStyle`] as JSON: `"half_split"` or `"interleaved"`.
+mod rope_style {
+    use fusebox::RopeStyle;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(style: &RopeStyle, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match style {
+            RopeStyle::HalfSplit => "half_split",
+            RopeStyle::Interleaved => "interleaved",
+        })
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<RopeStyle, D::Error> {
+        match String::deserialize(d)?.as_str() {
+            "half_split" => Ok(RopeStyle::HalfSplit),
+            "interleaved" => Ok(RopeStyle::Interleaved),
+            other => Err(serde::de::Error::unknown_variant(other, &["half_split", "interleaved"])),
+        }
+    }
+}
+
 /// One rotary embedding: base, scaling and pair convention.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Rope {
     /// The base θ.
     pub theta: f64,
@@ -75,6 +177,7 @@ pub struct Rope {
     pub scaling: RopeScaling,
     /// HalfSplit for HF weights and llama.cpp's NEOX archs; Interleaved for GGUF llama
     /// (whose converter permutes q/k rows to adjacent pairs).
+    #[serde(with = "rope_style")]
     pub style: RopeStyle,
 }
 
@@ -148,7 +251,8 @@ impl Rope {
 }
 
 /// Which attention a layer runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum LayerAttention {
     /// Every earlier position, the global rope.
     Global,
@@ -158,7 +262,7 @@ pub enum LayerAttention {
 }
 
 /// Which projections carry a bias.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Biases {
     /// q, k and v (GPT-2, Qwen2).
     pub qkv: bool,
@@ -179,7 +283,7 @@ pub struct Biases {
 /// x = x + post_mlp_norm(mlp(norm2(x)))
 /// ```
 /// then `logits = norm_f(x)·Wheadᵀ`; the input is `embed(ids)·embed_scale (+ pos)`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Arch {
     /// Architecture name as the file states it (`llama`, `qwen3`, `gemma3`, ...).
     pub name: String,
@@ -254,6 +358,20 @@ impl Arch {
             (Some(LayerAttention::Local), Some(local)) => local,
             _ => &self.rope,
         }
+    }
+
+    /// `self` as JSON (every field).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("an Arch is plain numbers, names and lists")
+    }
+
+    /// Reads what [`to_json`](Self::to_json) wrote and validates it
+    /// ([`validate`](Self::validate)); `what` (the file) and the field path head every
+    /// error.
+    pub fn from_json(v: &serde_json::Value, what: &str) -> Result<Arch> {
+        let arch: Arch = crate::files::from_json_value(v, what)?;
+        arch.validate().map_err(|e| Error::Io(format!("{what}: {e}")))?;
+        Ok(arch)
     }
 
     /// Checks that the sizes fit together; an error names the field, what was

@@ -197,3 +197,17 @@ pub fn layout(arch: &Arch, stacking: impl Fn(usize) -> Stacking) -> (Vec<ParamSp
         .then(|| push("lm_head.weight".into(), vec![arch.vocab_size, d], Init::Normal(std), true));
     (specs, ParamIndex { embed, pos_embed, layers, norm_f, head })
 }
+
+/// The number of parameters of `arch` with `stacking(layer)` if it had `n_layers`
+/// blocks, counted from its layout without building more than the blocks it has (one
+/// suffices: every block has the same parameters); `None` when `arch` has no block or
+/// the count overflows 64 bits.
+pub fn param_count(arch: &Arch, stacking: impl Fn(usize) -> Stacking, n_layers: usize) -> Option<u64> {
+    let (specs, index) = layout(arch, stacking);
+    let elems = |i: usize| specs[i].shape.dims().iter().try_fold(1u64, |n, &d| n.checked_mul(u64::try_from(d).ok()?));
+    let block = index.layers.first()?.params();
+    let per_block = block.iter().try_fold(0u64, |n, &i| n.checked_add(elems(i)?))?;
+    let in_blocks: std::collections::HashSet<usize> = index.layers.iter().flat_map(LayerIndex::params).collect();
+    let global = (0..specs.len()).filter(|i| !in_blocks.contains(i)).try_fold(0u64, |n, i| n.checked_add(elems(i)?))?;
+    per_block.checked_mul(u64::try_from(n_layers).ok()?)?.checked_add(global)
+}

@@ -16,7 +16,7 @@ use fusebox::{ComputeBackend, DType, Error, Result, Tensor};
 
 pub use shards::{read_config, Shards};
 
-use crate::arch::{Fix, Plan};
+use crate::arch::{FileTensors, Fix, Plan};
 use crate::gguf::GgufFile;
 use crate::params::ParamSet;
 use crate::transformer::{layout, Stacking, Transformer};
@@ -240,10 +240,11 @@ pub fn load_gguf(b: &dyn ComputeBackend, file: &GgufFile) -> Result<Transformer>
 /// The network of a GGUF file for `purpose`.
 pub fn load_gguf_for(b: &dyn ComputeBackend, file: &GgufFile, purpose: Purpose) -> Result<Transformer> {
     let vocab_from_tokens = file.metadata().get_strings("tokenizer.ggml.tokens")?.map(<[String]>::len);
-    let plan =
-        crate::arch::gguf_plan(file.metadata(), vocab_from_tokens, &|name| file.tensor_info(name).is_some(), &|| {
-            file.tensor("rope_freqs.weight")?.to_vec_f32()
-        })?;
+    let has = |name: &str| file.tensor_info(name).is_some();
+    let tensors = FileTensors { count: file.tensors().len(), has: &has };
+    let plan = crate::arch::gguf_plan(file.metadata(), vocab_from_tokens, &tensors, &|| {
+        file.tensor("rope_freqs.weight")?.to_vec_f32()
+    })?;
     load_for(b, file, plan, purpose)
 }
 
@@ -255,8 +256,16 @@ pub fn load_hf(b: &dyn ComputeBackend, dir: &std::path::Path) -> Result<Transfor
 
 /// The network of a Hugging Face directory for `purpose`.
 pub fn load_hf_for(b: &dyn ComputeBackend, dir: &std::path::Path, purpose: Purpose) -> Result<Transformer> {
-    let plan = crate::arch::hf_plan(&read_config(dir)?)?;
-    load_for(b, &Shards::open(dir)?, plan, purpose)
+    let config = read_config(dir)?;
+    let shards = Shards::open(dir)?;
+    load_for(b, &shards, hf_plan(&config, &shards)?, purpose)
+}
+
+/// The plan of a Hugging Face checkpoint: `config.json` `config`, its counts checked
+/// against the tensors `shards` hold.
+pub fn hf_plan(config: &serde_json::Value, shards: &Shards) -> Result<Plan> {
+    let has = |name: &str| Shards::has(shards, name);
+    crate::arch::hf_plan(config, &FileTensors { count: Shards::names(shards).count(), has: &has })
 }
 
 /// Reads, checks, fixes and concatenates the parts of one parameter.

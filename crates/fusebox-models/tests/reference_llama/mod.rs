@@ -1,7 +1,7 @@
 //! A straightforward Llama forward for checking the fast path: weights dequantized to
 //! f32 by the conformance crate's f64 twins, every sum in f64, plain loops, one token
 //! at a time over a growing key/value list. It shares no code with
-//! `fusebox_models::llama` or the CPU kernels; it only uses the GGUF reader for bytes.
+//! `fusebox_models::pretrained` or the CPU kernels; it only uses the GGUF reader for bytes.
 //!
 //! Conventions of GGUF llama files: weights `[out, in]` row-major; rotary pairs are
 //! adjacent elements `(2i, 2i+1)` with angle `pos · θ^(−2i/head_dim)`; no

@@ -2,17 +2,18 @@
 //! files (F32/F16/BF16 and the block formats, multiplied straight from the blocks) and
 //! Hugging Face safetensors directories (sharded too), of every architecture in
 //! [`crate::arch`] (GPT-2, Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3), all run by
-//! the one [`Transformer`]. (The module keeps its first family's name.)
+//! the one [`Transformer`]. Fine-tuning checkpoints are opened too, one layer up
+//! ([`crate::open`]), which is what most callers want.
 //!
 //! ```no_run
-//! use fusebox_models::llama::{self, Session};
-//! use fusebox_models::{Sampler, SamplerConfig};
+//! use fusebox_models::pretrained::{self, Session};
+//! use fusebox_models::{open, Sampler, SamplerConfig};
 //! let b = fusebox::create_backend("cpu")?;
-//! let p = llama::load(b.as_ref(), "models/SmolLM2-135M-Instruct.Q4_1.gguf".as_ref())?;
+//! let p = open::load(b.as_ref(), "models/SmolLM2-135M-Instruct.Q4_1.gguf".as_ref())?;
 //! let prompt = p.tokenizer.encode("The capital of France is", false);
 //! let mut session = p.session(b.as_ref(), 2048)?;
 //! let mut sampler = Sampler::new(SamplerConfig::default())?; // greedy
-//! let out = llama::generate(&mut session, b.as_ref(), &prompt, 16, &mut sampler, &p.stop_ids(false), |_| Ok(()))?;
+//! let out = pretrained::generate(&mut session, b.as_ref(), &prompt, 16, &mut sampler, &p.stop_ids(false), |_| Ok(()))?;
 //! println!("{}", p.tokenizer.decode(&out.tokens)?);
 //! # Ok::<(), fusebox::Error>(())
 //! ```
@@ -24,7 +25,6 @@ use fusebox::{ComputeBackend, Error, Result};
 
 pub use crate::generate::{generate, Generation, Session, StopReason};
 
-use crate::arch;
 use crate::chat::ChatTemplate;
 use crate::files;
 use crate::gguf::GgufFile;
@@ -105,16 +105,13 @@ impl Pretrained {
     }
 }
 
-/// Whether `path` is something [`load`] reads: a fine-tuning checkpoint (see
-/// [`crate::finetune`]), a regular file that starts with the
-/// GGUF magic (whatever its name), a `.gguf` path, or a directory whose `config.json`
-/// is not one of fusebox's own training checkpoints (those name a `style`; a Hugging
-/// Face one has a `model_type`, and one with neither is reported by [`load`]), or
-/// whose `config.json` is not a regular file (which [`load`] refuses).
-pub fn is_pretrained(path: &Path) -> bool {
-    if crate::finetune::is_finetune_checkpoint(path) {
-        return true;
-    }
+/// Whether `path` is something [`load_gguf_or_hf`] reads: a regular file that starts
+/// with the GGUF magic (whatever its name), a `.gguf` path, or a directory whose
+/// `config.json` is not one of fusebox's own training checkpoints (those name a
+/// `style`; a Hugging Face one has a `model_type`, and one with neither is reported by
+/// [`load_gguf_or_hf`]), or whose `config.json` is not a regular file (which
+/// [`load_gguf_or_hf`] refuses).
+pub fn is_gguf_or_hf(path: &Path) -> bool {
     if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
         return true;
     }
@@ -134,15 +131,11 @@ pub fn is_pretrained(path: &Path) -> bool {
     }
 }
 
-/// Loads a GGUF file, a Hugging Face directory (see the module docs), or a fine-tuning
-/// checkpoint (its f32 network, the base's tokenizer, the saved chat template).
+/// Loads a GGUF file or a Hugging Face directory (see the module docs).
 ///
 /// Every error names the file; sizes, tensors and vocabularies are checked against
 /// each other before anything large is allocated.
-pub fn load(b: &dyn ComputeBackend, path: &Path) -> Result<Pretrained> {
-    if crate::finetune::is_finetune_checkpoint(path) {
-        return crate::finetune::load_pretrained(b, path);
-    }
+pub fn load_gguf_or_hf(b: &dyn ComputeBackend, path: &Path) -> Result<Pretrained> {
     let meta = std::fs::metadata(path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
     if meta.is_dir() {
         return load_hf_dir(b, path);
@@ -220,8 +213,8 @@ fn load_hf_dir(b: &dyn ComputeBackend, dir: &Path) -> Result<Pretrained> {
             Err(e) => (None, Some(e.to_string())),
         },
     };
-    let plan = arch::hf_plan(&config).map_err(|e| with_path(e, &dir.join("config.json")))?;
     let shards = Shards::open(dir)?;
+    let plan = weights::hf_plan(&config, &shards).map_err(|e| with_path(e, &dir.join("config.json")))?;
     let network = weights::load(b, &shards, plan).map_err(|e| with_path(e, dir))?;
     let description = format!("hf {}", describe(&network));
     let model_vocab = network.arch.vocab_size;

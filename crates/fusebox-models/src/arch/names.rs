@@ -1,0 +1,115 @@
+//! How files name fusebox's parameters: a [`NameTable`] maps fusebox's own names
+//! (`h.{l}.attn.q.weight`, the same for every architecture) to a file's, with the
+//! [`Fix`] a tensor needs on the way. llama.cpp names every architecture's tensors
+//! alike ([`GGUF_NAMES`]); Hugging Face names the Llama family alike
+//! ([`HF_LLAMA_NAMES`]) and the other architectures in their own files.
+
+/// A change a file's tensor needs on its way to fusebox's layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fix {
+    /// As stored.
+    None,
+    /// Stored `[in, out]` (GPT-2's `Conv1D`): transposed to `[out, in]`.
+    Transpose,
+    /// A Gemma `(1 + w)` norm weight stored as `w`: 1 is added.
+    PlusOne,
+}
+
+/// How a file names fusebox's parameters: `(fusebox name, file name, fix)` pairs for
+/// the per-layer tensors (after `h.{l}.` / `{layer_prefix}{l}.`) and the global ones.
+#[derive(Debug)]
+pub struct NameTable {
+    /// The file's layer prefix (`model.layers.`, `blk.`, `h.`).
+    pub layer_prefix: &'static str,
+    /// Per-layer names.
+    pub layer: &'static [(&'static str, &'static str, Fix)],
+    /// Global names.
+    pub global: &'static [(&'static str, &'static str, Fix)],
+}
+
+impl NameTable {
+    /// The file's name of fusebox parameter `name`, and its fix.
+    pub fn file_name(&self, name: &str) -> Option<(String, Fix)> {
+        if let Some(rest) = name.strip_prefix("h.") {
+            let (l, part) = rest.split_once('.')?;
+            let (_, file, fix) = self.layer.iter().find(|(ours, _, _)| *ours == part)?;
+            return Some((format!("{}{l}.{file}", self.layer_prefix), *fix));
+        }
+        self.global.iter().find(|(ours, _, _)| *ours == name).map(|(_, file, fix)| (file.to_string(), *fix))
+    }
+}
+
+/// The llama.cpp tensor names (`llama-arch.cpp`), the same for every architecture here.
+pub static GGUF_NAMES: NameTable = NameTable {
+    layer_prefix: "blk.",
+    layer: &[
+        ("norm1.weight", "attn_norm.weight", Fix::None),
+        ("norm1.bias", "attn_norm.bias", Fix::None),
+        ("attn.q.weight", "attn_q.weight", Fix::None),
+        ("attn.q.bias", "attn_q.bias", Fix::None),
+        ("attn.k.weight", "attn_k.weight", Fix::None),
+        ("attn.k.bias", "attn_k.bias", Fix::None),
+        ("attn.v.weight", "attn_v.weight", Fix::None),
+        ("attn.v.bias", "attn_v.bias", Fix::None),
+        ("attn.qkv.weight", "attn_qkv.weight", Fix::None),
+        ("attn.qkv.bias", "attn_qkv.bias", Fix::None),
+        ("attn.q_norm.weight", "attn_q_norm.weight", Fix::None),
+        ("attn.k_norm.weight", "attn_k_norm.weight", Fix::None),
+        ("attn.o.weight", "attn_output.weight", Fix::None),
+        ("attn.o.bias", "attn_output.bias", Fix::None),
+        ("post_attn_norm.weight", "post_attention_norm.weight", Fix::None),
+        ("norm2.weight", "ffn_norm.weight", Fix::None),
+        ("norm2.bias", "ffn_norm.bias", Fix::None),
+        ("mlp.gate.weight", "ffn_gate.weight", Fix::None),
+        ("mlp.up.weight", "ffn_up.weight", Fix::None),
+        ("mlp.gate_up.weight", "ffn_up.weight", Fix::None),
+        ("mlp.down.weight", "ffn_down.weight", Fix::None),
+        ("mlp.fc.weight", "ffn_up.weight", Fix::None),
+        ("mlp.fc.bias", "ffn_up.bias", Fix::None),
+        ("mlp.proj.weight", "ffn_down.weight", Fix::None),
+        ("mlp.proj.bias", "ffn_down.bias", Fix::None),
+        ("post_mlp_norm.weight", "post_ffw_norm.weight", Fix::None),
+    ],
+    global: &[
+        ("wte", "token_embd.weight", Fix::None),
+        ("wpe", "position_embd.weight", Fix::None),
+        ("norm_f.weight", "output_norm.weight", Fix::None),
+        ("norm_f.bias", "output_norm.bias", Fix::None),
+        ("lm_head.weight", "output.weight", Fix::None),
+    ],
+};
+
+/// The HF names of the Llama family (`LlamaForCausalLM` and the models written as its diff).
+pub static HF_LLAMA_NAMES: NameTable = NameTable {
+    layer_prefix: "model.layers.",
+    layer: &[
+        ("norm1.weight", "input_layernorm.weight", Fix::None),
+        ("attn.q.weight", "self_attn.q_proj.weight", Fix::None),
+        ("attn.q.bias", "self_attn.q_proj.bias", Fix::None),
+        ("attn.k.weight", "self_attn.k_proj.weight", Fix::None),
+        ("attn.k.bias", "self_attn.k_proj.bias", Fix::None),
+        ("attn.v.weight", "self_attn.v_proj.weight", Fix::None),
+        ("attn.v.bias", "self_attn.v_proj.bias", Fix::None),
+        ("attn.q_norm.weight", "self_attn.q_norm.weight", Fix::None),
+        ("attn.k_norm.weight", "self_attn.k_norm.weight", Fix::None),
+        ("attn.o.weight", "self_attn.o_proj.weight", Fix::None),
+        ("attn.o.bias", "self_attn.o_proj.bias", Fix::None),
+        ("norm2.weight", "post_attention_layernorm.weight", Fix::None),
+        ("mlp.gate.weight", "mlp.gate_proj.weight", Fix::None),
+        ("mlp.gate.bias", "mlp.gate_proj.bias", Fix::None),
+        ("mlp.up.weight", "mlp.up_proj.weight", Fix::None),
+        ("mlp.up.bias", "mlp.up_proj.bias", Fix::None),
+        ("mlp.down.weight", "mlp.down_proj.weight", Fix::None),
+        ("mlp.down.bias", "mlp.down_proj.bias", Fix::None),
+    ],
+    global: &[
+        ("wte", "model.embed_tokens.weight", Fix::None),
+        ("norm_f.weight", "model.norm.weight", Fix::None),
+        ("lm_head.weight", "lm_head.weight", Fix::None),
+    ],
+};
+
+/// A derived buffer some HF exports keep (recomputed from the config here).
+pub fn hf_derived(name: &str) -> bool {
+    name.ends_with(".rotary_emb.inv_freq")
+}
