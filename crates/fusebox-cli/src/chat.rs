@@ -1,5 +1,5 @@
 //! `fusebox chat --model M`: a multi-turn chat in the terminal with the model's own
-//! chat template, the KV cache kept across turns (see `fusebox_models::chat::session`).
+//! chat template, the KV cache kept across turns (see `fusebox_models::pretrained::chat`).
 //!
 //! In a terminal: line editing and history (rustyline), the answer streamed as it
 //! comes, `/reset` and `/exit`, Ctrl-C stops the current answer (at the prompt it
@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use clap::Args;
 use fusebox::{Error, Result};
-use fusebox_models::chat::{ChatOptions, ChatSession, Turn, TurnEnd};
 use fusebox_models::open;
+use fusebox_models::pretrained::chat::{ChatOptions, ChatSession, Turn, TurnEnd};
 use fusebox_models::{Sampler, SamplerConfig};
 use serde_json::json;
 

@@ -1,4 +1,4 @@
-//! [`ChatSession`] on SmolLM2: a second turn that runs only its new tokens after the
+//! `ChatSession` on SmolLM2: a second turn that runs only its new tokens after the
 //! cache answers exactly as a fresh cache given the whole rendered conversation does
 //! (greedy). Skips, saying why, without models/SmolLM2-135M-Instruct.Q4_1.gguf
 //! (scripts/fetch-smollm2.sh fetches it). And on a tiny model: a turn that fails
@@ -12,7 +12,7 @@ mod tiny_model;
 use std::path::Path;
 
 use fusebox::CpuBackend;
-use fusebox_models::chat::{ChatOptions, ChatSession, TurnEnd};
+use fusebox_models::pretrained::chat::{ChatOptions, ChatSession, TurnEnd};
 use fusebox_models::{open, pretrained};
 use fusebox_models::{Sampler, SamplerConfig};
 

@@ -4,8 +4,8 @@
 //! (`tokenizer.chat_template` in a GGUF file, `chat_template` in a Hugging Face
 //! `tokenizer_config.json`). [`ChatTemplate`] renders it with `minijinja` exactly as
 //! `transformers`' `apply_chat_template` does; a model without one gets ChatML (or
-//! Gemma 3's template for a Gemma vocabulary) with a notice. [`ChatSession`] keeps a
-//! conversation over one KV cache, running only each turn's new tokens.
+//! Gemma 3's template for a Gemma vocabulary) with a notice. A conversation over one
+//! pretrained model's KV cache is `pretrained::chat::ChatSession`.
 //!
 //! ```text
 //! <|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n
@@ -17,10 +17,8 @@
 //! turn here.)
 
 mod python;
-pub mod session;
 mod template;
 
-pub use session::{ChatOptions, ChatSession, Conversation, Turn, TurnEnd};
 pub use template::{json_to_value, ChatTemplate, CHATML_TEMPLATE, GEMMA3_TEMPLATE, SMOLLM2_DEFAULT_SYSTEM};
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 //! Hugging Face safetensors directories (sharded too), of every architecture in
 //! [`crate::arch`] (GPT-2, Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3), all run by
 //! the one [`Transformer`]. Fine-tuning checkpoints are opened too, one layer up
-//! ([`crate::open`]), which is what most callers want.
+//! ([`crate::open`]), which is what most callers want. A multi-turn conversation over
+//! one KV cache is a [`chat::ChatSession`].
 //!
 //! ```no_run
 //! use fusebox_models::pretrained::{self, Session};
@@ -17,6 +18,8 @@
 //! println!("{}", p.tokenizer.decode(&out.tokens)?);
 //! # Ok::<(), fusebox::Error>(())
 //! ```
+
+pub mod chat;
 
 use std::io::Read;
 use std::path::Path;

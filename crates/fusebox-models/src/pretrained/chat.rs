@@ -11,8 +11,8 @@
 
 use fusebox::{ComputeBackend, Error, Result};
 
-use super::ChatTemplate;
-use crate::pretrained::{Pretrained, Session};
+use super::{Pretrained, Session};
+use crate::chat::ChatTemplate;
 use crate::sampler::Sampler;
 
 /// The messages of a conversation: an optional system message, then the turns.
