@@ -191,9 +191,17 @@ impl ModelConfig {
         if let Some((what, built, asked)) = given.into_iter().find(|(_, built, asked)| built != asked) {
             return bad(what, format!("{built} for {}", self.style.name()), asked.to_string());
         }
-        // Every parameter must be addressable as one f32 buffer.
-        if self.param_count().is_none_or(|n| n > (isize::MAX as u64) / 4) {
+        // Every parameter must be addressable as one f32 buffer, and fit in this machine
+        // (a config read from a file is checked before its layers size an allocation).
+        let Some(params) = self.param_count().filter(|&n| n <= (isize::MAX as u64) / 4) else {
             return bad("sizes", "a parameter count that fits in memory (f32)".into(), format!("{self:?}"));
+        };
+        if let Some(total) = crate::transformer::cache::physical_memory().filter(|&t| params.saturating_mul(4) > t) {
+            return bad(
+                "sizes",
+                format!("parameters that fit in this machine's {total} bytes of memory (f32)"),
+                format!("{params} parameters: {self:?}"),
+            );
         }
         one.validate()
     }
@@ -273,5 +281,12 @@ mod tests {
         // 2^50 layers are counted, not laid out.
         let huge = ModelConfig { n_layers: 1 << 50, ..ModelConfig::tiny(Style::Gemma3, 20, 8) };
         assert!(huge.validate().unwrap_err().to_string().contains("fits in memory"));
+        // 2^40 layers fit in an address space but not in a machine: refused before
+        // anything is allocated (it aborted in the parameters' allocation).
+        let v = serde_json::json!({"style": "llama", "vocab_size": 40, "n_layers": 1u64 << 40, "n_heads": 4,
+            "n_kv_heads": 2, "d_model": 32, "d_ff": 64, "max_seq": 16, "norm_eps": 1e-5, "rope_theta": 10000.0,
+            "tied_embeddings": true});
+        let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("this machine's") && e.contains("bytes of memory"), "{e}");
     }
 }

@@ -166,7 +166,7 @@ impl Transformer {
 }
 
 /// Physical memory in bytes (`MemTotal` of `/proc/meminfo`), where the system says.
-fn physical_memory() -> Option<u64> {
+pub(crate) fn physical_memory() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
