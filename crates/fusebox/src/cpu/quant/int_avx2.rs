@@ -1,20 +1,21 @@
-//! AVX2 forms of the integer row dots (see the parent module for the scheme): 32 bytes
+//! AVX2 forms of the integer row dots (see `int.rs` for the scheme): 32 bytes
 //! of weights and 32 of activations per step, `vpmaddubsw` (unsigned × signed bytes,
 //! adjacent pairs summed to i16) then `vpmaddwd` by 1 or by the sub-block scale (pairs
 //! summed to i32), so i32 lane l holds elements 4l..4l+4 of the run, exactly the
 //! portable twin's lanes. Signed weights use the sign trick (`|w|` × `sign(w)·x`).
 //! The products stay within i16: |w| ≤ 32 (Q4_0, Q5_0, Q6_K) or ≤ 31 unsigned (Q4_1,
 //! Q4_K, Q5_K) or ≤ 128 (Q8_0) times |x| ≤ 127, two per i16. Where AVX-512 VNNI is
-//! present the 32-block formats take `quant_int_vnni.rs` instead.
+//! present the 32-block formats take `int_vnni.rs` instead.
 
 use std::arch::x86_64::*;
 
-use super::super::x86::{prefetch_range, PREFETCH_ROWS};
-use super::{fits_all, Q8Row, QK, QK_K};
+use super::fused_dot_x86::{prefetch_range, PREFETCH_ROWS};
+use super::int::{fits_all, Q8Row};
+use super::{QK, QK_K};
 use crate::cpu::simd::Isa;
 use crate::dtype::DType;
 
-/// `out[r·m + i]` = row r of `w` · `xs[i]` (the parent's `int_rows_multi`): the 32-block
+/// `out[r·m + i]` = row r of `w` · `xs[i]` (`int.rs`'s `int_rows_multi`): the 32-block
 /// formats for any number of x rows, each weight block decoded once for up to 4 of them;
 /// the K formats for one x row. False (doing nothing) otherwise, where the ISA in use has
 /// no AVX2 or the CPU no F16C, or for sizes that do not fit.
@@ -192,7 +193,7 @@ unsafe fn group32<const F: u8, const R: usize>(row: *const u8, nb: usize, xs: &[
 fn scales_mins(s: &[u8]) -> ([i16; 8], [i32; 8]) {
     let (mut sc, mut m) = ([0i16; 8], [0i32; 8]);
     for j in 0..8 {
-        let (a, b) = super::super::scale_min_k4(j, s);
+        let (a, b) = super::scale_min_k4(j, s);
         sc[j] = i16::from(a);
         m[j] = i32::from(b);
     }
