@@ -195,46 +195,6 @@ fn decode_iq4_xs_block(b: &[u8], out: &mut [f32]) {
 // ────────────── per-format loops over whole blocks, compiled per ISA ──────────────
 // (the block decoders inline into them)
 
-multiversion! {
-    /// Q8_0 blocks (`bytes`: n·34) → `out` (n·32).
-    pub fn q8_0(bytes: &[u8], out: &mut [f32]) {
-        for (b, o) in bytes.chunks_exact(34).zip(out.chunks_exact_mut(QK)) {
-            decode_q8_0_block(b, o);
-        }
-    }
-}
-multiversion! {
-    /// Q4_0 blocks (`bytes`: n·18) → `out` (n·32).
-    pub fn q4_0(bytes: &[u8], out: &mut [f32]) {
-        for (b, o) in bytes.chunks_exact(18).zip(out.chunks_exact_mut(QK)) {
-            decode_q4_0_block(b, o);
-        }
-    }
-}
-multiversion! {
-    /// Q4_1 blocks (`bytes`: n·20) → `out` (n·32).
-    pub fn q4_1(bytes: &[u8], out: &mut [f32]) {
-        for (b, o) in bytes.chunks_exact(20).zip(out.chunks_exact_mut(QK)) {
-            decode_q4_1_block(b, o);
-        }
-    }
-}
-multiversion! {
-    /// Q4_K blocks (`bytes`: n·144) → `out` (n·256).
-    pub fn q4_k(bytes: &[u8], out: &mut [f32]) {
-        for (b, o) in bytes.chunks_exact(144).zip(out.chunks_exact_mut(QK_K)) {
-            decode_q4_k_block(b, o);
-        }
-    }
-}
-multiversion! {
-    /// Q6_K blocks (`bytes`: n·210) → `out` (n·256).
-    pub fn q6_k(bytes: &[u8], out: &mut [f32]) {
-        for (b, o) in bytes.chunks_exact(210).zip(out.chunks_exact_mut(QK_K)) {
-            decode_q6_k_block(b, o);
-        }
-    }
-}
 macro_rules! block_loops {
     ($($name:ident => $block:ident, $bytes:literal, $elems:expr;)*) => {$(
         multiversion! {
@@ -248,6 +208,11 @@ macro_rules! block_loops {
     )*};
 }
 block_loops! {
+    q8_0 => decode_q8_0_block, 34, QK;
+    q4_0 => decode_q4_0_block, 18, QK;
+    q4_1 => decode_q4_1_block, 20, QK;
+    q4_k => decode_q4_k_block, 144, QK_K;
+    q6_k => decode_q6_k_block, 210, QK_K;
     q5_0 => decode_q5_0_block, 22, QK;
     q5_1 => decode_q5_1_block, 24, QK;
     iq4_nl => decode_iq4_nl_block, 18, QK;

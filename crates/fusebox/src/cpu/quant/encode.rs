@@ -4,8 +4,14 @@
 
 use half::f16;
 
-use super::encode_32::*;
-use super::encode_k::*;
+use super::encode_32::{
+    quantize_iq4_nl_block, quantize_q4_0_block, quantize_q4_1_block, quantize_q5_0_block, quantize_q5_1_block,
+    quantize_q8_0_block,
+};
+use super::encode_k::{
+    quantize_iq4_xs_block, quantize_q2_k_block, quantize_q3_k_block, quantize_q4_k_block, quantize_q5_k_block,
+    quantize_q6_k_block,
+};
 use super::{QK, QK_K};
 use crate::cpu::memory::f32_to_f8e4m3;
 use crate::cpu::simd::multiversion;
@@ -37,46 +43,6 @@ pub(super) fn nearest_int(v: f32) -> i32 {
 // Rust never contracts `a·b + c` into an FMA on its own, so every ISA rounds exactly as
 // the portable code does.
 
-multiversion! {
-    /// Q8_0: `x` (n·32) → `out` (n·34).
-    pub fn q8_0(x: &[f32], out: &mut [u8]) {
-        for (xs, o) in x.chunks_exact(QK).zip(out.chunks_exact_mut(34)) {
-            quantize_q8_0_block(xs, o);
-        }
-    }
-}
-multiversion! {
-    /// Q4_0: `x` (n·32) → `out` (n·18).
-    pub fn q4_0(x: &[f32], out: &mut [u8]) {
-        for (xs, o) in x.chunks_exact(QK).zip(out.chunks_exact_mut(18)) {
-            quantize_q4_0_block(xs, o);
-        }
-    }
-}
-multiversion! {
-    /// Q4_1: `x` (n·32) → `out` (n·20).
-    pub fn q4_1(x: &[f32], out: &mut [u8]) {
-        for (xs, o) in x.chunks_exact(QK).zip(out.chunks_exact_mut(20)) {
-            quantize_q4_1_block(xs, o);
-        }
-    }
-}
-multiversion! {
-    /// Q4_K: `x` (n·256) → `out` (n·144).
-    pub fn q4_k(x: &[f32], out: &mut [u8]) {
-        for (xs, o) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(144)) {
-            quantize_q4_k_block(xs, o);
-        }
-    }
-}
-multiversion! {
-    /// Q6_K: `x` (n·256) → `out` (n·210).
-    pub fn q6_k(x: &[f32], out: &mut [u8]) {
-        for (xs, o) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(210)) {
-            quantize_q6_k_block(xs, o);
-        }
-    }
-}
 macro_rules! block_loops {
     ($($name:ident => $block:ident, $elems:expr, $bytes:literal;)*) => {$(
         multiversion! {
@@ -90,6 +56,11 @@ macro_rules! block_loops {
     )*};
 }
 block_loops! {
+    q8_0 => quantize_q8_0_block, QK, 34;
+    q4_0 => quantize_q4_0_block, QK, 18;
+    q4_1 => quantize_q4_1_block, QK, 20;
+    q4_k => quantize_q4_k_block, QK_K, 144;
+    q6_k => quantize_q6_k_block, QK_K, 210;
     q5_0 => quantize_q5_0_block, QK, 22;
     q5_1 => quantize_q5_1_block, QK, 24;
     iq4_nl => quantize_iq4_nl_block, QK, 18;

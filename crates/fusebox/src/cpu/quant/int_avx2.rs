@@ -110,6 +110,30 @@ fn bytes_from_bits(bits: u32) -> __m256i {
     _mm256_cmpeq_epi8(_mm256_or_si256(spread, all_but_own_bit), _mm256_set1_epi64x(-1))
 }
 
+/// Every W row of `w` (rows of `row_bytes` bytes, prefetched [`PREFETCH_ROWS`] ahead)
+/// against the `m = xs.len()` x rows, `out[r·m + i]` for row r and x row i: `group(row,
+/// x, o)` dots the W row at `row` with the first few of the x rows not yet done (`x`)
+/// into as many entries of `o` and returns how many it took. The row loop of the
+/// 32-block kernels, here and in `int_vnni.rs`.
+#[inline(always)]
+pub(super) fn each_row_group(
+    w: &[u8],
+    xs: &[Q8Row],
+    out: &mut [f32],
+    row_bytes: usize,
+    mut group: impl FnMut(*const u8, &[Q8Row], &mut [f32]) -> usize,
+) {
+    let m = xs.len();
+    for (r, outs) in out.chunks_exact_mut(m).enumerate() {
+        prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
+        let row = w.as_ptr().wrapping_add(r * row_bytes);
+        let mut i = 0;
+        while i < m {
+            i += group(row, &xs[i..], &mut outs[i..]);
+        }
+    }
+}
+
 /// 32-element formats, `F` = 0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q5_0: `out[r·m + i]` = row r · x
 /// row i, for the `m = xs.len()` x rows in groups of up to 4 per pass over a W row.
 ///
@@ -118,25 +142,18 @@ fn bytes_from_bits(bits: u32) -> __m256i {
 /// (see `fits`).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows32<const F: u8>(w: &[u8], xs: &[Q8Row], out: &mut [f32]) {
-    let m = xs.len();
     let nb = xs[0].q.len() / QK;
     let row_bytes = nb * [34, 18, 20, 22][usize::from(F)];
-    for (r, outs) in out.chunks_exact_mut(m).enumerate() {
-        prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
-        let row = w.as_ptr().wrapping_add(r * row_bytes);
-        let mut i = 0;
-        while i < m {
-            let (x, o) = (&xs[i..], &mut outs[i..]);
-            // SAFETY: row r lies inside `w`, and each x row covers its nb blocks.
-            i += unsafe {
-                match m - i {
-                    4.. => group32::<F, 4>(row, nb, x, o),
-                    2 | 3 => group32::<F, 2>(row, nb, x, o),
-                    _ => group32::<F, 1>(row, nb, x, o),
-                }
-            };
+    each_row_group(w, xs, out, row_bytes, |row, x, o| {
+        // SAFETY: the row lies inside `w`, and each x row covers its nb blocks.
+        unsafe {
+            match x.len() {
+                4.. => group32::<F, 4>(row, nb, x, o),
+                2 | 3 => group32::<F, 2>(row, nb, x, o),
+                _ => group32::<F, 1>(row, nb, x, o),
+            }
         }
-    }
+    });
 }
 
 /// One W row (`nb` blocks at `row`) dotted with `xs[..R]` into `out[..R]`; returns R. Each

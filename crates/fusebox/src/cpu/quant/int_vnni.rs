@@ -16,9 +16,8 @@
 
 use std::arch::x86_64::*;
 
-use super::fused_dot_x86::{prefetch_range, PREFETCH_ROWS};
 use super::int::{fits_all, weight_offset_shift, Q8Row};
-use super::int_avx2::hsum8;
+use super::int_avx2::{each_row_group, hsum8};
 use super::QK;
 use crate::cpu::simd::Isa;
 use crate::dtype::DType;
@@ -64,26 +63,19 @@ pub(super) fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f3
 /// AVX-512 F/BW/VL, VNNI, FMA and F16C; the sizes as `int_rows_multi` checks them.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn rows<const F: u8>(w: &[u8], xs: &[Q8Row], out: &mut [f32]) {
-    let m = xs.len();
     let nb = xs[0].q.len() / QK;
     let row_bytes = nb * BLOCK_BYTES[usize::from(F)];
-    for (r, outs) in out.chunks_exact_mut(m).enumerate() {
-        prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
-        let row = w.as_ptr().wrapping_add(r * row_bytes);
-        let mut i = 0;
-        while i < m {
-            let (x, o) = (&xs[i..], &mut outs[i..]);
-            // SAFETY: row r lies inside `w`, and each x row covers its nb blocks.
-            i += unsafe {
-                match m - i {
-                    8.. => row_group::<F, 8>(row, nb, x, o),
-                    4..=7 => row_group::<F, 4>(row, nb, x, o),
-                    2 | 3 => row_group::<F, 2>(row, nb, x, o),
-                    _ => row_group::<F, 1>(row, nb, x, o),
-                }
-            };
+    each_row_group(w, xs, out, row_bytes, |row, x, o| {
+        // SAFETY: the row lies inside `w`, and each x row covers its nb blocks.
+        unsafe {
+            match x.len() {
+                8.. => row_group::<F, 8>(row, nb, x, o),
+                4..=7 => row_group::<F, 4>(row, nb, x, o),
+                2 | 3 => row_group::<F, 2>(row, nb, x, o),
+                _ => row_group::<F, 1>(row, nb, x, o),
+            }
         }
-    }
+    });
 }
 
 /// One W row (`nb` blocks at `row`) dotted with `xs[..R]` into `out[..R]`; returns R.
