@@ -1,10 +1,12 @@
-//! `Σ_j x[j]·w[j]` with w one row of blocks, decoded on the fly (never written out):
-//! per block the scale multiplies a 16-lane partial sum of `x·q`, and a block's offset
-//! (`m` of Q4_1, `dmin·m` of Q4_K) multiplies the precomputed sum of x over its 32
-//! elements (`xsum32`), since `Σ x·(d·q + m) = d·Σ x·q + m·Σ x`. Used for token-by-token
-//! decoding, where W is read once per output and decoding to a row buffer would double
-//! the work. `mul_add` makes the FMA explicit (fused on the AVX paths; the portable
-//! path without FMA hardware calls libm's exact `fmaf`).
+//! W rows dotted with f32 x rows straight from their blocks: `quantized_matmul` with few
+//! x rows on the f32-activation path (`fused_dot_x86.rs` has hand-written forms for some
+//! formats). `Σ_j x[j]·w[j]` with w one row of blocks is decoded on the fly (never
+//! written out): per block the scale multiplies a 16-lane partial sum of `x·q`, and a
+//! block's offset (`m` of Q4_1, `dmin·m` of Q4_K) multiplies the precomputed sum of x over
+//! its 32 elements (`xsum32`), since `Σ x·(d·q + m) = d·Σ x·q + m·Σ x`. Used for
+//! token-by-token decoding, where W is read once per output and decoding to a row buffer
+//! would double the work. `mul_add` makes the FMA explicit (fused on the AVX paths; the
+//! portable path without FMA hardware calls libm's exact `fmaf`).
 
 use half::f16;
 
