@@ -15,7 +15,7 @@
 # MIRI_TOOLCHAIN names another toolchain that has it (default: nightly). MIRIFLAGS is
 # passed through (for example -Zmiri-many-seeds=0..8 to try more thread schedules).
 # The SIMD kernels are not run here: Miri executes only part of the x86 intrinsics.
-# Not part of CI (.ci/run), which runs on stable.
+# .ci/run installs nightly with miri and runs this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

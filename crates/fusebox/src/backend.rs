@@ -229,8 +229,9 @@ pub fn available_backends() -> Vec<&'static str> {
     vec!["cpu"]
 }
 
-/// Every tensor operation of fusebox. See the module docs for conventions and
-/// `OPS.md` for the contract of each op.
+/// Every tensor operation of fusebox. See the module docs for conventions; each
+/// method's documentation is its contract (the maths, `# Shapes`), its arguments' rules
+/// are its spec in [`spec`](crate::spec), and [`Op`] names every method.
 pub trait ComputeBackend: Send + Sync + Debug {
     // ───────────────────────── device, memory, dtypes ─────────────────────────
 

@@ -1,7 +1,7 @@
 //! Where a decode step of `fusebox serve` spends its time, without HTTP.
 //!
 //! ```sh
-//! cargo run --release -p fusebox-serve --example serve_step_profile -- \
+//! cargo run --release -p fusebox-bench --bin serve_step_profile -- \
 //!     models/SmolLM2-135M-Instruct.Q4_1.gguf [threads=2] [tokens=128] [rounds=3]
 //! ```
 //!

@@ -9,7 +9,7 @@
 //! loops, compiled per ISA by `multiversion!`, vectorize them well (hand-written AVX2
 //! forms of the same arithmetic were slower).
 //!
-//! The portable loops in `quant.rs` leave the compiler to vectorize nibble unpacking and
+//! The portable loops in `fused_dot.rs` leave the compiler to vectorize nibble unpacking and
 //! per-block f16 scales, which it does poorly (a scalar f16 conversion and several
 //! shuffles per block). Here each block costs a handful of vector instructions:
 //!
@@ -32,13 +32,9 @@
 
 use std::arch::x86_64::*;
 
+use super::{QK, QK_K};
 use crate::cpu::simd::Isa;
 use crate::dtype::DType;
-
-/// Elements per block (Q8_0, Q4_0, Q4_1, Q5_0).
-const QK: usize = 32;
-/// Elements of a K super-block.
-const QK_K: usize = 256;
 
 /// `out[r] = Σ_j x[j]·W[r, j]` for the `out.len()` rows of `w` (whole rows of `dtype`
 /// blocks, `x.len()` elements each); `xsum32[b]` is the sum of `x[32b..32b + 32]`.
@@ -520,7 +516,7 @@ mod avx512 {
             let mut acc = [_mm512_setzero_ps(); 4];
             let mut offsets = 0.0f32;
             for (sb, b) in row.chunks_exact(144).enumerate() {
-                let (d, dmin) = (super::super::f16_at(b, 0), super::super::f16_at(b, 2));
+                let (d, dmin) = (super::super::fields::f16_at(b, 0), super::super::fields::f16_at(b, 2));
                 let (scales, sums) = (&b[4..16], &xsum32[8 * sb..8 * sb + 8]);
                 for pair in 0..4 {
                     let (sc1, m1) = super::super::scale_min_k4(2 * pair, scales);

@@ -1,20 +1,21 @@
-//! AVX2 forms of the integer row dots (see the parent module for the scheme): 32 bytes
+//! AVX2 forms of the integer row dots (see `int.rs` for the scheme): 32 bytes
 //! of weights and 32 of activations per step, `vpmaddubsw` (unsigned × signed bytes,
 //! adjacent pairs summed to i16) then `vpmaddwd` by 1 or by the sub-block scale (pairs
 //! summed to i32), so i32 lane l holds elements 4l..4l+4 of the run, exactly the
 //! portable twin's lanes. Signed weights use the sign trick (`|w|` × `sign(w)·x`).
 //! The products stay within i16: |w| ≤ 32 (Q4_0, Q5_0, Q6_K) or ≤ 31 unsigned (Q4_1,
 //! Q4_K, Q5_K) or ≤ 128 (Q8_0) times |x| ≤ 127, two per i16. Where AVX-512 VNNI is
-//! present the 32-block formats take `quant_int_vnni.rs` instead.
+//! present the 32-block formats take `int_vnni.rs` instead.
 
 use std::arch::x86_64::*;
 
-use super::super::x86::{prefetch_range, PREFETCH_ROWS};
-use super::{fits_all, Q8Row, QK, QK_K};
+use super::fused_dot_x86::{prefetch_range, PREFETCH_ROWS};
+use super::int::{fits_all, Q8Row};
+use super::{QK, QK_K};
 use crate::cpu::simd::Isa;
 use crate::dtype::DType;
 
-/// `out[r·m + i]` = row r of `w` · `xs[i]` (the parent's `int_rows_multi`): the 32-block
+/// `out[r·m + i]` = row r of `w` · `xs[i]` (`int.rs`'s `int_rows_multi`): the 32-block
 /// formats for any number of x rows, each weight block decoded once for up to 4 of them;
 /// the K formats for one x row. False (doing nothing) otherwise, where the ISA in use has
 /// no AVX2 or the CPU no F16C, or for sizes that do not fit.
@@ -109,6 +110,30 @@ fn bytes_from_bits(bits: u32) -> __m256i {
     _mm256_cmpeq_epi8(_mm256_or_si256(spread, all_but_own_bit), _mm256_set1_epi64x(-1))
 }
 
+/// Every W row of `w` (rows of `row_bytes` bytes, prefetched [`PREFETCH_ROWS`] ahead)
+/// against the `m = xs.len()` x rows, `out[r·m + i]` for row r and x row i: `group(row,
+/// x, o)` dots the W row at `row` with the first few of the x rows not yet done (`x`)
+/// into as many entries of `o` and returns how many it took. The row loop of the
+/// 32-block kernels, here and in `int_vnni.rs`.
+#[inline(always)]
+pub(super) fn each_row_group(
+    w: &[u8],
+    xs: &[Q8Row],
+    out: &mut [f32],
+    row_bytes: usize,
+    mut group: impl FnMut(*const u8, &[Q8Row], &mut [f32]) -> usize,
+) {
+    let m = xs.len();
+    for (r, outs) in out.chunks_exact_mut(m).enumerate() {
+        prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
+        let row = w.as_ptr().wrapping_add(r * row_bytes);
+        let mut i = 0;
+        while i < m {
+            i += group(row, &xs[i..], &mut outs[i..]);
+        }
+    }
+}
+
 /// 32-element formats, `F` = 0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q5_0: `out[r·m + i]` = row r · x
 /// row i, for the `m = xs.len()` x rows in groups of up to 4 per pass over a W row.
 ///
@@ -117,25 +142,18 @@ fn bytes_from_bits(bits: u32) -> __m256i {
 /// (see `fits`).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows32<const F: u8>(w: &[u8], xs: &[Q8Row], out: &mut [f32]) {
-    let m = xs.len();
     let nb = xs[0].q.len() / QK;
     let row_bytes = nb * [34, 18, 20, 22][usize::from(F)];
-    for (r, outs) in out.chunks_exact_mut(m).enumerate() {
-        prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
-        let row = w.as_ptr().wrapping_add(r * row_bytes);
-        let mut i = 0;
-        while i < m {
-            let (x, o) = (&xs[i..], &mut outs[i..]);
-            // SAFETY: row r lies inside `w`, and each x row covers its nb blocks.
-            i += unsafe {
-                match m - i {
-                    4.. => group32::<F, 4>(row, nb, x, o),
-                    2 | 3 => group32::<F, 2>(row, nb, x, o),
-                    _ => group32::<F, 1>(row, nb, x, o),
-                }
-            };
+    each_row_group(w, xs, out, row_bytes, |row, x, o| {
+        // SAFETY: the row lies inside `w`, and each x row covers its nb blocks.
+        unsafe {
+            match x.len() {
+                4.. => group32::<F, 4>(row, nb, x, o),
+                2 | 3 => group32::<F, 2>(row, nb, x, o),
+                _ => group32::<F, 1>(row, nb, x, o),
+            }
         }
-    }
+    });
 }
 
 /// One W row (`nb` blocks at `row`) dotted with `xs[..R]` into `out[..R]`; returns R. Each
@@ -192,7 +210,7 @@ unsafe fn group32<const F: u8, const R: usize>(row: *const u8, nb: usize, xs: &[
 fn scales_mins(s: &[u8]) -> ([i16; 8], [i32; 8]) {
     let (mut sc, mut m) = ([0i16; 8], [0i32; 8]);
     for j in 0..8 {
-        let (a, b) = super::super::scale_min_k4(j, s);
+        let (a, b) = super::scale_min_k4(j, s);
         sc[j] = i16::from(a);
         m[j] = i32::from(b);
     }

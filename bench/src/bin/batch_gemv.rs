@@ -4,7 +4,7 @@
 //! checks it); the ratio says what batching saves.
 //!
 //! ```text
-//! [FUSEBOX_INT8_DECODE=1] [FUSEBOX_ISA=avx2] cargo run --release -p fusebox --example batch_gemv -- [THREADS] [REPS]
+//! [FUSEBOX_INT8_DECODE=1] [FUSEBOX_ISA=avx2] cargo run --release -p fusebox-bench --bin batch_gemv -- [THREADS] [REPS]
 //! ```
 //!
 //! Prints per format, on W `[1536, 576]` (SmolLM2-135M's MLP up; 768 inputs for the K

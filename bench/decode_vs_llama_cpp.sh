@@ -5,7 +5,7 @@
 # prompt; long: a 1,500-token prompt (decode then reads a 1.5k KV cache). Prefill is
 # taken from a 512-token prompt.
 #
-#   scripts/bench_decode_vs_llama_cpp.sh [THREADS] [MODEL.gguf ...]
+#   bench/decode_vs_llama_cpp.sh [THREADS] [MODEL.gguf ...]
 #
 # Env: FUSEBOX (default target/release/fusebox), PYTHON (default /tmp/venv-py/bin/python
 # or python3), NEW_TOKENS (default 64), REPEATS (default 3).

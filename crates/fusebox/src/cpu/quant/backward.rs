@@ -17,7 +17,15 @@
 //! not depend on scheduling or on the number of threads... except through gemm's own
 //! summation order within a panel, which depends only on the sizes.
 
-use super::*;
+use super::decode::decode_into;
+use crate::cpu::memory::host;
+use crate::cpu::pool::SharedMut;
+use crate::cpu::{convert, CpuBackend};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::shape::Shape;
+use crate::spec;
+use crate::tensor::Tensor;
 
 /// Target columns of dx per task (a whole number of blocks: one Q4_K super-block, eight
 /// Q4_0 blocks).
@@ -139,6 +147,7 @@ fn accumulate(cpu: &CpuBackend, dys: &[f32], m: usize, dtype: DType, wb: &[u8], 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::quant::{dequantize, quantize};
 
     #[test]
     fn the_tiling_covers_dx_with_whole_blocks_and_feeds_the_threads() {

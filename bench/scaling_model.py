@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Data-parallel scaling model for fusebox training (docs/distributed.md).
 
-    python3 scripts/scaling_model.py --compute-s 9.5 --tokens-per-rank 1024
+    python3 bench/scaling_model.py --compute-s 9.5 --tokens-per-rank 1024
 
 A step on N ranks = compute (forward + backward + AdamW of one rank's micro-batch,
 measured: `fusebox bench train --preset gpt2-124m --threads T`) + the gradient all-reduce

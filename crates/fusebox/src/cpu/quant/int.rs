@@ -28,8 +28,8 @@
 //!
 //! `tree16` adds lanes l and l + 8, then `tree8` adds l and l + 4, l and l + 2, 0 and 1.
 //! The integer sums are exact and the f32 operations happen in one fixed order, so the
-//! portable twin here, the AVX2 kernels (`quant_int_x86.rs`) and the AVX-512 VNNI
-//! kernels (`quant_int_vnni.rs`) give bit-identical results, and a row's result does
+//! portable twin here, the AVX2 kernels (`int_avx2.rs`) and the AVX-512 VNNI
+//! kernels (`int_vnni.rs`) give bit-identical results, and a row's result does
 //! not depend on how many x rows one call takes.
 //!
 //! The results differ from the f32-activation path by the activation rounding (about
@@ -38,12 +38,10 @@
 
 use half::f16;
 
+#[cfg(target_arch = "x86_64")]
+use super::{int_avx2, int_vnni};
+use super::{QK, QK_K};
 use crate::dtype::DType;
-
-/// Elements of a 32-block (Q8_0, Q4_0, Q4_1, Q5_0).
-const QK: usize = 32;
-/// Elements of a K super-block.
-const QK_K: usize = 256;
 
 /// One x row quantized for the integer dots (see the module docs).
 #[derive(Debug, Clone)]
@@ -89,7 +87,7 @@ pub fn weight_offset_shift(dtype: DType) -> Option<u32> {
 /// for the integer dots with `dtype` weights.
 pub fn quantize_row(x: &[f32], dtype: DType) -> Q8Row {
     #[cfg(target_arch = "x86_64")]
-    if let Some(row) = vnni::quantize_row(x, dtype) {
+    if let Some(row) = int_vnni::quantize_row(x, dtype) {
         return row;
     }
     quantize_row_portable(x, dtype)
@@ -158,7 +156,7 @@ pub fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f32]) -> 
         return false;
     }
     #[cfg(target_arch = "x86_64")]
-    if vnni::int_rows_multi(dtype, w, xs, out) || x86::int_rows_multi(dtype, w, xs, out) {
+    if int_vnni::int_rows_multi(dtype, w, xs, out) || int_avx2::int_rows_multi(dtype, w, xs, out) {
         return true;
     }
     let m = xs.len();
@@ -197,20 +195,10 @@ fn fits(dtype: DType, w: &[u8], xq: &Q8Row, rows: usize) -> bool {
 
 /// Whether `out_len` outputs are whole rows of `w` times `xs.len()` (at least one) x rows,
 /// each of which `fits`.
-fn fits_all(dtype: DType, w: &[u8], xs: &[Q8Row], out_len: usize) -> bool {
+pub(super) fn fits_all(dtype: DType, w: &[u8], xs: &[Q8Row], out_len: usize) -> bool {
     let m = xs.len();
     m > 0 && out_len.is_multiple_of(m) && xs.iter().all(|xq| fits(dtype, w, xq, out_len / m))
 }
-
-/// AVX2 forms of the integer row dots.
-#[cfg(target_arch = "x86_64")]
-#[path = "quant_int_x86.rs"]
-mod x86;
-
-/// AVX-512 VNNI forms of the 32-block integer dots, several x rows per weight pass.
-#[cfg(target_arch = "x86_64")]
-#[path = "quant_int_vnni.rs"]
-mod vnni;
 
 /// The little-endian f16 at `b[at..at + 2]` as f32.
 #[inline(always)]
@@ -356,7 +344,8 @@ pub(crate) mod twin {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{dequantize_row_into, quantize_into};
+    use super::super::dequantize_row_into;
+    use super::super::encode::quantize_into;
     use super::*;
 
     fn values(n: usize, seed: u32) -> Vec<f32> {
@@ -416,7 +405,7 @@ mod tests {
                 let mut wb = vec![0u8; dtype.storage_bytes(rows * k)];
                 quantize_into(dtype, &wf, &mut wb);
                 let mut simd_out = vec![0.0f32; rows];
-                if !x86::int_rows_multi(dtype, &wb, std::slice::from_ref(&xq), &mut simd_out) {
+                if !int_avx2::int_rows_multi(dtype, &wb, std::slice::from_ref(&xq), &mut simd_out) {
                     println!("skipping {dtype}: no SIMD integer kernel on this CPU");
                     continue;
                 }
@@ -436,7 +425,8 @@ mod tests {
     #[test]
     fn the_multi_row_kernels_give_the_twins_bits_for_any_number_of_x_rows() {
         type Kernel = fn(DType, &[u8], &[Q8Row], &mut [f32]) -> bool;
-        let kernels: [(&str, Kernel); 2] = [("AVX-512 VNNI", vnni::int_rows_multi), ("AVX2", x86::int_rows_multi)];
+        let kernels: [(&str, Kernel); 2] =
+            [("AVX-512 VNNI", int_vnni::int_rows_multi), ("AVX2", int_avx2::int_rows_multi)];
         for (name, kernel) in kernels {
             for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0] {
                 for (k, rows, m) in [(32, 3, 1), (128, 5, 3), (288, 4, 8), (576, 2, 13), (96, 3, 16)] {
@@ -477,7 +467,7 @@ mod tests {
         x[40] = f32::NAN;
         x[70] = f32::NEG_INFINITY;
         for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0] {
-            let Some(simd) = vnni::quantize_row(&x, dtype) else {
+            let Some(simd) = int_vnni::quantize_row(&x, dtype) else {
                 println!("skipping: no AVX-512 VNNI on this CPU");
                 return;
             };

@@ -1,5 +1,5 @@
-//! AVX-512 VNNI forms of the 32-block integer dots (Q8_0, Q4_0, Q4_1, Q5_0; see the
-//! parent module for the scheme). One 512-bit `vpdpbusd` multiplies two blocks' weights
+//! AVX-512 VNNI forms of the 32-block integer dots (Q8_0, Q4_0, Q4_1, Q5_0; see
+//! `int.rs` for the scheme). One 512-bit `vpdpbusd` multiplies two blocks' weights
 //! (unsigned bytes) with their 8-bit activations (signed bytes) and sums each group of
 //! four products into an i32 lane: lanes 0..8 are the even block's twin lanes, 8..16 the
 //! odd block's, which is the twin's accumulator layout. `vpdpbusd` wants unsigned
@@ -16,16 +16,16 @@
 
 use std::arch::x86_64::*;
 
-use super::super::x86::{prefetch_range, PREFETCH_ROWS};
-use super::x86::hsum8;
-use super::{fits_all, weight_offset_shift, Q8Row, QK};
+use super::int::{fits_all, weight_offset_shift, Q8Row};
+use super::int_avx2::{each_row_group, hsum8};
+use super::QK;
 use crate::cpu::simd::Isa;
 use crate::dtype::DType;
 
 /// Bytes per block: Q8_0, Q4_0, Q4_1, Q5_0 (the kernels' `F` = 0, 1, 2, 3).
 const BLOCK_BYTES: [usize; 4] = [34, 18, 20, 22];
 
-/// `out[r·m + i]` = row r of `w` · `xs[i]` (the parent's `int_rows_multi`); false, doing
+/// `out[r·m + i]` = row r of `w` · `xs[i]` (`int.rs`'s `int_rows_multi`); false, doing
 /// nothing, for the K formats, where the active ISA is not AVX-512 or the CPU lacks
 /// VNNI, or for sizes that do not fit.
 pub(super) fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f32]) -> bool {
@@ -63,26 +63,19 @@ pub(super) fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f3
 /// AVX-512 F/BW/VL, VNNI, FMA and F16C; the sizes as `int_rows_multi` checks them.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn rows<const F: u8>(w: &[u8], xs: &[Q8Row], out: &mut [f32]) {
-    let m = xs.len();
     let nb = xs[0].q.len() / QK;
     let row_bytes = nb * BLOCK_BYTES[usize::from(F)];
-    for (r, outs) in out.chunks_exact_mut(m).enumerate() {
-        prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
-        let row = w.as_ptr().wrapping_add(r * row_bytes);
-        let mut i = 0;
-        while i < m {
-            let (x, o) = (&xs[i..], &mut outs[i..]);
-            // SAFETY: row r lies inside `w`, and each x row covers its nb blocks.
-            i += unsafe {
-                match m - i {
-                    8.. => row_group::<F, 8>(row, nb, x, o),
-                    4..=7 => row_group::<F, 4>(row, nb, x, o),
-                    2 | 3 => row_group::<F, 2>(row, nb, x, o),
-                    _ => row_group::<F, 1>(row, nb, x, o),
-                }
-            };
+    each_row_group(w, xs, out, row_bytes, |row, x, o| {
+        // SAFETY: the row lies inside `w`, and each x row covers its nb blocks.
+        unsafe {
+            match x.len() {
+                8.. => row_group::<F, 8>(row, nb, x, o),
+                4..=7 => row_group::<F, 4>(row, nb, x, o),
+                2 | 3 => row_group::<F, 2>(row, nb, x, o),
+                _ => row_group::<F, 1>(row, nb, x, o),
+            }
         }
-    }
+    });
 }
 
 /// One W row (`nb` blocks at `row`) dotted with `xs[..R]` into `out[..R]`; returns R.
@@ -204,7 +197,7 @@ unsafe fn weights<const F: u8>(blk0: *const u8, blk1: Option<*const u8>) -> (__m
     }
 }
 
-/// x quantized as the parent's `quantize_row` does it, bit for bit, 32 elements per step;
+/// x quantized as `int.rs`'s `quantize_row` does it, bit for bit, 32 elements per step;
 /// `None` (nothing done) for the K formats, where VNNI is missing or the ISA in use is
 /// not AVX-512, or a length that is not whole blocks.
 pub(super) fn quantize_row(x: &[f32], dtype: DType) -> Option<Q8Row> {

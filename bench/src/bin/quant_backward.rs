@@ -2,7 +2,7 @@
 //! peer, `dequantize(W)` then `matmul(dy, W)`, same backend, same run, interleaved.
 //!
 //! ```text
-//! cargo run --release -p fusebox --example quant_backward -- [THREADS] [REPS] [M]
+//! cargo run --release -p fusebox-bench --bin quant_backward -- [THREADS] [REPS] [M]
 //! ```
 //!
 //! dy `[M, 576]` · W `[576, 1536]` (SmolLM2-135M's MLP down projection, whose input

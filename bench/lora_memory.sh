@@ -6,7 +6,7 @@
 #
 # Usage, from the repository root:
 #     cargo build --release -p fusebox-cli
-#     scripts/lora_memory.sh                 # STEPS=3 THREADS=2
+#     bench/lora_memory.sh                 # STEPS=3 THREADS=2
 set -euo pipefail
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 BIN=${FUSEBOX:-target/release/fusebox}

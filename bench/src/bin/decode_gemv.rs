@@ -3,7 +3,7 @@
 //! f32-activation path (the default), same threads, same run, interleaved.
 //!
 //! ```text
-//! cargo run --release -p fusebox --example decode_gemv -- [THREADS] [REPS] [SHAPES] [FORMATS]
+//! cargo run --release -p fusebox-bench --bin decode_gemv -- [THREADS] [REPS] [SHAPES] [FORMATS]
 //! ```
 //!
 //! SHAPES: `OUTxIN` pairs, comma-separated (e.g. `262144x640` for Gemma 3's head);

@@ -6,7 +6,7 @@
 # all-reduce bus bandwidth over 2 ranks (4 KiB – 256 MiB).
 #
 #   cargo build --release -p fusebox-cli --features mpi
-#   scripts/bench-data-parallel.sh [BATCH] [SEQ] [STEPS]     # defaults 4 256 3
+#   bench/data_parallel.sh [BATCH] [SEQ] [STEPS]     # defaults 4 256 3
 #
 # Needs Open MPI (Debian: openmpi-bin libopenmpi-dev). Timings on a loaded machine are
 # indicative only.

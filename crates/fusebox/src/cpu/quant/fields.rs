@@ -1,0 +1,69 @@
+//! Readers of the packed fields of blocks, shared by the decoders, the fused dots and
+//! the integer kernels: little-endian f16 and u32, the 6-bit scales of the K formats,
+//! Q5's fifth bits and the IQ4 level table (the layouts are in the parent's table).
+
+use half::f16;
+
+use super::QK;
+
+/// The little-endian f16 at `bytes[at..at + 2]`, as f32.
+#[inline(always)]
+pub(super) fn f16_at(bytes: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+}
+
+/// The 6-bit scale and min of sub-block `j` (0..8) of a Q4_K block from its 12 packed
+/// bytes (ggml's `get_scale_min_k4`): sub-blocks 0–3 keep theirs in the low 6 bits of
+/// bytes j and j + 4; sub-blocks 4–7 keep 4 low bits in byte j + 4 (scale low nibble,
+/// min high nibble) and their top 2 bits in the top bits of bytes j − 4 (scale) and j (min).
+#[inline(always)]
+pub fn scale_min_k4(j: usize, scales: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (scales[j] & 63, scales[j + 4] & 63)
+    } else {
+        ((scales[j + 4] & 0x0F) | ((scales[j - 4] >> 6) << 4), (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4))
+    }
+}
+
+/// IQ4_NL's (and IQ4_XS's) 16 non-linear levels (ggml's `kvalues_iq4nl`).
+pub const IQ4NL_VALUES: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+/// The little-endian u32 at `bytes[at..at + 4]`.
+#[inline(always)]
+pub(super) fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+}
+
+/// The 5-bit values of a Q5_0 / Q5_1 block: element j < 16 is the low nibble of `qs[j]`
+/// with bit j of `qh` on top, element j + 16 the high nibble with bit j + 16.
+#[inline(always)]
+pub(super) fn q5_levels(qh: u32, qs: &[u8]) -> [u8; QK] {
+    let mut q = [0u8; QK];
+    for j in 0..QK / 2 {
+        q[j] = (qs[j] & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
+        q[j + 16] = (qs[j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+    }
+    q
+}
+
+/// The 16 signed 6-bit scales (`−32..32`) of a Q3_K block from its 12 packed bytes:
+/// scale s keeps its low 4 bits in byte s (s < 8, low nibble) or s − 8 (high nibble), and
+/// its top 2 bits at bits 2(s/4).. of byte 8 + s % 4.
+#[inline(always)]
+pub fn q3_k_scales(packed: &[u8]) -> [i8; 16] {
+    std::array::from_fn(|s| {
+        let low = if s < 8 { packed[s] & 0x0F } else { packed[s - 8] >> 4 };
+        let high = (packed[8 + s % 4] >> (2 * (s / 4))) & 3;
+        (low | (high << 4)) as i8 - 32
+    })
+}
+
+/// The signed 6-bit scale (`−32..32`) of sub-block `ib` (0..8) of an IQ4_XS block: 4 low
+/// bits in a nibble of `scales_l[ib / 2]`, 2 high bits at 2·ib of `scales_h`.
+#[inline(always)]
+pub(super) fn iq4_xs_scale(b: &[u8], ib: usize) -> i32 {
+    let scales_h = u16::from_le_bytes([b[2], b[3]]);
+    let low = (b[4 + ib / 2] >> (4 * (ib % 2))) & 0x0F;
+    let high = ((scales_h >> (2 * ib)) & 3) as u8;
+    i32::from(low | (high << 4)) - 32
+}
