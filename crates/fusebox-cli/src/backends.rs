@@ -135,6 +135,29 @@ pub fn create(name: &str) -> Result<Arc<dyn ComputeBackend>> {
     })
 }
 
+/// Most CPU threads a backend may be asked for: beyond any machine's cores, and few enough
+/// that spawning them cannot exhaust the process's thread limit.
+const MAX_THREADS: usize = 4096;
+
+/// The backend of the `--backend NAME` and `--threads N` flags: [`create`]`(name)`, with
+/// `threads` CPU threads when given.
+pub fn backend_for(name: &str, threads: Option<usize>) -> Result<Arc<dyn ComputeBackend>> {
+    let named = name.trim().strip_prefix("cpu:").and_then(|n| n.parse::<usize>().ok());
+    for (what, n) in [("--threads", threads), ("the N of --backend cpu:N", named)] {
+        match n {
+            Some(0) => return Err(Error::value("backend", what, "at least 1", 0)),
+            Some(n) if n > MAX_THREADS => {
+                return Err(Error::value("backend", what, format!("at most {MAX_THREADS}"), n));
+            }
+            _ => {}
+        }
+    }
+    match (name, threads) {
+        ("cpu", Some(n)) => create(&format!("cpu:{n}")),
+        _ => create(name),
+    }
+}
+
 /// The wgpu backend's settings from the environment.
 #[cfg(feature = "wgpu")]
 fn wgpu_builder() -> Result<fusebox_wgpu::WgpuBackendBuilder> {

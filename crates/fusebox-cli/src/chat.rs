@@ -18,7 +18,7 @@ use fusebox_models::pretrained::chat::{ChatOptions, ChatSession, Turn, TurnEnd};
 use fusebox_models::{Sampler, SamplerConfig};
 use serde_json::json;
 
-use crate::train::backend_for;
+use crate::backends::backend_for;
 
 #[derive(Args)]
 pub struct ChatArgs {
@@ -164,7 +164,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         eprintln!("[{notice}]");
     }
     let ctx = args.ctx_size.unwrap_or_else(|| DEFAULT_CTX.min(model.context_length()));
-    crate::generate_pretrained::check_cache_memory(&model, ctx, args.cache_type)?;
+    crate::generate::check_cache_memory(&model, ctx, args.cache_type)?;
     let options = ChatOptions { ctx_size: ctx, max_tokens: args.max_tokens, context_shift: args.context_shift };
     let mut chat = ChatSession::with_cache_dtype(&model, b.as_ref(), args.system.as_deref(), options, args.cache_type)?;
 

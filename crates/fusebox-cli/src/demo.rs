@@ -46,11 +46,11 @@ fn check(args: &DemoArgs) -> fusebox::Result<()> {
         return bad("--kv-heads", &format!("a divisor of --heads {}", args.heads), args.kv_heads.to_string());
     }
     let bytes = (args.seq as u128) * (args.heads as u128) * (args.head_dim as u128) * 4 * 12;
-    let avail = crate::train::available_memory().map_or(isize::MAX as u128, u128::from);
+    let avail = crate::memory::available_memory().map_or(isize::MAX as u128, u128::from);
     if bytes > avail.min(isize::MAX as u128) {
         return bad(
             "--seq × --heads × --head-dim",
-            &format!("tensors that fit in the {} available", crate::train::gib(avail.min(u64::MAX as u128) as u64)),
+            &format!("tensors that fit in the {} available", crate::memory::gib(avail.min(u64::MAX as u128) as u64)),
             format!("about {:.3e} bytes", bytes as f64),
         );
     }

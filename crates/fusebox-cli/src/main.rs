@@ -7,13 +7,12 @@ mod comm;
 mod demo;
 mod export;
 mod generate;
-mod generate_pretrained;
 mod info;
+mod memory;
 mod plot;
 mod serve;
 mod tokenize;
 mod train;
-mod train_init;
 
 use clap::{Parser, Subcommand};
 

@@ -7,7 +7,7 @@ use clap::Args;
 use fusebox::Result;
 use fusebox_models::open;
 
-use crate::train::backend_for;
+use crate::backends::backend_for;
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -61,7 +61,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let description = model.description.clone();
     let ctx = args.ctx_size.unwrap_or_else(|| 2048.min(model.context_length()));
     // Every slot holds a cache of `ctx` positions.
-    crate::generate_pretrained::check_cache_memory(&model, ctx.saturating_mul(args.parallel.max(1)), args.cache_type)?;
+    crate::generate::check_cache_memory(&model, ctx.saturating_mul(args.parallel.max(1)), args.cache_type)?;
     let config = fusebox_serve::ServerConfig {
         host: args.host.clone(),
         port: args.port,

@@ -3,48 +3,15 @@
 //! end to end — the final JSON object, resume, generation from the checkpoint, and the
 //! errors of bad data.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod fine_tune;
 
-use serde_json::Value;
-
-fn fusebox() -> Command {
-    Command::new(std::env::var_os("FUSEBOX_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_fusebox").into()))
-}
-
-fn run(args: &[&str]) -> Output {
-    fusebox().args(args).output().expect("the fusebox binary runs")
-}
-
-fn llama() -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fusebox-models/tests/fixtures/arch/llama").display().to_string()
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("fusebox-cli-ft-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn last_json(o: &Output) -> Value {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let line =
-        out.lines().last().unwrap_or_else(|| panic!("no output; stderr: {}", String::from_utf8_lossy(&o.stderr)));
-    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {out}"))
-}
-
-fn text_data(dir: &Path) -> String {
-    let path = dir.join("data.txt");
-    std::fs::write(&path, "the cat sat on the mat. ".repeat(60)).unwrap();
-    path.display().to_string()
-}
+use fine_tune::{last_json, llama, run, text_data, TempDir};
 
 #[test]
 fn init_trains_resumes_and_generates() {
-    let dir = temp_dir("run");
-    let data = text_data(&dir);
-    let out = dir.join("out").display().to_string();
+    let dir = TempDir::new("ft-run");
+    let data = text_data(&dir.0);
+    let out = dir.0.join("out").display().to_string();
     let common = ["--threads", "1", "--seq", "16", "--batch", "2", "--lr", "1e-3", "--json"];
     let o =
         run(&[&["train", "--init", &llama(), "--data", &data, "--steps", "4", "--out", &out][..], &common].concat());
@@ -64,16 +31,15 @@ fn init_trains_resumes_and_generates() {
     // generate loads the fine-tuned checkpoint.
     let o = run(&["generate", "--model", &out, "--prompt", "the cat", "--max-tokens", "4", "--threads", "1"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn bad_data_lines_are_named() {
-    let dir = temp_dir("bad");
-    let path = dir.join("chat.jsonl");
+    let dir = TempDir::new("ft-bad");
+    let path = dir.0.join("chat.jsonl");
     let good = r#"{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}"#;
     std::fs::write(&path, format!("{good}\n{good}\n{{oops\n{good}\n")).unwrap();
-    let (data, out) = (path.display().to_string(), dir.join("out").display().to_string());
+    let (data, out) = (path.display().to_string(), dir.0.join("out").display().to_string());
     let args =
         ["train", "--init", &llama(), "--data", &data, "--steps", "1", "--out", &out, "--threads", "1", "--json"];
     let o = run(&args);
@@ -86,5 +52,4 @@ fn bad_data_lines_are_named() {
     // Fine-tuning flags without --init are refused by name.
     let o = run(&["train", "--eval-only", "--steps", "1"]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--eval-only"));
-    std::fs::remove_dir_all(&dir).unwrap();
 }

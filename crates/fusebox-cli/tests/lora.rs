@@ -3,61 +3,14 @@
 //! memory figures, resume, generation and export from the checkpoint (adapters merged),
 //! and bad LoRA flags refused by name.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod fine_tune;
 
+use fine_tune::{last_json, llama, run, stderr, text_data, TempDir};
 use serde_json::Value;
-
-fn fusebox() -> Command {
-    Command::new(std::env::var_os("FUSEBOX_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_fusebox").into()))
-}
-
-fn run(args: &[&str]) -> Output {
-    fusebox().args(args).output().expect("the fusebox binary runs")
-}
-
-fn llama() -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fusebox-models/tests/fixtures/arch/llama").display().to_string()
-}
-
-/// A temporary directory removed when dropped (also when a test fails).
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let d = std::env::temp_dir().join(format!("fusebox-cli-lora-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        TempDir(d)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn last_json(o: &Output) -> Value {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let line =
-        out.lines().last().unwrap_or_else(|| panic!("no output; stderr: {}", String::from_utf8_lossy(&o.stderr)));
-    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {out}"))
-}
-
-fn text_data(dir: &Path) -> String {
-    let path = dir.join("data.txt");
-    std::fs::write(&path, "the cat sat on the mat. ".repeat(60)).unwrap();
-    path.display().to_string()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 #[test]
 fn lora_trains_resumes_generates_and_exports() {
-    let dir = TempDir::new("run");
+    let dir = TempDir::new("lora-run");
     let data = text_data(&dir.0);
     let out = dir.0.join("out").display().to_string();
     let common = ["--threads", "1", "--seq", "16", "--batch", "2", "--json"];
@@ -142,7 +95,7 @@ fn lora_trains_resumes_generates_and_exports() {
 
 #[test]
 fn bad_lora_flags_are_refused_by_name() {
-    let dir = TempDir::new("bad");
+    let dir = TempDir::new("lora-bad");
     let data = text_data(&dir.0);
     let out = dir.0.join("out").display().to_string();
     let base =

@@ -1,10 +1,15 @@
 //! Data-parallel training under `mpirun` (cargo feature `mpi`): 2 ranks × 1 thread train
-//! the addition task with the same losses as 1 process with accumulation 2; a 2-rank
-//! checkpoint resumes on 1 process with the same losses; a rank killed mid-run ends the
-//! job within seconds and the last checkpoint loads. Skips, saying why, without the
-//! feature or without `mpirun` (Debian: openmpi-bin libopenmpi-dev).
+//! with the same losses as 1 process with accumulation 2 — the addition task from
+//! scratch, and fine-tuning the tiny Hugging Face llama of `fusebox-models/tests/fixtures/
+//! arch/` with LoRA adapters and with every parameter; a 2-rank checkpoint resumes on 1
+//! process with the same losses; a rank killed mid-run ends the job within seconds and the
+//! last checkpoint loads. Skips, saying why, without the feature or without `mpirun`
+//! (Debian: openmpi-bin libopenmpi-dev).
 
 use std::process::Command;
+
+#[cfg(feature = "mpi")]
+mod fine_tune;
 
 /// Why the MPI tests cannot run here, if they cannot.
 fn unavailable() -> Option<String> {
@@ -31,6 +36,18 @@ fn two_ranks_train_like_one_process_with_accumulation_two() {
 
 #[test]
 #[cfg_attr(not(feature = "mpi"), allow(clippy::single_match))]
+fn two_ranks_fine_tune_like_one_process_with_accumulation_two() {
+    match unavailable() {
+        Some(why) => eprintln!("skipping: {why}"),
+        None => {
+            #[cfg(feature = "mpi")]
+            with_mpi::fine_tuning_parity();
+        }
+    }
+}
+
+#[test]
+#[cfg_attr(not(feature = "mpi"), allow(clippy::single_match))]
 fn a_killed_rank_ends_the_job_and_the_last_checkpoint_loads() {
     match unavailable() {
         Some(why) => eprintln!("skipping: {why}"),
@@ -46,9 +63,7 @@ mod with_mpi {
     use std::path::{Path, PathBuf};
     use std::process::{Command, Output};
 
-    fn fusebox() -> Command {
-        Command::new(env!("CARGO_BIN_EXE_fusebox"))
-    }
+    use super::fine_tune::fusebox;
 
     /// `mpirun -np 2 fusebox …` (as root and on fewer cores than ranks, as CI runs).
     fn mpirun2() -> Command {
@@ -94,9 +109,35 @@ mod with_mpi {
         }
     }
 
-    const RUN: [&str; 12] =
-        ["train", "--steps", "50", "--batch", "16", "--threads", "1", "--eval-every", "0", "--seed", "7", "--json"];
+    /// Steps of every parity run.
+    const STEPS: &str = "50";
 
+    /// The settings every parity run shares: 50 steps, 1 thread per process, no
+    /// evaluation on the way, one JSON line.
+    const COMMON: [&str; 9] = ["--steps", STEPS, "--threads", "1", "--eval-every", "0", "--seed", "7", "--json"];
+
+    /// Runs `fusebox train ARGS` on 1 process with accumulation 2 into `dir/one` and on 2
+    /// ranks (with `two_extra` besides) into `dir/two`; asserts both train 50 steps with
+    /// losses within 1e-5 of each other (relative) and only rank 0 printed. Returns the
+    /// 1-process losses and the 2-rank output directory.
+    fn assert_two_ranks_match_accumulation(
+        dir: &Path,
+        args: &[&str],
+        two_extra: &[&str],
+    ) -> (Vec<(u64, f64)>, PathBuf) {
+        let (one, two) = (dir.join("one"), dir.join("two"));
+        let o = fusebox().args(args).args(COMMON).args(["--accumulation", "2", "--out"]).arg(&one).output().unwrap();
+        assert_ok(&o);
+        let o = mpirun2().args(args).args(COMMON).args(two_extra).arg("--out").arg(&two).output().unwrap();
+        assert_ok(&o);
+        let reference = losses(&one);
+        assert_eq!(reference.len(), 50);
+        assert_same_losses(&losses(&two), &reference);
+        // Only rank 0 writes: one JSON line, one set of files.
+        assert_eq!(String::from_utf8_lossy(&o.stdout).lines().filter(|l| l.starts_with('{')).count(), 1);
+        assert!(two.join("loss.png").exists() && two.join("step-50").is_dir());
+        (reference, two)
+    }
     /// The step of the newest `step-N` directory in `out`.
     fn last_step(out: &Path) -> u64 {
         std::fs::read_dir(out)
@@ -123,20 +164,13 @@ mod with_mpi {
 
     pub fn parity() {
         let dir = temp_dir("parity");
-        let (one, two, resumed) = (dir.join("one"), dir.join("two"), dir.join("resumed"));
-        let o = fusebox().args(RUN).args(["--accumulation", "2", "--out"]).arg(&one).output().unwrap();
-        assert_ok(&o);
-        let o = mpirun2().args(RUN).args(["--save-every", "25", "--out"]).arg(&two).output().unwrap();
-        assert_ok(&o);
-        let reference = losses(&one);
-        assert_eq!(reference.len(), 50);
-        assert_same_losses(&losses(&two), &reference);
-        // Only rank 0 writes: one JSON line, one set of files.
-        assert_eq!(String::from_utf8_lossy(&o.stdout).lines().filter(|l| l.starts_with('{')).count(), 1);
-        assert!(two.join("loss.png").exists() && two.join("step-25").is_dir() && two.join("step-50").is_dir());
+        let run = ["train", "--batch", "16"];
+        let (reference, two) = assert_two_ranks_match_accumulation(&dir, &run, &["--save-every", "25"]);
+        assert!(two.join("step-25").is_dir());
 
         // The 2-rank checkpoint at step 25 on 1 process: accumulation 2 keeps the global
         // batch, and steps 26..50 repeat.
+        let resumed = dir.join("resumed");
         let o = fusebox()
             .args(["train", "--threads", "1", "--json", "--resume"])
             .arg(two.join("step-25"))
@@ -146,6 +180,23 @@ mod with_mpi {
             .unwrap();
         assert_ok(&o);
         assert_same_losses(&losses(&resumed), &reference[25..]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    pub fn fine_tuning_parity() {
+        let dir = temp_dir("finetune");
+        let (base, data) = (super::fine_tune::llama(), super::fine_tune::text_data(&dir));
+        let run = ["train", "--init", &base, "--data", &data, "--batch", "4", "--seq", "16"];
+        // LoRA: the adapters' gradients averaged after each backward.
+        let lora = dir.join("lora");
+        std::fs::create_dir_all(&lora).unwrap();
+        let (_, two) = assert_two_ranks_match_accumulation(&lora, &[&run[..], &["--lora-rank", "8"]].concat(), &[]);
+        let trainer = std::fs::read_to_string(two.join("step-50/trainer.json")).unwrap();
+        assert!(trainer.contains("\"lora\"") && trainer.contains("\"world_size\": 2"), "{trainer}");
+        // Every parameter: buckets averaged while the backward runs.
+        let full = dir.join("full");
+        std::fs::create_dir_all(&full).unwrap();
+        assert_two_ranks_match_accumulation(&full, &run, &[]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -3,7 +3,7 @@
 //! resume bit-identically from a checkpoint, chat data puts the loss on assistant tokens
 //! only, and bad data lines are named.
 
-use std::path::{Path, PathBuf};
+mod fine_tune;
 
 use fusebox::CpuBackend;
 use fusebox_models::chat::ChatTemplate;
@@ -11,56 +11,19 @@ use fusebox_models::data::sequences::{self, IGNORE};
 use fusebox_models::finetune::{self, FineTuner, TokenizerSource};
 use fusebox_models::train::TrainConfig;
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/arch").join(name)
-}
+use fine_tune::{fixture, text_file, TempDir};
 
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("fusebox-ft-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
+/// The settings of these runs.
 fn config(steps: u64) -> TrainConfig {
-    TrainConfig {
-        steps,
-        batch: 3,
-        accumulation: 2,
-        seq_len: 16,
-        lr: 1e-3,
-        min_lr_ratio: 0.1,
-        warmup: 2,
-        weight_decay: 0.1,
-        beta1: 0.9,
-        beta2: 0.95,
-        grad_clip: 1.0,
-        seed: 7,
-        eval_every: 0,
-        eval_batches: 2,
-    }
-}
-
-fn text_file(dir: &Path) -> PathBuf {
-    let words = ["the", "cat", "sat", "on", "a", "mat", "and", "ran", "to", "red", "door"];
-    let mut state = 12345u64;
-    let mut text = String::new();
-    for _ in 0..400 {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        text.push_str(words[(state >> 33) as usize % words.len()]);
-        text.push(' ');
-    }
-    let path = dir.join("data.txt");
-    std::fs::write(&path, text).unwrap();
-    path
+    fine_tune::config(steps, 1e-3, 0.1)
 }
 
 #[test]
 fn full_fine_tuning_resumes_bit_identically() {
     let b = CpuBackend::with_threads(2).unwrap();
     for arch in ["llama", "gemma3", "gpt2"] {
-        let dir = temp_dir(&format!("resume-{arch}"));
-        let data_path = text_file(&dir);
+        let dir = TempDir::new(&format!("ft-resume-{arch}"));
+        let data_path = text_file(&dir.0);
         let run = |steps: u64| {
             let model = finetune::load_base(&b, &fixture(arch)).unwrap();
             let data = sequences::text_file(&data_path, &model.tokenizer, 16).unwrap();
@@ -85,7 +48,7 @@ fn full_fine_tuning_resumes_bit_identically() {
                 (s.loss.to_bits(), s.grad_norm.to_bits())
             })
             .collect();
-        let out = dir.join("run");
+        let out = dir.0.join("run");
         let ckpt = first.save(&b, &out).unwrap();
         drop(first);
         assert!(finetune::is_finetune_checkpoint(&out));
@@ -109,7 +72,6 @@ fn full_fine_tuning_resumes_bit_identically() {
         assert_eq!(source, TokenizerSource::Hf(ckpt.clone()));
         assert!(source.load().is_ok());
         assert!(template.is_some_and(|t| t.contains("im_start")), "{arch}: the fallback ChatML template is saved");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
 
@@ -140,8 +102,8 @@ fn malformed_jsonl_lines_are_named_and_skipped_only_when_asked() {
     let b = CpuBackend::with_threads(1).unwrap();
     let model = finetune::load_base(&b, &fixture("llama")).unwrap();
     let template = ChatTemplate::chatml(None).unwrap();
-    let dir = temp_dir("jsonl");
-    let path = dir.join("chat.jsonl");
+    let dir = TempDir::new("ft-jsonl");
+    let path = dir.0.join("chat.jsonl");
     let good = r#"{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}"#;
     std::fs::write(&path, format!("{good}\n{{\"messages\": 3}}\n\n{good}\n{good}\nnot json\n")).unwrap();
     let e = sequences::chat_jsonl(&path, &model.tokenizer, &template, 64, false, 1).unwrap_err().to_string();
@@ -155,5 +117,4 @@ fn malformed_jsonl_lines_are_named_and_skipped_only_when_asked() {
     let tuner = FineTuner::new(&b, model, config(1), data).unwrap();
     let e = tuner.evaluate(&b).unwrap();
     assert!(e.loss.is_finite() && e.accuracy.is_some());
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -4,6 +4,8 @@
 //! block-format GGUF base stays in its blocks and trains, and a LoRA run resumes
 //! bit-identically and merges for export.
 
+mod fine_tune;
+
 use std::path::{Path, PathBuf};
 
 use fusebox::{ComputeBackend, CpuBackend, DType, Tensor};
@@ -16,59 +18,11 @@ use fusebox_models::train::TrainConfig;
 use fusebox_models::transformer::{Adapters, LoraConfig, Target, Transformer};
 use fusebox_models::weights::Purpose;
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/arch").join(name)
-}
+use fine_tune::{fixture, text_file, TempDir};
 
-/// A temporary directory removed when dropped (also when a test fails).
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let d = std::env::temp_dir().join(format!("fusebox-lora-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        TempDir(d)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
+/// The settings of these runs.
 fn config(steps: u64) -> TrainConfig {
-    TrainConfig {
-        steps,
-        batch: 3,
-        accumulation: 2,
-        seq_len: 16,
-        lr: 1e-2,
-        min_lr_ratio: 0.1,
-        warmup: 2,
-        weight_decay: 0.0,
-        beta1: 0.9,
-        beta2: 0.95,
-        grad_clip: 1.0,
-        seed: 7,
-        eval_every: 0,
-        eval_batches: 2,
-    }
-}
-
-fn text_file(dir: &Path) -> PathBuf {
-    let words = ["the", "cat", "sat", "on", "a", "mat", "and", "ran", "to", "red", "door"];
-    let mut state = 12345u64;
-    let mut text = String::new();
-    for _ in 0..400 {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        text.push_str(words[(state >> 33) as usize % words.len()]);
-        text.push(' ');
-    }
-    let path = dir.join("data.txt");
-    std::fs::write(&path, text).unwrap();
-    path
+    fine_tune::config(steps, 1e-2, 0.0)
 }
 
 /// A batch of 2 sequences of 12 token ids (and their next-token targets) below `vocab`.
@@ -265,7 +219,7 @@ fn adapter_values(b: &CpuBackend, t: &FineTuner) -> Vec<u32> {
 #[test]
 fn qlora_on_a_quantized_gguf_trains_resumes_and_merges() {
     let b = CpuBackend::with_threads(2).unwrap();
-    let dir = TempDir::new("qlora");
+    let dir = TempDir::new("lora-qlora");
     let gguf = quantized_gguf(&dir.0);
     let data = text_file(&dir.0);
 

@@ -7,7 +7,7 @@ use fusebox::CpuBackend;
 use fusebox_models::checkpoint;
 use fusebox_models::data::addition::Addition;
 use fusebox_models::data::text::TextData;
-use fusebox_models::train::{Task, TrainConfig, Trainer};
+use fusebox_models::train::{self, Task, TrainConfig, Trainer};
 use fusebox_models::{ModelConfig, Style};
 
 fn train_config(steps: u64) -> TrainConfig {
@@ -48,7 +48,8 @@ fn losses(trainer: &mut Trainer, b: &CpuBackend, n: usize) -> Vec<f32> {
 fn loss_after_20_steps_matches_the_golden_value() {
     let b = CpuBackend::with_threads(2).unwrap();
     for (style, golden) in [(Style::Llama, GOLDEN_LLAMA), (Style::Gpt2, GOLDEN_GPT2)] {
-        let mut t = Trainer::new(&b, model_config(style), train_config(20), Task::Addition(Addition::new(42))).unwrap();
+        let mut t =
+            Trainer::scratch(&b, model_config(style), train_config(20), Task::Addition(Addition::new(42))).unwrap();
         let l = losses(&mut t, &b, 20);
         let last = l[19];
         println!("{style:?}: losses {l:?}");
@@ -70,15 +71,16 @@ const GOLDEN_GPT2: f32 = 2.064_840_3;
 fn resume_is_bit_identical() {
     let b = CpuBackend::with_threads(2).unwrap();
     let task = || Task::Addition(Addition::new(42));
-    let mut straight = Trainer::new(&b, model_config(Style::Llama), train_config(12), task()).unwrap();
+    let mut straight = Trainer::scratch(&b, model_config(Style::Llama), train_config(12), task()).unwrap();
     let all = losses(&mut straight, &b, 12);
 
     let out = temp_dir("resume");
-    let mut first = Trainer::new(&b, model_config(Style::Llama), train_config(12), task()).unwrap();
+    let mut first = Trainer::scratch(&b, model_config(Style::Llama), train_config(12), task()).unwrap();
     let mut split = losses(&mut first, &b, 5);
     first.save(&b, &out).unwrap();
     drop(first);
-    let mut resumed = Trainer::resume(&b, &out, train_config(12), task()).unwrap();
+    let (model, saved) = train::load_model(&b, &out).unwrap();
+    let mut resumed = Trainer::resume(&b, model, &saved, train_config(12), task()).unwrap();
     assert_eq!(resumed.step, 5);
     split.extend(losses(&mut resumed, &b, 7));
     assert_eq!(
@@ -95,7 +97,8 @@ fn bad_checkpoints_and_data_are_clear_errors() {
     assert!(missing.to_string().contains("no such checkpoint"), "{missing}");
 
     let out = temp_dir("badckpt");
-    let mut t = Trainer::new(&b, model_config(Style::Gpt2), train_config(1), Task::Addition(Addition::new(1))).unwrap();
+    let mut t =
+        Trainer::scratch(&b, model_config(Style::Gpt2), train_config(1), Task::Addition(Addition::new(1))).unwrap();
     t.train_step(&b).unwrap();
     let dir = t.save(&b, &out).unwrap();
     assert!(checkpoint::load_model(&b, &out).is_ok());
@@ -132,7 +135,7 @@ fn an_interrupted_save_leaves_the_previous_checkpoint_whole() {
     let b = CpuBackend::with_threads(1).unwrap();
     let out = temp_dir("atomic");
     let mut t =
-        Trainer::new(&b, model_config(Style::Llama), train_config(2), Task::Addition(Addition::new(1))).unwrap();
+        Trainer::scratch(&b, model_config(Style::Llama), train_config(2), Task::Addition(Addition::new(1))).unwrap();
     t.train_step(&b).unwrap();
     t.save(&b, &out).unwrap();
     // A save killed half way leaves a step-N.tmp directory behind and `latest` untouched.

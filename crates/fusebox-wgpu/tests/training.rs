@@ -35,7 +35,8 @@ fn model_config(style: Style) -> ModelConfig {
 }
 
 fn losses(b: &dyn ComputeBackend, style: Style, steps: u64) -> Vec<f32> {
-    let mut t = Trainer::new(b, model_config(style), train_config(steps), Task::Addition(Addition::new(42))).unwrap();
+    let mut t =
+        Trainer::scratch(b, model_config(style), train_config(steps), Task::Addition(Addition::new(42))).unwrap();
     (0..steps).map(|_| t.train_step(b).unwrap().loss).collect()
 }
 

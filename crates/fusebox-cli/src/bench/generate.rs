@@ -29,7 +29,7 @@ use fusebox_models::{open, pretrained};
 use serde_json::json;
 
 use super::measure;
-use crate::train::backend_for;
+use crate::backends::backend_for;
 
 #[derive(Args)]
 pub struct GenerateBenchArgs {

@@ -388,12 +388,12 @@ pub fn header(cpu: &CpuBackend, extra: &str) -> String {
 /// Refuses a case whose tensors (`bytes` in all) exceed the memory available, naming the
 /// flags that set its size.
 pub fn check_fits(op: &'static str, flags: &str, bytes: u128) -> Result<()> {
-    let avail = crate::train::available_memory().map_or(isize::MAX as u128, u128::from).min(isize::MAX as u128);
+    let avail = crate::memory::available_memory().map_or(isize::MAX as u128, u128::from).min(isize::MAX as u128);
     if bytes > avail {
         return Err(Error::value(
             op,
             flags,
-            format!("tensors that fit in the {} available", crate::train::gib(avail.min(u64::MAX as u128) as u64)),
+            format!("tensors that fit in the {} available", crate::memory::gib(avail.min(u64::MAX as u128) as u64)),
             format!("about {:.3e} bytes", bytes as f64),
         ));
     }

@@ -11,7 +11,8 @@ use fusebox_models::comm::SingleProcess;
 use fusebox_models::train::{Task, TrainConfig, Trainer};
 use serde_json::json;
 
-use crate::train::{backend_for, preset};
+use crate::backends::backend_for;
+use crate::train::preset;
 
 #[derive(Args)]
 pub struct TrainBenchArgs {
@@ -45,18 +46,13 @@ pub fn run(args: &TrainBenchArgs) -> Result<()> {
     let config = TrainConfig {
         steps: u64::MAX,
         batch: args.batch,
-        accumulation: 1,
         seq_len: args.seq,
         lr: 1e-4,
-        min_lr_ratio: 0.1,
         warmup: 0,
-        weight_decay: 0.1,
-        beta1: 0.9,
-        beta2: 0.95,
-        grad_clip: 1.0,
         seed: 1,
         eval_every: 0,
         eval_batches: 0,
+        ..TrainConfig::default()
     };
     cfg.validate()?;
     config.validate()?;
@@ -64,7 +60,7 @@ pub fn run(args: &TrainBenchArgs) -> Result<()> {
     super::measure::check_fits("bench train", "--preset, --batch and --seq", bytes)?;
     let comm = crate::comm::from_environment()?;
     let ranks = comm.world_size();
-    let mut trainer = Trainer::new(b.as_ref(), cfg.clone(), config, Task::Random { vocab_size: vocab })?;
+    let mut trainer = Trainer::scratch(b.as_ref(), cfg.clone(), config, Task::Random { vocab_size: vocab })?;
     trainer.join(b.as_ref(), comm.clone())?;
     let time_steps = |trainer: &mut Trainer| -> Result<f64> {
         for _ in 0..2 {

@@ -70,6 +70,14 @@ pub struct Sequences {
     pub skipped: Vec<String>,
     /// What the data is, for messages.
     pub description: String,
+    /// The input id of padding positions in a batch (their targets are [`IGNORE`]): the
+    /// tokenizer's pad (see [`pad_of`]).
+    pub pad: u32,
+}
+
+/// The padding id of `tok`'s sequences: its pad token, else EOS, else 0.
+pub fn pad_of(tok: &Tokenizer) -> u32 {
+    tok.pad_id().or(tok.eos_id()).unwrap_or(0)
 }
 
 /// `seq + 1`-token windows of `tokens` (the last partial one kept when it has at least
@@ -112,6 +120,7 @@ pub fn text_file(path: &Path, tok: &Tokenizer, seq: usize) -> Result<Sequences> 
         valid,
         answers: false,
         skipped: Vec::new(),
+        pad: pad_of(tok),
     })
 }
 
@@ -265,6 +274,7 @@ pub fn chat_jsonl(
         valid,
         answers: true,
         skipped,
+        pad: pad_of(tok),
     })
 }
 
@@ -307,6 +317,7 @@ pub fn addition_chat(
         valid: valid_set,
         answers: true,
         skipped: Vec::new(),
+        pad: pad_of(tok),
     })
 }
 

@@ -9,8 +9,9 @@ use fusebox_models::Sampler;
 use fusebox_models::{open, pretrained};
 use serde_json::json;
 
-use crate::generate::GenerateArgs;
-use crate::train::backend_for;
+use super::args::GenerateArgs;
+use crate::backends::backend_for;
+use crate::memory::{available_memory, gib};
 
 /// Default KV-cache size when `--ctx-size` is not given (clamped to the model's context).
 const DEFAULT_CTX: usize = 2048;
@@ -26,15 +27,15 @@ pub(crate) fn check_cache_memory(model: &pretrained::Pretrained, ctx: usize, dty
     let per_position = fusebox_models::transformer::kv_bytes_per_position(a, dtype);
     let per_position = per_position + if rope { 4 * head_dim as u128 } else { 0 };
     let bytes = per_position * (ctx as u128);
-    if let Some(avail) = crate::train::available_memory() {
+    if let Some(avail) = available_memory() {
         if bytes > u128::from(avail) {
             return Err(Error::value(
                 "generate",
                 "--ctx-size",
-                format!("a KV cache that fits in the {} available", crate::train::gib(avail)),
+                format!("a KV cache that fits in the {} available", gib(avail)),
                 format!(
                     "{ctx} positions, which need {} ({layers} layers × {kv_heads} kv heads × {head_dim} × 2 × {dtype})",
-                    crate::train::gib(u64::try_from(bytes).unwrap_or(u64::MAX))
+                    gib(u64::try_from(bytes).unwrap_or(u64::MAX))
                 ),
             ));
         }
@@ -42,7 +43,8 @@ pub(crate) fn check_cache_memory(model: &pretrained::Pretrained, ctx: usize, dty
     Ok(())
 }
 
-pub fn run(args: &GenerateArgs, mut sampler: Sampler) -> Result<()> {
+/// Generates from the pretrained model (or fine-tuning checkpoint) `--model` names.
+pub(crate) fn run(args: &GenerateArgs, mut sampler: Sampler) -> Result<()> {
     let b = backend_for(&args.backend, args.threads)?;
     let model = open::load(b.as_ref(), &args.model)?;
     let tok = &model.tokenizer;

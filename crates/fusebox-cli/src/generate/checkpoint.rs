@@ -1,80 +1,18 @@
-//! `fusebox generate --model PATH --prompt TEXT`: text from a trained checkpoint, a
-//! GGUF file or a Hugging Face directory (see `generate_pretrained`), streamed as it
-//! comes, through the KV cache.
+//! `fusebox generate` for a from-scratch checkpoint: the addition task's or byte-level
+//! text's tokens, streamed as they come, through the KV cache.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::Instant;
 
-use clap::Args;
-use fusebox::{DType, Error, Result};
+use fusebox::{Error, Result};
 use fusebox_models::checkpoint;
 use fusebox_models::data::{addition, text};
 use fusebox_models::generate::{generate, Session};
-use fusebox_models::{Sampler, SamplerConfig};
+use fusebox_models::Sampler;
 use serde_json::json;
 
-use crate::train::backend_for;
-
-#[derive(Args)]
-pub struct GenerateArgs {
-    /// A checkpoint directory (a training output dir or one of its step-N dirs), a .gguf
-    /// file, or a Hugging Face directory (config.json + *.safetensors + tokenizer.json).
-    #[arg(long)]
-    pub(crate) model: PathBuf,
-    /// The prompt text.
-    #[arg(long, default_value = "")]
-    pub(crate) prompt: String,
-    /// Most new tokens.
-    #[arg(long, default_value_t = 200)]
-    pub(crate) max_tokens: usize,
-    /// 0 = greedy.
-    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
-    pub(crate) temperature: f32,
-    /// Keep the k most likely tokens (0 = all).
-    #[arg(long, default_value_t = 40)]
-    pub(crate) top_k: usize,
-    /// Nucleus sampling threshold (1 = off).
-    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
-    pub(crate) top_p: f32,
-    /// Penalty on tokens already in the prompt or the output (1 = off).
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
-    pub(crate) repetition_penalty: f32,
-    /// Seed of the sampler's random numbers.
-    #[arg(long, default_value_t = 0)]
-    pub(crate) seed: u64,
-    /// Compute backend: cpu or wgpu.
-    #[arg(long, default_value = "cpu")]
-    pub(crate) backend: String,
-    /// CPU threads (default: every core).
-    #[arg(long)]
-    pub(crate) threads: Option<usize>,
-    /// Print one JSON object (no streaming).
-    #[arg(long)]
-    pub(crate) json: bool,
-    /// Wrap the prompt in the model's chat template as a user turn (pretrained models).
-    #[arg(long)]
-    pub(crate) chat: bool,
-    /// Positions the KV cache holds (pretrained models; default min(2048, the model's
-    /// context)); a prompt longer than this is an error.
-    #[arg(long)]
-    pub(crate) ctx_size: Option<usize>,
-    /// KV cache storage: f16 (default), bf16 or f32. A 16-bit cache takes half the memory
-    /// and half the bytes read per position of context; keys and values are rounded to it
-    /// as they are written, and attention accumulates in f32.
-    #[arg(long, default_value = "f16", value_parser = parse_cache_type)]
-    pub(crate) cache_type: DType,
-}
-
-/// A `--cache-type` value: f32, f16 or bf16.
-pub(crate) fn parse_cache_type(s: &str) -> Result<DType> {
-    match s.trim().to_ascii_lowercase().as_str() {
-        "f32" => Ok(DType::F32),
-        "f16" => Ok(DType::F16),
-        "bf16" => Ok(DType::BF16),
-        _ => Err(Error::value("generate", "--cache-type", "f32, f16 or bf16", s)),
-    }
-}
+use super::args::GenerateArgs;
+use crate::backends::backend_for;
 
 /// Tokens of a prompt for the checkpoint's task, and how to show tokens.
 fn tokenize(task: &str, prompt: &str) -> Result<Vec<u32>> {
@@ -100,35 +38,8 @@ fn render(task: &str, tokens: &[u32]) -> String {
     }
 }
 
-/// The sampler the flags describe; built before any model is loaded, so a bad flag is
-/// reported at once.
-pub(crate) fn sampler(args: &GenerateArgs) -> Result<Sampler> {
-    if args.ctx_size == Some(0) {
-        return Err(Error::value("generate", "--ctx-size", "at least 1", 0));
-    }
-    if args.threads == Some(0) {
-        return Err(Error::value("generate", "--threads", "at least 1", 0));
-    }
-    Sampler::new(SamplerConfig {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        repetition_penalty: args.repetition_penalty,
-        seed: args.seed,
-    })
-    .map_err(|e| match e {
-        Error::Value { what, expected, got, .. } => {
-            Error::value("generate", format!("--{}", what.replace('_', "-")), expected, got)
-        }
-        other => other,
-    })
-}
-
-pub fn run(args: &GenerateArgs) -> Result<()> {
-    let mut sampler = sampler(args)?;
-    if fusebox_models::open::is_pretrained(&args.model) {
-        return crate::generate_pretrained::run(args, sampler);
-    }
+/// Generates from the from-scratch checkpoint `--model` names.
+pub(crate) fn run(args: &GenerateArgs, mut sampler: Sampler) -> Result<()> {
     let b = backend_for(&args.backend, args.threads)?;
     let (model, ckpt) = checkpoint::load_model(b.as_ref(), &args.model)?;
     let task = ckpt.trainer.get("task").and_then(|t| t.as_str()).unwrap_or("text").to_string();

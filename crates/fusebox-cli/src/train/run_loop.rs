@@ -1,0 +1,229 @@
+//! The run loop of `fusebox train`, one for training from scratch and fine-tuning, on one
+//! process or data-parallel: steps with a progress bar, `metrics.csv`, evaluations and
+//! checkpoints at their cadence, Ctrl-C/SIGTERM and the time limit (a save and a clean
+//! exit, on every rank at the same step), then the final evaluation, checkpoint, plot and
+//! summary. Rank 0 alone writes files and prints.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use fusebox::{ComputeBackend, Error, Result};
+use fusebox_models::comm::ReduceOp;
+use fusebox_models::train::{DataSource, EvalStats, ParamSource, Trainer};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+
+use super::args::TrainArgs;
+use super::metrics::Metrics;
+use super::plan::{clear_run, recover_noting, Plan};
+use crate::memory::{gib, peak_rss};
+
+/// An evaluation in words.
+pub(crate) fn eval_line(e: &EvalStats) -> String {
+    match e.accuracy {
+        Some(a) => format!("eval loss {:.4}, exact match {:.1}%", e.loss, 100.0 * a),
+        None => format!("eval loss {:.4}", e.loss),
+    }
+}
+
+/// Trains `trainer` to `--steps` as `plan` says (see the module docs). `intro`: what
+/// is trained, the start of the first line; `initial`: the evaluation before training,
+/// reported beside the final one; `closing`: lines the caller adds to the summary of a
+/// finished run (samples, say).
+pub(crate) fn train<S: ParamSource, D: DataSource>(
+    b: &dyn ComputeBackend,
+    args: &TrainArgs,
+    plan: &Plan,
+    trainer: &mut Trainer<S, D>,
+    intro: &str,
+    initial: Option<EvalStats>,
+    closing: impl FnOnce(&Trainer<S, D>) -> Result<Vec<String>>,
+) -> Result<()> {
+    let comm = trainer.communicator().clone();
+    let (lead, world) = (comm.rank() == 0, comm.world_size());
+    let json_out = args.json || !lead;
+    let (out, steps) = (&plan.out, trainer.config.steps);
+    if trainer.step >= steps {
+        if !lead {
+            return Ok(());
+        }
+        let dir = plan.resume.as_ref().map_or_else(|| out.clone(), |r| r.dir.clone());
+        if json_out {
+            println!("{}", json!({"steps": trainer.step, "trained_steps": 0, "checkpoint": dir.display().to_string()}));
+        } else {
+            println!(
+                "nothing to train: {} is at step {}, and --steps is {steps}; pass a larger --steps to continue",
+                dir.display(),
+                trainer.step
+            );
+        }
+        return Ok(());
+    }
+    // Rank 0 alone writes: checkpoints, metrics, the plot.
+    let mut metrics = None;
+    if lead {
+        if plan.clear {
+            clear_run(out)?;
+        }
+        std::fs::create_dir_all(out).map_err(|e| Error::Io(format!("{}: {e}", out.display())))?;
+        recover_noting(out)?;
+        metrics = Some(Metrics::open(out, plan.continues.then_some(trainer.step))?);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        // SIGINT and SIGTERM (the `termination` feature) both ask for a save and a clean
+        // exit; a second signal while saving is ignored and the save finishes.
+        ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst))
+            .map_err(|e| Error::Io(format!("train: cannot install the Ctrl-C/SIGTERM handler: {e}")))?;
+    }
+    let config = trainer.config.clone();
+    if !json_out {
+        let ranks = if world > 1 { format!("{world} ranks × ") } else { String::new() };
+        println!("{intro} on '{}' with {ranks}{} threads", b.name(), b.cpu().threads());
+        if world > 1 {
+            println!(
+                "data-parallel: global batch {} × accumulation {} × {world} ranks",
+                config.batch, config.accumulation
+            );
+        }
+        println!("data: {}", trainer.data.description());
+        if let Some(i) = &initial {
+            println!("before training: {}", eval_line(i));
+        }
+    }
+    let bar = if json_out { ProgressBar::hidden() } else { ProgressBar::new(steps) };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30.cyan/blue} {pos}/{len} {msg} [{elapsed_precise} < {eta_precise}]")
+            .map_err(|e| Error::Io(e.to_string()))?,
+    );
+    bar.set_position(trainer.step);
+
+    let start = Instant::now();
+    let (mut tokens, mut last_loss) = (0usize, f32::NAN);
+    while trainer.step < steps {
+        let t0 = Instant::now();
+        let stats = trainer.train_step(b).map_err(|e| {
+            bar.abandon();
+            Error::Io(format!(
+                "training stopped at step {}: {e}; the last good checkpoint (if any) in {} is kept",
+                trainer.step + 1,
+                out.display()
+            ))
+        })?;
+        tokens += stats.tokens;
+        last_loss = stats.loss;
+        let tps = stats.tokens as f64 / t0.elapsed().as_secs_f64();
+        if let Some(metrics) = &mut metrics {
+            let mut eval_cols = ",".to_string();
+            if config.eval_every > 0 && stats.step % config.eval_every == 0 && stats.step < steps {
+                let e = trainer.evaluate(b)?;
+                eval_cols = format!("{},{}", e.loss, e.accuracy.map_or(String::new(), |a| a.to_string()));
+                metrics.eval.push((stats.step, e.loss));
+                if !json_out {
+                    // Printed above the bar (plain print when stderr is no terminal and the bar is hidden).
+                    bar.suspend(|| println!("step {:>5}: train loss {:.4}, {}", stats.step, stats.loss, eval_line(&e)));
+                }
+            }
+            let line = format!("{},{},{},{},{:.0},{eval_cols}", stats.step, stats.loss, stats.lr, stats.grad_norm, tps);
+            metrics.line(&line)?;
+            metrics.train.push((stats.step, stats.loss));
+            if args.save_every > 0 && stats.step % args.save_every == 0 {
+                trainer.save(b, out)?;
+            }
+        }
+        bar.set_message(format!("loss {:.4} · {:.0} tok/s", stats.loss, tps));
+        bar.set_position(stats.step);
+        // Every rank stops at the same step: a signal or the time limit on any rank counts.
+        let mut flags = [
+            f32::from(u8::from(stop.load(Ordering::SeqCst))),
+            f32::from(u8::from(args.time_limit > 0.0 && start.elapsed().as_secs_f64() >= args.time_limit)),
+        ];
+        comm.all_reduce(&mut flags, ReduceOp::Max)?;
+        let (interrupted, out_of_time) = (flags[0] > 0.0, flags[1] > 0.0);
+        if interrupted && lead {
+            // Saved at once, without the final evaluation: a signal asks for a quick exit
+            // (and a step just saved by --save-every is not written again).
+            let dir = trainer.save(b, out)?;
+            bar.abandon_with_message(format!("stopped at step {}; saved {}", trainer.step, dir.display()));
+            if json_out {
+                let v = json!({"steps": trainer.step, "train_loss": last_loss, "interrupted": true,
+                               "checkpoint": dir.display().to_string()});
+                println!("{v}");
+            } else {
+                println!("interrupted: checkpoint saved to {} (resume with --resume {})", dir.display(), out.display());
+            }
+        }
+        if interrupted || (out_of_time && !lead) {
+            return Ok(());
+        }
+        if out_of_time {
+            break;
+        }
+    }
+    bar.finish();
+    let seconds = start.elapsed().as_secs_f64();
+    let Some(mut metrics) = metrics else { return Ok(()) };
+    let eval = trainer.evaluate(b)?;
+    metrics.eval.push((trainer.step, eval.loss));
+    let accuracy = eval.accuracy.map_or(String::new(), |a| a.to_string());
+    metrics.line(&format!("{},{},,,,{},{accuracy}", trainer.step, last_loss, eval.loss))?;
+    let dir = trainer.save(b, out)?;
+    if let Err(e) = crate::plot::loss_plot(&out.join("loss.png"), &metrics.train, &metrics.eval) {
+        eprintln!("warning: could not draw loss.png: {e}");
+    }
+    let mem = trainer.memory();
+    let method = if trainer.model.net().lora.is_some() { "lora" } else { "full" };
+    let tokens_per_s = tokens as f64 / seconds;
+    if json_out {
+        let mut v = json!({
+            "steps": trainer.step,
+            "train_loss": last_loss,
+            "eval_loss": eval.loss,
+            "accuracy": eval.accuracy,
+            "tokens_per_s": tokens_per_s,
+            "seconds": seconds,
+            "peak_rss_bytes": peak_rss(),
+            "method": method,
+            "parameter_bytes": mem.parameter_bytes,
+            "adapter_bytes": mem.adapter_bytes,
+            "optimizer_bytes": mem.optimizer_bytes,
+            "interrupted": false,
+            "checkpoint": dir.display().to_string(),
+        });
+        if let Some(i) = initial {
+            v["initial_eval_loss"] = json!(i.loss);
+            v["initial_accuracy"] = json!(i.accuracy);
+        }
+        println!("{v}");
+        return Ok(());
+    }
+    println!(
+        "done: {} steps in {seconds:.1}s ({tokens_per_s:.0} tokens/s); final train loss {last_loss:.4}",
+        trainer.step
+    );
+    match initial {
+        Some(i) => println!("before: {}\nafter:  {}", eval_line(&i), eval_line(&eval)),
+        None => println!("{}", eval_line(&eval)),
+    }
+    println!(
+        "memory: parameters {}, adapters {}, gradients + AdamW moments {}",
+        gib(mem.parameter_bytes),
+        gib(mem.adapter_bytes),
+        gib(mem.optimizer_bytes)
+    );
+    if let Some(rss) = peak_rss() {
+        println!("peak memory (RSS): {}", gib(rss));
+    }
+    for line in closing(trainer)? {
+        println!("{line}");
+    }
+    println!(
+        "checkpoint: {}  ·  metrics: {}  ·  plot: {}",
+        dir.display(),
+        out.join("metrics.csv").display(),
+        out.join("loss.png").display()
+    );
+    Ok(())
+}

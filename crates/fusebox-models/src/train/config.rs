@@ -1,0 +1,243 @@
+//! [`TrainConfig`]: the settings of a run (sizes, the AdamW hyper-parameters, the
+//! warmup + cosine schedule), their checks, and their form in `trainer.json`.
+
+use fusebox::{Error, Result};
+use serde_json::{json, Value};
+
+use crate::config::ModelConfig;
+
+/// Training settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainConfig {
+    /// Optimizer steps.
+    pub steps: u64,
+    /// Sequences per micro-batch.
+    pub batch: usize,
+    /// Micro-batches per optimizer step.
+    pub accumulation: usize,
+    /// Tokens per sequence (text data; the addition task fixes its own).
+    pub seq_len: usize,
+    /// Peak learning rate (after warmup).
+    pub lr: f32,
+    /// The cosine decays to `lr · min_lr_ratio`.
+    pub min_lr_ratio: f32,
+    /// Linear warmup steps.
+    pub warmup: u64,
+    /// AdamW decoupled weight decay (matrices only).
+    pub weight_decay: f32,
+    /// AdamW β₁.
+    pub beta1: f32,
+    /// AdamW β₂.
+    pub beta2: f32,
+    /// Clip the global gradient norm to this (0 = off).
+    pub grad_clip: f32,
+    /// Seed of initialisation and data sampling.
+    pub seed: u64,
+    /// Evaluate every this many steps (0 = only at the end).
+    pub eval_every: u64,
+    /// Validation batches per evaluation (text data).
+    pub eval_batches: usize,
+}
+
+/// The defaults of a from-scratch run (`fusebox train` without flags): 3,000 steps of
+/// 64 sequences of 128 tokens, peak learning rate 2e-3 after 100 warmup steps, weight
+/// decay 0.1, clipping at 1.0, seed 1337, an evaluation every 500 steps.
+impl Default for TrainConfig {
+    fn default() -> TrainConfig {
+        TrainConfig {
+            steps: 3000,
+            batch: 64,
+            accumulation: 1,
+            seq_len: 128,
+            lr: 2e-3,
+            min_lr_ratio: 0.1,
+            warmup: 100,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.95,
+            grad_clip: 1.0,
+            seed: 1337,
+            eval_every: 500,
+            eval_batches: 8,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Learning rate at `step` (1-based): linear warmup, then cosine to `lr · min_lr_ratio`.
+    pub fn lr_at(&self, step: u64) -> f32 {
+        if step <= self.warmup && self.warmup > 0 {
+            return self.lr * step as f32 / self.warmup as f32;
+        }
+        let span = self.steps.saturating_sub(self.warmup).max(1) as f32;
+        let progress = ((step - self.warmup.min(step)) as f32 / span).min(1.0);
+        let min_lr = self.lr * self.min_lr_ratio;
+        min_lr + 0.5 * (self.lr - min_lr) * (1.0 + (std::f32::consts::PI * progress).cos())
+    }
+
+    /// Checks every setting is usable: positive sizes, finite non-negative rates, betas
+    /// in [0, 1); the error names the field, what it must be and what came.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: &str, expected: &str, got: String| Err(Error::value("TrainConfig", what, expected, got));
+        for (name, v) in [("batch", self.batch), ("accumulation", self.accumulation), ("seq_len", self.seq_len)] {
+            if v == 0 {
+                return bad(name, "at least 1", v.to_string());
+            }
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return bad("lr", "a finite number > 0", self.lr.to_string());
+        }
+        for (name, v) in [("weight_decay", self.weight_decay), ("grad_clip", self.grad_clip)] {
+            if !(v.is_finite() && v >= 0.0) {
+                return bad(name, "a finite number ≥ 0", v.to_string());
+            }
+        }
+        if !(self.min_lr_ratio.is_finite() && (0.0..=1.0).contains(&self.min_lr_ratio)) {
+            return bad("min_lr_ratio", "in [0, 1]", self.min_lr_ratio.to_string());
+        }
+        for (name, v) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            if !(v.is_finite() && (0.0..1.0).contains(&v)) {
+                return bad(name, "in [0, 1)", v.to_string());
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the settings [`Trainer::state_json`](super::Trainer::state_json) wrote (its `"train"` object).
+    pub fn from_json(v: &Value) -> Result<TrainConfig> {
+        let field = |name: &str| v.get(name).ok_or_else(|| Error::Io(format!("trainer.json: 'train' has no '{name}'")));
+        let uint = |name: &str| -> Result<u64> {
+            field(name)?
+                .as_u64()
+                .ok_or_else(|| Error::Io(format!("trainer.json: 'train.{name}' is not a non-negative integer")))
+        };
+        let size = |name: &str| -> Result<usize> {
+            usize::try_from(uint(name)?)
+                .map_err(|_| Error::Io(format!("trainer.json: 'train.{name}' does not fit this machine's usize")))
+        };
+        let float = |name: &str| -> Result<f32> {
+            field(name)?
+                .as_f64()
+                .map(|x| x as f32)
+                .ok_or_else(|| Error::Io(format!("trainer.json: 'train.{name}' is not a number")))
+        };
+        let cfg = TrainConfig {
+            steps: uint("steps")?,
+            batch: size("batch")?,
+            accumulation: size("accumulation")?,
+            seq_len: size("seq_len")?,
+            lr: float("lr")?,
+            min_lr_ratio: float("min_lr_ratio")?,
+            warmup: uint("warmup")?,
+            weight_decay: float("weight_decay")?,
+            beta1: float("beta1")?,
+            beta2: float("beta2")?,
+            grad_clip: float("grad_clip")?,
+            seed: uint("seed")?,
+            eval_every: uint("eval_every")?,
+            eval_batches: size("eval_batches")?,
+        };
+        cfg.validate().map_err(|e| Error::Io(format!("trainer.json: {e}")))?;
+        Ok(cfg)
+    }
+
+    /// Bytes a training run of `model` with these settings needs, estimated: parameters,
+    /// gradients and the two AdamW moments (4 f32 copies), the activations one
+    /// micro-batch saves for its backward, and the logits with their gradient. `None`
+    /// when the count overflows.
+    pub fn memory_estimate(&self, model: &ModelConfig, seq: usize) -> Option<u64> {
+        let u = |x: usize| u64::try_from(x).ok();
+        let params = model.param_count()?;
+        let tokens = u(self.batch)?.checked_mul(u(seq)?)?;
+        let (d, f, v) = (u(model.d_model)?, u(model.d_ff)?, u(model.vocab_size)?);
+        let hd = u(model.d_model.checked_div(model.n_heads)?)?;
+        let (q, kv) = (u(model.n_heads)?.checked_mul(hd)?, u(model.n_kv_heads)?.checked_mul(hd)?);
+        // Per token and layer: block input, norms, q/k/v, attention output (split and
+        // merged), residual, MLP pre-activation, up projection and activation.
+        let per_layer = d.checked_mul(4)?.checked_add(q.checked_mul(3)?)?.checked_add(kv.checked_mul(2)?)?;
+        let per_layer = per_layer.checked_add(f.checked_mul(3)?)?;
+        let saved = tokens.checked_mul(u(model.n_layers)?)?.checked_mul(per_layer)?;
+        // Logits and their gradient; the backward's transients, a few rows of the widest layer.
+        let head = tokens.checked_mul(v)?.checked_mul(2)?;
+        let transient = tokens.checked_mul(d.max(f))?.checked_mul(4)?;
+        let floats = params.checked_mul(4)?.checked_add(saved)?.checked_add(head)?.checked_add(transient)?;
+        floats.checked_mul(4)
+    }
+
+    /// The settings as `trainer.json`'s `"train"` object (read by [`TrainConfig::from_json`]).
+    pub fn to_json(&self) -> Value {
+        json!({
+            "steps": self.steps, "batch": self.batch, "accumulation": self.accumulation, "seq_len": self.seq_len,
+            "lr": self.lr, "min_lr_ratio": self.min_lr_ratio, "warmup": self.warmup, "weight_decay": self.weight_decay,
+            "beta1": self.beta1, "beta2": self.beta2, "grad_clip": self.grad_clip, "seed": self.seed,
+            "eval_every": self.eval_every, "eval_batches": self.eval_batches,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Style;
+    use crate::model::param_specs;
+
+    /// The defaults with a small batch of short sequences.
+    fn config() -> TrainConfig {
+        TrainConfig { batch: 2, seq_len: 12, ..TrainConfig::default() }
+    }
+
+    #[test]
+    fn bad_settings_are_refused_by_name() {
+        type Spoil = fn(&mut TrainConfig);
+        let cases: [(&str, Spoil); 9] = [
+            ("batch", |c| c.batch = 0),
+            ("accumulation", |c| c.accumulation = 0),
+            ("lr", |c| c.lr = -1.0),
+            ("lr", |c| c.lr = f32::NAN),
+            ("grad_clip", |c| c.grad_clip = f32::NAN),
+            ("grad_clip", |c| c.grad_clip = -1.0),
+            ("weight_decay", |c| c.weight_decay = f32::INFINITY),
+            ("beta2", |c| c.beta2 = 1.0),
+            ("min_lr_ratio", |c| c.min_lr_ratio = 2.0),
+        ];
+        for (field, spoil) in cases {
+            let mut c = config();
+            spoil(&mut c);
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(field), "{field}: {e}");
+        }
+        assert!(config().validate().is_ok());
+    }
+
+    #[test]
+    fn settings_round_trip_through_trainer_json() {
+        let c = TrainConfig { lr: 0.0125, steps: 77, warmup: 9, ..config() };
+        assert_eq!(TrainConfig::from_json(&c.to_json()).unwrap(), c);
+        let mut v = c.to_json();
+        v["batch"] = json!(0);
+        assert!(TrainConfig::from_json(&v).unwrap_err().to_string().contains("batch"));
+        v["batch"] = json!("two");
+        assert!(TrainConfig::from_json(&v).unwrap_err().to_string().contains("'train.batch'"));
+    }
+
+    #[test]
+    fn param_count_matches_the_layout_and_the_estimate_grows_with_the_run() {
+        for style in Style::ALL {
+            for tied in [true, false] {
+                let cfg = ModelConfig { tied_embeddings: tied, ..ModelConfig::tiny(style, 50, 24) };
+                let (specs, _) = param_specs(&cfg);
+                let n: usize = specs.iter().map(|s| s.shape.elem_count()).sum();
+                assert_eq!(cfg.param_count(), Some(n as u64), "{style:?} tied {tied}");
+            }
+        }
+        let cfg = ModelConfig { n_layers: 1, d_model: 16, d_ff: 32, ..ModelConfig::tiny(Style::Gpt2, 14, 16) };
+        let small = config().memory_estimate(&cfg, 12).unwrap();
+        assert!(small >= 16 * cfg.param_count().unwrap(), "four f32 copies of the parameters at least");
+        let big = TrainConfig { batch: 1000, ..config() }.memory_estimate(&cfg, 12).unwrap();
+        assert!(big > small * 10);
+        let huge = ModelConfig { n_layers: usize::MAX, ..cfg.clone() };
+        assert_eq!(config().memory_estimate(&huge, 12), None);
+        assert!(huge.validate().is_err());
+        assert!(TrainConfig { batch: usize::MAX, ..config() }.memory_estimate(&cfg, usize::MAX).is_none());
+    }
+}

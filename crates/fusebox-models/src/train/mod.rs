@@ -1,0 +1,387 @@
+//! The training engine, one for every run: a [`Trainer`] over a parameter source
+//! ([`ParamSource`]: a from-scratch [`Model`], or a pretrained model with every parameter
+//! or LoRA adapters trained) and a data source ([`DataSource`]: the built-in tasks, or
+//! token sequences of text and chat), with one optimizer step ([`AdamW::update`]:
+//! finiteness check, global-norm clipping, AdamW, warmup + cosine schedule), one
+//! checkpoint writer ([`checkpoint::save_contents`]) that resumes bit-identically, and a
+//! [`Communicator`] that makes the run data-parallel.
+//!
+//! A step, in order:
+//!
+//! 1. zero the gradients;
+//! 2. draw `accumulation × world_size` micro-batches; rank `r` computes the loss and
+//!    gradients of micro-batches `r·accumulation ..` of them, each scaled by
+//!    `1/accumulation`; the last one's backward starts averaging buckets of finished
+//!    gradients over the ranks ([`GradSync`]);
+//! 3. the loss is averaged over the ranks, then the optimizer step updates the trained
+//!    tensors.
+
+mod config;
+mod data;
+mod eval;
+mod optimizer;
+mod saved;
+mod source;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use fusebox::{ComputeBackend, Error, Result, Tensor};
+use serde_json::{json, Value};
+
+pub use self::config::TrainConfig;
+pub use self::data::{Batch, DataSource, HeldOut, Task};
+pub use self::eval::{evaluate, EvalStats};
+pub use self::optimizer::{AdamW, Update};
+pub use self::saved::{load_model, resume_info, ResumeInfo, Saved};
+pub use self::source::ParamSource;
+use crate::checkpoint::{self, Contents};
+use crate::comm::{Communicator, ReduceOp, SingleProcess};
+use crate::config::ModelConfig;
+use crate::data_parallel::{GradSync, DEFAULT_BUCKET_BYTES};
+use crate::model::Model;
+use crate::params::ParamSet;
+use crate::rng::Rng;
+
+/// Results of one optimizer step.
+#[derive(Debug, Clone, Copy)]
+pub struct StepStats {
+    /// The step just taken (from 1).
+    pub step: u64,
+    /// Mean training loss of the step.
+    pub loss: f32,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f32,
+    /// Learning rate used.
+    pub lr: f32,
+    /// Tokens the step trained on, over every rank.
+    pub tokens: usize,
+}
+
+/// Bytes a run holds in tensors (see [`Trainer::memory`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryReport {
+    /// The model's parameters as stored (block formats at their block size).
+    pub parameter_bytes: u64,
+    /// The LoRA adapters (0 when every parameter is trained).
+    pub adapter_bytes: u64,
+    /// Gradients and AdamW's two moments of what is trained.
+    pub optimizer_bytes: u64,
+}
+
+/// A training run: the model, its optimizer state, its data and data position.
+#[derive(Debug)]
+pub struct Trainer<S = Model, D = Task> {
+    /// The model being trained.
+    pub model: S,
+    /// The training settings.
+    pub config: TrainConfig,
+    /// The data.
+    pub data: D,
+    /// Completed optimizer steps.
+    pub step: u64,
+    /// Where the data came from, saved in `trainer.json` (`"data_args"`) so that a
+    /// resumed run can rebuild it; `Null` when the caller records nothing.
+    pub data_args: Value,
+    optimizer: AdamW,
+    /// Gradient buffers of what is trained, allocated once and zeroed in place each step.
+    grads: ParamSet,
+    data_rng: Rng,
+    /// The checkpoint directory holding the state at `step`, if one was saved or loaded:
+    /// saving the same step into it again is skipped.
+    saved: Option<PathBuf>,
+    /// The processes training together ([`SingleProcess`] unless [`Trainer::join`]ed).
+    comm: Arc<dyn Communicator>,
+}
+
+impl Trainer<Model, Task> {
+    /// A fresh from-scratch run: a model of `model_config` initialised from `config.seed`.
+    pub fn scratch(b: &dyn ComputeBackend, model_config: ModelConfig, config: TrainConfig, task: Task) -> Result<Self> {
+        config.validate()?;
+        let model = Model::new(b, model_config, config.seed)?;
+        Trainer::new(b, model, config, task)
+    }
+}
+
+impl<S: ParamSource, D: DataSource> Trainer<S, D> {
+    /// A fresh run of `model` on `data`; the data sampler starts from `config.seed + 1`.
+    pub fn new(b: &dyn ComputeBackend, model: S, config: TrainConfig, data: D) -> Result<Self> {
+        config.validate()?;
+        data.check(&model.net().arch, &config)?;
+        let (specs, _) = model.trained();
+        let (optimizer, grads) = (AdamW::zeros(b, specs)?, ParamSet::zeros(b, specs)?);
+        let data_rng = Rng::new(config.seed.wrapping_add(1));
+        Ok(Trainer {
+            model,
+            config,
+            data,
+            step: 0,
+            data_args: Value::Null,
+            optimizer,
+            grads,
+            data_rng,
+            saved: None,
+            comm: Arc::new(SingleProcess),
+        })
+    }
+
+    /// Continues the run saved in `saved` (with `model` loaded from the same checkpoint)
+    /// for `config.steps` steps in all: its AdamW moments, step and data position.
+    pub fn resume(b: &dyn ComputeBackend, model: S, saved: &Saved, config: TrainConfig, data: D) -> Result<Self> {
+        config.validate()?;
+        data.check(&model.net().arch, &config)?;
+        let (specs, _) = model.trained();
+        let (optimizer, grads) = (AdamW::load(b, &saved.dir, specs)?, ParamSet::zeros(b, specs)?);
+        Ok(Trainer {
+            model,
+            config,
+            data,
+            step: saved.step,
+            data_args: saved.data_args(),
+            optimizer,
+            grads,
+            data_rng: Rng { state: saved.data_rng },
+            saved: Some(saved.dir.clone()),
+            comm: Arc::new(SingleProcess),
+        })
+    }
+
+    /// Trains data-parallel with the other ranks of `comm`: rank 0's trained tensors and
+    /// AdamW moments are copied to every rank (so all start from the same state whatever
+    /// each loaded), and from now on every step averages gradients over the ranks.
+    pub fn join(&mut self, b: &dyn ComputeBackend, comm: Arc<dyn Communicator>) -> Result<()> {
+        let (_, params) = self.model.trained_mut();
+        let (m, v) = self.optimizer.moments_mut();
+        let mut state: Vec<&mut Tensor> =
+            params.tensors.iter_mut().chain(&mut m.tensors).chain(&mut v.tensors).collect();
+        comm.broadcast_tensors(b, &mut state, 0)?;
+        // Every rank must be at the same step with the same data position; compare them.
+        let here = [self.step as f32, (self.data_rng.state >> 40) as f32, (self.data_rng.state & 0xFF_FFFF) as f32];
+        let mut most = here;
+        comm.all_reduce(&mut most, ReduceOp::Max)?;
+        if most != here {
+            return Err(Error::value(
+                "Trainer::join",
+                format!("step and data position of rank {}", comm.rank()),
+                "the same on every rank (resume every rank from the same checkpoint)",
+                format!("step {}", self.step),
+            ));
+        }
+        self.comm = comm;
+        Ok(())
+    }
+
+    /// The processes this trainer trains with.
+    pub fn communicator(&self) -> &Arc<dyn Communicator> {
+        &self.comm
+    }
+
+    /// One optimizer step (see the module docs). A non-finite loss or gradient is an
+    /// error and leaves the trained tensors untouched.
+    ///
+    /// Rank `r` of `world` trains on micro-batches `r·accumulation ..` of the
+    /// `accumulation × world` the step draws, so the ranks together see exactly what one
+    /// process with `accumulation × world` sees, and the data position after a step is
+    /// the same at any world size.
+    pub fn train_step(&mut self, b: &dyn ComputeBackend) -> Result<StepStats> {
+        let step = self.step + 1;
+        let accum = self.config.accumulation;
+        let comm = self.comm.clone();
+        let (rank, world) = (comm.rank(), comm.world_size());
+        let ignore = self.data.ignore_index();
+        self.grads.fill_zero(b)?;
+        let mut sync = GradSync::new(comm.as_ref(), self.grads.tensors.len(), DEFAULT_BUCKET_BYTES);
+        let (mut loss_sum, mut tokens) = (0.0f64, 0usize);
+        for micro in 0..accum * world {
+            let batch = self.data.draw(&mut self.data_rng, &self.config);
+            tokens += batch.tokens;
+            if micro / accum != rank {
+                continue;
+            }
+            let (scale, grads) = (1.0 / accum as f32, &mut self.grads);
+            let loss = if micro % accum == accum - 1 {
+                let mut ready = |g: &ParamSet, ids: &[usize]| sync.ready(b, g, ids);
+                self.model.loss_and_grads(b, batch, ignore, scale, grads, &mut ready)?
+            } else {
+                self.model.loss_and_grads(b, batch, ignore, scale, grads, &mut |_, _| Ok(()))?
+            };
+            loss_sum += loss as f64;
+        }
+        sync.finish(b, &mut self.grads)?;
+        let mut loss = [(loss_sum / accum as f64) as f32];
+        if world > 1 {
+            comm.all_reduce(&mut loss, ReduceOp::Average)?;
+        }
+        let (specs, params) = self.model.trained_mut();
+        let update = self.optimizer.update(b, &self.config, step, loss[0], specs, params, &self.grads)?;
+        self.step = step;
+        self.saved = None;
+        Ok(StepStats { step, loss: loss[0], grad_norm: update.grad_norm, lr: update.lr, tokens })
+    }
+
+    /// Held-out loss, and exact match where the data measures it (see [`evaluate`]).
+    pub fn evaluate(&self, b: &dyn ComputeBackend) -> Result<EvalStats> {
+        let held = self.data.held_out(&self.config)?;
+        evaluate(b, self.model.net(), &held, self.data.ignore_index())
+    }
+
+    /// The trainer state written beside a checkpoint (`trainer.json`): the step, the data
+    /// sampler's state, the settings, the ranks, the data, and the source's sections.
+    pub fn state_json(&self) -> Value {
+        let mut v = json!({
+            "step": self.step,
+            "data_rng": self.data_rng.state,
+            "task": self.data.name(),
+            "train": self.config.to_json(),
+            "world_size": self.comm.world_size(),
+            "data": self.data.description(),
+        });
+        if !self.data_args.is_null() {
+            v["data_args"] = self.data_args.clone();
+        }
+        for (key, section) in self.model.checkpoint_state() {
+            v[key] = section;
+        }
+        v
+    }
+
+    /// Saves a checkpoint under `out` (see [`checkpoint::save_contents`]) and returns its
+    /// directory: the trained tensors, the AdamW moments, the source's `config.json` and
+    /// files, and [`state_json`](Self::state_json). The same step is never written twice:
+    /// when `out/step-N` already holds this state (saved or resumed from, with no step
+    /// since), it is returned as is.
+    pub fn save(&mut self, b: &dyn ComputeBackend, out: &Path) -> Result<PathBuf> {
+        let dir = out.join(format!("step-{}", self.step));
+        if self.is_saved_in(out) && checkpoint::is_complete(&dir) {
+            return Ok(dir);
+        }
+        let (specs, params) = self.model.trained();
+        let contents = Contents {
+            specs,
+            params,
+            moments: Some(self.optimizer.moments()),
+            config: self.model.checkpoint_config(),
+            extra: self.model.checkpoint_files()?,
+        };
+        let dir = checkpoint::save_contents(b, out, self.step, &contents, &self.state_json())?;
+        self.saved = Some(dir.clone());
+        Ok(dir)
+    }
+
+    /// Whether the state at the current step is already saved in `out`.
+    pub fn is_saved_in(&self, out: &Path) -> bool {
+        let dir = out.join(format!("step-{}", self.step));
+        self.saved.as_deref().is_some_and(|s| same_path(s, &dir))
+    }
+
+    /// Bytes held in tensors: the model's parameters as stored, the adapters, and the
+    /// gradients and moments of what is trained.
+    pub fn memory(&self) -> MemoryReport {
+        let bytes = |s: &ParamSet| s.tensors.iter().map(|t| t.byte_len() as u64).sum::<u64>();
+        let net = self.model.net();
+        MemoryReport {
+            parameter_bytes: bytes(&net.params),
+            adapter_bytes: net.lora.as_ref().map_or(0, |a| bytes(&a.params)),
+            optimizer_bytes: bytes(&self.grads) + self.optimizer.byte_len(),
+        }
+    }
+}
+
+/// Whether two paths name the same file (compared canonically when both exist).
+fn same_path(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Style;
+    use crate::data::addition::{self, Addition};
+    use fusebox::CpuBackend;
+
+    fn config() -> TrainConfig {
+        TrainConfig {
+            steps: 10,
+            batch: 2,
+            seq_len: 12,
+            lr: 1e-3,
+            warmup: 2,
+            seed: 3,
+            eval_every: 0,
+            eval_batches: 1,
+            ..TrainConfig::default()
+        }
+    }
+
+    fn model_config() -> ModelConfig {
+        ModelConfig { n_layers: 1, d_model: 16, d_ff: 32, ..ModelConfig::tiny(Style::Gpt2, addition::VOCAB, 16) }
+    }
+
+    fn scratch() -> Trainer {
+        let b = CpuBackend::with_threads(1).unwrap();
+        Trainer::scratch(&b, model_config(), config(), Task::Addition(Addition::new(1))).unwrap()
+    }
+
+    fn resume(b: &CpuBackend, out: &Path, c: TrainConfig) -> Result<Trainer> {
+        let (model, saved) = load_model(b, out)?;
+        Trainer::resume(b, model, &saved, c, Task::Addition(Addition::new(1)))
+    }
+
+    /// A trainer one step in, saved in a fresh directory `fusebox-train-{name}-{pid}`.
+    fn saved_after_a_step(b: &CpuBackend, name: &str) -> (Trainer, PathBuf, PathBuf) {
+        let out = std::env::temp_dir().join(format!("fusebox-train-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        let mut t = scratch();
+        t.train_step(b).unwrap();
+        let dir = t.save(b, &out).unwrap();
+        (t, out, dir)
+    }
+
+    #[test]
+    fn resume_refuses_batch_and_accumulation_zero() {
+        let b = CpuBackend::with_threads(1).unwrap();
+        let (_, out, _) = saved_after_a_step(&b, "zero");
+        for c in [TrainConfig { batch: 0, ..config() }, TrainConfig { accumulation: 0, ..config() }] {
+            let e = resume(&b, &out, c).unwrap_err();
+            assert!(e.to_string().contains("at least 1"), "{e}");
+        }
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+
+    #[test]
+    fn data_that_does_not_fit_the_model_is_refused_by_name() {
+        let b = CpuBackend::with_threads(1).unwrap();
+        let bytes = || Task::Random { vocab_size: 256 };
+        let e = Trainer::scratch(&b, model_config(), config(), bytes()).unwrap_err().to_string();
+        assert!(e.contains("vocab_size"), "{e}");
+        let (wide, long) = (ModelConfig { vocab_size: 256, ..model_config() }, TrainConfig { seq_len: 17, ..config() });
+        let e = Trainer::scratch(&b, wide, long, bytes()).unwrap_err().to_string();
+        assert!(e.contains("seq_len") && e.contains("max_seq 16"), "{e}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_same_step_is_never_saved_twice() {
+        use std::os::unix::fs::MetadataExt;
+        let b = CpuBackend::with_threads(1).unwrap();
+        let (mut t, out, dir) = saved_after_a_step(&b, "once");
+        let inode = |d: &Path| std::fs::metadata(d.join("model.safetensors")).unwrap().ino();
+        let first = inode(&dir);
+        // A --save-every save at the last step, then the final save: one write.
+        assert_eq!(t.save(&b, &out).unwrap(), dir);
+        assert_eq!(inode(&dir), first, "the second save rewrote the checkpoint");
+        assert!(t.is_saved_in(&out));
+        // A resumed trainer does not rewrite the checkpoint it came from.
+        let mut r = resume(&b, &out, config()).unwrap();
+        assert_eq!(r.save(&b, &out).unwrap(), dir);
+        assert_eq!(inode(&dir), first);
+        // After a step the next save writes step 2.
+        r.train_step(&b).unwrap();
+        assert!(!r.is_saved_in(&out));
+        assert!(r.save(&b, &out).unwrap().ends_with("step-2"));
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+}
