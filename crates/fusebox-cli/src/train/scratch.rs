@@ -17,12 +17,13 @@ use super::run_loop;
 use crate::backends::backend_for;
 use crate::memory::{available_memory, gib};
 
-/// The defaults of a fresh run for the chosen architecture: the qwen3 and gemma3 presets
-/// (QK-norm) sit on a loss plateau near 0.46 for about 2,000 steps on the addition task
-/// before they learn it, so their cosine schedule runs 6,000 steps.
+/// The defaults of a fresh run for the chosen architecture: the presets with QK-norm
+/// (qwen3, gemma3) sit on a loss plateau near 0.46 for about 2,000 steps on the addition
+/// task before they learn it, so their cosine schedule runs 6,000 steps.
 fn defaults(args: &TrainArgs) -> TrainConfig {
     let mut config = TrainConfig::default();
-    if matches!(args.arch.as_deref(), Some("qwen3" | "gemma3")) {
+    let style = args.arch.as_deref().and_then(|a| Style::parse(a).ok());
+    if style.is_some_and(|s| ModelConfig::tiny(s, 16, 16).arch().qk_norm) {
         config.steps = 6000;
     }
     config
