@@ -167,7 +167,7 @@ mod tests {
                 let ids = Tensor::from_vec((0..12u32).map(|i| i % 20).collect::<Vec<_>>(), [2, 6]).unwrap();
                 let targets = Tensor::from_vec((0..12u32).map(|i| (i * 7) % 20).collect::<Vec<_>>(), [2, 6]).unwrap();
                 let mut plain = ParamSet::zeros(&b, &model.net.specs).unwrap();
-                model.loss_and_grads(&b, &ids, &targets, None, 1.0, &mut plain).unwrap();
+                model.net.loss_and_grads(&b, &ids, &targets, None, 1.0, &mut plain).unwrap();
                 let mut grads = ParamSet::zeros(&b, &model.net.specs).unwrap();
                 let mut sync = GradSync::new(&comm, grads.tensors.len(), 1);
                 let mut order = Vec::new();
@@ -175,7 +175,7 @@ mod tests {
                     order.push(ids.to_vec());
                     sync.ready(&b, g, ids)
                 };
-                model.loss_and_grads_with(&b, &ids, &targets, None, 1.0, &mut grads, &mut ready).unwrap();
+                model.net.loss_and_grads_with(&b, &ids, &targets, None, 1.0, &mut grads, &mut ready).unwrap();
                 sync.finish(&b, &mut grads).unwrap_or_else(|e| panic!("{style:?} tied {tied}: {e}"));
                 let layers = &model.net.index.layers;
                 assert_eq!(order[1], layers[1].params(), "{style:?}: the last block is reported first");

@@ -2,11 +2,11 @@
 //! style a checkpoint records) and the [`Transformer`] it describes. Forward, backward and
 //! cached inference are the transformer's; this type only ties them to the config.
 
-use fusebox::{ComputeBackend, Result, Tensor};
+use fusebox::{ComputeBackend, Result};
 
 use crate::config::ModelConfig;
 use crate::params::{ParamSet, ParamSpec};
-use crate::transformer::{layout, Arch, ForwardCache, GradsReady, ParamIndex, Stacking, Transformer};
+use crate::transformer::{layout, Arch, ParamIndex, Stacking, Transformer};
 
 /// The architecture a from-scratch config describes: its style's preset
 /// ([`crate::arch::Preset::block`]) of the config's sizes.
@@ -41,54 +41,5 @@ impl Model {
         config.validate()?;
         let net = Transformer::from_params(backend, arch_of(&config), params)?;
         Ok(Model { config, net })
-    }
-
-    /// Training forward: logits `[B·T, V]` for ids `[B, T]` (see [`Transformer::forward`]).
-    pub fn forward(&self, b: &dyn ComputeBackend, ids: &Tensor) -> Result<(Tensor, ForwardCache)> {
-        self.net.forward(b, ids)
-    }
-
-    /// Backward from `d_logits` (see [`Transformer::backward`]).
-    pub fn backward(
-        &self,
-        b: &dyn ComputeBackend,
-        cache: ForwardCache,
-        d_logits: &Tensor,
-        grads: &mut ParamSet,
-    ) -> Result<()> {
-        self.net.backward(b, cache, d_logits, grads)
-    }
-
-    /// Loss and gradients (see [`Transformer::loss_and_grads`]).
-    pub fn loss_and_grads(
-        &self,
-        b: &dyn ComputeBackend,
-        ids: &Tensor,
-        targets: &Tensor,
-        ignore: Option<u32>,
-        grad_scale: f32,
-        grads: &mut ParamSet,
-    ) -> Result<f32> {
-        self.net.loss_and_grads(b, ids, targets, ignore, grad_scale, grads)
-    }
-
-    /// Loss and gradients, reporting finished gradients to `ready` (see
-    /// [`Transformer::loss_and_grads_with`]).
-    pub fn loss_and_grads_with(
-        &self,
-        b: &dyn ComputeBackend,
-        ids: &Tensor,
-        targets: &Tensor,
-        ignore: Option<u32>,
-        grad_scale: f32,
-        grads: &mut ParamSet,
-        ready: &mut GradsReady<'_>,
-    ) -> Result<f32> {
-        self.net.loss_and_grads_with(b, ids, targets, ignore, grad_scale, grads, ready)
-    }
-
-    /// Loss without gradients (see [`Transformer::loss`]).
-    pub fn loss(&self, b: &dyn ComputeBackend, ids: &Tensor, targets: &Tensor, ignore: Option<u32>) -> Result<f32> {
-        self.net.loss(b, ids, targets, ignore)
     }
 }

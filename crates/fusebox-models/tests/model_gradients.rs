@@ -47,7 +47,7 @@ fn check_gradients(style: Style) {
     let targets = Tensor::from_vec(targets, [bsz, t]).unwrap();
 
     let mut grads = ParamSet::zeros(&b, &model.net.specs).unwrap();
-    model.loss_and_grads(&b, &ids, &targets, Some(99), 1.0, &mut grads).unwrap();
+    model.net.loss_and_grads(&b, &ids, &targets, Some(99), 1.0, &mut grads).unwrap();
     let analytic = grads.to_values(&b).unwrap();
 
     // Probe a spread of coordinates in every parameter tensor.
@@ -63,7 +63,7 @@ fn check_gradients(style: Style) {
                 v[i] += delta;
                 let m = Model::from_params(&b, cfg.clone(), ParamSet::from_values(&b, &model.net.specs, v).unwrap())
                     .unwrap();
-                m.loss(&b, &ids, &targets, Some(99)).unwrap() as f64
+                m.net.loss(&b, &ids, &targets, Some(99)).unwrap() as f64
             };
             let numeric = (loss_at(h) - loss_at(-h)) / (2.0 * h as f64);
             let a = analytic[i] as f64;
@@ -108,10 +108,10 @@ fn bad_ids_are_errors_not_panics() {
     let b = CpuBackend::new().unwrap();
     let model = Model::new(&b, tiny(Style::Llama), 1).unwrap();
     let too_long = Tensor::from_vec(vec![0u32; 17], [1, 17]).unwrap();
-    assert!(model.forward(&b, &too_long).is_err());
+    assert!(model.net.forward(&b, &too_long).is_err());
     let out_of_vocab = Tensor::from_vec(vec![0u32, 50], [1, 2]).unwrap();
-    assert!(model.forward(&b, &out_of_vocab).is_err());
+    assert!(model.net.forward(&b, &out_of_vocab).is_err());
     let wrong_rank = Tensor::from_vec(vec![0u32, 1], [2]).unwrap();
-    assert!(model.forward(&b, &wrong_rank).is_err());
+    assert!(model.net.forward(&b, &wrong_rank).is_err());
     let _ = b.name();
 }

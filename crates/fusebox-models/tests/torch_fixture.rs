@@ -70,7 +70,7 @@ fn check_against_torch(style: &str) {
     assert!(targets.to_vec::<u32>().unwrap().contains(&ignore), "the fixture has an ignored position");
 
     let mut grads = ParamSet::zeros(&b, &model.net.specs).unwrap();
-    let loss = model.loss_and_grads(&b, &ids, &targets, Some(ignore), 1.0, &mut grads).unwrap() as f64;
+    let loss = model.net.loss_and_grads(&b, &ids, &targets, Some(ignore), 1.0, &mut grads).unwrap() as f64;
     let want_loss = f32s(&st, "loss")[0] as f64;
     let loss_rel = (loss / want_loss - 1.0).abs();
     assert!(loss_rel <= LOSS_REL, "{style}: loss {loss:.8} vs torch {want_loss:.8} (relative error {loss_rel:.2e})");
