@@ -46,9 +46,11 @@ fn smollm2_path() -> PathBuf {
     }
 }
 
-/// A fresh scratch directory for one test.
+/// A fresh scratch directory for one test, under the target directory: SmolLM2's exports
+/// (about 2 GB) live for the whole test process (a `static`), so they are replaced by the
+/// next run and removed by `cargo clean`, never left to pile up in the system's temp folder.
 fn scratch(test: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("fusebox-export-{test}-{}", std::process::id()));
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("export-{test}"));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
