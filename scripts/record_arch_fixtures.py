@@ -95,6 +95,30 @@ ARCHS = {
             "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
         },
     ),
+    # Mixture of experts: softmax routing without renormalising the k weights, and the
+    # load-balancing loss in the training loss (output_router_logits).
+    "qwen3_moe": transformers.Qwen3MoeConfig(
+        **COMMON,
+        head_dim=16,
+        moe_intermediate_size=24,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+        output_router_logits=True,
+        router_aux_loss_coef=0.02,
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+    ),
+    # Renormalised top-2 of 4 experts, each as wide as the dense MLP.
+    "mixtral": transformers.MixtralConfig(
+        **COMMON,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=None,
+        output_router_logits=True,
+        router_aux_loss_coef=0.02,
+        tie_word_embeddings=False,
+    ),
     "gpt2": transformers.GPT2Config(
         vocab_size=VOCAB,
         n_embd=D,
@@ -133,6 +157,7 @@ def byte_tokenizer(path):
 def build(name, config):
     torch.manual_seed(sum(map(ord, name)))
     config._attn_implementation = "eager"
+    config._experts_implementation = "eager"  # float64: the grouped kernels take f32/bf16 only
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for pname, p in model.named_parameters():
@@ -185,8 +210,26 @@ def record(name, config):
         "train_ids": train_ids[0].float(),
         "loss": loss.detach().float().reshape(1),
     }
-    for pname, p in model.named_parameters():
-        tensors["grad." + pname] = p.grad.float().contiguous()
+    if any(".experts." in pname for pname, _ in model.named_parameters()):
+        # transformers keeps experts as 3-D tensors in memory and writes one tensor per
+        # expert: the gradients are saved the way the weights are, so they carry the
+        # checkpoint's names.
+        grads = copy.deepcopy(model)
+        with torch.no_grad():
+            for (_, g), (_, p) in zip(grads.named_parameters(), model.named_parameters()):
+                g.copy_(p.grad)
+        tmp = os.path.join(OUT, name + ".grads.tmp")
+        grads.to(torch.float32).save_pretrained(tmp)
+        from safetensors.torch import load_file
+
+        for k, v in load_file(os.path.join(tmp, "model.safetensors")).items():
+            tensors["grad." + k] = v.contiguous()
+        for f in os.listdir(tmp):
+            os.remove(os.path.join(tmp, f))
+        os.rmdir(tmp)
+    else:
+        for pname, p in model.named_parameters():
+            tensors["grad." + pname] = p.grad.float().contiguous()
     ref = os.path.join(OUT, name + ".reference.safetensors")
     save_file(tensors, ref)
     for f in os.listdir(out):

@@ -76,6 +76,7 @@ struct_to_backend!(LinearGradients { dx, dweight, dbias });
 struct_to_backend!(PairGradients { da, db });
 struct_to_backend!(CrossEntropyOutput { loss, d_logits }, count);
 struct_to_backend!(TopK { values, indices });
+struct_to_backend!(Routed { weights, experts });
 
 /// Runs a CPU kernel for an op a backend does not compute natively: the named tensor
 /// arguments are brought to the host, the kernel runs on the backend's CPU backend
@@ -495,6 +496,82 @@ pub trait ComputeBackend: Send + Sync + Debug {
     /// `[B, Hq, Tq, len]`.
     fn head_prefix_matmul(&self, q: &Tensor, k_cache: &Tensor, len: usize) -> Result<Tensor> {
         on_cpu!(self, cpu::matmul::head_prefix_matmul; [q, k_cache], len)
+    }
+
+    // ──────────────────────────── mixture of experts ────────────────────────────
+
+    /// The router of a mixture-of-experts layer: per row of logits `l` (one per expert),
+    /// the k experts with the largest logits, largest first (ties: lower index first), and
+    /// their weights: `softmax(l)` at them ([`Routing::SoftmaxTopK`]), or the softmax over
+    /// the k chosen logits alone ([`Routing::SoftmaxTopKNormalized`],
+    /// [`Routing::TopKSoftmax`]).
+    ///
+    /// # Shapes
+    /// `logits`: `[..., E]`, `1 ≤ k ≤ E` → weights `[..., k]` (logits' dtype), experts
+    /// `[..., k]` U32.
+    fn moe_route(&self, logits: &Tensor, k: usize, routing: Routing) -> Result<Routed> {
+        on_cpu!(self, cpu::moe::moe_route; [logits], k, routing)
+    }
+
+    /// Gradient of `moe_route`'s weights with respect to the logits (the choice of experts
+    /// is piecewise constant): with `p = softmax(l)`, `∂L/∂l_i = p_i·(g_i − Σ_j w_j·g_j)`
+    /// unnormalised, `∂L/∂l_{e_j} = w_j·(g_j − Σ w·g)` (others 0) normalised, where `g`
+    /// is `d_weights` placed at the chosen experts.
+    ///
+    /// # Shapes
+    /// `logits`: `[..., E]`; `experts`: `[..., k]` U32 (the forward's); `d_weights`:
+    /// `[..., k]`, logits' dtype → `[..., E]`, logits' dtype.
+    fn moe_route_backward(
+        &self,
+        logits: &Tensor,
+        experts: &Tensor,
+        d_weights: &Tensor,
+        routing: Routing,
+    ) -> Result<Tensor> {
+        on_cpu!(self, cpu::moe::moe_route_backward; [logits, experts, d_weights], routing)
+    }
+
+    /// Each row times its own expert's weight: `y[t, j] = x[t, r(j)] · W[experts[t, j]]ᵀ`,
+    /// `r(j) = 0` when x has one row per token (the gate and up projections, shared by the
+    /// k experts), `j` when it has one per chosen expert (the down projection). W is in x's
+    /// float dtype or a storage format, read from its blocks as `quantized_matmul` does;
+    /// each chosen expert's weight is read once per call, the others not at all.
+    ///
+    /// # Shapes
+    /// `x`: `[T, R, K]` (R = 1 or k); `w`: `[E, N, K]`; `experts`: `[T, k]` U32 →
+    /// `[T, k, N]`, x's dtype.
+    fn expert_matmul(&self, x: &Tensor, w: &Tensor, experts: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::moe::expert_matmul; [x, w, experts])
+    }
+
+    /// Backward of `expert_matmul`: returns `dx[t, r(j)] = Σ dy[t, j] · W[experts[t, j]]`
+    /// (from W's blocks for a storage format) and, when `dw` is given (float W only; it
+    /// must be writable), adds `dW[e] += Σ_{experts[t, j] = e} dy[t, j]ᵀ · x[t, r(j)]`.
+    ///
+    /// # Shapes
+    /// as `expert_matmul`; `dy`: `[T, k, N]`, x's dtype; `dw`: `[E, N, K]`, w's dtype →
+    /// `[T, R, K]`, x's dtype.
+    fn expert_matmul_backward(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        experts: &Tensor,
+        dy: &Tensor,
+        dw: Option<&mut Tensor>,
+    ) -> Result<Tensor> {
+        let (x, w, experts, dy) = (self.to_host(x)?, self.to_host(w)?, self.to_host(experts)?, self.to_host(dy)?);
+        let cpu = self.cpu();
+        let _isa = cpu.enter();
+        match dw {
+            Some(dw) if !dw.is_host() => {
+                // Device-resident gradient: accumulate into a host copy, then write it back.
+                let mut host = self.to_host(dw)?;
+                let dx = cpu::moe::expert_matmul_backward(cpu, &x, &w, &experts, &dy, Some(&mut host))?;
+                self.copy_into(dw, &self.upload(&host)?)?;
+                dx.to_backend(self)
+            }
+            dw => cpu::moe::expert_matmul_backward(cpu, &x, &w, &experts, &dy, dw)?.to_backend(self),
+        }
     }
 
     // ──────────────────────────────── attention ────────────────────────────────

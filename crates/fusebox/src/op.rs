@@ -62,6 +62,11 @@ ops! {
     LinearBackward => "linear_backward",
     LinearBackwardAccumulate => "linear_backward_accumulate",
     HeadPrefixMatmul => "head_prefix_matmul",
+    // mixture of experts
+    MoeRoute => "moe_route",
+    MoeRouteBackward => "moe_route_backward",
+    ExpertMatmul => "expert_matmul",
+    ExpertMatmulBackward => "expert_matmul_backward",
     // attention
     Attention => "attention",
     Sdpa => "sdpa",

@@ -185,3 +185,36 @@ impl Default for Conv2dConfig {
         Conv2dConfig { stride: (1, 1), padding: (0, 0), dilation: (1, 1), groups: 1 }
     }
 }
+
+/// How a mixture-of-experts router turns its logits `l` (one per expert) into the k
+/// chosen experts and their weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Routing {
+    /// `p = softmax(l)` over all experts; the k largest `p` are chosen and weighted by
+    /// `p` itself (their sum is below 1): OLMoE, Qwen3-MoE with `norm_topk_prob: false`.
+    SoftmaxTopK,
+    /// As [`SoftmaxTopK`](Routing::SoftmaxTopK), the k weights then divided by their sum:
+    /// Mixtral, Qwen3-MoE with `norm_topk_prob: true`.
+    SoftmaxTopKNormalized,
+    /// The k largest logits are chosen and weighted by the softmax over those k alone
+    /// (gpt-oss). The same function as
+    /// [`SoftmaxTopKNormalized`](Routing::SoftmaxTopKNormalized) (`e^{l_i}/Σ_chosen e^{l_j}`
+    /// either way), named for the architectures that write it this way.
+    TopKSoftmax,
+}
+
+impl Routing {
+    /// Whether the k weights sum to 1 (a softmax over the chosen experts).
+    pub fn normalized(self) -> bool {
+        !matches!(self, Routing::SoftmaxTopK)
+    }
+}
+
+/// Output of `moe_route`: the chosen experts of each row and their weights.
+#[derive(Debug, Clone)]
+pub struct Routed {
+    /// `[..., k]` the router logits' dtype: each chosen expert's weight.
+    pub weights: Tensor,
+    /// `[..., k]` U32: the chosen experts, largest weight first (ties: lower index first).
+    pub experts: Tensor,
+}

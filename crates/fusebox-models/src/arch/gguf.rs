@@ -166,6 +166,7 @@ pub fn gguf_llama_like(k: &GgufKeys<'_>, style: RopeStyle) -> Result<Arch> {
         attn_scale: 1.0 / (head_dim as f32).sqrt(),
         embed_scale: 1.0,
         tied_embeddings: true,
+        moe: None,
     })
 }
 
@@ -181,6 +182,11 @@ impl GgufMetaOut {
     pub fn new(arch: &str) -> GgufMetaOut {
         let entries = vec![("general.architecture".to_string(), Value::String(arch.to_string()))];
         GgufMetaOut { arch: arch.to_string(), entries }
+    }
+
+    /// `general.architecture`, the prefix of its `{arch}.*` keys.
+    pub fn arch(&self) -> &str {
+        &self.arch
     }
 
     /// Sets a key as it is (`general.file_type`).

@@ -34,6 +34,7 @@ pub static HF_NAMES: NameTable = NameTable {
         ("norm_f.weight", "ln_f.weight", Fix::None),
         ("norm_f.bias", "ln_f.bias", Fix::None),
     ],
+    extends: None,
 };
 
 static HF: HfFacts = HfFacts {
@@ -56,6 +57,7 @@ pub static PRESET: Preset = Preset {
     block: |cfg| Arch {
         rope: Rope::plain(f64::from(cfg.rope_theta), RopeStyle::HalfSplit),
         tied_embeddings: cfg.tied_embeddings,
+        moe: None,
         ..gpt2(cfg.vocab_size, cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.max_seq, cfg.norm_eps)
     },
     tiny_kv_heads: 4,
@@ -104,6 +106,7 @@ fn gpt2(vocab_size: usize, n_layers: usize, d_model: usize, n_heads: usize, d_ff
         attn_scale: if n_heads > 0 && d_model >= n_heads { 1.0 / ((d_model / n_heads) as f32).sqrt() } else { 1.0 },
         embed_scale: 1.0,
         tied_embeddings: true,
+        moe: None,
     }
 }
 

@@ -262,6 +262,7 @@ pub fn hf_sizes(c: &HfConfig<'_>, name: &str, default_eps: f64) -> Result<Arch> 
         attn_scale: 1.0 / (head_dim as f32).sqrt(),
         embed_scale: 1.0,
         tied_embeddings: c.flag("tie_word_embeddings")?.unwrap_or(false),
+        moe: None,
     })
 }
 

@@ -46,6 +46,7 @@ pub fn block(cfg: &ModelConfig, name: &str) -> Arch {
         attn_scale: 1.0 / (cfg.head_dim() as f32).sqrt(),
         embed_scale: 1.0,
         tied_embeddings: cfg.tied_embeddings,
+        moe: None,
     }
 }
 
@@ -67,17 +68,25 @@ impl Architecture for Llama {
     }
 
     /// llama.cpp's converter permutes the q and k rows of Llama weights so that rope
-    /// pairs are adjacent (interleaved); a window makes it Mistral.
+    /// pairs are adjacent (interleaved); a window makes it Mistral, experts Mixtral
+    /// (`llama.expert_count`, renormalised softmax routing).
     fn read_gguf(&self, k: &GgufKeys<'_>) -> Result<Arch> {
         let mut arch = gguf_llama_like(k, RopeStyle::Interleaved)?;
         if let Some(w) = k.opt_size("attention.sliding_window")? {
             super::mistral::set_window(&mut arch, w);
         }
+        if let Some(moe) = super::moe::gguf_moe(k, true)? {
+            arch.name = "mixtral".into();
+            arch.moe = Some(moe);
+        }
         Ok(arch)
     }
 
     fn write_hf(&self, arch: &Arch, c: &mut HfConfigOut) -> Result<()> {
-        // A Llama with a window is Mistral in transformers.
+        // A Llama with experts is Mixtral in transformers, with a window Mistral.
+        if arch.moe.is_some() {
+            return super::mixtral::Mixtral.write_hf(arch, c);
+        }
         if arch.sliding_window.is_some() {
             return super::mistral::Mistral.write_hf(arch, c);
         }

@@ -14,10 +14,12 @@
 //! | [`qwen3`] | RMS | SwiGLU | rope | per-head QK-norm, explicit head_dim |
 //! | [`phi3`] | RMS | SwiGLU | rope | fused qkv and gate_up |
 //! | [`gemma3`] | RMS (1 + w) | GeGLU | rope, local base | pre+post norms, QK-norm, √d embeddings, local/global layers |
+//! | [`mixtral`] | RMS | SwiGLU experts | rope | Mistral with experts (softmax, renormalised top-k) |
+//! | [`qwen3_moe`] | RMS | SwiGLU experts | rope | Qwen3 with experts (`norm_topk_prob`), dense `mlp_only_layers` |
 //!
 //! What the files share lives beside them: [`hf`] (reading and writing `config.json`),
 //! [`gguf`] (reading and writing `{arch}.*` metadata), [`names`] (tensor names) and
-//! [`preset`] (from-scratch configs).
+//! [`preset`] (from-scratch configs), and [`moe`] (the experts' keys).
 
 pub mod gemma3;
 pub mod gguf;
@@ -25,18 +27,21 @@ pub mod gpt2;
 pub mod hf;
 pub mod llama;
 pub mod mistral;
+pub mod mixtral;
+pub mod moe;
 pub mod names;
 pub mod phi3;
 pub mod preset;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen3_moe;
 
 use fusebox::{Error, Result};
 use serde_json::Value as Json;
 
 pub use gguf::{gguf_llama_like, GgufKeys, GgufMetaOut};
 pub use hf::{hf_llama_like, hf_sizes, hf_sliding_window_all, HfConfig, HfConfigOut};
-pub use names::{Fix, NameTable, GGUF_NAMES, HF_LLAMA_NAMES};
+pub use names::{Fix, NameTable, GGUF_NAMES, HF_LLAMA_NAMES, HF_MOE_NAMES};
 pub use preset::{ModelConfig, Preset, Style};
 
 use crate::gguf::Metadata;
@@ -88,8 +93,10 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &gpt2::Gpt2,
     &llama::Llama,
     &mistral::Mistral,
+    &mixtral::Mixtral,
     &qwen2::Qwen2,
     &qwen3::Qwen3,
+    &qwen3_moe::Qwen3Moe,
     &phi3::Phi3,
     &gemma3::Gemma3,
 ];

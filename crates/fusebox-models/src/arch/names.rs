@@ -25,17 +25,25 @@ pub struct NameTable {
     pub layer: &'static [(&'static str, &'static str, Fix)],
     /// Global names.
     pub global: &'static [(&'static str, &'static str, Fix)],
+    /// The table this one adds to: names not found here are looked up there.
+    pub extends: Option<&'static NameTable>,
 }
 
 impl NameTable {
-    /// The file's name of fusebox parameter `name`, and its fix.
+    /// The file's name of fusebox parameter `name`, and its fix. A name holding `{e}`
+    /// stands for one file tensor per expert (`mlp.experts.{e}.gate_proj.weight`), stacked
+    /// along a new first axis into the parameter.
     pub fn file_name(&self, name: &str) -> Option<(String, Fix)> {
-        if let Some(rest) = name.strip_prefix("h.") {
+        let own = if let Some(rest) = name.strip_prefix("h.") {
             let (l, part) = rest.split_once('.')?;
-            let (_, file, fix) = self.layer.iter().find(|(ours, _, _)| *ours == part)?;
-            return Some((format!("{}{l}.{file}", self.layer_prefix), *fix));
-        }
-        self.global.iter().find(|(ours, _, _)| *ours == name).map(|(_, file, fix)| (file.to_string(), *fix))
+            self.layer
+                .iter()
+                .find(|(ours, _, _)| *ours == part)
+                .map(|(_, file, fix)| (format!("{}{l}.{file}", self.layer_prefix), *fix))
+        } else {
+            self.global.iter().find(|(ours, _, _)| *ours == name).map(|(_, file, fix)| (file.to_string(), *fix))
+        };
+        own.or_else(|| self.extends?.file_name(name))
     }
 }
 
@@ -69,6 +77,10 @@ pub static GGUF_NAMES: NameTable = NameTable {
         ("mlp.proj.weight", "ffn_down.weight", Fix::None),
         ("mlp.proj.bias", "ffn_down.bias", Fix::None),
         ("post_mlp_norm.weight", "post_ffw_norm.weight", Fix::None),
+        ("mlp.router.weight", "ffn_gate_inp.weight", Fix::None),
+        ("mlp.experts.gate.weight", "ffn_gate_exps.weight", Fix::None),
+        ("mlp.experts.up.weight", "ffn_up_exps.weight", Fix::None),
+        ("mlp.experts.down.weight", "ffn_down_exps.weight", Fix::None),
     ],
     global: &[
         ("wte", "token_embd.weight", Fix::None),
@@ -77,6 +89,7 @@ pub static GGUF_NAMES: NameTable = NameTable {
         ("norm_f.bias", "output_norm.bias", Fix::None),
         ("lm_head.weight", "output.weight", Fix::None),
     ],
+    extends: None,
 };
 
 /// The HF names of the Llama family (`LlamaForCausalLM` and the models written as its diff).
@@ -107,6 +120,21 @@ pub static HF_LLAMA_NAMES: NameTable = NameTable {
         ("norm_f.weight", "model.norm.weight", Fix::None),
         ("lm_head.weight", "lm_head.weight", Fix::None),
     ],
+    extends: None,
+};
+
+/// The HF names of the mixture-of-experts models written as Llama's diff with
+/// `mlp.gate` the router and `mlp.experts.N.*_proj` the experts (Qwen3-MoE, OLMoE).
+pub static HF_MOE_NAMES: NameTable = NameTable {
+    layer_prefix: "model.layers.",
+    layer: &[
+        ("mlp.router.weight", "mlp.gate.weight", Fix::None),
+        ("mlp.experts.gate.weight", "mlp.experts.{e}.gate_proj.weight", Fix::None),
+        ("mlp.experts.up.weight", "mlp.experts.{e}.up_proj.weight", Fix::None),
+        ("mlp.experts.down.weight", "mlp.experts.{e}.down_proj.weight", Fix::None),
+    ],
+    global: &[],
+    extends: Some(&HF_LLAMA_NAMES),
 };
 
 /// A derived buffer some HF exports keep (recomputed from the config here).

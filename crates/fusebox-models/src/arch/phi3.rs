@@ -29,6 +29,7 @@ pub static HF_NAMES: NameTable = NameTable {
         ("norm_f.weight", "model.norm.weight", Fix::None),
         ("lm_head.weight", "lm_head.weight", Fix::None),
     ],
+    extends: None,
 };
 
 static HF: HfFacts = HfFacts {

@@ -6,7 +6,7 @@
 //! fine-tuning checkpoint's `arch.json`); the field names are the Rust ones, the
 //! choices snake case (`"rms"`, `"swiglu"`, `{"type": "llama3", ...}`).
 
-use fusebox::{Error, Result, RopeStyle};
+use fusebox::{Error, Result, RopeStyle, Routing};
 use serde::{Deserialize, Serialize};
 
 /// Which normalisation the blocks use.
@@ -36,6 +36,53 @@ impl Mlp {
     /// Whether the MLP has a gate beside its up projection.
     pub fn gated(self) -> bool {
         !matches!(self, Mlp::Gelu)
+    }
+}
+
+/// A mixture-of-experts MLP: per token a router (`[experts, D]`) picks `top_k` of
+/// `experts` gated MLPs (the block's activation, [`Arch::mlp`], hidden width `d_expert`)
+/// and sums their outputs, each times its routing weight.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Moe {
+    /// Experts per layer.
+    pub experts: usize,
+    /// Experts each token uses.
+    pub top_k: usize,
+    /// Hidden width of one expert.
+    pub d_expert: usize,
+    /// How router logits become the chosen experts' weights.
+    #[serde(with = "routing")]
+    pub routing: Routing,
+    /// Weight of the load-balancing loss in training (transformers'
+    /// `router_aux_loss_coef` when `output_router_logits`; 0: none).
+    #[serde(default)]
+    pub aux_loss_coef: f32,
+    /// Layers whose MLP is dense (width [`Arch::d_ff`]) instead (Qwen3-MoE's
+    /// `mlp_only_layers`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dense_layers: Vec<usize>,
+}
+
+/// [`Routing`] as JSON: `"softmax_topk"`, `"softmax_topk_normalized"` or `"topk_softmax"`.
+mod routing {
+    use fusebox::Routing;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    const NAMES: &[(&str, Routing)] = &[
+        ("softmax_topk", Routing::SoftmaxTopK),
+        ("softmax_topk_normalized", Routing::SoftmaxTopKNormalized),
+        ("topk_softmax", Routing::TopKSoftmax),
+    ];
+
+    pub fn serialize<S: Serializer>(r: &Routing, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(NAMES.iter().find(|(_, v)| v == r).map_or("softmax_topk", |(n, _)| n))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Routing, D::Error> {
+        let name = String::deserialize(d)?;
+        NAMES.iter().find(|(n, _)| *n == name).map(|(_, r)| *r).ok_or_else(|| {
+            serde::de::Error::unknown_variant(&name, &["softmax_topk", "softmax_topk_normalized", "topk_softmax"])
+        })
     }
 }
 
@@ -331,6 +378,9 @@ pub struct Arch {
     pub embed_scale: f32,
     /// The output head is the token embedding table.
     pub tied_embeddings: bool,
+    /// Mixture-of-experts MLPs (in every layer but [`Moe::dense_layers`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<Moe>,
 }
 
 impl Arch {
@@ -358,6 +408,11 @@ impl Arch {
             (Some(LayerAttention::Local), Some(local)) => local,
             _ => &self.rope,
         }
+    }
+
+    /// The experts of layer `l`, when its MLP is a mixture of experts.
+    pub fn experts_at(&self, l: usize) -> Option<&Moe> {
+        self.moe.as_ref().filter(|m| !m.dense_layers.contains(&l))
     }
 
     /// `self` as JSON (every field).
@@ -432,6 +487,34 @@ impl Arch {
             Some(0) => return bad("sliding_window", "> 0".into(), "0".into()),
             None if any_local => return bad("sliding_window", "a window for the local layers".into(), "none".into()),
             _ => {}
+        }
+        if let Some(m) = &self.moe {
+            if m.experts == 0 || m.experts > u32::MAX as usize {
+                return bad("moe.experts", "1..=2³²".into(), m.experts.to_string());
+            }
+            if m.top_k == 0 || m.top_k > m.experts {
+                return bad("moe.top_k", format!("1..={} (the experts)", m.experts), m.top_k.to_string());
+            }
+            if m.d_expert == 0 {
+                return bad("moe.d_expert", "> 0".into(), "0".into());
+            }
+            let per_layer = m.experts.checked_mul(m.d_expert).and_then(|v| v.checked_mul(self.d_model));
+            if per_layer.is_none_or(|v| v > isize::MAX as usize / 8) {
+                return bad(
+                    "moe",
+                    "experts × d_expert × d_model that fits in memory".into(),
+                    "an overflowing product".into(),
+                );
+            }
+            if !(m.aux_loss_coef >= 0.0 && m.aux_loss_coef.is_finite()) {
+                return bad("moe.aux_loss_coef", "a finite value ≥ 0".into(), m.aux_loss_coef.to_string());
+            }
+            if !self.mlp.gated() {
+                return bad("mlp", "a gated MLP (experts are gated)".into(), format!("{:?}", self.mlp));
+            }
+            if let Some(l) = m.dense_layers.iter().find(|&&l| l >= self.n_layers) {
+                return bad("moe.dense_layers", format!("layers < {}", self.n_layers), l.to_string());
+            }
         }
         self.rope.validate("rope", self.head_dim)?;
         if let Some(local) = &self.rope_local {

@@ -172,16 +172,18 @@ impl Transformer {
         if let Some(loss) = self.counted_loss_and_grads(b, ids, targets, ignore, grad_scale, sink, ready)? {
             return Ok(loss);
         }
-        let (logits, cache) = self.forward(b, ids)?;
+        let (logits, mut cache) = self.forward(b, ids)?;
+        let aux = self.router_aux_loss(b, &mut cache.layers, grad_scale)?;
         let n = logits.dims()[0];
         let ce = b.cross_entropy(&logits, &targets.reshape([n])?, ignore)?;
         let loss = b.to_host(&ce.loss)?.to_vec::<f32>()?[0];
         let d_logits = if grad_scale == 1.0 { ce.d_logits } else { b.mul_scalar(&ce.d_logits, grad_scale)? };
         self.backward_impl(b, cache, &d_logits, sink, ready)?;
-        Ok(loss)
+        Ok(loss + aux)
     }
 
-    /// Mean cross-entropy without gradients (evaluation).
+    /// Mean cross-entropy without gradients (evaluation; a mixture of experts' load-balancing
+    /// loss is a training term and is not part of it).
     pub fn loss(&self, b: &dyn ComputeBackend, ids: &Tensor, targets: &Tensor, ignore: Option<u32>) -> Result<f32> {
         let (logits, _) = self.forward(b, ids)?;
         let n = logits.dims()[0];

@@ -22,7 +22,7 @@ pub(super) struct LayerSaved {
     /// After the attention's residual add, and `norm2` of it.
     x_mid: Tensor,
     norm2: NormOutput,
-    mlp: MlpSaved,
+    pub(super) mlp: MlpSaved,
     post_mlp: PostNormSaved,
 }
 

@@ -38,7 +38,8 @@ impl Transformer {
         if rows.is_empty() || rows.len() * 2 > all.len() || all.len() > u32::MAX as usize {
             return Ok(None);
         }
-        let cache = self.forward_trunk(b, ids)?;
+        let mut cache = self.forward_trunk(b, ids)?;
+        let aux = self.router_aux_loss(b, &mut cache.layers, grad_scale)?;
         let (n, d, c) = (cache.batch * cache.seq, self.arch.d_model, rows.len());
         if n != all.len() {
             return Ok(None); // targets do not match ids: the dense path reports it
@@ -55,7 +56,7 @@ impl Transformer {
         let mut dhf = b.zeros(&Shape::new(vec![n, d]), DType::F32)?;
         b.scatter_add_rows(&mut dhf, &rows, &dh)?;
         self.backward_below_head(b, cache, &dhf, sink, ready)?;
-        Ok(Some(loss))
+        Ok(Some(loss + aux))
     }
 }
 

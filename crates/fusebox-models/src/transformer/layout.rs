@@ -37,6 +37,33 @@ impl Proj {
     }
 }
 
+/// The MLP of one block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ffn {
+    /// Dense projections.
+    Dense {
+        /// Gated: gate and up `[F, D]`; else the one up (`fc`) projection.
+        up: Proj,
+        /// Down projection `[D, F]`.
+        down: Proj,
+    },
+    /// A mixture of experts.
+    Experts(ExpertIndex),
+}
+
+/// Indices of a mixture-of-experts MLP's parameters (E experts of hidden width F).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertIndex {
+    /// The router `[E, D]`.
+    pub router: usize,
+    /// Every expert's gate `[E, F, D]`.
+    pub gate: usize,
+    /// Every expert's up projection `[E, F, D]`.
+    pub up: usize,
+    /// Every expert's down projection `[E, D, F]`.
+    pub down: usize,
+}
+
 /// Indices of one decoder block's parameters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LayerIndex {
@@ -54,10 +81,8 @@ pub struct LayerIndex {
     pub post_attn_norm: Option<NormIndex>,
     /// Norm before the MLP.
     pub norm2: NormIndex,
-    /// Gated: gate and up `[F, D]`; else the one up (`fc`) projection.
-    pub up: Proj,
-    /// Down projection `[D, F]`.
-    pub down: Proj,
+    /// The MLP's weights.
+    pub ffn: Ffn,
     /// Norm of the MLP output before the residual add (Gemma).
     pub post_mlp_norm: Option<NormIndex>,
 }
@@ -73,8 +98,13 @@ impl LayerIndex {
         v.extend(proj(&self.o));
         v.extend(self.post_attn_norm.iter().flat_map(norm).flatten());
         v.extend(norm(&self.norm2).into_iter().flatten());
-        v.extend(proj(&self.up));
-        v.extend(proj(&self.down));
+        match &self.ffn {
+            Ffn::Dense { up, down } => {
+                v.extend(proj(up));
+                v.extend(proj(down));
+            }
+            Ffn::Experts(e) => v.extend([e.router, e.gate, e.up, e.down]),
+        }
         v.extend(self.post_mlp_norm.iter().flat_map(norm).flatten());
         v
     }
@@ -172,7 +202,15 @@ pub fn layout(arch: &Arch, stacking: impl Fn(usize) -> Stacking) -> (Vec<ParamSp
         let o = proj(&mut push, &[("attn.o", d)], None, q, std_res, arch.bias.o);
         let post_attn_norm = arch.post_norms.then(|| norm(&mut push, "post_attn_norm"));
         let norm2 = norm(&mut push, "norm2");
-        let (up, down) = if arch.mlp.gated() {
+        let ffn = if let Some(moe) = arch.experts_at(l) {
+            let (e, fe) = (moe.experts, moe.d_expert);
+            Ffn::Experts(ExpertIndex {
+                router: push(p("mlp.router.weight"), vec![e, d], Init::Normal(std), true),
+                gate: push(p("mlp.experts.gate.weight"), vec![e, fe, d], Init::Normal(std), true),
+                up: push(p("mlp.experts.up.weight"), vec![e, fe, d], Init::Normal(std), true),
+                down: push(p("mlp.experts.down.weight"), vec![e, d, fe], Init::Normal(std_res), true),
+            })
+        } else if arch.mlp.gated() {
             let up = proj(
                 &mut push,
                 &[("mlp.gate", f), ("mlp.up", f)],
@@ -181,13 +219,13 @@ pub fn layout(arch: &Arch, stacking: impl Fn(usize) -> Stacking) -> (Vec<ParamSp
                 std,
                 arch.bias.mlp,
             );
-            (up, proj(&mut push, &[("mlp.down", d)], None, f, std_res, arch.bias.mlp))
+            Ffn::Dense { up, down: proj(&mut push, &[("mlp.down", d)], None, f, std_res, arch.bias.mlp) }
         } else {
             let up = proj(&mut push, &[("mlp.fc", f)], None, d, std, arch.bias.mlp);
-            (up, proj(&mut push, &[("mlp.proj", d)], None, f, std_res, arch.bias.mlp))
+            Ffn::Dense { up, down: proj(&mut push, &[("mlp.proj", d)], None, f, std_res, arch.bias.mlp) }
         };
         let post_mlp_norm = arch.post_norms.then(|| norm(&mut push, "post_mlp_norm"));
-        layers.push(LayerIndex { norm1, qkv, q_norm, k_norm, o, post_attn_norm, norm2, up, down, post_mlp_norm });
+        layers.push(LayerIndex { norm1, qkv, q_norm, k_norm, o, post_attn_norm, norm2, ffn, post_mlp_norm });
     }
     let norm_f = NormIndex {
         weight: push("norm_f.weight".into(), vec![d], Init::Ones, false),

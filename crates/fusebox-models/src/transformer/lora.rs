@@ -11,7 +11,7 @@
 use fusebox::{ComputeBackend, Error, Result, Shape};
 
 use super::arch::Arch;
-use super::layout::ParamIndex;
+use super::layout::{Ffn, ParamIndex};
 use crate::params::{Init, ParamSet, ParamSpec};
 use crate::rng::Rng;
 
@@ -250,6 +250,18 @@ impl Adapters {
                         format!("'{}'", t.name()),
                     )
                 })?;
+                if arch.experts_at(l).is_some() && matches!(group, Group::Up | Group::Down) {
+                    return Err(Error::value(
+                        "--lora-targets",
+                        "target",
+                        format!(
+                            "an attention projection (q, k, v, o): layer {l} of {} is a mixture of experts, whose \
+                             projections take no LoRA adapters yet",
+                            arch.name
+                        ),
+                        format!("'{}'", t.name()),
+                    ));
+                }
                 let (out, inp) = match t {
                     Target::Q => (q, d),
                     Target::K | Target::V => (kv, d),
@@ -349,11 +361,12 @@ impl Adapters {
 pub(crate) fn base_rows(index: &ParamIndex, l: usize, t: Target, gated: bool) -> Option<(usize, usize, usize)> {
     let (group, part) = t.site(gated)?;
     let li = index.layers.get(l)?;
-    let p = match group {
-        Group::Qkv => &li.qkv,
-        Group::O => &li.o,
-        Group::Up => &li.up,
-        Group::Down => &li.down,
+    let p = match (group, &li.ffn) {
+        (Group::Qkv, _) => &li.qkv,
+        (Group::O, _) => &li.o,
+        (Group::Up, Ffn::Dense { up, .. }) => up,
+        (Group::Down, Ffn::Dense { down, .. }) => down,
+        (Group::Up | Group::Down, Ffn::Experts(_)) => return None,
     };
     if p.stacked() {
         let start: usize = p.parts[..part].iter().sum();

@@ -1,35 +1,84 @@
-//! The MLP sublayer, forward and backward side by side:
+//! The MLP sublayer, forward and backward side by side: dense,
 //! `m = down(act(up(h)))` with `act` GELU (GPT-2), `silu(gate)·up` (SwiGLU) or
-//! `gelu(gate)·up` (GeGLU), each a fused op with its fused backward.
+//! `gelu(gate)·up` (GeGLU), each a fused op with its fused backward; or a mixture of
+//! experts (`experts.rs`) with the same gated activation.
 
 use fusebox::{ComputeBackend, Error, GeluForm, PairGradients, Result, Tensor};
 
 use super::arch::Mlp;
+use super::experts::ExpertsSaved;
+use super::layout::{Ffn, Proj};
 use super::lora::Group;
 use super::{Sink, Transformer};
 
 /// What the MLP keeps for its backward (its input is the block's saved `norm2` output).
 #[derive(Debug)]
-pub(super) struct MlpSaved {
-    /// The up projections' outputs: `[fc]` or `[gate, up]`, `[.., F]`.
-    up: Vec<Tensor>,
-    /// The activation, input of the down projection, `[.., F]`.
-    act: Tensor,
+pub(super) enum MlpSaved {
+    /// A dense MLP.
+    Dense {
+        /// The up projections' outputs: `[fc]` or `[gate, up]`, `[.., F]`.
+        up: Vec<Tensor>,
+        /// The activation, input of the down projection, `[.., F]`.
+        act: Tensor,
+    },
+    /// A mixture of experts.
+    Experts(Box<ExpertsSaved>),
+}
+
+/// The gated activation `act(gate)·up` of `mlp` (SwiGLU, GeGLU).
+pub(super) fn gated(b: &dyn ComputeBackend, mlp: Mlp, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    match mlp {
+        Mlp::SwiGlu => b.silu_mul(gate, up),
+        Mlp::GeGlu => b.gelu_mul(gate, up, GeluForm::Tanh),
+        Mlp::Gelu => Err(mlp_parts("Transformer::mlp", 2)),
+    }
+}
+
+/// Backward of [`gated`]: `(d_gate, d_up)`.
+pub(super) fn gated_backward(
+    b: &dyn ComputeBackend,
+    mlp: Mlp,
+    gate: &Tensor,
+    up: &Tensor,
+    d_act: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let PairGradients { da, db } = match mlp {
+        Mlp::SwiGlu => b.silu_mul_backward(gate, up, d_act)?,
+        Mlp::GeGlu => b.gelu_mul_backward(gate, up, d_act, GeluForm::Tanh)?,
+        Mlp::Gelu => return Err(mlp_parts("Transformer::backward", 2)),
+    };
+    Ok((da, db))
 }
 
 impl Transformer {
-    /// `m = down(act(up(h)))` for layer `l`; `h` `[.., D]` → `[.., D]`.
+    /// The MLP of layer `l` on `h` `[.., D]` → `[.., D]`.
     pub(super) fn mlp(&self, b: &dyn ComputeBackend, l: usize, h: &Tensor) -> Result<(Tensor, MlpSaved)> {
-        let li = &self.index.layers[l];
-        let up = self.proj(b, h, &li.up, (l, Group::Up))?;
-        let act = match (self.arch.mlp, up.as_slice()) {
-            (Mlp::Gelu, [fc]) => b.gelu(fc, GeluForm::Tanh)?,
-            (Mlp::SwiGlu, [gate, up]) => b.silu_mul(gate, up)?,
-            (Mlp::GeGlu, [gate, up]) => b.gelu_mul(gate, up, GeluForm::Tanh)?,
+        match &self.index.layers[l].ffn {
+            Ffn::Dense { up, down } => self.dense_mlp(b, l, h, up, down),
+            Ffn::Experts(e) => {
+                let (m, saved) = self.experts(b, l, e, h)?;
+                Ok((m, MlpSaved::Experts(Box::new(saved))))
+            }
+        }
+    }
+
+    /// `m = down(act(up(h)))`.
+    fn dense_mlp(
+        &self,
+        b: &dyn ComputeBackend,
+        l: usize,
+        h: &Tensor,
+        up: &Proj,
+        down: &Proj,
+    ) -> Result<(Tensor, MlpSaved)> {
+        let up = self.proj(b, h, up, (l, Group::Up))?;
+        let act = match up.as_slice() {
+            [fc] if self.arch.mlp == Mlp::Gelu => b.gelu(fc, GeluForm::Tanh)?,
+            [gate, up] => gated(b, self.arch.mlp, gate, up)?,
             _ => return Err(mlp_parts("Transformer::mlp", up.len())),
         };
-        let m = self.proj(b, &act, &li.down, (l, Group::Down))?.remove(0);
-        Ok((m, MlpSaved { up, act }))
+        let m = self.proj(b, &act, down, (l, Group::Down))?.remove(0);
+        Ok((m, MlpSaved::Dense { up, act }))
     }
 
     /// Backward of [`mlp`](Self::mlp) at input `h` from `dm`; returns `dh`.
@@ -42,21 +91,22 @@ impl Transformer {
         dm: &Tensor,
         sink: &mut Sink<'_>,
     ) -> Result<Tensor> {
-        let li = &self.index.layers[l];
-        let d_act = self.proj_backward(b, sink, &s.act, &li.down, (l, Group::Down), std::slice::from_ref(dm))?;
-        let d_up = match (self.arch.mlp, s.up.as_slice()) {
-            (Mlp::Gelu, [fc]) => vec![b.gelu_backward(fc, &d_act, GeluForm::Tanh)?],
-            (Mlp::SwiGlu, [gate, up]) => {
-                let PairGradients { da, db } = b.silu_mul_backward(gate, up, &d_act)?;
-                vec![da, db]
+        match (&self.index.layers[l].ffn, s) {
+            (Ffn::Dense { up: up_proj, down }, MlpSaved::Dense { up, act }) => {
+                let d_act = self.proj_backward(b, sink, act, down, (l, Group::Down), std::slice::from_ref(dm))?;
+                let d_up = match up.as_slice() {
+                    [fc] if self.arch.mlp == Mlp::Gelu => vec![b.gelu_backward(fc, &d_act, GeluForm::Tanh)?],
+                    [gate, up] => {
+                        let (dg, du) = gated_backward(b, self.arch.mlp, gate, up, &d_act)?;
+                        vec![dg, du]
+                    }
+                    _ => return Err(mlp_parts("Transformer::backward", up.len())),
+                };
+                self.proj_backward(b, sink, h, up_proj, (l, Group::Up), &d_up)
             }
-            (Mlp::GeGlu, [gate, up]) => {
-                let PairGradients { da, db } = b.gelu_mul_backward(gate, up, &d_act, GeluForm::Tanh)?;
-                vec![da, db]
-            }
-            _ => return Err(mlp_parts("Transformer::backward", s.up.len())),
-        };
-        self.proj_backward(b, sink, h, &li.up, (l, Group::Up), &d_up)
+            (Ffn::Experts(e), MlpSaved::Experts(saved)) => self.experts_backward(b, l, e, h, saved, dm, sink),
+            _ => Err(Error::value("Transformer::backward", "saved MLP activations", "the layer's MLP kind", l)),
+        }
     }
 }
 

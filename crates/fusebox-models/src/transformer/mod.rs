@@ -33,6 +33,7 @@ mod batch;
 mod block;
 pub mod cache;
 mod counted;
+mod experts;
 mod forward;
 pub mod layout;
 mod linear;
@@ -43,11 +44,11 @@ mod pass;
 
 use fusebox::{ComputeBackend, DType, Error, Result, Tensor};
 
-pub use arch::{Arch, Biases, LayerAttention, Mlp, NormKind, Positions, Rope, RopeScaling};
+pub use arch::{Arch, Biases, LayerAttention, Mlp, Moe, NormKind, Positions, Rope, RopeScaling};
 pub use backward::GradsReady;
 pub use cache::{kv_bytes_per_position, KvCache, RopeTables};
 pub use forward::ForwardCache;
-pub use layout::{layout, LayerIndex, NormIndex, ParamIndex, Proj, Stacking};
+pub use layout::{layout, ExpertIndex, Ffn, LayerIndex, NormIndex, ParamIndex, Proj, Stacking};
 pub use lora::{Adapters, LoraConfig, Target};
 
 use lora::base_rows;

@@ -86,6 +86,9 @@ enum Role {
     Matrix,
     /// The token embedding: f32 or quantized rows.
     Embedding,
+    /// Every expert's matrix of one projection, `[E, out, in]`: dense f32 or quantized,
+    /// read by `expert_matmul` as stored.
+    Experts,
     /// Norm weights, biases, the position table: f32.
     Plain,
 }
@@ -159,6 +162,8 @@ pub fn load_for(b: &dyn ComputeBackend, src: &dyn TensorSource, plan: Plan, purp
         let dims = spec.shape.dims().to_vec();
         let role = if i == index.embed {
             Role::Embedding
+        } else if dims.len() == 3 {
+            Role::Experts
         } else if dims.len() == 2 && Some(i) != index.pos_embed {
             Role::Matrix
         } else {
@@ -187,10 +192,20 @@ pub fn load_for(b: &dyn ComputeBackend, src: &dyn TensorSource, plan: Plan, purp
             _ => None,
         }
         .unwrap_or_else(|| vec![(spec.name.clone(), dims.clone())]);
-        let parts = pieces
-            .into_iter()
-            .map(|(ours, shape)| file_of(&ours).map(|(file, fix)| Part { file, fix, shape }))
-            .collect::<Result<Vec<_>>>()?;
+        let mut parts = Vec::new();
+        for (ours, shape) in pieces {
+            let (file, fix) = file_of(&ours)?;
+            if file.contains("{e}") {
+                // One file tensor per expert, stacked along the parameter's first axis.
+                parts.extend((0..shape[0]).map(|e| Part {
+                    file: file.replace("{e}", &e.to_string()),
+                    fix,
+                    shape: shape[1..].to_vec(),
+                }));
+            } else {
+                parts.push(Part { file, fix, shape });
+            }
+        }
         plan.push((role, parts));
     }
 
@@ -295,7 +310,7 @@ fn read_param(
         let ok = match (role, purpose) {
             (Role::Plain, _) => float,
             // Training dequantizes block formats to f32 once, at load.
-            (Role::Matrix, _) | (Role::Embedding, Purpose::Training) => float || blocks,
+            (Role::Matrix | Role::Experts, _) | (Role::Embedding, Purpose::Training) => float || blocks,
             (Role::Embedding, _) => float || dtype.is_quantized(),
         };
         if !ok || (p.fix != Fix::None && !float) {
@@ -305,6 +320,7 @@ fn read_param(
                 if purpose == Purpose::Training { "trained as " } else { "" },
                 match role {
                     Role::Matrix => "a weight matrix",
+                    Role::Experts => "expert weight matrices",
                     Role::Embedding => "an embedding table",
                     Role::Plain => "a norm weight, bias or position table (f32, f16 or bf16)",
                 }
@@ -366,6 +382,8 @@ fn read_param(
             b.preprocess_linear_weight(&b.upload(&joined)?)?
         }
         Role::Matrix => b.preprocess_linear_weight(&widen(&joined)?)?,
+        Role::Experts if dtype.is_quantized() || dtype == DType::F8E4M3 => b.upload(&joined)?,
+        Role::Experts => widen(&joined)?,
         Role::Embedding if dtype.is_quantized() => b.upload(&joined)?,
         Role::Embedding | Role::Plain => widen(&joined)?,
     };

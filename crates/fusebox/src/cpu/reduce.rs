@@ -378,7 +378,7 @@ fn rank_key(v: f32) -> f32 {
 const SMALL_K: usize = 256;
 
 /// Writes the indices of the `out.len()` largest values of `row` into `out`, in order.
-fn topk_row(row: &[f32], out: &mut [u32], scratch: &mut Vec<u32>) {
+pub(crate) fn topk_row(row: &[f32], out: &mut [u32], scratch: &mut Vec<u32>) {
     let k = out.len();
     if k == 0 {
         return;

@@ -23,6 +23,7 @@ pub mod embedding;
 pub mod layout;
 pub mod matmul;
 pub mod memory;
+pub mod moe;
 pub mod norm;
 pub mod optim;
 pub mod quant;

@@ -91,7 +91,16 @@ impl Tiling {
 
 /// `dx += dys · W` (dx zeroed by the caller; dys `[m, n]`, W's blocks `wb` `[n, k]`).
 #[allow(clippy::too_many_arguments)]
-fn accumulate(cpu: &CpuBackend, dys: &[f32], m: usize, dtype: DType, wb: &[u8], n: usize, k: usize, dx: &mut [f32]) {
+pub(crate) fn accumulate(
+    cpu: &CpuBackend,
+    dys: &[f32],
+    m: usize,
+    dtype: DType,
+    wb: &[u8],
+    n: usize,
+    k: usize,
+    dx: &mut [f32],
+) {
     let (be, bb) = (dtype.block_elems(), dtype.block_bytes());
     let row_bytes = dtype.storage_bytes(k);
     let blocks = k / be;

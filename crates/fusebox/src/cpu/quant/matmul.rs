@@ -4,6 +4,7 @@
 
 use super::decode::decode_into;
 use super::fused_dot::fused_rows_multi;
+use super::quantize::dequantize_row_into;
 use super::{int, QK};
 use crate::cpu::memory::host;
 use crate::cpu::pool::SharedMut;
@@ -53,48 +54,77 @@ pub fn quantized_matmul(cpu: &CpuBackend, x: &Tensor, w: &Tensor) -> Result<Tens
     convert::from_f32(out, Shape::new(out_dims), x.dtype())
 }
 
-/// Few x rows: each task takes a run of W rows and dots them with all `m` x rows —
-/// straight from the blocks (block formats; see `fused_rows_multi` in `fused_dot.rs`), else decoding each
-/// W row once into a buffer and reusing it.
+/// Few x rows: each task takes a run of W rows and dots them with all `m` x rows (see
+/// [`RowOperand`]).
 fn matmul_by_rows(cpu: &CpuBackend, xs: &[f32], m: usize, dtype: DType, wb: &[u8], n: usize, k: usize) -> Vec<f32> {
     let row_bytes = dtype.storage_bytes(k);
     let rows_per_task = n.div_ceil(cpu.threads() * 4).max(1);
-    let integer = !cpu.exact_decode() && int::activation_block(dtype).is_some_and(|b| k.is_multiple_of(b));
-    if integer {
-        // x quantized once per call; each task dots its W rows with every x row in integers.
-        let xq: Vec<int::Q8Row> = xs.chunks_exact(k).map(|x| int::quantize_row(x, dtype)).collect();
-        return by_row_runs(cpu, n, m, k, rows_per_task, |task, chunk| {
-            let first = task * rows_per_task;
-            let w = &wb[first * row_bytes..(first + chunk.len() / m) * row_bytes];
-            if !int::int_rows_multi(dtype, w, &xq, chunk) {
-                chunk.fill(f32::NAN);
-            }
-        });
-    }
-    if dtype.is_quantized() {
-        // Each x row is dotted with the blocks by the one-row kernel's arithmetic (see
-        // `fused_rows_multi`), so a row's result is the same, bit for bit, for every m.
-        let nb = k.div_ceil(QK);
-        let xsum32: Vec<f32> = xs.chunks_exact(k).flat_map(|x| x.chunks(QK).map(simd::sum)).collect();
-        return by_row_runs(cpu, n, m, k, rows_per_task, |task, chunk| {
-            let first = task * rows_per_task;
-            let w = &wb[first * row_bytes..(first + chunk.len() / m) * row_bytes];
-            if !fused_rows_multi(dtype, w, xs, k, nb, &xsum32, m, chunk) {
-                chunk.fill(f32::NAN);
-            }
-        });
-    }
+    let x = RowOperand::new(cpu, dtype, xs, m, k);
     by_row_runs(cpu, n, m, k, rows_per_task, |task, chunk| {
+        let first = task * rows_per_task;
+        x.dot_rows(&wb[first * row_bytes..(first + chunk.len() / m) * row_bytes], chunk);
+    })
+}
+
+/// `m` x rows made ready to be dotted with W rows of one storage dtype, a run of W rows at
+/// a time ([`dot_rows`](Self::dot_rows)): rounded to 8 bits once for the formats with
+/// integer kernels (when the backend was built with `exact_decode(false)`, see `int.rs`);
+/// with their per-32 sums for the fused block kernels, which give each x row the bits of
+/// the one-row kernel (see `fused_rows_multi` in `fused_dot.rs`); else as they are, each W
+/// row decoded once into a buffer (FP8, and plain F32/F16/BF16 rows).
+pub(crate) struct RowOperand<'a> {
+    dtype: DType,
+    xs: &'a [f32],
+    m: usize,
+    k: usize,
+    form: RowForm,
+}
+
+enum RowForm {
+    Integer(Vec<int::Q8Row>),
+    Fused { nb: usize, xsum32: Vec<f32> },
+    Decoded,
+}
+
+impl<'a> RowOperand<'a> {
+    /// Prepares the `m` rows of `xs` (`k` values each) for W rows of `dtype`.
+    pub(crate) fn new(cpu: &CpuBackend, dtype: DType, xs: &'a [f32], m: usize, k: usize) -> Self {
+        let integer = !cpu.exact_decode() && int::activation_block(dtype).is_some_and(|b| k.is_multiple_of(b));
+        let form = if integer {
+            RowForm::Integer(xs.chunks_exact(k).map(|x| int::quantize_row(x, dtype)).collect())
+        } else if dtype.is_quantized() {
+            let xsum32 = xs.chunks_exact(k).flat_map(|x| x.chunks(QK).map(simd::sum)).collect();
+            RowForm::Fused { nb: k.div_ceil(QK), xsum32 }
+        } else {
+            RowForm::Decoded
+        };
+        RowOperand { dtype, xs, m, k, form }
+    }
+
+    /// `out[r·m + i] = x_i · W[r]` for the whole rows of `w` (`out.len() / m` of them);
+    /// NaN where a kernel refuses the sizes (a caller bug: the specs check them).
+    pub(crate) fn dot_rows(&self, w: &[u8], out: &mut [f32]) {
+        let (dtype, m, k) = (self.dtype, self.m, self.k);
+        let done = match &self.form {
+            RowForm::Integer(xq) => int::int_rows_multi(dtype, w, xq, out),
+            RowForm::Fused { nb, xsum32 } => fused_rows_multi(dtype, w, self.xs, k, *nb, xsum32, m, out),
+            RowForm::Decoded => false,
+        };
+        if done {
+            return;
+        }
+        let row_bytes = dtype.storage_bytes(k);
         let mut row = vec![0.0f32; k];
-        for (r, outs) in chunk.chunks_exact_mut(m).enumerate() {
-            let j = task * rows_per_task + r;
-            let wrow = &wb[j * row_bytes..(j + 1) * row_bytes];
-            decode_into(dtype, wrow, &mut row);
+        for (wrow, outs) in w.chunks_exact(row_bytes.max(1)).zip(out.chunks_exact_mut(m)) {
+            if dequantize_row_into(dtype, wrow, &mut row).is_err() {
+                outs.fill(f32::NAN);
+                continue;
+            }
             for (i, o) in outs.iter_mut().enumerate() {
-                *o = simd::dot(&xs[i * k..(i + 1) * k], &row);
+                *o = simd::dot(&self.xs[i * k..(i + 1) * k], &row);
             }
         }
-    })
+    }
 }
 
 /// The `[m, n]` product from `compute(task, chunk)`, run for each run of `rows_per_task`
@@ -132,19 +162,15 @@ fn by_row_runs(
     out
 }
 
+/// At most this many W rows per panel: the gemm repacks x for every panel, so larger
+/// panels pay that less often (Gemma 3 prefill of 512 tokens, 2 threads: 952–1021
+/// tokens/s with 128 and zeroed buffers, 992–1091 with 256, 1084–1104 with 256 and no
+/// zeroing).
+pub(crate) const PANEL_ROWS: usize = 256;
+
 /// Many x rows: each task decodes a panel of W rows into f32 and computes that panel's
-/// output columns for every x row with a single-threaded gemm.
+/// output columns for every x row with a single-threaded gemm ([`panel_product`]).
 fn matmul_by_panels(cpu: &CpuBackend, xs: &[f32], m: usize, dtype: DType, wb: &[u8], n: usize, k: usize) -> Vec<f32> {
-    thread_local! {
-        /// Each thread's decoded panel, kept between calls (its largest size so far:
-        /// `PANEL_ROWS · in` f32) so a prompt's matmuls neither allocate nor zero one.
-        static PANEL: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-    /// At most 256 W rows per task: the gemm repacks x for every panel, so larger
-    /// panels pay that less often (Gemma 3 prefill of 512 tokens, 2 threads: 952–1021
-    /// tokens/s with 128 and zeroed buffers, 992–1091 with 256, 1084–1104 with 256 and
-    /// no zeroing).
-    const PANEL_ROWS: usize = 256;
     let row_bytes = dtype.storage_bytes(k);
     // Enough panels to feed every thread.
     let panel_rows = n.div_ceil(cpu.threads() * 2).clamp(16, PANEL_ROWS);
@@ -157,43 +183,76 @@ fn matmul_by_panels(cpu: &CpuBackend, xs: &[f32], m: usize, dtype: DType, wb: &[
         let dst = &dst; // borrow the whole `SharedMut` (Sync), not its raw-pointer field
         let first = p * panel_rows;
         let rows = panel_rows.min(n - first);
-        PANEL.with_borrow_mut(|panel| {
-            if panel.len() < rows * k {
-                panel.resize(rows * k, 0.0);
-            }
-            let panel = &mut panel[..rows * k];
-            decode_into(dtype, &wb[first * row_bytes..(first + rows) * row_bytes], panel);
-            // SAFETY: `xs` holds m rows of k values and `panel` rows·k values; the
-            // destination is columns first..first+rows of the m × n output (inside its
-            // capacity), which only this task writes, and `out` outlives the loop.
-            unsafe {
-                gemm::gemm(
-                    m,
-                    rows,
-                    k,
-                    dst.0.add(first),
-                    1,
-                    n as isize,
-                    false,
-                    xs.as_ptr(),
-                    1,
-                    k as isize,
-                    panel.as_ptr(),
-                    k as isize,
-                    1,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                );
-            }
-        });
+        // SAFETY: the destination is columns first..first+rows of the m × n output (inside
+        // its capacity), which only this task writes, and `out` outlives the loop.
+        unsafe {
+            panel_product(dtype, &wb[first * row_bytes..(first + rows) * row_bytes], xs, m, k, dst.0.add(first), n)
+        };
     });
     // SAFETY: the loop above wrote all m·n elements (see the allocation).
     unsafe { out.set_len(m * n) };
     out
+}
+
+/// `dst[i·dst_row + r] = x_i · W[r]` for the `m` rows of `xs` (`k` values each) and the
+/// whole rows r of `w` (a storage format or plain float `dtype`), decoded into a
+/// per-thread f32 panel and multiplied with a single-threaded gemm (the destination is
+/// written, never read).
+///
+/// # Safety
+/// `dst` must be valid for writes at `i·dst_row + r` for every `i < m` and W row r, and no
+/// other thread may touch those elements during the call.
+pub(crate) unsafe fn panel_product(
+    dtype: DType,
+    w: &[u8],
+    xs: &[f32],
+    m: usize,
+    k: usize,
+    dst: *mut f32,
+    dst_row: usize,
+) {
+    thread_local! {
+        /// Each thread's decoded panel, kept between calls (its largest size so far:
+        /// `PANEL_ROWS · in` f32) so a prompt's matmuls neither allocate nor zero one.
+        static PANEL: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let rows = w.len() / dtype.storage_bytes(k).max(1);
+    PANEL.with_borrow_mut(|panel| {
+        if panel.len() < rows * k {
+            panel.resize(rows * k, 0.0);
+        }
+        let panel = &mut panel[..rows * k];
+        if dtype.is_quantized() || dtype == DType::F8E4M3 {
+            decode_into(dtype, w, panel);
+        } else if dequantize_row_into(dtype, w, panel).is_err() {
+            panel.fill(f32::NAN);
+        }
+        // SAFETY: `xs` holds m rows of k values and `panel` rows·k values; the caller
+        // vouches for the destination.
+        unsafe {
+            gemm::gemm(
+                m,
+                rows,
+                k,
+                dst,
+                1,
+                dst_row as isize,
+                false,
+                xs.as_ptr(),
+                1,
+                k as isize,
+                panel.as_ptr(),
+                k as isize,
+                1,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
+        }
+    });
 }
 
 #[cfg(test)]

@@ -55,9 +55,11 @@ mod int_vnni;
 mod matmul;
 mod quantize;
 
+pub(crate) use backward::accumulate as quantized_dx_accumulate;
 pub use backward::quantized_matmul_backward;
 pub use fields::{q3_k_scales, scale_min_k4, IQ4NL_VALUES};
 pub use matmul::quantized_matmul;
+pub(crate) use matmul::{panel_product, RowOperand, PANEL_ROWS};
 pub use quantize::{dequantize, dequantize_row_into, quantize};
 
 /// Elements of a Q8_0 / Q4_0 / Q4_1 block.

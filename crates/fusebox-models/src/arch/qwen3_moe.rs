@@ -1,0 +1,109 @@
+//! Qwen3-MoE: Qwen3 with a mixture of experts for the MLP (`num_experts`,
+//! `num_experts_per_tok`, width `moe_intermediate_size`), softmax routing with the k
+//! weights renormalised when `norm_topk_prob`; dense MLPs of `intermediate_size` in
+//! `mlp_only_layers` and off the `decoder_sparse_step` stride. llama.cpp's `qwen3moe`
+//! renormalises.
+
+use fusebox::{Error, Result, RopeStyle, Routing};
+use serde_json::json;
+
+use super::moe::{gguf_moe, hf_moe, write_gguf_moe, write_hf_moe};
+use super::preset::Preset;
+use super::{llama, Architecture, GgufFacts, GgufKeys, GgufMetaOut, HfConfig, HfConfigOut, HfFacts, HF_MOE_NAMES};
+use crate::transformer::{Arch, Moe};
+
+/// Qwen3-MoE.
+pub struct Qwen3Moe;
+
+static HF: HfFacts =
+    HfFacts { model_type: "qwen3_moe", class: "Qwen3MoeForCausalLM", names: &HF_MOE_NAMES, ..HfFacts::LLAMA_LIKE };
+static GGUF: GgufFacts = GgufFacts::named("qwen3moe");
+
+/// Trained from scratch: the Qwen3 block with 8 experts of a quarter of the MLP width,
+/// 2 per token, renormalised, and a load-balancing loss of weight 0.01.
+pub static PRESET: Preset = Preset {
+    block: |cfg| Arch {
+        moe: Some(Moe {
+            experts: 8,
+            top_k: 2,
+            d_expert: cfg.d_ff.div_ceil(4),
+            routing: Routing::SoftmaxTopKNormalized,
+            aux_loss_coef: 0.01,
+            dense_layers: Vec::new(),
+        }),
+        name: "qwen3_moe".into(),
+        ..(super::qwen3::PRESET.block)(cfg)
+    },
+    tiny_kv_heads: llama::PRESET.tiny_kv_heads,
+    tiny_d_ff: llama::PRESET.tiny_d_ff,
+};
+
+impl Architecture for Qwen3Moe {
+    fn name(&self) -> &'static str {
+        "qwen3_moe"
+    }
+
+    fn hf(&self) -> &'static HfFacts {
+        &HF
+    }
+
+    fn gguf(&self) -> &'static GgufFacts {
+        &GGUF
+    }
+
+    fn read_hf(&self, c: &HfConfig<'_>) -> Result<Arch> {
+        let mut arch = super::qwen3::Qwen3.read_hf(c)?;
+        arch.name = "qwen3_moe".into();
+        let routing = if c.flag("norm_topk_prob")?.unwrap_or(false) {
+            Routing::SoftmaxTopKNormalized
+        } else {
+            Routing::SoftmaxTopK
+        };
+        let mut moe = hf_moe(c, "num_experts", "moe_intermediate_size", routing)?;
+        let step = c.uint("decoder_sparse_step")?.unwrap_or(1);
+        if step == 0 {
+            return Err(Error::value("config.json", "'decoder_sparse_step'", "> 0", 0));
+        }
+        let only: Vec<usize> = match c.field("mlp_only_layers") {
+            None => Vec::new(),
+            Some(v) => serde_json::from_value(v.clone()).map_err(|_| {
+                Error::Io(format!("config.json: 'mlp_only_layers': expected a list of layers, found {v}"))
+            })?,
+        };
+        moe.dense_layers = (0..arch.n_layers).filter(|l| only.contains(l) || (l + 1) % step != 0).collect();
+        arch.moe = Some(moe);
+        Ok(arch)
+    }
+
+    /// NEOX rope, QK-norm; the experts from `qwen3moe.expert_*`.
+    fn read_gguf(&self, k: &GgufKeys<'_>) -> Result<Arch> {
+        let mut arch = super::gguf_llama_like(k, RopeStyle::HalfSplit)?;
+        arch.name = "qwen3_moe".into();
+        arch.qk_norm = true;
+        arch.moe = Some(gguf_moe(k, true)?.ok_or_else(|| {
+            Error::Io(format!("gguf: a qwen3moe file without '{}' (its experts)", k.key("expert_count")))
+        })?);
+        Ok(arch)
+    }
+
+    fn write_hf(&self, arch: &Arch, c: &mut HfConfigOut) -> Result<()> {
+        super::qwen3::Qwen3.write_hf(arch, c)?;
+        c.model(&HF);
+        let moe = arch.moe.as_ref().ok_or_else(|| Error::value("export", "qwen3_moe", "experts", "none"))?;
+        write_hf_moe(moe, c, "num_experts", "moe_intermediate_size");
+        c.set("norm_topk_prob", json!(moe.routing.normalized()));
+        c.set("decoder_sparse_step", json!(1));
+        c.set("mlp_only_layers", json!(moe.dense_layers));
+        Ok(())
+    }
+
+    fn write_gguf(&self, arch: &Arch, m: &mut GgufMetaOut) -> Result<()> {
+        super::gguf::write_llama_like(arch, m)?;
+        super::gguf::write_head_size(arch, m)?;
+        write_gguf_moe(arch, m)
+    }
+
+    fn preset(&self) -> Option<&'static Preset> {
+        Some(&PRESET)
+    }
+}

@@ -1,0 +1,172 @@
+//! The mixture-of-experts MLP, forward and backward side by side, and its
+//! load-balancing loss. Per token (rows `x` of `[N, D]`):
+//!
+//! ```text
+//! l = x·Wrᵀ                                  router logits [N, E]
+//! (w, e) = route(l)                          the k chosen experts, their weights [N, k]
+//! g_j, u_j = x·Wgate[e_j]ᵀ, x·Wup[e_j]ᵀ      [N, k, F]
+//! y_j = act(g_j)·u_j · Wdown[e_j]ᵀ           [N, k, D]
+//! m = Σ_j w_j·y_j                            [N, D]
+//! ```
+//!
+//! Training adds `coef · E · Σ_e f_e·P_e` (transformers' `load_balancing_loss_func`) over
+//! every sparse layer's rows together: `f_e` the share of (row, choice) picks that went
+//! to expert e, `P_e` the mean router probability `softmax(l)_e`. Only `P` carries a
+//! gradient: `∂aux/∂p_{r,e} = coef·E·f_e / rows`, through the softmax into `l`.
+
+use fusebox::{ComputeBackend, Error, MatmulGradients, Result, Routed, Tensor};
+
+use super::block::LayerSaved;
+use super::layout::ExpertIndex;
+use super::mlp::{gated, gated_backward, MlpSaved};
+use super::{Sink, Transformer};
+
+/// What the experts keep for their backward (the input is the block's saved `norm2`).
+#[derive(Debug)]
+pub(super) struct ExpertsSaved {
+    /// Router logits `[N, E]`.
+    logits: Tensor,
+    /// The chosen experts and their weights `[N, k]`.
+    routed: Routed,
+    /// Each chosen expert's gate and up outputs and the activation, `[N, k, F]`.
+    gate: Tensor,
+    up: Tensor,
+    act: Tensor,
+    /// Each chosen expert's output before weighting, `[N, k, D]`.
+    y: Tensor,
+    /// The load-balancing loss's gradient with respect to the router probabilities and
+    /// those probabilities, `[N, E]` each, when training with it.
+    aux: Option<(Tensor, Tensor)>,
+}
+
+/// `(rows, D)` of `h` `[.., D]`.
+fn rows_of(h: &Tensor) -> (usize, usize) {
+    let d = h.dims().last().copied().unwrap_or(0);
+    (h.dims()[..h.rank().saturating_sub(1)].iter().product(), d)
+}
+
+impl Transformer {
+    /// The experts of layer `l` on `h` `[.., D]` → `[.., D]`.
+    pub(super) fn experts(
+        &self,
+        b: &dyn ComputeBackend,
+        l: usize,
+        e: &ExpertIndex,
+        h: &Tensor,
+    ) -> Result<(Tensor, ExpertsSaved)> {
+        let moe =
+            self.arch.experts_at(l).ok_or_else(|| Error::value("Transformer::mlp", "layer", "a sparse layer", l))?;
+        let (n, d) = rows_of(h);
+        let x = h.reshape([n, d])?;
+        let logits = self.linear(b, &x, e.router, None)?;
+        let routed = b.moe_route(&logits, moe.top_k, moe.routing)?;
+        let x3 = x.reshape([n, 1, d])?;
+        let gate = b.expert_matmul(&x3, self.p(e.gate), &routed.experts)?;
+        let up = b.expert_matmul(&x3, self.p(e.up), &routed.experts)?;
+        let act = gated(b, self.arch.mlp, &gate, &up)?;
+        let y = b.expert_matmul(&act, self.p(e.down), &routed.experts)?;
+        // m[r] = Σ_j w[r, j]·y[r, j]: one [1, k]·[k, D] product per row.
+        let w = routed.weights.reshape([n, 1, moe.top_k])?;
+        let m = b.batched_matmul(&w, &y, false, false)?.reshape(h.dims().to_vec())?;
+        Ok((m, ExpertsSaved { logits, routed, gate, up, act, y, aux: None }))
+    }
+
+    /// Backward of [`experts`](Self::experts) at input `h` from `dm`; returns `dh`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn experts_backward(
+        &self,
+        b: &dyn ComputeBackend,
+        l: usize,
+        e: &ExpertIndex,
+        h: &Tensor,
+        s: &ExpertsSaved,
+        dm: &Tensor,
+        sink: &mut Sink<'_>,
+    ) -> Result<Tensor> {
+        let moe = self
+            .arch
+            .experts_at(l)
+            .ok_or_else(|| Error::value("Transformer::backward", "layer", "a sparse layer", l))?;
+        let (n, d) = rows_of(h);
+        let k = moe.top_k;
+        let experts = &s.routed.experts;
+        let w = s.routed.weights.reshape([n, 1, k])?;
+        let MatmulGradients { da: d_w, db: dy } = b.matmul_backward(&w, &s.y, &dm.reshape([n, 1, d])?, false, false)?;
+        let x3 = h.reshape([n, 1, d])?;
+        let (dx_gate, dx_up) = {
+            let mut dws: [Option<&mut Tensor>; 3] = match sink.base() {
+                Some(g) => {
+                    let [down, gate, up] = g.tensors.get_disjoint_mut([e.down, e.gate, e.up]).map_err(|_| {
+                        Error::value("Transformer::backward", "expert parameters", "three distinct indices", l)
+                    })?;
+                    [Some(down), Some(gate), Some(up)]
+                }
+                None => [None, None, None],
+            };
+            let d_act = b.expert_matmul_backward(&s.act, self.p(e.down), experts, &dy, dws[0].take())?;
+            let (dg, du) = gated_backward(b, self.arch.mlp, &s.gate, &s.up, &d_act)?;
+            (
+                b.expert_matmul_backward(&x3, self.p(e.gate), experts, &dg, dws[1].take())?,
+                b.expert_matmul_backward(&x3, self.p(e.up), experts, &du, dws[2].take())?,
+            )
+        };
+        let mut d_logits = b.moe_route_backward(&s.logits, experts, &d_w.reshape([n, k])?, moe.routing)?;
+        if let Some((d_probs, probs)) = &s.aux {
+            d_logits = b.add(&d_logits, &b.softmax_backward(probs, d_probs, 1)?)?;
+        }
+        let x = h.reshape([n, d])?;
+        let dx_router = self.linear_grad(b, sink, &x, (e.router, None), &d_logits)?;
+        let dx = b.add3(&dx_gate.reshape([n, d])?, &dx_up.reshape([n, d])?, &dx_router)?;
+        dx.reshape(h.dims().to_vec())
+    }
+
+    /// The load-balancing loss of a training forward's sparse layers (see the module
+    /// docs), times its coefficient; stores each layer's share of its gradient (times
+    /// `grad_scale`) for the backward. 0 when the model has no such loss.
+    pub(super) fn router_aux_loss(
+        &self,
+        b: &dyn ComputeBackend,
+        layers: &mut [LayerSaved],
+        grad_scale: f32,
+    ) -> Result<f32> {
+        let Some(moe) = self.arch.moe.as_ref().filter(|m| m.aux_loss_coef > 0.0) else { return Ok(0.0) };
+        let n_experts = moe.experts;
+        let (mut picks, mut prob_sums, mut rows) = (vec![0f64; n_experts], vec![0f64; n_experts], 0usize);
+        let mut probs = Vec::new();
+        for saved in layers.iter() {
+            let MlpSaved::Experts(s) = &saved.mlp else { continue };
+            let p = b.softmax(&s.logits, 1)?;
+            let host = b.to_host(&p)?.to_vec_f32()?;
+            for row in host.chunks_exact(n_experts) {
+                for (sum, &v) in prob_sums.iter_mut().zip(row) {
+                    *sum += f64::from(v);
+                }
+            }
+            for &ex in b.to_host(&s.routed.experts)?.as_slice::<u32>()? {
+                picks[ex as usize] += 1.0;
+            }
+            rows += host.len() / n_experts;
+            probs.push(p);
+        }
+        if rows == 0 {
+            return Ok(0.0);
+        }
+        let total = rows as f64;
+        let e = n_experts as f64;
+        let aux: f64 = e * picks.iter().zip(&prob_sums).map(|(f, p)| (f / total) * (p / total)).sum::<f64>();
+        // ∂(coef·aux)/∂p_{r,e} = coef·E·f_e/rows, the same for every row.
+        let coef = f64::from(moe.aux_loss_coef);
+        let per_expert: Vec<f32> =
+            picks.iter().map(|f| (coef * e * (f / total) / total * f64::from(grad_scale)) as f32).collect();
+        let mut probs = probs.into_iter();
+        for saved in layers.iter_mut() {
+            let MlpSaved::Experts(s) = &mut saved.mlp else { continue };
+            let p =
+                probs.next().ok_or_else(|| Error::value("Transformer::loss", "sparse layers", "a stable count", 0))?;
+            let n = p.dims()[0];
+            let d_probs: Vec<f32> = (0..n).flat_map(|_| per_expert.iter().copied()).collect();
+            s.aux = Some((b.upload(&Tensor::from_vec(d_probs, [n, n_experts])?)?, p));
+        }
+        Ok((coef * aux) as f32)
+    }
+}
