@@ -188,6 +188,13 @@ fn fixture_as_gguf(name: &str, gguf_arch: &str) -> GgufFile {
     if let Some(w) = a.sliding_window {
         wr = wr.kv(&key("attention.sliding_window"), Value::U32(w as u32));
     }
+    if let Some(moe) = &a.moe {
+        wr = wr
+            .kv(&key("expert_count"), Value::U32(moe.experts as u32))
+            .kv(&key("expert_used_count"), Value::U32(moe.top_k as u32))
+            .kv(&key("expert_feed_forward_length"), Value::U32(moe.d_expert as u32))
+            .kv(&key("expert_weights_norm"), Value::Bool(moe.routing.normalized()));
+    }
     match &a.rope.scaling {
         RopeScaling::None => {}
         RopeScaling::Linear { factor } => {
@@ -265,6 +272,8 @@ fn gguf_files_of_the_fixtures_match_their_hf_directories() {
         ("qwen3", "qwen3"),
         ("phi3", "phi3"),
         ("gpt2", "gpt2"),
+        ("qwen3_moe", "qwen3moe"),
+        ("mixtral", "llama"),
     ] {
         gguf_matches_hf(name, gguf_arch);
     }

@@ -29,7 +29,8 @@ use fusebox_models::transformer::RopeScaling;
 use fusebox_models::{Session, Transformer};
 use serde_json::Value as Json;
 
-const ARCHS: &[&str] = &["llama", "llama_linear_tied", "mistral", "qwen2", "qwen3", "phi3", "gemma3", "gpt2"];
+const ARCHS: &[&str] =
+    &["llama", "llama_linear_tied", "mistral", "qwen2", "qwen3", "phi3", "gemma3", "gpt2", "qwen3_moe", "mixtral"];
 
 fn cpu() -> CpuBackend {
     CpuBackend::with_threads(2).unwrap()

@@ -1,6 +1,7 @@
 //! `Transformer::forward_batch` (one decode step over several sequences, each in its
 //! own cache) on the tiny random-weight models of every architecture family
 //! (`tests/fixtures/arch/`): learned positions (GPT-2), rope (Llama), QK norms (Qwen3),
+//! experts (Qwen3-MoE, Mixtral),
 //! sliding windows with local and global rope and post-norms (Gemma 3, Mistral).
 //!
 //! Each sequence's logits in a batch agree to 1e-5 relative with the same step run
@@ -79,7 +80,7 @@ fn check(name: &str) {
 
 #[test]
 fn forward_batch_is_each_sequence_alone() {
-    for name in ["gpt2", "llama", "qwen3", "gemma3", "mistral", "phi3"] {
+    for name in ["gpt2", "llama", "qwen3", "gemma3", "mistral", "phi3", "qwen3_moe", "mixtral"] {
         check(name);
     }
 }

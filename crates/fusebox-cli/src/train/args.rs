@@ -13,7 +13,7 @@ pub struct TrainArgs {
     /// Fresh runs only: a resumed run keeps its checkpoint's shape.
     #[arg(long, conflicts_with = "arch")]
     pub preset: Option<String>,
-    /// Architecture of a fresh model: gpt2, llama, qwen3 or gemma3, each sized for the
+    /// Architecture of a fresh model: gpt2, llama, qwen3, qwen3_moe or gemma3, each sized for the
     /// addition task (the tiny-<arch> preset). Fresh runs only.
     #[arg(long)]
     pub arch: Option<String>,
@@ -29,7 +29,7 @@ pub struct TrainArgs {
     /// Override the key/value heads, Llama style (fresh runs only).
     #[arg(long)]
     pub kv_heads: Option<usize>,
-    /// Optimizer steps in all [default: 3000, 6000 with --arch qwen3|gemma3; on --resume:
+    /// Optimizer steps in all [default: 3000, 6000 with --arch qwen3|qwen3_moe|gemma3; on --resume:
     /// the saved value]. The cosine
     /// schedule ends here, so changing it on --resume changes the learning rates to come.
     #[arg(long)]

@@ -29,13 +29,17 @@ fn defaults(args: &TrainArgs) -> TrainConfig {
     config
 }
 
+/// The architectures `--arch` takes, for messages.
+fn style_names() -> String {
+    Style::ALL.into_iter().map(Style::name).collect::<Vec<_>>().join(", ")
+}
+
 /// The model shape of a preset for a vocabulary and context.
 pub fn preset(name: &str, vocab: usize, max_seq: usize) -> Result<ModelConfig> {
+    if let Some(style) = name.strip_prefix("tiny-").and_then(|arch| Style::parse(arch).ok()) {
+        return Ok(ModelConfig::tiny(style, vocab, max_seq));
+    }
     let cfg = match name {
-        "tiny-llama" => ModelConfig::tiny(Style::Llama, vocab, max_seq),
-        "tiny-gpt2" => ModelConfig::tiny(Style::Gpt2, vocab, max_seq),
-        "tiny-qwen3" => ModelConfig::tiny(Style::Qwen3, vocab, max_seq),
-        "tiny-gemma3" => ModelConfig::tiny(Style::Gemma3, vocab, max_seq),
         "small-llama" => ModelConfig {
             n_layers: 4,
             d_model: 256,
@@ -57,7 +61,7 @@ pub fn preset(name: &str, vocab: usize, max_seq: usize) -> Result<ModelConfig> {
             return Err(Error::value(
                 "train",
                 "preset",
-                "tiny-llama, tiny-gpt2, tiny-qwen3, tiny-gemma3, small-llama, small-gpt2 or gpt2-124m",
+                format!("tiny-ARCH (ARCH one of {}), small-llama, small-gpt2 or gpt2-124m", style_names()),
                 other,
             ))
         }
@@ -71,7 +75,7 @@ fn model_config(args: &TrainArgs, task: &Task, seq: usize) -> Result<ModelConfig
     let name = match (&args.preset, &args.arch) {
         (_, Some(arch)) => {
             let style = Style::parse(arch)
-                .map_err(|_| Error::value("train", "--arch", "gpt2, llama, qwen3 or gemma3", arch))?;
+                .map_err(|_| Error::value("train", "--arch", format!("one of {}", style_names()), arch))?;
             format!("tiny-{}", style.name())
         }
         (Some(p), None) => p.clone(),

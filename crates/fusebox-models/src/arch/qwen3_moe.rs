@@ -99,7 +99,6 @@ impl Architecture for Qwen3Moe {
 
     fn write_gguf(&self, arch: &Arch, m: &mut GgufMetaOut) -> Result<()> {
         super::gguf::write_llama_like(arch, m)?;
-        super::gguf::write_head_size(arch, m)?;
         write_gguf_moe(arch, m)
     }
 

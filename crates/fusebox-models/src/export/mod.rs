@@ -234,6 +234,18 @@ impl Weights {
                     shape.reverse();
                 }
             }
+            if file.contains("{e}") {
+                // One file tensor per expert (HF): the parameter's first axis split.
+                let per: usize = shape[1..].iter().product();
+                for (e, chunk) in data.chunks_exact(per.max(1)).enumerate() {
+                    out.push((
+                        format!("{prefix}{}", file.replace("{e}", &e.to_string())),
+                        shape[1..].to_vec(),
+                        chunk.to_vec(),
+                    ));
+                }
+                continue;
+            }
             out.push((format!("{prefix}{file}"), shape, data));
         }
         Ok(out)
@@ -257,6 +269,10 @@ fn comparable(arch: &Arch, name: &str) -> Arch {
         }
     };
     norm(&mut a.rope);
+    // The experts' load-balancing loss is a training setting GGUF has no key for.
+    if let Some(m) = a.moe.as_mut() {
+        m.aux_loss_coef = 0.0;
+    }
     if let Some(r) = a.rope_local.as_mut() {
         norm(r);
     }
