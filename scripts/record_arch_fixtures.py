@@ -119,6 +119,16 @@ ARCHS = {
         router_aux_loss_coef=0.02,
         tie_word_embeddings=False,
     ),
+    # Softmax top-2 of 4 (not renormalised), QK-norms over all heads.
+    "olmoe": transformers.OlmoeConfig(
+        **COMMON,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+        output_router_logits=True,
+        router_aux_loss_coef=0.02,
+        tie_word_embeddings=False,
+    ),
     "gpt2": transformers.GPT2Config(
         vocab_size=VOCAB,
         n_embd=D,

@@ -39,6 +39,7 @@ pub const FAMILIES: &[&str] = &[
     "reduce",
     "layout",
     "conv",
+    "moe",
 ];
 
 /// The cases of one family by name, or of every family for `"all"`.
@@ -59,6 +60,7 @@ pub fn family_cases<B: ComputeBackend + ?Sized + 'static>(family: &str) -> Optio
         "reduce" => cases::reduce::cases(),
         "layout" => cases::layout::cases(),
         "conv" => cases::conv::cases(),
+        "moe" => cases::moe::cases(),
         "all" => return Some(FAMILIES.iter().flat_map(|f| family_cases(f).unwrap_or_default()).collect()),
         _ => return None,
     })

@@ -260,7 +260,7 @@ macro_rules! arch_tests {
     )*};
 }
 
-arch_tests!(llama, llama_linear_tied, mistral, qwen2, qwen3, phi3, gemma3, gpt2, qwen3_moe, mixtral);
+arch_tests!(llama, llama_linear_tied, mistral, qwen2, qwen3, phi3, gemma3, gpt2, qwen3_moe, mixtral, olmoe);
 
 #[test]
 fn gguf_files_of_the_fixtures_match_their_hf_directories() {
@@ -274,6 +274,7 @@ fn gguf_files_of_the_fixtures_match_their_hf_directories() {
         ("gpt2", "gpt2"),
         ("qwen3_moe", "qwen3moe"),
         ("mixtral", "llama"),
+        ("olmoe", "olmoe"),
     ] {
         gguf_matches_hf(name, gguf_arch);
     }

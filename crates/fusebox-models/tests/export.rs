@@ -29,8 +29,19 @@ use fusebox_models::transformer::RopeScaling;
 use fusebox_models::{Session, Transformer};
 use serde_json::Value as Json;
 
-const ARCHS: &[&str] =
-    &["llama", "llama_linear_tied", "mistral", "qwen2", "qwen3", "phi3", "gemma3", "gpt2", "qwen3_moe", "mixtral"];
+const ARCHS: &[&str] = &[
+    "llama",
+    "llama_linear_tied",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "gemma3",
+    "gpt2",
+    "qwen3_moe",
+    "mixtral",
+    "olmoe",
+];
 
 fn cpu() -> CpuBackend {
     CpuBackend::with_threads(2).unwrap()

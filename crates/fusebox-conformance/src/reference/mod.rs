@@ -11,6 +11,7 @@ pub mod layout;
 pub mod loss;
 pub mod matmul;
 pub mod memory;
+pub mod moe;
 pub mod norm;
 pub mod optim;
 pub mod quant;

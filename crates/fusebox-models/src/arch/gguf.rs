@@ -156,6 +156,7 @@ pub fn gguf_llama_like(k: &GgufKeys<'_>, style: RopeStyle) -> Result<Arch> {
         norm_eps: k.require_float("attention.layer_norm_rms_epsilon")? as f32,
         post_norms: false,
         qk_norm: false,
+        qk_norm_whole: false,
         mlp: Mlp::SwiGlu,
         positions: Positions::Rope,
         rope: Rope { theta: k.float("rope.freq_base")?.unwrap_or(10000.0), scaling, style },

@@ -96,6 +96,7 @@ fn gpt2(vocab_size: usize, n_layers: usize, d_model: usize, n_heads: usize, d_ff
         norm_eps: eps,
         post_norms: false,
         qk_norm: false,
+        qk_norm_whole: false,
         mlp: Mlp::Gelu,
         positions: Positions::Learned,
         rope: Rope::plain(10_000.0, RopeStyle::HalfSplit),

@@ -252,6 +252,7 @@ pub fn hf_sizes(c: &HfConfig<'_>, name: &str, default_eps: f64) -> Result<Arch> 
         norm_eps: c.float("rms_norm_eps")?.unwrap_or(default_eps) as f32,
         post_norms: false,
         qk_norm: false,
+        qk_norm_whole: false,
         mlp: Mlp::SwiGlu,
         positions: Positions::Rope,
         rope: c.rope(None, 10000.0)?,

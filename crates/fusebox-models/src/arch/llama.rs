@@ -36,6 +36,7 @@ pub fn block(cfg: &ModelConfig, name: &str) -> Arch {
         norm_eps: cfg.norm_eps,
         post_norms: false,
         qk_norm: false,
+        qk_norm_whole: false,
         mlp: Mlp::SwiGlu,
         positions: Positions::Rope,
         rope: Rope::plain(f64::from(cfg.rope_theta), RopeStyle::HalfSplit),

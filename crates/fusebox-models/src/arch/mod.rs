@@ -15,6 +15,7 @@
 //! | [`phi3`] | RMS | SwiGLU | rope | fused qkv and gate_up |
 //! | [`gemma3`] | RMS (1 + w) | GeGLU | rope, local base | pre+post norms, QK-norm, √d embeddings, local/global layers |
 //! | [`mixtral`] | RMS | SwiGLU experts | rope | Mistral with experts (softmax, renormalised top-k) |
+//! | [`olmoe`] | RMS | SwiGLU experts | rope | experts (softmax top-k), QK-norms over all heads |
 //! | [`qwen3_moe`] | RMS | SwiGLU experts | rope | Qwen3 with experts (`norm_topk_prob`), dense `mlp_only_layers` |
 //!
 //! What the files share lives beside them: [`hf`] (reading and writing `config.json`),
@@ -30,6 +31,7 @@ pub mod mistral;
 pub mod mixtral;
 pub mod moe;
 pub mod names;
+pub mod olmoe;
 pub mod phi3;
 pub mod preset;
 pub mod qwen2;
@@ -97,6 +99,7 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &qwen2::Qwen2,
     &qwen3::Qwen3,
     &qwen3_moe::Qwen3Moe,
+    &olmoe::Olmoe,
     &phi3::Phi3,
     &gemma3::Gemma3,
 ];

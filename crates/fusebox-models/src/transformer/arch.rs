@@ -358,6 +358,10 @@ pub struct Arch {
     pub post_norms: bool,
     /// Per-head RMS norms of q and k before rope (Qwen3, Gemma 3).
     pub qk_norm: bool,
+    /// The QK-norms span all heads (weights `[Hq·hd]`, `[Hkv·hd]`, applied before the
+    /// split into heads: OLMoE) instead of one head.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub qk_norm_whole: bool,
     /// The MLP.
     pub mlp: Mlp,
     /// Learned positions or rope.

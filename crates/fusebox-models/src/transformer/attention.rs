@@ -11,12 +11,15 @@ use super::lora::Group;
 use super::pass::Pass;
 use super::{Sink, Transformer};
 
+/// q and k before the QK-norms, and the norms' outputs with their statistics.
+type QkPre = Option<(Tensor, NormOutput, Tensor, NormOutput)>;
+
 /// What the attention keeps for its backward (its input is the block's saved `norm1`
 /// output).
 #[derive(Debug)]
 pub(super) struct AttentionSaved {
-    /// q and k before their per-head norms, and those norms' statistics (QK-norm).
-    qk_pre: Option<(Tensor, NormOutput, Tensor, NormOutput)>,
+    /// q and k before their QK-norms, and those norms' statistics.
+    qk_pre: QkPre,
     /// After rope, `[B, H, T, hd]`.
     q: Tensor,
     k: Tensor,
@@ -43,23 +46,50 @@ impl Transformer {
             .proj(b, h, &li.qkv, (l, Group::Qkv))?
             .try_into()
             .map_err(|_| Error::value("Transformer::attention", "q/k/v projections", "three", "another count"))?;
-        let mut q = pass.split_heads(b, &q, arch.n_heads)?;
-        let mut k = pass.split_heads(b, &k, arch.n_kv_heads)?;
+        // QK-norm per head after the split, or over all heads before it (OLMoE).
+        let (q, k, whole_pre) = if arch.qk_norm_whole { self.qk_norm(b, l, q, k)? } else { (q, k, None) };
+        let q = pass.split_heads(b, &q, arch.n_heads)?;
+        let k = pass.split_heads(b, &k, arch.n_kv_heads)?;
         let v = pass.split_heads(b, &v, arch.n_kv_heads)?;
-        let qk_pre = match (li.q_norm, li.k_norm) {
-            (Some(qn), Some(kn)) => {
-                let nq = b.rms_norm(&q, self.p(qn), arch.norm_eps)?;
-                let nk = b.rms_norm(&k, self.p(kn), arch.norm_eps)?;
-                let pre_q = std::mem::replace(&mut q, nq.output.clone());
-                let pre_k = std::mem::replace(&mut k, nk.output.clone());
-                Some((pre_q, nq, pre_k, nk))
-            }
-            _ => None,
-        };
+        let (q, k, qk_pre) = if arch.qk_norm_whole { (q, k, whole_pre) } else { self.qk_norm(b, l, q, k)? };
         let (q, k) = pass.rope(b, arch, l, q, k)?;
         let (merged, result) = pass.attend(b, arch, l, &q, &k, &v)?;
         let o = self.proj(b, &merged, &li.o, (l, Group::O))?.remove(0);
         Ok((o, result.map(|result| AttentionSaved { qk_pre, q, k, v, result, merged })))
+    }
+
+    /// The QK-norm of layer `l` (when it has one) on `q` and `k`: returns them normed
+    /// and what the backward needs.
+    fn qk_norm(&self, b: &dyn ComputeBackend, l: usize, q: Tensor, k: Tensor) -> Result<(Tensor, Tensor, QkPre)> {
+        let li = &self.index.layers[l];
+        let (Some(qn), Some(kn)) = (li.q_norm, li.k_norm) else { return Ok((q, k, None)) };
+        let nq = b.rms_norm(&q, self.p(qn), self.arch.norm_eps)?;
+        let nk = b.rms_norm(&k, self.p(kn), self.arch.norm_eps)?;
+        Ok((nq.output.clone(), nk.output.clone(), Some((q, nq, k, nk))))
+    }
+
+    /// Backward of [`qk_norm`](Self::qk_norm): `(dq, dk)` before it, the norm weights'
+    /// gradients added into the sink.
+    fn qk_norm_backward(
+        &self,
+        b: &dyn ComputeBackend,
+        l: usize,
+        pre: &QkPre,
+        dq: Tensor,
+        dk: Tensor,
+        sink: &mut Sink<'_>,
+    ) -> Result<(Tensor, Tensor)> {
+        let li = &self.index.layers[l];
+        let (Some(qn), Some(kn), Some((q_pre, nq, k_pre, nk))) = (li.q_norm, li.k_norm, pre) else {
+            return Ok((dq, dk));
+        };
+        let gq = b.rms_norm_backward(q_pre, self.p(qn), &nq.rstd, &dq)?;
+        let gk = b.rms_norm_backward(k_pre, self.p(kn), &nk.rstd, &dk)?;
+        if let Some(grads) = sink.base() {
+            b.add_assign(&mut grads.tensors[qn], &gq.dweight)?;
+            b.add_assign(&mut grads.tensors[kn], &gk.dweight)?;
+        }
+        Ok((gq.dx, gk.dx))
     }
 
     /// Backward of [`attention`](Self::attention) (a training pass, positions from 0) at
@@ -87,16 +117,14 @@ impl Transformer {
             dq = b.rope_backward(&dq, cos, sin, style, 0)?;
             dk = b.rope_backward(&dk, cos, sin, style, 0)?;
         }
-        if let (Some(qn), Some(kn), Some((q_pre, nq, k_pre, nk))) = (li.q_norm, li.k_norm, &s.qk_pre) {
-            let gq = b.rms_norm_backward(q_pre, self.p(qn), &nq.rstd, &dq)?;
-            let gk = b.rms_norm_backward(k_pre, self.p(kn), &nk.rstd, &dk)?;
-            if let Some(grads) = sink.base() {
-                b.add_assign(&mut grads.tensors[qn], &gq.dweight)?;
-                b.add_assign(&mut grads.tensors[kn], &gk.dweight)?;
-            }
-            (dq, dk) = (gq.dx, gk.dx);
+        if !arch.qk_norm_whole {
+            (dq, dk) = self.qk_norm_backward(b, l, &s.qk_pre, dq, dk, sink)?;
         }
-        let d_qkv = [b.merge_heads(&dq)?, b.merge_heads(&dk)?, b.merge_heads(&dv)?];
+        let (mut dq, mut dk) = (b.merge_heads(&dq)?, b.merge_heads(&dk)?);
+        if arch.qk_norm_whole {
+            (dq, dk) = self.qk_norm_backward(b, l, &s.qk_pre, dq, dk, sink)?;
+        }
+        let d_qkv = [dq, dk, b.merge_heads(&dv)?];
         self.proj_backward(b, sink, h, &li.qkv, (l, Group::Qkv), &d_qkv)
     }
 }

@@ -197,8 +197,9 @@ pub fn layout(arch: &Arch, stacking: impl Fn(usize) -> Stacking) -> (Vec<ParamSp
             std,
             arch.bias.qkv,
         );
-        let q_norm = arch.qk_norm.then(|| push(p("attn.q_norm.weight"), vec![hd], Init::Ones, false));
-        let k_norm = arch.qk_norm.then(|| push(p("attn.k_norm.weight"), vec![hd], Init::Ones, false));
+        let (qn, kn) = if arch.qk_norm_whole { (q, kv) } else { (hd, hd) };
+        let q_norm = arch.qk_norm.then(|| push(p("attn.q_norm.weight"), vec![qn], Init::Ones, false));
+        let k_norm = arch.qk_norm.then(|| push(p("attn.k_norm.weight"), vec![kn], Init::Ones, false));
         let o = proj(&mut push, &[("attn.o", d)], None, q, std_res, arch.bias.o);
         let post_attn_norm = arch.post_norms.then(|| norm(&mut push, "post_attn_norm"));
         let norm2 = norm(&mut push, "norm2");
