@@ -95,34 +95,34 @@ ARCHS = {
             "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
         },
     ),
-    # Mixture of experts: softmax routing without renormalising the k weights, and the
-    # load-balancing loss in the training loss (output_router_logits).
+    # Mixture of experts: top-2 of 8 renormalised (as llama.cpp runs every qwen3moe file),
+    # and the load-balancing loss in the training loss (output_router_logits).
     "qwen3_moe": transformers.Qwen3MoeConfig(
         **COMMON,
         head_dim=16,
-        moe_intermediate_size=24,
+        moe_intermediate_size=32,
         num_experts=8,
         num_experts_per_tok=2,
-        norm_topk_prob=False,
+        norm_topk_prob=True,
         output_router_logits=True,
         router_aux_loss_coef=0.02,
         tie_word_embeddings=False,
         use_sliding_window=False,
     ),
-    # Renormalised top-2 of 4 experts, each as wide as the dense MLP.
+    # Renormalised top-2 of 5 experts, each as wide as the dense MLP.
     "mixtral": transformers.MixtralConfig(
         **COMMON,
-        num_local_experts=4,
+        num_local_experts=5,
         num_experts_per_tok=2,
         sliding_window=None,
         output_router_logits=True,
         router_aux_loss_coef=0.02,
         tie_word_embeddings=False,
     ),
-    # Softmax top-2 of 4 (not renormalised), QK-norms over all heads.
+    # Softmax top-2 of 5 (not renormalised), QK-norms over all heads.
     "olmoe": transformers.OlmoeConfig(
         **COMMON,
-        num_experts=4,
+        num_experts=5,
         num_experts_per_tok=2,
         norm_topk_prob=False,
         output_router_logits=True,

@@ -192,8 +192,7 @@ fn fixture_as_gguf(name: &str, gguf_arch: &str) -> GgufFile {
         wr = wr
             .kv(&key("expert_count"), Value::U32(moe.experts as u32))
             .kv(&key("expert_used_count"), Value::U32(moe.top_k as u32))
-            .kv(&key("expert_feed_forward_length"), Value::U32(moe.d_expert as u32))
-            .kv(&key("expert_weights_norm"), Value::Bool(moe.routing.normalized()));
+            .kv(&key("expert_feed_forward_length"), Value::U32(moe.d_expert as u32));
     }
     match &a.rope.scaling {
         RopeScaling::None => {}

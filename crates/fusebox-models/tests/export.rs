@@ -167,6 +167,18 @@ fn bad_requests_are_refused_with_a_reason() {
     let e = export::write_hf(&b, &p.network, &tok, template.as_deref(), &other, FloatType::F32).unwrap_err();
     assert!(e.to_string().contains("refusing"), "{e}");
     assert!(other.join("notes.txt").exists());
+    // A mixture of experts that routes otherwise than llama.cpp runs its architecture
+    // (qwen3moe always renormalises the k weights) is not written as GGUF.
+    let mut moe = load(&fixture("qwen3_moe"));
+    if let Some(m) = moe.network.arch.moe.as_mut() {
+        m.routing = fusebox::Routing::SoftmaxTopK;
+    }
+    let (tok, template) = export::read_tokenizer_source(&fixture("qwen3_moe")).unwrap();
+    let opts = Options { float: FloatType::F32, quant: None };
+    let out = dir.join("moe.gguf");
+    let e = export::write_gguf(&b, &moe.network, &tok, template.as_deref(), &out, &opts).unwrap_err();
+    assert!(e.to_string().contains("always renormalises"), "{e}");
+    assert!(!out.exists());
     // Quant names are checked.
     let e = export::gguf::parse_quant("q9_9").unwrap_err();
     assert!(e.to_string().contains("q8_0"), "{e}");

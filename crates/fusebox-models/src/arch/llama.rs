@@ -76,7 +76,7 @@ impl Architecture for Llama {
         if let Some(w) = k.opt_size("attention.sliding_window")? {
             super::mistral::set_window(&mut arch, w);
         }
-        if let Some(moe) = super::moe::gguf_moe(k, true)? {
+        if let Some(moe) = super::moe::gguf_moe(k, super::mixtral::NORMALIZED_IN_LLAMA_CPP)? {
             arch.name = "mixtral".into();
             arch.moe = Some(moe);
         }

@@ -30,6 +30,10 @@ static HF: HfFacts =
 static GGUF: GgufFacts =
     GgufFacts { name: "mixtral", export_as: "llama", stacking: Stacking { qkv: false, gate_up: false } };
 
+/// Whether llama.cpp renormalises the k routing weights of this architecture's files
+/// (it renormalises, whatever the file says).
+pub(super) const NORMALIZED_IN_LLAMA_CPP: bool = true;
+
 impl Architecture for Mixtral {
     fn name(&self) -> &'static str {
         "mixtral"
@@ -65,6 +69,6 @@ impl Architecture for Mixtral {
 
     fn write_gguf(&self, arch: &Arch, m: &mut GgufMetaOut) -> Result<()> {
         super::gguf::write_llama_like(arch, m)?;
-        write_gguf_moe(arch, m)
+        write_gguf_moe(arch, m, NORMALIZED_IN_LLAMA_CPP)
     }
 }

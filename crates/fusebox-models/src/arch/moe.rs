@@ -49,9 +49,9 @@ pub fn write_hf_moe(moe: &Moe, c: &mut HfConfigOut, experts_key: &str, width_key
 }
 
 /// The experts of GGUF metadata: `expert_count`, `expert_used_count`, the width
-/// `expert_feed_forward_length` (else `feed_forward_length`), and whether the k weights
-/// are renormalised (`expert_weights_norm`, else `normalized`, the architecture's
-/// default in llama.cpp). `None` when the file has no experts.
+/// `expert_feed_forward_length` (else `feed_forward_length`); whether the k weights are
+/// renormalised is the architecture's (`normalized`), fixed in llama.cpp whatever the
+/// file says. `None` when the file has no experts.
 pub fn gguf_moe(k: &GgufKeys<'_>, normalized: bool) -> Result<Option<Moe>> {
     let Some(experts) = k.opt_size("expert_count")? else { return Ok(None) };
     let top_k = k.size("expert_used_count")?;
@@ -67,13 +67,14 @@ pub fn gguf_moe(k: &GgufKeys<'_>, normalized: bool) -> Result<Option<Moe>> {
         Some(w) => w,
         None => k.size("feed_forward_length")?,
     };
-    let normalized = k.meta.get_bool(&k.key("expert_weights_norm"))?.unwrap_or(normalized);
     let routing = if normalized { Routing::SoftmaxTopKNormalized } else { Routing::SoftmaxTopK };
     Ok(Some(Moe { experts, top_k, d_expert, routing, aux_loss_coef: 0.0, dense_layers: Vec::new() }))
 }
 
-/// Writes the experts of `arch` (as [`gguf_moe`] reads them).
-pub fn write_gguf_moe(arch: &Arch, m: &mut GgufMetaOut) -> Result<()> {
+/// Writes the experts of `arch` (as [`gguf_moe`] reads them). llama.cpp fixes whether an
+/// architecture renormalises the k weights (`normalized`) and ignores the file's key: a
+/// model that routes otherwise is refused rather than written to run differently there.
+pub fn write_gguf_moe(arch: &Arch, m: &mut GgufMetaOut, normalized: bool) -> Result<()> {
     let Some(moe) = &arch.moe else { return Ok(()) };
     if !moe.dense_layers.is_empty() {
         return Err(Error::unsupported(
@@ -81,10 +82,19 @@ pub fn write_gguf_moe(arch: &Arch, m: &mut GgufMetaOut) -> Result<()> {
             "GGUF has no key for dense layers among sparse ones (mlp_only_layers)",
         ));
     }
+    if moe.routing.normalized() != normalized {
+        return Err(Error::unsupported(
+            "export",
+            format!(
+                "llama.cpp's '{}' {} the k routing weights, and this model {}: it would run differently there",
+                m.arch(),
+                if normalized { "always renormalises" } else { "never renormalises" },
+                if moe.routing.normalized() { "does" } else { "does not" }
+            ),
+        ));
+    }
     m.size("expert_count", "moe.experts", moe.experts)?;
     m.size("expert_used_count", "moe.top_k", moe.top_k)?;
     m.size("expert_feed_forward_length", "moe.d_expert", moe.d_expert)?;
-    let key = format!("{}.expert_weights_norm", m.arch());
-    m.put(&key, crate::gguf::Value::Bool(moe.routing.normalized()));
     Ok(())
 }

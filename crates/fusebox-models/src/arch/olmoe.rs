@@ -27,6 +27,10 @@ fn whole_qk_norm(arch: &mut Arch) {
     arch.qk_norm_whole = true;
 }
 
+/// Whether llama.cpp renormalises the k routing weights of this architecture's files
+/// (it does not renormalise, whatever the file says).
+const NORMALIZED_IN_LLAMA_CPP: bool = false;
+
 impl Architecture for Olmoe {
     fn name(&self) -> &'static str {
         "olmoe"
@@ -58,7 +62,7 @@ impl Architecture for Olmoe {
         let mut arch = gguf_llama_like(k, RopeStyle::HalfSplit)?;
         arch.name = "olmoe".into();
         whole_qk_norm(&mut arch);
-        arch.moe = Some(gguf_moe(k, false)?.ok_or_else(|| {
+        arch.moe = Some(gguf_moe(k, NORMALIZED_IN_LLAMA_CPP)?.ok_or_else(|| {
             Error::Io(format!("gguf: an olmoe file without '{}' (its experts)", k.key("expert_count")))
         })?);
         Ok(arch)
@@ -79,6 +83,6 @@ impl Architecture for Olmoe {
 
     fn write_gguf(&self, arch: &Arch, m: &mut GgufMetaOut) -> Result<()> {
         super::gguf::write_llama_like(arch, m)?;
-        write_gguf_moe(arch, m)
+        write_gguf_moe(arch, m, NORMALIZED_IN_LLAMA_CPP)
     }
 }

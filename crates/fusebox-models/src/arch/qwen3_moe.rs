@@ -38,6 +38,10 @@ pub static PRESET: Preset = Preset {
     tiny_d_ff: llama::PRESET.tiny_d_ff,
 };
 
+/// Whether llama.cpp renormalises the k routing weights of this architecture's files
+/// (it renormalises, whatever the file says).
+const NORMALIZED_IN_LLAMA_CPP: bool = true;
+
 impl Architecture for Qwen3Moe {
     fn name(&self) -> &'static str {
         "qwen3_moe"
@@ -80,7 +84,7 @@ impl Architecture for Qwen3Moe {
         let mut arch = super::gguf_llama_like(k, RopeStyle::HalfSplit)?;
         arch.name = "qwen3_moe".into();
         arch.qk_norm = true;
-        arch.moe = Some(gguf_moe(k, true)?.ok_or_else(|| {
+        arch.moe = Some(gguf_moe(k, NORMALIZED_IN_LLAMA_CPP)?.ok_or_else(|| {
             Error::Io(format!("gguf: a qwen3moe file without '{}' (its experts)", k.key("expert_count")))
         })?);
         Ok(arch)
@@ -99,7 +103,7 @@ impl Architecture for Qwen3Moe {
 
     fn write_gguf(&self, arch: &Arch, m: &mut GgufMetaOut) -> Result<()> {
         super::gguf::write_llama_like(arch, m)?;
-        write_gguf_moe(arch, m)
+        write_gguf_moe(arch, m, NORMALIZED_IN_LLAMA_CPP)
     }
 
     fn preset(&self) -> Option<&'static Preset> {
