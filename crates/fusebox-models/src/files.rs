@@ -71,6 +71,12 @@ pub(crate) enum Bytes {
     Owned(Vec<u8>),
 }
 
+impl AsRef<[u8]> for Bytes {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
 impl Deref for Bytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {

@@ -46,7 +46,8 @@ fn advise_huge_pages(ptr: *mut u8, bytes: usize) {
 }
 
 /// A host allocation: 64-byte aligned (zero-initialised, or written before it becomes a
-/// tensor: [`UninitHost`]), or a vector taken over as is.
+/// tensor: [`UninitHost`]), or a vector taken over as is; or bytes another object owns
+/// and keeps alive (a memory-mapped file), never written.
 ///
 /// Hazard: writes go through a shared pointer. Soundness rests on the tensor's
 /// write rule (see module docs): a `&mut [T]` is only handed out when no other
@@ -56,6 +57,8 @@ pub struct HostBuffer {
     bytes: usize,
     /// How the bytes were allocated (a `Vec` handed over keeps its own layout).
     layout: Layout,
+    /// The owner of bytes this buffer did not allocate (then read-only, not freed here).
+    owner: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 // SAFETY: the buffer is plain memory; concurrent access is governed by the tensor write rule.
@@ -76,7 +79,7 @@ impl HostBuffer {
         let layout = Layout::from_size_align(bytes, if huge { HUGE_PAGE } else { HOST_ALIGN })
             .map_err(|_| Error::value(op, "size", "an allocatable number of bytes", bytes))?;
         if bytes == 0 {
-            return Ok(HostBuffer { ptr: NonNull::<u64>::dangling().cast(), bytes: 0, layout });
+            return Ok(HostBuffer { ptr: NonNull::<u64>::dangling().cast(), bytes: 0, layout, owner: None });
         }
         // SAFETY: the layout has non-zero size.
         let raw = unsafe {
@@ -98,7 +101,7 @@ impl HostBuffer {
                 unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, bytes) };
             }
         }
-        Ok(HostBuffer { ptr, bytes, layout })
+        Ok(HostBuffer { ptr, bytes, layout, owner: None })
     }
 
     /// Takes over a vector's allocation without copying.
@@ -108,11 +111,11 @@ impl HostBuffer {
         let layout = Layout::array::<T>(cap).expect("an existing vector's layout is valid");
         if layout.size() == 0 {
             // Nothing was allocated; keep an aligned dangling pointer for empty slices.
-            return HostBuffer { ptr: NonNull::<u64>::dangling().cast(), bytes: 0, layout };
+            return HostBuffer { ptr: NonNull::<u64>::dangling().cast(), bytes: 0, layout, owner: None };
         }
         // SAFETY: a vector's pointer is non-null when it owns an allocation.
         let ptr = unsafe { NonNull::new_unchecked(ptr as *mut u8) };
-        HostBuffer { ptr, bytes: len * std::mem::size_of::<T>(), layout }
+        HostBuffer { ptr, bytes: len * std::mem::size_of::<T>(), layout, owner: None }
     }
 
     /// Size in bytes.
@@ -127,7 +130,7 @@ impl HostBuffer {
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
-        if self.layout.size() != 0 {
+        if self.owner.is_none() && self.layout.size() != 0 {
             // SAFETY: allocated by the global allocator with exactly this layout
             // (`zeroed`, or the vector taken over in `from_vec`).
             unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
@@ -346,6 +349,38 @@ impl Tensor {
         Ok(Tensor::from_storage(Storage::Host(buf), shape, dtype))
     }
 
+    /// A read-only host tensor over `owner`'s bytes `start ..` (a memory-mapped file's
+    /// tensor data), without copying them: the tensor keeps `owner` alive and is never
+    /// writable. Errors when the range lies outside `owner` or its size disagrees.
+    pub fn from_shared_bytes<O: AsRef<[u8]> + Send + Sync + 'static>(
+        owner: Arc<O>,
+        start: usize,
+        shape: impl Into<Shape>,
+        dtype: DType,
+    ) -> Result<Tensor> {
+        const OP: &str = "Tensor::from_shared_bytes";
+        let shape = shape.into();
+        check_block_shape(OP, &shape, dtype)?;
+        let need = dtype.storage_bytes(shape.elem_count());
+        let all = (*owner).as_ref();
+        let bytes = start.checked_add(need).and_then(|end| all.get(start..end)).ok_or_else(|| {
+            Error::shape(
+                OP,
+                "byte range",
+                format!("{need} bytes for {dtype} {shape} from {start}"),
+                format!("{} bytes", all.len()),
+            )
+        })?;
+        let ptr = NonNull::new(bytes.as_ptr() as *mut u8).unwrap_or(NonNull::<u64>::dangling().cast());
+        let layout = Layout::new::<u8>();
+        let owner: Arc<dyn Any + Send + Sync> = owner;
+        Ok(Tensor::from_storage(
+            Storage::Host(HostBuffer { ptr, bytes: need, layout, owner: Some(owner) }),
+            shape,
+            dtype,
+        ))
+    }
+
     /// A rank-0 f32 tensor.
     pub fn scalar(v: f32) -> Tensor {
         Self::from_slice(&[v], Shape::new(vec![])).expect("a scalar always fits")
@@ -420,6 +455,9 @@ impl Tensor {
 
     /// Whether an in-place write through `&mut self` is allowed (see module docs).
     pub fn is_writable(&self) -> bool {
+        if matches!(&*self.storage, Storage::Host(h) if h.owner.is_some()) {
+            return false; // bytes another object owns (a mapped file)
+        }
         match &self.part_token {
             Some(token) => Arc::strong_count(token) == 1,
             None => Arc::strong_count(&self.storage) == 1,
@@ -576,6 +614,20 @@ mod tests {
 
     // Miri stops the program on an allocation it cannot satisfy instead of returning null
     // as the system allocator does, so this property is only testable natively.
+    #[test]
+    fn shared_bytes_are_read_in_place_and_never_writable() {
+        let owner = Arc::new((0u8..=255).collect::<Vec<u8>>());
+        let t = Tensor::from_shared_bytes(Arc::clone(&owner), 64, [2, 32], DType::Q8_0).unwrap();
+        assert_eq!(t.host_bytes().unwrap().as_ptr(), owner[64..].as_ptr());
+        assert_eq!(t.host_bytes().unwrap().len(), 68);
+        assert!(!t.is_writable());
+        assert!(t.ensure_writable("test").is_err());
+        // Past the owner's end, and a size that is not whole blocks, are errors.
+        assert!(Tensor::from_shared_bytes(Arc::clone(&owner), 200, [2, 32], DType::Q8_0).is_err());
+        assert!(Tensor::from_shared_bytes(Arc::clone(&owner), usize::MAX, [1, 32], DType::Q8_0).is_err());
+        assert!(Tensor::from_shared_bytes(owner, 0, [1, 31], DType::Q8_0).is_err());
+    }
+
     #[test]
     #[cfg_attr(miri, ignore)]
     fn an_allocation_too_big_for_the_machine_is_an_error_not_an_abort() {

@@ -24,7 +24,7 @@ use std::time::Instant;
 use clap::Args;
 use fusebox::{ComputeBackend, DType, Error, Result};
 use fusebox_models::sampler::argmax;
-use fusebox_models::transformer::{Arch, Transformer};
+use fusebox_models::transformer::{Arch, Ffn, Transformer};
 use fusebox_models::{open, pretrained};
 use serde_json::json;
 
@@ -73,10 +73,20 @@ fn parse_context(s: &str) -> std::result::Result<Option<usize>, String> {
 
 /// Bytes one decode step reads from the weights: every parameter once, except the token
 /// (and learned position) embedding tables, of which a step reads one row each, unless
-/// the token table is also the output head (then it is read whole, as the head).
+/// the token table is also the output head (then it is read whole, as the head), and a
+/// mixture of experts' expert weights, of which a step reads the `top_k` of `experts`
+/// it routes to.
 fn weight_bytes_per_token(net: &Transformer) -> u128 {
     let params = &net.params.tensors;
-    let all: u128 = params.iter().map(|t| t.byte_len() as u128).sum();
+    let mut all: u128 = params.iter().map(|t| t.byte_len() as u128).sum();
+    for (l, layer) in net.index.layers.iter().enumerate() {
+        if let (Ffn::Experts(e), Some(moe)) = (&layer.ffn, net.arch.experts_at(l)) {
+            for i in [e.gate, e.up, e.down] {
+                let bytes = params.get(i).map_or(0, |t| t.byte_len() as u128);
+                all -= bytes - bytes * moe.top_k as u128 / moe.experts as u128;
+            }
+        }
+    }
     let row = |i: usize| params.get(i).map_or(0, |t| t.byte_len() as u128 / t.dims()[0].max(1) as u128);
     let table = |i: usize| params.get(i).map_or(0, |t| t.byte_len() as u128);
     let mut bytes = all + row(net.index.embed);

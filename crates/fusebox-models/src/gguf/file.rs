@@ -4,6 +4,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use fusebox::{DType, Error, Result, Tensor};
+use std::sync::Arc;
+
 use memmap2::Mmap;
 
 use crate::files::{open_regular, Bytes};
@@ -123,7 +125,7 @@ fn describe_type(t: GgmlType) -> String {
 /// accessors never read out of bounds. Tensors of an unknown ggml type are kept;
 /// asking for their data is what fails.
 pub struct GgufFile {
-    bytes: Bytes,
+    bytes: Arc<Bytes>,
     version: u32,
     metadata: Metadata,
     tensors: Vec<TensorInfo>,
@@ -145,6 +147,8 @@ impl GgufFile {
         // are not modified while open. Every access is bounds-checked against its length.
         let map = unsafe { Mmap::map(&file) }
             .map_err(|e| Error::Io(format!("gguf: cannot memory-map '{}': {e}", path.display())))?;
+        #[cfg(unix)]
+        let _ = map.advise(memmap2::Advice::HugePage);
         Self::parse(Bytes::Mapped(map)).map_err(|e| Error::Io(format!("{} (in '{}')", error_text(e), path.display())))
     }
 
@@ -156,7 +160,7 @@ impl GgufFile {
     fn parse(bytes: Bytes) -> Result<GgufFile> {
         let header = parse_header(&bytes)?;
         Ok(GgufFile {
-            bytes,
+            bytes: Arc::new(bytes),
             version: header.version,
             metadata: header.metadata,
             tensor_index: header.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect(),
@@ -217,6 +221,18 @@ impl GgufFile {
         // Checked at open; checked again so this accessor stands on its own.
         let range = data_range(self.data_offset, info, len, self.bytes.len())?;
         Ok(&self.bytes[range])
+    }
+
+    /// Tensor `name` as [`tensor`](Self::tensor) gives it, over the file's own bytes (the
+    /// memory map), not copied: read-only, and it keeps the map alive. What a model
+    /// serves its experts from.
+    pub fn tensor_mapped(&self, name: &str) -> Result<Tensor> {
+        let info = self.require_info(name)?;
+        let (dtype, shape) = (info.dtype()?, info.shape()?);
+        let bytes = self.tensor_bytes(name)?;
+        let start = bytes.as_ptr() as usize - self.bytes.as_ptr() as usize;
+        Tensor::from_shared_bytes(Arc::clone(&self.bytes), start, shape, dtype)
+            .map_err(|e| Error::Io(format!("gguf: tensor '{name}': cannot build the tensor: {e}")))
     }
 
     /// Tensor `name` as a host [`Tensor`] with its row-major shape (GGUF's

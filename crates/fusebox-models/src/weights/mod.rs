@@ -33,6 +33,11 @@ pub trait TensorSource {
     fn dtype(&self, name: &str) -> Result<DType>;
     /// Tensor `name` on the host.
     fn get(&self, name: &str) -> Result<Tensor>;
+    /// Tensor `name` on the host, sharing the file's memory map where the source has one
+    /// (read-only; by default a copy, as [`get`](Self::get)).
+    fn get_mapped(&self, name: &str) -> Result<Tensor> {
+        self.get(name)
+    }
 }
 
 impl TensorSource for Shards {
@@ -68,6 +73,9 @@ impl TensorSource for GgufFile {
     }
     fn get(&self, name: &str) -> Result<Tensor> {
         self.tensor(name)
+    }
+    fn get_mapped(&self, name: &str) -> Result<Tensor> {
+        self.tensor_mapped(name)
     }
 }
 
@@ -295,8 +303,12 @@ fn read_param(
 ) -> Result<Tensor> {
     let origin = src.origin();
     let mut host = Vec::with_capacity(parts.len());
+    // A mixture of experts' weights in a block format, used as stored (one file tensor,
+    // not trained): served from the file's map, not copied — they are most of the model,
+    // and a token reads only its experts'.
+    let mapped = role == Role::Experts && purpose != Purpose::Training && parts.len() == 1 && parts[0].fix == Fix::None;
     for p in parts {
-        let t = src.get(&p.file)?;
+        let t = if mapped { src.get_mapped(&p.file)? } else { src.get(&p.file)? };
         let stored: Vec<usize> = match p.fix {
             Fix::Transpose => p.shape.iter().rev().copied().collect(),
             _ => p.shape.clone(),
