@@ -109,6 +109,20 @@ ARCHS = {
         tie_word_embeddings=False,
         use_sliding_window=False,
     ),
+    # Softmax top-2 of 7 experts (not renormalised) beside a sigmoid-gated shared expert,
+    # q/k/v biases.
+    "qwen2_moe": transformers.Qwen2MoeConfig(
+        **COMMON,
+        moe_intermediate_size=24,
+        shared_expert_intermediate_size=40,
+        num_experts=7,
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+        output_router_logits=True,
+        router_aux_loss_coef=0.02,
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+    ),
     # Renormalised top-2 of 5 experts, each as wide as the dense MLP.
     "mixtral": transformers.MixtralConfig(
         **COMMON,

@@ -193,6 +193,9 @@ fn fixture_as_gguf(name: &str, gguf_arch: &str) -> GgufFile {
             .kv(&key("expert_count"), Value::U32(moe.experts as u32))
             .kv(&key("expert_used_count"), Value::U32(moe.top_k as u32))
             .kv(&key("expert_feed_forward_length"), Value::U32(moe.d_expert as u32));
+        if let Some(w) = moe.d_shared {
+            wr = wr.kv(&key("expert_shared_feed_forward_length"), Value::U32(w as u32));
+        }
     }
     match &a.rope.scaling {
         RopeScaling::None => {}
@@ -259,7 +262,7 @@ macro_rules! arch_tests {
     )*};
 }
 
-arch_tests!(llama, llama_linear_tied, mistral, qwen2, qwen3, phi3, gemma3, gpt2, qwen3_moe, mixtral, olmoe);
+arch_tests!(llama, llama_linear_tied, mistral, qwen2, qwen3, phi3, gemma3, gpt2, qwen3_moe, mixtral, olmoe, qwen2_moe);
 
 #[test]
 fn gguf_files_of_the_fixtures_match_their_hf_directories() {
@@ -274,6 +277,7 @@ fn gguf_files_of_the_fixtures_match_their_hf_directories() {
         ("qwen3_moe", "qwen3moe"),
         ("mixtral", "llama"),
         ("olmoe", "olmoe"),
+        ("qwen2_moe", "qwen2moe"),
     ] {
         gguf_matches_hf(name, gguf_arch);
     }

@@ -16,6 +16,7 @@
 //! | [`gemma3`] | RMS (1 + w) | GeGLU | rope, local base | pre+post norms, QK-norm, √d embeddings, local/global layers |
 //! | [`mixtral`] | RMS | SwiGLU experts | rope | Mistral with experts (softmax, renormalised top-k) |
 //! | [`olmoe`] | RMS | SwiGLU experts | rope | experts (softmax top-k), QK-norms over all heads |
+//! | [`qwen2_moe`] | RMS | SwiGLU experts + shared expert | rope | q/k/v biases, a sigmoid-gated shared expert |
 //! | [`qwen3_moe`] | RMS | SwiGLU experts | rope | Qwen3 with experts (`norm_topk_prob`), dense `mlp_only_layers` |
 //!
 //! What the files share lives beside them: [`hf`] (reading and writing `config.json`),
@@ -35,6 +36,7 @@ pub mod olmoe;
 pub mod phi3;
 pub mod preset;
 pub mod qwen2;
+pub mod qwen2_moe;
 pub mod qwen3;
 pub mod qwen3_moe;
 
@@ -97,6 +99,7 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &mistral::Mistral,
     &mixtral::Mixtral,
     &qwen2::Qwen2,
+    &qwen2_moe::Qwen2Moe,
     &qwen3::Qwen3,
     &qwen3_moe::Qwen3Moe,
     &olmoe::Olmoe,

@@ -34,7 +34,9 @@ pub fn hf_moe(c: &HfConfig<'_>, experts_key: &str, width_key: &str, routing: Rou
     } else {
         0.0
     };
-    Ok(Moe { experts, top_k, d_expert: c.size(width_key)?, routing, aux_loss_coef, dense_layers: Vec::new() })
+    // A shared expert (Qwen2-MoE, Qwen3-Next): `shared_expert_intermediate_size` > 0.
+    let d_shared = c.uint("shared_expert_intermediate_size")?.filter(|&w| w > 0);
+    Ok(Moe { experts, top_k, d_expert: c.size(width_key)?, routing, aux_loss_coef, d_shared, dense_layers: Vec::new() })
 }
 
 /// Writes `moe` under `experts_key` / `width_key` (as [`hf_moe`] reads it).
@@ -45,6 +47,9 @@ pub fn write_hf_moe(moe: &Moe, c: &mut HfConfigOut, experts_key: &str, width_key
     c.set("output_router_logits", json!(moe.aux_loss_coef > 0.0));
     if moe.aux_loss_coef > 0.0 {
         c.set("router_aux_loss_coef", super::hf::json_f32(moe.aux_loss_coef));
+    }
+    if let Some(w) = moe.d_shared {
+        c.set("shared_expert_intermediate_size", json!(w));
     }
 }
 
@@ -68,7 +73,8 @@ pub fn gguf_moe(k: &GgufKeys<'_>, normalized: bool) -> Result<Option<Moe>> {
         None => k.size("feed_forward_length")?,
     };
     let routing = if normalized { Routing::SoftmaxTopKNormalized } else { Routing::SoftmaxTopK };
-    Ok(Some(Moe { experts, top_k, d_expert, routing, aux_loss_coef: 0.0, dense_layers: Vec::new() }))
+    let d_shared = k.opt_size("expert_shared_feed_forward_length")?;
+    Ok(Some(Moe { experts, top_k, d_expert, routing, aux_loss_coef: 0.0, d_shared, dense_layers: Vec::new() }))
 }
 
 /// Writes the experts of `arch` (as [`gguf_moe`] reads them). llama.cpp fixes whether an
@@ -96,5 +102,8 @@ pub fn write_gguf_moe(arch: &Arch, m: &mut GgufMetaOut, normalized: bool) -> Res
     m.size("expert_count", "moe.experts", moe.experts)?;
     m.size("expert_used_count", "moe.top_k", moe.top_k)?;
     m.size("expert_feed_forward_length", "moe.d_expert", moe.d_expert)?;
+    if let Some(w) = moe.d_shared {
+        m.size("expert_shared_feed_forward_length", "moe.d_shared", w)?;
+    }
     Ok(())
 }

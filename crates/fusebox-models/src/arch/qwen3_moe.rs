@@ -29,6 +29,7 @@ pub static PRESET: Preset = Preset {
             d_expert: cfg.d_ff.div_ceil(4),
             routing: Routing::SoftmaxTopKNormalized,
             aux_loss_coef: 0.01,
+            d_shared: None,
             dense_layers: Vec::new(),
         }),
         name: "qwen3_moe".into(),
@@ -64,17 +65,7 @@ impl Architecture for Qwen3Moe {
             Routing::SoftmaxTopK
         };
         let mut moe = hf_moe(c, "num_experts", "moe_intermediate_size", routing)?;
-        let step = c.uint("decoder_sparse_step")?.unwrap_or(1);
-        if step == 0 {
-            return Err(Error::value("config.json", "'decoder_sparse_step'", "> 0", 0));
-        }
-        let only: Vec<usize> = match c.field("mlp_only_layers") {
-            None => Vec::new(),
-            Some(v) => serde_json::from_value(v.clone()).map_err(|_| {
-                Error::Io(format!("config.json: 'mlp_only_layers': expected a list of layers, found {v}"))
-            })?,
-        };
-        moe.dense_layers = (0..arch.n_layers).filter(|l| only.contains(l) || (l + 1) % step != 0).collect();
+        moe.dense_layers = super::qwen2_moe::dense_layers(c, arch.n_layers)?;
         arch.moe = Some(moe);
         Ok(arch)
     }

@@ -41,7 +41,8 @@ impl Mlp {
 
 /// A mixture-of-experts MLP: per token a router (`[experts, D]`) picks `top_k` of
 /// `experts` gated MLPs (the block's activation, [`Arch::mlp`], hidden width `d_expert`)
-/// and sums their outputs, each times its routing weight.
+/// and sums their outputs, each times its routing weight; plus, when there is one, a
+/// shared expert every token uses, scaled by a sigmoid gate.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Moe {
     /// Experts per layer.
@@ -57,6 +58,11 @@ pub struct Moe {
     /// `router_aux_loss_coef` when `output_router_logits`; 0: none).
     #[serde(default)]
     pub aux_loss_coef: f32,
+    /// A shared expert of this hidden width that every token also uses, its output
+    /// scaled by `σ(x·w_gate)` (Qwen2-MoE, Qwen3-Next: `shared_expert`,
+    /// `shared_expert_gate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub d_shared: Option<usize>,
     /// Layers whose MLP is dense (width [`Arch::d_ff`]) instead (Qwen3-MoE's
     /// `mlp_only_layers`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -501,6 +507,9 @@ impl Arch {
             }
             if m.d_expert == 0 {
                 return bad("moe.d_expert", "> 0".into(), "0".into());
+            }
+            if m.d_shared == Some(0) {
+                return bad("moe.d_shared", "> 0 or none".into(), "0".into());
             }
             let per_layer = m.experts.checked_mul(m.d_expert).and_then(|v| v.checked_mul(self.d_model));
             if per_layer.is_none_or(|v| v > isize::MAX as usize / 8) {

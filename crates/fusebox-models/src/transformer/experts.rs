@@ -37,6 +37,9 @@ pub(super) struct ExpertsSaved {
     /// The load-balancing loss's gradient with respect to the router probabilities and
     /// those probabilities, `[N, E]` each, when training with it.
     aux: Option<(Tensor, Tensor)>,
+    /// The shared expert's activations, its output `s` `[N, D]` and its gate `σ(x·gᵀ)`
+    /// `[N]`, when there is one.
+    shared: Option<(MlpSaved, Tensor, Tensor)>,
 }
 
 /// `(rows, D)` of `h` `[.., D]`.
@@ -67,8 +70,19 @@ impl Transformer {
         let y = b.expert_matmul(&act, self.p(e.down), &routed.experts)?;
         // m[r] = Σ_j w[r, j]·y[r, j]: one [1, k]·[k, D] product per row.
         let w = routed.weights.reshape([n, 1, moe.top_k])?;
-        let m = b.batched_matmul(&w, &y, false, false)?.reshape(h.dims().to_vec())?;
-        Ok((m, ExpertsSaved { logits, routed, gate, up, act, y, aux: None }))
+        let mut m = b.batched_matmul(&w, &y, false, false)?.reshape([n, d])?;
+        // m += σ(x·gᵀ)·shared(x)
+        let shared = match &e.shared {
+            Some(sh) => {
+                let (s_out, s_saved) = self.dense_mlp(b, l, &x, &sh.up, &sh.down)?;
+                let g = b.sigmoid(&self.linear(b, &x, sh.gate, None)?.reshape([n])?)?;
+                m = b.add(&m, &b.mul_col(&s_out, &g)?)?;
+                Some((s_saved, s_out, g))
+            }
+            None => None,
+        };
+        let m = m.reshape(h.dims().to_vec())?;
+        Ok((m, ExpertsSaved { logits, routed, gate, up, act, y, aux: None, shared }))
     }
 
     /// Backward of [`experts`](Self::experts) at input `h` from `dm`; returns `dh`.
@@ -116,7 +130,17 @@ impl Transformer {
         }
         let x = h.reshape([n, d])?;
         let dx_router = self.linear_grad(b, sink, &x, (e.router, None), &d_logits)?;
-        let dx = b.add3(&dx_gate.reshape([n, d])?, &dx_up.reshape([n, d])?, &dx_router)?;
+        let mut dx = b.add3(&dx_gate.reshape([n, d])?, &dx_up.reshape([n, d])?, &dx_router)?;
+        if let (Some(sh), Some((s_saved, s_out, g))) = (&e.shared, &s.shared) {
+            // m = σ(z)·s with z = x·gᵀ: ds = dm·σ(z); dσ = Σ_d dm·s; dz = dσ·σ(1 − σ).
+            let dm = dm.reshape([n, d])?;
+            let ds = b.mul_col(&dm, g)?;
+            let d_sig = b.sum(&b.mul(&dm, s_out)?, Some(1))?;
+            let one_minus_g = b.add_scalar(&b.mul_scalar(g, -1.0)?, 1.0)?;
+            let dz = b.mul(&d_sig, &b.mul(g, &one_minus_g)?)?.reshape([n, 1])?;
+            dx = b.add(&dx, &self.linear_grad(b, sink, &x, (sh.gate, None), &dz)?)?;
+            dx = b.add(&dx, &self.dense_mlp_backward(b, l, &x, (&sh.up, &sh.down), s_saved, &ds, sink)?)?;
+        }
         dx.reshape(h.dims().to_vec())
     }
 

@@ -52,7 +52,7 @@ pub enum Ffn {
 }
 
 /// Indices of a mixture-of-experts MLP's parameters (E experts of hidden width F).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExpertIndex {
     /// The router `[E, D]`.
     pub router: usize,
@@ -62,6 +62,19 @@ pub struct ExpertIndex {
     pub up: usize,
     /// Every expert's down projection `[E, D, F]`.
     pub down: usize,
+    /// The shared expert, when there is one.
+    pub shared: Option<SharedExpert>,
+}
+
+/// A shared expert: a gated MLP of width `Fs` every token uses, scaled by `σ(x·gᵀ)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedExpert {
+    /// Gate and up `[Fs, D]` (one matrix each).
+    pub up: Proj,
+    /// Down `[D, Fs]`.
+    pub down: Proj,
+    /// The gate's weight `[1, D]`.
+    pub gate: usize,
 }
 
 /// Indices of one decoder block's parameters.
@@ -103,7 +116,14 @@ impl LayerIndex {
                 v.extend(proj(up));
                 v.extend(proj(down));
             }
-            Ffn::Experts(e) => v.extend([e.router, e.gate, e.up, e.down]),
+            Ffn::Experts(e) => {
+                v.extend([e.router, e.gate, e.up, e.down]);
+                if let Some(s) = &e.shared {
+                    v.extend(proj(&s.up));
+                    v.extend(proj(&s.down));
+                    v.push(s.gate);
+                }
+            }
         }
         v.extend(self.post_mlp_norm.iter().flat_map(norm).flatten());
         v
@@ -205,12 +225,16 @@ pub fn layout(arch: &Arch, stacking: impl Fn(usize) -> Stacking) -> (Vec<ParamSp
         let norm2 = norm(&mut push, "norm2");
         let ffn = if let Some(moe) = arch.experts_at(l) {
             let (e, fe) = (moe.experts, moe.d_expert);
-            Ffn::Experts(ExpertIndex {
-                router: push(p("mlp.router.weight"), vec![e, d], Init::Normal(std), true),
-                gate: push(p("mlp.experts.gate.weight"), vec![e, fe, d], Init::Normal(std), true),
-                up: push(p("mlp.experts.up.weight"), vec![e, fe, d], Init::Normal(std), true),
-                down: push(p("mlp.experts.down.weight"), vec![e, d, fe], Init::Normal(std_res), true),
-            })
+            let router = push(p("mlp.router.weight"), vec![e, d], Init::Normal(std), true);
+            let gate = push(p("mlp.experts.gate.weight"), vec![e, fe, d], Init::Normal(std), true);
+            let up = push(p("mlp.experts.up.weight"), vec![e, fe, d], Init::Normal(std), true);
+            let down = push(p("mlp.experts.down.weight"), vec![e, d, fe], Init::Normal(std_res), true);
+            let shared = moe.d_shared.map(|fs| SharedExpert {
+                up: proj(&mut push, &[("mlp.shared.gate", fs), ("mlp.shared.up", fs)], None, d, std, false),
+                down: proj(&mut push, &[("mlp.shared.down", d)], None, fs, std_res, false),
+                gate: push(p("mlp.shared_gate.weight"), vec![1, d], Init::Normal(std), true),
+            });
+            Ffn::Experts(ExpertIndex { router, gate, up, down, shared })
         } else if arch.mlp.gated() {
             let up = proj(
                 &mut push,

@@ -63,7 +63,7 @@ impl Transformer {
     }
 
     /// `m = down(act(up(h)))`.
-    fn dense_mlp(
+    pub(super) fn dense_mlp(
         &self,
         b: &dyn ComputeBackend,
         l: usize,
@@ -92,21 +92,42 @@ impl Transformer {
         sink: &mut Sink<'_>,
     ) -> Result<Tensor> {
         match (&self.index.layers[l].ffn, s) {
-            (Ffn::Dense { up: up_proj, down }, MlpSaved::Dense { up, act }) => {
-                let d_act = self.proj_backward(b, sink, act, down, (l, Group::Down), std::slice::from_ref(dm))?;
-                let d_up = match up.as_slice() {
-                    [fc] if self.arch.mlp == Mlp::Gelu => vec![b.gelu_backward(fc, &d_act, GeluForm::Tanh)?],
-                    [gate, up] => {
-                        let (dg, du) = gated_backward(b, self.arch.mlp, gate, up, &d_act)?;
-                        vec![dg, du]
-                    }
-                    _ => return Err(mlp_parts("Transformer::backward", up.len())),
-                };
-                self.proj_backward(b, sink, h, up_proj, (l, Group::Up), &d_up)
+            (Ffn::Dense { up: up_proj, down }, saved @ MlpSaved::Dense { .. }) => {
+                self.dense_mlp_backward(b, l, h, (up_proj, down), saved, dm, sink)
             }
             (Ffn::Experts(e), MlpSaved::Experts(saved)) => self.experts_backward(b, l, e, h, saved, dm, sink),
             _ => Err(Error::value("Transformer::backward", "saved MLP activations", "the layer's MLP kind", l)),
         }
+    }
+}
+
+impl Transformer {
+    /// Backward of [`dense_mlp`](Self::dense_mlp) with projections `(up, down)` at input
+    /// `h` from `dm`; returns `dh`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn dense_mlp_backward(
+        &self,
+        b: &dyn ComputeBackend,
+        l: usize,
+        h: &Tensor,
+        (up_proj, down): (&Proj, &Proj),
+        s: &MlpSaved,
+        dm: &Tensor,
+        sink: &mut Sink<'_>,
+    ) -> Result<Tensor> {
+        let MlpSaved::Dense { up, act } = s else {
+            return Err(Error::value("Transformer::backward", "saved MLP activations", "a dense MLP's", l));
+        };
+        let d_act = self.proj_backward(b, sink, act, down, (l, Group::Down), std::slice::from_ref(dm))?;
+        let d_up = match up.as_slice() {
+            [fc] if self.arch.mlp == Mlp::Gelu => vec![b.gelu_backward(fc, &d_act, GeluForm::Tanh)?],
+            [gate, up] => {
+                let (dg, du) = gated_backward(b, self.arch.mlp, gate, up, &d_act)?;
+                vec![dg, du]
+            }
+            _ => return Err(mlp_parts("Transformer::backward", up.len())),
+        };
+        self.proj_backward(b, sink, h, up_proj, (l, Group::Up), &d_up)
     }
 }
 

@@ -313,9 +313,15 @@ fn read_param(
             Fix::Transpose => p.shape.iter().rev().copied().collect(),
             _ => p.shape.clone(),
         };
-        if t.dims() != stored.as_slice() {
+        // Size-1 axes may differ (llama.cpp stores the shared expert's gate `[1, D]` as `[D]`).
+        let squeezed = |d: &[usize]| d.iter().copied().filter(|&n| n != 1).collect::<Vec<_>>();
+        let t = if t.dims() == stored.as_slice() {
+            t
+        } else if squeezed(t.dims()) == squeezed(&stored) {
+            t.reshape(stored.clone())?
+        } else {
             return Err(Error::Io(format!("{origin}: tensor '{}': shape {:?}, expected {stored:?}", p.file, t.dims())));
-        }
+        };
         let dtype = t.dtype();
         let float = matches!(dtype, DType::F32 | DType::F16 | DType::BF16);
         let blocks = dtype.is_quantized() || dtype == DType::F8E4M3;

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""The mixture-of-experts architectures as llama.cpp's own converter writes them, run by
+llama.cpp and by fusebox on the same GGUF: greedy continuations must be equal.
+
+For each of qwen3_moe, mixtral, olmoe and qwen2_moe a small model (2 layers, d_model 64,
+8 experts, top-2; random weights from `transformers` with a large init so logits have
+clear winners; SmolLM2's tokenizer, which the converter recognises) is saved, converted
+by `convert_hf_to_gguf.py --outtype f32` and, for each of 4 prompts, continued for 16
+tokens at temperature 0 by llama-cpp-python (`generate`, top-k 1) and by
+`fusebox generate --temperature 0 --json`, token ids compared (prompt and continuation).
+Prints both where they differ; exits non-zero if any does.
+
+Usage, from the repository root (scripts/fetch-smollm2.sh and a release build first; a
+venv with torch, transformers and llama-cpp-python; LLAMA_CPP_SRC the unpacked
+llama-cpp-python source distribution):
+    LLAMA_CPP_SRC=/tmp/lcp-src/llama_cpp_python-0.3.36 /tmp/venv/bin/python \\
+        scripts/moe_gguf_vs_llama_cpp.py
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import torch
+import transformers
+from llama_cpp import Llama
+
+SRC = os.environ.get("LLAMA_CPP_SRC", "/tmp/lcp-src/llama_cpp_python-0.3.36")
+LLAMA_CPP = os.path.join(SRC, "vendor", "llama.cpp")
+FUSEBOX = os.environ.get("FUSEBOX", "target/release/fusebox")
+SMOLLM2 = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,"]
+NEW = 16
+
+COMMON = dict(
+    vocab_size=49152,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=96,
+    max_position_embeddings=256,
+    initializer_range=0.3,
+    bos_token_id=1,
+    eos_token_id=2,
+    tie_word_embeddings=False,
+)
+CONFIGS = {
+    "qwen3_moe": transformers.Qwen3MoeConfig(
+        **COMMON, head_dim=16, moe_intermediate_size=48, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True
+    ),
+    "mixtral": transformers.MixtralConfig(**COMMON, num_local_experts=8, num_experts_per_tok=2),
+    # llama.cpp's olmoe sizes the k norm by d_model: no grouped-query attention (nor has
+    # OLMoE-1B-7B any).
+    "olmoe": transformers.OlmoeConfig(
+        **{**COMMON, "num_key_value_heads": 4}, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False
+    ),
+    "qwen2_moe": transformers.Qwen2MoeConfig(
+        **COMMON,
+        moe_intermediate_size=48,
+        shared_expert_intermediate_size=80,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+        use_sliding_window=False,
+    ),
+}
+
+
+def tokenizer_dir(tmp):
+    out = os.path.join(tmp, "tokenizer")
+    subprocess.run([FUSEBOX, "export", "--model", SMOLLM2, "--format", "hf", "--out", out], check=True, capture_output=True)
+    return out
+
+
+def main():
+    differ = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        tok = tokenizer_dir(tmp)
+        for name, config in CONFIGS.items():
+            torch.manual_seed(sum(map(ord, name)))
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            hf = os.path.join(tmp, name)
+            model.save_pretrained(hf)
+            for f in ("tokenizer.json", "tokenizer_config.json"):
+                shutil.copy(os.path.join(tok, f), os.path.join(hf, f))
+            gguf = os.path.join(tmp, name + ".gguf")
+            env = dict(os.environ, PYTHONPATH=os.path.join(LLAMA_CPP, "gguf-py"))
+            subprocess.run(
+                [sys.executable, os.path.join(LLAMA_CPP, "convert_hf_to_gguf.py"), hf, "--outtype", "f32", "--outfile", gguf],
+                check=True,
+                env=env,
+                capture_output=True,
+            )
+            llm = Llama(model_path=gguf, n_ctx=256, n_threads=2, verbose=False)
+            same = 0
+            for prompt in PROMPTS:
+                theirs_prompt = llm.tokenize(prompt.encode())
+                theirs = []
+                for t in llm.generate(theirs_prompt, temp=0.0, top_k=1, repeat_penalty=1.0):
+                    if t == llm.token_eos() or len(theirs) == NEW:
+                        break
+                    theirs.append(t)
+                out = subprocess.run(
+                    [FUSEBOX, "generate", "--model", gguf, "--prompt", prompt, "--temperature", "0", "--max-tokens",
+                     str(NEW), "--threads", "2", "--json"],
+                    capture_output=True, text=True, check=True,
+                ).stdout
+                ours = json.loads(out.strip().splitlines()[-1])
+                if ours["prompt_ids"] == theirs_prompt and ours["generated_ids"] == theirs:
+                    same += 1
+                else:
+                    print(f"  {name} {prompt!r}: fusebox {ours['prompt_ids']} → {ours['generated_ids']}")
+                    print(f"  {' ' * len(name)} llama.cpp {theirs_prompt} → {theirs}")
+            differ += len(PROMPTS) - same
+            print(f"{name}: fusebox == llama.cpp on {same}/{len(PROMPTS)} prompts ({NEW} greedy tokens each)")
+    sys.exit(1 if differ else 0)
+
+
+if __name__ == "__main__":
+    main()
