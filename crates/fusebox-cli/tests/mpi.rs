@@ -36,6 +36,18 @@ fn two_ranks_train_like_one_process_with_accumulation_two() {
 
 #[test]
 #[cfg_attr(not(feature = "mpi"), allow(clippy::single_match))]
+fn two_ranks_train_a_mixture_of_experts_like_one_process() {
+    match unavailable() {
+        Some(why) => eprintln!("skipping: {why}"),
+        None => {
+            #[cfg(feature = "mpi")]
+            with_mpi::moe_parity();
+        }
+    }
+}
+
+#[test]
+#[cfg_attr(not(feature = "mpi"), allow(clippy::single_match))]
 fn two_ranks_fine_tune_like_one_process_with_accumulation_two() {
     match unavailable() {
         Some(why) => eprintln!("skipping: {why}"),
@@ -180,6 +192,14 @@ mod with_mpi {
             .unwrap();
         assert_ok(&o);
         assert_same_losses(&losses(&resumed), &reference[25..]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Qwen3-MoE from scratch: the experts' gradients and each micro-batch's
+    /// load-balancing loss are the same split over ranks as accumulated on one process.
+    pub fn moe_parity() {
+        let dir = temp_dir("moe");
+        assert_two_ranks_match_accumulation(&dir, &["train", "--arch", "qwen3_moe", "--batch", "16"], &[]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
