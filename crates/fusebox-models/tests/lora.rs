@@ -140,8 +140,14 @@ fn adapters_start_at_the_base_with_the_projected_full_gradient() {
 #[test]
 fn adapter_gradients_match_finite_differences() {
     let b = CpuBackend::with_threads(2).unwrap();
-    for arch in ["llama", "gemma3"] {
+    for arch in ["llama", "gemma3", "qwen3_moe"] {
         let mut net = finetune::load_base(&b, &fixture(arch)).unwrap().net;
+        // `loss` is the cross-entropy alone: the experts' load-balancing term is left out
+        // of the gradient too (each expert's own adapters are checked, routing fixed by
+        // the small step).
+        if let Some(m) = net.arch.moe.as_mut() {
+            m.aux_loss_coef = 0.0;
+        }
         let (ids, targets) = batch(&b, net.arch.vocab_size);
         let mut ad = Adapters::init(&b, &net.arch, LoraConfig::new(3), 9).unwrap();
         let mut rng = Rng::new(3);
@@ -358,4 +364,30 @@ fn adapter_gradients_match_pytorch_autograd() {
             ad.sites().len()
         );
     }
+}
+
+/// A mixture of experts' adapters (per expert on gate, up and down, besides attention)
+/// merge into its weights: the merged network gives the adapted one's logits.
+#[test]
+fn expert_adapters_merge_into_the_experts() {
+    let b = CpuBackend::with_threads(2).unwrap();
+    let mut net = fusebox_models::weights::load_hf_for(&b, &fixture("qwen3_moe"), Purpose::Training).unwrap();
+    let mut ad = Adapters::init(&b, &net.arch, LoraConfig::new(2), 5).unwrap();
+    assert!(ad.specs.iter().any(|s| s.name == "h.0.mlp.experts.gate.lora_A" && s.shape.dims() == [8, 2, 32]));
+    let mut rng = Rng::new(8);
+    for i in 0..ad.sites().len() {
+        let t = &mut ad.params.tensors[2 * i + 1];
+        let v = rng.uniform_vec(t.elem_count(), -0.3, 0.3);
+        b.copy_into(t, &Tensor::from_vec(v, t.shape().clone()).unwrap()).unwrap();
+    }
+    let (ids, _) = batch(&b, net.arch.vocab_size);
+    let base = host(&b, &net.forward(&b, &ids).unwrap().0);
+    net.attach_lora(ad).unwrap();
+    let adapted = host(&b, &net.forward(&b, &ids).unwrap().0);
+    net.merge_lora(&b).unwrap();
+    let merged = host(&b, &net.forward(&b, &ids).unwrap().0);
+    let diff = |a: &[f32], c: &[f32]| a.iter().zip(c).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+    let scale = adapted.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    assert!(diff(&adapted, &base) > 1e-2 * scale, "the adapters change the logits");
+    assert!(diff(&merged, &adapted) <= 1e-4 * scale, "merged logits off by {}", diff(&merged, &adapted));
 }

@@ -38,6 +38,20 @@ pub fn write(b: &dyn ComputeBackend, arch: &Arch, ad: &Adapters, base: &str, out
     const OP: &str = "export --format peft";
     let names = crate::arch::by_name(&arch.name)?.hf().names;
     let gated = arch.mlp.gated();
+    if let Some(&(l, t)) = ad
+        .sites()
+        .iter()
+        .find(|(l, t)| arch.experts_at(*l).is_some() && matches!(t, Target::Gate | Target::Up | Target::Down))
+    {
+        return Err(Error::unsupported(
+            OP,
+            format!(
+                "layer {l}'s '{}' adapters are per expert, which PEFT names no module for here; export the merged \
+                 model (--format hf or gguf) instead",
+                t.name()
+            ),
+        ));
+    }
     // `{layers prefix}{l}.self_attn.q_proj` per adapted site, under PEFT's wrapper.
     let modules = ad
         .sites()

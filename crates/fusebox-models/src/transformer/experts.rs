@@ -18,8 +18,12 @@ use fusebox::{ComputeBackend, Error, MatmulGradients, Result, Routed, Tensor};
 
 use super::block::LayerSaved;
 use super::layout::ExpertIndex;
+use super::lora::Group;
 use super::mlp::{gated, gated_backward, MlpSaved};
 use super::{Sink, Transformer};
+
+/// The shared expert takes no LoRA adapters.
+const UNADAPTED: (Group, Group) = (Group::Unadapted, Group::Unadapted);
 
 /// What the experts keep for their backward (the input is the block's saved `norm2`).
 #[derive(Debug)]
@@ -65,16 +69,19 @@ impl Transformer {
         let routed = b.moe_route(&logits, moe.top_k, moe.routing)?;
         let x3 = x.reshape([n, 1, d])?;
         let gate = b.expert_matmul(&x3, self.p(e.gate), &routed.experts)?;
+        let gate = self.expert_lora(b, (l, Group::Up, 0), &x3, &routed.experts, gate)?;
         let up = b.expert_matmul(&x3, self.p(e.up), &routed.experts)?;
+        let up = self.expert_lora(b, (l, Group::Up, 1), &x3, &routed.experts, up)?;
         let act = gated(b, self.arch.mlp, &gate, &up)?;
         let y = b.expert_matmul(&act, self.p(e.down), &routed.experts)?;
+        let y = self.expert_lora(b, (l, Group::Down, 0), &act, &routed.experts, y)?;
         // m[r] = Σ_j w[r, j]·y[r, j]: one [1, k]·[k, D] product per row.
         let w = routed.weights.reshape([n, 1, moe.top_k])?;
         let mut m = b.batched_matmul(&w, &y, false, false)?.reshape([n, d])?;
         // m += σ(x·gᵀ)·shared(x)
         let shared = match &e.shared {
             Some(sh) => {
-                let (s_out, s_saved) = self.dense_mlp(b, l, &x, &sh.up, &sh.down)?;
+                let (s_out, s_saved) = self.dense_mlp(b, l, &x, (&sh.up, &sh.down), UNADAPTED)?;
                 let g = b.sigmoid(&self.linear(b, &x, sh.gate, None)?.reshape([n])?)?;
                 m = b.add(&m, &b.mul_col(&s_out, &g)?)?;
                 Some((s_saved, s_out, g))
@@ -107,22 +114,34 @@ impl Transformer {
         let w = s.routed.weights.reshape([n, 1, k])?;
         let MatmulGradients { da: d_w, db: dy } = b.matmul_backward(&w, &s.y, &dm.reshape([n, 1, d])?, false, false)?;
         let x3 = h.reshape([n, 1, d])?;
-        let (dx_gate, dx_up) = {
-            let mut dws: [Option<&mut Tensor>; 3] = match sink.base() {
-                Some(g) => {
-                    let [down, gate, up] = g.tensors.get_disjoint_mut([e.down, e.gate, e.up]).map_err(|_| {
-                        Error::value("Transformer::backward", "expert parameters", "three distinct indices", l)
-                    })?;
-                    [Some(down), Some(gate), Some(up)]
-                }
-                None => [None, None, None],
-            };
-            let d_act = b.expert_matmul_backward(&s.act, self.p(e.down), experts, &dy, dws[0].take())?;
-            let (dg, du) = gated_backward(b, self.arch.mlp, &s.gate, &s.up, &d_act)?;
-            (
-                b.expert_matmul_backward(&x3, self.p(e.gate), experts, &dg, dws[1].take())?,
-                b.expert_matmul_backward(&x3, self.p(e.up), experts, &du, dws[2].take())?,
-            )
+        // The experts' weight gradients (full training), or their LoRA adapters' (a frozen base).
+        let (dx_gate, dx_up) = match &mut *sink {
+            Sink::Full(g) => {
+                let [down, gate, up] = g.tensors.get_disjoint_mut([e.down, e.gate, e.up]).map_err(|_| {
+                    Error::value("Transformer::backward", "expert parameters", "three distinct indices", l)
+                })?;
+                let d_act = b.expert_matmul_backward(&s.act, self.p(e.down), experts, &dy, Some(down))?;
+                let (dg, du) = gated_backward(b, self.arch.mlp, &s.gate, &s.up, &d_act)?;
+                (
+                    b.expert_matmul_backward(&x3, self.p(e.gate), experts, &dg, Some(gate))?,
+                    b.expert_matmul_backward(&x3, self.p(e.up), experts, &du, Some(up))?,
+                )
+            }
+            Sink::Lora(_) => {
+                let plus_lora = |base: Tensor, lora: Option<Tensor>| match lora {
+                    Some(d) => b.add(&base, &d),
+                    None => Ok(base),
+                };
+                let d_act = b.expert_matmul_backward(&s.act, self.p(e.down), experts, &dy, None)?;
+                let lora = self.expert_lora_backward(b, (l, Group::Down, 0), &s.act, experts, &dy, sink)?;
+                let d_act = plus_lora(d_act, lora)?;
+                let (dg, du) = gated_backward(b, self.arch.mlp, &s.gate, &s.up, &d_act)?;
+                let dx_gate = b.expert_matmul_backward(&x3, self.p(e.gate), experts, &dg, None)?;
+                let lora = self.expert_lora_backward(b, (l, Group::Up, 0), &x3, experts, &dg, sink)?;
+                let dx_up = b.expert_matmul_backward(&x3, self.p(e.up), experts, &du, None)?;
+                let lora_up = self.expert_lora_backward(b, (l, Group::Up, 1), &x3, experts, &du, sink)?;
+                (plus_lora(dx_gate, lora)?, plus_lora(dx_up, lora_up)?)
+            }
         };
         let mut d_logits = b.moe_route_backward(&s.logits, experts, &d_w.reshape([n, k])?, moe.routing)?;
         if let Some((d_probs, probs)) = &s.aux {
@@ -139,9 +158,48 @@ impl Transformer {
             let one_minus_g = b.add_scalar(&b.mul_scalar(g, -1.0)?, 1.0)?;
             let dz = b.mul(&d_sig, &b.mul(g, &one_minus_g)?)?.reshape([n, 1])?;
             dx = b.add(&dx, &self.linear_grad(b, sink, &x, (sh.gate, None), &dz)?)?;
-            dx = b.add(&dx, &self.dense_mlp_backward(b, l, &x, (&sh.up, &sh.down), s_saved, &ds, sink)?)?;
+            let d_shared = self.dense_mlp_backward(b, l, &x, (&sh.up, &sh.down), UNADAPTED, s_saved, &ds, sink)?;
+            dx = b.add(&dx, &d_shared)?;
         }
         dx.reshape(h.dims().to_vec())
+    }
+
+    /// `y + s·(x·A_eᵀ)·B_eᵀ` per slot with e its expert, when LoRA adapts the expert
+    /// projection at `(layer, group, part)`; else `y`.
+    fn expert_lora(
+        &self,
+        b: &dyn ComputeBackend,
+        (l, group, part): (usize, Group, usize),
+        x: &Tensor,
+        experts: &Tensor,
+        y: Tensor,
+    ) -> Result<Tensor> {
+        let Some(ad) = &self.lora else { return Ok(y) };
+        let Some(slot) = ad.slot(l, group, part) else { return Ok(y) };
+        let u = b.expert_matmul(x, &ad.params.tensors[slot.a], experts)?;
+        let delta = b.expert_matmul(&u, &ad.params.tensors[slot.b], experts)?;
+        b.add(&y, &b.mul_scalar(&delta, ad.config.scale())?)
+    }
+
+    /// Backward of [`expert_lora`](Self::expert_lora) from `dy` into a LoRA sink: with
+    /// `u = x·A_eᵀ` and `g = s·dy`, `dB_e += gᵀ·u`, `du = g·B_e`, `dA_e += duᵀ·x`; returns
+    /// the adapter's share of `dx` (none without an adapter or a LoRA sink).
+    fn expert_lora_backward(
+        &self,
+        b: &dyn ComputeBackend,
+        (l, group, part): (usize, Group, usize),
+        x: &Tensor,
+        experts: &Tensor,
+        dy: &Tensor,
+        sink: &mut Sink<'_>,
+    ) -> Result<Option<Tensor>> {
+        let (Some(ad), Sink::Lora(grads)) = (&self.lora, sink) else { return Ok(None) };
+        let Some(slot) = ad.slot(l, group, part) else { return Ok(None) };
+        let (a, bm) = (&ad.params.tensors[slot.a], &ad.params.tensors[slot.b]);
+        let u = b.expert_matmul(x, a, experts)?;
+        let g = b.mul_scalar(dy, ad.config.scale())?;
+        let du = b.expert_matmul_backward(&u, bm, experts, &g, Some(&mut grads.tensors[slot.b]))?;
+        Ok(Some(b.expert_matmul_backward(x, a, experts, &du, Some(&mut grads.tensors[slot.a]))?))
     }
 
     /// The load-balancing loss of a training forward's sparse layers (see the module

@@ -6,7 +6,10 @@
 //!
 //! Adapters are per logical projection (q, k, v, o, gate, up, down) also where the
 //! base stacks q/k/v or gate/up into one matrix: the stacked output is sliced into its
-//! parts and each part gets its own `B·A`.
+//! parts and each part gets its own `B·A`. In a mixture of experts' layers the MLP
+//! targets adapt every routed expert with its own `B_e·A_e` (stacked `[E, r, in]`,
+//! `[E, out, r]`, applied with `expert_matmul` like the experts); a shared expert is not
+//! adapted.
 
 use fusebox::{ComputeBackend, Error, Result, Shape};
 
@@ -111,8 +114,12 @@ impl Target {
 pub(crate) enum Group {
     Qkv,
     O,
+    /// The MLP's gate and up: a dense MLP's, or a mixture's routed experts'.
     Up,
+    /// The MLP's down projection (as `Up`).
     Down,
+    /// A projection no adapter is attached to (a mixture's shared expert).
+    Unadapted,
 }
 
 /// Rank, scaling and targets of a LoRA run.
@@ -250,18 +257,10 @@ impl Adapters {
                         format!("'{}'", t.name()),
                     )
                 })?;
-                if arch.experts_at(l).is_some() && matches!(group, Group::Up | Group::Down) {
-                    return Err(Error::value(
-                        "--lora-targets",
-                        "target",
-                        format!(
-                            "an attention projection (q, k, v, o): layer {l} of {} is a mixture of experts, whose \
-                             projections take no LoRA adapters yet",
-                            arch.name
-                        ),
-                        format!("'{}'", t.name()),
-                    ));
-                }
+                // A mixture of experts' MLP targets get one adapter per expert, stacked
+                // like the experts: A `[E, r, in]`, B `[E, out, r]`.
+                let experts = arch.experts_at(l).filter(|_| matches!(group, Group::Up | Group::Down));
+                let f = experts.map_or(f, |m| m.d_expert);
                 let (out, inp) = match t {
                     Target::Q => (q, d),
                     Target::K | Target::V => (kv, d),
@@ -269,17 +268,20 @@ impl Adapters {
                     Target::Gate | Target::Up => (f, d),
                     Target::Down => (d, f),
                 };
-                let name = format!("h.{l}.{}", stem(t, gated));
+                let (name, lead) = match experts {
+                    Some(m) => (format!("h.{l}.mlp.experts.{}", t.name()), vec![m.experts]),
+                    None => (format!("h.{l}.{}", stem(t, gated)), vec![]),
+                };
                 let a = specs.len();
                 specs.push(ParamSpec {
                     name: format!("{name}.lora_A"),
-                    shape: Shape::new([r, inp]),
+                    shape: Shape::new([&lead[..], &[r, inp]].concat()),
                     init: Init::Zeros,
                     decay: true,
                 });
                 specs.push(ParamSpec {
                     name: format!("{name}.lora_B"),
-                    shape: Shape::new([out, r]),
+                    shape: Shape::new([&lead[..], &[out, r]].concat()),
                     init: Init::Zeros,
                     decay: true,
                 });
@@ -300,7 +302,8 @@ impl Adapters {
         for (i, s) in specs.iter().enumerate() {
             let n = s.shape.elem_count();
             if i % 2 == 0 {
-                let bound = 1.0 / (s.shape.dims()[1] as f32).sqrt();
+                let fan_in = s.shape.dims().last().copied().unwrap_or(1);
+                let bound = 1.0 / (fan_in as f32).sqrt();
                 values.extend(rng.uniform_vec(n, -bound, bound));
             } else {
                 values.extend(std::iter::repeat_n(0.0, n));
@@ -337,7 +340,7 @@ impl Adapters {
 
     /// The adapter of part `part` of group `group` in layer `l`.
     pub(crate) fn slot(&self, l: usize, group: Group, part: usize) -> Option<Slot> {
-        self.slots.get(l).and_then(|g| g[group as usize].get(part).copied().flatten())
+        self.slots.get(l).and_then(|g| g.get(group as usize)?.get(part).copied().flatten())
     }
 
     /// `(layer, target)` of adapter `i` (its A at spec `2i`, its B at `2i + 1`).
@@ -366,7 +369,7 @@ pub(crate) fn base_rows(index: &ParamIndex, l: usize, t: Target, gated: bool) ->
         (Group::O, _) => &li.o,
         (Group::Up, Ffn::Dense { up, .. }) => up,
         (Group::Down, Ffn::Dense { down, .. }) => down,
-        (Group::Up | Group::Down, Ffn::Experts(_)) => return None,
+        (Group::Up | Group::Down, Ffn::Experts(_)) | (Group::Unadapted, _) => return None,
     };
     if p.stacked() {
         let start: usize = p.parts[..part].iter().sum();

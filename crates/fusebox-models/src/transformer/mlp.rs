@@ -25,6 +25,9 @@ pub(super) enum MlpSaved {
     Experts(Box<ExpertsSaved>),
 }
 
+/// The LoRA groups of a dense MLP's projections.
+pub(super) const ADAPTED: (Group, Group) = (Group::Up, Group::Down);
+
 /// The gated activation `act(gate)·up` of `mlp` (SwiGLU, GeGLU).
 pub(super) fn gated(b: &dyn ComputeBackend, mlp: Mlp, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     match mlp {
@@ -54,7 +57,7 @@ impl Transformer {
     /// The MLP of layer `l` on `h` `[.., D]` → `[.., D]`.
     pub(super) fn mlp(&self, b: &dyn ComputeBackend, l: usize, h: &Tensor) -> Result<(Tensor, MlpSaved)> {
         match &self.index.layers[l].ffn {
-            Ffn::Dense { up, down } => self.dense_mlp(b, l, h, up, down),
+            Ffn::Dense { up, down } => self.dense_mlp(b, l, h, (up, down), ADAPTED),
             Ffn::Experts(e) => {
                 let (m, saved) = self.experts(b, l, e, h)?;
                 Ok((m, MlpSaved::Experts(Box::new(saved))))
@@ -62,22 +65,23 @@ impl Transformer {
         }
     }
 
-    /// `m = down(act(up(h)))`.
+    /// `m = down(act(up(h)))`, with the LoRA adapters of `groups` (`ADAPTED`, or
+    /// `Unadapted` twice for a mixture's shared expert).
     pub(super) fn dense_mlp(
         &self,
         b: &dyn ComputeBackend,
         l: usize,
         h: &Tensor,
-        up: &Proj,
-        down: &Proj,
+        (up, down): (&Proj, &Proj),
+        groups: (Group, Group),
     ) -> Result<(Tensor, MlpSaved)> {
-        let up = self.proj(b, h, up, (l, Group::Up))?;
+        let up = self.proj(b, h, up, (l, groups.0))?;
         let act = match up.as_slice() {
             [fc] if self.arch.mlp == Mlp::Gelu => b.gelu(fc, GeluForm::Tanh)?,
             [gate, up] => gated(b, self.arch.mlp, gate, up)?,
             _ => return Err(mlp_parts("Transformer::mlp", up.len())),
         };
-        let m = self.proj(b, &act, down, (l, Group::Down))?.remove(0);
+        let m = self.proj(b, &act, down, (l, groups.1))?.remove(0);
         Ok((m, MlpSaved::Dense { up, act }))
     }
 
@@ -93,7 +97,7 @@ impl Transformer {
     ) -> Result<Tensor> {
         match (&self.index.layers[l].ffn, s) {
             (Ffn::Dense { up: up_proj, down }, saved @ MlpSaved::Dense { .. }) => {
-                self.dense_mlp_backward(b, l, h, (up_proj, down), saved, dm, sink)
+                self.dense_mlp_backward(b, l, h, (up_proj, down), ADAPTED, saved, dm, sink)
             }
             (Ffn::Experts(e), MlpSaved::Experts(saved)) => self.experts_backward(b, l, e, h, saved, dm, sink),
             _ => Err(Error::value("Transformer::backward", "saved MLP activations", "the layer's MLP kind", l)),
@@ -111,6 +115,7 @@ impl Transformer {
         l: usize,
         h: &Tensor,
         (up_proj, down): (&Proj, &Proj),
+        groups: (Group, Group),
         s: &MlpSaved,
         dm: &Tensor,
         sink: &mut Sink<'_>,
@@ -118,7 +123,7 @@ impl Transformer {
         let MlpSaved::Dense { up, act } = s else {
             return Err(Error::value("Transformer::backward", "saved MLP activations", "a dense MLP's", l));
         };
-        let d_act = self.proj_backward(b, sink, act, down, (l, Group::Down), std::slice::from_ref(dm))?;
+        let d_act = self.proj_backward(b, sink, act, down, (l, groups.1), std::slice::from_ref(dm))?;
         let d_up = match up.as_slice() {
             [fc] if self.arch.mlp == Mlp::Gelu => vec![b.gelu_backward(fc, &d_act, GeluForm::Tanh)?],
             [gate, up] => {
@@ -127,7 +132,7 @@ impl Transformer {
             }
             _ => return Err(mlp_parts("Transformer::backward", up.len())),
         };
-        self.proj_backward(b, sink, h, up_proj, (l, Group::Up), &d_up)
+        self.proj_backward(b, sink, h, up_proj, (l, groups.0), &d_up)
     }
 }
 

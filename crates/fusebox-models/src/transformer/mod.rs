@@ -183,6 +183,13 @@ impl Transformer {
         let gated = self.arch.mlp.gated();
         for (i, &(l, t)) in ad.sites().iter().enumerate() {
             let (a, bm) = (&ad.params.tensors[2 * i], &ad.params.tensors[2 * i + 1]);
+            if let Some(w) = expert_weight(&self.index, l, t) {
+                // W_e += s·B_e·A_e for every expert at once: [E, out, r]·[E, r, in].
+                let delta = b.mul_scalar(&b.batched_matmul(bm, a, false, false)?, scale)?;
+                let merged = b.add(&self.params.tensors[w], &delta)?;
+                b.copy_into(&mut self.params.tensors[w], &merged)?;
+                continue;
+            }
             let delta = b.to_host(&b.mul_scalar(&b.matmul(bm, a, false, false)?, scale)?)?.to_vec::<f32>()?;
             let (w, start, rows) = base_rows(&self.index, l, t, gated).ok_or_else(|| {
                 Error::value(OP, "adapter", "a projection of the model", format!("h.{l}.{}", t.name()))
@@ -252,4 +259,16 @@ fn check_params(specs: &[ParamSpec], params: &ParamSet) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The stacked expert weight `[E, out, in]` that target `t` adapts in layer `l`, when
+/// that layer is a mixture of experts and `t` one of its MLP projections.
+fn expert_weight(index: &ParamIndex, l: usize, t: Target) -> Option<usize> {
+    let Ffn::Experts(e) = &index.layers.get(l)?.ffn else { return None };
+    match t {
+        Target::Gate => Some(e.gate),
+        Target::Up => Some(e.up),
+        Target::Down => Some(e.down),
+        _ => None,
+    }
 }
