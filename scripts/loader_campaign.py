@@ -401,7 +401,7 @@ def hf_mutations(rng):
         m(f"hidden_act={v!r}", lambda h, v=v: h.config.__setitem__("hidden_act", v))
     for v in ("qwen2", 7, ["llama"]):
         m(f"model_type={v!r}", lambda h, v=v: h.config.__setitem__("model_type", v))
-    for v in ({"rope_type": "yarn", "factor": 2.0}, {"factor": 2.0}, {"rope_type": "linear"}, {"rope_type": "linear", "factor": -1},
+    for v in ({"rope_type": "longrope", "factor": 2.0}, {"factor": 2.0}, {"rope_type": "linear"}, {"rope_type": "linear", "factor": -1},
               {"rope_type": 3}, "linear"):
         m(f"rope_scaling={v!r}", lambda h, v=v: h.config.__setitem__("rope_scaling", v))
     for v in ("x", 0.0, -1.0):

@@ -81,6 +81,15 @@ ARCHS = {
     "mistral": transformers.MistralConfig(**COMMON, sliding_window=WINDOW, tie_word_embeddings=False),
     "qwen2": transformers.Qwen2Config(**COMMON, tie_word_embeddings=True, use_sliding_window=False),
     "qwen3": transformers.Qwen3Config(**COMMON, head_dim=16, tie_word_embeddings=False, use_sliding_window=False),
+    # YaRN rope: 4× an original 16-position context (frequencies ramped between
+    # interpolated and kept, cos/sin scaled by 0.1·ln 4 + 1).
+    "qwen3_yarn": transformers.Qwen3Config(
+        **COMMON,
+        head_dim=16,
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16},
+    ),
     "phi3": transformers.Phi3Config(
         **COMMON, sliding_window=None, resid_pdrop=0.0, embd_pdrop=0.0, tie_word_embeddings=False
     ),

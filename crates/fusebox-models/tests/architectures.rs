@@ -213,6 +213,7 @@ fn fixture_as_gguf(name: &str, gguf_arch: &str) -> GgufFile {
             wr = wr.tensor("rope_freqs.weight", &[(a.head_dim / 2) as u64], GgmlType::F32, f);
         }
         RopeScaling::FreqFactors(_) => unreachable!("HF configs have no frequency factors"),
+        RopeScaling::Yarn { .. } => unreachable!("the GGUF list below has no YaRN fixture"),
     }
     let interleave = gguf_arch == "llama";
     for (spec, t) in m.specs.iter().zip(&m.params.tensors) {
@@ -262,7 +263,21 @@ macro_rules! arch_tests {
     )*};
 }
 
-arch_tests!(llama, llama_linear_tied, mistral, qwen2, qwen3, phi3, gemma3, gpt2, qwen3_moe, mixtral, olmoe, qwen2_moe);
+arch_tests!(
+    llama,
+    llama_linear_tied,
+    mistral,
+    qwen2,
+    qwen3,
+    phi3,
+    gemma3,
+    gpt2,
+    qwen3_moe,
+    mixtral,
+    olmoe,
+    qwen2_moe,
+    qwen3_yarn
+);
 
 #[test]
 fn gguf_files_of_the_fixtures_match_their_hf_directories() {
@@ -292,8 +307,8 @@ fn unknown_architectures_and_options_are_refused_by_name() {
     let err = weights::hf_plan(&c, &shards).unwrap_err().to_string();
     assert!(err.contains("falcon") && err.contains("qwen3"), "{err}");
     let mut c = config.clone();
-    c["rope_parameters"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0});
-    assert!(weights::hf_plan(&c, &shards).unwrap_err().to_string().contains("yarn"));
+    c["rope_parameters"] = serde_json::json!({"rope_type": "longrope", "factor": 4.0, "rope_theta": 10000.0});
+    assert!(weights::hf_plan(&c, &shards).unwrap_err().to_string().contains("longrope"));
     let mut c = config.clone();
     c["hidden_act"] = serde_json::json!("relu");
     assert!(weights::hf_plan(&c, &shards).unwrap_err().to_string().contains("relu"));

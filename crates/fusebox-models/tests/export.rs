@@ -113,10 +113,11 @@ fn every_architecture_round_trips_through_hf_and_gguf() {
         assert_eq!(got, want, "{name}: hf export → fusebox logits differ (rel {})", rel(&got, &want));
 
         let gguf = dir.join(format!("{name}.gguf"));
-        if *name == "gemma3" {
+        if matches!(*name, "gemma3" | "qwen3_yarn") {
             // The fixture's layer pattern and query scale differ from Gemma 3's own, which
             // GGUF cannot say (llama.cpp fixes a global layer every sixth and the scale
-            // 1/sqrt(head_dim)): refused, naming both descriptions.
+            // 1/sqrt(head_dim)); YaRN is not written as GGUF here yet (its keys are not
+            // checked against llama.cpp): refused, naming both descriptions.
             let b = cpu();
             let p = load(&src);
             let (tok, template) = export::read_tokenizer_source(&src).unwrap();

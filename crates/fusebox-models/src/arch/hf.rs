@@ -132,9 +132,10 @@ impl<'a> HfConfig<'a> {
             Some(t) => t.as_f64().ok_or_else(|| io(format!("config.json: rope_parameters.rope_theta: found {t}")))?,
             None => self.float("rope_theta")?.unwrap_or(default_theta),
         };
+        let context = self.uint("max_position_embeddings")?;
         let scaling = match params {
-            Some(p) => rope_scaling(Some(p))?,
-            None => rope_scaling(self.field("rope_scaling"))?,
+            Some(p) => rope_scaling(Some(p), context)?,
+            None => rope_scaling(self.field("rope_scaling"), context)?,
         };
         Ok(Rope { theta, scaling, style: RopeStyle::HalfSplit })
     }
@@ -162,8 +163,9 @@ impl<'a> HfConfig<'a> {
     }
 }
 
-/// `rope_scaling` (or `rope_parameters`): none, `default`, `linear` or `llama3`.
-fn rope_scaling(v: Option<&Json>) -> Result<RopeScaling> {
+/// `rope_scaling` (or `rope_parameters`): none, `default`, `linear`, `llama3` or `yarn`
+/// (whose original context defaults to `context`, `max_position_embeddings`).
+fn rope_scaling(v: Option<&Json>, context: Option<usize>) -> Result<RopeScaling> {
     let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(RopeScaling::None) };
     let kind = match v.get("rope_type").or_else(|| v.get("type")) {
         Some(Json::String(s)) => s.as_str(),
@@ -191,9 +193,51 @@ fn rope_scaling(v: Option<&Json>) -> Result<RopeScaling> {
             high_freq_factor: num("high_freq_factor")?,
             original_max_positions: num("original_max_position_embeddings")?,
         }),
+        "yarn" => {
+            let opt = |name: &str| {
+                v.get(name).filter(|x| !x.is_null()).map(|x| {
+                    x.as_f64().ok_or_else(|| {
+                        io(format!("config.json: rope_scaling (yarn): '{name}': expected a number, found {x}"))
+                    })
+                })
+            };
+            let original = match opt("original_max_position_embeddings").transpose()? {
+                Some(n) => n,
+                None => context.ok_or_else(|| io("config.json: yarn needs 'original_max_position_embeddings'"))? as f64,
+            };
+            let factor = match opt("factor").transpose()? {
+                Some(f) => f,
+                None => context.ok_or_else(|| io("config.json: yarn needs 'factor'"))? as f64 / original,
+            };
+            // transformers' yarn_get_mscale: 0.1·m·ln(factor) + 1 (1 for factor ≤ 1).
+            let mscale = |m: f64| if factor <= 1.0 { 1.0 } else { 0.1 * m * factor.ln() + 1.0 };
+            let attention_factor = match (
+                opt("attention_factor").transpose()?,
+                opt("mscale").transpose()?,
+                opt("mscale_all_dim").transpose()?,
+            ) {
+                (Some(a), _, _) => a,
+                (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => mscale(m) / mscale(all),
+                _ => mscale(1.0),
+            };
+            let truncate = match v.get("truncate").filter(|x| !x.is_null()) {
+                None => true,
+                Some(t) => t.as_bool().ok_or_else(|| {
+                    io(format!("config.json: rope_scaling (yarn): 'truncate': expected a boolean, found {t}"))
+                })?,
+            };
+            Ok(RopeScaling::Yarn {
+                factor,
+                original_max_positions: original,
+                beta_fast: opt("beta_fast").transpose()?.filter(|&b| b != 0.0).unwrap_or(32.0),
+                beta_slow: opt("beta_slow").transpose()?.filter(|&b| b != 0.0).unwrap_or(1.0),
+                attention_factor,
+                truncate,
+            })
+        }
         other => Err(Error::unsupported(
             "config.json",
-            format!("rope_scaling type '{other}' is not supported (supported: linear, llama3)"),
+            format!("rope_scaling type '{other}' is not supported (supported: linear, llama3, yarn)"),
         )),
     }
 }
@@ -367,6 +411,15 @@ pub fn rope_parameters(rope: &Rope) -> Result<Json> {
             p["low_freq_factor"] = json!(low_freq_factor);
             p["high_freq_factor"] = json!(high_freq_factor);
             p["original_max_position_embeddings"] = json!(*original_max_positions as u64);
+        }
+        RopeScaling::Yarn { factor, original_max_positions, beta_fast, beta_slow, attention_factor, truncate } => {
+            p["rope_type"] = json!("yarn");
+            p["factor"] = json!(factor);
+            p["original_max_position_embeddings"] = json!(*original_max_positions as u64);
+            p["beta_fast"] = json!(beta_fast);
+            p["beta_slow"] = json!(beta_slow);
+            p["attention_factor"] = json!(attention_factor);
+            p["truncate"] = json!(truncate);
         }
         RopeScaling::FreqFactors(_) => {
             return Err(Error::unsupported(

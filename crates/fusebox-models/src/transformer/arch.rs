@@ -126,6 +126,24 @@ pub enum RopeScaling {
     },
     /// Per-frequency divisors (GGUF `rope_freqs.weight`, how llama.cpp stores Llama 3 scaling).
     FreqFactors(Vec<f32>),
+    /// YaRN (Peng et al. 2023, transformers' `yarn`): frequencies below the correction
+    /// range divided by `factor`, above it kept, a linear ramp between (over pair index,
+    /// from where `beta_fast` to where `beta_slow` rotations fit the original context,
+    /// floored/ceiled when `truncate`), and cos/sin multiplied by `attention_factor`.
+    Yarn {
+        /// Divisor of the interpolated frequencies.
+        factor: f64,
+        /// The context length the model was pretrained with.
+        original_max_positions: f64,
+        /// Rotations over the original context at the ramp's high-frequency end.
+        beta_fast: f64,
+        /// Rotations at its low-frequency end.
+        beta_slow: f64,
+        /// Factor on cos and sin (transformers' `attention_factor`; `0.1·ln(factor) + 1` by default).
+        attention_factor: f64,
+        /// Whether the ramp's ends are rounded to whole pairs.
+        truncate: bool,
+    },
 }
 
 /// [`RopeScaling`] as JSON: `{"type": "none" | "linear" | "llama3" | "freq_factors", ...}`
@@ -145,6 +163,14 @@ struct ScalingJson {
     original_max_positions: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     factors: Option<Vec<f32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    beta_fast: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    beta_slow: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    attention_factor: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    truncate: Option<bool>,
 }
 
 impl From<RopeScaling> for ScalingJson {
@@ -156,6 +182,10 @@ impl From<RopeScaling> for ScalingJson {
             high_freq_factor: None,
             original_max_positions: None,
             factors: None,
+            beta_fast: None,
+            beta_slow: None,
+            attention_factor: None,
+            truncate: None,
         };
         j.kind = match s {
             RopeScaling::None => "none",
@@ -174,6 +204,15 @@ impl From<RopeScaling> for ScalingJson {
                 j.factors = Some(factors);
                 "freq_factors"
             }
+            RopeScaling::Yarn { factor, original_max_positions, beta_fast, beta_slow, attention_factor, truncate } => {
+                j.factor = Some(factor);
+                j.original_max_positions = Some(original_max_positions);
+                j.beta_fast = Some(beta_fast);
+                j.beta_slow = Some(beta_slow);
+                j.attention_factor = Some(attention_factor);
+                j.truncate = Some(truncate);
+                "yarn"
+            }
         }
         .to_string();
         j
@@ -183,7 +222,18 @@ impl From<RopeScaling> for ScalingJson {
 impl TryFrom<ScalingJson> for RopeScaling {
     type Error = String;
     fn try_from(j: ScalingJson) -> std::result::Result<RopeScaling, String> {
-        let ScalingJson { kind, factor, low_freq_factor, high_freq_factor, original_max_positions, factors } = j;
+        let ScalingJson {
+            kind,
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_positions,
+            factors,
+            beta_fast,
+            beta_slow,
+            attention_factor,
+            truncate,
+        } = j;
         let need = |v: Option<f64>, name: &str| v.ok_or_else(|| format!("{kind} scaling needs '{name}'"));
         Ok(match kind.as_str() {
             "none" => RopeScaling::None,
@@ -195,7 +245,15 @@ impl TryFrom<ScalingJson> for RopeScaling {
                 original_max_positions: need(original_max_positions, "original_max_positions")?,
             },
             "freq_factors" => RopeScaling::FreqFactors(factors.ok_or("freq_factors scaling needs 'factors'")?),
-            other => return Err(format!("type '{other}': expected one of none, linear, llama3, freq_factors")),
+            "yarn" => RopeScaling::Yarn {
+                factor: need(factor, "factor")?,
+                original_max_positions: need(original_max_positions, "original_max_positions")?,
+                beta_fast: need(beta_fast, "beta_fast")?,
+                beta_slow: need(beta_slow, "beta_slow")?,
+                attention_factor: need(attention_factor, "attention_factor")?,
+                truncate: truncate.unwrap_or(true),
+            },
+            other => return Err(format!("type '{other}': expected one of none, linear, llama3, freq_factors, yarn")),
         })
     }
 }
@@ -244,11 +302,34 @@ impl Rope {
     /// `θ^(−2i/head_dim)` rescaled as [`RopeScaling`] says.
     pub fn frequencies(&self, head_dim: usize) -> Vec<f64> {
         let d = head_dim as f64;
+        if let RopeScaling::Yarn { factor, original_max_positions, beta_fast, beta_slow, truncate, .. } = self.scaling {
+            // Pair index where `rotations` turns fit the original context.
+            let dim_of = |rotations: f64| {
+                d * (original_max_positions / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * self.theta.ln())
+            };
+            let (mut low, mut high) = (dim_of(beta_fast), dim_of(beta_slow));
+            if truncate {
+                (low, high) = (low.floor(), high.ceil());
+            }
+            let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
+            if low == high {
+                high += 0.001;
+            }
+            return (0..head_dim / 2)
+                .map(|i| {
+                    let extrapolated = self.theta.powf(-2.0 * i as f64 / d);
+                    let interpolated = extrapolated / factor;
+                    // 1 below the ramp (kept), 0 above it (interpolated).
+                    let keep = 1.0 - ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                    interpolated * (1.0 - keep) + extrapolated * keep
+                })
+                .collect();
+        }
         (0..head_dim / 2)
             .map(|i| {
                 let freq = self.theta.powf(-2.0 * i as f64 / d);
                 match &self.scaling {
-                    RopeScaling::None => freq,
+                    RopeScaling::None | RopeScaling::Yarn { .. } => freq,
                     RopeScaling::Linear { factor } => freq / factor,
                     RopeScaling::FreqFactors(f) => freq / f64::from(f[i]),
                     RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_positions } => {
@@ -270,6 +351,14 @@ impl Rope {
             .collect()
     }
 
+    /// The factor on cos and sin (YaRN's attention factor; 1 otherwise).
+    pub fn attention_factor(&self) -> f64 {
+        match self.scaling {
+            RopeScaling::Yarn { attention_factor, .. } => attention_factor,
+            _ => 1.0,
+        }
+    }
+
     fn validate(&self, what: &str, head_dim: usize) -> Result<()> {
         let bad = |field: &str, expected: String, got: String| {
             Err(Error::value("Arch", format!("{what}.{field}"), expected, got))
@@ -284,7 +373,7 @@ impl Rope {
             RopeScaling::FreqFactors(f) if f.iter().any(|v| !v.is_finite() || *v <= 0.0) => {
                 bad("freq_factors", "finite values > 0".into(), format!("{f:?}"))
             }
-            RopeScaling::Linear { factor } | RopeScaling::Llama3 { factor, .. }
+            RopeScaling::Linear { factor } | RopeScaling::Llama3 { factor, .. } | RopeScaling::Yarn { factor, .. }
                 if !factor.is_finite() || *factor <= 0.0 =>
             {
                 bad("scaling.factor", "a finite value > 0".into(), factor.to_string())
@@ -296,6 +385,15 @@ impl Rope {
                     "scaling (llama3)",
                     "0 < low_freq_factor < high_freq_factor, positions > 0".into(),
                     format!("{lo}, {hi}, {n}"),
+                )
+            }
+            RopeScaling::Yarn { original_max_positions: n, beta_fast, beta_slow, attention_factor, .. }
+                if ![*n, *beta_fast, *beta_slow, *attention_factor].iter().all(|v| v.is_finite() && *v > 0.0) =>
+            {
+                bad(
+                    "scaling (yarn)",
+                    "positions, beta_fast, beta_slow and attention_factor finite and > 0".into(),
+                    format!("{n}, {beta_fast}, {beta_slow}, {attention_factor}"),
                 )
             }
             _ => Ok(()),

@@ -29,11 +29,13 @@ fn tables(b: &dyn ComputeBackend, rope: &Rope, head_dim: usize, positions: usize
             Error::value("RopeTables", "positions", "memory for the rope tables", format!("{positions} × {half}"))
         })?;
     }
+    // YaRN scales cos and sin (so q·k by its square); 1 for every other rope.
+    let scale = rope.attention_factor();
     for p in 0..positions {
         for f in &freqs {
             let angle = p as f64 * f;
-            cos.push(angle.cos() as f32);
-            sin.push(angle.sin() as f32);
+            cos.push((angle.cos() * scale) as f32);
+            sin.push((angle.sin() * scale) as f32);
         }
     }
     Ok((b.upload(&Tensor::from_vec(cos, [positions, half])?)?, b.upload(&Tensor::from_vec(sin, [positions, half])?)?))
