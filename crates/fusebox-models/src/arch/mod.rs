@@ -298,7 +298,7 @@ mod tests {
             );
         }
         let e = by_name("falcon").unwrap_err().to_string();
-        assert!(e.contains("falcon") && e.contains("gpt2, llama, mistral, qwen2, qwen3, phi3, gemma3"), "{e}");
+        assert!(e.contains("falcon") && e.contains("gpt2, llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, phi3, gemma3"), "{e}");
     }
 
     #[test]
@@ -321,8 +321,8 @@ mod tests {
         v["model_type"] = json!("falcon");
         assert!(plan(&v).unwrap_err().to_string().contains("falcon"));
         let mut v = smollm2_hf();
-        v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
-        assert!(plan(&v).unwrap_err().to_string().contains("yarn"));
+        v["rope_scaling"] = json!({"rope_type": "longrope", "factor": 4.0});
+        assert!(plan(&v).unwrap_err().to_string().contains("longrope"));
         let mut v = smollm2_hf();
         v["num_attention_heads"] = json!(0);
         assert!(plan(&v).is_err());
