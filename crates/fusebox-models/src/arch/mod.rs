@@ -298,7 +298,11 @@ mod tests {
             );
         }
         let e = by_name("falcon").unwrap_err().to_string();
-        assert!(e.contains("falcon") && e.contains("gpt2, llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, phi3, gemma3"), "{e}");
+        assert!(
+            e.contains("falcon")
+                && e.contains("gpt2, llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, phi3, gemma3"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -53,6 +53,18 @@ pub fn write_hf_moe(moe: &Moe, c: &mut HfConfigOut, experts_key: &str, width_key
     }
 }
 
+/// The experts of `arch` as the Qwen mixtures (Qwen2-MoE, Qwen3-MoE) write them:
+/// `num_experts`, `moe_intermediate_size`, `norm_topk_prob`, every layer on the sparse
+/// stride but `mlp_only_layers`; `name` heads the error when `arch` has no experts.
+pub fn write_hf_qwen_moe(arch: &Arch, c: &mut HfConfigOut, name: &str) -> Result<()> {
+    let moe = arch.moe.as_ref().ok_or_else(|| Error::value("export", name.to_string(), "experts", "none"))?;
+    write_hf_moe(moe, c, "num_experts", "moe_intermediate_size");
+    c.set("norm_topk_prob", json!(moe.routing.normalized()));
+    c.set("decoder_sparse_step", json!(1));
+    c.set("mlp_only_layers", json!(moe.dense_layers));
+    Ok(())
+}
+
 /// The experts of GGUF metadata: `expert_count`, `expert_used_count`, the width
 /// `expert_feed_forward_length` (else `feed_forward_length`); whether the k weights are
 /// renormalised is the architecture's (`normalized`), fixed in llama.cpp whatever the

@@ -267,7 +267,10 @@ mod tests {
         let mut bad = v.clone();
         bad["style"] = serde_json::json!("falcon");
         let e = ModelConfig::from_json(&bad).unwrap_err().to_string();
-        assert!(e.contains("'style'") && e.contains("falcon") && e.contains("gpt2, llama, qwen3, qwen3_moe, gemma3"), "{e}");
+        assert!(
+            e.contains("'style'") && e.contains("falcon") && e.contains("gpt2, llama, qwen3, qwen3_moe, gemma3"),
+            "{e}"
+        );
         let mut bad = v.clone();
         bad.as_object_mut().unwrap().remove("d_ff");
         assert!(ModelConfig::from_json(&bad).unwrap_err().to_string().contains("'d_ff'"));

@@ -8,7 +8,7 @@
 use fusebox::{Error, Result, RopeStyle, Routing};
 use serde_json::json;
 
-use super::moe::{gguf_moe, hf_moe, write_gguf_moe, write_hf_moe};
+use super::moe::{gguf_moe, hf_moe, write_gguf_moe, write_hf_qwen_moe};
 use super::{
     gguf_llama_like, hf_llama_like, Architecture, GgufFacts, GgufKeys, GgufMetaOut, HfConfig, HfConfigOut, HfFacts,
     HF_MOE_NAMES,
@@ -89,12 +89,8 @@ impl Architecture for Qwen2Moe {
         c.set("qkv_bias", arch.bias.qkv.into());
         c.set("use_sliding_window", false.into());
         c.rope(&arch.rope)?;
-        let moe = arch.moe.as_ref().ok_or_else(|| Error::value("export", "qwen2_moe", "experts", "none"))?;
-        write_hf_moe(moe, c, "num_experts", "moe_intermediate_size");
-        c.set("shared_expert_intermediate_size", json!(moe.d_shared.unwrap_or(0)));
-        c.set("norm_topk_prob", json!(moe.routing.normalized()));
-        c.set("decoder_sparse_step", json!(1));
-        c.set("mlp_only_layers", json!(moe.dense_layers));
+        write_hf_qwen_moe(arch, c, "qwen2_moe")?;
+        c.set("shared_expert_intermediate_size", json!(arch.moe.as_ref().and_then(|m| m.d_shared).unwrap_or(0)));
         Ok(())
     }
 

@@ -5,9 +5,8 @@
 //! renormalises.
 
 use fusebox::{Error, Result, RopeStyle, Routing};
-use serde_json::json;
 
-use super::moe::{gguf_moe, hf_moe, write_gguf_moe, write_hf_moe};
+use super::moe::{gguf_moe, hf_moe, write_gguf_moe, write_hf_qwen_moe};
 use super::preset::Preset;
 use super::{llama, Architecture, GgufFacts, GgufKeys, GgufMetaOut, HfConfig, HfConfigOut, HfFacts, HF_MOE_NAMES};
 use crate::transformer::{Arch, Moe};
@@ -84,11 +83,7 @@ impl Architecture for Qwen3Moe {
     fn write_hf(&self, arch: &Arch, c: &mut HfConfigOut) -> Result<()> {
         super::qwen3::Qwen3.write_hf(arch, c)?;
         c.model(&HF);
-        let moe = arch.moe.as_ref().ok_or_else(|| Error::value("export", "qwen3_moe", "experts", "none"))?;
-        write_hf_moe(moe, c, "num_experts", "moe_intermediate_size");
-        c.set("norm_topk_prob", json!(moe.routing.normalized()));
-        c.set("decoder_sparse_step", json!(1));
-        c.set("mlp_only_layers", json!(moe.dense_layers));
+        write_hf_qwen_moe(arch, c, "qwen3_moe")?;
         Ok(())
     }
 
