@@ -867,6 +867,33 @@ pub trait ComputeBackend: Send + Sync + Debug {
         on_cpu!(self, cpu::activation::gelu_mul_backward; [gate, up, d_out], form)
     }
 
+    /// gpt-oss's clamped SwiGLU: `(u' + 1)·g'·σ(α·g')` with `g' = min(gate, limit)` and
+    /// `u' = clamp(up, −limit, limit)` (gpt-oss: α = 1.702, limit 7). α must be finite and
+    /// the limit finite and > 0.
+    ///
+    /// # Shapes
+    /// `gate`, `up`: equal → same.
+    fn clamped_swiglu(&self, gate: &Tensor, up: &Tensor, alpha: f32, limit: f32) -> Result<Tensor> {
+        on_cpu!(self, cpu::activation::clamped_swiglu; [gate, up], alpha, limit)
+    }
+
+    /// Backward of `clamped_swiglu` (as `da`, `db`): with `s = σ(α·g')`,
+    /// `d_gate = dy·(u' + 1)·(s + α·g'·s·(1 − s))` where `gate ≤ limit`, else 0;
+    /// `d_up = dy·g'·s` where `|up| ≤ limit`, else 0.
+    ///
+    /// # Shapes
+    /// `gate`, `up`, `d_out`: equal → two tensors of that shape.
+    fn clamped_swiglu_backward(
+        &self,
+        gate: &Tensor,
+        up: &Tensor,
+        d_out: &Tensor,
+        alpha: f32,
+        limit: f32,
+    ) -> Result<PairGradients> {
+        on_cpu!(self, cpu::activation::clamped_swiglu_backward; [gate, up, d_out], alpha, limit)
+    }
+
     /// `max(x, ln(1 + exp(min(x, 88))))`: softplus that neither overflows nor loses large x.
     ///
     /// # Shapes

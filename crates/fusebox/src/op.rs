@@ -95,6 +95,8 @@ ops! {
     SiluMulBackward => "silu_mul_backward",
     GeluMul => "gelu_mul",
     GeluMulBackward => "gelu_mul_backward",
+    ClampedSwiglu => "clamped_swiglu",
+    ClampedSwigluBackward => "clamped_swiglu_backward",
     StableSoftplus => "stable_softplus",
     // normalization
     RmsNorm => "rms_norm",

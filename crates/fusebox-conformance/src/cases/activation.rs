@@ -407,5 +407,85 @@ pub fn cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     cases.push(twin_erf_table());
     cases.extend(silu_mul_cases());
     cases.extend(gelu_mul_cases());
+    cases.extend(clamped_swiglu_cases());
+    cases
+}
+
+/// gpt-oss's clamped SwiGLU (α = 1.702, limit 7): forward and backward per dtype with
+/// gate and up over both sides of the clamps (±10), the backward against finite
+/// differences away from the clamps' kinks, and bad parameters and mixed dtypes refused.
+fn clamped_swiglu_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    const ALPHA: f32 = 1.702;
+    const LIMIT: f32 = 7.0;
+    let (a, l) = (f64::from(ALPHA), f64::from(LIMIT));
+    let mut rng = Rng::new(0x5715);
+    let mut cases = Vec::new();
+    for (k, &shape) in SIZES.iter().enumerate() {
+        let mut case = OpCase::<B>::new(Op::ClampedSwiglu, format!("clamped_swiglu gate{shape:?}, up{shape:?}"))
+            .input(rng.tensor(shape, -10.0, 10.0))
+            .input(rng.tensor(shape, -10.0, 10.0))
+            .call(move |b, t| Ok(vec![b.clamped_swiglu(&t[0], &t[1], ALPHA, LIMIT)?]))
+            .twin(move |x| vec![twin::clamped_swiglu(&x[0], &x[1], a, l)])
+            .dtypes(ALL_FLOATS);
+        if k > 0 {
+            case = case.no_bad_inputs();
+        }
+        cases.extend(case.build());
+    }
+    cases.extend(
+        GradCase::<B>::new(Op::ClampedSwigluBackward, "clamped_swiglu gate[3, 7], up[3, 7] (inside the clamps)")
+            .input(rng.tensor([3, 7], -3.0, 3.0))
+            .input(rng.tensor([3, 7], -3.0, 3.0))
+            .forward(move |x| twin::clamped_swiglu(&x[0], &x[1], a, l))
+            .backward_twin(move |x, d| {
+                let (dg, du) = twin::clamped_swiglu_backward(&x[0], &x[1], d, a, l);
+                vec![dg, du]
+            })
+            .backward_call(move |b, t, d| {
+                let g = b.clamped_swiglu_backward(&t[0], &t[1], d, ALPHA, LIMIT)?;
+                Ok(vec![g.da, g.db])
+            })
+            .build(),
+    );
+    for &shape in BACKWARD_SIZES {
+        cases.extend(
+            OpCase::<B>::new(Op::ClampedSwigluBackward, format!("clamped_swiglu backward gate, up, d_out {shape:?}"))
+                .input(rng.tensor(shape, -10.0, 10.0))
+                .input(rng.tensor(shape, -10.0, 10.0))
+                .input(rng.tensor(shape, -1.0, 1.0))
+                .call(move |b, t| {
+                    let g = b.clamped_swiglu_backward(&t[0], &t[1], &t[2], ALPHA, LIMIT)?;
+                    Ok(vec![g.da, g.db])
+                })
+                .twin(move |x| {
+                    let (dg, du) = twin::clamped_swiglu_backward(&x[0], &x[1], &x[2], a, l);
+                    vec![dg, du]
+                })
+                .dtypes(ALL_FLOATS)
+                .no_bad_inputs()
+                .build(),
+        );
+    }
+    for (what, alpha, limit) in
+        [("alpha NaN", f32::NAN, LIMIT), ("limit 0", ALPHA, 0.0), ("limit ∞", ALPHA, f32::INFINITY)]
+    {
+        cases.push(Case::expect_error(Op::ClampedSwiglu, format!("clamped_swiglu {what}"), move |b: &B| {
+            let x = b.upload(&Tensor::from_vec(vec![0.5f32; 8], [8])?)?;
+            b.clamped_swiglu(&x, &x, alpha, limit).map(|_| ())
+        }));
+        cases.push(Case::expect_error(
+            Op::ClampedSwigluBackward,
+            format!("clamped_swiglu_backward {what}"),
+            move |b: &B| {
+                let x = b.upload(&Tensor::from_vec(vec![0.5f32; 8], [8])?)?;
+                b.clamped_swiglu_backward(&x, &x, &x, alpha, limit).map(|_| ())
+            },
+        ));
+    }
+    cases.push(Case::expect_error(Op::ClampedSwiglu, "clamped_swiglu up bf16 with f32 gate", |b: &B| {
+        let x = b.upload(&Tensor::from_vec(vec![0.5f32; 8], [8])?)?;
+        let u = b.upload(&Tensor::from_f32_as(&[1.0; 8], [8], DType::BF16)?)?;
+        b.clamped_swiglu(&x, &u, ALPHA, LIMIT).map(|_| ())
+    }));
     cases
 }

@@ -130,6 +130,35 @@ pub fn silu_mul_backward(gate: &Array, up: &Array, dy: &Array) -> (Array, Array)
     (d_gate, d_up)
 }
 
+/// gpt-oss's clamped SwiGLU: `(u' + 1)·g'·σ(α·g')`, `g' = min(g, limit)`,
+/// `u' = clamp(u, −limit, limit)`.
+pub fn clamped_swiglu(gate: &Array, up: &Array, alpha: f64, limit: f64) -> Array {
+    gate.zip(up, |g, u| {
+        let (g, u) = (g.min(limit), u.clamp(-limit, limit));
+        (u + 1.0) * g * sigmoid_of(alpha * g)
+    })
+}
+
+/// `(d_gate, d_up)` of [`clamped_swiglu`]: with `s = σ(α·g')`,
+/// `d_gate = dy·(u' + 1)·(s + α·g'·s·(1 − s))` where `g ≤ limit` (else 0) and
+/// `d_up = dy·g'·s` where `|u| ≤ limit` (else 0).
+pub fn clamped_swiglu_backward(gate: &Array, up: &Array, dy: &Array, alpha: f64, limit: f64) -> (Array, Array) {
+    let mut d_gate = Array::zeros(gate.shape.clone());
+    let mut d_up = Array::zeros(gate.shape.clone());
+    for i in 0..gate.len() {
+        let (g, u, d) = (gate.data[i], up.data[i], dy.data[i]);
+        let (gc, uc) = (g.min(limit), u.clamp(-limit, limit));
+        let s = sigmoid_of(alpha * gc);
+        if g <= limit {
+            d_gate.data[i] = d * (uc + 1.0) * (s + alpha * gc * s * (1.0 - s));
+        }
+        if (-limit..=limit).contains(&u) {
+            d_up.data[i] = d * gc * s;
+        }
+    }
+    (d_gate, d_up)
+}
+
 /// `gelu(gate)·up` (GeGLU).
 pub fn gelu_mul(gate: &Array, up: &Array, form: GeluForm) -> Array {
     gelu(gate, form).zip(up, |a, u| a * u)

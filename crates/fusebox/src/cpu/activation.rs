@@ -289,6 +289,40 @@ mod lanes {
     binary_kernel!(gelu_tanh_mul, "`gelu(gate)·up`, tanh form", |g, u| gelu_tanh1::<FMA>(g) * u);
     binary_kernel!(gelu_erf_mul, "`gelu(gate)·up`, erf form", |g, u| g * normal_cdf1::<FMA>(g) * u);
 
+    multiversion! {
+        /// gpt-oss's clamped SwiGLU: `(u' + 1)·g'·σ(α·g')`, `g' = min(g, limit)`,
+        /// `u' = clamp(u, −limit, limit)`.
+        pub fn clamped_swiglu(gate: &[f32], up: &[f32], out: Dst<'_>, alpha: f32, limit: f32) {
+            // SAFETY: the loop writes every slot of the tile.
+            unsafe { out.write(#[inline(always)] |start, tile| {
+                for (i, d) in tile.iter_mut().enumerate() {
+                    let (g, u) = (gate[start + i].min(limit), up[start + i].clamp(-limit, limit));
+                    d.write((u + 1.0) * g * sigmoid1::<FMA>(alpha * g));
+                }
+            }) }
+        }
+    }
+
+    multiversion! {
+        /// Backward of [`clamped_swiglu`]: with `s = σ(α·g')`, `d_gate = dy·(u' + 1)·(s + α·g'·s·(1 − s))`
+        /// where `g ≤ limit` (0 above), `d_up = dy·g'·s` where `|u| ≤ limit` (0 outside):
+        /// a clamp passes the gradient on its closed interval, as PyTorch's does.
+        pub fn clamped_swiglu_grad(gate: &[f32], up: &[f32], dy: &[f32], d_gate: Dst<'_>, d_up: Dst<'_>, alpha: f32, limit: f32) {
+            // SAFETY: the loop writes every slot of both tiles.
+            unsafe { d_gate.write_pair(d_up, #[inline(always)] |start, dg, du| {
+                for i in 0..dg.len() {
+                    let (g, u, d) = (gate[start + i], up[start + i], dy[start + i]);
+                    let (gc, uc) = (g.min(limit), u.clamp(-limit, limit));
+                    let s = sigmoid1::<FMA>(alpha * gc);
+                    let dg_val = if g <= limit { d * (uc + 1.0) * (s + alpha * gc * s * (1.0 - s)) } else { 0.0 };
+                    let du_val = if (-limit..=limit).contains(&u) { d * gc * s } else { 0.0 };
+                    dg[i].write(dg_val);
+                    du[i].write(du_val);
+                }
+            }) }
+        }
+    }
+
     gated_grad_kernel!(silu_mul_grad, "`d_gate = dy·up·σ(g)(1 + g(1 − σ(g)))`, `d_up = dy·g·σ(g)`", silu_and_grad1);
     gated_grad_kernel!(
         gelu_tanh_mul_grad,
@@ -347,7 +381,7 @@ fn map_binary(
     a: (&str, &Tensor),
     b: (&str, &Tensor),
     work: usize,
-    kernel: fn(&[f32], &[f32], Dst<'_>),
+    kernel: impl Fn(&[f32], &[f32], Dst<'_>) + Sync + Send,
 ) -> Result<Tensor> {
     let (av, bv) = read_pair(op, a, b)?;
     output::fresh_tensor(cpu, op, a.1.shape(), a.1.dtype(), OUT_BLOCK, work, |i, dst| {
@@ -486,6 +520,39 @@ pub fn gelu_mul(cpu: &CpuBackend, gate: &Tensor, up: &Tensor, form: GeluForm) ->
     map_binary(cpu, "gelu_mul", ("gate", gate), ("up", up), EXP_WORK, kernel)
 }
 
+/// gpt-oss's clamped SwiGLU: `(u' + 1)·g'·σ(α·g')` with `g' = min(gate, limit)` and
+/// `u' = clamp(up, −limit, limit)` (gpt-oss: α = 1.702, limit 7).
+///
+/// # Shapes
+/// `gate`, `up`: equal → same.
+pub fn clamped_swiglu(cpu: &CpuBackend, gate: &Tensor, up: &Tensor, alpha: f32, limit: f32) -> Result<Tensor> {
+    const OP: &str = "clamped_swiglu";
+    spec::clamped_swiglu_params(OP, alpha, limit)?;
+    map_binary(cpu, OP, ("gate", gate), ("up", up), EXP_WORK, move |g, u, d| {
+        lanes::clamped_swiglu(g, u, d, alpha, limit)
+    })
+}
+
+/// Backward of [`clamped_swiglu`]: `(d_gate, d_up)` as `da`, `db` (see the kernel's
+/// docs for the maths; zero where the forward's clamps cut).
+///
+/// # Shapes
+/// `gate`, `up`, `d_out`: equal → two tensors of that shape.
+pub fn clamped_swiglu_backward(
+    cpu: &CpuBackend,
+    gate: &Tensor,
+    up: &Tensor,
+    d_out: &Tensor,
+    alpha: f32,
+    limit: f32,
+) -> Result<PairGradients> {
+    const OP: &str = "clamped_swiglu_backward";
+    spec::clamped_swiglu_params(OP, alpha, limit)?;
+    gated_backward(cpu, OP, gate, up, d_out, move |g, u, dy, dg, du, _rest| {
+        lanes::clamped_swiglu_grad(g, u, dy, dg, du, alpha, limit)
+    })
+}
+
 /// `d_gate = dy·up·gelu'(gate)`, `d_up = dy·gelu(gate)` for the chosen form, returned as
 /// `da`, `db`.
 ///
@@ -512,7 +579,7 @@ fn gated_backward(
     gate: &Tensor,
     up: &Tensor,
     d_out: &Tensor,
-    kernel: GatedGradKernel,
+    kernel: impl Fn(&[f32], &[f32], &[f32], Dst<'_>, Dst<'_>, [&[f32]; 3]) + Sync + Send,
 ) -> Result<PairGradients> {
     spec::same(op, &[("gate", gate), ("up", up), ("d_out", d_out)])?;
     let (g, u) = (convert::f32_data(op, "gate", gate)?, convert::f32_data(op, "up", up)?);

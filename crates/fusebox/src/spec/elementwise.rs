@@ -75,3 +75,14 @@ pub fn clamp_bounds(op: &'static str, lo: f32, hi: f32) -> Result<()> {
         Err(Error::value(op, "bounds", "lo ≤ hi, neither NaN", format!("lo = {lo}, hi = {hi}")))
     }
 }
+
+/// The parameters of `clamped_swiglu` (and its backward): α finite, the limit finite and > 0.
+pub fn clamped_swiglu_params(op: &'static str, alpha: f32, limit: f32) -> Result<()> {
+    if !alpha.is_finite() {
+        return Err(Error::value(op, "alpha", "a finite number", alpha));
+    }
+    if !(limit.is_finite() && limit > 0.0) {
+        return Err(Error::value(op, "limit", "a finite number > 0", limit));
+    }
+    Ok(())
+}
