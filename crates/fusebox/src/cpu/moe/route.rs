@@ -47,11 +47,12 @@ pub fn moe_route(cpu: &CpuBackend, logits: &Tensor, k: usize, routing: Routing) 
     Ok(Routed { weights: from_f32(weights, out_dims.clone(), dtype)?, experts: Tensor::from_vec(chosen, out_dims)? })
 }
 
-/// The weights of the chosen experts `ids` of one row of logits (see the module docs).
-fn row_weights(row: &[f32], ids: &[u32], routing: Routing, w: &mut [f32]) {
-    // The chosen logits are in descending order: ids[0] has the largest, which is also
-    // the row's maximum, so every exponent below is ≤ 0.
-    let top = row[ids[0] as usize];
+/// The weights of the chosen experts `ids` of one row of logits (see the module docs);
+/// returns the shift and the denominator used: `w_j = e^{l_{e_j} − top} / total`.
+fn row_weights(row: &[f32], ids: &[u32], routing: Routing, w: &mut [f32]) -> (f32, f32) {
+    // The largest chosen logit (the forward's first, and the row's maximum for the
+    // forward's choice), so every exponent below is ≤ 0; any shift gives the same w.
+    let top = ids.iter().map(|&e| row[e as usize]).fold(f32::NEG_INFINITY, f32::max);
     for (w, &e) in w.iter_mut().zip(ids) {
         *w = (row[e as usize] - top).exp();
     }
@@ -59,6 +60,7 @@ fn row_weights(row: &[f32], ids: &[u32], routing: Routing, w: &mut [f32]) {
     for w in w.iter_mut() {
         *w /= total;
     }
+    (top, total)
 }
 
 /// Gradient of the routing weights with respect to the logits.
@@ -89,24 +91,15 @@ pub fn moe_route_backward(
         for (r, out) in chunk.chunks_exact_mut(n).enumerate() {
             let row = c * rows_per_task + r;
             let (l, ids, g) = (&l[row * n..(row + 1) * n], &ids[row * k..(row + 1) * k], &g[row * k..(row + 1) * k]);
-            // The forward's weights, recomputed: the largest chosen logit stands in for
-            // the row maximum (equal for the forward's choice; any shift gives the same w).
-            let top = ids.iter().map(|&e| l[e as usize]).fold(f32::NEG_INFINITY, f32::max);
-            let weighted: f32 = {
-                for (w, &e) in w.iter_mut().zip(ids) {
-                    *w = (l[e as usize] - top).exp();
-                }
-                let total: f32 =
-                    if routing.normalized() { w.iter().sum() } else { l.iter().map(|&v| (v - top).exp()).sum() };
-                w.iter_mut().for_each(|w| *w /= total);
-                w.iter().zip(g).map(|(w, g)| w * g).sum()
-            };
+            // The forward's weights, recomputed.
+            let (top, total) = row_weights(l, ids, routing, &mut w);
+            let weighted: f32 = w.iter().zip(g).map(|(w, g)| w * g).sum();
             if routing.normalized() {
                 for ((&e, w), g) in ids.iter().zip(&w).zip(g) {
                     out[e as usize] += w * (g - weighted);
                 }
             } else {
-                let total: f32 = l.iter().map(|&v| (v - top).exp()).sum();
+                // `total` is the softmax's denominator over all experts here.
                 for (o, &v) in out.iter_mut().zip(l) {
                     *o = -(v - top).exp() / total * weighted;
                 }
