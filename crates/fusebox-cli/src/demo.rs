@@ -73,13 +73,13 @@ pub fn run(args: &DemoArgs) -> fusebox::Result<()> {
         hq / hkv.max(1)
     );
     // Warm up once so the timings exclude first-touch page faults.
-    backend.causal_attention(&q, &k, &v, None, scale)?;
+    backend.causal_attention(&q, &k, &v, None, None, scale)?;
     let start = Instant::now();
-    let fwd = backend.causal_attention(&q, &k, &v, None, scale)?;
+    let fwd = backend.causal_attention(&q, &k, &v, None, None, scale)?;
     backend.synchronize()?;
     let fwd_s = start.elapsed().as_secs_f64();
     let start = Instant::now();
-    let grads = backend.causal_attention_backward(&q, &k, &v, &fwd, &d_out, None, scale)?;
+    let grads = backend.causal_attention_backward(&q, &k, &v, &fwd, &d_out, None, None, scale)?;
     backend.synchronize()?;
     let bwd_s = start.elapsed().as_secs_f64();
 

@@ -301,9 +301,10 @@ fusebox::backend_impl! {
             k: &Tensor,
             v: &Tensor,
             window: Option<usize>,
+            sinks: Option<&Tensor>,
             scale: f32,
         ) -> Result<CausalAttentionResult> {
-            attention::causal_attention(self, q, k, v, window, scale)
+            attention::causal_attention(self, q, k, v, window, sinks, scale)
         }
 
         fn causal_attention_backward(
@@ -314,9 +315,10 @@ fusebox::backend_impl! {
             result: &CausalAttentionResult,
             d_out: &Tensor,
             window: Option<usize>,
+            sinks: Option<&Tensor>,
             scale: f32,
         ) -> Result<AttentionGradients> {
-            attention::causal_attention_backward(self, q, k, v, result, d_out, window, scale)
+            attention::causal_attention_backward(self, q, k, v, result, d_out, window, sinks, scale)
         }
 
         fn supports_causal_attention(
@@ -325,9 +327,10 @@ fusebox::backend_impl! {
             k: &Tensor,
             v: &Tensor,
             window: Option<usize>,
+            sinks: Option<&Tensor>,
             _scale: f32,
         ) -> bool {
-            attention::supports_causal_attention(q, k, v, window)
+            attention::supports_causal_attention(q, k, v, window, sinks)
         }
 
         fn write_head_cache(&self, cache: &mut Tensor, new: &Tensor, pos: usize) -> Result<()> {
@@ -341,9 +344,10 @@ fusebox::backend_impl! {
             v_cache: &Tensor,
             kv_len: usize,
             window: Option<usize>,
+            sinks: Option<&Tensor>,
             scale: f32,
         ) -> Result<Tensor> {
-            attention::decode_attention(self, q, k_cache, v_cache, kv_len, window, scale)
+            attention::decode_attention(self, q, k_cache, v_cache, kv_len, window, sinks, scale)
         }
 
         fn split_heads(&self, x: &Tensor, heads: usize) -> Result<Tensor> {

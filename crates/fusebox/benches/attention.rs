@@ -29,9 +29,9 @@ fn bench(c: &mut Criterion) {
             );
             let scale = 1.0 / (d as f32).sqrt();
             let run = || -> fusebox::Result<()> {
-                let r = cpu.causal_attention(&q, &k, &v, None, scale)?;
+                let r = cpu.causal_attention(&q, &k, &v, None, None, scale)?;
                 if pass == "fwdbwd" {
-                    black_box(cpu.causal_attention_backward(&q, &k, &v, &r, &dy, None, scale)?);
+                    black_box(cpu.causal_attention_backward(&q, &k, &v, &r, &dy, None, None, scale)?);
                 }
                 black_box(r);
                 Ok(())
@@ -50,7 +50,7 @@ fn bench(c: &mut Criterion) {
     let (q, kc, vc) =
         (random(&[b, hq, 1, d], 1, 1.0), random(&[b, hkv, kv_len, d], 2, 1.0), random(&[b, hkv, kv_len, d], 3, 1.0));
     let scale = 1.0 / (d as f32).sqrt();
-    let run = || cpu.decode_attention(&q, &kc, &vc, kv_len, None, scale);
+    let run = || cpu.decode_attention(&q, &kc, &vc, kv_len, None, None, scale);
     if works(&name, run) {
         g.throughput(Throughput::Bytes((2 * b * hkv * kv_len * d * 4) as u64));
         g.bench_function(&name, |bench| bench.iter(|| black_box(run().expect("ran once already"))));

@@ -37,7 +37,7 @@ fn main() -> Result<()> {
     let d_out = Tensor::from_slice(&d_out_data, [B, HQ, T, D])?;
 
     // Forward: the output and the per-row logsumexp the backward needs (no T×T matrix).
-    let result = cpu.causal_attention(&q, &k, &v, None, scale)?;
+    let result = cpu.causal_attention(&q, &k, &v, None, None, scale)?;
     println!(
         "causal_attention on {} ({} threads): q {:?}, k/v {:?} -> output {:?}, logsumexp {:?} ({})",
         cpu.name(),
@@ -50,7 +50,7 @@ fn main() -> Result<()> {
     );
 
     // Backward: dK and dV are summed over the 4 query heads that share each kv head.
-    let grads = cpu.causal_attention_backward(&q, &k, &v, &result, &d_out, None, scale)?;
+    let grads = cpu.causal_attention_backward(&q, &k, &v, &result, &d_out, None, None, scale)?;
     println!(
         "causal_attention_backward -> dq {:?}, dk {:?}, dv {:?}",
         grads.dq.dims(),

@@ -68,7 +68,7 @@ macro_rules! struct_to_backend {
     };
 }
 struct_to_backend!(CausalAttentionResult { output, logsumexp });
-struct_to_backend!(AttentionGradients { dq, dk, dv });
+struct_to_backend!(AttentionGradients { dq, dk, dv, dsinks });
 struct_to_backend!(NormOutput { output, mean, rstd });
 struct_to_backend!(NormGradients { dx, dweight, dbias });
 struct_to_backend!(MatmulGradients { da, db });
@@ -619,26 +619,39 @@ pub trait ComputeBackend: Send + Sync + Debug {
     /// `window` of `W` keys only `p − W < j ≤ p` (cost O(T·W) rather than O(T²));
     /// `None` is full causal, `Some(0)` an error.
     ///
+    /// **Attention sinks** (gpt-oss): with `sinks = Some(s)`, one learned logit `s_h` per
+    /// query head joins each row's softmax denominator and carries no value:
+    /// `p_ij = exp(z_ij − L_i)`, `L_i = ln(exp(s_h) + Σ_j exp(z_ij))`,
+    /// `out_i = Σ_j p_ij·v_j` (`z` the scaled, masked scores), so a row's weights sum to
+    /// less than 1. The returned logsumexp is this `L`, the sink included; a row that sees
+    /// no key gives zeros and `L = s_h`. A sink of `−∞` is the same as none.
+    ///
     /// # Shapes
-    /// `q`: `[B, Hq, Tq, D]`; `k`, `v`: `[B, Hkv, Tk, D]`, `Tq ≤ Tk` → output
-    /// `[B, Hq, Tq, D]`, logsumexp `[B, Hq, Tq]` f32.
+    /// `q`: `[B, Hq, Tq, D]`; `k`, `v`: `[B, Hkv, Tk, D]`, `Tq ≤ Tk`; `sinks`: `[Hq]`
+    /// F32 → output `[B, Hq, Tq, D]`, logsumexp `[B, Hq, Tq]` f32.
     fn causal_attention(
         &self,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
         window: Option<usize>,
+        sinks: Option<&Tensor>,
         scale: f32,
     ) -> Result<CausalAttentionResult> {
-        on_cpu!(self, cpu::attention::causal_attention; [q, k, v], window, scale)
+        let sinks = sinks.map(|s| self.to_host(s)).transpose()?;
+        on_cpu!(self, cpu::attention::causal_attention; [q, k, v], window, sinks.as_ref(), scale)
     }
 
     /// Backward of `causal_attention` from the saved logsumexp (the T×T matrix is
     /// recomputed blockwise, never stored): `dq`, and `dk`, `dv` summed over each group.
-    /// `window` must be the forward's.
+    /// `window` and `sinks` must be the forward's. With sinks the saved logsumexp holds
+    /// the sink's term, so dq, dk, dv follow the formulas without sinks given `L`, and
+    /// `dsinks_h = −Σ_{b,i} exp(s_h − L_{b,h,i})·D_{b,h,i}` with `D_i = Σ_d dO_id·O_id`
+    /// (the sink's weight times minus the row's `dO·O`).
     ///
     /// # Shapes
-    /// as `causal_attention`; `d_out`: `[B, Hq, Tq, D]` → dq like q, dk/dv like k/v.
+    /// as `causal_attention`; `d_out`: `[B, Hq, Tq, D]` → dq like q, dk/dv like k/v,
+    /// dsinks `[Hq]` f32 (`Some` exactly when `sinks` is).
     #[allow(clippy::too_many_arguments)]
     fn causal_attention_backward(
         &self,
@@ -648,19 +661,30 @@ pub trait ComputeBackend: Send + Sync + Debug {
         result: &CausalAttentionResult,
         d_out: &Tensor,
         window: Option<usize>,
+        sinks: Option<&Tensor>,
         scale: f32,
     ) -> Result<AttentionGradients> {
         let result = CausalAttentionResult {
             output: self.to_host(&result.output)?,
             logsumexp: self.to_host(&result.logsumexp)?,
         };
-        on_cpu!(self, cpu::attention::causal_attention_backward; [q, k, v], &result, &self.to_host(d_out)?, window, scale)
+        let sinks = sinks.map(|s| self.to_host(s)).transpose()?;
+        let d_out = self.to_host(d_out)?;
+        on_cpu!(self, cpu::attention::causal_attention_backward; [q, k, v], &result, &d_out, window, sinks.as_ref(), scale)
     }
 
-    /// Whether `causal_attention` (and its backward) run natively for these inputs and
-    /// this `window`.
-    fn supports_causal_attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, window: Option<usize>, scale: f32) -> bool {
-        let _ = (q, k, v, window, scale);
+    /// Whether `causal_attention` (and its backward) run natively for these inputs, this
+    /// `window` and these `sinks`.
+    fn supports_causal_attention(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        window: Option<usize>,
+        sinks: Option<&Tensor>,
+        scale: f32,
+    ) -> bool {
+        let _ = (q, k, v, window, sinks, scale);
         self.supports(Op::CausalAttention)
     }
 
@@ -694,11 +718,13 @@ pub trait ComputeBackend: Send + Sync + Debug {
     /// the caches in place; the new queries sit at the end (`kv_len − Tq .. kv_len`) and
     /// are masked causally among themselves. GQA by index. With a sliding `window` of
     /// `W` keys the query at position `p` sees only cache rows `p − W < j ≤ p` (rows
-    /// before are never read); `None` is full causal, `Some(0)` an error.
+    /// before are never read); `None` is full causal, `Some(0)` an error. `sinks` adds
+    /// one logit per query head to each row's softmax denominator, as in
+    /// `causal_attention`.
     ///
     /// # Shapes
-    /// `q`: `[B, Hq, Tq, D]`; caches `[B, Hkv, capacity, D]`, `Tq ≤ kv_len ≤ capacity`
-    /// → `[B, Hq, Tq, D]`.
+    /// `q`: `[B, Hq, Tq, D]`; caches `[B, Hkv, capacity, D]`, `Tq ≤ kv_len ≤ capacity`;
+    /// `sinks`: `[Hq]` F32 → `[B, Hq, Tq, D]`.
     fn decode_attention(
         &self,
         q: &Tensor,
@@ -706,20 +732,22 @@ pub trait ComputeBackend: Send + Sync + Debug {
         v_cache: &Tensor,
         kv_len: usize,
         window: Option<usize>,
+        sinks: Option<&Tensor>,
         scale: f32,
     ) -> Result<Tensor> {
-        on_cpu!(self, cpu::attention::decode_attention; [q, k_cache, v_cache], kv_len, window, scale)
+        let sinks = sinks.map(|s| self.to_host(s)).transpose()?;
+        on_cpu!(self, cpu::attention::decode_attention; [q, k_cache, v_cache], kv_len, window, sinks.as_ref(), scale)
     }
 
     /// One decode step of `N` sequences at once, each over its own caches and filled
     /// length (ragged): sequence `i` is exactly
-    /// `decode_attention(q[i], k_caches[i], v_caches[i], kv_lens[i], window, scale)`
+    /// `decode_attention(q[i], k_caches[i], v_caches[i], kv_lens[i], window, sinks, scale)`
     /// (its result does not depend on the other sequences of the call). The caches'
-    /// dtypes are those `decode_attention` accepts.
+    /// dtypes are those `decode_attention` accepts; the sinks are shared by every sequence.
     ///
     /// # Shapes
     /// `q`: `[N, Hq, Tq, D]`; `k_caches[i]`, `v_caches[i]`: `[1, Hkv, capacity_i, D]`,
-    /// `Tq ≤ kv_lens[i] ≤ capacity_i` → `[N, Hq, Tq, D]`.
+    /// `Tq ≤ kv_lens[i] ≤ capacity_i`; `sinks`: `[Hq]` F32 → `[N, Hq, Tq, D]`.
     fn batched_decode_attention(
         &self,
         q: &Tensor,
@@ -727,12 +755,14 @@ pub trait ComputeBackend: Send + Sync + Debug {
         v_caches: &[&Tensor],
         kv_lens: &[usize],
         window: Option<usize>,
+        sinks: Option<&Tensor>,
         scale: f32,
     ) -> Result<Tensor> {
         let host = |ts: &[&Tensor]| ts.iter().map(|t| self.to_host(t)).collect::<Result<Vec<Tensor>>>();
         let (k, v) = (host(k_caches)?, host(v_caches)?);
         let (k, v): (Vec<&Tensor>, Vec<&Tensor>) = (k.iter().collect(), v.iter().collect());
-        on_cpu!(self, [q] => |c| cpu::attention::batched_decode_attention(c, q, &k, &v, kv_lens, window, scale))
+        let sinks = sinks.map(|s| self.to_host(s)).transpose()?;
+        on_cpu!(self, [q] => |c| cpu::attention::batched_decode_attention(c, q, &k, &v, kv_lens, window, sinks.as_ref(), scale))
     }
 
     /// `[B, T, H·D] → [B, H, T, D]`.

@@ -8,7 +8,9 @@ use crate::tensor::Tensor;
 pub struct CausalAttentionResult {
     /// `(B, Hq, Tq, D)`, the input dtype.
     pub output: Tensor,
-    /// `(B, Hq, Tq)` f32: `ln Σ_j exp(s_ij)` per query row (−∞ for a row that sees no key).
+    /// `(B, Hq, Tq)` f32: `ln Σ_j exp(s_ij)` per query row (−∞ for a row that sees no key);
+    /// with attention sinks `ln(exp(s_h) + Σ_j exp(s_ij))`, the sink included (`s_h` for a
+    /// row that sees no key).
     pub logsumexp: Tensor,
 }
 
@@ -21,6 +23,9 @@ pub struct AttentionGradients {
     pub dk: Tensor,
     /// `(B, Hkv, Tk, D)`, summed over each query group.
     pub dv: Tensor,
+    /// `(Hq)` f32, the gradient of the attention sinks: `Some` exactly when the forward
+    /// had sinks.
+    pub dsinks: Option<Tensor>,
 }
 
 /// Output of a normalization forward: the result and the saved statistics.

@@ -152,12 +152,12 @@ fn inputs(a: &AttentionBenchArgs) -> Result<Inputs> {
 
 fn call(cpu: &CpuBackend, pass: Pass, x: &Inputs, kv_len: usize) -> Result<()> {
     match pass {
-        Pass::Fwd => cpu.causal_attention(&x.q, &x.k, &x.v, x.window, x.scale).map(drop),
+        Pass::Fwd => cpu.causal_attention(&x.q, &x.k, &x.v, x.window, None, x.scale).map(drop),
         Pass::Fwdbwd => {
-            let r = cpu.causal_attention(&x.q, &x.k, &x.v, x.window, x.scale)?;
-            cpu.causal_attention_backward(&x.q, &x.k, &x.v, &r, &x.d_out, x.window, x.scale).map(drop)
+            let r = cpu.causal_attention(&x.q, &x.k, &x.v, x.window, None, x.scale)?;
+            cpu.causal_attention_backward(&x.q, &x.k, &x.v, &r, &x.d_out, x.window, None, x.scale).map(drop)
         }
-        Pass::Decode => cpu.decode_attention(&x.q, &x.k, &x.v, kv_len, x.window, x.scale).map(drop),
+        Pass::Decode => cpu.decode_attention(&x.q, &x.k, &x.v, kv_len, x.window, None, x.scale).map(drop),
     }
 }
 

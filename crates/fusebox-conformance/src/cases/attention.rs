@@ -9,7 +9,11 @@
 //! turns NaN). Sliding windows: 1 (each query sees only itself), ≥ T (full causal),
 //! lengths that are no multiple of any block (so a window starts and ends inside key
 //! blocks of the forward, the backward and decode), with GQA, Tq < Tk, and decode over
-//! caches longer than the window whose rows before it hold NaN.
+//! caches longer than the window whose rows before it hold NaN. Attention sinks (one
+//! logit per query head in each row's denominator, in [−1, 3): from negligible to
+//! dominant) with every path of the causal ops: both block layouts, GQA, windows,
+//! decode with split keys, F16/BF16 caches, ragged batched decode, finite differences
+//! of dsinks, and bad sinks (length, dtype, rank).
 
 use fusebox::{AttentionMask, CausalAttentionResult, ComputeBackend, DType, Op, Shape, Tensor};
 
@@ -35,6 +39,7 @@ pub fn cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     v.extend(layout_cases());
     v.push(supports_case());
     v.extend(bad_value_cases());
+    v.extend(bad_sinks_cases());
     v
 }
 
@@ -51,11 +56,26 @@ struct Cfg {
     amp: f64,
     /// The sliding window of the causal ops (`None`: full causal).
     window: Option<usize>,
+    /// Whether the causal ops get attention sinks ([`Cfg::sinks_tensor`]).
+    sinks: bool,
 }
 
 impl Cfg {
     fn new(b: usize, hq: usize, hkv: usize, tq: usize, tk: usize, d: usize) -> Cfg {
-        Cfg { b, hq, hkv, tq, tk, d, amp: 1.0, window: None }
+        Cfg { b, hq, hkv, tq, tk, d, amp: 1.0, window: None, sinks: false }
+    }
+    fn with_sinks(self) -> Cfg {
+        Cfg { sinks: true, ..self }
+    }
+    /// The attention sinks `[Hq]` f32, in [−1, 3): against scores of order ±1 over a few
+    /// to hundreds of keys, from a small share of each row's denominator to most of it.
+    fn sinks_tensor(&self) -> Tensor {
+        Rng::new(97).tensor(Shape::new([self.hq]), -1.0, 3.0)
+    }
+    /// The sinks as a constant f32 input of a case (the generated bad inputs give them
+    /// one logit too many and a U32 dtype).
+    fn sinks_input(&self) -> Input {
+        Input::new(self.sinks_tensor()).keep_f32()
     }
     fn amp(self, amp: f64) -> Cfg {
         Cfg { amp, ..self }
@@ -69,8 +89,9 @@ impl Cfg {
     fn name(&self) -> String {
         let amp = if self.amp == 1.0 { String::new() } else { format!(" q,k×{}", self.amp) };
         let window = self.window.map(|w| format!(" window={w}")).unwrap_or_default();
+        let sinks = if self.sinks { " sinks" } else { "" };
         format!(
-            "B{} Hq{} Hkv{} (GQA {}) Tq{} Tk{} D{}{amp}{window} scale={}",
+            "B{} Hq{} Hkv{} (GQA {}) Tq{} Tk{} D{}{amp}{window}{sinks} scale={}",
             self.b,
             self.hq,
             self.hkv,
@@ -258,17 +279,19 @@ fn sdpa_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
 
 fn causal_case<B: ComputeBackend + ?Sized + 'static>(c: Cfg, dtypes: &[DType], bad: bool) -> Vec<Case<B>> {
     let (q, k, v) = c.qkv(31);
-    let (scale, window) = (c.scale(), c.window);
-    let case = OpCase::new(Op::CausalAttention, format!("causal_attention {}", c.name()))
-        .input(q)
-        .input(k)
-        .input(v)
+    let (scale, window, sinks) = (c.scale(), c.window, c.sinks);
+    let mut case =
+        OpCase::new(Op::CausalAttention, format!("causal_attention {}", c.name())).input(q).input(k).input(v);
+    if sinks {
+        case = case.input(c.sinks_input());
+    }
+    let case = case
         .call(move |b: &B, t: &[Tensor]| {
-            let r = b.causal_attention(&t[0], &t[1], &t[2], window, scale)?;
+            let r = b.causal_attention(&t[0], &t[1], &t[2], window, t.get(3), scale)?;
             Ok(vec![r.output, r.logsumexp])
         })
         .twin(move |a| {
-            let (o, lse) = twin::causal_attention(&a[0], &a[1], &a[2], window, scale as f64);
+            let (o, lse) = twin::causal_attention(&a[0], &a[1], &a[2], window, a.get(3), scale as f64);
             vec![o, lse]
         })
         .tolerance(Tolerance::F32_LOOSE)
@@ -312,6 +335,18 @@ fn causal_attention_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>
     v.extend(causal_case(Cfg::new(1, 2, 1, 70, 70, 24).window(9), &[DType::F32, DType::F16], false)); // D 24
     v.extend(causal_case(Cfg::new(1, 2, 2, 100, 100, 64).amp(15.0).window(30), f32_only, false)); // large logits
     v.push(long_sequence_case(Some(300)));
+    // Attention sinks: per-head blocks and group blocks, GQA, Tq = 1 (the single-query
+    // path), Tq < Tk, windows, D 24 (padded rows), large logits, D 0 (lse = ln(e^s + keys)).
+    v.extend(causal_case(Cfg::new(2, 4, 2, 67, 67, 64).with_sinks(), FLOATS, true)); // GQA 2, per-head blocks
+    v.extend(causal_case(Cfg::new(1, 8, 2, 5, 130, 128).with_sinks(), f32_only, false)); // group blocks, Tq < Tk
+    v.extend(causal_case(Cfg::new(1, 8, 1, 1, 67, 128).with_sinks(), f32_only, false)); // GQA 8, Tq = 1
+    v.extend(causal_case(Cfg::new(1, 4, 1, 1, 1100, 64).with_sinks(), f32_only, false)); // Tq = 1, split keys
+    v.extend(causal_case(Cfg::new(1, 6, 2, 130, 130, 80).window(65).with_sinks(), f32_only, false)); // GQA 3, W
+    v.extend(causal_case(Cfg::new(1, 2, 1, 20, 20, 32).window(1).with_sinks(), f32_only, false)); // W 1
+    v.extend(causal_case(Cfg::new(2, 4, 1, 17, 130, 64).window(50).with_sinks(), f32_only, false)); // Tq < Tk, W
+    v.extend(causal_case(Cfg::new(1, 2, 1, 33, 33, 24).with_sinks(), &[DType::F32, DType::F16], false)); // D 24
+    v.extend(causal_case(Cfg::new(1, 2, 2, 67, 67, 64).amp(15.0).with_sinks(), &[DType::F32, DType::BF16], false));
+    v.extend(causal_case(Cfg::new(1, 2, 1, 20, 21, 0).with_sinks(), f32_only, false)); // D 0
     v
 }
 
@@ -332,9 +367,9 @@ fn long_sequence_case<B: ComputeBackend + ?Sized + 'static>(window: Option<usize
             let d_out = Rng::new(42).tensor(c.q_shape(), -1.0, 1.0);
             let up = |t: &Tensor| b.upload(t).map_err(err);
             let scale = c.scale();
-            let r = b.causal_attention(&up(&q)?, &up(&k)?, &up(&v)?, window, scale).map_err(err)?;
+            let r = b.causal_attention(&up(&q)?, &up(&k)?, &up(&v)?, window, None, scale).map_err(err)?;
             let g = b
-                .causal_attention_backward(&up(&q)?, &up(&k)?, &up(&v)?, &r, &up(&d_out)?, window, scale)
+                .causal_attention_backward(&up(&q)?, &up(&k)?, &up(&v)?, &r, &up(&d_out)?, window, None, scale)
                 .map_err(err)?;
             let host = |t: &Tensor| b.to_host(t).map(|h| Array::from_tensor(&h)).map_err(err);
             let (out, lse, dq, dk, dv) =
@@ -419,23 +454,30 @@ fn grad_case<B: ComputeBackend + ?Sized + 'static>(c: Cfg) -> Vec<Case<B>> {
     let (q, k, v) = c.qkv(53);
     let (scale, window) = (c.scale(), c.window);
     let s = scale as f64;
+    let sinks = c.sinks.then(|| c.sinks_input());
     let a = arrays(&[&q, &k, &v]);
-    let (o, lse) = twin::causal_attention(&a[0], &a[1], &a[2], window, s);
-    GradCase::new(Op::CausalAttentionBackward, format!("causal_attention_backward {}", c.name()))
+    let sinks_a = sinks.as_ref().map(|i| Array::from_tensor(&i.tensor));
+    let (o, lse) = twin::causal_attention(&a[0], &a[1], &a[2], window, sinks_a.as_ref(), s);
+    // Inputs: q, k, v, the saved output and logsumexp (constants), then the sinks
+    // (differentiated: their gradient comes after dv).
+    let mut case = GradCase::new(Op::CausalAttentionBackward, format!("causal_attention_backward {}", c.name()))
         .input(q)
         .input(k)
         .input(v)
         .input(Input::new(o.to_tensor()).constant())
-        .input(Input::new(lse.to_tensor()).constant().keep_f32())
-        .forward(move |a| twin::causal_attention(&a[0], &a[1], &a[2], window, s).0)
+        .input(Input::new(lse.to_tensor()).constant().keep_f32());
+    if let Some(sinks) = sinks {
+        case = case.input(sinks);
+    }
+    case.forward(move |a| twin::causal_attention(&a[0], &a[1], &a[2], window, a.get(5), s).0)
         .backward_twin(move |a, d_out| {
-            let (dq, dk, dv) = twin::causal_attention_backward(&a[0], &a[1], &a[2], d_out, window, s);
-            vec![dq, dk, dv]
+            let g = twin::causal_attention_backward(&a[0], &a[1], &a[2], d_out, window, a.get(5), s);
+            [g.dq, g.dk, g.dv].into_iter().chain(g.dsinks).collect()
         })
         .backward_call(move |b: &B, t: &[Tensor], d_out: &Tensor| {
             let saved = CausalAttentionResult { output: t[3].clone(), logsumexp: t[4].clone() };
-            let g = b.causal_attention_backward(&t[0], &t[1], &t[2], &saved, d_out, window, scale)?;
-            Ok(vec![g.dq, g.dk, g.dv])
+            let g = b.causal_attention_backward(&t[0], &t[1], &t[2], &saved, d_out, window, t.get(5), scale)?;
+            Ok([g.dq, g.dk, g.dv].into_iter().chain(g.dsinks).collect())
         })
         .tolerance(Tolerance::F32_LOOSE)
         .build()
@@ -448,21 +490,38 @@ fn backward_vs_twin<B: ComputeBackend + ?Sized + 'static>(c: Cfg, dtype: DType) 
     let d_out = Rng::new(62).tensor(c.q_shape(), -1.0, 1.0);
     let [q, k, v, d_out] = [&q, &k, &v, &d_out].map(|t| rounded(t, dtype));
     let (scale, window) = (c.scale(), c.window);
+    let sinks = c.sinks.then(|| c.sinks_tensor());
     let tol = Tolerance::F32_LOOSE.max(Tolerance::for_dtype(dtype));
     let name = format!("causal_attention fwd+bwd {} | {dtype} | backend vs twin", c.name());
     Case::custom(Op::CausalAttentionBackward, CaseKind::Backward, name, move |b: &B| {
         let up = |t: &Tensor| b.upload(t).map_err(err);
         let (qu, ku, vu) = (up(&q)?, up(&k)?, up(&v)?);
-        let r = b.causal_attention(&qu, &ku, &vu, window, scale).map_err(err)?;
-        let g = b.causal_attention_backward(&qu, &ku, &vu, &r, &up(&d_out)?, window, scale).map_err(err)?;
+        let su = sinks.as_ref().map(up).transpose()?;
+        let r = b.causal_attention(&qu, &ku, &vu, window, su.as_ref(), scale).map_err(err)?;
+        let g =
+            b.causal_attention_backward(&qu, &ku, &vu, &r, &up(&d_out)?, window, su.as_ref(), scale).map_err(err)?;
         let a = arrays(&[&q, &k, &v, &d_out]);
-        let (dq, dk, dv) = twin::causal_attention_backward(&a[0], &a[1], &a[2], &a[3], window, scale as f64);
-        for (name, got, want) in [("dq", &g.dq, dq), ("dk", &g.dk, dk), ("dv", &g.dv, dv)] {
+        let sinks_a = sinks.as_ref().map(Array::from_tensor);
+        let want = twin::causal_attention_backward(&a[0], &a[1], &a[2], &a[3], window, sinks_a.as_ref(), scale as f64);
+        for (name, got, want) in [("dq", &g.dq, want.dq), ("dk", &g.dk, want.dk), ("dv", &g.dv, want.dv)] {
             let h = b.to_host(got).map_err(err)?;
             if h.dtype() != dtype {
                 return Err(format!("{name} has dtype {}, expected {dtype}", h.dtype()));
             }
             tol.check(name, &Array::from_tensor(&h), &want)?;
+        }
+        match (&g.dsinks, want.dsinks) {
+            (None, None) => {}
+            (Some(got), Some(want)) => {
+                let h = b.to_host(got).map_err(err)?;
+                if h.dtype() != DType::F32 {
+                    return Err(format!("dsinks has dtype {}, expected f32", h.dtype()));
+                }
+                tol.check("dsinks", &Array::from_tensor(&h), &want)?;
+            }
+            (got, _) => {
+                return Err(format!("dsinks is {}, expected it exactly when there are sinks", got.is_some()));
+            }
         }
         Ok(())
     })
@@ -497,6 +556,21 @@ fn backward_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     v.push(backward_vs_twin(Cfg::new(1, 2, 1, 1, 17, 32).window(4), DType::F32)); // Tq = 1
     v.push(backward_vs_twin(Cfg::new(1, 4, 2, 40, 70, 32).window(7), DType::F16));
     v.push(backward_vs_twin(Cfg::new(1, 4, 2, 40, 70, 32).window(7), DType::BF16));
+    // Attention sinks: finite differences of dq, dk, dv and dsinks on tiny sizes (GQA,
+    // Tq < Tk, Tq = 1, windows), then the backend (threads, split key ranges, GQA,
+    // windows inside blocks, D 24, Tq = 1, 16-bit).
+    v.extend(grad_case(Cfg::new(1, 1, 1, 3, 3, 4).with_sinks()));
+    v.extend(grad_case(Cfg::new(1, 2, 1, 2, 4, 3).with_sinks())); // GQA 2, Tq < Tk
+    v.extend(grad_case(Cfg::new(2, 3, 1, 1, 3, 2).with_sinks())); // GQA 3, Tq = 1, B 2
+    v.extend(grad_case(Cfg::new(1, 2, 1, 3, 5, 2).window(2).with_sinks())); // GQA 2, window
+    v.extend(grad_case(Cfg::new(1, 2, 2, 4, 4, 2).window(1).with_sinks())); // each query sees itself
+    v.push(backward_vs_twin(Cfg::new(1, 8, 2, 130, 130, 64).with_sinks(), DType::F32)); // GQA 4, threads
+    v.push(backward_vs_twin(Cfg::new(2, 3, 1, 17, 67, 80).with_sinks(), DType::F32)); // GQA 3, Tq < Tk, B 2
+    v.push(backward_vs_twin(Cfg::new(1, 2, 1, 300, 300, 64).window(129).with_sinks(), DType::F32)); // split keys
+    v.push(backward_vs_twin(Cfg::new(1, 2, 1, 70, 70, 24).window(9).with_sinks(), DType::F32)); // D 24
+    v.push(backward_vs_twin(Cfg::new(1, 2, 2, 1, 17, 32).with_sinks(), DType::F32)); // Tq = 1
+    v.push(backward_vs_twin(Cfg::new(1, 4, 2, 40, 70, 32).with_sinks(), DType::F16));
+    v.push(backward_vs_twin(Cfg::new(1, 4, 2, 40, 70, 32).window(7).with_sinks(), DType::BF16));
     v
 }
 
@@ -536,17 +610,23 @@ fn decode_case<B: ComputeBackend + ?Sized + 'static>(
     let kc = nan_outside_cache(c.b, c.hkv, capacity, c.d, first, c.tk, 72);
     let vc = nan_outside_cache(c.b, c.hkv, capacity, c.d, first, c.tk, 73);
     let nan = if first > 0 { format!("NaN before row {first} and past kv_len") } else { "NaN past kv_len".into() };
-    let case = OpCase::new(
+    let mut case = OpCase::new(
         Op::DecodeAttention,
         format!("decode_attention {} kv_len={kv_len} capacity={capacity} ({nan})", c.name()),
     )
     .input(q)
     .input(kc)
-    .input(vc)
-    .call(move |b: &B, t: &[Tensor]| Ok(vec![b.decode_attention(&t[0], &t[1], &t[2], kv_len, window, scale)?]))
-    .twin(move |a| vec![twin::decode_attention(&a[0], &a[1], &a[2], kv_len, window, scale as f64)])
-    .tolerance(Tolerance::F32_LOOSE)
-    .dtypes(dtypes);
+    .input(vc);
+    if c.sinks {
+        case = case.input(c.sinks_input());
+    }
+    let case = case
+        .call(move |b: &B, t: &[Tensor]| {
+            Ok(vec![b.decode_attention(&t[0], &t[1], &t[2], kv_len, window, t.get(3), scale)?])
+        })
+        .twin(move |a| vec![twin::decode_attention(&a[0], &a[1], &a[2], kv_len, window, a.get(3), scale as f64)])
+        .tolerance(Tolerance::F32_LOOSE)
+        .dtypes(dtypes);
     if bad {
         case.build()
     } else {
@@ -567,10 +647,11 @@ fn batched_decode_case<B: ComputeBackend + ?Sized + 'static>(
     let n = lens.len();
     let q = Rng::new(171).tensor(Shape::new([n, c.hq, c.tq, c.d]), -1.0, 1.0);
     let (scale, window, lens_v) = (c.scale(), c.window, lens.to_vec());
+    let sinks = if c.sinks { " sinks" } else { "" };
     let mut case = OpCase::new(
         Op::BatchedDecodeAttention,
         format!(
-            "batched_decode_attention Hq{} Hkv{} Tq{} D{} kv_lens={lens:?} capacities={caps:?} window={window:?}",
+            "batched_decode_attention Hq{} Hkv{} Tq{} D{} kv_lens={lens:?} capacities={caps:?} window={window:?}{sinks}",
             c.hq, c.hkv, c.tq, c.d
         ),
     )
@@ -581,17 +662,21 @@ fn batched_decode_case<B: ComputeBackend + ?Sized + 'static>(
             .input(nan_outside_cache(1, c.hkv, cap, c.d, first, len, 172 + 2 * i as u64))
             .input(nan_outside_cache(1, c.hkv, cap, c.d, first, len, 173 + 2 * i as u64));
     }
+    // The sinks, if any, come last: inputs 1 ..= 2N are the cache pairs.
+    if c.sinks {
+        case = case.input(c.sinks_input());
+    }
     let (l1, l2) = (lens_v.clone(), lens_v);
     let case = case
         .call(move |b: &B, t: &[Tensor]| {
-            let k: Vec<&Tensor> = t[1..].iter().step_by(2).collect();
-            let v: Vec<&Tensor> = t[2..].iter().step_by(2).collect();
-            Ok(vec![b.batched_decode_attention(&t[0], &k, &v, &l1, window, scale)?])
+            let k: Vec<&Tensor> = t[1..=2 * n].iter().step_by(2).collect();
+            let v: Vec<&Tensor> = t[2..=2 * n].iter().step_by(2).collect();
+            Ok(vec![b.batched_decode_attention(&t[0], &k, &v, &l1, window, t.get(2 * n + 1), scale)?])
         })
         .twin(move |a| {
-            let k: Vec<&Array> = a[1..].iter().step_by(2).collect();
-            let v: Vec<&Array> = a[2..].iter().step_by(2).collect();
-            vec![twin::batched_decode_attention(&a[0], &k, &v, &l2, window, scale as f64)]
+            let k: Vec<&Array> = a[1..=2 * n].iter().step_by(2).collect();
+            let v: Vec<&Array> = a[2..=2 * n].iter().step_by(2).collect();
+            vec![twin::batched_decode_attention(&a[0], &k, &v, &l2, window, a.get(2 * n + 1), scale as f64)]
         })
         .tolerance(Tolerance::F32_LOOSE)
         .dtypes(dtypes);
@@ -604,11 +689,18 @@ fn batched_decode_case<B: ComputeBackend + ?Sized + 'static>(
 
 /// Each sequence of a batched call gives exactly (bit for bit) what `decode_attention`
 /// gives it alone, where both run the same implementation (both native or both on the
-/// CPU; else to 1e-5): a server's answer does not depend on its neighbours.
-fn batched_equals_single<B: ComputeBackend + ?Sized + 'static>() -> Case<B> {
-    let name = "batched_decode_attention row i == decode_attention of sequence i, bit for bit (Hq9 Hkv3 D64)";
-    Case::custom(Op::BatchedDecodeAttention, CaseKind::Property, name, |b: &B| {
+/// CPU; else to 1e-5): a server's answer does not depend on its neighbours. With or
+/// without attention sinks.
+fn batched_equals_single<B: ComputeBackend + ?Sized + 'static>(with_sinks: bool) -> Case<B> {
+    let sinks_name = if with_sinks { ", sinks" } else { "" };
+    let name = format!(
+        "batched_decode_attention row i == decode_attention of sequence i, bit for bit (Hq9 Hkv3 D64{sinks_name})"
+    );
+    let sinks = with_sinks.then(|| Cfg::new(1, 9, 3, 1, 1, 64).sinks_tensor());
+    Case::custom(Op::BatchedDecodeAttention, CaseKind::Property, name, move |b: &B| {
         let err = |e: fusebox::Error| e.to_string();
+        let sinks = sinks.as_ref().map(|s| b.upload(s)).transpose().map_err(err)?;
+        let sinks = sinks.as_ref();
         let lens = [5usize, 130, 1, 64];
         let q = Rng::new(181).tensor(Shape::new([lens.len(), 9, 1, 64]), -1.0, 1.0);
         let caches: Vec<(Tensor, Tensor)> = lens
@@ -624,7 +716,10 @@ fn batched_equals_single<B: ComputeBackend + ?Sized + 'static>() -> Case<B> {
         let k: Vec<&Tensor> = caches.iter().map(|c| &c.0).collect();
         let v: Vec<&Tensor> = caches.iter().map(|c| &c.1).collect();
         let all = b
-            .to_host(&b.batched_decode_attention(&b.upload(&q).map_err(err)?, &k, &v, &lens, None, 0.125).map_err(err)?)
+            .to_host(
+                &b.batched_decode_attention(&b.upload(&q).map_err(err)?, &k, &v, &lens, None, sinks, 0.125)
+                    .map_err(err)?,
+            )
             .map_err(err)?;
         let all = all.to_vec::<f32>().map_err(err)?;
         let row = 9 * 64;
@@ -632,7 +727,8 @@ fn batched_equals_single<B: ComputeBackend + ?Sized + 'static>() -> Case<B> {
         let exact = b.supports(Op::DecodeAttention) == b.supports(Op::BatchedDecodeAttention);
         for (i, &l) in lens.iter().enumerate() {
             let qi = q.view(i * row, [1, 9, 1, 64]).map_err(err)?;
-            let one = b.decode_attention(&b.upload(&qi).map_err(err)?, k[i], v[i], l, None, 0.125).map_err(err)?;
+            let one =
+                b.decode_attention(&b.upload(&qi).map_err(err)?, k[i], v[i], l, None, sinks, 0.125).map_err(err)?;
             let one = b.to_host(&one).map_err(err)?.to_vec::<f32>().map_err(err)?;
             let got = &all[i * row..(i + 1) * row];
             if exact {
@@ -659,7 +755,13 @@ fn batched_decode_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> 
     v.extend(batched_decode_case(Cfg::new(1, 8, 2, 1, 1, 64).window(16), &[67, 3, 40], &[80, 8, 40], f32_only, false));
     v.extend(batched_decode_case(Cfg::new(1, 4, 2, 3, 1, 32), &[17, 3], &[32, 4], f32_only, false)); // 3 new queries
     v.extend(batched_decode_case(Cfg::new(1, 4, 1, 1, 1, 128), &[9], &[9], f32_only, false)); // one sequence
-    v.push(batched_equals_single());
+                                                                                              // Sinks: ragged lengths (one long enough to split its keys), windows, new queries.
+    let sinks = Cfg::new(1, 9, 3, 1, 1, 64).with_sinks();
+    v.extend(batched_decode_case(sinks, &[1, 70, 1100], &[16, 80, 1200], FLOATS, true));
+    v.extend(batched_decode_case(sinks.window(16), &[67, 3, 40], &[80, 8, 40], f32_only, false));
+    v.extend(batched_decode_case(Cfg::new(1, 4, 2, 3, 1, 32).with_sinks(), &[17, 3], &[32, 4], f32_only, false));
+    v.push(batched_equals_single(false));
+    v.push(batched_equals_single(true));
     v
 }
 
@@ -688,6 +790,16 @@ fn decode_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     v.extend(decode_case(Cfg::new(1, 4, 2, 1, 10, 32).window(50), 12, f32_only, false)); // W > kv_len
     v.extend(decode_case(Cfg::new(2, 4, 4, 3, 17, 32).window(5), 32, f32_only, false)); // 3 new queries
     v.extend(decode_case(Cfg::new(1, 4, 2, 16, 140, 32).window(70), 150, &[DType::F32, DType::F16], false)); // per-head blocks
+                                                                                                             // Attention sinks: GQA groups (several head chunks), split keys (the sink counted once,
+                                                                                                             // in the first range), D 80 (portable kernels), a window, new queries, a first token.
+    v.extend(decode_case(Cfg::new(1, 8, 2, 1, 67, 64).with_sinks(), 80, FLOATS, true));
+    v.extend(decode_case(Cfg::new(1, 9, 3, 1, 300, 64).with_sinks(), 320, f32_only, false));
+    v.extend(decode_case(Cfg::new(1, 4, 1, 1, 1100, 64).with_sinks(), 1200, f32_only, false));
+    v.extend(decode_case(Cfg::new(1, 6, 2, 1, 2051, 80).with_sinks(), 2051, f32_only, false));
+    v.extend(decode_case(Cfg::new(1, 4, 1, 1, 2100, 64).window(1100).with_sinks(), 2200, f32_only, false));
+    v.extend(decode_case(Cfg::new(2, 4, 4, 3, 17, 32).window(5).with_sinks(), 32, f32_only, false));
+    v.extend(decode_case(Cfg::new(1, 6, 2, 1, 1, 80).with_sinks(), 9, f32_only, false));
+    v.extend(decode_case(Cfg::new(1, 4, 2, 16, 140, 32).window(70).with_sinks(), 150, f32_only, false));
     v.extend(half_cache_decode_cases());
     v
 }
@@ -706,16 +818,22 @@ fn half_cache_decode_case<B: ComputeBackend + ?Sized + 'static>(
     let first = window.map_or(0, |w| (kv_len - c.tq + 1).saturating_sub(w));
     let kc = rounded(&nan_outside_cache(c.b, c.hkv, capacity, c.d, first, c.tk, 75), cache_dtype);
     let vc = rounded(&nan_outside_cache(c.b, c.hkv, capacity, c.d, first, c.tk, 76), cache_dtype);
-    let case = OpCase::new(
+    let mut case = OpCase::new(
         Op::DecodeAttention,
         format!("decode_attention {} kv_len={kv_len} capacity={capacity}, f32 q over {cache_dtype} caches", c.name()),
     )
     .input(q)
     .input(Input::new(kc).keep_f32())
-    .input(Input::new(vc).keep_f32())
-    .call(move |b: &B, t: &[Tensor]| Ok(vec![b.decode_attention(&t[0], &t[1], &t[2], kv_len, window, scale)?]))
-    .twin(move |a| vec![twin::decode_attention(&a[0], &a[1], &a[2], kv_len, window, scale as f64)])
-    .tolerance(Tolerance::F32_LOOSE);
+    .input(Input::new(vc).keep_f32());
+    if c.sinks {
+        case = case.input(c.sinks_input());
+    }
+    let case = case
+        .call(move |b: &B, t: &[Tensor]| {
+            Ok(vec![b.decode_attention(&t[0], &t[1], &t[2], kv_len, window, t.get(3), scale)?])
+        })
+        .twin(move |a| vec![twin::decode_attention(&a[0], &a[1], &a[2], kv_len, window, a.get(3), scale as f64)])
+        .tolerance(Tolerance::F32_LOOSE);
     if bad {
         case.build()
     } else {
@@ -736,6 +854,15 @@ fn half_cache_decode_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B
         v.extend(half_cache_decode_case(Cfg::new(1, 4, 2, 18, 30, 64), 40, dtype, false)); // a prompt chunk
         v.extend(half_cache_decode_case(Cfg::new(1, 4, 1, 1, 600, 64).window(257), 640, dtype, false));
         v.extend(half_cache_decode_case(Cfg::new(1, 4, 2, 16, 140, 32).window(70), 150, dtype, false));
+        // Sinks: the AVX-512/AVX2 16-bit kernels (D 64, 128), split keys, the portable
+        // kernels (D 24), a prompt chunk (the blocked forward over widened rows).
+        let sinks = |c: Cfg| c.with_sinks();
+        v.extend(half_cache_decode_case(sinks(Cfg::new(1, 9, 3, 1, 300, 64)), 320, dtype, dtype == DType::BF16));
+        v.extend(half_cache_decode_case(sinks(Cfg::new(1, 4, 1, 1, 1100, 64)), 1200, dtype, false));
+        v.extend(half_cache_decode_case(sinks(Cfg::new(2, 8, 1, 1, 130, 128)), 150, dtype, false));
+        v.extend(half_cache_decode_case(sinks(Cfg::new(1, 4, 2, 1, 40, 24)), 41, dtype, false));
+        v.extend(half_cache_decode_case(sinks(Cfg::new(1, 4, 2, 18, 30, 64)), 40, dtype, false));
+        v.extend(half_cache_decode_case(sinks(Cfg::new(1, 4, 1, 1, 600, 64).window(257)), 640, dtype, false));
     }
     v
 }
@@ -877,7 +1004,7 @@ fn write_then_decode_case<B: ComputeBackend + ?Sized + 'static>() -> Case<B> {
         be.write_head_cache(&mut vc, &up(&v0)?, 0).map_err(err)?;
         be.write_head_cache(&mut kc, &up(&k1)?, t0).map_err(err)?;
         be.write_head_cache(&mut vc, &up(&v1)?, t0).map_err(err)?;
-        let out = be.decode_attention(&up(&q)?, &kc, &vc, t0 + t1, None, c.scale()).map_err(err)?;
+        let out = be.decode_attention(&up(&q)?, &kc, &vc, t0 + t1, None, None, c.scale()).map_err(err)?;
         let got = Array::from_tensor(&be.to_host(&out).map_err(err)?);
         let a = arrays(&[&q, &k0, &v0, &k1, &v1]);
         let want =
@@ -927,7 +1054,7 @@ fn write_then_decode_half_case<B: ComputeBackend + ?Sized + 'static>(cache_dtype
         if kc.dtype() != cache_dtype {
             return Err(format!("the cache came back as {} instead of {cache_dtype}", kc.dtype()));
         }
-        let out = be.decode_attention(&up(&q)?, &kc, &vc, t0 + t1, None, c.scale()).map_err(err)?;
+        let out = be.decode_attention(&up(&q)?, &kc, &vc, t0 + t1, None, None, c.scale()).map_err(err)?;
         let got = Array::from_tensor(&be.to_host(&out).map_err(err)?);
         let r = |t: &Tensor| rounded(t, cache_dtype);
         let a = arrays(&[&q, &r(&k0), &r(&v0), &r(&k1), &r(&v1)]);
@@ -1021,15 +1148,18 @@ fn supports_case<B: ComputeBackend + ?Sized + 'static>() -> Case<B> {
             let (q, k, v) = c.qkv(121);
             let up = |t: &Tensor| b.upload(t).map_err(err);
             let (q, k, v) = (up(&q)?, up(&k)?, up(&v)?);
-            for window in [None, Some(5)] {
-                let native = b.supports_causal_attention(&q, &k, &v, window, c.scale());
+            let sinks = up(&c.sinks_tensor())?;
+            for (window, sinks) in [(None, None), (Some(5), None), (None, Some(&sinks)), (Some(5), Some(&sinks))] {
+                let native = b.supports_causal_attention(&q, &k, &v, window, sinks, c.scale());
                 if b.name() == "cpu" && !native {
                     return Err(format!(
-                        "the CPU backend has a native fused causal attention but answered false (window {window:?})"
+                        "the CPU backend has a native fused causal attention but answered false (window {window:?}, \
+                         sinks {})",
+                        sinks.is_some()
                     ));
                 }
                 if native {
-                    b.causal_attention(&q, &k, &v, window, c.scale()).map_err(err)?;
+                    b.causal_attention(&q, &k, &v, window, sinks, c.scale()).map_err(err)?;
                 }
             }
             Ok(())
@@ -1057,6 +1187,78 @@ fn window_zero<B: ComputeBackend + ?Sized + 'static>(
             }
         }
     })
+}
+
+/// Bad attention sinks for `hq` query heads: a logit too many, one too few, F16 and BF16
+/// (sinks are f32 whatever q's dtype), rank 2 (`[1, Hq]`) and rank 0.
+fn bad_sinks(hq: usize) -> Vec<(String, Tensor)> {
+    let t = |shape: Vec<usize>| Rng::new(133).tensor(Shape::new(shape), -1.0, 1.0);
+    vec![
+        (format!("sinks [{}] for Hq {hq}", hq + 1), t(vec![hq + 1])),
+        (format!("sinks [{}] for Hq {hq}", hq - 1), t(vec![hq - 1])),
+        ("sinks in f16".into(), rounded(&t(vec![hq]), DType::F16)),
+        ("sinks in bf16".into(), rounded(&t(vec![hq]), DType::BF16)),
+        (format!("sinks of rank 2 [1, {hq}]"), t(vec![1, hq])),
+        ("sinks of rank 0".into(), t(vec![])),
+    ]
+}
+
+/// A bad-input case whose call passes bad `sinks`: it must fail with an error that names
+/// the op and the sinks.
+fn sinks_rejected<B: ComputeBackend + ?Sized + 'static>(
+    op: Op,
+    what: &str,
+    sinks: Tensor,
+    call: impl Fn(&B, &Tensor) -> fusebox::Result<()> + Send + Sync + 'static,
+) -> Case<B> {
+    let name = format!("{} {what}", op.name());
+    Case::custom(op, CaseKind::BadInput, name, move |b: &B| match b.upload(&sinks).and_then(|s| call(b, &s)) {
+        Ok(()) => Err("accepted the bad sinks instead of returning an error".into()),
+        Err(e) => {
+            let msg = e.to_string();
+            if msg.contains(op.name()) && msg.contains("sinks") {
+                Ok(())
+            } else {
+                Err(format!("the error does not name the op and the sinks: {msg}"))
+            }
+        }
+    })
+}
+
+/// Bad sinks for every op that takes them.
+fn bad_sinks_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    let mut v: Vec<Case<B>> = Vec::new();
+    let t = |shape: &[usize]| Rng::new(132).tensor(Shape::new(shape.to_vec()), -1.0, 1.0);
+    // Hq 3 over Hkv 1; the caches hold 10 rows of which 6 are filled.
+    let (q, kv, cache) = (t(&[2, 3, 4, 8]), t(&[2, 1, 6, 8]), t(&[2, 1, 10, 8]));
+    for (what, sinks) in bad_sinks(3) {
+        let (q1, kv1) = (q.clone(), kv.clone());
+        v.push(sinks_rejected(Op::CausalAttention, &what, sinks.clone(), move |b: &B, s| {
+            let (qu, ku) = (b.upload(&q1)?, b.upload(&kv1)?);
+            b.causal_attention(&qu, &ku, &ku, None, Some(s), 0.3).map(drop)
+        }));
+        let (q1, kv1) = (q.clone(), kv.clone());
+        v.push(sinks_rejected(Op::CausalAttentionBackward, &what, sinks.clone(), move |b: &B, s| {
+            let (qu, ku) = (b.upload(&q1)?, b.upload(&kv1)?);
+            let saved = b.causal_attention(&qu, &ku, &ku, None, None, 0.3)?;
+            b.causal_attention_backward(&qu, &ku, &ku, &saved, &qu, None, Some(s), 0.3).map(drop)
+        }));
+        let (q1, cache1) = (q.clone(), cache.clone());
+        v.push(sinks_rejected(Op::DecodeAttention, &what, sinks, move |b: &B, s| {
+            let (qu, cu) = (b.upload(&q1)?, b.upload(&cache1)?);
+            b.decode_attention(&qu, &cu, &cu, 6, None, Some(s), 0.3).map(drop)
+        }));
+    }
+    // Two sequences of Hq 3, one query each, over their own caches.
+    let (q2, one) = (t(&[2, 3, 1, 8]), t(&[1, 1, 10, 8]));
+    for (what, sinks) in bad_sinks(3) {
+        let (q2, one) = (q2.clone(), one.clone());
+        v.push(sinks_rejected(Op::BatchedDecodeAttention, &what, sinks, move |b: &B, s| {
+            let c = b.upload(&one)?;
+            b.batched_decode_attention(&b.upload(&q2)?, &[&c, &c], &[&c, &c], &[3, 6], None, Some(s), 0.3).map(drop)
+        }));
+    }
+    v
 }
 
 fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
@@ -1121,7 +1323,7 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     ];
     for (what, q, k, vv) in causal_bad.clone() {
         v.push(Case::expect_error(Op::CausalAttention, format!("causal_attention {what}"), move |b: &B| {
-            b.causal_attention(&b.upload(&q)?, &b.upload(&k)?, &b.upload(&vv)?, None, 0.3).map(drop)
+            b.causal_attention(&b.upload(&q)?, &b.upload(&k)?, &b.upload(&vv)?, None, None, 0.3).map(drop)
         }));
     }
     for (what, q, k, vv) in causal_bad {
@@ -1131,7 +1333,7 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
             move |b: &B| {
                 let saved = CausalAttentionResult { output: b.upload(&q)?, logsumexp: b.upload(&t(&q.dims()[..3]))? };
                 let (qu, ku, vu) = (b.upload(&q)?, b.upload(&k)?, b.upload(&vv)?);
-                b.causal_attention_backward(&qu, &ku, &vu, &saved, &qu, None, 0.3).map(drop)
+                b.causal_attention_backward(&qu, &ku, &vu, &saved, &qu, None, None, 0.3).map(drop)
             },
         ));
     }
@@ -1146,7 +1348,7 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
                     logsumexp: b.upload(&rounded(&t(&[2, 2, 4]), DType::F16))?,
                 };
                 let (qu, ku) = (b.upload(&q)?, b.upload(&kv)?);
-                b.causal_attention_backward(&qu, &ku, &ku, &saved, &qu, None, 0.3).map(drop)
+                b.causal_attention_backward(&qu, &ku, &ku, &saved, &qu, None, None, 0.3).map(drop)
             },
         ));
     }
@@ -1158,8 +1360,17 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
             move |b: &B| {
                 let saved = CausalAttentionResult { output: b.upload(&q)?, logsumexp: b.upload(&t(&[2, 2, 4]))? };
                 let (qu, ku) = (b.upload(&q)?, b.upload(&kv)?);
-                b.causal_attention_backward(&qu, &ku, &ku, &saved, &b.upload(&rounded(&q, DType::F16))?, None, 0.3)
-                    .map(drop)
+                b.causal_attention_backward(
+                    &qu,
+                    &ku,
+                    &ku,
+                    &saved,
+                    &b.upload(&rounded(&q, DType::F16))?,
+                    None,
+                    None,
+                    0.3,
+                )
+                .map(drop)
             },
         ));
     }
@@ -1168,22 +1379,22 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
         let (q, kv) = (q.clone(), kv.clone());
         v.push(window_zero(Op::CausalAttention, move |b: &B| {
             let (qu, ku) = (b.upload(&q)?, b.upload(&kv)?);
-            b.causal_attention(&qu, &ku, &ku, Some(0), 0.3).map(drop)
+            b.causal_attention(&qu, &ku, &ku, Some(0), None, 0.3).map(drop)
         }));
     }
     {
         let (q, kv) = (q.clone(), kv.clone());
         v.push(window_zero(Op::CausalAttentionBackward, move |b: &B| {
             let (qu, ku) = (b.upload(&q)?, b.upload(&kv)?);
-            let saved = b.causal_attention(&qu, &ku, &ku, None, 0.3)?;
-            b.causal_attention_backward(&qu, &ku, &ku, &saved, &qu, Some(0), 0.3).map(drop)
+            let saved = b.causal_attention(&qu, &ku, &ku, None, None, 0.3)?;
+            b.causal_attention_backward(&qu, &ku, &ku, &saved, &qu, Some(0), None, 0.3).map(drop)
         }));
     }
     {
         let (q, kv) = (q.clone(), kv.clone());
         v.push(window_zero(Op::DecodeAttention, move |b: &B| {
             let (qu, ku) = (b.upload(&q)?, b.upload(&kv)?);
-            b.decode_attention(&qu, &ku, &ku, 6, Some(0), 0.3).map(drop)
+            b.decode_attention(&qu, &ku, &ku, 6, Some(0), None, 0.3).map(drop)
         }));
     }
     let cache = t(&[2, 1, 10, 8]);
@@ -1195,7 +1406,7 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
         let cache = if what.starts_with("Hq") { t(&[2, 2, 10, 8]) } else { cache.clone() };
         v.push(Case::expect_error(Op::DecodeAttention, format!("decode_attention {what}"), move |b: &B| {
             let c = b.upload(&cache)?;
-            b.decode_attention(&b.upload(&qd)?, &c, &c, kv_len, None, 0.3).map(drop)
+            b.decode_attention(&b.upload(&qd)?, &c, &c, kv_len, None, None, 0.3).map(drop)
         }));
     }
     {
@@ -1203,7 +1414,7 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
         v.push(window_zero(Op::BatchedDecodeAttention, move |b: &B| {
             let (qu, ku) = (b.upload(&q)?, b.upload(&kv)?);
             let ks: Vec<&Tensor> = vec![&ku; q.dims()[0]];
-            b.batched_decode_attention(&qu, &ks, &ks, &vec![6; q.dims()[0]], Some(0), 0.3).map(drop)
+            b.batched_decode_attention(&qu, &ks, &ks, &vec![6; q.dims()[0]], Some(0), None, 0.3).map(drop)
         }));
     }
     // One cache per sequence, each of batch 1; lengths within each capacity.
@@ -1222,7 +1433,7 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
             move |b: &B| {
                 let c = b.upload(&one)?;
                 let cs: Vec<&Tensor> = vec![&c; caches];
-                b.batched_decode_attention(&b.upload(&q2)?, &cs, &cs, &lens, None, 0.3).map(drop)
+                b.batched_decode_attention(&b.upload(&q2)?, &cs, &cs, &lens, None, None, 0.3).map(drop)
             },
         ));
     }
@@ -1233,7 +1444,7 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
             "batched_decode_attention a batch-2 cache as one sequence's",
             move |b: &B| {
                 let c = b.upload(&whole)?;
-                b.batched_decode_attention(&b.upload(&q2)?, &[&c, &c], &[&c, &c], &[3, 3], None, 0.3).map(drop)
+                b.batched_decode_attention(&b.upload(&q2)?, &[&c, &c], &[&c, &c], &[3, 3], None, None, 0.3).map(drop)
             },
         ));
     }
@@ -1259,7 +1470,7 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
             "decode_attention f16 k_cache with a bf16 v_cache",
             move |b: &B| {
                 let (kc, vc) = (rounded(&t(&[2, 1, 10, 8]), DType::F16), rounded(&t(&[2, 1, 10, 8]), DType::BF16));
-                b.decode_attention(&b.upload(&q)?, &b.upload(&kc)?, &b.upload(&vc)?, 5, None, 0.3).map(drop)
+                b.decode_attention(&b.upload(&q)?, &b.upload(&kc)?, &b.upload(&vc)?, 5, None, None, 0.3).map(drop)
             },
         ));
     }

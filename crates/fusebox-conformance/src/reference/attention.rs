@@ -4,6 +4,8 @@
 //! `h / (Hq / Hkv)`. The causal mask is aligned bottom-right: query `i` sees key `j`
 //! iff `j ≤ i + (Tk − Tq)`; with a sliding window of `W` keys also iff
 //! `j > i + (Tk − Tq) − W` (the query at absolute position `p` sees `p − W < j ≤ p`).
+//! Attention sinks `s [Hq]` (gpt-oss) add `e^(s_h)` to every row's softmax denominator
+//! with no value: `p_ij = e^(z_ij − L_i)`, `L_i = ln(e^(s_h) + Σ_j e^(z_ij))`.
 
 use crate::array::Array;
 
@@ -28,11 +30,14 @@ pub fn sdpa_with_lse(
     causal: bool,
     scale: f64,
 ) -> (Array, Array) {
-    windowed_with_lse(q, k, v, mask, causal, None, scale)
+    windowed_with_lse(q, k, v, mask, causal, None, None, scale)
 }
 
 /// [`sdpa_with_lse`] where, with `causal` and a `window` of W keys, query `i` also
-/// drops the keys `j ≤ i + (Tk − Tq) − W`.
+/// drops the keys `j ≤ i + (Tk − Tq) − W`, and with `sinks` head h's `e^(s_h)` joins
+/// every row's denominator: `lse_i = ln(e^(s_h) + Σ_j e^(s_ij))`, `p_ij = e^(s_ij − lse_i)`
+/// (a row with no kept key gives zeros and `lse = s_h`).
+#[allow(clippy::too_many_arguments)]
 fn windowed_with_lse(
     q: &Array,
     k: &Array,
@@ -40,6 +45,7 @@ fn windowed_with_lse(
     mask: Option<TwinMask>,
     causal: bool,
     window: Option<usize>,
+    sinks: Option<&Array>,
     scale: f64,
 ) -> (Array, Array) {
     let (batch, hq, tq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
@@ -52,7 +58,10 @@ fn windowed_with_lse(
             let g = h / group;
             for i in 0..tq {
                 let scores = row_scores(q, k, mask, causal, window, scale, b, h, g, i);
-                let kept: Vec<f64> = scores.iter().flatten().copied().collect();
+                let mut kept: Vec<f64> = scores.iter().flatten().copied().collect();
+                // The sink is one more term of the denominator (and of nothing else).
+                let sink = sinks.map(|s| s.data[h]);
+                kept.extend(sink);
                 if kept.is_empty() {
                     *lse.at_mut(&[b, h, i]) = f64::NEG_INFINITY;
                     continue;
@@ -144,14 +153,37 @@ pub fn attention(q: &Array, k: &Array, v: &Array, scale: f64, causal: bool) -> A
     sdpa(q, k, v, None, scale, causal)
 }
 
-/// Causal attention, optionally over a sliding `window` of keys: `(output, logsumexp)`.
-pub fn causal_attention(q: &Array, k: &Array, v: &Array, window: Option<usize>, scale: f64) -> (Array, Array) {
-    windowed_with_lse(q, k, v, None, true, window, scale)
+/// Causal attention, optionally over a sliding `window` of keys and with attention
+/// `sinks` (`[Hq]`): `(output, logsumexp)`, the logsumexp including the sinks.
+pub fn causal_attention(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    window: Option<usize>,
+    sinks: Option<&Array>,
+    scale: f64,
+) -> (Array, Array) {
+    windowed_with_lse(q, k, v, None, true, window, sinks, scale)
 }
 
-/// The textbook backward of causal attention, `(dq, dk, dv)`, from the full P:
+/// The gradients of causal attention: dq, dk, dv, and the sinks' when there are sinks.
+#[derive(Debug, Clone)]
+pub struct TwinAttentionGradients {
+    /// Like q.
+    pub dq: Array,
+    /// Like k, summed over each query group.
+    pub dk: Array,
+    /// Like v, summed over each query group.
+    pub dv: Array,
+    /// `[Hq]`, `Some` exactly when the forward had sinks.
+    pub dsinks: Option<Array>,
+}
+
+/// The textbook backward of causal attention from the full P (with a sink, the row's
+/// probabilities over keys and sink together, the sink's value being 0):
 /// `dv_j = Σ_i P_ij·dO_i`, `dP_ij = dO_i·v_j`, `dS_ij = P_ij·(dP_ij − Σ_l P_il·dP_il)`,
-/// `dq_i = scale·Σ_j dS_ij·k_j`, `dk_j = scale·Σ_i dS_ij·q_i`; dk, dv summed over each group.
+/// `dq_i = scale·Σ_j dS_ij·k_j`, `dk_j = scale·Σ_i dS_ij·q_i`; dk, dv summed over each
+/// group; the sink's `dS = P_sink·(0 − Σ_l P_il·dP_il)` summed over every row of its head.
 /// P is 0 outside the causal mask and the `window`.
 pub fn causal_attention_backward(
     q: &Array,
@@ -159,26 +191,32 @@ pub fn causal_attention_backward(
     v: &Array,
     d_out: &Array,
     window: Option<usize>,
+    sinks: Option<&Array>,
     scale: f64,
-) -> (Array, Array, Array) {
+) -> TwinAttentionGradients {
     let (batch, hq, tq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
     let (hkv, tk) = (k.shape[1], k.shape[2]);
     let group = hq / hkv;
     let mut dq = Array::zeros(q.shape.clone());
     let mut dk = Array::zeros(k.shape.clone());
     let mut dv = Array::zeros(v.shape.clone());
+    let mut dsinks = Array::zeros(vec![hq]);
     for b in 0..batch {
         for h in 0..hq {
             let g = h / group;
             for i in 0..tq {
                 let scores = row_scores(q, k, None, true, window, scale, b, h, g, i);
-                let max = scores.iter().flatten().copied().fold(f64::NEG_INFINITY, f64::max);
-                let sum: f64 = scores.iter().flatten().map(|s| (s - max).exp()).sum();
+                let sink = sinks.map(|s| s.data[h]);
+                let max = scores.iter().flatten().chain(&sink).copied().fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = scores.iter().flatten().chain(&sink).map(|s| (s - max).exp()).sum();
                 let p: Vec<f64> = scores.iter().map(|s| s.map_or(0.0, |s| (s - max).exp() / sum)).collect();
                 let dp: Vec<f64> = (0..tk)
                     .map(|j| (0..d).map(|e| d_out.data[i4(d_out, b, h, i, e)] * v.data[i4(v, b, g, j, e)]).sum())
                     .collect();
                 let p_dot_dp: f64 = (0..tk).map(|j| p[j] * dp[j]).sum();
+                if let Some(s) = sink {
+                    dsinks.data[h] -= (s - max).exp() / sum * p_dot_dp;
+                }
                 for j in 0..tk {
                     let ds = p[j] * (dp[j] - p_dot_dp);
                     for e in 0..d {
@@ -190,7 +228,7 @@ pub fn causal_attention_backward(
             }
         }
     }
-    (dq, dk, dv)
+    TwinAttentionGradients { dq, dk, dv, dsinks: sinks.map(|_| dsinks) }
 }
 
 /// `[seq, kv_len]`: 0 where `j ≤ i + (kv_len − seq)`, −∞ elsewhere.
@@ -241,14 +279,16 @@ pub fn write_head_cache(cache: &Array, new: &Array, pos: usize) -> Array {
 }
 
 /// Causal attention of `q [B, Hq, Tq, D]` over the first `kv_len` rows of the caches
-/// (the rows past `kv_len` are never read), optionally over a sliding `window`: the
-/// query at position `p` (`kv_len − Tq ≤ p < kv_len`) sees rows `p − W < j ≤ p`.
+/// (the rows past `kv_len` are never read), optionally over a sliding `window` (the
+/// query at position `p`, `kv_len − Tq ≤ p < kv_len`, sees rows `p − W < j ≤ p`) and
+/// with attention `sinks`.
 pub fn decode_attention(
     q: &Array,
     k_cache: &Array,
     v_cache: &Array,
     kv_len: usize,
     window: Option<usize>,
+    sinks: Option<&Array>,
     scale: f64,
 ) -> Array {
     let prefix = |c: &Array| {
@@ -265,17 +305,19 @@ pub fn decode_attention(
         }
         p
     };
-    causal_attention(q, &prefix(k_cache), &prefix(v_cache), window, scale).0
+    causal_attention(q, &prefix(k_cache), &prefix(v_cache), window, sinks, scale).0
 }
 
 /// One decode step of `N` sequences: row `i` of `q [N, Hq, Tq, D]` is
-/// [`decode_attention`] over its own caches `[1, Hkv, capacity_i, D]` and `kv_lens[i]`.
+/// [`decode_attention`] over its own caches `[1, Hkv, capacity_i, D]` and `kv_lens[i]`,
+/// the `sinks` shared.
 pub fn batched_decode_attention(
     q: &Array,
     k_caches: &[&Array],
     v_caches: &[&Array],
     kv_lens: &[usize],
     window: Option<usize>,
+    sinks: Option<&Array>,
     scale: f64,
 ) -> Array {
     let n = q.shape[0];
@@ -283,7 +325,7 @@ pub fn batched_decode_attention(
     let mut out = Vec::with_capacity(n * row);
     for i in 0..n {
         let qi = Array::new(vec![1, q.shape[1], q.shape[2], q.shape[3]], q.data[i * row..(i + 1) * row].to_vec());
-        out.extend(decode_attention(&qi, k_caches[i], v_caches[i], kv_lens[i], window, scale).data);
+        out.extend(decode_attention(&qi, k_caches[i], v_caches[i], kv_lens[i], window, sinks, scale).data);
     }
     Array::new(q.shape.clone(), out)
 }

@@ -109,8 +109,8 @@ impl Transformer {
         let li = &self.index.layers[l];
         let d_merged = self.proj_backward(b, sink, &s.merged, &li.o, (l, Group::O), std::slice::from_ref(d_o))?;
         let d_attn = b.split_heads(&d_merged, arch.n_heads)?;
-        let AttentionGradients { mut dq, mut dk, dv } =
-            b.causal_attention_backward(&s.q, &s.k, &s.v, &s.result, &d_attn, arch.window(l), arch.attn_scale)?;
+        let AttentionGradients { mut dq, mut dk, dv, .. } =
+            b.causal_attention_backward(&s.q, &s.k, &s.v, &s.result, &d_attn, arch.window(l), None, arch.attn_scale)?;
         if arch.positions == Positions::Rope {
             let (cos, sin) = rope.of(l)?;
             let style = arch.rope_of(l).style;

@@ -103,16 +103,16 @@ impl Pass<'_, '_> {
         let (window, scale) = (arch.window(l), arch.attn_scale);
         match self {
             Pass::Train { .. } => {
-                let r = b.causal_attention(q, k, v, window, scale)?;
+                let r = b.causal_attention(q, k, v, window, None, scale)?;
                 Ok((merge_heads(b, &r.output)?, Some(r)))
             }
             Pass::Cached { cache, pos } => {
                 b.write_head_cache(&mut cache.k[l], k, *pos)?;
                 b.write_head_cache(&mut cache.v[l], v, *pos)?;
                 let out = if *pos == 0 {
-                    b.causal_attention(q, k, v, window, scale)?.output
+                    b.causal_attention(q, k, v, window, None, scale)?.output
                 } else {
-                    b.decode_attention(q, &cache.k[l], &cache.v[l], *pos + q.dims()[2], window, scale)?
+                    b.decode_attention(q, &cache.k[l], &cache.v[l], *pos + q.dims()[2], window, None, scale)?
                 };
                 Ok((merge_heads(b, &out)?, None))
             }
@@ -128,7 +128,7 @@ impl Pass<'_, '_> {
                 let lens: Vec<usize> = positions.iter().map(|p| p + 1).collect();
                 let kc: Vec<&Tensor> = caches.iter().map(|c| &c.k[l]).collect();
                 let vc: Vec<&Tensor> = caches.iter().map(|c| &c.v[l]).collect();
-                let out = b.batched_decode_attention(&q, &kc, &vc, &lens, window, scale)?;
+                let out = b.batched_decode_attention(&q, &kc, &vc, &lens, window, None, scale)?;
                 Ok((merge_heads(b, &out)?, None))
             }
         }

@@ -1,6 +1,11 @@
 //! Attention: forward (full, causal, decode), backward, KV-cache writes. F16/BF16 q, k,
 //! v (and d_out, the saved output) are widened to f32 on the device; outputs and
 //! gradients are stored in q's dtype, the logsumexp stays F32, as on the CPU.
+//!
+//! Attention sinks (gpt-oss): the forward kernels start each row's online softmax from
+//! the sink's term (see attention.wgsl); the backward's dq, dk, dv kernels need nothing
+//! more (the saved logsumexp includes the sinks), and `attn_dsinks.wgsl` sums the sinks'
+//! gradient.
 
 use fusebox::cpu;
 use fusebox::spec::attention::{self as spec, AttentionDims, DecodeSpec};
@@ -39,7 +44,17 @@ pub(crate) fn attention(
     if !native(&dims, &[q, k, v]) {
         return fallback!(be, cpu::attention::attention; [q, k, v], scale, causal);
     }
-    Ok(be.attention_forward("attention", q, k, v, dims, dims.tk, None, scale, causal)?.output)
+    Ok(be.attention_forward("attention", q, k, v, dims, dims.tk, None, None, scale, causal)?.output)
+}
+
+/// Host copies of the sinks for the CPU fallback.
+fn host_sinks(be: &WgpuBackend, sinks: Option<&Tensor>) -> Result<Option<Tensor>> {
+    sinks.map(|s| be.to_host(s)).transpose()
+}
+
+/// The tensors a call binds, the sinks among them when there are some.
+fn with_sinks<'a>(ts: &[&'a Tensor], sinks: Option<&'a Tensor>) -> Vec<&'a Tensor> {
+    ts.iter().copied().chain(sinks).collect()
 }
 
 pub(crate) fn causal_attention(
@@ -48,13 +63,15 @@ pub(crate) fn causal_attention(
     k: &Tensor,
     v: &Tensor,
     window: Option<usize>,
+    sinks: Option<&Tensor>,
     scale: f32,
 ) -> Result<CausalAttentionResult> {
-    let dims = spec::causal_attention(q, k, v, window)?;
-    if !native(&dims, &[q, k, v]) {
-        return fallback!(be, cpu::attention::causal_attention; [q, k, v], window, scale);
+    let dims = spec::causal_attention(q, k, v, window, sinks)?;
+    if !native(&dims, &with_sinks(&[q, k, v], sinks)) {
+        let sinks = host_sinks(be, sinks)?;
+        return fallback!(be, cpu::attention::causal_attention; [q, k, v], window, sinks.as_ref(), scale);
     }
-    be.attention_forward("causal_attention", q, k, v, dims, dims.tk, window, scale, true)
+    be.attention_forward("causal_attention", q, k, v, dims, dims.tk, window, sinks, scale, true)
 }
 
 pub(crate) fn causal_attention_backward(
@@ -65,15 +82,25 @@ pub(crate) fn causal_attention_backward(
     result: &CausalAttentionResult,
     d_out: &Tensor,
     window: Option<usize>,
+    sinks: Option<&Tensor>,
     scale: f32,
 ) -> Result<AttentionGradients> {
     const OP: &str = "causal_attention_backward";
-    let dims = spec::causal_attention_backward(q, k, v, result, d_out, window)?;
-    if !native(&dims, &[q, k, v, &result.output, d_out, &result.logsumexp]) {
+    let dims = spec::causal_attention_backward(q, k, v, result, d_out, window, sinks)?;
+    if !native(&dims, &with_sinks(&[q, k, v, &result.output, d_out, &result.logsumexp], sinks)) {
         let result =
             CausalAttentionResult { output: be.to_host(&result.output)?, logsumexp: be.to_host(&result.logsumexp)? };
-        let d_out = be.to_host(d_out)?;
-        return fallback!(be, cpu::attention::causal_attention_backward; [q, k, v], &result, &d_out, window, scale);
+        let (d_out, sinks) = (be.to_host(d_out)?, host_sinks(be, sinks)?);
+        return fallback!(
+            be,
+            cpu::attention::causal_attention_backward;
+            [q, k, v],
+            &result,
+            &d_out,
+            window,
+            sinks.as_ref(),
+            scale
+        );
     }
     let AttentionDims { batch: b, hq, hkv, tq, tk, d, .. } = dims;
     let dtype = q.dtype();
@@ -107,15 +134,26 @@ pub(crate) fn causal_attention_backward(
             be.ctx.dispatch(OP, &kernels::ATTN_DKV, &args, &p, groups)?;
         }
     }
+    let dsinks = match sinks {
+        Some(s) => Some(be.sink_gradients(&dims, &be.dev(s)?, &lse, &delta)?),
+        None => None,
+    };
     Ok(AttentionGradients {
         dq: be.narrow(OP, dq, dtype)?,
         dk: be.narrow(OP, dk, dtype)?,
         dv: be.narrow(OP, dv, dtype)?,
+        dsinks,
     })
 }
 
-pub(crate) fn supports_causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, window: Option<usize>) -> bool {
-    spec::causal_attention(q, k, v, window).is_ok_and(|dims| native(&dims, &[q, k, v]))
+pub(crate) fn supports_causal_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    window: Option<usize>,
+    sinks: Option<&Tensor>,
+) -> bool {
+    spec::causal_attention(q, k, v, window, sinks).is_ok_and(|dims| native(&dims, &with_sinks(&[q, k, v], sinks)))
 }
 
 /// The kernels' `window` parameter: 0 for none, else W (at most Tk: a window of Tk
@@ -171,20 +209,50 @@ pub(crate) fn decode_attention(
     v_cache: &Tensor,
     kv_len: usize,
     window: Option<usize>,
+    sinks: Option<&Tensor>,
     scale: f32,
 ) -> Result<Tensor> {
-    let DecodeSpec { dims, capacity, cache_dtype } = spec::decode_attention(q, k_cache, v_cache, kv_len, window)?;
-    if dims.tq == 0 || !native(&dims, &[q, k_cache, v_cache]) {
-        return fallback!(be, cpu::attention::decode_attention; [q, k_cache, v_cache], kv_len, window, scale);
+    let DecodeSpec { dims, capacity, cache_dtype } =
+        spec::decode_attention(q, k_cache, v_cache, kv_len, window, sinks)?;
+    if dims.tq == 0 || !native(&dims, &with_sinks(&[q, k_cache, v_cache], sinks)) {
+        let sinks = host_sinks(be, sinks)?;
+        return fallback!(
+            be,
+            cpu::attention::decode_attention;
+            [q, k_cache, v_cache],
+            kv_len,
+            window,
+            sinks.as_ref(),
+            scale
+        );
     }
     if cache_dtype != DType::F32 {
         // 16-bit caches are read in place, each element widened in the kernel.
-        return be.attention_kv16(q, k_cache, v_cache, dims, capacity, cache_dtype, window, scale);
+        return be.attention_kv16(q, k_cache, v_cache, dims, capacity, cache_dtype, window, sinks, scale);
     }
-    Ok(be.attention_forward("decode_attention", q, k_cache, v_cache, dims, capacity, window, scale, true)?.output)
+    Ok(be
+        .attention_forward("decode_attention", q, k_cache, v_cache, dims, capacity, window, sinks, scale, true)?
+        .output)
 }
 
 impl WgpuBackend {
+    /// The sinks' gradient `[Hq]` from the saved logsumexp and `delta = dO·O` (`[B, Hq,
+    /// Tq]` each, on the device), in dispatches of at most [`KEY_CHUNK`]·64 rows.
+    fn sink_gradients(&self, dims: &AttentionDims, sinks: &Tensor, lse: &Tensor, delta: &Tensor) -> Result<Tensor> {
+        const OP: &str = "causal_attention_backward";
+        let AttentionDims { batch: b, hq, tq, .. } = *dims;
+        let dsinks = self.ctx.empty(OP, [hq], DType::F32)?;
+        let rows = b * tq;
+        let chunk = KEY_CHUNK * 64;
+        for c in 0..rows.div_ceil(chunk).max(1) {
+            let (n0, n1) = (c * chunk, ((c + 1) * chunk).min(rows));
+            let p = [u(hq)?, u(tq)?, u(n0)?, u(n1)?, (c == 0) as u32];
+            let args = [lse, delta, sinks, &dsinks];
+            self.ctx.dispatch(OP, &kernels::ATTN_DSINKS, &args, &p, (hq as u64).div_ceil(64))?;
+        }
+        Ok(dsinks)
+    }
+
     /// `decode_attention` over F16/BF16 caches (`cache_dtype`), read in place: the
     /// attention kernel's key loop with each cache element widened as it is loaded.
     #[allow(clippy::too_many_arguments)]
@@ -197,6 +265,7 @@ impl WgpuBackend {
         cap: usize,
         cache_dtype: DType,
         window: Option<usize>,
+        sinks: Option<&Tensor>,
         scale: f32,
     ) -> Result<Tensor> {
         const OP: &str = "decode_attention";
@@ -204,6 +273,9 @@ impl WgpuBackend {
         let kind = if cache_dtype == DType::F16 { 1u32 } else { 2 };
         let dtype = q.dtype();
         let (q, k, v) = (self.widen(OP, q)?, self.dev(k)?, self.dev(v)?);
+        // Without sinks, q stands in for the unread sinks binding.
+        let sinks = sinks.map(|s| self.dev(s)).transpose()?;
+        let (has_sinks, sinks) = (sinks.is_some() as u32, sinks.unwrap_or_else(|| q.clone()));
         let output = self.ctx.empty(OP, q.shape().clone(), DType::F32)?;
         let logsumexp = self.ctx.empty(OP, [b, hq, tq], DType::F32)?;
         let rows = b * hq * tq;
@@ -229,8 +301,9 @@ impl WgpuBackend {
                 (c + 1 == chunks) as u32,
                 w,
                 kind,
+                has_sinks,
             ];
-            let args = [&q, &k, &v, &output, &logsumexp, &lsum];
+            let args = [&q, &k, &v, &output, &logsumexp, &lsum, &sinks];
             self.ctx.dispatch(OP, &kernels::ATTENTION_KV16, &args, &params, (rows as u64).div_ceil(64))?;
         }
         self.narrow(OP, output, dtype)
@@ -246,12 +319,16 @@ impl WgpuBackend {
         dims: AttentionDims,
         cap: usize,
         window: Option<usize>,
+        sinks: Option<&Tensor>,
         scale: f32,
         causal: bool,
     ) -> Result<CausalAttentionResult> {
         let AttentionDims { batch: b, hq, hkv, tq, tk, d, .. } = dims;
         let dtype = q.dtype();
         let (q, k, v) = (self.widen(op, q)?, self.widen(op, k)?, self.widen(op, v)?);
+        // Without sinks, q stands in for the unread sinks binding.
+        let sinks = sinks.map(|s| self.dev(s)).transpose()?;
+        let (has_sinks, sinks) = (sinks.is_some() as u32, sinks.unwrap_or_else(|| q.clone()));
         let output = self.ctx.empty(op, q.shape().clone(), DType::F32)?;
         let logsumexp = self.ctx.empty(op, [b, hq, tq], DType::F32)?;
         let rows = b * hq * tq;
@@ -278,8 +355,9 @@ impl WgpuBackend {
                 (c == c0) as u32,
                 (c + 1 == chunks) as u32,
                 w,
+                has_sinks,
             ];
-            let args = [&q, &k, &v, &output, &logsumexp, &lsum];
+            let args = [&q, &k, &v, &output, &logsumexp, &lsum, &sinks];
             self.ctx.dispatch(op, &kernels::ATTENTION, &args, &params, (rows as u64).div_ceil(64))?;
         }
         Ok(CausalAttentionResult { output: self.narrow(op, output, dtype)?, logsumexp })

@@ -16,6 +16,11 @@
 // loop is split across dispatches that carry the running max (in `lse`), the running
 // sum (`lsum`) and the unnormalised output (`out`). The last dispatch normalises and
 // stores lse = m + ln l (−∞ for a row that sees no key).
+//
+// Attention sinks (`has_sinks` ≠ 0): head h's logit sinks[h] is one more term of every
+// row's denominator, with no value: the first dispatch starts the row at m = sinks[h],
+// l = 1 (the term e^(sinks[h] − m)) instead of m = −∞, l = 0, and the updates rescale
+// it with the rest (a row that sees no key gives zeros and lse = sinks[h]).
 
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> k: array<u32>;
@@ -23,6 +28,7 @@
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read_write> lse: array<f32>;
 @group(0) @binding(6) var<storage, read_write> lsum: array<f32>;
+@group(0) @binding(7) var<storage, read> sinks: array<f32>;
 
 fn from_f16(h: u32) -> f32 {
     let s = (h & 0x8000u) << 16u;
@@ -48,7 +54,7 @@ fn widen16(w: u32, i: u32, kind: u32) -> f32 {
 fn kval(i: u32, kind: u32) -> f32 { return widen16(k[off(1u) + i / 2u], i, kind); }
 fn vval(i: u32, kind: u32) -> f32 { return widen16(v[off(2u) + i / 2u], i, kind); }
 
-// params: rows, hq, hkv, tq, tk, cap, d, scale, causal, j0, j1, first, last, window, kind
+// params: rows, hq, hkv, tq, tk, cap, d, scale, causal, j0, j1, first, last, window, kind, has_sinks
 @compute @workgroup_size(64)
 fn attention_kv16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let r = flat_group(wid) * 64u + lid.x;
@@ -86,6 +92,10 @@ fn attention_kv16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     var l = 0.0;
     if (first) {
         for (var e = 0u; e < d; e++) { acc[e] = 0.0; }
+        if (pu(15u) != 0u) {
+            m = sinks[off(6u) + h];
+            l = 1.0;
+        }
     } else {
         for (var e = 0u; e < d; e++) { acc[e] = out[ob + e]; }
         m = lse[off(4u) + r];

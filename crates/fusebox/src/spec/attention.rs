@@ -6,7 +6,8 @@
 //! `h / (Hq/Hkv)` (GQA by index); the causal mask is aligned bottom-right: query `i`
 //! sees key `j` iff `j ≤ i + (Tk − Tq)`, and with a sliding window of `W` keys also
 //! `j > i + (Tk − Tq) − W` (query `i` sits at absolute position `p = i + Tk − Tq` and
-//! sees keys `p − W < j ≤ p`).
+//! sees keys `p − W < j ≤ p`). The causal ops take optional attention sinks: one f32
+//! logit per query head added to each row's softmax denominator ([`sinks`]).
 
 use crate::cpu::check;
 use crate::dtype::DType;
@@ -67,6 +68,19 @@ impl AttentionDims {
 pub fn window(op: &'static str, window: Option<usize>) -> Result<()> {
     if window == Some(0) {
         return Err(Error::value(op, "window", "None (full causal) or Some(W) with W ≥ 1 keys", "Some(0)"));
+    }
+    Ok(())
+}
+
+/// Attention sinks of a causal attention op: `None`, or one F32 logit per query head,
+/// `[hq]`; anything else is an error naming `op`, what was expected and what came.
+pub fn sinks(op: &'static str, sinks: Option<&Tensor>, hq: usize) -> Result<()> {
+    let Some(s) = sinks else { return Ok(()) };
+    if s.dtype() != DType::F32 {
+        return Err(Error::dtype(op, "sinks", "f32 (one logit per query head)", s.dtype()));
+    }
+    if s.dims() != [hq] {
+        return Err(Error::shape(op, "sinks", format!("[{hq}] (one logit per query head)"), s.shape()));
     }
     Ok(())
 }
@@ -162,15 +176,23 @@ pub fn sdpa(
     Ok((dims, Some(MaskSpec { per_head, boolean })))
 }
 
-/// `causal_attention(q, k, v, window, scale)`: [`qkv`], `Tq ≤ Tk` and a valid
-/// [`window`].
-pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, window: Option<usize>) -> Result<AttentionDims> {
+/// `causal_attention(q, k, v, window, sinks, scale)`: [`qkv`], `Tq ≤ Tk`, a valid
+/// [`window`] and valid [`sinks`].
+pub fn causal_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    window: Option<usize>,
+    sinks: Option<&Tensor>,
+) -> Result<AttentionDims> {
     const OP: &str = "causal_attention";
     self::window(OP, window)?;
-    masked(OP, q, k, v, true)
+    let dims = masked(OP, q, k, v, true)?;
+    self::sinks(OP, sinks, dims.hq)?;
+    Ok(dims)
 }
 
-/// `causal_attention_backward(q, k, v, result, d_out, window, scale)`: as
+/// `causal_attention_backward(q, k, v, result, d_out, window, sinks, scale)`: as
 /// [`causal_attention`]; `result.output` and `d_out` of q's dtype and shape,
 /// `result.logsumexp` F32 `[B, Hq, Tq]`.
 pub fn causal_attention_backward(
@@ -180,10 +202,12 @@ pub fn causal_attention_backward(
     result: &CausalAttentionResult,
     d_out: &Tensor,
     window: Option<usize>,
+    sinks: Option<&Tensor>,
 ) -> Result<AttentionDims> {
     const OP: &str = "causal_attention_backward";
     self::window(OP, window)?;
     let dims = masked(OP, q, k, v, true)?;
+    self::sinks(OP, sinks, dims.hq)?;
     check::same_dtype(OP, "output", q, &result.output)?;
     check::same_shape(OP, "output", q, &result.output)?;
     check::same_dtype(OP, "d_out", q, d_out)?;
@@ -219,16 +243,18 @@ fn cache_dtype(op: &'static str, what: &str, cache: &Tensor) -> Result<DType> {
     }
 }
 
-/// `decode_attention(q, k_cache, v_cache, kv_len, window, scale)`: q `[B, Hq, Tq, D]`
-/// float; the caches `[B, Hkv, capacity, D]` of one cache dtype (F32, F16 or BF16, not
-/// necessarily q's: the cache's dtype is its storage format), B and D shared with q,
-/// `Hq % Hkv == 0`, `kv_len ≤ capacity`, `Tq ≤ kv_len` and a valid [`window`].
+/// `decode_attention(q, k_cache, v_cache, kv_len, window, sinks, scale)`: q
+/// `[B, Hq, Tq, D]` float; the caches `[B, Hkv, capacity, D]` of one cache dtype (F32,
+/// F16 or BF16, not necessarily q's: the cache's dtype is its storage format), B and D
+/// shared with q, `Hq % Hkv == 0`, `kv_len ≤ capacity`, `Tq ≤ kv_len`, a valid
+/// [`window`] and valid [`sinks`].
 pub fn decode_attention(
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,
     kv_len: usize,
     window: Option<usize>,
+    sinks: Option<&Tensor>,
 ) -> Result<DecodeSpec> {
     const OP: &str = "decode_attention";
     self::window(OP, window)?;
@@ -261,6 +287,7 @@ pub fn decode_attention(
     }
     let dims = AttentionDims { batch: qd[0], hq, hkv, tq: qd[2], tk: kv_len, d: qd[3], dtype: q.dtype() };
     causal_lengths(OP, &dims)?;
+    self::sinks(OP, sinks, hq)?;
     Ok(DecodeSpec { dims, capacity, cache_dtype })
 }
 
@@ -419,24 +446,27 @@ pub struct BatchedDecodeSpec {
     pub rows: Vec<DecodeSpec>,
 }
 
-/// `batched_decode_attention(q, k_caches, v_caches, kv_lens, window, scale)`: q
-/// `[N, Hq, Tq, D]` float; one cache pair and one length per sequence
-/// (`k_caches.len() == v_caches.len() == kv_lens.len() == N`), and sequence `i` with
-/// its row of q, `[1, Hq, Tq, D]`, is a valid [`decode_attention`] call: caches
-/// `[1, Hkv, capacity_i, D]` of the dtypes `decode_attention` accepts, `Tq ≤ kv_lens[i]
-/// ≤ capacity_i`. Capacities and lengths may differ between sequences (ragged).
+/// `batched_decode_attention(q, k_caches, v_caches, kv_lens, window, sinks, scale)`: q
+/// `[N, Hq, Tq, D]` float; valid [`sinks`] (shared by every sequence); one cache pair
+/// and one length per sequence (`k_caches.len() == v_caches.len() == kv_lens.len() ==
+/// N`), and sequence `i` with its row of q, `[1, Hq, Tq, D]`, is a valid
+/// [`decode_attention`] call: caches `[1, Hkv, capacity_i, D]` of the dtypes
+/// `decode_attention` accepts, `Tq ≤ kv_lens[i] ≤ capacity_i`. Capacities and lengths
+/// may differ between sequences (ragged).
 pub fn batched_decode_attention(
     q: &Tensor,
     k_caches: &[&Tensor],
     v_caches: &[&Tensor],
     kv_lens: &[usize],
     window: Option<usize>,
+    sinks: Option<&Tensor>,
 ) -> Result<BatchedDecodeSpec> {
     const OP: &str = "batched_decode_attention";
     self::window(OP, window)?;
     check::float(OP, "q", q)?;
     check::rank(OP, "q", q, 4)?;
     let qd = q.dims();
+    self::sinks(OP, sinks, qd[1])?;
     let (n, row) = (qd[0], qd[1] * qd[2] * qd[3]);
     for (what, len) in [("k_caches", k_caches.len()), ("v_caches", v_caches.len()), ("kv_lens", kv_lens.len())] {
         if len != n {
@@ -446,7 +476,7 @@ pub fn batched_decode_attention(
     let mut rows = Vec::with_capacity(n);
     for i in 0..n {
         let qi = q.view(i * row, [1, qd[1], qd[2], qd[3]])?;
-        let per = decode_attention(&qi, k_caches[i], v_caches[i], kv_lens[i], window).map_err(|e| match e {
+        let per = decode_attention(&qi, k_caches[i], v_caches[i], kv_lens[i], window, None).map_err(|e| match e {
             Error::Shape { what, expected, got, .. } => {
                 Error::Shape { op: OP, what: format!("sequence {i}: {what}"), expected, got }
             }

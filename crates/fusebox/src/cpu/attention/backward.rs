@@ -22,6 +22,12 @@
 //! atomics and the result is deterministic. Accumulation is f32. The kernels keep the
 //! scores unscaled (`q·k`) and fold `scale` into dS once, so neither Q nor the
 //! gradients are rescaled in a pass of their own.
+//!
+//! Attention sinks change nothing above: the saved `lse_i` includes the sink's term, so
+//! `P_ij = e^(s_ij − lse_i)` are already the probabilities with the sink, and the sink
+//! (a score with no value, so `dP = 0` for it) adds nothing to `D_i`. Its own gradient,
+//! `dsink_h = Σ_{b,i} P_sink·(0 − D_i) = −Σ_{b,i} e^(s_h − lse_i)·D_i`, is
+//! [`sink_gradients`].
 
 /// Query rows per block of the backward.
 const BLOCK_Q: usize = 64;
@@ -119,6 +125,38 @@ pub(super) fn backward(
             }
         });
     }
+}
+
+/// The attention sinks' gradient `[Hq]`: `dsink_h = −Σ_{b,i} e^(s_h − lse_{b,h,i})·D_{b,h,i}`
+/// with `D = dO·O` per query row (`o`, `d_out`: `[B, Hq, Tq, D]`; `lse`: `[B, Hq, Tq]`).
+/// A row whose `lse` is −∞ (no key and a sink of −∞) has no sink weight and adds 0. The
+/// sum runs over b, then i, in f64 (one task per head: deterministic).
+pub(super) fn sink_gradients(
+    cpu: &CpuBackend,
+    dims: &Dims,
+    sinks: &[f32],
+    lse: &[f32],
+    o: &[f32],
+    d_out: &[f32],
+) -> Vec<f32> {
+    let Dims { batch, hq, tq, d, .. } = *dims;
+    let mut dsinks = vec![0.0f32; hq];
+    cpu.for_each_chunk(&mut dsinks, 1, batch * tq * d, |h, slot| {
+        let mut sum = 0.0f64;
+        for b in 0..batch {
+            for i in 0..tq {
+                let row = (b * hq + h) * tq + i;
+                if lse[row] == f32::NEG_INFINITY {
+                    continue;
+                }
+                let weight = (sinks[h] as f64 - lse[row] as f64).exp();
+                let delta = simd::dot(&d_out[row * d..(row + 1) * d], &o[row * d..(row + 1) * d]);
+                sum += weight * delta as f64;
+            }
+        }
+        slot[0] = -sum as f32;
+    });
+    dsinks
 }
 
 /// `splits` contiguous ranges of key blocks with about equal work: key block `kb` is

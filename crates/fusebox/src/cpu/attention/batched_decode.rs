@@ -21,11 +21,12 @@ use crate::tensor::Tensor;
 
 /// Attention of each sequence's new queries over the first `kv_lens[i]` rows of its
 /// own caches (read in place), causal among the new queries, GQA by index, with an
-/// optional sliding `window` as in [`super::decode_attention`].
+/// optional sliding `window` and attention `sinks` (shared by every sequence) as in
+/// [`super::decode_attention`].
 ///
 /// # Shapes
 /// `q`: `[N, Hq, Tq, D]`; `k_caches[i]`, `v_caches[i]`: `[1, Hkv, capacity_i, D]`,
-/// `Tq ≤ kv_lens[i] ≤ capacity_i` → `[N, Hq, Tq, D]` (q's dtype).
+/// `Tq ≤ kv_lens[i] ≤ capacity_i`; `sinks`: `[Hq]` f32 → `[N, Hq, Tq, D]` (q's dtype).
 pub fn batched_decode_attention(
     cpu: &CpuBackend,
     q: &Tensor,
@@ -33,17 +34,18 @@ pub fn batched_decode_attention(
     v_caches: &[&Tensor],
     kv_lens: &[usize],
     window: Option<usize>,
+    sinks: Option<&Tensor>,
     scale: f32,
 ) -> Result<Tensor> {
-    let spec = spec::batched_decode_attention(q, k_caches, v_caches, kv_lens, window)?;
+    let spec = spec::batched_decode_attention(q, k_caches, v_caches, kv_lens, window, sinks)?;
     let qd = q.dims();
     if qd[2] == 1 && qd[3] > 0 && spec.n > 1 {
         let cache = |dtype| spec.rows.iter().all(|r| r.cache_dtype == dtype);
         if cache(DType::F16) {
-            return together::<f16>(cpu, q, &spec, k_caches, v_caches, window, scale);
+            return together::<f16>(cpu, q, &spec, k_caches, v_caches, window, sinks, scale);
         }
         if cache(DType::BF16) {
-            return together::<bf16>(cpu, q, &spec, k_caches, v_caches, window, scale);
+            return together::<bf16>(cpu, q, &spec, k_caches, v_caches, window, sinks, scale);
         }
     }
     let row = qd[1] * qd[2] * qd[3];
@@ -52,7 +54,7 @@ pub fn batched_decode_attention(
     let bytes = out.host_bytes_mut()?;
     for i in 0..spec.n {
         let qi = q.view(i * row, [1, qd[1], qd[2], qd[3]])?;
-        let oi = super::decode_attention(cpu, &qi, k_caches[i], v_caches[i], kv_lens[i], window, scale)?;
+        let oi = super::decode_attention(cpu, &qi, k_caches[i], v_caches[i], kv_lens[i], window, sinks, scale)?;
         bytes[i * row_bytes..(i + 1) * row_bytes].copy_from_slice(oi.host_bytes()?);
     }
     Ok(out)
@@ -68,9 +70,11 @@ fn together<T: decode::KvElem + crate::dtype::Element>(
     k_caches: &[&Tensor],
     v_caches: &[&Tensor],
     window: Option<usize>,
+    sinks: Option<&Tensor>,
     scale: f32,
 ) -> Result<Tensor> {
     let qf = f32_data("batched_decode_attention", "q", q)?;
+    let sinks = sinks.map(|s| s.as_slice::<f32>()).transpose()?;
     let qd = q.dims();
     let (n, hq, d) = (qd[0], qd[1], qd[3]);
     let mut problems = Vec::with_capacity(n);
@@ -80,7 +84,7 @@ fn together<T: decode::KvElem + crate::dtype::Element>(
         let (k, v) = (cache_rows::<T>(k_caches[i], first)?, cache_rows::<T>(v_caches[i], first)?);
         let q = &qf[i * hq * d..(i + 1) * hq * d];
         let kv_stride = row.capacity * d;
-        problems.push(Problem { dims, q, k, v, kv_stride, scale, causal: true, window, mask: None });
+        problems.push(Problem { dims, q, k, v, kv_stride, scale, causal: true, window, mask: None, sinks });
     }
     let (mut out, mut lse) = (Vec::<f32>::with_capacity(n * hq * d), Vec::<f32>::with_capacity(n * hq));
     decode::forward_many(
@@ -106,13 +110,15 @@ mod tests {
 
     /// Each sequence of a batched decode step has the bits of its own `decode_attention`:
     /// ragged lengths (one long enough for its keys to be split over the threads), with
-    /// and without a sliding window, f16 and bf16 caches, 1 and 2 threads.
+    /// and without a sliding window and attention sinks, f16 and bf16 caches, 1 and 2
+    /// threads.
     #[test]
     fn each_sequence_has_the_bits_of_its_decode_attention() {
         let (hq, hkv, d, capacity) = (6, 2, 64, 1200);
         let lens = [1, 7, 300, 1100, 33];
         let n = lens.len();
         let q = Tensor::from_vec(values(n * hq * d, 1), [n, hq, 1, d]).unwrap();
+        let sinks = Tensor::from_vec(values(hq, 2).iter().map(|s| 3.0 * s).collect(), [hq]).unwrap();
         for threads in [1, 2] {
             let cpu = CpuBackend::with_threads(threads).unwrap();
             for dtype in [DType::F16, DType::BF16] {
@@ -131,17 +137,19 @@ mod tests {
                     .collect();
                 let ks: Vec<&Tensor> = caches.iter().map(|c| &c.0).collect();
                 let vs: Vec<&Tensor> = caches.iter().map(|c| &c.1).collect();
-                for window in [None, Some(5)] {
-                    let all = batched_decode_attention(&cpu, &q, &ks, &vs, &lens, window, 0.125).unwrap();
+                for (window, sinks) in [(None, None), (Some(5), None), (None, Some(&sinks)), (Some(5), Some(&sinks))] {
+                    let all = batched_decode_attention(&cpu, &q, &ks, &vs, &lens, window, sinks, 0.125).unwrap();
                     let all = all.to_vec_f32().unwrap();
                     for (i, &len) in lens.iter().enumerate() {
                         let qi = q.view(i * hq * d, [1, hq, 1, d]).unwrap();
-                        let alone = decode_attention(&cpu, &qi, ks[i], vs[i], len, window, 0.125).unwrap();
+                        let alone = decode_attention(&cpu, &qi, ks[i], vs[i], len, window, sinks, 0.125).unwrap();
                         let alone: Vec<u32> = alone.to_vec_f32().unwrap().iter().map(|v| v.to_bits()).collect();
                         let batched: Vec<u32> = all[i * hq * d..(i + 1) * hq * d].iter().map(|v| v.to_bits()).collect();
                         assert_eq!(
-                            batched, alone,
-                            "{dtype}, window {window:?}, {threads} threads: sequence {i} (length {len})"
+                            batched,
+                            alone,
+                            "{dtype}, window {window:?}, sinks {}, {threads} threads: sequence {i} (length {len})",
+                            sinks.is_some()
                         );
                     }
                 }

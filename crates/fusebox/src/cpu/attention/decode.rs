@@ -10,6 +10,9 @@
 //!   l' = α·l + Σ_j p_gj,      o'_g = α·o_g + Σ_j p_gj·v_j
 //! ```
 //!
+//! An attention sink starts a head's softmax at `m = s_h, l = 1` (see `forward.rs`); when
+//! a head's keys are split into ranges, the first range carries it.
+//!
 //! Query heads are taken [`HEADS`] at a time (a group is padded with zero queries whose
 //! scores are dropped), K and V are read in place with their true head dim.
 //!
@@ -72,7 +75,7 @@ pub(super) fn forward<T: KvElem>(
     if splits == 1 {
         cpu.for_each_index(heads, work, |kv_head| {
             let row = first_row(kv_head);
-            group_forward(p, kv_head, first..tk, |g, o, m, l| finish(row + g, o, m, l));
+            group_forward(p, kv_head, first..tk, true, |g, o, m, l| finish(row + g, o, m, l));
         });
         return;
     }
@@ -83,7 +86,8 @@ pub(super) fn forward<T: KvElem>(
         let (kv_head, split) = (task / splits, task % splits);
         let len = tk - first;
         let keys = first + len * split / splits..first + len * (split + 1) / splits;
-        group_forward(p, kv_head, keys, |g, o, m, l| {
+        // The sink's term is counted once, in the first range (the merge rescales it).
+        group_forward(p, kv_head, keys, split == 0, |g, o, m, l| {
             let slot = &mut part[g * stride..(g + 1) * stride];
             slot[..d].copy_from_slice(o);
             (slot[d], slot[d + 1]) = (m, l);
@@ -149,7 +153,7 @@ pub(super) fn forward_many<T: KvElem>(
         let Dims { hq, hkv, d, .. } = p.dims;
         let row = (kv_head / hkv) * hq + (kv_head % hkv) * p.dims.group();
         let (first, tk) = p.keys(0);
-        group_forward(p, kv_head, first..tk, |g, o, m, l| {
+        group_forward(p, kv_head, first..tk, true, |g, o, m, l| {
             // SAFETY: query row `row + g` of problem i belongs to this task alone (groups
             // partition the query heads, Tq = 1), and problem i's rows lie inside `out`
             // and `lse` from `out_at` and `lse_at` on (the caller sized them for all).
@@ -175,11 +179,12 @@ const MIN_SPLIT_KEYS: usize = 512;
 
 /// Keys `keys` of kv head `kv_head` (a `b·Hkv + h` index) for the G query heads that read
 /// it: `emit(g, o, m, l)` receives each head's unnormalized output `o` (`d` long), its
-/// running max and sum.
+/// running max and sum, which include the heads' sinks when `with_sinks`.
 fn group_forward<T: KvElem>(
     p: &Problem<T>,
     kv_head: usize,
     keys: std::ops::Range<usize>,
+    with_sinks: bool,
     mut emit: impl FnMut(usize, &[f32], f32, f32),
 ) {
     let Dims { hq, hkv, d, .. } = p.dims;
@@ -205,6 +210,11 @@ fn group_forward<T: KvElem>(
         }
         o.fill(0.0);
         let (mut m, mut l) = ([f32::NEG_INFINITY; HEADS], [0.0f32; HEADS]);
+        if with_sinks && p.sinks.is_some() {
+            for g in 0..heads {
+                (m[g], l[g]) = p.softmax_start(first + h0 + g);
+            }
+        }
         for k0 in (0..tk).step_by(BLOCK_K) {
             let keys = BLOCK_K.min(tk - k0);
             let rows = k0 * d..(k0 + keys) * d;

@@ -13,7 +13,9 @@
 //!
 //! and at the end `out_i = o/l`, `lse_i = m + ln l`. A row that has seen no key keeps
 //! `m = −∞, l = 0` (its scores are shifted by 0, never `−∞ − −∞`); it outputs zeros and
-//! `lse = −∞`.
+//! `lse = −∞`. An attention sink `s_h` is one more term of the sum with no value: the
+//! row starts from `m = s_h, l = 1` (= `e^(s_h − m)`) instead, and the same updates
+//! rescale it with everything else (a row that sees no key then gives zeros, `lse = s_h`).
 //!
 //! The work is cut into blocks of query *columns* that share one kv head, each a task
 //! that walks the key blocks ([`BLOCK_K`] keys) its columns can see. A block's score
@@ -237,6 +239,11 @@ fn forward_block_in<const COLS: usize>(
     }
     o.fill(0.0);
     let (mut m, mut l, mut alpha) = ([f32::NEG_INFINITY; COLS], [0.0f32; COLS], [1.0f32; COLS]);
+    if p.sinks.is_some() {
+        for j in 0..n {
+            (m[j], l[j]) = p.softmax_start(blk.column(j).0);
+        }
+    }
     let mut key_cols = [(0usize, 0usize); BLOCK_K];
     let mut tile_cols = [(0usize, 0usize); BLOCK_K / TILE_ROWS];
     let mut ranges = [(0usize, 0usize); tiles::QUERY_COLS / TILE_ROWS];

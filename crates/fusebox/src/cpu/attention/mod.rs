@@ -3,7 +3,10 @@
 //!
 //! Layout is `(batch, heads, seq, head_dim)`. Query head `h` reads kv head
 //! `h / (Hq/Hkv)` by index (GQA; K and V are never repeated). The causal mask is
-//! aligned bottom-right: query `i` sees key `j` iff `j ≤ i + (Tk − Tq)`.
+//! aligned bottom-right: query `i` sees key `j` iff `j ≤ i + (Tk − Tq)`. The causal
+//! ops take optional attention sinks (one logit per query head in each row's softmax
+//! denominator, no value): the online softmax starts from the sink's term, and the
+//! backward adds the sinks' gradient.
 //!
 //! - `forward`: the online-softmax forward over blocks of queries that share a kv head
 //!   (64 queries of a head, or for decode the few queries of a whole GQA group), K and
@@ -105,9 +108,21 @@ struct Problem<'a, T = f32> {
     /// `dims.window_start(window, i) .. dims.visible(true, i)`.
     window: Option<usize>,
     mask: Option<Mask<'a>>,
+    /// A causal call's attention sinks, one logit per query head (`[Hq]`): each row's
+    /// softmax starts from the sink's term (running max `s_h`, running sum 1).
+    sinks: Option<&'a [f32]>,
 }
 
 impl<T> Problem<'_, T> {
+    /// The online softmax's starting `(m, l)` for a row of query head `bh` (a `b·Hq + h`
+    /// index): `(−∞, 0)`, or with a sink `(s_h, 1)` (its term `e^(s_h − m)` in the sum).
+    fn softmax_start(&self, bh: usize) -> (f32, f32) {
+        match self.sinks {
+            Some(s) => (s[bh % self.dims.hq], 1.0),
+            None => (f32::NEG_INFINITY, 0.0),
+        }
+    }
+
     /// Keys `lo .. hi` query row `i` sees (all `0 .. Tk` when not causal).
     fn keys(&self, i: usize) -> (usize, usize) {
         let hi = self.dims.visible(self.causal, i);
@@ -181,7 +196,8 @@ fn forward_full(
     causal: bool,
 ) -> Result<Tensor> {
     let (qf, kf, vf) = (f32_data(op, "q", q)?, f32_data(op, "k", k)?, f32_data(op, "v", v)?);
-    let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride: dims.tk * dims.d, scale, causal, window: None, mask };
+    let kv_stride = dims.tk * dims.d;
+    let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride, scale, causal, window: None, mask, sinks: None };
     Ok(run_forward(cpu, &p, q.dtype())?.0)
 }
 
@@ -198,35 +214,42 @@ fn mask_reader<'a>(mask: AttentionMask<'a>, spec: MaskSpec) -> Result<Mask<'a>> 
 /// the output and the per-row logsumexp `ln Σ_j exp(s_ij)` (f32) the backward needs.
 /// With a `window` of W keys, query `i` (position `p = i + Tk − Tq`) sees keys
 /// `p − W < j ≤ p`, and key blocks outside every window of a query block are skipped
-/// (cost O(T·W)).
+/// (cost O(T·W)). With `sinks`, head h's logit `s_h` joins every row's denominator
+/// without a value: `L_i = ln(e^(s_h) + Σ_j e^(s_ij))`, `out_i = Σ_j e^(s_ij − L_i)·v_j`,
+/// and the logsumexp returned is `L` (the online softmax starts each row at
+/// `m = s_h, l = 1`).
 ///
 /// # Shapes
-/// `q`: `[B, Hq, Tq, D]`; `k`, `v`: `[B, Hkv, Tk, D]`, `Tq ≤ Tk` → output `[B, Hq, Tq, D]`,
-/// logsumexp `[B, Hq, Tq]`.
+/// `q`: `[B, Hq, Tq, D]`; `k`, `v`: `[B, Hkv, Tk, D]`, `Tq ≤ Tk`; `sinks`: `[Hq]` f32
+/// → output `[B, Hq, Tq, D]`, logsumexp `[B, Hq, Tq]`.
 pub fn causal_attention(
     cpu: &CpuBackend,
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     window: Option<usize>,
+    sinks: Option<&Tensor>,
     scale: f32,
 ) -> Result<CausalAttentionResult> {
     const OP: &str = "causal_attention";
-    let dims = spec::causal_attention(q, k, v, window)?;
+    let dims = spec::causal_attention(q, k, v, window, sinks)?;
     let (qf, kf, vf) = (f32_data(OP, "q", q)?, f32_data(OP, "k", k)?, f32_data(OP, "v", v)?);
+    let sinks = sinks.map(|s| s.as_slice::<f32>()).transpose()?;
     let kv_stride = dims.tk * dims.d;
-    let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride, scale, causal: true, window, mask: None };
+    let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride, scale, causal: true, window, mask: None, sinks };
     let (output, logsumexp) = run_forward(cpu, &p, q.dtype())?;
     Ok(CausalAttentionResult { output, logsumexp })
 }
 
 /// Backward of [`causal_attention`] from the saved logsumexp: P is recomputed
-/// blockwise; `dq`, and `dk`, `dv` summed over each query group. `window` is the
-/// forward's; key blocks no query of a block sees are skipped.
+/// blockwise; `dq`, and `dk`, `dv` summed over each query group. `window` and `sinks`
+/// are the forward's; key blocks no query of a block sees are skipped. The saved
+/// logsumexp includes the sinks' terms, so dq, dk, dv need nothing more for them; the
+/// sinks' gradient is `dsinks_h = −Σ_{b,i} e^(s_h − L_{b,h,i})·(dO·O)_{b,h,i}`.
 ///
 /// # Shapes
 /// as [`causal_attention`]; `result.output` and `d_out` `[B, Hq, Tq, D]` (dtype of q),
-/// `result.logsumexp` `[B, Hq, Tq]` f32 → dq like q, dk/dv like k/v.
+/// `result.logsumexp` `[B, Hq, Tq]` f32 → dq like q, dk/dv like k/v, dsinks `[Hq]` f32.
 pub fn causal_attention_backward(
     cpu: &CpuBackend,
     q: &Tensor,
@@ -235,16 +258,18 @@ pub fn causal_attention_backward(
     result: &CausalAttentionResult,
     d_out: &Tensor,
     window: Option<usize>,
+    sinks: Option<&Tensor>,
     scale: f32,
 ) -> Result<AttentionGradients> {
     const OP: &str = "causal_attention_backward";
-    let dims = spec::causal_attention_backward(q, k, v, result, d_out, window)?;
+    let dims = spec::causal_attention_backward(q, k, v, result, d_out, window, sinks)?;
     let (qf, kf, vf) = (f32_data(OP, "q", q)?, f32_data(OP, "k", k)?, f32_data(OP, "v", v)?);
     let of = f32_data(OP, "output", &result.output)?;
     let dof = f32_data(OP, "d_out", d_out)?;
     let lse = result.logsumexp.as_slice::<f32>()?;
+    let sinks = sinks.map(|s| s.as_slice::<f32>()).transpose()?;
     let kv_stride = dims.tk * dims.d;
-    let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride, scale, causal: true, window, mask: None };
+    let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride, scale, causal: true, window, mask: None, sinks };
     let lens = [q, k, v].map(|t| t.shape().elem_count());
     let [mut dq, mut dk, mut dv] = lens.map(Vec::<f32>::with_capacity);
     backward::backward(
@@ -262,19 +287,22 @@ pub fn causal_attention_backward(
     // SAFETY: `backward` writes every element of its three buffers (a panic in it
     // propagates before this line, dropping them empty).
     unsafe { (dq.set_len(lens[0]), dk.set_len(lens[1]), dv.set_len(lens[2])) };
+    let dsinks = sinks
+        .map(|s| Tensor::from_vec(backward::sink_gradients(cpu, &dims, s, lse, &of, &dof), [dims.hq]))
+        .transpose()?;
     let grad = |g: Vec<f32>, like: &Tensor| in_dtype(Tensor::from_vec(g, like.shape().clone())?, q.dtype());
-    Ok(AttentionGradients { dq: grad(dq, q)?, dk: grad(dk, k)?, dv: grad(dv, v)? })
+    Ok(AttentionGradients { dq: grad(dq, q)?, dk: grad(dk, k)?, dv: grad(dv, v)?, dsinks })
 }
 
 /// Attention of `Tq` new queries over the first `kv_len` rows of preallocated caches,
 /// read in place (rows past `kv_len` are never touched). The queries sit at positions
 /// `kv_len − Tq .. kv_len` and are masked causally among themselves. GQA by index.
 /// With a `window` of W keys the query at position `p` sees rows `p − W < j ≤ p`;
-/// earlier rows are not read.
+/// earlier rows are not read. `sinks` as in [`causal_attention`].
 ///
 /// # Shapes
-/// `q`: `[B, Hq, Tq, D]`; caches `[B, Hkv, capacity, D]`, `Tq ≤ kv_len ≤ capacity`
-/// → `[B, Hq, Tq, D]`.
+/// `q`: `[B, Hq, Tq, D]`; caches `[B, Hkv, capacity, D]`, `Tq ≤ kv_len ≤ capacity`;
+/// `sinks`: `[Hq]` f32 → `[B, Hq, Tq, D]`.
 pub fn decode_attention(
     cpu: &CpuBackend,
     q: &Tensor,
@@ -282,10 +310,13 @@ pub fn decode_attention(
     v_cache: &Tensor,
     kv_len: usize,
     window: Option<usize>,
+    sinks: Option<&Tensor>,
     scale: f32,
 ) -> Result<Tensor> {
     const OP: &str = "decode_attention";
-    let spec::DecodeSpec { dims, capacity, cache_dtype } = spec::decode_attention(q, k_cache, v_cache, kv_len, window)?;
+    let spec::DecodeSpec { dims, capacity, cache_dtype } =
+        spec::decode_attention(q, k_cache, v_cache, kv_len, window, sinks)?;
+    let sinks = sinks.map(|s| s.as_slice::<f32>()).transpose()?;
     // No query sees a row before the first query's window: the problem starts at that
     // row (shifting every key by `first` keeps the bottom-right alignment and the
     // windows), so those rows are neither read nor converted.
@@ -298,12 +329,12 @@ pub fn decode_attention(
         return match cache_dtype {
             DType::F16 => {
                 let (k, v) = (cache_rows::<f16>(k_cache, first)?, cache_rows::<f16>(v_cache, first)?);
-                let p = Problem { dims, q: &qf, k, v, kv_stride, scale, causal: true, window, mask: None };
+                let p = Problem { dims, q: &qf, k, v, kv_stride, scale, causal: true, window, mask: None, sinks };
                 run_decode(cpu, &p, q.dtype())
             }
             _ => {
                 let (k, v) = (cache_rows::<bf16>(k_cache, first)?, cache_rows::<bf16>(v_cache, first)?);
-                let p = Problem { dims, q: &qf, k, v, kv_stride, scale, causal: true, window, mask: None };
+                let p = Problem { dims, q: &qf, k, v, kv_stride, scale, causal: true, window, mask: None, sinks };
                 run_decode(cpu, &p, q.dtype())
             }
         };
@@ -312,7 +343,7 @@ pub fn decode_attention(
     // cache's rows `first .. kv_len` are widened once per call and read by every query).
     let (kf, kv_stride) = cache_rows_f32(OP, k_cache, first, kv_len)?;
     let (vf, _) = cache_rows_f32(OP, v_cache, first, kv_len)?;
-    let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride, scale, causal: true, window, mask: None };
+    let p = Problem { dims, q: &qf, k: &kf, v: &vf, kv_stride, scale, causal: true, window, mask: None, sinks };
     Ok(run_forward(cpu, &p, q.dtype())?.0)
 }
 
