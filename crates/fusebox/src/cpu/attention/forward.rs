@@ -240,9 +240,7 @@ fn forward_block_in<const COLS: usize>(
     o.fill(0.0);
     let (mut m, mut l, mut alpha) = ([f32::NEG_INFINITY; COLS], [0.0f32; COLS], [1.0f32; COLS]);
     if p.sinks.is_some() {
-        for j in 0..n {
-            (m[j], l[j]) = p.softmax_start(blk.column(j).0);
-        }
+        start_at_sinks(p, blk, n, &mut m, &mut l);
     }
     let mut key_cols = [(0usize, 0usize); BLOCK_K];
     let mut tile_cols = [(0usize, 0usize); BLOCK_K / TILE_ROWS];
@@ -311,6 +309,16 @@ fn forward_block_in<const COLS: usize>(
         // rows), and row·D + D ≤ the output's length, row < the logsumexp's length.
         let (out, lse) = unsafe { (outputs.out.slice(row * d, d), outputs.lse.slice(row, 1)) };
         finish_row(&o[j * dp..j * dp + d], m[j], l[j], out, &mut lse[0]);
+    }
+}
+
+/// Starts the online softmax of the block's first `n` columns from their heads' sinks
+/// (`m = s_h`, `l = 1`). Out of line: calls without sinks keep the block loop as it was.
+#[cold]
+#[inline(never)]
+fn start_at_sinks(p: &Problem, blk: &QueryBlock, n: usize, m: &mut [f32], l: &mut [f32]) {
+    for j in 0..n {
+        (m[j], l[j]) = p.softmax_start(blk.column(j).0);
     }
 }
 
