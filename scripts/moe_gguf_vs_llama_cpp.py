@@ -2,7 +2,7 @@
 """The mixture-of-experts architectures as llama.cpp's own converter writes them, run by
 llama.cpp and by fusebox on the same GGUF: greedy continuations must be equal.
 
-For each of qwen3_moe, mixtral, olmoe and qwen2_moe a small model (2 layers, d_model 64,
+For each of qwen3_moe, mixtral, olmoe, qwen2_moe and gpt_oss a small model (2 layers, d_model 64,
 8 experts, top-2; random weights from `transformers` with a large init so logits have
 clear winners; SmolLM2's tokenizer, which the converter recognises) is saved, converted
 by `convert_hf_to_gguf.py --outtype f32` and, for each of 4 prompts, continued for 16
@@ -66,6 +66,9 @@ CONFIGS = {
         norm_topk_prob=False,
         use_sliding_window=False,
     ),
+    # Sinks, biases, the clamped SwiGLU, YaRN (gpt-oss's default: 32× a 4,096 context) and
+    # a window of 8 on every other layer, shorter than prompt + continuation.
+    "gpt_oss": transformers.GptOssConfig(**COMMON, head_dim=16, num_local_experts=8, num_experts_per_tok=2, sliding_window=8),
 }
 
 

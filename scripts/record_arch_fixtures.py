@@ -152,6 +152,28 @@ ARCHS = {
         router_aux_loss_coef=0.02,
         tie_word_embeddings=False,
     ),
+    # gpt-oss: top-2 of 5 experts by top-k then softmax, biases on attention, router and
+    # experts, a sink logit per head, the clamped SwiGLU, YaRN without rounding (as
+    # gpt-oss ships it), sliding-window and full layers alternating.
+    "gpt_oss": transformers.GptOssConfig(
+        **{**COMMON, "intermediate_size": 24},
+        head_dim=16,
+        num_local_experts=5,
+        num_experts_per_tok=2,
+        sliding_window=WINDOW,
+        output_router_logits=True,
+        router_aux_loss_coef=0.02,
+        tie_word_embeddings=False,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 4.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 16,
+        },
+    ),
     "gpt2": transformers.GPT2Config(
         vocab_size=VOCAB,
         n_embd=D,

@@ -41,6 +41,9 @@ const ARCHS: &[&str] = &[
     "qwen3_moe",
     "mixtral",
     "olmoe",
+    "qwen2_moe",
+    "qwen3_yarn",
+    "gpt_oss",
 ];
 
 fn cpu() -> CpuBackend {
@@ -113,11 +116,11 @@ fn every_architecture_round_trips_through_hf_and_gguf() {
         assert_eq!(got, want, "{name}: hf export → fusebox logits differ (rel {})", rel(&got, &want));
 
         let gguf = dir.join(format!("{name}.gguf"));
-        if matches!(*name, "gemma3" | "qwen3_yarn") {
+        if matches!(*name, "gemma3" | "gpt_oss") {
             // The fixture's layer pattern and query scale differ from Gemma 3's own, which
             // GGUF cannot say (llama.cpp fixes a global layer every sixth and the scale
-            // 1/sqrt(head_dim)); YaRN is not written as GGUF here yet (its keys are not
-            // checked against llama.cpp): refused, naming both descriptions.
+            // 1/sqrt(head_dim)); gpt-oss's YaRN does not round the ramp's ends, which
+            // llama.cpp always does: refused, naming both descriptions.
             let b = cpu();
             let p = load(&src);
             let (tok, template) = export::read_tokenizer_source(&src).unwrap();
@@ -125,6 +128,18 @@ fn every_architecture_round_trips_through_hf_and_gguf() {
             let e = export::write_gguf(&b, &p.network, &tok, template.as_deref(), &gguf, &opts).unwrap_err();
             assert!(e.to_string().contains("reads back as the same model"), "{e}");
             assert!(!gguf.exists());
+            if *name == "gpt_oss" {
+                // With the ends rounded, as llama.cpp runs every gpt-oss file, it is written
+                // (sinks, biases, experts, YaRN keys) and reads back as the same model.
+                let mut p = p;
+                if let RopeScaling::Yarn { truncate, .. } = &mut p.network.arch.rope.scaling {
+                    *truncate = true;
+                }
+                let want = logits(&p.network, PROMPT);
+                export::write_gguf(&b, &p.network, &tok, template.as_deref(), &gguf, &opts).unwrap();
+                let r = rel(&logits(&load(&gguf).network, PROMPT), &want);
+                assert!(r < 1e-6, "gpt_oss (rounded YaRN): gguf export → fusebox logits rel {r}");
+            }
             continue;
         }
         export_to(&src, &gguf, false, FloatType::F32, None);

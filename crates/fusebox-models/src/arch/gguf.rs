@@ -134,10 +134,11 @@ pub fn gguf_llama_like(k: &GgufKeys<'_>, style: RopeStyle) -> Result<Arch> {
             1.0 => RopeScaling::None,
             factor => RopeScaling::Linear { factor },
         },
+        Some("yarn") => gguf_yarn(k)?,
         Some(other) => {
             return Err(Error::unsupported(
                 "gguf",
-                format!("rope scaling type '{other}' is not supported (supported: none, linear)"),
+                format!("rope scaling type '{other}' is not supported (supported: none, linear, yarn)"),
             ))
         }
     };
@@ -167,7 +168,39 @@ pub fn gguf_llama_like(k: &GgufKeys<'_>, style: RopeStyle) -> Result<Arch> {
         attn_scale: 1.0 / (head_dim as f32).sqrt(),
         embed_scale: 1.0,
         tied_embeddings: true,
+        attn_sinks: false,
         moe: None,
+    })
+}
+
+/// YaRN as llama.cpp runs it: `rope.scaling.factor`, `rope.scaling.original_context_length`
+/// (else the context length), `yarn_beta_fast` / `yarn_beta_slow` (32 and 1 by
+/// default), the ramp's ends always rounded to whole pairs, and cos/sin scaled by
+/// `(1 + 0.1·ln factor)·rope.scaling.attn_factor` (llama.cpp cancels a file's
+/// `yarn_attn_factor` and applies this; DeepSeek's `yarn_log_multiplier` is refused).
+fn gguf_yarn(k: &GgufKeys<'_>) -> Result<RopeScaling> {
+    let factor = k.require_float("rope.scaling.factor")?;
+    if !(factor.is_finite() && factor > 0.0) {
+        return Err(Error::value("gguf", format!("metadata '{}'", k.key("rope.scaling.factor")), "> 0", factor));
+    }
+    if k.float("rope.scaling.yarn_log_multiplier")?.is_some_and(|m| m != 0.0) {
+        return Err(Error::unsupported(
+            "gguf",
+            format!("{} (DeepSeek's YaRN) is not supported", k.key("rope.scaling.yarn_log_multiplier")),
+        ));
+    }
+    let original = match k.opt_size("rope.scaling.original_context_length")? {
+        Some(n) => n,
+        None => k.size("context_length")?,
+    };
+    let mscale = if factor <= 1.0 { 1.0 } else { 0.1 * factor.ln() + 1.0 };
+    Ok(RopeScaling::Yarn {
+        factor,
+        original_max_positions: original as f64,
+        beta_fast: k.float("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
+        beta_slow: k.float("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
+        attention_factor: mscale * k.float("rope.scaling.attn_factor")?.unwrap_or(1.0),
+        truncate: true,
     })
 }
 
@@ -234,9 +267,29 @@ pub fn write_common(arch: &Arch, m: &mut GgufMetaOut) -> Result<()> {
     if arch.positions == Positions::Rope {
         m.float("rope.freq_base", arch.rope.theta);
         m.size("rope.dimension_count", "head_dim", arch.head_dim)?;
-        if let RopeScaling::Linear { factor } = arch.rope.scaling {
-            m.string("rope.scaling.type", "linear");
-            m.float("rope.scaling.factor", factor);
+        match arch.rope.scaling {
+            RopeScaling::Linear { factor } => {
+                m.string("rope.scaling.type", "linear");
+                m.float("rope.scaling.factor", factor);
+            }
+            // As `gguf_yarn` reads it back; llama.cpp always rounds the ramp's ends
+            // (`truncate`), which a model trained without rounding differs from slightly.
+            RopeScaling::Yarn { factor, original_max_positions, beta_fast, beta_slow, attention_factor, .. } => {
+                m.string("rope.scaling.type", "yarn");
+                m.float("rope.scaling.factor", factor);
+                m.size(
+                    "rope.scaling.original_context_length",
+                    "rope.scaling.original_max_positions",
+                    original_max_positions as usize,
+                )?;
+                m.float("rope.scaling.yarn_beta_fast", beta_fast);
+                m.float("rope.scaling.yarn_beta_slow", beta_slow);
+                let mscale = if factor <= 1.0 { 1.0 } else { 0.1 * factor.ln() + 1.0 };
+                if (attention_factor / mscale - 1.0).abs() > 1e-6 {
+                    m.float("rope.scaling.attn_factor", attention_factor / mscale);
+                }
+            }
+            _ => {}
         }
     }
     if let Some(w) = arch.sliding_window {

@@ -47,8 +47,7 @@ static HF: HfFacts = HfFacts {
 };
 
 /// llama.cpp stores weights `[out, in]` and q/k/v in `attn_qkv`.
-static GGUF: GgufFacts =
-    GgufFacts { name: "gpt2", export_as: "gpt2", stacking: Stacking { qkv: true, gate_up: false } };
+static GGUF: GgufFacts = GgufFacts { stacking: Stacking { qkv: true, gate_up: false }, ..GgufFacts::named("gpt2") };
 
 /// Trained from scratch: the GPT-2 block with the config's head and rope settings (so
 /// a config that asks for fewer key/value heads is refused by name); 4 key/value heads
@@ -103,10 +102,11 @@ fn gpt2(vocab_size: usize, n_layers: usize, d_model: usize, n_heads: usize, d_ff
         rope_local: None,
         sliding_window: None,
         layer_attention: vec![LayerAttention::Global; n_layers],
-        bias: Biases { qkv: true, o: true, mlp: true },
+        bias: Biases { qkv: true, o: true, mlp: true, experts: false },
         attn_scale: if n_heads > 0 && d_model >= n_heads { 1.0 / ((d_model / n_heads) as f32).sqrt() } else { 1.0 },
         embed_scale: 1.0,
         tied_embeddings: true,
+        attn_sinks: false,
         moe: None,
     }
 }

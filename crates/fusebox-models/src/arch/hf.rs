@@ -303,10 +303,11 @@ pub fn hf_sizes(c: &HfConfig<'_>, name: &str, default_eps: f64) -> Result<Arch> 
         rope_local: None,
         sliding_window: None,
         layer_attention: vec![LayerAttention::Global; n_layers],
-        bias: Biases { qkv: attn_bias, o: attn_bias, mlp: mlp_bias },
+        bias: Biases { qkv: attn_bias, o: attn_bias, mlp: mlp_bias, experts: false },
         attn_scale: 1.0 / (head_dim as f32).sqrt(),
         embed_scale: 1.0,
         tied_embeddings: c.flag("tie_word_embeddings")?.unwrap_or(false),
+        attn_sinks: false,
         moe: None,
     })
 }

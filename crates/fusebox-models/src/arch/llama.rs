@@ -47,6 +47,7 @@ pub fn block(cfg: &ModelConfig, name: &str) -> Arch {
         attn_scale: 1.0 / (cfg.head_dim() as f32).sqrt(),
         embed_scale: 1.0,
         tied_embeddings: cfg.tied_embeddings,
+        attn_sinks: false,
         moe: None,
     }
 }

@@ -5,14 +5,13 @@ use fusebox::Result;
 
 use super::llama::Llama;
 use super::{hf_llama_like, hf_sliding_window_all, Architecture, GgufFacts, GgufKeys, HfConfig, HfConfigOut, HfFacts};
-use crate::transformer::{Arch, LayerAttention, Stacking};
+use crate::transformer::{Arch, LayerAttention};
 
 /// Mistral.
 pub struct Mistral;
 
 static HF: HfFacts = HfFacts { model_type: "mistral", class: "MistralForCausalLM", ..HfFacts::LLAMA_LIKE };
-static GGUF: GgufFacts =
-    GgufFacts { name: "mistral", export_as: "llama", stacking: Stacking { qkv: false, gate_up: false } };
+static GGUF: GgufFacts = GgufFacts { export_as: "llama", ..GgufFacts::named("mistral") };
 
 /// A window of `w` positions on every layer.
 pub fn set_window(arch: &mut Arch, w: usize) {

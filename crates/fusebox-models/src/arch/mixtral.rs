@@ -8,7 +8,7 @@ use fusebox::{Error, Result, Routing};
 use super::moe::{hf_moe, write_gguf_moe, write_hf_moe};
 use super::names::HF_LLAMA_NAMES;
 use super::{Architecture, Fix, GgufFacts, GgufKeys, GgufMetaOut, HfConfig, HfConfigOut, HfFacts, NameTable};
-use crate::transformer::{Arch, Stacking};
+use crate::transformer::Arch;
 
 /// Mixtral.
 pub struct Mixtral;
@@ -27,8 +27,7 @@ static NAMES: NameTable = NameTable {
 
 static HF: HfFacts =
     HfFacts { model_type: "mixtral", class: "MixtralForCausalLM", names: &NAMES, ..HfFacts::LLAMA_LIKE };
-static GGUF: GgufFacts =
-    GgufFacts { name: "mixtral", export_as: "llama", stacking: Stacking { qkv: false, gate_up: false } };
+static GGUF: GgufFacts = GgufFacts { export_as: "llama", ..GgufFacts::named("mixtral") };
 
 /// Whether llama.cpp renormalises the k routing weights of this architecture's files
 /// (it renormalises, whatever the file says).

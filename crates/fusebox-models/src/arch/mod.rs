@@ -18,6 +18,7 @@
 //! | [`olmoe`] | RMS | SwiGLU experts | rope | experts (softmax top-k), QK-norms over all heads |
 //! | [`qwen2_moe`] | RMS | SwiGLU experts + shared expert | rope | q/k/v biases, a sigmoid-gated shared expert |
 //! | [`qwen3_moe`] | RMS | SwiGLU experts | rope | Qwen3 with experts (`norm_topk_prob`), dense `mlp_only_layers` |
+//! | [`gpt_oss`] | RMS | clamped SwiGLU experts | rope (YaRN) | attention sinks, biases everywhere, top-k-then-softmax routing, alternating windows |
 //!
 //! What the files share lives beside them: [`hf`] (reading and writing `config.json`),
 //! [`gguf`] (reading and writing `{arch}.*` metadata), [`names`] (tensor names) and
@@ -26,6 +27,7 @@
 pub mod gemma3;
 pub mod gguf;
 pub mod gpt2;
+pub mod gpt_oss;
 pub mod hf;
 pub mod llama;
 pub mod mistral;
@@ -103,6 +105,7 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &qwen3::Qwen3,
     &qwen3_moe::Qwen3Moe,
     &olmoe::Olmoe,
+    &gpt_oss::GptOss,
     &phi3::Phi3,
     &gemma3::Gemma3,
 ];
@@ -137,7 +140,7 @@ impl HfFacts {
     };
 }
 
-/// How llama.cpp stores an architecture (tensor names are [`GGUF_NAMES`] for all).
+/// How llama.cpp stores an architecture.
 #[derive(Debug)]
 pub struct GgufFacts {
     /// `general.architecture` of the files it reads, and the `{arch}.` key prefix.
@@ -146,12 +149,14 @@ pub struct GgufFacts {
     pub export_as: &'static str,
     /// Which groups the file stores as one matrix.
     pub stacking: Stacking,
+    /// The tensor names ([`GGUF_NAMES`], which llama.cpp uses for nearly every architecture).
+    pub names: &'static NameTable,
 }
 
 impl GgufFacts {
     /// An architecture llama.cpp stores under its own `name`, nothing stacked.
     pub const fn named(name: &'static str) -> GgufFacts {
-        GgufFacts { name, export_as: name, stacking: Stacking { qkv: false, gate_up: false } }
+        GgufFacts { name, export_as: name, stacking: Stacking { qkv: false, gate_up: false }, names: &GGUF_NAMES }
     }
 }
 
@@ -261,7 +266,8 @@ pub fn gguf_plan(
         ignored = |n| n == "rope_freqs.weight";
     }
     arch.validate()?;
-    Ok(Plan { arch, names: &GGUF_NAMES, prefix: String::new(), file_stacking: unit.gguf().stacking, ignored })
+    let gguf = unit.gguf();
+    Ok(Plan { arch, names: gguf.names, prefix: String::new(), file_stacking: gguf.stacking, ignored })
 }
 
 #[cfg(test)]
@@ -300,7 +306,9 @@ mod tests {
         let e = by_name("falcon").unwrap_err().to_string();
         assert!(
             e.contains("falcon")
-                && e.contains("gpt2, llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, phi3, gemma3"),
+                && e.contains(
+                    "gpt2, llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, gpt_oss, phi3, gemma3"
+                ),
             "{e}"
         );
     }

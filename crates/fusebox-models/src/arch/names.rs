@@ -9,10 +9,79 @@
 pub enum Fix {
     /// As stored.
     None,
-    /// Stored `[in, out]` (GPT-2's `Conv1D`): transposed to `[out, in]`.
+    /// Stored with its last two axes swapped (GPT-2's `Conv1D` `[in, out]`, gpt-oss's
+    /// `down_proj` `[E, F, D]`): transposed to `[.., out, in]`.
     Transpose,
     /// A Gemma `(1 + w)` norm weight stored as `w`: 1 is added.
     PlusOne,
+    /// Two parameters interleaved along the stored tensor's last axis (twice as long):
+    /// this one is every second entry from `0` (gpt-oss's gate) or `1` (its up) —
+    /// `gate_up_proj_bias` `[E, 2F]`.
+    Interleaved(usize),
+    /// [`Fix::Interleaved`] of a tensor stored transposed: `gate_up_proj` `[E, D, 2F]`
+    /// holds the `[E, F, D]` gate (`0`) and up (`1`).
+    InterleavedTransposed(usize),
+}
+
+impl Fix {
+    /// The shape a file stores a parameter of shape `ours` in.
+    pub fn stored_shape(self, ours: &[usize]) -> Vec<usize> {
+        let mut s = ours.to_vec();
+        let n = s.len();
+        if matches!(self, Fix::Transpose | Fix::InterleavedTransposed(_)) && n >= 2 {
+            s.swap(n - 2, n - 1);
+        }
+        if let (Fix::Interleaved(_) | Fix::InterleavedTransposed(_), Some(last)) = (self, s.last_mut()) {
+            *last *= 2;
+        }
+        s
+    }
+
+    /// The parameter's values (shape `ours`) from the stored tensor's (`stored`, of
+    /// shape [`stored_shape`](Self::stored_shape)).
+    pub fn to_ours(self, ours: &[usize], stored: &[f32]) -> Vec<f32> {
+        match self {
+            Fix::None => stored.to_vec(),
+            Fix::PlusOne => stored.iter().map(|w| w + 1.0).collect(),
+            Fix::Transpose => swap_last_two(stored, &self.stored_shape(ours)),
+            Fix::Interleaved(part) => stored.iter().skip(part).step_by(2).copied().collect(),
+            Fix::InterleavedTransposed(part) => {
+                let half: Vec<f32> = stored.iter().skip(part).step_by(2).copied().collect();
+                swap_last_two(&half, &Fix::Transpose.stored_shape(ours))
+            }
+        }
+    }
+
+    /// The inverse of [`to_ours`](Self::to_ours): writes parameter `values` (shape `ours`)
+    /// into `stored` (shape [`stored_shape`](Self::stored_shape)); an interleaved part
+    /// fills only its own entries, so two parameters share one stored tensor.
+    pub fn to_stored(self, ours: &[usize], values: &[f32], stored: &mut [f32]) {
+        match self {
+            Fix::None => stored.copy_from_slice(values),
+            Fix::PlusOne => stored.iter_mut().zip(values).for_each(|(s, w)| *s = w - 1.0),
+            Fix::Transpose => stored.copy_from_slice(&swap_last_two(values, ours)),
+            Fix::Interleaved(part) => stored.iter_mut().skip(part).step_by(2).zip(values).for_each(|(s, v)| *s = *v),
+            Fix::InterleavedTransposed(part) => {
+                let t = swap_last_two(values, ours);
+                stored.iter_mut().skip(part).step_by(2).zip(&t).for_each(|(s, v)| *s = *v);
+            }
+        }
+    }
+}
+
+/// `x` of shape `[.., r, c]` as `[.., c, r]`.
+fn swap_last_two(x: &[f32], shape: &[usize]) -> Vec<f32> {
+    let n = shape.len();
+    let (rows, cols) = if n >= 2 { (shape[n - 2], shape[n - 1]) } else { (1, shape.first().copied().unwrap_or(1)) };
+    let mut out = vec![0.0f32; x.len()];
+    for (src, dst) in x.chunks_exact((rows * cols).max(1)).zip(out.chunks_exact_mut((rows * cols).max(1))) {
+        for r in 0..rows {
+            for c in 0..cols {
+                dst[c * rows + r] = src[r * cols + c];
+            }
+        }
+    }
+    out
 }
 
 /// How a file names fusebox's parameters: `(fusebox name, file name, fix)` pairs for

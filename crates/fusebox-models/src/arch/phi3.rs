@@ -42,7 +42,7 @@ static HF: HfFacts = HfFacts {
 };
 
 /// llama.cpp stores `attn_qkv`, and `ffn_up` holding gate and up.
-static GGUF: GgufFacts = GgufFacts { name: "phi3", export_as: "phi3", stacking: Stacking { qkv: true, gate_up: true } };
+static GGUF: GgufFacts = GgufFacts { stacking: Stacking { qkv: true, gate_up: true }, ..GgufFacts::named("phi3") };
 
 impl Architecture for Phi3 {
     fn name(&self) -> &'static str {

@@ -38,7 +38,7 @@ impl Architecture for Qwen2 {
 
     fn read_hf(&self, c: &HfConfig<'_>) -> Result<Arch> {
         let mut arch = hf_llama_like(c, "qwen2", 1e-6)?;
-        arch.bias = Biases { qkv: true, o: false, mlp: false };
+        arch.bias = Biases { qkv: true, ..Biases::default() };
         if c.flag("use_sliding_window")?.unwrap_or(false) {
             let w = c.uint("sliding_window")?.filter(|&w| w > 0).ok_or_else(|| {
                 Error::Io("config.json: use_sliding_window is true but 'sliding_window' is not a size > 0".into())
@@ -59,7 +59,7 @@ impl Architecture for Qwen2 {
     /// llama.cpp's NEOX rope: half-split pairs.
     fn read_gguf(&self, k: &GgufKeys<'_>) -> Result<Arch> {
         let mut arch = gguf_llama_like(k, RopeStyle::HalfSplit)?;
-        arch.bias = Biases { qkv: true, o: false, mlp: false };
+        arch.bias = Biases { qkv: true, ..Biases::default() };
         Ok(arch)
     }
 

@@ -59,7 +59,7 @@ impl Architecture for Qwen2Moe {
             return Err(Error::unsupported("config.json", "qwen2_moe with use_sliding_window"));
         }
         let mut arch = hf_llama_like(c, "qwen2_moe", 1e-6)?;
-        arch.bias = Biases { qkv: c.flag("qkv_bias")?.unwrap_or(true), o: false, mlp: false };
+        arch.bias = Biases { qkv: c.flag("qkv_bias")?.unwrap_or(true), ..Biases::default() };
         let routing = if c.flag("norm_topk_prob")?.unwrap_or(false) {
             Routing::SoftmaxTopKNormalized
         } else {
@@ -75,7 +75,7 @@ impl Architecture for Qwen2Moe {
     fn read_gguf(&self, k: &GgufKeys<'_>) -> Result<Arch> {
         let mut arch = gguf_llama_like(k, RopeStyle::HalfSplit)?;
         arch.name = "qwen2_moe".into();
-        arch.bias = Biases { qkv: true, o: false, mlp: false };
+        arch.bias = Biases { qkv: true, ..Biases::default() };
         arch.moe = Some(gguf_moe(k, NORMALIZED_IN_LLAMA_CPP)?.ok_or_else(|| {
             Error::Io(format!("gguf: a qwen2moe file without '{}' (its experts)", k.key("expert_count")))
         })?);

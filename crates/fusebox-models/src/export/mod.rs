@@ -207,7 +207,7 @@ impl Weights {
             for p in &parts {
                 data.extend_from_slice(&get(p)?.1);
             }
-            let mut shape = spec.shape.dims().to_vec();
+            let shape = spec.shape.dims().to_vec();
             if data.len() != shape.iter().product::<usize>() {
                 return Err(Error::shape(
                     "export",
@@ -219,21 +219,23 @@ impl Weights {
             let (file, fix) = plan.names.file_name(&spec.name).ok_or_else(|| {
                 Error::unsupported("export", format!("the {} layout has no file name for '{}'", arch.name, spec.name))
             })?;
-            match fix {
-                Fix::None => {}
-                Fix::PlusOne => data.iter_mut().for_each(|w| *w -= 1.0),
-                Fix::Transpose => {
-                    let (rows, cols) = (shape[0], shape[1]);
-                    let mut t = vec![0.0f32; data.len()];
-                    for r in 0..rows {
-                        for c in 0..cols {
-                            t[c * rows + r] = data[r * cols + c];
-                        }
+            let stored_shape = fix.stored_shape(&shape);
+            let name = format!("{prefix}{file}");
+            if let Fix::Interleaved(_) | Fix::InterleavedTransposed(_) = fix {
+                // Two parameters share the stored tensor: the first creates it, each fills its part.
+                let at = match out.iter().position(|(n, _, _)| *n == name) {
+                    Some(at) => at,
+                    None => {
+                        out.push((name, stored_shape.clone(), vec![0.0; data.len() * 2]));
+                        out.len() - 1
                     }
-                    data = t;
-                    shape.reverse();
-                }
+                };
+                fix.to_stored(&shape, &data, &mut out[at].2);
+                continue;
             }
+            let mut stored = vec![0.0f32; data.len()];
+            fix.to_stored(&shape, &data, &mut stored);
+            let (data, shape) = (stored, stored_shape);
             if file.contains("{e}") {
                 // One file tensor per expert (HF): the parameter's first axis split.
                 let per: usize = shape[1..].iter().product();
@@ -246,7 +248,7 @@ impl Weights {
                 }
                 continue;
             }
-            out.push((format!("{prefix}{file}"), shape, data));
+            out.push((name, shape, data));
         }
         Ok(out)
     }

@@ -21,7 +21,7 @@ pub enum NormKind {
 }
 
 /// The MLP of a block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mlp {
     /// `down(gelu_tanh(up(x)))` (GPT-2's `fc` / `proj`).
@@ -30,6 +30,15 @@ pub enum Mlp {
     SwiGlu,
     /// `down(gelu_tanh(gate(x)) · up(x))` (Gemma).
     GeGlu,
+    /// `down((u' + 1)·g'·σ(α·g'))` with `g' = min(gate(x), limit)` and
+    /// `u' = clamp(up(x), −limit, limit)` (gpt-oss: α = 1.702, limit = 7).
+    #[serde(rename = "clamped_swiglu")]
+    ClampedSwiGlu {
+        /// The sigmoid's gain α.
+        alpha: f32,
+        /// The clamp of the gate (above) and the up projection (both sides).
+        limit: f32,
+    },
 }
 
 impl Mlp {
@@ -421,6 +430,9 @@ pub struct Biases {
     pub o: bool,
     /// The MLP's projections (GPT-2).
     pub mlp: bool,
+    /// The router and every expert's projections (gpt-oss).
+    #[serde(default)]
+    pub experts: bool,
 }
 
 /// The description of a decoder-only transformer: sizes and every choice the block makes.
@@ -429,7 +441,7 @@ pub struct Biases {
 /// ```text
 /// h = norm1(x);  q, k, v = h·Wqᵀ(+b), h·Wkᵀ(+b), h·Wvᵀ(+b)
 /// q, k = rope(qk_norm(q)), rope(qk_norm(k))          (qk_norm when `qk_norm`)
-/// a = attention(q, k, v; scale, window of the layer)·Woᵀ(+b)
+/// a = attention(q, k, v; scale, window of the layer, sinks)·Woᵀ(+b)
 /// x = x + post_attn_norm(a)                           (post norm when `post_norms`)
 /// x = x + post_mlp_norm(mlp(norm2(x)))
 /// ```
@@ -486,6 +498,10 @@ pub struct Arch {
     pub embed_scale: f32,
     /// The output head is the token embedding table.
     pub tied_embeddings: bool,
+    /// One learned logit per query head in every attention softmax's denominator
+    /// (gpt-oss's sinks).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub attn_sinks: bool,
     /// Mixture-of-experts MLPs (in every layer but [`Moe::dense_layers`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<Moe>,
@@ -625,6 +641,15 @@ impl Arch {
             }
             if let Some(l) = m.dense_layers.iter().find(|&&l| l >= self.n_layers) {
                 return bad("moe.dense_layers", format!("layers < {}", self.n_layers), l.to_string());
+            }
+        }
+        if let Mlp::ClampedSwiGlu { alpha, limit } = self.mlp {
+            if !(alpha > 0.0 && alpha.is_finite() && limit > 0.0 && limit.is_finite()) {
+                return bad(
+                    "mlp (clamped_swiglu)",
+                    "alpha and limit finite and > 0".into(),
+                    format!("{alpha}, {limit}"),
+                );
             }
         }
         self.rope.validate("rope", self.head_dim)?;

@@ -1,5 +1,5 @@
 //! The attention sublayer, forward and backward side by side:
-//! `o = attention(rope(qk_norm(q)), rope(qk_norm(k)), v)·Woᵀ (+ b)` with
+//! `o = attention(rope(qk_norm(q)), rope(qk_norm(k)), v; sinks)·Woᵀ (+ b)` with
 //! `q, k, v = split(h·Wqkvᵀ + b)`. Where keys and values come from and go is the
 //! [`Pass`]'s.
 
@@ -53,7 +53,7 @@ impl Transformer {
         let v = pass.split_heads(b, &v, arch.n_kv_heads)?;
         let (q, k, qk_pre) = if arch.qk_norm_whole { (q, k, whole_pre) } else { self.qk_norm(b, l, q, k)? };
         let (q, k) = pass.rope(b, arch, l, q, k)?;
-        let (merged, result) = pass.attend(b, arch, l, &q, &k, &v)?;
+        let (merged, result) = pass.attend(b, arch, l, &q, &k, &v, li.sinks.map(|i| self.p(i)))?;
         let o = self.proj(b, &merged, &li.o, (l, Group::O))?.remove(0);
         Ok((o, result.map(|result| AttentionSaved { qk_pre, q, k, v, result, merged })))
     }
@@ -109,8 +109,12 @@ impl Transformer {
         let li = &self.index.layers[l];
         let d_merged = self.proj_backward(b, sink, &s.merged, &li.o, (l, Group::O), std::slice::from_ref(d_o))?;
         let d_attn = b.split_heads(&d_merged, arch.n_heads)?;
-        let AttentionGradients { mut dq, mut dk, dv, .. } =
-            b.causal_attention_backward(&s.q, &s.k, &s.v, &s.result, &d_attn, arch.window(l), None, arch.attn_scale)?;
+        let sinks = li.sinks.map(|i| self.p(i));
+        let AttentionGradients { mut dq, mut dk, dv, dsinks } =
+            b.causal_attention_backward(&s.q, &s.k, &s.v, &s.result, &d_attn, arch.window(l), sinks, arch.attn_scale)?;
+        if let (Some(i), Some(ds), Some(grads)) = (li.sinks, dsinks, sink.base()) {
+            b.add_assign(&mut grads.tensors[i], &ds)?;
+        }
         if arch.positions == Positions::Rope {
             let (cos, sin) = rope.of(l)?;
             let style = arch.rope_of(l).style;

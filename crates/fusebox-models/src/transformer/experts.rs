@@ -2,12 +2,16 @@
 //! load-balancing loss. Per token (rows `x` of `[N, D]`):
 //!
 //! ```text
-//! l = x·Wrᵀ                                  router logits [N, E]
+//! l = x·Wrᵀ (+ br)                           router logits [N, E]
 //! (w, e) = route(l)                          the k chosen experts, their weights [N, k]
-//! g_j, u_j = x·Wgate[e_j]ᵀ, x·Wup[e_j]ᵀ      [N, k, F]
-//! y_j = act(g_j)·u_j · Wdown[e_j]ᵀ           [N, k, D]
+//! g_j, u_j = x·Wgate[e_j]ᵀ, x·Wup[e_j]ᵀ      [N, k, F]   (+ bgate[e_j], bup[e_j])
+//! y_j = act(g_j, u_j) · Wdown[e_j]ᵀ          [N, k, D]   (+ bdown[e_j])
 //! m = Σ_j w_j·y_j                            [N, D]
 //! ```
+//!
+//! The bracketed biases are gpt-oss's; an expert's bias row is gathered per slot
+//! (`embedding` of the chosen ids) and its gradient scattered back
+//! (`embedding_backward`).
 //!
 //! Training adds `coef · E · Σ_e f_e·P_e` (transformers' `load_balancing_loss_func`) over
 //! every sparse layer's rows together: `f_e` the share of (row, choice) picks that went
@@ -17,7 +21,7 @@
 use fusebox::{ComputeBackend, Error, MatmulGradients, Result, Routed, Tensor};
 
 use super::block::LayerSaved;
-use super::layout::ExpertIndex;
+use super::layout::{ExpertBiases, ExpertIndex};
 use super::lora::Group;
 use super::mlp::{gated, gated_backward, MlpSaved};
 use super::{Sink, Transformer};
@@ -65,16 +69,20 @@ impl Transformer {
             self.arch.experts_at(l).ok_or_else(|| Error::value("Transformer::mlp", "layer", "a sparse layer", l))?;
         let (n, d) = rows_of(h);
         let x = h.reshape([n, d])?;
-        let logits = self.linear(b, &x, e.router, None)?;
+        let logits = self.linear(b, &x, e.router, e.router_bias)?;
         let routed = b.moe_route(&logits, moe.top_k, moe.routing)?;
         let x3 = x.reshape([n, 1, d])?;
+        let bias = |t: Tensor, pick: fn(&ExpertBiases) -> usize| match &e.biases {
+            Some(bi) => b.add(&t, &b.embedding(&routed.experts, self.p(pick(bi)))?),
+            None => Ok(t),
+        };
         let gate = b.expert_matmul(&x3, self.p(e.gate), &routed.experts)?;
-        let gate = self.expert_lora(b, (l, Group::Up, 0), &x3, &routed.experts, gate)?;
+        let gate = bias(self.expert_lora(b, (l, Group::Up, 0), &x3, &routed.experts, gate)?, |bi| bi.gate)?;
         let up = b.expert_matmul(&x3, self.p(e.up), &routed.experts)?;
-        let up = self.expert_lora(b, (l, Group::Up, 1), &x3, &routed.experts, up)?;
+        let up = bias(self.expert_lora(b, (l, Group::Up, 1), &x3, &routed.experts, up)?, |bi| bi.up)?;
         let act = gated(b, self.arch.mlp, &gate, &up)?;
         let y = b.expert_matmul(&act, self.p(e.down), &routed.experts)?;
-        let y = self.expert_lora(b, (l, Group::Down, 0), &act, &routed.experts, y)?;
+        let y = bias(self.expert_lora(b, (l, Group::Down, 0), &act, &routed.experts, y)?, |bi| bi.down)?;
         // m[r] = Σ_j w[r, j]·y[r, j]: one [1, k]·[k, D] product per row.
         let w = routed.weights.reshape([n, 1, moe.top_k])?;
         let mut m = b.batched_matmul(&w, &y, false, false)?.reshape([n, d])?;
@@ -122,10 +130,17 @@ impl Transformer {
                 })?;
                 let d_act = b.expert_matmul_backward(&s.act, self.p(e.down), experts, &dy, Some(down))?;
                 let (dg, du) = gated_backward(b, self.arch.mlp, &s.gate, &s.up, &d_act)?;
-                (
+                let dx = (
                     b.expert_matmul_backward(&x3, self.p(e.gate), experts, &dg, Some(gate))?,
                     b.expert_matmul_backward(&x3, self.p(e.up), experts, &du, Some(up))?,
-                )
+                );
+                if let Some(bi) = &e.biases {
+                    // d bias[e] = Σ of the slots that chose e.
+                    for (idx, d) in [(bi.down, &dy), (bi.gate, &dg), (bi.up, &du)] {
+                        b.add_assign(&mut g.tensors[idx], &b.embedding_backward(experts, d, moe.experts)?)?;
+                    }
+                }
+                dx
             }
             Sink::Lora(_) => {
                 let plus_lora = |base: Tensor, lora: Option<Tensor>| match lora {
@@ -148,7 +163,7 @@ impl Transformer {
             d_logits = b.add(&d_logits, &b.softmax_backward(probs, d_probs, 1)?)?;
         }
         let x = h.reshape([n, d])?;
-        let dx_router = self.linear_grad(b, sink, &x, (e.router, None), &d_logits)?;
+        let dx_router = self.linear_grad(b, sink, &x, (e.router, e.router_bias), &d_logits)?;
         let mut dx = b.add3(&dx_gate.reshape([n, d])?, &dx_up.reshape([n, d])?, &dx_router)?;
         if let (Some(sh), Some((s_saved, s_out, g))) = (&e.shared, &s.shared) {
             // m = σ(z)·s with z = x·gᵀ: ds = dm·σ(z); dσ = Σ_d dm·s; dz = dσ·σ(1 − σ).

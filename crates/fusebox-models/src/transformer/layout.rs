@@ -56,6 +56,10 @@ pub enum Ffn {
 pub struct ExpertIndex {
     /// The router `[E, D]`.
     pub router: usize,
+    /// The router's bias `[E]` (gpt-oss).
+    pub router_bias: Option<usize>,
+    /// Every expert's gate, up and down biases, `[E, F]`, `[E, F]`, `[E, D]` (gpt-oss).
+    pub biases: Option<ExpertBiases>,
     /// Every expert's gate `[E, F, D]`.
     pub gate: usize,
     /// Every expert's up projection `[E, F, D]`.
@@ -64,6 +68,17 @@ pub struct ExpertIndex {
     pub down: usize,
     /// The shared expert, when there is one.
     pub shared: Option<SharedExpert>,
+}
+
+/// The biases of every expert's projections: row `e` is expert e's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertBiases {
+    /// Gate biases `[E, F]`.
+    pub gate: usize,
+    /// Up biases `[E, F]`.
+    pub up: usize,
+    /// Down biases `[E, D]`.
+    pub down: usize,
 }
 
 /// A shared expert: a gated MLP of width `Fs` every token uses, scaled by `σ(x·gᵀ)`.
@@ -88,6 +103,8 @@ pub struct LayerIndex {
     pub q_norm: Option<usize>,
     /// Per-head k norm `[hd]` (QK-norm).
     pub k_norm: Option<usize>,
+    /// One sink logit per query head `[Hq]` (gpt-oss).
+    pub sinks: Option<usize>,
     /// Attention output projection `[D, Hq·hd]`.
     pub o: Proj,
     /// Norm of the attention output before the residual add (Gemma).
@@ -107,7 +124,7 @@ impl LayerIndex {
         let proj = |p: &Proj| p.weights.iter().chain(p.biases.iter().flatten()).copied().collect::<Vec<_>>();
         let mut v: Vec<usize> = norm(&self.norm1).into_iter().flatten().collect();
         v.extend(proj(&self.qkv));
-        v.extend([self.q_norm, self.k_norm].into_iter().flatten());
+        v.extend([self.q_norm, self.k_norm, self.sinks].into_iter().flatten());
         v.extend(proj(&self.o));
         v.extend(self.post_attn_norm.iter().flat_map(norm).flatten());
         v.extend(norm(&self.norm2).into_iter().flatten());
@@ -117,7 +134,9 @@ impl LayerIndex {
                 v.extend(proj(down));
             }
             Ffn::Experts(e) => {
-                v.extend([e.router, e.gate, e.up, e.down]);
+                v.extend([Some(e.router), e.router_bias].into_iter().flatten());
+                v.extend([e.gate, e.up, e.down]);
+                v.extend(e.biases.iter().flat_map(|b| [b.gate, b.up, b.down]));
                 if let Some(s) = &e.shared {
                     v.extend(proj(&s.up));
                     v.extend(proj(&s.down));
@@ -162,8 +181,8 @@ pub struct Stacking {
 }
 
 /// The parameter specs of `arch` with `stacking(layer)`, and their indices. The order is
-/// the checkpoint order: embeddings, per block (norm1, q, k, v, qk-norms, o, post
-/// norm, norm2, MLP, post norm), final norm, head.
+/// the checkpoint order: embeddings, per block (norm1, q, k, v, qk-norms, sinks, o,
+/// post norm, norm2, MLP, post norm), final norm, head.
 pub fn layout(arch: &Arch, stacking: impl Fn(usize) -> Stacking) -> (Vec<ParamSpec>, ParamIndex) {
     let mut specs = Vec::new();
     let mut push = |name: String, shape: Vec<usize>, init: Init, decay: bool| {
@@ -220,21 +239,29 @@ pub fn layout(arch: &Arch, stacking: impl Fn(usize) -> Stacking) -> (Vec<ParamSp
         let (qn, kn) = if arch.qk_norm_whole { (q, kv) } else { (hd, hd) };
         let q_norm = arch.qk_norm.then(|| push(p("attn.q_norm.weight"), vec![qn], Init::Ones, false));
         let k_norm = arch.qk_norm.then(|| push(p("attn.k_norm.weight"), vec![kn], Init::Ones, false));
+        let sinks = arch.attn_sinks.then(|| push(p("attn.sinks"), vec![arch.n_heads], Init::Zeros, false));
         let o = proj(&mut push, &[("attn.o", d)], None, q, std_res, arch.bias.o);
         let post_attn_norm = arch.post_norms.then(|| norm(&mut push, "post_attn_norm"));
         let norm2 = norm(&mut push, "norm2");
         let ffn = if let Some(moe) = arch.experts_at(l) {
             let (e, fe) = (moe.experts, moe.d_expert);
+            let biased = arch.bias.experts;
             let router = push(p("mlp.router.weight"), vec![e, d], Init::Normal(std), true);
+            let router_bias = biased.then(|| push(p("mlp.router.bias"), vec![e], Init::Zeros, false));
             let gate = push(p("mlp.experts.gate.weight"), vec![e, fe, d], Init::Normal(std), true);
             let up = push(p("mlp.experts.up.weight"), vec![e, fe, d], Init::Normal(std), true);
             let down = push(p("mlp.experts.down.weight"), vec![e, d, fe], Init::Normal(std_res), true);
+            let biases = biased.then(|| ExpertBiases {
+                gate: push(p("mlp.experts.gate.bias"), vec![e, fe], Init::Zeros, false),
+                up: push(p("mlp.experts.up.bias"), vec![e, fe], Init::Zeros, false),
+                down: push(p("mlp.experts.down.bias"), vec![e, d], Init::Zeros, false),
+            });
             let shared = moe.d_shared.map(|fs| SharedExpert {
                 up: proj(&mut push, &[("mlp.shared.gate", fs), ("mlp.shared.up", fs)], None, d, std, false),
                 down: proj(&mut push, &[("mlp.shared.down", d)], None, fs, std_res, false),
                 gate: push(p("mlp.shared_gate.weight"), vec![1, d], Init::Normal(std), true),
             });
-            Ffn::Experts(ExpertIndex { router, gate, up, down, shared })
+            Ffn::Experts(ExpertIndex { router, router_bias, biases, gate, up, down, shared })
         } else if arch.mlp.gated() {
             let up = proj(
                 &mut push,
@@ -250,7 +277,7 @@ pub fn layout(arch: &Arch, stacking: impl Fn(usize) -> Stacking) -> (Vec<ParamSp
             Ffn::Dense { up, down: proj(&mut push, &[("mlp.proj", d)], None, f, std_res, arch.bias.mlp) }
         };
         let post_mlp_norm = arch.post_norms.then(|| norm(&mut push, "post_mlp_norm"));
-        layers.push(LayerIndex { norm1, qkv, q_norm, k_norm, o, post_attn_norm, norm2, ffn, post_mlp_norm });
+        layers.push(LayerIndex { norm1, qkv, q_norm, k_norm, sinks, o, post_attn_norm, norm2, ffn, post_mlp_norm });
     }
     let norm_f = NormIndex {
         weight: push("norm_f.weight".into(), vec![d], Init::Ones, false),

@@ -1,7 +1,7 @@
 //! The MLP sublayer, forward and backward side by side: dense,
 //! `m = down(act(up(h)))` with `act` GELU (GPT-2), `silu(gate)·up` (SwiGLU) or
-//! `gelu(gate)·up` (GeGLU), each a fused op with its fused backward; or a mixture of
-//! experts (`experts.rs`) with the same gated activation.
+//! `gelu(gate)·up` (GeGLU) or gpt-oss's clamped SwiGLU, each a fused op with its fused
+//! backward; or a mixture of experts (`experts.rs`) with the same gated activation.
 
 use fusebox::{ComputeBackend, Error, GeluForm, PairGradients, Result, Tensor};
 
@@ -28,11 +28,12 @@ pub(super) enum MlpSaved {
 /// The LoRA groups of a dense MLP's projections.
 pub(super) const ADAPTED: (Group, Group) = (Group::Up, Group::Down);
 
-/// The gated activation `act(gate)·up` of `mlp` (SwiGLU, GeGLU).
+/// The gated activation `act(gate)·up` of `mlp` (SwiGLU, GeGLU, clamped SwiGLU).
 pub(super) fn gated(b: &dyn ComputeBackend, mlp: Mlp, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     match mlp {
         Mlp::SwiGlu => b.silu_mul(gate, up),
         Mlp::GeGlu => b.gelu_mul(gate, up, GeluForm::Tanh),
+        Mlp::ClampedSwiGlu { alpha, limit } => b.clamped_swiglu(gate, up, alpha, limit),
         Mlp::Gelu => Err(mlp_parts("Transformer::mlp", 2)),
     }
 }
@@ -48,6 +49,7 @@ pub(super) fn gated_backward(
     let PairGradients { da, db } = match mlp {
         Mlp::SwiGlu => b.silu_mul_backward(gate, up, d_act)?,
         Mlp::GeGlu => b.gelu_mul_backward(gate, up, d_act, GeluForm::Tanh)?,
+        Mlp::ClampedSwiGlu { alpha, limit } => b.clamped_swiglu_backward(gate, up, d_act, alpha, limit)?,
         Mlp::Gelu => return Err(mlp_parts("Transformer::backward", 2)),
     };
     Ok((da, db))

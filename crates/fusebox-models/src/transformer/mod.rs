@@ -48,7 +48,9 @@ pub use arch::{Arch, Biases, LayerAttention, Mlp, Moe, NormKind, Positions, Rope
 pub use backward::GradsReady;
 pub use cache::{kv_bytes_per_position, KvCache, RopeTables};
 pub use forward::ForwardCache;
-pub use layout::{layout, ExpertIndex, Ffn, LayerIndex, NormIndex, ParamIndex, Proj, SharedExpert, Stacking};
+pub use layout::{
+    layout, ExpertBiases, ExpertIndex, Ffn, LayerIndex, NormIndex, ParamIndex, Proj, SharedExpert, Stacking,
+};
 pub use lora::{Adapters, LoraConfig, Target};
 
 use lora::base_rows;

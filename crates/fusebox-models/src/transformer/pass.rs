@@ -83,7 +83,8 @@ impl Pass<'_, '_> {
         Ok((b.rope(&q, cos, sin, style, offset)?, b.rope(&k, cos, sin, style, offset)?))
     }
 
-    /// Attention of layer `l` for `q`, `k`, `v` in the attention layout: the pass's
+    /// Attention of layer `l` for `q`, `k`, `v` in the attention layout (with the
+    /// layer's sink logits `[Hq]` when it has them): the pass's
     /// keys and values written where it keeps them, then the heads of the output merged,
     /// `[B, T, Hq·hd]`; in training also the result the backward needs.
     ///
@@ -99,20 +100,21 @@ impl Pass<'_, '_> {
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
+        sinks: Option<&Tensor>,
     ) -> Result<(Tensor, Option<CausalAttentionResult>)> {
         let (window, scale) = (arch.window(l), arch.attn_scale);
         match self {
             Pass::Train { .. } => {
-                let r = b.causal_attention(q, k, v, window, None, scale)?;
+                let r = b.causal_attention(q, k, v, window, sinks, scale)?;
                 Ok((merge_heads(b, &r.output)?, Some(r)))
             }
             Pass::Cached { cache, pos } => {
                 b.write_head_cache(&mut cache.k[l], k, *pos)?;
                 b.write_head_cache(&mut cache.v[l], v, *pos)?;
                 let out = if *pos == 0 {
-                    b.causal_attention(q, k, v, window, None, scale)?.output
+                    b.causal_attention(q, k, v, window, sinks, scale)?.output
                 } else {
-                    b.decode_attention(q, &cache.k[l], &cache.v[l], *pos + q.dims()[2], window, None, scale)?
+                    b.decode_attention(q, &cache.k[l], &cache.v[l], *pos + q.dims()[2], window, sinks, scale)?
                 };
                 Ok((merge_heads(b, &out)?, None))
             }
@@ -128,7 +130,7 @@ impl Pass<'_, '_> {
                 let lens: Vec<usize> = positions.iter().map(|p| p + 1).collect();
                 let kc: Vec<&Tensor> = caches.iter().map(|c| &c.k[l]).collect();
                 let vc: Vec<&Tensor> = caches.iter().map(|c| &c.v[l]).collect();
-                let out = b.batched_decode_attention(&q, &kc, &vc, &lens, window, None, scale)?;
+                let out = b.batched_decode_attention(&q, &kc, &vc, &lens, window, sinks, scale)?;
                 Ok((merge_heads(b, &out)?, None))
             }
         }

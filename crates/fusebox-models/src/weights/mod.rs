@@ -309,10 +309,7 @@ fn read_param(
     let mapped = role == Role::Experts && purpose != Purpose::Training && parts.len() == 1 && parts[0].fix == Fix::None;
     for p in parts {
         let t = if mapped { src.get_mapped(&p.file)? } else { src.get(&p.file)? };
-        let stored: Vec<usize> = match p.fix {
-            Fix::Transpose => p.shape.iter().rev().copied().collect(),
-            _ => p.shape.clone(),
-        };
+        let stored = p.fix.stored_shape(&p.shape);
         // Size-1 axes may differ (llama.cpp stores the shared expert's gate `[1, D]` as `[D]`).
         let squeezed = |d: &[usize]| d.iter().copied().filter(|&n| n != 1).collect::<Vec<_>>();
         let t = if t.dims() == stored.as_slice() {
@@ -346,18 +343,7 @@ fn read_param(
         }
         let t = match p.fix {
             Fix::None => t,
-            Fix::Transpose => {
-                let (rows, cols) = (stored[0], stored[1]);
-                let v = t.to_vec_f32()?;
-                let mut out = vec![0.0f32; v.len()];
-                for r in 0..rows {
-                    for c in 0..cols {
-                        out[c * rows + r] = v[r * cols + c];
-                    }
-                }
-                Tensor::from_vec(out, p.shape.clone())?
-            }
-            Fix::PlusOne => Tensor::from_vec(t.to_vec_f32()?.iter().map(|w| w + 1.0).collect(), p.shape.clone())?,
+            fix => Tensor::from_vec(fix.to_ours(&p.shape, &t.to_vec_f32()?), p.shape.clone())?,
         };
         host.push(t);
     }
