@@ -151,6 +151,16 @@ pub(super) const fn levels(f: u8) -> [i8; 16] {
     }
 }
 
+/// [`levels`] + 128 as unsigned bytes (what `vpdpbusd` multiplies).
+pub(super) const fn offset_levels(f: u8) -> [u8; 16] {
+    let (levels, mut out, mut i) = (levels(f), [0u8; 16], 0);
+    while i < 16 {
+        out[i] = (levels[i] as u8) ^ 0x80;
+        i += 1;
+    }
+    out
+}
+
 /// 32-element formats, `F` = 0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q5_0, 4 IQ4_NL, 5 MXFP4:
 /// `out[r·m + i]` = row r · x row i, for the `m = xs.len()` x rows in groups of up to 4
 /// per pass over a W row.

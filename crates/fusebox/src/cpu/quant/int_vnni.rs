@@ -19,7 +19,7 @@ use std::arch::x86_64::*;
 
 use super::fields::e8m0_half;
 use super::int::{fits_all, weight_offset_shift, Q8Row};
-use super::int_avx2::{each_row_group, hsum8, levels, BLOCK_BYTES};
+use super::int_avx2::{each_row_group, hsum8, offset_levels, BLOCK_BYTES};
 use super::QK;
 use crate::cpu::simd::Isa;
 use crate::dtype::DType;
@@ -201,7 +201,7 @@ unsafe fn weights<const F: u8>(blk0: *const u8, blk1: Option<*const u8>) -> (__m
             } else if F >= 4 {
                 // level + 128 as an unsigned byte (an absent block's are multiplied by
                 // its masked, zero activations).
-                let offset = levels(F).map(|v| (v as u8) ^ 0x80);
+                let offset = const { offset_levels(F) };
                 let table = _mm512_broadcast_i32x4(_mm_loadu_si128(offset.as_ptr() as *const __m128i));
                 _mm512_shuffle_epi8(table, nibbles)
             } else {
