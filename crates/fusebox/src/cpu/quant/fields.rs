@@ -32,7 +32,7 @@ pub const IQ4NL_VALUES: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1,
 
 /// MXFP4's 16 levels: the FP4 E2M1 values (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their
 /// negatives) doubled, so that they are integers (ggml's `kvalues_mxfp4`); the block's
-/// scale is halved to match ([`e8m0_half`]).
+/// E8M0 scale `2^(e − 127)` is halved to match: `x = 2^(e − 128)·MXFP4_VALUES[q]`.
 pub const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 /// `2^(e − 128)` for an E8M0 byte `e`: half the scale `2^(e − 127)` it encodes, the factor
