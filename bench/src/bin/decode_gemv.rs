@@ -19,7 +19,17 @@ use fusebox::{ComputeBackend, CpuBackend, DType, Error, Result, Tensor};
 /// W shapes `[out, in]`: SmolLM2-135M's MLP up (576 → 1536), down (1536 → 576) and the
 /// LM head (576 → 49152); `in` rounded up to whole blocks (768 for the K formats).
 const SHAPES: [[usize; 2]; 3] = [[1536, 576], [576, 1536], [49152, 576]];
-const FORMATS: [DType; 7] = [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q4K, DType::Q5K, DType::Q6K];
+const FORMATS: [DType; 9] = [
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::IQ4NL,
+    DType::MXFP4,
+    DType::Q4K,
+    DType::Q5K,
+    DType::Q6K,
+];
 
 fn values(n: usize, seed: u32) -> Vec<f32> {
     let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
@@ -73,7 +83,12 @@ fn main() -> Result<()> {
             .split(',')
             .map(|f| {
                 FORMATS.iter().copied().find(|d| d.name() == f).ok_or_else(|| {
-                    Error::value("decode_gemv", "a format", "q8_0, q4_0, q4_1, q5_0, q4_k, q5_k or q6_k", f)
+                    Error::value(
+                        "decode_gemv",
+                        "a format",
+                        "q8_0, q4_0, q4_1, q5_0, iq4_nl, mxfp4, q4_k, q5_k or q6_k",
+                        f,
+                    )
                 })
             })
             .collect::<Result<_>>()?,

@@ -366,7 +366,7 @@ pub trait ComputeBackend: Send + Sync + Debug {
     }
 
     /// Quantizes float values into a GGUF block format (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
-    /// IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) or FP8 E4M3, giving the blocks ggml's
+    /// IQ4_NL, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) or FP8 E4M3, giving the blocks ggml's
     /// `ggml_quantize_chunk` writes without an importance matrix.
     ///
     /// # Shapes

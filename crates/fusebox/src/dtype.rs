@@ -51,11 +51,15 @@ pub enum DType {
     /// GGUF IQ4_XS: super-blocks of 256 with 8 sub-blocks of 32, 6-bit signed sub-block
     /// scales, indices into IQ4_NL's table; x = d·(ls − 32)·table\[q\].
     IQ4XS,
+    /// GGUF MXFP4 (OCP microscaling FP4, gpt-oss's expert weights): blocks of 32, one E8M0
+    /// scale byte `e`, 16 bytes of 4-bit indices into FP4 E2M1's levels doubled (0, 1, 2,
+    /// 3, 4, 6, 8, 12 and their negatives); x = 2^(e − 128)·table\[q\].
+    MXFP4,
 }
 
 impl DType {
     /// Every dtype, in declaration order.
-    pub const ALL: [DType; 17] = [
+    pub const ALL: [DType; 18] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -73,12 +77,13 @@ impl DType {
         DType::Q5K,
         DType::IQ4NL,
         DType::IQ4XS,
+        DType::MXFP4,
     ];
 
     /// Logical elements per storage block (1 for plain dtypes).
     pub fn block_elems(self) -> usize {
         match self {
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4NL => 32,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4NL | DType::MXFP4 => 32,
             DType::Q4K | DType::Q6K | DType::Q2K | DType::Q3K | DType::Q5K | DType::IQ4XS => 256,
             _ => 1,
         }
@@ -102,6 +107,7 @@ impl DType {
             DType::Q5K => 176,
             DType::IQ4NL => 18,
             DType::IQ4XS => 136,
+            DType::MXFP4 => 17,
         }
     }
 
@@ -140,6 +146,7 @@ impl DType {
             DType::Q5K => "q5_k",
             DType::IQ4NL => "iq4_nl",
             DType::IQ4XS => "iq4_xs",
+            DType::MXFP4 => "mxfp4",
         }
     }
 }

@@ -438,8 +438,9 @@ fn expert_matmul_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
 }
 
 /// The formats the block-weight cases quantize to: 32-blocks with and without integer
-/// kernels, K-quants, a non-linear grid, FP8.
-const WEIGHT_FORMATS: [DType; 6] = [DType::Q8_0, DType::Q4_0, DType::Q4K, DType::Q6K, DType::IQ4NL, DType::F8E4M3];
+/// kernels, K-quants, non-linear grids (IQ4_NL, gpt-oss's MXFP4), FP8.
+const WEIGHT_FORMATS: [DType; 7] =
+    [DType::Q8_0, DType::Q4_0, DType::Q4K, DType::Q6K, DType::IQ4NL, DType::F8E4M3, DType::MXFP4];
 
 /// The shapes of the block-weight cases (K = 256 suits every format), with x's dtype.
 fn quantized_configs() -> Vec<(Sizes, Pick, DType)> {
@@ -550,6 +551,12 @@ fn bad_expert_matmul_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B
             "x[3, 1, 64] with w[4, 5, 32] q8_0 (K mismatch)",
             data(3611, &[3, 1, 64]),
             Tensor::zeros([4, 5, 32], DType::Q8_0).expect("zeros"),
+            e.clone(),
+        ),
+        (
+            "x[3, 1, 48] with w[4, 5, 32] mxfp4 (K mismatch)",
+            data(3613, &[3, 1, 48]),
+            Tensor::zeros([4, 5, 32], DType::MXFP4).expect("zeros"),
             e.clone(),
         ),
         (

@@ -15,13 +15,14 @@ use crate::rng::Rng;
 use crate::tolerance::Tolerance;
 
 /// The GGUF block formats.
-const BLOCK_FORMATS: [DType; 12] = [
+const BLOCK_FORMATS: [DType; 13] = [
     DType::Q8_0,
     DType::Q4_0,
     DType::Q4_1,
     DType::Q5_0,
     DType::Q5_1,
     DType::IQ4NL,
+    DType::MXFP4,
     DType::Q2K,
     DType::Q3K,
     DType::Q4K,
@@ -33,8 +34,8 @@ const BLOCK_FORMATS: [DType; 12] = [
 /// The formats whose `quantize` round trip is checked against a per-group error bound
 /// ([`error_bound`]); every format's blocks are also compared byte for byte with
 /// llama.cpp's on the recorded fixtures ([`fixture_cases`]).
-const ROUND_TRIP_FORMATS: [DType; 8] =
-    [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q4K, DType::Q5K, DType::Q6K];
+const ROUND_TRIP_FORMATS: [DType; 9] =
+    [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::MXFP4, DType::Q4K, DType::Q5K, DType::Q6K];
 
 /// Dequantization is exact up to one or two f32 roundings.
 const DECODE_TOLERANCE: Tolerance = Tolerance { abs: 1e-6, rel: 1e-6 };
@@ -91,6 +92,8 @@ fn random_blocks(rng: &mut Rng, dtype: DType, dims: &[usize]) -> Tensor {
                 set(2, 0.0, 0.01);
             }
             DType::IQ4XS => set(0, -0.0005, 0.0005),
+            // MXFP4: an E8M0 exponent byte, scales 2^−9 … 2^−3 (levels up to ±12).
+            DType::MXFP4 => block[0] = 119 + rng.below(7) as u8,
             // FP8: magnitudes up to 2 (exponent field ≤ 8), never NaN.
             _ => block[0] = (rng.below(0x41) as u8) | (rng.below(2) as u8) << 7,
         }
@@ -158,6 +161,13 @@ fn dequantize_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
             b.dequantize(&b.zeros(&Shape::new([2, 32]), dtype)?).map(drop)
         }));
     }
+    // A block tensor cannot be made with a torn last block or bytes of another length.
+    v.push(Case::expect_error(Op::Dequantize, "dequantize of mxfp4 [2, 48] (48 not a multiple of 32)", |b: &B| {
+        b.dequantize(&Tensor::zeros([2, 48], DType::MXFP4)?).map(drop)
+    }));
+    v.push(Case::expect_error(Op::Dequantize, "dequantize of mxfp4 [2, 32] from 36 bytes (34 needed)", |b: &B| {
+        b.dequantize(&Tensor::from_bytes(&[0u8; 36], [2, 32], DType::MXFP4)?).map(drop)
+    }));
     v.push(Case::expect_error(Op::Dequantize, "dequantize of a q8_0 tensor on a foreign device", |b: &B| {
         b.dequantize(&foreign_tensor(&[2, 32], DType::Q8_0)).map(drop)
     }));
@@ -228,6 +238,11 @@ fn error_bound(dtype: DType, x: &[f64], outer: &[f64]) -> f64 {
             let oamax = outer.iter().fold(0.0f64, |m, v| m.max(v.abs()));
             amax / 32.0 * 1.25 + oamax / 128.0 / 32.0 * 32.0 * 0.5 + 1e-9
         }
+        // With p = 2^floor(log2 amax) the levels are p·(0, 1/8, 1/4, 3/8, 1/2, 3/4, 1, 3/2)
+        // and their negatives: half the widest gap (p/4), or, above the top level 3p/2, the
+        // clipping of values up to 2p (ggml's exponent rule clips by design).
+        DType::MXFP4 if amax > 0.0 => 2f64.powi(amax.log2().floor() as i32) * 0.5 + 1e-30,
+        DType::MXFP4 => 0.0,
         _ => f64::INFINITY,
     }
 }
@@ -246,6 +261,7 @@ fn check_round_trip(dtype: DType, x: &Array, got: &Array, bytes: &[u8]) -> Resul
         let scales: Vec<f64> = match dtype {
             DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => vec![f16_at(0), f16_at(2)],
             DType::Q6K => vec![f16_at(208)],
+            DType::MXFP4 => vec![2f64.powi(i32::from(block[0]) - 128)],
             _ => vec![f16_at(0)],
         };
         let non_negative = matches!(dtype, DType::Q4K | DType::Q5K);
@@ -321,6 +337,8 @@ fn quantize_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
         ("x[2, 288] to iq4_xs (288 not a multiple of 256)".into(), rng.tensor([2, 288], -1.0, 1.0), DType::IQ4XS),
         ("x[2, 128] to q2_k".into(), rng.tensor([2, 128], -1.0, 1.0), DType::Q2K),
         ("q5_k input (already quantized)".into(), Tensor::zeros([2, 256], DType::Q5K).expect("zeros"), DType::Q3K),
+        ("x[4, 48] to mxfp4 (48 not a multiple of 32)".into(), rng.tensor([4, 48], -1.0, 1.0), DType::MXFP4),
+        ("mxfp4 input (already quantized)".into(), Tensor::zeros([2, 64], DType::MXFP4).expect("zeros"), DType::Q8_0),
         ("a scalar to q4_0".into(), Tensor::scalar(1.0), DType::Q4_0),
     ];
     for (what, t, dtype) in bad {
@@ -355,7 +373,23 @@ fn known_block_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     let mut q41_want = f16_bytes(0.5).to_vec();
     q41_want.extend(f16_bytes(-3.0));
     q41_want.extend((0..16).map(|j| q41_levels[j] | (q41_levels[j + 16] << 4)));
-    let blocks = [(DType::Q8_0, q8_x, q8_want), (DType::Q4_0, q4_x, q4_want), (DType::Q4_1, q41_x, q41_want)];
+    // MXFP4: largest magnitude 6 → e = floor(log2 6) − 2 + 127 = 127, levels 0.5·table;
+    // element j < 16 is level j, element 16 + j level 15 − j (−0 at 8 becomes 0, index 0),
+    // except two ties halfway between levels, which take the first of the two: 2.5
+    // (between 2 and 3: index 4) and −2.5 (between −2 and −3: index 12).
+    let level = |i: usize| 0.5 * twin::MXFP4_TABLE[i] as f32;
+    let mut mx_x: Vec<f32> = (0..16).map(level).chain((0..16).map(|j| level(15 - j))).collect();
+    (mx_x[0], mx_x[31]) = (2.5, -2.5);
+    let index = |i: u8| if i == 8 { 0 } else { i };
+    let mut mx_want = vec![127u8];
+    mx_want.extend((0..16u8).map(|j| index(j) | (index(15 - j) << 4)));
+    (mx_want[1], mx_want[16]) = (4 | (15 << 4), 15 | (12 << 4));
+    let blocks = [
+        (DType::Q8_0, q8_x, q8_want),
+        (DType::Q4_0, q4_x, q4_want),
+        (DType::Q4_1, q41_x, q41_want),
+        (DType::MXFP4, mx_x, mx_want),
+    ];
     blocks
         .into_iter()
         .map(|(dtype, x, want)| {
@@ -522,6 +556,16 @@ fn matmul_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
             random_blocks(&mut rng2, DType::Q3K, &[4, 256]),
         ),
         (
+            "x[3, 48] with w[4, 64] mxfp4 (in mismatch)",
+            rng2.tensor([3, 48], -1.0, 1.0),
+            random_blocks(&mut rng2, DType::MXFP4, &[4, 64]),
+        ),
+        (
+            "x mxfp4 (quantized x)",
+            random_blocks(&mut rng2, DType::MXFP4, &[3, 64]),
+            random_blocks(&mut rng2, DType::MXFP4, &[4, 64]),
+        ),
+        (
             "x iq4_nl (quantized x)",
             random_blocks(&mut rng2, DType::IQ4NL, &[3, 64]),
             random_blocks(&mut rng2, DType::IQ4NL, &[4, 64]),
@@ -682,6 +726,7 @@ fn fixture_text(dtype: DType) -> &'static str {
         DType::Q5K => include_str!("../../fixtures/quant/q5_k.txt"),
         DType::Q6K => include_str!("../../fixtures/quant/q6_k.txt"),
         DType::IQ4XS => include_str!("../../fixtures/quant/iq4_xs.txt"),
+        DType::MXFP4 => include_str!("../../fixtures/quant/mxfp4.txt"),
         other => panic!("no llama.cpp fixture for {other}"),
     }
 }

@@ -122,6 +122,19 @@ pub fn iq4_nl_element(block: &[u8], j: usize) -> f64 {
     d * IQ4NL_TABLE[q as usize] as f64
 }
 
+/// MXFP4's levels: FP4 E2M1's values (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives)
+/// doubled (ggml-common.h `kvalues_mxfp4`).
+pub const MXFP4_TABLE: [i32; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// MXFP4 block `{ u8 e; u8 qs[16] }`: nibbles as Q4_0; the E8M0 byte e is the scale
+/// 2^(e − 127), halved for the doubled table: value `2^(e − 128) · table[q]`.
+pub fn mxfp4_element(block: &[u8], j: usize) -> f64 {
+    let scale = 2f64.powi(block[0] as i32 - 128);
+    let byte = block[1 + j % 16];
+    let q = if j < 16 { byte & 0xF } else { byte >> 4 };
+    scale * MXFP4_TABLE[q as usize] as f64
+}
+
 /// Q2_K block `{ u8 scales[16]; u8 qs[64]; f16 d; f16 dmin }` (256 elements): element j
 /// is in half h = j / 128, shift group g = (j % 128) / 32, lane l = j % 32; q is bits
 /// 2g, 2g + 1 of qs[32h + l]; scales[j / 16] holds the scale (low nibble) and min (high
@@ -204,6 +217,7 @@ pub fn dequantize(dtype: DType, bytes: &[u8], shape: &[usize]) -> Array {
             DType::Q3K => q3_k_element(block, j),
             DType::Q5K => q5_k_element(block, j),
             DType::IQ4XS => iq4_xs_element(block, j),
+            DType::MXFP4 => mxfp4_element(block, j),
             DType::F8E4M3 => f8e4m3_value(block[0]),
             other => panic!("dequantize twin: {other} is not a storage format"),
         };

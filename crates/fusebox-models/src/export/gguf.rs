@@ -37,14 +37,15 @@ pub const QUANT_TYPES: &[&str] =
     &["q8_0", "q6_k", "q5_k", "q5_1", "q5_0", "q4_k", "q4_1", "q4_0", "q3_k", "q2_k", "iq4_nl", "iq4_xs"];
 
 /// The block format of a `--quant` name (`q8_0`, `q4_k`, … as in [`QUANT_TYPES`];
-/// `q4_k_m` and the like name their main type).
+/// `q4_k_m` and the like name their main type). MXFP4 is not one: llama.cpp writes it
+/// only for expert tensors (`MXFP4_MOE`, the rest Q8_0), not for every matrix.
 pub fn parse_quant(s: &str) -> Result<DType> {
     let lower = s.to_ascii_lowercase();
     let base = lower.strip_suffix("_m").or_else(|| lower.strip_suffix("_s")).unwrap_or(&lower);
     DType::ALL
         .iter()
         .copied()
-        .find(|d| d.is_quantized() && d.name() == base)
+        .find(|d| d.is_quantized() && d.name() == base && QUANT_TYPES.contains(&base))
         .ok_or_else(|| Error::value("export", "quant", format!("one of {}", QUANT_TYPES.join(", ")), s))
 }
 
@@ -321,4 +322,20 @@ fn write_gguf(w: &mut dyn Write, kvs: &[(String, Value)], tensors: &[(String, Te
         written = padded;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quant_names_are_the_listed_block_formats_only() {
+        for name in QUANT_TYPES {
+            assert_eq!(parse_quant(name).map(DType::name).ok(), Some(*name));
+        }
+        for refused in ["mxfp4", "mxfp4_moe", "f8e4m3", "f32"] {
+            let err = parse_quant(refused).unwrap_err().to_string();
+            assert!(err.contains("iq4_xs"), "{refused}: {err}");
+        }
+    }
 }

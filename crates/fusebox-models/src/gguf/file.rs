@@ -89,8 +89,8 @@ impl TensorInfo {
         self.ggml_type.dtype().ok_or_else(|| {
             Error::Io(format!(
                 "gguf: tensor '{}' has {}, which fusebox has no dtype for \
-                 (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, \
-                 Q5_K, Q6_K, IQ4_XS)",
+                 (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K, Q3_K, \
+                 Q4_K, Q5_K, Q6_K, IQ4_XS)",
                 self.name,
                 describe_type(self.ggml_type)
             ))

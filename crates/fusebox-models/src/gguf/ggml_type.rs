@@ -80,6 +80,9 @@ impl GgmlType {
     pub const IQ4_XS: GgmlType = GgmlType(23);
     /// bfloat16.
     pub const BF16: GgmlType = GgmlType(30);
+    /// Blocks of 32: an E8M0 exponent byte and 4-bit indices into FP4 E2M1's levels
+    /// (OCP MXFP4; gpt-oss's expert weights).
+    pub const MXFP4: GgmlType = GgmlType(39);
 
     fn entry(self) -> Option<&'static (u32, &'static str, u64, u64)> {
         TABLE.iter().find(|e| e.0 == self.0)
@@ -113,6 +116,7 @@ impl GgmlType {
             GgmlType::Q5_K => DType::Q5K,
             GgmlType::IQ4_NL => DType::IQ4NL,
             GgmlType::IQ4_XS => DType::IQ4XS,
+            GgmlType::MXFP4 => DType::MXFP4,
             _ => return None,
         })
     }
@@ -135,6 +139,7 @@ impl GgmlType {
             DType::Q5K => GgmlType::Q5_K,
             DType::IQ4NL => GgmlType::IQ4_NL,
             DType::IQ4XS => GgmlType::IQ4_XS,
+            DType::MXFP4 => GgmlType::MXFP4,
             _ => return None,
         })
     }
@@ -146,5 +151,24 @@ impl fmt::Display for GgmlType {
             Some(name) => f.write_str(name),
             None => write!(f, "unknown ggml type {}", self.0),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every dtype with a ggml type maps back to itself with ggml's block layout
+    /// (MXFP4: type 39, blocks of 32 in 17 bytes).
+    #[test]
+    fn dtypes_and_ggml_types_map_both_ways_with_the_same_block_layout() {
+        for dtype in DType::ALL {
+            let Some(t) = GgmlType::from_dtype(dtype) else { continue };
+            assert_eq!(t.dtype(), Some(dtype), "{dtype}");
+            let (elems, bytes) = t.block_layout().expect("known layout");
+            assert_eq!((elems as usize, bytes as usize), (dtype.block_elems(), dtype.block_bytes()), "{dtype}");
+        }
+        assert_eq!(GgmlType::from_dtype(DType::MXFP4), Some(GgmlType(39)));
+        assert_eq!(GgmlType(39).name(), Some("MXFP4"));
     }
 }

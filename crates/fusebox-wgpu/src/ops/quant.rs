@@ -1,7 +1,7 @@
 //! Quantized matmul: Q8_0 and Q4_1 weights natively (quant.wgsl); an F16/BF16 x is
 //! widened on the device and the result stored in x's dtype. Arguments are checked by
-//! `fusebox::spec::quant`; the other storage formats (Q4_0, Q5_0, Q5_1, IQ4_NL, the
-//! K-quants, IQ4_XS, FP8) run on the CPU, reported as a fallback.
+//! `fusebox::spec::quant`; the other storage formats (Q4_0, Q5_0, Q5_1, IQ4_NL, MXFP4,
+//! the K-quants, IQ4_XS, FP8) run on the CPU, reported as a fallback.
 
 use fusebox::cpu;
 use fusebox::spec::quant::{self as spec, QuantMatmulSpec};

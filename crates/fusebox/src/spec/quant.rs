@@ -13,13 +13,13 @@ use crate::tensor::Tensor;
 
 /// The block over which `quantized_matmul` may round x to 8 bits when x has few rows
 /// (decoding), for the formats that have integer kernels: `x̃ = d·round(x/d)` with
-/// `d = max|x| / 127` per block of 32 (Q8_0, Q4_0, Q4_1, Q5_0; llama.cpp's Q8_0) or 256
-/// (Q4_K, Q5_K, Q6_K; llama.cpp's Q8_K), and then `y = x̃ · Wᵀ`. `None`: the format
-/// is always multiplied with x in f32. `CpuBackend` rounds when built with
+/// `d = max|x| / 127` per block of 32 (Q8_0, Q4_0, Q4_1, Q5_0, IQ4_NL, MXFP4; llama.cpp's
+/// Q8_0) or 256 (Q4_K, Q5_K, Q6_K; llama.cpp's Q8_K), and then `y = x̃ · Wᵀ`. `None`:
+/// the format is always multiplied with x in f32. `CpuBackend` rounds when built with
 /// `exact_decode(false)`.
 pub fn int_activation_block(dtype: DType) -> Option<usize> {
     match dtype {
-        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 => Some(32),
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::IQ4NL | DType::MXFP4 => Some(32),
         DType::Q4K | DType::Q5K | DType::Q6K => Some(256),
         _ => None,
     }
@@ -27,7 +27,7 @@ pub fn int_activation_block(dtype: DType) -> Option<usize> {
 
 /// What the errors of this family name as the accepted storage formats.
 pub const STORAGE_FORMATS: &str =
-    "a block format (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs) or f8e4m3";
+    "a block format (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs) or f8e4m3";
 
 /// Whether `dtype` is a storage format: a block format or FP8 E4M3.
 pub fn is_storage_format(dtype: DType) -> bool {

@@ -1,7 +1,9 @@
 //! Block → f32 decoding: one decoder per format (inlined), a loop over whole blocks per
 //! format compiled per ISA, and [`decode_into`], which picks the loop by dtype.
 
-use super::fields::{f16_at, iq4_xs_scale, q3_k_scales, q5_levels, scale_min_k4, u32_at, IQ4NL_VALUES};
+use super::fields::{
+    f16_at, iq4_xs_scale, q3_k_scales, q5_levels, scale_min_k4, u32_at, Iq4Nl, LevelTable, Mxfp4, IQ4NL_VALUES,
+};
 use super::{QK, QK_K};
 use crate::cpu::memory::f8e4m3_table;
 use crate::cpu::simd::multiversion;
@@ -104,13 +106,15 @@ fn decode_q5_1_block(b: &[u8], out: &mut [f32]) {
     }
 }
 
+/// IQ4_NL and MXFP4: `scale·table[q]`.
 #[inline(always)]
-fn decode_iq4_nl_block(b: &[u8], out: &mut [f32]) {
-    let d = f16_at(b, 0);
+fn decode_table_block<T: LevelTable>(b: &[u8], out: &mut [f32]) {
+    let d = T::scale(b);
+    let qs = &b[T::QS_AT..T::QS_AT + QK / 2];
     let (lo, hi) = out[..QK].split_at_mut(QK / 2);
     for j in 0..QK / 2 {
-        lo[j] = d * f32::from(IQ4NL_VALUES[usize::from(b[2 + j] & 0x0F)]);
-        hi[j] = d * f32::from(IQ4NL_VALUES[usize::from(b[2 + j] >> 4)]);
+        lo[j] = d * f32::from(T::VALUES[usize::from(qs[j] & 0x0F)]);
+        hi[j] = d * f32::from(T::VALUES[usize::from(qs[j] >> 4)]);
     }
 }
 
@@ -196,7 +200,7 @@ fn decode_iq4_xs_block(b: &[u8], out: &mut [f32]) {
 // (the block decoders inline into them)
 
 macro_rules! block_loops {
-    ($($name:ident => $block:ident, $bytes:literal, $elems:expr;)*) => {$(
+    ($($name:ident => $block:expr, $bytes:literal, $elems:expr;)*) => {$(
         multiversion! {
             #[doc = concat!(stringify!($name), " blocks (`bytes`: n·", $bytes, ") → `out` (n·block elements).")]
             pub fn $name(bytes: &[u8], out: &mut [f32]) {
@@ -215,11 +219,12 @@ block_loops! {
     q6_k => decode_q6_k_block, 210, QK_K;
     q5_0 => decode_q5_0_block, 22, QK;
     q5_1 => decode_q5_1_block, 24, QK;
-    iq4_nl => decode_iq4_nl_block, 18, QK;
+    iq4_nl => decode_table_block::<Iq4Nl>, 18, QK;
     q2_k => decode_q2_k_block, 84, QK_K;
     q3_k => decode_q3_k_block, 110, QK_K;
     q5_k => decode_q5_k_block, 176, QK_K;
     iq4_xs => decode_iq4_xs_block, 136, QK_K;
+    mxfp4 => decode_table_block::<Mxfp4>, 17, QK;
 }
 
 /// Decodes `bytes` (whole blocks of a storage format, or F8E4M3 codes) into `out`; the
@@ -238,6 +243,7 @@ pub(super) fn decode_into(dtype: DType, bytes: &[u8], out: &mut [f32]) {
         DType::Q3K => q3_k(bytes, out),
         DType::Q5K => q5_k(bytes, out),
         DType::IQ4XS => iq4_xs(bytes, out),
+        DType::MXFP4 => mxfp4(bytes, out),
         DType::F8E4M3 => {
             let table = f8e4m3_table();
             for (o, &c) in out.iter_mut().zip(bytes) {

@@ -5,8 +5,8 @@
 use half::f16;
 
 use super::encode_32::{
-    quantize_iq4_nl_block, quantize_q4_0_block, quantize_q4_1_block, quantize_q5_0_block, quantize_q5_1_block,
-    quantize_q8_0_block,
+    quantize_iq4_nl_block, quantize_mxfp4_block, quantize_q4_0_block, quantize_q4_1_block, quantize_q5_0_block,
+    quantize_q5_1_block, quantize_q8_0_block,
 };
 use super::encode_k::{
     quantize_iq4_xs_block, quantize_q2_k_block, quantize_q3_k_block, quantize_q4_k_block, quantize_q5_k_block,
@@ -68,6 +68,7 @@ block_loops! {
     q3_k => quantize_q3_k_block, QK_K, 110;
     q5_k => quantize_q5_k_block, QK_K, 176;
     iq4_xs => quantize_iq4_xs_block, QK_K, 136;
+    mxfp4 => quantize_mxfp4_block, QK, 17;
 }
 
 /// Quantizes `x` (a whole number of blocks) into `out` (the matching bytes).
@@ -85,6 +86,7 @@ pub(super) fn quantize_into(dtype: DType, x: &[f32], out: &mut [u8]) {
         DType::Q3K => q3_k(x, out),
         DType::Q5K => q5_k(x, out),
         DType::IQ4XS => iq4_xs(x, out),
+        DType::MXFP4 => mxfp4(x, out),
         _ => {
             for (o, &v) in out.iter_mut().zip(x) {
                 *o = f32_to_f8e4m3(v);

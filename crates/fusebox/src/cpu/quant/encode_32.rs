@@ -1,9 +1,9 @@
 //! Quantizers of one block of the 32-element formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
-//! IQ4_NL), each ggml's reference quantizer step for step in the same f32 operation
-//! order (see [`quantize`](super::quantize)). IQ4_XS reuses the IQ4 fit.
+//! IQ4_NL, MXFP4), each ggml's reference quantizer step for step in the same f32
+//! operation order (see [`quantize`](super::quantize)). IQ4_XS reuses the IQ4 fit.
 
 use super::encode::{put_f16, GROUP_MAX_EPS};
-use super::fields::IQ4NL_VALUES;
+use super::fields::{e8m0_half, IQ4NL_VALUES, MXFP4_VALUES};
 use super::QK;
 
 /// `quantize_row_q8_0_ref`: d = max|x|/127, q = round(x/d) (half away from zero).
@@ -208,4 +208,51 @@ pub(super) fn quantize_iq4_nl_block(x: &[f32], out: &mut [u8]) {
         *l = best_index_int8(&IQ4NL_VALUES, id * v);
     }
     put_nibbles32(&levels, &mut out[2..18]);
+}
+
+/// ggml's `best_index_mxfp4`: the index of the level `MXFP4_VALUES[i]·d` nearest to `x`,
+/// by a scan that keeps the first of equal errors (so 0 becomes index 0, never the
+/// negative zero at 8; a NaN, index 0).
+#[inline(always)]
+fn best_index_mxfp4(x: f32, d: f32) -> u8 {
+    let mut best = 0u8;
+    let mut best_err = (f32::from(MXFP4_VALUES[0]) * d - x).abs();
+    for (i, &level) in MXFP4_VALUES.iter().enumerate().skip(1) {
+        let err = (f32::from(level) * d - x).abs();
+        if err < best_err {
+            best = i as u8;
+            best_err = err;
+        }
+    }
+    best
+}
+
+/// C's `(uint8_t)` of a float as x86-64 compilers emit it: truncated to a 32-bit integer
+/// (`cvttss2si`, which gives `i32::MIN` for NaN and out-of-range values), of which the low
+/// byte is kept. ggml relies on it for MXFP4's exponent, which is negative (and wraps)
+/// only for blocks whose largest magnitude is below 2⁻¹²⁵.
+#[inline(always)]
+fn c_float_to_u8(v: f32) -> u8 {
+    let i = if v > -2_147_483_648.0 && v < 2_147_483_648.0 { v as i32 } else { i32::MIN };
+    i as u8
+}
+
+/// `quantize_row_mxfp4_ref`: the shared exponent `e = floor(log2(max|x|)) − 2 + 127`
+/// (0 for an all-zero block), so that the block's largest magnitude lands in the top
+/// binade of the levels (4·2^(e−127) ≤ max|x| < 8·2^(e−127), the largest level being 6);
+/// each element the nearest level of `2^(e − 128)·MXFP4_VALUES` ([`best_index_mxfp4`]).
+#[inline(always)]
+pub(super) fn quantize_mxfp4_block(x: &[f32], out: &mut [u8]) {
+    let mut amax = 0.0f32;
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+        }
+    }
+    let e = if amax > 0.0 { c_float_to_u8(amax.log2().floor() - 2.0 + 127.0) } else { 0 };
+    let d = e8m0_half(e);
+    out[0] = e;
+    for j in 0..QK / 2 {
+        out[1 + j] = best_index_mxfp4(x[j], d) | (best_index_mxfp4(x[j + QK / 2], d) << 4);
+    }
 }

@@ -1,6 +1,8 @@
 //! Readers of the packed fields of blocks, shared by the decoders, the fused dots and
 //! the integer kernels: little-endian f16 and u32, the 6-bit scales of the K formats,
-//! Q5's fifth bits and the IQ4 level table (the layouts are in the parent's table).
+//! Q5's fifth bits, the level tables of IQ4 and MXFP4 with MXFP4's E8M0 scale, and
+//! [`LevelTable`], which describes the two 32-element table formats once (the layouts
+//! are in the parent's table).
 
 use half::f16;
 
@@ -27,6 +29,85 @@ pub fn scale_min_k4(j: usize, scales: &[u8]) -> (u8, u8) {
 
 /// IQ4_NL's (and IQ4_XS's) 16 non-linear levels (ggml's `kvalues_iq4nl`).
 pub const IQ4NL_VALUES: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+/// MXFP4's 16 levels: the FP4 E2M1 values (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their
+/// negatives) doubled, so that they are integers (ggml's `kvalues_mxfp4`); the block's
+/// E8M0 scale `2^(e − 127)` is halved to match: `x = 2^(e − 128)·MXFP4_VALUES[q]`.
+pub const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// `2^(e − 128)` for an E8M0 byte `e`: half the scale `2^(e − 127)` it encodes, the factor
+/// of MXFP4's doubled levels (ggml's `GGML_E8M0_TO_FP32_HALF`): `e − 1` in the f32
+/// exponent field for e ≥ 2, the subnormals 2⁻¹²⁸ and 2⁻¹²⁷ for e = 0 and 1. ggml reads
+/// e = 255 (E8M0's NaN) as 2¹²⁷ and so does this.
+#[inline(always)]
+pub(super) fn e8m0_half(e: u8) -> f32 {
+    E8M0_HALF[usize::from(e)]
+}
+
+/// [`e8m0_half`] of every byte: one load where the kernels need a block's scale, in
+/// place of the branch and shifts (1 KiB, which stays in L1 while weights stream).
+static E8M0_HALF: [f32; 256] = {
+    let mut table = [0.0f32; 256];
+    let mut e = 0;
+    while e < 256 {
+        let bits = if e < 2 { 0x0020_0000u32 << e } else { (e as u32 - 1) << 23 };
+        table[e] = f32::from_bits(bits);
+        e += 1;
+    }
+    table
+};
+
+/// How a [`LevelTable`] format stores its block scale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum TableScale {
+    /// A little-endian f16 at byte 0 (IQ4_NL).
+    F16,
+    /// An E8M0 byte at byte 0, read as [`e8m0_half`] (MXFP4).
+    E8m0Half,
+}
+
+/// A 32-element block format of one scale and 16 bytes of 4-bit indices into a table of
+/// 16 signed integer levels, element j < 16 in the low nibble of byte j, element j + 16 in
+/// its high nibble: `x = scale·VALUES[q]`. IQ4_NL and MXFP4 differ only in the table and
+/// in how the scale is stored, so their decoders, dots and integer kernels are written
+/// once, generic over this.
+pub(super) trait LevelTable {
+    /// Bytes per block.
+    const BYTES: usize;
+    /// Where the 16 bytes of indices start.
+    const QS_AT: usize;
+    /// The levels.
+    const VALUES: [i8; 16];
+    /// The scale's storage.
+    const SCALE: TableScale;
+
+    /// The scale of the block `b`.
+    #[inline(always)]
+    fn scale(b: &[u8]) -> f32 {
+        match Self::SCALE {
+            TableScale::F16 => f16_at(b, 0),
+            TableScale::E8m0Half => e8m0_half(b[0]),
+        }
+    }
+}
+
+/// IQ4_NL: `{ f16 d; u8 qs[16] }`, [`IQ4NL_VALUES`].
+pub(super) struct Iq4Nl;
+impl LevelTable for Iq4Nl {
+    const BYTES: usize = 18;
+    const QS_AT: usize = 2;
+    const VALUES: [i8; 16] = IQ4NL_VALUES;
+    const SCALE: TableScale = TableScale::F16;
+}
+
+/// MXFP4: `{ u8 e; u8 qs[16] }`, [`MXFP4_VALUES`].
+pub(super) struct Mxfp4;
+impl LevelTable for Mxfp4 {
+    const BYTES: usize = 17;
+    const QS_AT: usize = 1;
+    const VALUES: [i8; 16] = MXFP4_VALUES;
+    const SCALE: TableScale = TableScale::E8m0Half;
+}
 
 /// The little-endian u32 at `bytes[at..at + 4]`.
 #[inline(always)]
@@ -66,4 +147,18 @@ pub(super) fn iq4_xs_scale(b: &[u8], ib: usize) -> i32 {
     let low = (b[4 + ib / 2] >> (4 * (ib % 2))) & 0x0F;
     let high = ((scales_h >> (2 * ib)) & 3) as u8;
     i32::from(low | (high << 4)) - 32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e8m0_half_is_two_to_the_e_minus_128_subnormals_included() {
+        for e in 0..=255u8 {
+            assert_eq!(f64::from(e8m0_half(e)), 2f64.powi(i32::from(e) - 128), "e = {e}");
+        }
+        assert_eq!(Mxfp4::scale(&[128, 0]), 1.0);
+        assert_eq!(Iq4Nl::scale(&half::f16::from_f32(-0.25).to_le_bytes()), -0.25);
+    }
 }

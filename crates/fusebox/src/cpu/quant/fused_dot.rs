@@ -10,7 +10,9 @@
 
 use half::f16;
 
-use super::fields::{f16_at, iq4_xs_scale, q3_k_scales, q5_levels, scale_min_k4, u32_at, IQ4NL_VALUES};
+use super::fields::{
+    f16_at, iq4_xs_scale, q3_k_scales, q5_levels, scale_min_k4, u32_at, Iq4Nl, LevelTable, Mxfp4, IQ4NL_VALUES,
+};
 #[cfg(target_arch = "x86_64")]
 use super::fused_dot_x86;
 use super::{QK, QK_K};
@@ -212,20 +214,31 @@ fn q5_1_row(bytes: &[u8], x: &[f32], xsum32: &[f32]) -> f32 {
     }
     hsum16(&acc) + offset
 }
-/// IQ4_NL: `Σ_blocks d·Σ x·table[q]`.
+/// One IQ4_NL / MXFP4 block into `acc`: `acc += scale·(x·table[q])` lane-wise.
 #[inline(always)]
-fn iq4_nl_row(bytes: &[u8], x: &[f32], _xsum32: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 16];
-    for (b, xs) in bytes.chunks_exact(18).zip(x.chunks_exact(QK)) {
-        let d = f16_le(b, 0);
-        let (qs, (xl, xh)) = (&b[2..18], xs.split_at(16));
-        for l in 0..16 {
-            let lo = f32::from(IQ4NL_VALUES[usize::from(qs[l] & 0x0F)]);
-            let hi = f32::from(IQ4NL_VALUES[usize::from(qs[l] >> 4)]);
-            acc[l] = d.mul_add(xl[l].mul_add(lo, xh[l] * hi), acc[l]);
-        }
+fn table_block<T: LevelTable>(b: &[u8], xs: &[f32], acc: &mut [f32; 16]) {
+    let d = T::scale(b);
+    let (qs, (xl, xh)) = (&b[T::QS_AT..T::QS_AT + QK / 2], xs.split_at(16));
+    for l in 0..16 {
+        let lo = f32::from(T::VALUES[usize::from(qs[l] & 0x0F)]);
+        let hi = f32::from(T::VALUES[usize::from(qs[l] >> 4)]);
+        acc[l] = d.mul_add(xl[l].mul_add(lo, xh[l] * hi), acc[l]);
     }
-    hsum16(&acc)
+}
+
+/// IQ4_NL, MXFP4: `Σ_blocks scale·Σ x·table[q]` (two blocks a step into two accumulators).
+#[inline(always)]
+fn table_row<T: LevelTable>(bytes: &[u8], x: &[f32], _xsum32: &[f32]) -> f32 {
+    let (mut acc0, mut acc1) = ([0.0f32; 16], [0.0f32; 16]);
+    for (b, xs) in bytes.chunks_exact(2 * T::BYTES).zip(x.chunks_exact(2 * QK)) {
+        table_block::<T>(&b[..T::BYTES], &xs[..QK], &mut acc0);
+        table_block::<T>(&b[T::BYTES..], &xs[QK..], &mut acc1);
+    }
+    let n = bytes.len() / T::BYTES;
+    if n % 2 == 1 {
+        table_block::<T>(&bytes[(n - 1) * T::BYTES..], &x[(n - 1) * QK..], &mut acc0);
+    }
+    hsum16(&add16(&acc0, &acc1))
 }
 /// Q2_K: per sub-block of 16, `d·sc·Σ x·q − dmin·m·Σ x`.
 #[inline(always)]
@@ -344,7 +357,7 @@ fn prefetch(bytes: &[u8]) {
 }
 
 macro_rules! rows_of {
-    ($($name:ident => $row:ident),*) => {$(
+    ($($name:ident => $row:expr),*) => {$(
         multiversion! {
             /// `out[r] = Σ_j x[j]·W[r, j]` for the `out.len()` rows of blocks in `w`.
             pub fn $name(w: &[u8], x: &[f32], xsum32: &[f32], out: &mut [f32]) {
@@ -360,8 +373,8 @@ macro_rules! rows_of {
 }
 rows_of!(
     q8_0 => q8_0_row, q4_0 => q4_0_row, q4_1 => q4_1_row, q4_k => q4_k_row, q6_k => q6_k_row,
-    q5_0 => q5_0_row, q5_1 => q5_1_row, iq4_nl => iq4_nl_row, q2_k => q2_k_row, q3_k => q3_k_row,
-    q5_k => q5_k_row, iq4_xs => iq4_xs_row
+    q5_0 => q5_0_row, q5_1 => q5_1_row, iq4_nl => table_row::<Iq4Nl>, q2_k => q2_k_row, q3_k => q3_k_row,
+    q5_k => q5_k_row, iq4_xs => iq4_xs_row, mxfp4 => table_row::<Mxfp4>
 );
 
 /// `out[r] = Σ_j x[j]·W[r, j]` for the `out.len()` rows of `w` (whole rows of a block
@@ -385,6 +398,7 @@ pub(super) fn fused_rows(dtype: DType, w: &[u8], x: &[f32], xsum32: &[f32], out:
         DType::Q3K => q3_k(w, x, xsum32, out),
         DType::Q5K => q5_k(w, x, xsum32, out),
         DType::IQ4XS => iq4_xs(w, x, xsum32, out),
+        DType::MXFP4 => mxfp4(w, x, xsum32, out),
         _ => return false,
     }
     true
@@ -453,23 +467,29 @@ mod tests {
             .collect()
     }
 
-    /// Every ISA's Q5_0 (and, on AVX-512, Q4_K) kernel, and the portable loop compiled
-    /// for that ISA, give the scalar portable loop's bits.
+    /// Every ISA's Q5_0, IQ4_NL and MXFP4 (and, on AVX-512, Q4_K) kernel, and the portable
+    /// loop compiled for that ISA, give the scalar portable loop's bits.
     #[test]
     #[cfg(target_arch = "x86_64")]
-    fn the_q5_0_and_q4_k_decode_kernels_give_the_portable_paths_bits() {
+    fn the_q5_0_q4_k_and_table_decode_kernels_give_the_portable_paths_bits() {
         use crate::cpu::simd::{Isa, IsaGuard};
         if !std::arch::is_x86_feature_detected!("f16c") {
             return; // no x86 kernel on this CPU
         }
         let cpu = CpuBackend::with_threads(1).unwrap();
-        let (n, k) = (19, 1024);
-        let x = values(k, 1);
-        let xsum32: Vec<f32> = x.chunks(QK).map(simd::sum).collect();
         type Portable = fn(&[u8], &[f32], &[f32], &mut [f32]);
-        let cases: [(DType, Portable, &[Isa]); 2] =
-            [(DType::Q5_0, q5_0, &[Isa::Avx512, Isa::Avx2]), (DType::Q4K, q4_k, &[Isa::Avx512])];
+        let both: &[Isa] = &[Isa::Avx512, Isa::Avx2];
+        let cases: [(DType, Portable, &[Isa]); 4] = [
+            (DType::Q5_0, q5_0, both),
+            (DType::Q4K, q4_k, &[Isa::Avx512]),
+            (DType::IQ4NL, iq4_nl, both),
+            (DType::MXFP4, mxfp4, both),
+        ];
         for (dtype, portable_fn, kernel_isas) in cases {
+            // 33 blocks for the 32-element formats: an odd count leaves the last one unpaired.
+            let (n, k) = (19, if dtype.block_elems() == QK_K { 1024 } else { 33 * QK });
+            let x = values(k, 1);
+            let xsum32: Vec<f32> = x.chunks(QK).map(simd::sum).collect();
             let w = quantize(&cpu, &Tensor::from_vec(values(n * k, 2), [n, k]).unwrap(), dtype).unwrap();
             let wb = w.host_bytes().unwrap();
             let mut portable = vec![0.0f32; n];

@@ -1,13 +1,14 @@
 //! Hand-written x86-64 kernels for the fused row dots of `quantized_matmul` with one
 //! x row (token-by-token decoding): `out[r] = Σ_j x[j]·W[r, j]` with W in Q8_0, Q4_0,
-//! Q4_1 or Q5_0 blocks (AVX-512 and AVX2), and x in f32 — the activations are not
-//! quantized, so the results stay as close to f32 as the portable path. The
-//! Q8_0/Q4_0/Q4_1 kernels sum in their own order (within f32 rounding of the portable
-//! path); the Q5_0 kernels keep the portable path's 16 lanes (in one 16-lane or two
-//! 8-lane vectors) and perform the same fused operations in the same order, so their
-//! results are bit-identical to it. Q4_K and Q6_K have no kernel here: the portable
-//! loops, compiled per ISA by `multiversion!`, vectorize them well (hand-written AVX2
-//! forms of the same arithmetic were slower).
+//! Q4_1, Q5_0, IQ4_NL or MXFP4 blocks (AVX-512 and AVX2; Q4_K on AVX-512), and x in f32
+//! — the activations are not quantized, so the results stay as close to f32 as the
+//! portable path. The Q8_0/Q4_0/Q4_1 kernels sum in their own order (within f32
+//! rounding of the portable path); the Q5_0, Q4_K and table (IQ4_NL, MXFP4) kernels keep
+//! the portable path's 16-lane accumulators (in 16-lane or pairs of 8-lane vectors) and
+//! perform the same fused operations in the same order, so their results are
+//! bit-identical to it. Q6_K has no kernel here: the portable loop, compiled per ISA by
+//! `multiversion!`, vectorizes it well (hand-written AVX2 forms of the same arithmetic
+//! were slower).
 //!
 //! The portable loops in `fused_dot.rs` leave the compiler to vectorize nibble unpacking and
 //! per-block f16 scales, which it does poorly (a scalar f16 conversion and several
@@ -16,7 +17,8 @@
 //! * the nibbles (Q4) or bytes (Q8) widen to 32-bit lanes (`vpmovzxbd` / `vpmovsxbd`);
 //!   on AVX-512 a 4-bit value becomes a float through `vpermps` on a 16-entry table
 //!   (the permute reads only the low 4 bits of each index), so the low nibble needs no
-//!   mask and no conversion;
+//!   mask and no conversion — for IQ4_NL and MXFP4 the table holds their levels; on
+//!   AVX2 their levels come from a 16-byte `vpshufb` table and widen from i8;
 //! * `t = x·q` over the block in one or two vectors, then `acc += d·t` with `d`
 //!   broadcast from one `vcvtph2ps` of the block header, which also yields Q4_1's `m`:
 //!   `Σ_blocks m·Σx` is accumulated in lane 1 of a 4-lane vector (lane 0 gathers
@@ -32,6 +34,7 @@
 
 use std::arch::x86_64::*;
 
+use super::fields::{e8m0_half, Iq4Nl, LevelTable, Mxfp4, TableScale};
 use super::{QK, QK_K};
 use crate::cpu::simd::Isa;
 use crate::dtype::DType;
@@ -47,6 +50,8 @@ pub(super) fn fused_rows(dtype: DType, w: &[u8], x: &[f32], xsum32: &[f32], out:
         DType::Q4_1 => (20, QK),
         DType::Q5_0 => (22, QK),
         DType::Q4K => (144, QK_K),
+        DType::IQ4NL => (Iq4Nl::BYTES, QK),
+        DType::MXFP4 => (Mxfp4::BYTES, QK),
         _ => return false,
     };
     // The kernels read exactly these bounds; anything else goes to the portable path.
@@ -72,6 +77,10 @@ pub(super) fn fused_rows(dtype: DType, w: &[u8], x: &[f32], xsum32: &[f32], out:
             (Isa::Avx512, DType::Q5_0) => avx512::q5_0_rows(w, x, out),
             (Isa::Avx512, DType::Q4K) => avx512::q4_k_rows(w, x, xsum32, out),
             (Isa::Avx2, DType::Q5_0) if has_f16c() => avx2::q5_0_rows(w, x, out),
+            (Isa::Avx512, DType::IQ4NL) => avx512::table_rows::<Iq4Nl>(w, x, out),
+            (Isa::Avx512, DType::MXFP4) => avx512::table_rows::<Mxfp4>(w, x, out),
+            (Isa::Avx2, DType::IQ4NL) if has_f16c() => avx2::table_rows::<Iq4Nl>(w, x, out),
+            (Isa::Avx2, DType::MXFP4) if has_f16c() => avx2::table_rows::<Mxfp4>(w, x, out),
             _ => return false,
         }
     }
@@ -177,6 +186,25 @@ pub(super) fn prefetch_range(w: &[u8], start: usize, len: usize) {
         // SAFETY: a prefetch is only a hint; the address lies inside `w`.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().add(at) as *const i8) };
         at += 64;
+    }
+}
+
+/// The scale of the IQ4_NL / MXFP4 block at `blk` (`T::scale` with the f16 read by F16C).
+///
+/// # Safety
+/// `blk` must point to 2 readable bytes; the CPU must support F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn table_scale<T: LevelTable>(blk: *const u8) -> f32 {
+    // SAFETY: the caller guarantees 2 readable bytes at `blk`.
+    unsafe {
+        match T::SCALE {
+            TableScale::F16 => {
+                let bits = u16::from_le_bytes([*blk, *blk.add(1)]);
+                _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+            }
+            TableScale::E8m0Half => e8m0_half(*blk),
+        }
     }
 }
 
@@ -547,6 +575,55 @@ mod avx512 {
         }
     }
 
+    /// IQ4_NL / MXFP4 rows, operation for operation the portable `fused_dot::table_row`:
+    /// its two 16-lane accumulators (even and odd blocks) in two vectors, lane l of a
+    /// block taking elements l and l + 16, `acc = scale·(x_l·v_l + x_{l+16}·v_{l+16}) +
+    /// acc` fused as there, and the same reduction, so the results have its bits. The 16
+    /// nibbles of each half become their levels by `vpermps` on the table in f32.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 (F, BW, VL), AVX2, FMA and F16C; `x.len()` must be a
+    /// multiple of 32 and `w` hold exactly `out.len()` rows of `x.len() / 32` blocks of
+    /// `T::BYTES` bytes.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub(super) unsafe fn table_rows<T: LevelTable>(w: &[u8], x: &[f32], out: &mut [f32]) {
+        let nb = x.len() / QK;
+        let row_bytes = nb * T::BYTES;
+        let levels = T::VALUES.map(f32::from);
+        // SAFETY: `levels` holds 16 f32.
+        let table = unsafe { _mm512_loadu_ps(levels.as_ptr()) };
+        let xp = x.as_ptr();
+        for (r, o) in out.iter_mut().enumerate() {
+            prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
+            let row = w.as_ptr().wrapping_add(r * row_bytes);
+            let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            let block = |b: usize, acc: &mut __m512| {
+                // SAFETY: block b of row r lies inside `w` (its 16 index bytes start at
+                // `QS_AT`, its scale at 0), and x holds block b.
+                unsafe {
+                    let blk = row.add(b * T::BYTES);
+                    let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(T::QS_AT) as *const __m128i));
+                    let lo = _mm512_permutexvar_ps(q, table);
+                    let hi = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(q), table);
+                    let xl = _mm512_loadu_ps(xp.add(QK * b));
+                    let xh = _mm512_loadu_ps(xp.add(QK * b + 16));
+                    let t = _mm512_fmadd_ps(xl, lo, _mm512_mul_ps(xh, hi));
+                    *acc = _mm512_fmadd_ps(_mm512_set1_ps(table_scale::<T>(blk)), t, *acc);
+                }
+            };
+            let mut b = 0;
+            while b + 2 <= nb {
+                block(b, &mut acc0);
+                block(b + 1, &mut acc1);
+                b += 2;
+            }
+            if b < nb {
+                block(b, &mut acc0);
+            }
+            *o = hsum16(_mm512_add_ps(acc0, acc1));
+        }
+    }
+
     /// The 16 lanes summed as the portable `fused_dot::hsum16`: lanes l + 8 onto l, then
     /// 4, 2, 1.
     #[inline]
@@ -866,6 +943,68 @@ mod avx2 {
                 }
             }
             *o = tree16(acc[0], acc[1]);
+        }
+    }
+
+    /// IQ4_NL / MXFP4 rows, as `avx512::table_rows` (and so with the portable
+    /// `fused_dot::table_row`'s bits): each 16-lane accumulator in two 8-lane vectors
+    /// (lanes 0..8, 8..16), the levels looked up as bytes by `vpshufb` and widened, and
+    /// the reduction `fused_dot::hsum16`'s (the two accumulators added, then lanes l + 8,
+    /// l + 4, l + 2, l + 1).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; `x.len()` must be a multiple of 32 and `w`
+    /// hold exactly `out.len()` rows of `x.len() / 32` blocks of `T::BYTES` bytes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn table_rows<T: LevelTable>(w: &[u8], x: &[f32], out: &mut [f32]) {
+        let nb = x.len() / QK;
+        let row_bytes = nb * T::BYTES;
+        // SAFETY: `T::VALUES` holds 16 bytes.
+        let table = unsafe { _mm_loadu_si128(T::VALUES.as_ptr() as *const __m128i) };
+        let low4 = _mm_set1_epi8(0x0F);
+        let xp = x.as_ptr();
+        // The 16 levels of `v` (i8) as f32: lanes 0..8 and 8..16.
+        let widen = |v: __m128i| {
+            (
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)),
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(v))),
+            )
+        };
+        for (r, o) in out.iter_mut().enumerate() {
+            prefetch_range(w, (r + PREFETCH_ROWS) * row_bytes, row_bytes);
+            let row = w.as_ptr().wrapping_add(r * row_bytes);
+            // [even blocks' lanes 0..8, 8..16], [odd blocks' lanes 0..8, 8..16].
+            let mut acc = [[_mm256_setzero_ps(); 2]; 2];
+            let block = |b: usize, acc: &mut [__m256; 2]| {
+                // SAFETY: block b of row r lies inside `w` (its 16 index bytes start at
+                // `QS_AT`, its scale at 0), and x holds block b.
+                unsafe {
+                    let blk = row.add(b * T::BYTES);
+                    let q = _mm_loadu_si128(blk.add(T::QS_AT) as *const __m128i);
+                    let lo = widen(_mm_shuffle_epi8(table, _mm_and_si128(q, low4)));
+                    let hi = widen(_mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(q), low4)));
+                    let d = _mm256_set1_ps(table_scale::<T>(blk));
+                    let xb = xp.add(QK * b);
+                    for (h, (lo, hi)) in [(lo.0, hi.0), (lo.1, hi.1)].into_iter().enumerate() {
+                        let xl = _mm256_loadu_ps(xb.add(8 * h));
+                        let xh = _mm256_loadu_ps(xb.add(16 + 8 * h));
+                        let t = _mm256_fmadd_ps(xl, lo, _mm256_mul_ps(xh, hi));
+                        acc[h] = _mm256_fmadd_ps(d, t, acc[h]);
+                    }
+                }
+            };
+            let mut b = 0;
+            while b + 2 <= nb {
+                block(b, &mut acc[0]);
+                block(b + 1, &mut acc[1]);
+                b += 2;
+            }
+            if b < nb {
+                block(b, &mut acc[0]);
+            }
+            let low = _mm256_add_ps(acc[0][0], acc[1][0]);
+            let high = _mm256_add_ps(acc[0][1], acc[1][1]);
+            *o = tree16(low, high);
         }
     }
 }

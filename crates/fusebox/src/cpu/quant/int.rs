@@ -2,7 +2,7 @@
 //! to 8 bits per element, and each W row is dotted with it in integers, block by block
 //! (as llama.cpp's `ggml_vec_dot_q4_1_q8_1` etc.). Two activation layouts:
 //!
-//! * **Q8 per 32** (for Q8_0, Q4_0, Q4_1, Q5_0): `x[j] ≈ x̃[j] = d_b·q[j]` with one f32
+//! * **Q8 per 32** (for Q8_0, Q4_0, Q4_1, Q5_0, IQ4_NL, MXFP4): `x[j] ≈ x̃[j] = d_b·q[j]` with one f32
 //!   scale `d_b = max|x| / 127` per block b of 32 and `q = round(x·(1/d_b))` (half away
 //!   from zero) ∈ [−127, 127], as llama.cpp's `quantize_row_q8_0` (whose scale is then
 //!   stored in f16; here it stays f32); Q4_1's offset `m·Σx̃` takes `Σx̃ = d_b·Σq`.
@@ -38,6 +38,7 @@
 
 use half::f16;
 
+use super::fields::{Iq4Nl, LevelTable, Mxfp4};
 #[cfg(target_arch = "x86_64")]
 use super::{int_avx2, int_vnni};
 use super::{QK, QK_K};
@@ -72,10 +73,11 @@ pub fn activation_block(dtype: DType) -> Option<usize> {
 }
 
 /// The 32-block formats' offset `2^s` that makes a weight unsigned: Q8_0 (−128..127) s = 7,
-/// Q4_0 (−8..7) 3, Q5_0 (−16..15) 4, Q4_1 (0..15) none; `None` for the K formats.
+/// Q4_0 (−8..7) 3, Q5_0 (−16..15) 4, IQ4_NL (−127..113) and MXFP4 (−12..12) 7, Q4_1
+/// (0..15) none; `None` for the K formats.
 pub fn weight_offset_shift(dtype: DType) -> Option<u32> {
     match dtype {
-        DType::Q8_0 => Some(7),
+        DType::Q8_0 | DType::IQ4NL | DType::MXFP4 => Some(7),
         DType::Q4_0 => Some(3),
         DType::Q5_0 => Some(4),
         DType::Q4_1 => Some(0),
@@ -138,6 +140,8 @@ fn block_bytes(dtype: DType) -> usize {
         DType::Q4_0 => 18,
         DType::Q4_1 => 20,
         DType::Q5_0 => 22,
+        DType::IQ4NL => Iq4Nl::BYTES,
+        DType::MXFP4 => Mxfp4::BYTES,
         DType::Q4K => 144,
         DType::Q5K => 176,
         DType::Q6K => 210,
@@ -242,15 +246,31 @@ pub(crate) mod twin {
         }
     }
 
+    /// The 32 levels and the scale of an IQ4_NL / MXFP4 block.
+    #[inline(always)]
+    fn table_block<T: LevelTable>(blk: &[u8], w: &mut [i32; 32]) -> f32 {
+        for j in 0..16 {
+            w[j] = i32::from(T::VALUES[usize::from(blk[T::QS_AT + j] & 0x0F)]);
+            w[j + 16] = i32::from(T::VALUES[usize::from(blk[T::QS_AT + j] >> 4)]);
+        }
+        T::scale(blk)
+    }
+
     /// One row of `dtype` blocks dotted with `xq`.
     pub fn row(dtype: DType, row: &[u8], xq: &Q8Row) -> f32 {
         match dtype {
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 => {
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::IQ4NL | DType::MXFP4 => {
                 let bb = block_bytes(dtype);
                 let (mut acc, mut off) = ([0.0f32; 16], [0.0f32; 2]);
                 for (b, blk) in row.chunks_exact(bb).enumerate() {
                     let mut w = [0i32; 32];
+                    let dw = match dtype {
+                        DType::IQ4NL => table_block::<Iq4Nl>(blk, &mut w),
+                        DType::MXFP4 => table_block::<Mxfp4>(blk, &mut w),
+                        _ => f16_at(blk, 0),
+                    };
                     match dtype {
+                        DType::IQ4NL | DType::MXFP4 => {}
                         DType::Q8_0 => {
                             for (j, v) in w.iter_mut().enumerate() {
                                 *v = i32::from(blk[2 + j] as i8);
@@ -273,7 +293,7 @@ pub(crate) mod twin {
                     }
                     let mut lanes = [0i32; 8];
                     add_lanes(&mut lanes, &w, &xq.q[QK * b..QK * b + QK], |_| 1);
-                    let (d, h) = (f16_at(blk, 0) * xq.d[b], b % 2);
+                    let (d, h) = (dw * xq.d[b], b % 2);
                     for l in 0..8 {
                         acc[8 * h + l] = d.mul_add(lanes[l] as f32, acc[8 * h + l]);
                     }
@@ -360,8 +380,20 @@ mod tests {
             .collect()
     }
 
-    const FORMATS: [DType; 7] =
-        [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q4K, DType::Q5K, DType::Q6K];
+    const FORMATS: [DType; 9] = [
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::IQ4NL,
+        DType::MXFP4,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K,
+    ];
+
+    /// The 32-block formats.
+    const FORMATS_32: [DType; 6] = [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::IQ4NL, DType::MXFP4];
 
     /// The integer dot is the f32 dot of the dequantized row with the dequantized x up to
     /// f32 rounding: checked against an f64 sum of the same integer-valued products.
@@ -428,7 +460,7 @@ mod tests {
         let kernels: [(&str, Kernel); 2] =
             [("AVX-512 VNNI", int_vnni::int_rows_multi), ("AVX2", int_avx2::int_rows_multi)];
         for (name, kernel) in kernels {
-            for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0] {
+            for dtype in FORMATS_32 {
                 for (k, rows, m) in [(32, 3, 1), (128, 5, 3), (288, 4, 8), (576, 2, 13), (96, 3, 16)] {
                     let xs: Vec<Q8Row> = (0..m).map(|i| quantize_row(&values(k, 40 + i as u32), dtype)).collect();
                     let wf = values(rows * k, 7 + m as u32);
@@ -466,7 +498,7 @@ mod tests {
         x[1..7].copy_from_slice(&[2.5, -2.5, 0.5, -0.5, 126.5, -3.5]);
         x[40] = f32::NAN;
         x[70] = f32::NEG_INFINITY;
-        for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0] {
+        for dtype in FORMATS_32 {
             let Some(simd) = int_vnni::quantize_row(&x, dtype) else {
                 println!("skipping: no AVX-512 VNNI on this CPU");
                 return;

@@ -3,12 +3,14 @@
 //! adjacent pairs summed to i16) then `vpmaddwd` by 1 or by the sub-block scale (pairs
 //! summed to i32), so i32 lane l holds elements 4l..4l+4 of the run, exactly the
 //! portable twin's lanes. Signed weights use the sign trick (`|w|` × `sign(w)·x`).
-//! The products stay within i16: |w| ≤ 32 (Q4_0, Q5_0, Q6_K) or ≤ 31 unsigned (Q4_1,
-//! Q4_K, Q5_K) or ≤ 128 (Q8_0) times |x| ≤ 127, two per i16. Where AVX-512 VNNI is
-//! present the 32-block formats take `int_vnni.rs` instead.
+//! IQ4_NL's and MXFP4's levels are looked up from their nibbles by `vpshufb`. The
+//! products stay within i16: |w| ≤ 32 (Q4_0, Q5_0, Q6_K, MXFP4) or ≤ 31 unsigned (Q4_1,
+//! Q4_K, Q5_K) or ≤ 128 (Q8_0, IQ4_NL) times |x| ≤ 127, two per i16. Where AVX-512 VNNI
+//! is present the 32-block formats take `int_vnni.rs` instead.
 
 use std::arch::x86_64::*;
 
+use super::fields::{e8m0_half, IQ4NL_VALUES, MXFP4_VALUES};
 use super::fused_dot_x86::{prefetch_range, PREFETCH_ROWS};
 use super::int::{fits_all, Q8Row};
 use super::{QK, QK_K};
@@ -35,6 +37,8 @@ pub(super) fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f3
             (DType::Q4_0, _) => rows32::<1>(w, xs, out),
             (DType::Q4_1, _) => rows32::<2>(w, xs, out),
             (DType::Q5_0, _) => rows32::<3>(w, xs, out),
+            (DType::IQ4NL, _) => rows32::<4>(w, xs, out),
+            (DType::MXFP4, _) => rows32::<5>(w, xs, out),
             (DType::Q4K, [xq]) => rows_k4::<false>(w, xq, out),
             (DType::Q5K, [xq]) => rows_k4::<true>(w, xq, out),
             (DType::Q6K, [xq]) => rows_q6k(w, xq, out),
@@ -134,8 +138,32 @@ pub(super) fn each_row_group(
     }
 }
 
-/// 32-element formats, `F` = 0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q5_0: `out[r·m + i]` = row r · x
-/// row i, for the `m = xs.len()` x rows in groups of up to 4 per pass over a W row.
+/// Bytes per block of the 32-element formats, by the kernels' `F`: Q8_0, Q4_0, Q4_1, Q5_0,
+/// IQ4_NL, MXFP4.
+pub(super) const BLOCK_BYTES: [usize; 6] = [34, 18, 20, 22, 18, 17];
+
+/// The level table of the table formats (`F` = 4 IQ4_NL, 5 MXFP4).
+pub(super) const fn levels(f: u8) -> [i8; 16] {
+    if f == 4 {
+        IQ4NL_VALUES
+    } else {
+        MXFP4_VALUES
+    }
+}
+
+/// [`levels`] + 128 as unsigned bytes (what `vpdpbusd` multiplies).
+pub(super) const fn offset_levels(f: u8) -> [u8; 16] {
+    let (levels, mut out, mut i) = (levels(f), [0u8; 16], 0);
+    while i < 16 {
+        out[i] = (levels[i] as u8) ^ 0x80;
+        i += 1;
+    }
+    out
+}
+
+/// 32-element formats, `F` = 0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q5_0, 4 IQ4_NL, 5 MXFP4:
+/// `out[r·m + i]` = row r · x row i, for the `m = xs.len()` x rows in groups of up to 4
+/// per pass over a W row.
 ///
 /// # Safety
 /// AVX2, FMA and F16C; `w` holds `out.len() / m` rows of blocks covering every x row
@@ -143,7 +171,7 @@ pub(super) fn each_row_group(
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows32<const F: u8>(w: &[u8], xs: &[Q8Row], out: &mut [f32]) {
     let nb = xs[0].q.len() / QK;
-    let row_bytes = nb * [34, 18, 20, 22][usize::from(F)];
+    let row_bytes = nb * BLOCK_BYTES[usize::from(F)];
     each_row_group(w, xs, out, row_bytes, |row, x, o| {
         // SAFETY: the row lies inside `w`, and each x row covers its nb blocks.
         unsafe {
@@ -158,15 +186,18 @@ unsafe fn rows32<const F: u8>(w: &[u8], xs: &[Q8Row], out: &mut [f32]) {
 
 /// One W row (`nb` blocks at `row`) dotted with `xs[..R]` into `out[..R]`; returns R. Each
 /// block's weights are decoded once: signed ones as `|w|` and the signs that `vpsignb`
-/// moves onto each x row (Q8_0, Q4_0, Q5_0), Q4_1's unsigned as they are.
+/// moves onto each x row (Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4), Q4_1's unsigned as they are.
 ///
 /// # Safety
 /// As `rows32`; `row` points to `nb` blocks, `xs` and `out` hold at least R entries.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn group32<const F: u8, const R: usize>(row: *const u8, nb: usize, xs: &[Q8Row], out: &mut [f32]) -> usize {
-    let bb = [34, 18, 20, 22][usize::from(F)];
+    let bb = BLOCK_BYTES[usize::from(F)];
     let ones = _mm256_set1_epi16(1);
+    let table = levels(F);
+    // SAFETY: `table` holds 16 bytes.
+    let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(table.as_ptr() as *const __m128i) });
     // Per x row: even blocks in acc[i][0] (the twin's lanes 0..8), odd ones in acc[i][1].
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
     let mut off = [[0.0f32; 2]; R];
@@ -178,6 +209,8 @@ unsafe fn group32<const F: u8, const R: usize>(row: *const u8, nb: usize, xs: &[
                 0 => load32(blk.add(2)),
                 1 => _mm256_sub_epi8(nibbles(blk.add(2)), _mm256_set1_epi8(8)),
                 2 => nibbles(blk.add(4)),
+                4 => _mm256_shuffle_epi8(table, nibbles(blk.add(2))),
+                5 => _mm256_shuffle_epi8(table, nibbles(blk.add(1))),
                 _ => {
                     let qh = u32::from_le_bytes([*blk.add(2), *blk.add(3), *blk.add(4), *blk.add(5)]);
                     let high = _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10));
@@ -185,7 +218,8 @@ unsafe fn group32<const F: u8, const R: usize>(row: *const u8, nb: usize, xs: &[
                 }
             };
             let wabs = if F == 2 { wq } else { _mm256_sign_epi8(wq, wq) };
-            let (dw, mw, h) = (f16_at(blk), if F == 2 { f16_at(blk.add(2)) } else { 0.0 }, b % 2);
+            let dw = if F == 5 { e8m0_half(*blk) } else { f16_at(blk) };
+            let (mw, h) = (if F == 2 { f16_at(blk.add(2)) } else { 0.0 }, b % 2);
             for i in 0..R {
                 let x = &xs[i];
                 let xv = load32((x.q.as_ptr() as *const u8).add(QK * b));

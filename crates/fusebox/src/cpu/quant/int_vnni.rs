@@ -1,9 +1,10 @@
-//! AVX-512 VNNI forms of the 32-block integer dots (Q8_0, Q4_0, Q4_1, Q5_0; see
-//! `int.rs` for the scheme). One 512-bit `vpdpbusd` multiplies two blocks' weights
-//! (unsigned bytes) with their 8-bit activations (signed bytes) and sums each group of
-//! four products into an i32 lane: lanes 0..8 are the even block's twin lanes, 8..16 the
-//! odd block's, which is the twin's accumulator layout. `vpdpbusd` wants unsigned
-//! weights, so signed ones are offset, `w + 2^s` (Q8_0: s = 7, Q4_0: 3, Q5_0: 4), and
+//! AVX-512 VNNI forms of the 32-block integer dots (Q8_0, Q4_0, Q4_1, Q5_0, IQ4_NL,
+//! MXFP4; see `int.rs` for the scheme). One 512-bit `vpdpbusd` multiplies two blocks'
+//! weights (unsigned bytes) with their 8-bit activations (signed bytes) and sums each
+//! group of four products into an i32 lane: lanes 0..8 are the even block's twin lanes,
+//! 8..16 the odd block's, which is the twin's accumulator layout. `vpdpbusd` wants
+//! unsigned weights, so signed ones are offset, `w + 2^s` (Q8_0, IQ4_NL, MXFP4: s = 7,
+//! Q4_0: 3, Q5_0: 4; the table formats look `level + 128` up by `vpshufb`), and
 //! `2^s·Σq` of each lane (the activation's `bias`, the accumulator's starting value) is
 //! taken off exactly. A pair of weight blocks is decoded once for up to 8 x rows, each
 //! with its own accumulators, so a server's batch of sequences reads and decodes the
@@ -16,14 +17,12 @@
 
 use std::arch::x86_64::*;
 
+use super::fields::e8m0_half;
 use super::int::{fits_all, weight_offset_shift, Q8Row};
-use super::int_avx2::{each_row_group, hsum8};
+use super::int_avx2::{each_row_group, hsum8, offset_levels, BLOCK_BYTES};
 use super::QK;
 use crate::cpu::simd::Isa;
 use crate::dtype::DType;
-
-/// Bytes per block: Q8_0, Q4_0, Q4_1, Q5_0 (the kernels' `F` = 0, 1, 2, 3).
-const BLOCK_BYTES: [usize; 4] = [34, 18, 20, 22];
 
 /// `out[r·m + i]` = row r of `w` · `xs[i]` (`int.rs`'s `int_rows_multi`); false, doing
 /// nothing, for the K formats, where the active ISA is not AVX-512 or the CPU lacks
@@ -34,6 +33,8 @@ pub(super) fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f3
         DType::Q4_0 => 1,
         DType::Q4_1 => 2,
         DType::Q5_0 => 3,
+        DType::IQ4NL => 4,
+        DType::MXFP4 => 5,
         _ => return false,
     };
     if Isa::active() != Isa::Avx512
@@ -51,7 +52,9 @@ pub(super) fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f3
             0 => rows::<0>(w, xs, out),
             1 => rows::<1>(w, xs, out),
             2 => rows::<2>(w, xs, out),
-            _ => rows::<3>(w, xs, out),
+            3 => rows::<3>(w, xs, out),
+            4 => rows::<4>(w, xs, out),
+            _ => rows::<5>(w, xs, out),
         }
     }
     true
@@ -165,10 +168,16 @@ unsafe fn weights<const F: u8>(blk0: *const u8, blk1: Option<*const u8>) -> (__m
         let head = |p: *const u8| _mm_cvtsi32_si128(i32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)]));
         let heads = _mm_unpacklo_epi32(head(blk0), blk1.map_or(_mm_setzero_si128(), head));
         let scales = _mm_cvtph_ps(heads);
-        let dw = _mm512_permutexvar_ps(
-            _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2),
-            _mm512_castps128_ps512(scales),
-        );
+        let dw = if F == 5 {
+            // MXFP4's E8M0 byte (0 for an absent block).
+            let d1 = blk1.map_or(0.0, |p| e8m0_half(*p));
+            _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(e8m0_half(*blk0)), _mm512_set1_ps(d1))
+        } else {
+            _mm512_permutexvar_ps(
+                _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2),
+                _mm512_castps128_ps512(scales),
+            )
+        };
         let mw = _mm_shuffle_ps::<0b11_01_11_01>(scales, scales);
         let wv = if F == 0 {
             let lo = _mm256_loadu_si256(blk0.add(2) as *const __m256i);
@@ -176,7 +185,7 @@ unsafe fn weights<const F: u8>(blk0: *const u8, blk1: Option<*const u8>) -> (__m
             // w + 128 as an unsigned byte (the absent half becomes 0).
             _mm512_xor_si512(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi), _mm512_set1_epi8(-128))
         } else {
-            let qs_at = [0, 2, 4, 6][usize::from(F)];
+            let qs_at = [0, 2, 4, 6, 2, 1][usize::from(F)];
             let a = _mm_loadu_si128(blk0.add(qs_at) as *const __m128i);
             let b = blk1.map_or(_mm_setzero_si128(), |p| _mm_loadu_si128(p.add(qs_at) as *const __m128i));
             // [a, a, b, b], the odd 128-bit lanes shifted right by 4: each block's low
@@ -189,6 +198,12 @@ unsafe fn weights<const F: u8>(blk0: *const u8, blk1: Option<*const u8>) -> (__m
                 let qh = |p: *const u8| u32::from_le_bytes([*p.add(2), *p.add(3), *p.add(4), *p.add(5)]);
                 let bits = u64::from(qh(blk0)) | u64::from(blk1.map_or(0, qh)) << 32;
                 _mm512_or_si512(nibbles, _mm512_maskz_mov_epi8(bits, _mm512_set1_epi8(0x10)))
+            } else if F >= 4 {
+                // level + 128 as an unsigned byte (an absent block's are multiplied by
+                // its masked, zero activations).
+                let offset = const { offset_levels(F) };
+                let table = _mm512_broadcast_i32x4(_mm_loadu_si128(offset.as_ptr() as *const __m128i));
+                _mm512_shuffle_epi8(table, nibbles)
             } else {
                 nibbles
             }

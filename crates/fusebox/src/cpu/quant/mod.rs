@@ -18,13 +18,14 @@
 //! | Q2_K | 256 | 84 | `u8 scales[16]; u8 qs[64]; f16 d; f16 dmin` | `d·sc·q − dmin·m` per sub-block of 16 (`sc`, `m` the nibbles of `scales[s]`); element 128h + 32g + l is bits 2g.. of `qs[32h + l]` |
 //! | Q3_K | 256 | 110 | `u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d` | `d·(sc − 32)·(q − 4)` per sub-block of 16 (6-bit `sc`, see [`q3_k_scales`]); 2 low bits as Q2_K, the third is bit j/32 of `hmask[j % 32]` |
 //! | Q5_K | 256 | 176 | `f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]` | as Q4_K, plus a fifth bit: bit s (the sub-block) of `qh[j % 32]` |
+//! | MXFP4 | 32 | 17 | `u8 e; u8 qs[16]` | `2^(e−128)·T[q]`, T = (0, 1, 2, 3, 4, 6, 8, 12, 0, −1, …, −12) (FP4 E2M1 doubled, [`MXFP4_VALUES`]; e an E8M0 exponent), nibbles as Q4_0 |
 //! | IQ4_XS | 256 | 136 | `f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]` | `d·(ls − 32)·T[q]` per sub-block of 32 (6-bit `ls`: a nibble of `scales_l`, 2 bits of `scales_h`); nibbles as Q4_0 within each sub-block's 16 bytes |
 //!
 //! One file per purpose:
 //!
 //! | file | what |
 //! |---|---|
-//! | `fields.rs` | readers of the packed block fields (f16, scales, fifth bits, the IQ4 table) |
+//! | `fields.rs` | readers of the packed block fields (f16, scales, fifth bits, E8M0), the IQ4 and MXFP4 tables, and the one description of the two table formats |
 //! | `decode.rs` | blocks → f32, a loop per format compiled per ISA |
 //! | `encode.rs`, `encode_32.rs`, `encode_k.rs` | f32 → blocks: shared rounding and the loops; the 32-element formats; the 256-element K formats |
 //! | `quantize.rs` | the `quantize` and `dequantize` ops, and the row decoder `embedding` uses |
@@ -40,8 +41,8 @@ mod encode_32;
 mod encode_k;
 mod fields;
 mod fused_dot;
-/// Hand-written AVX-512 / AVX2 forms of the Q8_0, Q4_0 and Q4_1 fused row dots, and an
-/// AVX2 form of Q5_0's.
+/// Hand-written AVX-512 / AVX2 forms of the Q8_0, Q4_0, Q4_1, Q5_0, IQ4_NL and MXFP4
+/// fused row dots, and an AVX-512 form of Q4_K's.
 #[cfg(target_arch = "x86_64")]
 mod fused_dot_x86;
 /// The integer decode path: x quantized to 8 bits, integer dots per block.
@@ -57,7 +58,7 @@ mod quantize;
 
 pub(crate) use backward::accumulate as quantized_dx_accumulate;
 pub use backward::quantized_matmul_backward;
-pub use fields::{q3_k_scales, scale_min_k4, IQ4NL_VALUES};
+pub use fields::{q3_k_scales, scale_min_k4, IQ4NL_VALUES, MXFP4_VALUES};
 pub use matmul::quantized_matmul;
 pub(crate) use matmul::{panel_product, RowOperand, PANEL_ROWS};
 pub use quantize::{dequantize, dequantize_row_into, quantize};

@@ -18,8 +18,8 @@ const BLOCKS_PER_TASK: usize = 64;
 
 /// Quantizes float values into a GGUF block format or FP8 E4M3. The block formats follow
 /// what ggml's `ggml_quantize_chunk` does without an importance matrix, step for step and
-/// in the same f32 operation order: `quantize_row_*_ref` for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
-/// and the K-quants (Q2_K, Q4_K and Q5_K with `make_qkx2_quants`, Q3_K with
+/// in the same f32 operation order: `quantize_row_*_ref` for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+/// MXFP4 and the K-quants (Q2_K, Q4_K and Q5_K with `make_qkx2_quants`, Q3_K with
 /// `make_q3_quants`, Q6_K with `make_qx_quants`), and `quantize_iq4_nl` / `quantize_iq4_xs`
 /// (7 scale tries each side) for the IQ4 formats. FP8 rounds to nearest even and saturates
 /// at ±448.
