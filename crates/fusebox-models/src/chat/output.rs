@@ -245,6 +245,8 @@ pub struct ReplyDecoder<'t> {
     reasoning: StreamDecoder<'t>,
     tool_call: StreamDecoder<'t>,
     routed: Vec<(Part, u32)>,
+    /// The ids routed to each part so far: content, reasoning, tool call.
+    ids: [Vec<u32>; 3],
 }
 
 impl<'t> ReplyDecoder<'t> {
@@ -257,17 +259,27 @@ impl<'t> ReplyDecoder<'t> {
             reasoning: tok.stream_decoder(true),
             tool_call: tok.stream_decoder(true),
             routed: Vec::new(),
+            ids: Default::default(),
         }
     }
 
-    /// Adds generated token `id`; calls `emit` with the text it completes, per part.
+    /// The ids routed to `part` so far (decode them whole for text that, unlike the
+    /// streamed pieces, drops a SentencePiece-style leading space).
+    pub fn ids(&self, part: Part) -> &[u32] {
+        &self.ids[part as usize]
+    }
+
+    /// Adds generated token `id`; calls `emit` with the text it completes, per part
+    /// (once for each id the parser lets go, with empty text where a token ends inside
+    /// a character, so a failing `emit` is noticed at once).
     pub fn push(&mut self, id: u32, emit: &mut dyn FnMut(Part, &str) -> Result<()>) -> Result<()> {
         self.routed.clear();
         self.parser.push(self.tok, id, &mut self.routed);
         self.drain(emit)
     }
 
-    /// Ends the reply: the text still held back, per part.
+    /// Ends the reply: the text still held back, per part (the answer's always, if
+    /// empty).
     pub fn finish(&mut self, emit: &mut dyn FnMut(Part, &str) -> Result<()>) -> Result<()> {
         self.routed.clear();
         self.parser.finish(&mut self.routed);
@@ -278,7 +290,7 @@ impl<'t> ReplyDecoder<'t> {
             (Part::ToolCall, &mut self.tool_call),
         ] {
             let rest = d.finish();
-            if !rest.is_empty() {
+            if !rest.is_empty() || part == Part::Content {
                 emit(part, &rest)?;
             }
         }
@@ -292,15 +304,13 @@ impl<'t> ReplyDecoder<'t> {
 
     fn drain(&mut self, emit: &mut dyn FnMut(Part, &str) -> Result<()>) -> Result<()> {
         for &(part, id) in &self.routed {
+            self.ids[part as usize].push(id);
             let d = match part {
                 Part::Content => &mut self.content,
                 Part::Reasoning => &mut self.reasoning,
                 Part::ToolCall => &mut self.tool_call,
             };
-            let text = d.push(id)?;
-            if !text.is_empty() {
-                emit(part, &text)?;
-            }
+            emit(part, &d.push(id)?)?;
         }
         Ok(())
     }
