@@ -592,6 +592,24 @@ pub(crate) enum O200kClasses {
     LlamaCpp,
 }
 
+impl O200kClasses {
+    /// The pattern's "upper" class.
+    fn upper(self, c: char) -> bool {
+        match self {
+            O200kClasses::Unicode => is_o200k_upper(c),
+            O200kClasses::LlamaCpp => is_letter(c) && !c.is_ascii_lowercase(),
+        }
+    }
+
+    /// The pattern's "lower" class.
+    fn lower(self, c: char) -> bool {
+        match self {
+            O200kClasses::Unicode => is_o200k_lower(c),
+            O200kClasses::LlamaCpp => is_letter(c) && !c.is_ascii_uppercase(),
+        }
+    }
+}
+
 /// The o200k split of `text` into `out` (GPT-4o's and gpt-oss's pattern).
 ///
 /// At each position the pattern's alternatives are tried in order, as a
@@ -613,14 +631,8 @@ fn o200k_split<'a>(text: &'a str, classes: O200kClasses, out: &mut Vec<&'a str>)
     let n = chars.len();
     let byte = |i: usize| if i < n { chars[i].0 } else { text.len() };
     let at = |i: usize| chars.get(i).map(|&(_, c)| c);
-    let (upper, lower): (fn(char) -> bool, fn(char) -> bool) = match classes {
-        O200kClasses::Unicode => (is_o200k_upper, is_o200k_lower),
-        O200kClasses::LlamaCpp => {
-            (|c| is_letter(c) && !c.is_ascii_lowercase(), |c| is_letter(c) && !c.is_ascii_uppercase())
-        }
-    };
-    let is_upper = |i: usize| at(i).is_some_and(upper);
-    let is_lower = |i: usize| at(i).is_some_and(lower);
+    let is_upper = |i: usize| at(i).is_some_and(|c| classes.upper(c));
+    let is_lower = |i: usize| at(i).is_some_and(|c| classes.lower(c));
     let run = |mut i: usize, pred: &dyn Fn(usize) -> bool| {
         while pred(i) {
             i += 1;
