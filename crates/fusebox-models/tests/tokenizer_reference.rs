@@ -205,6 +205,11 @@ fn byte_level_gguf(pre: &str) -> Tokenizer {
 /// The vocabulary of `<dir>/tokenizer.json` as GGUF metadata with
 /// `tokenizer.ggml.pre = pre` (`gguf_vocab_of` and `write_vocab_gguf` in the script).
 fn byte_level_gguf_of(dir: &str, pre: &str) -> Tokenizer {
+    Tokenizer::from_gguf(byte_level_gguf_file(dir, pre).metadata()).unwrap()
+}
+
+/// [`byte_level_gguf_of`]'s file.
+fn byte_level_gguf_file(dir: &str, pre: &str) -> GgufFile {
     use common::gguf_writer::GgufWriter;
     use fusebox_models::gguf::{Array, Value};
     let path = fixtures().join("tokenizers").join(dir).join("tokenizer.json");
@@ -240,8 +245,7 @@ fn byte_level_gguf_of(dir: &str, pre: &str) -> Tokenizer {
         .kv("tokenizer.ggml.token_type", Value::Array(Array::I32(types)))
         .kv("tokenizer.ggml.merges", Value::Array(Array::String(merges)))
         .kv("tokenizer.ggml.bos_token_id", Value::U32(0));
-    let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
-    Tokenizer::from_gguf(file.metadata()).unwrap()
+    GgufFile::from_bytes(w.to_bytes()).unwrap()
 }
 
 #[test]
@@ -305,6 +309,21 @@ fn gpt4o_pre_tokenizer_matches_llama_cpp() {
         assert_eq!(tok.token_type(id(t)), Some(TokenType::UserDefined), "{t}");
     }
     assert_eq!(tok.token_type(id("<|return|>")), Some(TokenType::Control));
+}
+
+#[test]
+fn o200k_vocabularies_convert_between_gguf_and_tokenizer_json() {
+    use fusebox_models::export::TokenizerInfo;
+    // GGUF → tokenizer.json (the conversion checks the ids on a sample itself).
+    let file = byte_level_gguf_file("o200k_style", "gpt-4o");
+    let (info, _) = TokenizerInfo::from_gguf(file.metadata());
+    let (text, config, _) = info.hf_files().unwrap();
+    let tok = Tokenizer::from_hf_json(&text, Some(&config.to_string())).unwrap();
+    assert_eq!(tok.pre_tokenizer(), PreTokenizer::Gpt4o);
+    // tokenizer.json → tokenizer.json keeps the o200k Split.
+    let (info, _) = TokenizerInfo::from_hf_dir(&fixtures().join("tokenizers/o200k_style")).unwrap();
+    let (text, ..) = info.hf_files().unwrap();
+    assert_eq!(Tokenizer::from_hf_json(&text, None).unwrap().pre_tokenizer(), PreTokenizer::Gpt4o);
 }
 
 #[test]

@@ -42,6 +42,7 @@ use std::collections::HashMap;
 
 use fusebox::{Error, Result};
 
+pub(crate) use from_hf::O200K_PATTERN;
 pub use pretokenize::PreTokenizer;
 pub use stream::StreamDecoder;
 
