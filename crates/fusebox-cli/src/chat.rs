@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use fusebox::{Error, Result};
+use fusebox_models::chat::Part;
 use fusebox_models::open;
 use fusebox_models::pretrained::chat::{ChatOptions, ChatSession, Turn, TurnEnd};
 use fusebox_models::{Sampler, SamplerConfig};
@@ -209,15 +210,38 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             Input::Message(m) => m,
         };
         interrupted.store(false, Ordering::SeqCst);
-        let mut write = |text: &str| -> Result<()> {
-            if streaming && !text.is_empty() {
-                out.write_all(text.as_bytes())
-                    .and_then(|()| out.flush())
-                    .map_err(|e| Error::Io(format!("chat: stdout: {e}")))?;
+        // The answer goes to stdout; reasoning (harmony's analysis channel) to stderr,
+        // marked, so that stdout is the answer alone.
+        let mut reasoning_open = false;
+        let mut write = |part: Part, text: &str| -> Result<()> {
+            if !streaming || text.is_empty() {
+                return Ok(());
             }
-            Ok(())
+            match part {
+                Part::Reasoning => {
+                    if !reasoning_open {
+                        eprint!("[reasoning] ");
+                        reasoning_open = true;
+                    }
+                    eprint!("{text}");
+                    Ok(())
+                }
+                Part::Content => {
+                    if std::mem::take(&mut reasoning_open) {
+                        eprintln!("\n[/reasoning]");
+                    }
+                    out.write_all(text.as_bytes())
+                        .and_then(|()| out.flush())
+                        .map_err(|e| Error::Io(format!("chat: stdout: {e}")))
+                }
+                // A tool call: this command runs no tools; the arguments are shown as reasoning is.
+                Part::ToolCall => {
+                    eprint!("{text}");
+                    Ok(())
+                }
+            }
         };
-        let turn = match chat.answer(message, &mut sampler, &|| interrupted.load(Ordering::SeqCst), &mut write) {
+        let turn = match chat.answer_parts(message, &mut sampler, &|| interrupted.load(Ordering::SeqCst), &mut write) {
             Ok(t) => t,
             Err(e) => {
                 // The conversation is as it was: report and take the next line.
@@ -232,7 +256,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
 
 fn report(args: &ChatArgs, turn: &Turn, message: &str, ctx: usize) -> Result<()> {
     if args.json {
-        let v = json!({
+        let mut v = json!({
             "user": message,
             "reply": turn.reply,
             "reply_ids": turn.tokens,
@@ -243,6 +267,9 @@ fn report(args: &ChatArgs, turn: &Turn, message: &str, ctx: usize) -> Result<()>
             "restarted": turn.restarted.is_some(),
             "dropped_turns": turn.dropped_turns,
         });
+        if !turn.reasoning.is_empty() {
+            v["reasoning"] = json!(turn.reasoning);
+        }
         println!("{v}");
     } else {
         println!();

@@ -1,12 +1,12 @@
 //! fusebox's chat-template rendering against Hugging Face `transformers`'
 //! `apply_chat_template`, byte for byte, for the templates of SmolLM2, Gemma 3,
-//! Llama 3.1, Qwen2.5 and Mistral v0.3 (fixtures/chat_templates/, recorded by
+//! Llama 3.1, Qwen2.5, Mistral v0.3 and gpt-oss (fixtures/chat_templates/, recorded by
 //! scripts/record_chat_template_fixtures.py; its header says where each template
-//! comes from).
+//! comes from). Both sides' `strftime_now` answer the fixture's fixed time.
 
 use std::path::{Path, PathBuf};
 
-use fusebox_models::chat::{ChatTemplate, GEMMA3_TEMPLATE};
+use fusebox_models::chat::{ChatTemplate, OutputFormat, GEMMA3_TEMPLATE, GPT_OSS_TEMPLATE};
 use fusebox_models::gguf::GgufFile;
 use fusebox_models::tokenizer::Tokenizer;
 use serde_json::Value;
@@ -21,22 +21,27 @@ fn expected() -> Value {
 }
 
 #[test]
-fn renders_match_transformers_for_the_five_templates() {
+fn renders_match_transformers_for_the_six_templates() {
     let expected = expected();
+    let now =
+        chrono::NaiveDateTime::parse_from_str(expected["strftime_now"].as_str().unwrap(), "%Y-%m-%dT%H:%M:%S").unwrap();
     let templates = expected["templates"].as_array().unwrap();
     let names: Vec<&str> = templates.iter().map(|t| t["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["smollm2", "gemma3", "llama3.1", "qwen2.5", "mistral-v0.3"]);
+    assert_eq!(names, ["smollm2", "gemma3", "llama3.1", "qwen2.5", "mistral-v0.3", "gpt-oss"]);
     let mut failures = Vec::new();
     let mut checked = 0;
     for t in templates {
         let name = t["name"].as_str().unwrap();
         let source = std::fs::read_to_string(fixtures().join(t["file"].as_str().unwrap())).unwrap();
-        let template = ChatTemplate::new(&source, t["bos_token"].as_str(), t["eos_token"].as_str()).unwrap();
+        let template = ChatTemplate::new(&source, t["bos_token"].as_str(), t["eos_token"].as_str())
+            .and_then(|t| t.with_fixed_now(now))
+            .unwrap();
         for case in t["cases"].as_array().unwrap() {
             let case_name = case["name"].as_str().unwrap();
             let messages = case["messages"].as_array().unwrap();
             let gen = case["add_generation_prompt"].as_bool().unwrap();
-            let ours = template.render(messages, gen, &serde_json::Map::new());
+            let extra = case["extra"].as_object().cloned().unwrap_or_default();
+            let ours = template.render(messages, gen, &extra);
             checked += 1;
             match (&ours, case.get("expected"), case.get("error")) {
                 (Ok(text), Some(Value::String(want)), _) if text == want => {}
@@ -48,7 +53,8 @@ fn renders_match_transformers_for_the_five_templates() {
             }
         }
     }
-    assert_eq!(checked, 40);
+    // Eight common cases each, and gpt-oss's seven of its own.
+    assert_eq!(checked, 6 * 8 + 7);
     assert!(failures.is_empty(), "{} of {checked} differ:\n{}", failures.len(), failures.join("\n"));
 }
 
@@ -56,6 +62,38 @@ fn renders_match_transformers_for_the_five_templates() {
 fn the_bundled_gemma3_fallback_is_the_fixture() {
     let fixture = std::fs::read_to_string(fixtures().join("gemma3.jinja")).unwrap();
     assert_eq!(GEMMA3_TEMPLATE, fixture);
+}
+
+#[test]
+fn the_bundled_gpt_oss_fallback_is_the_fixture() {
+    let fixture = std::fs::read_to_string(fixtures().join("gpt-oss.jinja")).unwrap();
+    assert_eq!(GPT_OSS_TEMPLATE, fixture);
+}
+
+#[test]
+fn a_harmony_vocabulary_without_a_template_gets_gpt_oss_and_harmony_output() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizers/o200k_style");
+    let tok = Tokenizer::from_hf_dir(&dir).unwrap();
+    let t = ChatTemplate::for_tokenizer(None, &tok).unwrap();
+    assert!(t.notice().is_some_and(|n| n.contains("gpt-oss")), "{:?}", t.notice());
+    assert_eq!(t.source(), GPT_OSS_TEMPLATE);
+    // The probe's assistant turn, the last one without a generation prompt, ends with <|return|>.
+    assert_eq!(t.end_of_turn(), ["<|return|>"]);
+    let text = t.apply(&[("user", "Hi")], true).unwrap();
+    assert!(
+        text.starts_with("<|start|>system<|message|>")
+            && text.ends_with("<|start|>user<|message|>Hi<|end|><|start|>assistant")
+    );
+    let format = OutputFormat::detect(&t, &tok);
+    assert!(matches!(format, OutputFormat::Harmony(_)));
+    let end = tok.token_id("<|end|>").unwrap();
+    let ret = tok.token_id("<|return|>").unwrap();
+    assert_eq!(format.stop_ids(vec![end, ret]), [ret]);
+    // A plain vocabulary keeps plain output with the same template.
+    let plain =
+        Tokenizer::from_hf_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizers/llama3_style"))
+            .unwrap();
+    assert_eq!(OutputFormat::detect(&t, &plain), OutputFormat::Plain);
 }
 
 fn model(name: &str) -> Option<PathBuf> {

@@ -51,10 +51,25 @@ fn reference(name: &str, plain_key: &str, special_key: &str) -> Vec<(Vec<u32>, V
         .collect()
 }
 
+/// The corpus and then the fixture's own `extra_strings` (the o200k fixtures have some).
+fn strings_of(name: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(fixtures().join(format!("tokenizers/{name}.json"))).expect("fixture");
+    let v: Json = serde_json::from_str(&text).expect("fixture is JSON");
+    let mut strings = corpus();
+    if let Some(extra) = v["extra_strings"].as_array() {
+        strings.extend(extra.iter().map(|s| s.as_str().expect("string").to_owned()));
+    }
+    strings
+}
+
 /// Compares `encode` with the reference on every corpus string, both ways of
 /// special parsing; panics listing the first mismatches.
 fn check(name: &str, refs: &[(Vec<u32>, Vec<u32>)], encode: impl Fn(&str, bool) -> Vec<u32>) {
-    let corpus = corpus();
+    check_on(name, &corpus(), refs, encode)
+}
+
+/// [`check`] on `corpus` (the corpus, perhaps with more strings after it).
+fn check_on(name: &str, corpus: &[String], refs: &[(Vec<u32>, Vec<u32>)], encode: impl Fn(&str, bool) -> Vec<u32>) {
     assert!(corpus.len() >= 300, "the corpus has {} strings", corpus.len());
     assert_eq!(corpus.len(), refs.len(), "{name}: the fixture is for another corpus; re-record it");
     let mut mismatches = Vec::new();
@@ -184,9 +199,20 @@ fn spm_style_with_prepend_normalizer_matches_hf() {
 /// The vocabulary of `llama3_style/tokenizer.json` as GGUF metadata with
 /// `tokenizer.ggml.pre = pre`, as `scripts/record_tokenizer_fixtures.py` writes it.
 fn byte_level_gguf(pre: &str) -> Tokenizer {
+    byte_level_gguf_of("llama3_style", pre)
+}
+
+/// The vocabulary of `<dir>/tokenizer.json` as GGUF metadata with
+/// `tokenizer.ggml.pre = pre` (`gguf_vocab_of` and `write_vocab_gguf` in the script).
+fn byte_level_gguf_of(dir: &str, pre: &str) -> Tokenizer {
+    Tokenizer::from_gguf(byte_level_gguf_file(dir, pre).metadata()).unwrap()
+}
+
+/// [`byte_level_gguf_of`]'s file.
+fn byte_level_gguf_file(dir: &str, pre: &str) -> GgufFile {
     use common::gguf_writer::GgufWriter;
     use fusebox_models::gguf::{Array, Value};
-    let path = fixtures().join("tokenizers/llama3_style/tokenizer.json");
+    let path = fixtures().join("tokenizers").join(dir).join("tokenizer.json");
     let j: Json = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let vocab = j["model"]["vocab"].as_object().unwrap();
     let mut tokens = vec![String::new(); vocab.len()];
@@ -219,8 +245,7 @@ fn byte_level_gguf(pre: &str) -> Tokenizer {
         .kv("tokenizer.ggml.token_type", Value::Array(Array::I32(types)))
         .kv("tokenizer.ggml.merges", Value::Array(Array::String(merges)))
         .kv("tokenizer.ggml.bos_token_id", Value::U32(0));
-    let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
-    Tokenizer::from_gguf(file.metadata()).unwrap()
+    GgufFile::from_bytes(w.to_bytes()).unwrap()
 }
 
 #[test]
@@ -243,6 +268,78 @@ fn byte_level_pre_tokenizers_match_llama_cpp() {
         );
         round_trip(pre, &tok, true, |_| true);
     }
+}
+
+#[test]
+fn o200k_tokenizer_json_matches_hf() {
+    let tok = hf("o200k_style");
+    assert_eq!(tok.pre_tokenizer(), PreTokenizer::Gpt4o);
+    check_on(
+        "o200k-style tokenizer.json, gpt-oss's pre-tokenizer (HF tokenizers)",
+        &strings_of("o200k_style"),
+        &reference("o200k_style", "ids", "ids_special"),
+        |s, p| tok.encode_with(s, false, p),
+    );
+    round_trip("o200k-style", &tok, false, |_| true);
+    // A harmony vocabulary: a reply ends at <|return|> or <|call|>, not at <|end|>.
+    let id = |t: &str| tok.token_id(t).unwrap();
+    assert!(tok.is_eog(id("<|return|>")) && tok.is_eog(id("<|call|>")) && tok.is_eog(id("<|endoftext|>")));
+    assert!(!tok.is_eog(id("<|end|>")));
+    assert_eq!(tok.token_type(id("<|channel|>")), Some(TokenType::Control));
+}
+
+#[test]
+fn gpt4o_pre_tokenizer_matches_llama_cpp() {
+    let tok = byte_level_gguf_of("o200k_style", "gpt-4o");
+    assert_eq!(tok.pre_tokenizer(), PreTokenizer::Gpt4o);
+    assert!(!tok.add_bos_default());
+    check_on(
+        "tokenizer.ggml.pre = gpt-4o (llama.cpp)",
+        &strings_of("bpe_pre_gpt-4o"),
+        &reference("bpe_pre_gpt-4o", "ids", "ids_special"),
+        |s, p| tok.tokenize(s, true, p),
+    );
+    round_trip("gpt-4o", &tok, true, |_| true);
+    // llama.cpp's harmony rules: <|end|> does not end generation and, like the
+    // structure tokens, is user-defined (matched and written out without special parsing).
+    let id = |t: &str| tok.token_id(t).unwrap();
+    assert!(tok.is_eog(id("<|return|>")) && tok.is_eog(id("<|call|>")));
+    assert!(!tok.is_eog(id("<|end|>")));
+    for t in ["<|end|>", "<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
+        assert_eq!(tok.token_type(id(t)), Some(TokenType::UserDefined), "{t}");
+    }
+    assert_eq!(tok.token_type(id("<|return|>")), Some(TokenType::Control));
+}
+
+#[test]
+fn o200k_vocabularies_convert_between_gguf_and_tokenizer_json() {
+    use fusebox_models::export::TokenizerInfo;
+    // GGUF → tokenizer.json (the conversion checks the ids on a sample itself).
+    let file = byte_level_gguf_file("o200k_style", "gpt-4o");
+    let (info, _) = TokenizerInfo::from_gguf(file.metadata());
+    let (text, config, _) = info.hf_files().unwrap();
+    let tok = Tokenizer::from_hf_json(&text, Some(&config.to_string())).unwrap();
+    assert_eq!(tok.pre_tokenizer(), PreTokenizer::Gpt4o);
+    // tokenizer.json → tokenizer.json keeps the o200k Split.
+    let (info, _) = TokenizerInfo::from_hf_dir(&fixtures().join("tokenizers/o200k_style")).unwrap();
+    let (text, ..) = info.hf_files().unwrap();
+    assert_eq!(Tokenizer::from_hf_json(&text, None).unwrap().pre_tokenizer(), PreTokenizer::Gpt4o);
+}
+
+#[test]
+fn the_two_o200k_references_differ_where_their_rules_do() {
+    // Hugging Face runs the pattern's Unicode classes, llama.cpp an ASCII-case rewrite
+    // where combining marks are no letters; llama.cpp also matches harmony's structure
+    // tokens in plain text. Each loader follows its own reference (the checks above),
+    // so the same vocabulary gives different ids here.
+    let hf = hf("o200k_style");
+    let gguf = byte_level_gguf_of("o200k_style", "gpt-4o");
+    let marks = "e\u{301}cole E\u{301}COLE cafe\u{301}'s";
+    assert_ne!(hf.encode_with(marks, false, false), gguf.tokenize(marks, false, false));
+    let harmony = "<|start|>user<|message|>Hi<|end|>";
+    assert_ne!(hf.encode_with(harmony, false, false), gguf.tokenize(harmony, false, false));
+    assert_eq!(hf.encode_with(harmony, false, true), gguf.tokenize(harmony, false, true));
+    assert_eq!(hf.encode_with("DON'T we'RE", false, false), gguf.tokenize("DON'T we'RE", false, false));
 }
 
 #[test]
@@ -289,11 +386,12 @@ fn hand_written_splitters_equal_the_regexes() {
     for pattern in [
         r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
         r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
     ] {
         let (fast, regex) = (pattern_tokenizer(pattern, false), pattern_tokenizer(pattern, true));
         assert_ne!(fast.pre_tokenizer(), PreTokenizer::TokenizerJson);
         assert_eq!(regex.pre_tokenizer(), PreTokenizer::TokenizerJson);
-        for s in corpus() {
+        for s in strings_of("o200k_style") {
             assert_eq!(fast.encode_with(&s, false, true), regex.encode_with(&s, false, true), "{pattern}: {s:?}");
         }
     }

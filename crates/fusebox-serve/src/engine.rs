@@ -19,12 +19,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fusebox::ComputeBackend;
+use fusebox_models::chat::OutputFormat;
 use fusebox_models::pretrained::Pretrained;
 use fusebox_models::transformer::KvCache;
 use fusebox_models::Sampler;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::metrics::Metrics;
+use crate::reply::ReplyStream;
 
 /// Why a generation ended, in OpenAI's words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,14 +35,17 @@ pub enum Finish {
     Stop,
     /// `max_tokens`, the end of the context, or cut short by a shutdown.
     Length,
+    /// The reply ended with a tool call (harmony's `<|call|>`).
+    ToolCalls,
 }
 
 impl Finish {
-    /// `"stop"` or `"length"`.
+    /// `"stop"`, `"length"` or `"tool_calls"`.
     pub fn as_str(self) -> &'static str {
         match self {
             Finish::Stop => "stop",
             Finish::Length => "length",
+            Finish::ToolCalls => "tool_calls",
         }
     }
 }
@@ -50,6 +55,16 @@ impl Finish {
 pub enum Event {
     /// More text of the answer (never splits a character, never part of a stop string).
     Text(String),
+    /// More text of the model's reasoning (harmony's `analysis` channel; never splits a
+    /// character).
+    Reasoning(String),
+    /// A tool call, whole, sent just before [`Event::Done`].
+    ToolCall {
+        /// The function's name.
+        name: String,
+        /// Its arguments as the model wrote them (JSON text, unchecked).
+        arguments: String,
+    },
     /// The end, with the token counts.
     Done {
         /// Why it ended.
@@ -77,6 +92,8 @@ pub struct Job {
     pub stop_ids: Vec<u32>,
     /// Strings that end the answer (not shown).
     pub stop_strings: Vec<String>,
+    /// How the reply's tokens divide into answer, reasoning and tool calls.
+    pub format: OutputFormat,
     /// Where the events go.
     pub events: UnboundedSender<Event>,
 }
@@ -120,10 +137,8 @@ struct Active {
     phase: Phase,
     /// Generated ids, stop tokens included.
     tokens: Vec<u32>,
-    /// Generated ids shown as text (stop tokens left out).
-    shown: Vec<u32>,
-    /// Bytes of the decoded text already sent.
-    sent: usize,
+    /// The text side: what has been shown of the answer and the reasoning.
+    reply: ReplyStream,
 }
 
 struct Slot {
@@ -213,7 +228,7 @@ pub fn run(
         if shutdown_at.is_some_and(|t| Instant::now() >= t) {
             for s in slots.iter_mut() {
                 if let Some(mut a) = s.active.take() {
-                    flush(&model, &mut a, true);
+                    a.reply.finish(&model.tokenizer, &a.job.events);
                     finish(&a, Finish::Length, &metrics);
                 }
             }
@@ -223,14 +238,9 @@ pub fn run(
             metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
             s.cache.clear();
             arrivals += 1;
-            s.active = Some(Active {
-                job,
-                arrival: arrivals,
-                phase: Phase::Prefill { done: 0 },
-                tokens: Vec::new(),
-                shown: Vec::new(),
-                sent: 0,
-            });
+            let reply = ReplyStream::new(job.format, job.stop_strings.clone());
+            s.active =
+                Some(Active { job, arrival: arrivals, phase: Phase::Prefill { done: 0 }, tokens: Vec::new(), reply });
         }
         metrics.slots_busy.store(slots.iter().filter(|s| s.active.is_some()).count(), Ordering::Relaxed);
 
@@ -346,80 +356,23 @@ fn accept(model: &Pretrained, a: &mut Active, logits: &[f32], len: usize, capaci
     };
     a.tokens.push(next);
     m.completion_tokens.fetch_add(1, Ordering::Relaxed);
+    let tok = &model.tokenizer;
     if a.job.stop_ids.contains(&next) {
-        flush(model, a, true);
-        finish(a, Finish::Stop, m);
+        let called = a.reply.finish(tok, &a.job.events);
+        finish(a, if called { Finish::ToolCalls } else { Finish::Stop }, m);
         return false;
     }
-    a.shown.push(next);
-    if flush(model, a, false) {
+    if a.reply.push(tok, next, &a.job.events) {
         finish(a, Finish::Stop, m);
         return false;
     }
     if a.tokens.len() >= a.job.max_tokens || len >= capacity {
-        flush(model, a, true);
+        a.reply.finish(tok, &a.job.events);
         finish(a, Finish::Length, m);
         return false;
     }
     a.phase = Phase::Decode { next };
     true
-}
-
-/// Sends the decoded text not sent yet: all of it at the end (`last`), else what
-/// cannot still change (no trailing partial character) and cannot be the start of a
-/// stop string. Returns true when a stop string appeared (the text before it is sent).
-fn flush(model: &Pretrained, a: &mut Active, last: bool) -> bool {
-    let Ok(text) = model.tokenizer.decode_with(&a.shown, true) else { return false };
-    if a.sent > text.len() || !text.is_char_boundary(a.sent) {
-        return false;
-    }
-    let fresh = &text[a.sent..];
-    // A stop string may straddle what was sent and what is new: search from the
-    // earliest byte it could start at.
-    let longest = a.job.stop_strings.iter().map(String::len).max().unwrap_or(0);
-    let mut from = a.sent.saturating_sub(longest.saturating_sub(1));
-    while !text.is_char_boundary(from) {
-        from -= 1;
-    }
-    let hit = a.job.stop_strings.iter().filter_map(|s| text[from..].find(s.as_str()).map(|p| from + p)).min();
-    if let Some(at) = hit {
-        let at = at.max(a.sent);
-        send_text(a, text[a.sent..at].to_string());
-        a.sent = at;
-        return true;
-    }
-    let mut end = text.len();
-    if !last {
-        if fresh.ends_with('\u{FFFD}') {
-            // The last token may end inside a character.
-            end -= '\u{FFFD}'.len_utf8();
-        }
-        // Hold back a tail that a stop string starts with.
-        let held = a
-            .job
-            .stop_strings
-            .iter()
-            .flat_map(|s| (1..s.len()).filter(|&k| s.is_char_boundary(k)).map(move |k| &s[..k]))
-            .filter(|p| text[..end].ends_with(p))
-            .map(|p| p.len())
-            .max()
-            .unwrap_or(0);
-        end = end.saturating_sub(held).max(a.sent);
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-    }
-    if end > a.sent {
-        send_text(a, text[a.sent..end].to_string());
-        a.sent = end;
-    }
-    false
-}
-
-fn send_text(a: &Active, s: String) {
-    if !s.is_empty() {
-        let _ = a.job.events.send(Event::Text(s));
-    }
 }
 
 fn finish(a: &Active, finish: Finish, m: &Metrics) {

@@ -22,6 +22,7 @@
 pub mod engine;
 pub mod metrics;
 pub mod openai;
+pub mod reply;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -38,6 +39,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use fusebox::{ComputeBackend, Error, Result};
+use fusebox_models::chat::OutputFormat;
 use fusebox_models::pretrained::Pretrained;
 use fusebox_models::{Sampler, SamplerConfig};
 use serde_json::{json, Value};
@@ -102,6 +104,8 @@ const DEFAULT_CTX: usize = 2048;
 
 struct AppState {
     model: Arc<Pretrained>,
+    /// How the chat template's replies divide into answer, reasoning and tool calls.
+    format: OutputFormat,
     model_id: String,
     ctx_size: usize,
     queue: usize,
@@ -228,7 +232,7 @@ fn build(backend: Arc<dyn ComputeBackend>, model: Pretrained, config: &ServerCon
         ));
     }
     // The chat endpoint needs a template; refuse at start rather than on every request.
-    model.chat_template()?;
+    let format = OutputFormat::detect(model.chat_template()?, &model.tokenizer);
     let model_id = config.model_id.clone().unwrap_or_else(|| {
         let name = model.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
         name.strip_suffix(".gguf").map(str::to_string).unwrap_or(name)
@@ -263,6 +267,7 @@ fn build(backend: Arc<dyn ComputeBackend>, model: Pretrained, config: &ServerCon
     }
     let state = Arc::new(AppState {
         model,
+        format,
         model_id,
         ctx_size,
         queue: config.queue,
@@ -338,11 +343,12 @@ async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap
         authorize(&state, &headers)?;
         let req = openai::chat_request(&body)?;
         // Rendering and tokenizing up to a megabyte of text is CPU work: off the runtime.
-        let (st, messages) = (state.clone(), req.messages);
+        let (st, messages, kwargs) = (state.clone(), req.messages, req.template_kwargs);
         let prompt = tokio::task::spawn_blocking(move || {
             let template = st.model.chat_template().map_err(|e| ApiError::internal(e.to_string()))?;
-            let msgs: Vec<(&str, &str)> = messages.iter().map(|(r, c)| (r.as_str(), c.as_str())).collect();
-            let text = template.apply(&msgs, true).map_err(|e| {
+            let harmony = matches!(st.format, OutputFormat::Harmony(_));
+            let msgs: Vec<Value> = messages.iter().map(|m| template_message(m, harmony)).collect();
+            let text = template.render(&msgs, true, &kwargs).map_err(|e| {
                 ApiError::invalid(Some("messages"), format!("the model's chat template refused them: {e}"))
             })?;
             Ok::<_, ApiError>(template.encode(&st.model.tokenizer, &text))
@@ -356,6 +362,21 @@ async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap
         state.metrics.rejected.fetch_add(1, Ordering::Relaxed);
         e.into_response()
     })
+}
+
+/// A message as chat templates read it: `role` and `content`, and an assistant's
+/// reasoning as `reasoning_content` (Qwen3's templates, llama-server's field) and, in
+/// the harmony format, as `thinking` (gpt-oss's template, which drops it from earlier
+/// turns itself).
+fn template_message(m: &openai::ChatMessage, harmony: bool) -> Value {
+    let mut v = json!({"role": m.role, "content": m.content});
+    if let Some(r) = &m.reasoning {
+        v["reasoning_content"] = json!(r);
+        if harmony {
+            v["thinking"] = json!(r);
+        }
+    }
+    v
 }
 
 async fn completions(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
@@ -434,8 +455,12 @@ async fn submit(
         prompt,
         max_tokens: p.max_tokens.unwrap_or(usize::MAX),
         sampler,
-        stop_ids: state.model.stop_ids(kind == Kind::Chat),
+        stop_ids: match kind {
+            Kind::Chat => state.format.stop_ids(state.model.stop_ids(true)),
+            Kind::Completion => state.model.stop_ids(false),
+        },
         stop_strings: p.stop.clone(),
+        format: if kind == Kind::Chat { state.format } else { OutputFormat::Plain },
         events: tx,
     };
     // Bounded queue: count first, give back on refusal.
@@ -487,14 +512,29 @@ fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
 /// does, closes the channel and cancels the job).
 async fn whole(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>) -> std::result::Result<Response, ApiError> {
     let mut text = String::new();
+    let mut reasoning = String::new();
+    let mut calls = Vec::new();
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Text(t) => text.push_str(&t),
+            Event::Reasoning(t) => reasoning.push_str(&t),
+            Event::ToolCall { name, arguments } => calls.push(tool_call_json(&meta, calls.len(), &name, &arguments)),
             Event::Error(e) => return Err(e),
             Event::Done { finish, prompt_tokens, completion_tokens } => {
                 let choice = match meta.kind {
-                    Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text},
-                                         "logprobs": null, "finish_reason": finish.as_str()}),
+                    Kind::Chat => {
+                        let mut message = json!({"role": "assistant", "content": text});
+                        if !reasoning.is_empty() {
+                            message["reasoning_content"] = json!(reasoning);
+                        }
+                        if !calls.is_empty() {
+                            if text.is_empty() {
+                                message["content"] = Value::Null;
+                            }
+                            message["tool_calls"] = Value::Array(std::mem::take(&mut calls));
+                        }
+                        json!({"index": 0, "message": message, "logprobs": null, "finish_reason": finish.as_str()})
+                    }
                     Kind::Completion => {
                         json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish.as_str()})
                     }
@@ -510,6 +550,12 @@ async fn whole(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>) -> std::resul
         }
     }
     Err(ApiError::internal("the model thread ended the request without an answer"))
+}
+
+/// An OpenAI `tool_calls` entry; `index` is its place in the reply's calls.
+fn tool_call_json(meta: &Meta, index: usize, name: &str, arguments: &str) -> Value {
+    json!({"index": index, "id": format!("call_{}_{index}", meta.id), "type": "function",
+           "function": {"name": name, "arguments": arguments}})
 }
 
 fn chunk(meta: &Meta, delta: Value, finish: Option<Finish>) -> Value {
@@ -537,6 +583,7 @@ fn stream(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, include_usage: boo
         {
             return;
         }
+        let mut calls = 0;
         loop {
             let ev = tokio::select! {
                 ev = rx.recv() => ev,
@@ -550,6 +597,18 @@ fn stream(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, include_usage: boo
             match ev {
                 Event::Text(t) => {
                     if out.send(data(chunk(&meta, json!({"content": t}), None))).await.is_err() {
+                        return;
+                    }
+                }
+                Event::Reasoning(t) => {
+                    if out.send(data(chunk(&meta, json!({"reasoning_content": t}), None))).await.is_err() {
+                        return;
+                    }
+                }
+                Event::ToolCall { name, arguments } => {
+                    let call = tool_call_json(&meta, calls, &name, &arguments);
+                    calls += 1;
+                    if out.send(data(chunk(&meta, json!({"tool_calls": [call]}), None))).await.is_err() {
                         return;
                     }
                 }
@@ -600,5 +659,105 @@ pub async fn termination() {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The answer's assembly from scripted model events (no model): reasoning and tool
+    //! calls in the whole answer and in the stream.
+
+    use super::*;
+
+    fn meta() -> Meta {
+        Meta { id: "chatcmpl-test".into(), created: 1, model: "m".into(), kind: Kind::Chat }
+    }
+
+    fn scripted(events: Vec<Event>) -> mpsc::UnboundedReceiver<Event> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        for e in events {
+            tx.send(e).unwrap();
+        }
+        rx
+    }
+
+    fn done(finish: Finish) -> Event {
+        Event::Done { finish, prompt_tokens: 3, completion_tokens: 7 }
+    }
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+    }
+
+    async fn body(r: Response) -> String {
+        let bytes = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn the_whole_answer_has_content_reasoning_and_tool_calls() {
+        let v: Value = block_on(async {
+            let events = vec![
+                Event::Reasoning("Think".into()),
+                Event::Reasoning(" more.".into()),
+                Event::Text("Four.".into()),
+                done(Finish::Stop),
+            ];
+            serde_json::from_str(&body(whole(meta(), scripted(events)).await.unwrap()).await).unwrap()
+        });
+        let m = &v["choices"][0]["message"];
+        assert_eq!((m["content"].as_str(), m["reasoning_content"].as_str()), (Some("Four."), Some("Think more.")));
+        assert!(m.get("tool_calls").is_none());
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+
+        let v: Value = block_on(async {
+            let events = vec![
+                Event::Reasoning("Need it.".into()),
+                Event::ToolCall { name: "get_weather".into(), arguments: "{\"city\": \"Paris\"}".into() },
+                done(Finish::ToolCalls),
+            ];
+            serde_json::from_str(&body(whole(meta(), scripted(events)).await.unwrap()).await).unwrap()
+        });
+        let m = &v["choices"][0]["message"];
+        assert!(m["content"].is_null());
+        assert_eq!(
+            m["tool_calls"][0]["function"],
+            json!({"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"})
+        );
+        assert_eq!(m["tool_calls"][0]["type"], "function");
+        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
+        // A plain answer has no reasoning field at all.
+        let v: Value = block_on(async {
+            let events = vec![Event::Text("Hi".into()), done(Finish::Length)];
+            serde_json::from_str(&body(whole(meta(), scripted(events)).await.unwrap()).await).unwrap()
+        });
+        assert_eq!(v["choices"][0]["message"], json!({"role": "assistant", "content": "Hi"}));
+    }
+
+    #[test]
+    fn the_stream_sends_reasoning_and_content_deltas() {
+        let text = block_on(async {
+            let events = vec![
+                Event::Reasoning("Think.".into()),
+                Event::Text("Fo".into()),
+                Event::Text("ur.".into()),
+                Event::ToolCall { name: "f".into(), arguments: "{}".into() },
+                done(Finish::ToolCalls),
+            ];
+            body(stream(meta(), scripted(events), false)).await
+        });
+        let chunks: Vec<Value> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        let deltas: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]["delta"]).collect();
+        assert_eq!(deltas[0], &json!({"role": "assistant", "content": ""}));
+        assert_eq!(deltas[1], &json!({"reasoning_content": "Think."}));
+        assert_eq!((deltas[2], deltas[3]), (&json!({"content": "Fo"}), &json!({"content": "ur."})));
+        assert_eq!(deltas[4]["tool_calls"][0]["function"], json!({"name": "f", "arguments": "{}"}));
+        assert_eq!(chunks[5]["choices"][0]["finish_reason"], "tool_calls");
+        assert!(text.trim_end().ends_with("data: [DONE]"));
     }
 }

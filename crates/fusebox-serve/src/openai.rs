@@ -126,11 +126,26 @@ pub struct Params {
     pub include_usage: bool,
 }
 
+/// One message of a chat request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatMessage {
+    /// `system` (also for OpenAI's `developer`), `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The text (text parts joined).
+    pub content: String,
+    /// An assistant message's reasoning, as a client sends back what it was given
+    /// (`reasoning_content`, llama-server's name, or `thinking`, the templates').
+    pub reasoning: Option<String>,
+}
+
 /// A parsed `/v1/chat/completions` request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChatRequest {
-    /// `(role, content)` in order.
-    pub messages: Vec<(String, String)>,
+    /// The messages in order.
+    pub messages: Vec<ChatMessage>,
+    /// Template variables besides the messages: `chat_template_kwargs` (as llama-server
+    /// and vLLM take them), and `reasoning_effort` (`low`, `medium`, `high`: gpt-oss's).
+    pub template_kwargs: Map<String, Value>,
     /// The rest.
     pub params: Params,
 }
@@ -344,11 +359,52 @@ pub fn chat_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
             ));
         }
         let content = message_content(i, m.get("content"), &role)?;
+        let mut reasoning = None;
+        for key in ["reasoning_content", "thinking"] {
+            match field(m, key) {
+                None => {}
+                Some(Value::String(r)) if role == "assistant" => reasoning = reasoning.or(Some(r.clone())),
+                Some(Value::String(_)) => {
+                    let param = format!("messages[{i}].{key}");
+                    return Err(ApiError::invalid(
+                        Some(&param),
+                        format!("'{param}' is for assistant messages, not '{role}' ones"),
+                    ));
+                }
+                Some(v) => return Err(wrong_type(&format!("messages[{i}].{key}"), "a string", v)),
+            }
+        }
         // OpenAI's `developer` role is the newer name of `system`; templates know `system`.
         let role = if role == "developer" { "system".to_string() } else { role };
-        messages.push((role, content));
+        messages.push(ChatMessage { role, content, reasoning });
     }
-    Ok(ChatRequest { messages, params: params(&obj)? })
+    let mut template_kwargs = match field(&obj, "chat_template_kwargs") {
+        None => Map::new(),
+        Some(Value::Object(o)) => o.clone(),
+        Some(v) => return Err(wrong_type("chat_template_kwargs", "an object", v)),
+    };
+    match field(&obj, "reasoning_effort") {
+        None => {}
+        Some(Value::String(e)) if ["low", "medium", "high"].contains(&e.as_str()) => {
+            template_kwargs.insert("reasoning_effort".into(), Value::String(e.clone()));
+        }
+        Some(Value::String(e)) => {
+            return Err(ApiError::invalid(
+                Some("reasoning_effort"),
+                format!("'reasoning_effort' must be one of low, medium, high; got '{e}'"),
+            ))
+        }
+        Some(v) => return Err(wrong_type("reasoning_effort", "a string", v)),
+    }
+    for reserved in ["messages", "add_generation_prompt"] {
+        if template_kwargs.contains_key(reserved) {
+            return Err(ApiError::invalid(
+                Some("chat_template_kwargs"),
+                format!("'chat_template_kwargs' may not set '{reserved}'"),
+            ));
+        }
+    }
+    Ok(ChatRequest { messages, template_kwargs, params: params(&obj)? })
 }
 
 /// Parses a `/v1/completions` body: `prompt` is a string (or an array of one string).
@@ -380,12 +436,27 @@ mod tests {
                  "temperature":0,"max_tokens":5,"stop":"x","seed":3,"stream":true,"stream_options":{"include_usage":true}}"#,
         )
         .unwrap();
-        assert_eq!(r.messages, vec![("system".into(), "S".into()), ("user".into(), "Hi".into())]);
+        let pairs: Vec<(&str, &str)> = r.messages.iter().map(|m| (m.role.as_str(), m.content.as_str())).collect();
+        assert_eq!(pairs, [("system", "S"), ("user", "Hi")]);
+        assert!(r.messages.iter().all(|m| m.reasoning.is_none()) && r.template_kwargs.is_empty());
         assert_eq!(r.params.temperature, 0.0);
         assert_eq!(r.params.max_tokens, Some(5));
         assert_eq!(r.params.stop, vec!["x".to_string()]);
         assert_eq!(r.params.seed, Some(3));
         assert!(r.params.stream && r.params.include_usage);
+    }
+
+    #[test]
+    fn reasoning_and_template_kwargs_are_read() {
+        let r = chat_request(
+            br#"{"messages":[{"role":"user","content":"Q"},{"role":"assistant","content":"A","reasoning_content":"R"},
+                 {"role":"assistant","content":"B","thinking":"T"}],
+                 "reasoning_effort":"high","chat_template_kwargs":{"model_identity":"M"}}"#,
+        )
+        .unwrap();
+        let reasoning: Vec<Option<&str>> = r.messages.iter().map(|m| m.reasoning.as_deref()).collect();
+        assert_eq!(reasoning, [None, Some("R"), Some("T")]);
+        assert_eq!(Value::Object(r.template_kwargs), json!({"model_identity": "M", "reasoning_effort": "high"}));
     }
 
     #[test]
@@ -414,6 +485,30 @@ mod tests {
             let e = chat_request(body).unwrap_err();
             assert_eq!(e.status, StatusCode::BAD_REQUEST);
             assert_eq!(e.param.as_deref(), *param, "{}", String::from_utf8_lossy(body));
+            assert!(e.message.contains(text), "{} → {}", String::from_utf8_lossy(body), e.message);
+        }
+        let reasoning: &[(&[u8], &str, &str)] = &[
+            (
+                br#"{"messages":[{"role":"user","content":"x","reasoning_content":"r"}]}"#,
+                "messages[0].reasoning_content",
+                "assistant messages",
+            ),
+            (br#"{"messages":[{"role":"assistant","content":"x","thinking":5}]}"#, "messages[0].thinking", "a string"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"reasoning_effort":"max"}"#, "reasoning_effort", "max"),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[]}"#,
+                "chat_template_kwargs",
+                "an object",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"messages":[]}}"#,
+                "chat_template_kwargs",
+                "may not set",
+            ),
+        ];
+        for (body, param, text) in reasoning {
+            let e = chat_request(body).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(*param), "{}", String::from_utf8_lossy(body));
             assert!(e.message.contains(text), "{} → {}", String::from_utf8_lossy(body), e.message);
         }
         let e = completion_request(br#"{"prompt":3}"#).unwrap_err();

@@ -16,10 +16,14 @@
 //! (SmolLM2's rendering of one user message with the generation prompt, one line per
 //! turn here.)
 
+pub mod output;
 mod python;
 mod template;
 
-pub use template::{json_to_value, ChatTemplate, CHATML_TEMPLATE, GEMMA3_TEMPLATE, SMOLLM2_DEFAULT_SYSTEM};
+pub use output::{OutputFormat, Part, ReplyDecoder, ReplyParser};
+pub use template::{
+    json_to_value, ChatTemplate, CHATML_TEMPLATE, GEMMA3_TEMPLATE, GPT_OSS_TEMPLATE, SMOLLM2_DEFAULT_SYSTEM,
+};
 
 #[cfg(test)]
 mod tests {

@@ -20,6 +20,11 @@ pub const CHATML_TEMPLATE: &str = "{% for message in messages %}\
 /// converted without one).
 pub const GEMMA3_TEMPLATE: &str = include_str!("templates/gemma3.jinja");
 
+/// gpt-oss's template (openai/gpt-oss-20b and -120b, the harmony format), the fallback
+/// for a vocabulary that has `<|start|>`, `<|channel|>` and `<|message|>` but a file
+/// without a template.
+pub const GPT_OSS_TEMPLATE: &str = include_str!("templates/gpt-oss.jinja");
+
 /// SmolLM2-Instruct's default system prompt, from its GGUF `tokenizer.chat_template`.
 pub const SMOLLM2_DEFAULT_SYSTEM: &str = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
 
@@ -93,7 +98,8 @@ fn raise_exception(message: String) -> std::result::Result<Value, minijinja::Err
     Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
 }
 
-fn strftime_now(format: String) -> std::result::Result<String, minijinja::Error> {
+/// `strftime_now(format)`: the local time now, or `fixed` when the template has a fixed clock.
+fn strftime_now(format: String, fixed: Option<chrono::NaiveDateTime>) -> std::result::Result<String, minijinja::Error> {
     use chrono::format::{Item, StrftimeItems};
     let items: Vec<Item<'_>> = StrftimeItems::new(&format).collect();
     if items.iter().any(|i| matches!(i, Item::Error)) {
@@ -103,10 +109,16 @@ fn strftime_now(format: String) -> std::result::Result<String, minijinja::Error>
         ));
     }
     let mut out = String::new();
-    std::fmt::Write::write_fmt(&mut out, format_args!("{}", chrono::Local::now().format_with_items(items.into_iter())))
-        .map_err(|_| {
-            minijinja::Error::new(ErrorKind::InvalidOperation, format!("strftime_now: cannot format {format:?}"))
-        })?;
+    let written = match fixed {
+        Some(t) => std::fmt::Write::write_fmt(&mut out, format_args!("{}", t.format_with_items(items.into_iter()))),
+        None => std::fmt::Write::write_fmt(
+            &mut out,
+            format_args!("{}", chrono::Local::now().format_with_items(items.into_iter())),
+        ),
+    };
+    written.map_err(|_| {
+        minijinja::Error::new(ErrorKind::InvalidOperation, format!("strftime_now: cannot format {format:?}"))
+    })?;
     Ok(out)
 }
 
@@ -137,6 +149,26 @@ impl ChatTemplate {
     ///
     /// A template that does not parse is an error quoting minijinja's message.
     pub fn new(source: &str, bos_token: Option<&str>, eos_token: Option<&str>) -> Result<Self> {
+        Ok(ChatTemplate {
+            source: Arc::from(source),
+            env: Arc::new(Self::environment(source, None)?),
+            bos_token: bos_token.map(str::to_owned),
+            eos_token: eos_token.map(str::to_owned),
+            end_of_turn: Vec::new(),
+            notice: None,
+        })
+    }
+
+    /// The same template with `strftime_now` answering `now` instead of the local time
+    /// (gpt-oss's writes the current date into its system message): renders that do not
+    /// depend on the day, for tests and reproducible prompts.
+    pub fn with_fixed_now(mut self, now: chrono::NaiveDateTime) -> Result<Self> {
+        self.env = Arc::new(Self::environment(&self.source, Some(now))?);
+        Ok(self)
+    }
+
+    /// The minijinja environment `transformers` renders in, holding `source`.
+    fn environment(source: &str, now: Option<chrono::NaiveDateTime>) -> Result<Environment<'static>> {
         let mut env = Environment::new();
         env.set_syntax(
             minijinja::syntax::SyntaxConfig::builder()
@@ -154,17 +186,10 @@ impl ChatTemplate {
         env.set_formatter(python::format);
         env.add_filter("tojson", python::tojson);
         env.add_function("raise_exception", raise_exception);
-        env.add_function("strftime_now", strftime_now);
+        env.add_function("strftime_now", move |format: String| strftime_now(format, now));
         env.add_template_owned(NAME, source.to_owned())
             .map_err(|e| Error::unsupported("chat template", jinja_error("the template does not parse", &e)))?;
-        Ok(ChatTemplate {
-            source: Arc::from(source),
-            env: Arc::new(env),
-            bos_token: bos_token.map(str::to_owned),
-            eos_token: eos_token.map(str::to_owned),
-            end_of_turn: Vec::new(),
-            notice: None,
-        })
+        Ok(env)
     }
 
     /// Compiles `source` without special tokens (`bos_token`/`eos_token` undefined);
@@ -199,7 +224,8 @@ impl ChatTemplate {
 
     /// A model's template: `source` (its `tokenizer.chat_template`), or when it has none
     /// a fallback with a [`notice`](Self::notice): Gemma 3's template for a vocabulary
-    /// with `<start_of_turn>`/`<end_of_turn>`, else ChatML. `bos_token`/`eos_token` are
+    /// with `<start_of_turn>`/`<end_of_turn>`, gpt-oss's for one with `<|start|>`,
+    /// `<|channel|>` and `<|message|>`, else ChatML. `bos_token`/`eos_token` are
     /// the vocabulary's, and [`end_of_turn`](Self::end_of_turn) is found by rendering a
     /// probe conversation: the special token that closes an assistant turn.
     pub fn for_tokenizer(source: Option<&str>, tok: &Tokenizer) -> Result<Self> {
@@ -210,6 +236,10 @@ impl ChatTemplate {
             None if tok.token_id("<start_of_turn>").is_some() && tok.token_id("<end_of_turn>").is_some() => (
                 GEMMA3_TEMPLATE,
                 Some("the model has no chat template; its vocabulary has <start_of_turn>/<end_of_turn>, so Gemma 3's is used"),
+            ),
+            None if ["<|start|>", "<|channel|>", "<|message|>"].iter().all(|t| tok.token_id(t).is_some()) => (
+                GPT_OSS_TEMPLATE,
+                Some("the model has no chat template; its vocabulary has harmony's <|start|>/<|channel|>/<|message|>, so gpt-oss's is used"),
             ),
             None => (CHATML_TEMPLATE, Some("the model has no chat template; ChatML (<|im_start|>role … <|im_end|>) is used")),
         };

@@ -17,7 +17,7 @@ use serde_json::{json, Map, Value as Json};
 
 use crate::files::{read_json, read_text, MAX_CONFIG_BYTES, MAX_TOKENIZER_BYTES};
 use crate::gguf::{Array, Metadata, Value};
-use crate::tokenizer::{PreTokenizer, TokenType, Tokenizer};
+use crate::tokenizer::{PreTokenizer, TokenType, Tokenizer, O200K_PATTERN};
 
 /// Llama 3's `Split` pattern (as `tokenizer.json` writes it).
 const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -177,6 +177,7 @@ fn gguf_pre_name(p: PreTokenizer) -> Option<&'static str> {
         PreTokenizer::Smollm => Some("smollm"),
         PreTokenizer::Llama3 => Some("llama-bpe"),
         PreTokenizer::Qwen2 => Some("qwen2"),
+        PreTokenizer::Gpt4o => Some("gpt-4o"),
         _ => None,
     }
 }
@@ -196,7 +197,7 @@ fn hf_to_gguf(tok: &Tokenizer, tokenizer_json: &str, vocab_size: usize) -> Resul
             "export",
             format!(
                 "tokenizer.json's pre-tokenizer ({pre:?}) has no llama.cpp name here (converted: ByteLevel as gpt2, \
-                 Digits + ByteLevel as smollm, the Llama 3 and Qwen2 Split patterns)"
+                 Digits + ByteLevel as smollm, the Llama 3, Qwen2 and o200k Split patterns)"
             ),
         )
     })?;
@@ -268,6 +269,7 @@ fn hf_pre_tokenizer(pre: PreTokenizer) -> Option<Json> {
         ]})),
         PreTokenizer::Llama3 => Some(split(LLAMA3_PATTERN)),
         PreTokenizer::Qwen2 => Some(split(QWEN2_PATTERN)),
+        PreTokenizer::Gpt4o => Some(split(O200K_PATTERN)),
         _ => None,
     }
 }

@@ -12,7 +12,7 @@
 use fusebox::{ComputeBackend, Error, Result};
 
 use super::{Pretrained, Session};
-use crate::chat::ChatTemplate;
+use crate::chat::{ChatTemplate, OutputFormat, Part, ReplyDecoder};
 use crate::sampler::Sampler;
 
 /// The messages of a conversation: an optional system message, then the turns.
@@ -170,8 +170,11 @@ impl TurnEnd {
 /// What one turn did.
 #[derive(Debug, Clone)]
 pub struct Turn {
-    /// The answer's text (special tokens left out).
+    /// The answer's text (special tokens left out; in the harmony format, the final
+    /// channel only).
     pub reply: String,
+    /// The reasoning's text (harmony's analysis channel), empty for a plain chat format.
+    pub reasoning: String,
     /// The answer's tokens (without the stop token).
     pub tokens: Vec<u32>,
     /// Why the answer ended.
@@ -208,6 +211,7 @@ pub struct ChatSession<'m> {
     cached: Vec<u32>,
     conversation: Conversation,
     stop: Vec<u32>,
+    format: OutputFormat,
     options: ChatOptions,
 }
 
@@ -239,6 +243,7 @@ impl<'m> ChatSession<'m> {
             ));
         }
         let template = model.chat_template()?;
+        let format = OutputFormat::detect(template, &model.tokenizer);
         Ok(ChatSession {
             model,
             template,
@@ -246,7 +251,8 @@ impl<'m> ChatSession<'m> {
             session: model.session_with_cache(backend, options.ctx_size, cache_dtype)?,
             cached: Vec::new(),
             conversation: Conversation::new(system),
-            stop: model.stop_ids(true),
+            stop: format.stop_ids(model.stop_ids(true)),
+            format,
             options,
         })
     }
@@ -280,6 +286,22 @@ impl<'m> ChatSession<'m> {
         interrupted: &dyn Fn() -> bool,
         on_text: &mut dyn FnMut(&str) -> Result<()>,
     ) -> Result<Turn> {
+        self.answer_parts(user, sampler, interrupted, &mut |part, text| match part {
+            Part::Content => on_text(text),
+            Part::Reasoning | Part::ToolCall => Ok(()),
+        })
+    }
+
+    /// As [`answer`](Self::answer), streaming every part of the reply to `on_part`: the
+    /// answer, and in the harmony format the reasoning and tool-call arguments too. Only
+    /// the answer joins the conversation (the template drops earlier reasoning anyway).
+    pub fn answer_parts(
+        &mut self,
+        user: &str,
+        sampler: &mut Sampler,
+        interrupted: &dyn Fn() -> bool,
+        on_part: &mut dyn FnMut(Part, &str) -> Result<()>,
+    ) -> Result<Turn> {
         let model = self.model;
         let tok = &model.tokenizer;
         let template = self.template;
@@ -296,8 +318,8 @@ impl<'m> ChatSession<'m> {
                 return Err(e);
             }
         };
-        let run = self.run_turn(&ids, sampler, interrupted, on_text);
-        let (tokens, end, reuse, restarted) = match run {
+        let run = self.run_turn(&ids, sampler, interrupted, on_part);
+        let (tokens, end, reuse, restarted, routed) = match run {
             Ok(x) => x,
             Err(e) => {
                 // The cache no longer matches what it held: the next turn starts it again.
@@ -306,10 +328,12 @@ impl<'m> ChatSession<'m> {
                 return Err(e);
             }
         };
-        let reply = tok.decode_with(&tokens, true)?;
+        let reply = tok.decode_with(&routed[0], true)?;
+        let reasoning = tok.decode_with(&routed[1], true)?;
         self.conversation.push("assistant", &reply);
         Ok(Turn {
             reply,
+            reasoning,
             tokens,
             end,
             prompt_tokens: ids.len(),
@@ -321,15 +345,16 @@ impl<'m> ChatSession<'m> {
     }
 
     /// Runs the turn's prompt `ids` on the cache and samples the answer; returns its
-    /// tokens, why it ended, the positions reused and, when the cache started again, the
-    /// common prefix length.
+    /// tokens, why it ended, the positions reused, when the cache started again the
+    /// common prefix length, and the ids of the answer and of the reasoning.
+    #[allow(clippy::type_complexity)]
     fn run_turn(
         &mut self,
         ids: &[u32],
         sampler: &mut Sampler,
         interrupted: &dyn Fn() -> bool,
-        on_text: &mut dyn FnMut(&str) -> Result<()>,
-    ) -> Result<(Vec<u32>, TurnEnd, usize, Option<usize>)> {
+        on_part: &mut dyn FnMut(Part, &str) -> Result<()>,
+    ) -> Result<(Vec<u32>, TurnEnd, usize, Option<usize>, [Vec<u32>; 2])> {
         let model = self.model;
         let tok = &model.tokenizer;
         let (reuse, restarted) = match plan_prefill(&self.cached, ids) {
@@ -346,7 +371,7 @@ impl<'m> ChatSession<'m> {
         let mut logits = self.session.step(self.backend, new)?;
         self.cached.extend_from_slice(new);
         let mut seen = ids.to_vec();
-        let mut decoder = tok.stream_decoder(true);
+        let mut decoder = ReplyDecoder::new(tok, self.format);
         let mut tokens = Vec::new();
         let end = loop {
             let next = sampler.sample(self.session.sampled(&logits), &seen)?;
@@ -355,7 +380,7 @@ impl<'m> ChatSession<'m> {
             }
             tokens.push(next);
             seen.push(next);
-            on_text(&decoder.push(next)?)?;
+            decoder.push(next, on_part)?;
             if tokens.len() >= self.options.max_tokens {
                 break TurnEnd::MaxTokens;
             }
@@ -368,8 +393,9 @@ impl<'m> ChatSession<'m> {
             logits = self.session.step(self.backend, &[next])?;
             self.cached.push(next);
         };
-        on_text(&decoder.finish())?;
-        Ok((tokens, end, reuse, restarted))
+        decoder.finish(on_part)?;
+        let routed = [decoder.ids(Part::Content).to_vec(), decoder.ids(Part::Reasoning).to_vec()];
+        Ok((tokens, end, reuse, restarted, routed))
     }
 }
 

@@ -22,7 +22,7 @@
 use fusebox::Result;
 
 use super::special::Order;
-use super::{build_error, Model, Parts, PreTokenizer, TextOp, TokenType, Tokenizer};
+use super::{build_error, drop_harmony_end, Model, Parts, PreTokenizer, TextOp, TokenType, Tokenizer};
 use crate::gguf::{Array, Metadata};
 
 /// The token types, `Normal` for every token when the key is absent.
@@ -93,14 +93,26 @@ const CONTROL_TEXTS: &[&str] = &[
     "[e~[",
 ];
 
-/// The token types, with llama.cpp's overrides: [`CONTROL_TEXTS`] are control tokens.
+/// Harmony's structure tokens, which llama.cpp makes user-defined (always written
+/// out when decoding, matched in text even without special parsing) whatever their
+/// declared type.
+const HARMONY_USER_DEFINED: &[&str] = &["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"];
+
+/// The token types, with llama.cpp's overrides: [`CONTROL_TEXTS`] are control tokens
+/// (and end generation), [`HARMONY_USER_DEFINED`] are user-defined, and so is
+/// `<|end|>` in a harmony vocabulary, where it does not end generation.
 fn types_as_llama_cpp(tokens: &[String], mut types: Vec<TokenType>) -> (Vec<TokenType>, Vec<u32>) {
     let mut eog = Vec::new();
     for (i, (t, ty)) in tokens.iter().zip(types.iter_mut()).enumerate() {
         if CONTROL_TEXTS.contains(&t.as_str()) {
             *ty = TokenType::Control;
             eog.push(i as u32);
+        } else if HARMONY_USER_DEFINED.contains(&t.as_str()) {
+            *ty = TokenType::UserDefined;
         }
+    }
+    if let Some(end) = drop_harmony_end(&mut eog, |id| tokens.get(id as usize).cloned()) {
+        types[end as usize] = TokenType::UserDefined;
     }
     (types, eog)
 }

@@ -30,7 +30,7 @@ use serde_json::Value as Json;
 
 use crate::files::{read_text, MAX_CONFIG_BYTES, MAX_TOKENIZER_BYTES};
 
-use super::pretokenize::{Behavior, Stage};
+use super::pretokenize::{Behavior, O200kClasses, Stage};
 use super::special::Order;
 use super::{build_error, Model, Parts, PreTokenizer, PrependScheme, TextOp, TokenType, Tokenizer, UnicodeForm};
 
@@ -50,6 +50,9 @@ const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p
 /// Qwen2's `Split` pattern.
 const QWEN2_PATTERN: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// The o200k `Split` pattern (gpt-oss, GPT-4o).
+pub(crate) const O200K_PATTERN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// What `normalizer` and `pre_tokenizer` make of the text.
 #[derive(Default)]
@@ -160,6 +163,7 @@ impl Pipeline {
                         GPT2_PATTERN if plain => Stage::Gpt2,
                         LLAMA3_PATTERN if plain => Stage::Llama3 { max_digits: 3, long_s: true },
                         QWEN2_PATTERN if plain => Stage::Llama3 { max_digits: 1, long_s: true },
+                        O200K_PATTERN if plain => Stage::O200k(O200kClasses::Unicode),
                         _ => {
                             let regex = fancy_regex::Regex::new(pattern).map_err(|e| {
                                 build_error(format!("tokenizer.json: Split pattern {pattern:?} does not compile: {e}"))
@@ -229,7 +233,8 @@ impl Pipeline {
         if !self.byte_level && self.stages.is_empty() {
             return PreTokenizer::SentencePiece;
         }
-        let named = [PreTokenizer::Gpt2, PreTokenizer::Smollm, PreTokenizer::Llama3, PreTokenizer::Qwen2];
+        let named =
+            [PreTokenizer::Gpt2, PreTokenizer::Smollm, PreTokenizer::Llama3, PreTokenizer::Qwen2, PreTokenizer::Gpt4o];
         named.into_iter().find(|p| p.stages() == self.stages).unwrap_or(PreTokenizer::TokenizerJson)
     }
 }

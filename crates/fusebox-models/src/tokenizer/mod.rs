@@ -42,6 +42,7 @@ use std::collections::HashMap;
 
 use fusebox::{Error, Result};
 
+pub(crate) use from_hf::O200K_PATTERN;
 pub use pretokenize::PreTokenizer;
 pub use stream::StreamDecoder;
 
@@ -83,7 +84,25 @@ impl TokenType {
 
 /// Token texts that end a turn or a text when they are control tokens, besides
 /// the declared end-of-sequence token (as llama.cpp's end-of-generation list).
-const EOG_TEXTS: &[&str] = &["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>"];
+const EOG_TEXTS: &[&str] =
+    &["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|return|>", "<|call|>"];
+
+/// Drops `<|end|>` from the end-of-generation ids of a harmony vocabulary (gpt-oss's
+/// o200k_harmony: `<|return|>` and `<|call|>` end a reply, `<|end|>` only ends one
+/// message of it and the model goes on with the next), and of solar-open's
+/// (`<|calls|>`, `<|flush|>`), as llama.cpp does. Returns `<|end|>`'s id when it
+/// was dropped.
+pub(crate) fn drop_harmony_end(eog: &mut Vec<u32>, text_of: impl Fn(u32) -> Option<String>) -> Option<u32> {
+    let has = |t: &str| eog.iter().any(|&id| text_of(id).as_deref() == Some(t));
+    let call = has("<|call|>") || has("<|calls|>");
+    let end = eog.iter().copied().find(|&id| text_of(id).as_deref() == Some("<|end|>"))?;
+    if call && (has("<|return|>") || has("<|flush|>")) {
+        eog.retain(|&id| id != end);
+        Some(end)
+    } else {
+        None
+    }
+}
 
 /// How the pieces are turned into ids.
 #[derive(Debug, Clone, PartialEq)]
@@ -256,6 +275,7 @@ impl Tokenizer {
         specials.finish();
         eog.sort_unstable();
         eog.dedup();
+        drop_harmony_end(&mut eog, |id| p.tokens.get(id as usize).cloned());
         Ok(Tokenizer {
             tokens: p.tokens,
             types: p.types,

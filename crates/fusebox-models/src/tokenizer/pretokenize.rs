@@ -16,11 +16,18 @@
 //! | `smollm` (`starcoder`, `refact`, ...)     | `\p{N}`, GPT-2                                                  |
 //! | `llama-bpe` (`llama3`, `falcon3`, ...)    | Llama 3                                                         |
 //! | `qwen2` (`deepseek-r1-qwen`)              | Llama 3 with single digits                                      |
+//! | `gpt-4o` (`llama4`, `kanana2`, `talkie`)  | o200k (gpt-oss, GPT-4o), llama.cpp's letter classes             |
 //! | `default` (and a missing key)             | `[\p{P}$+<=>^~\|]+`, GPT-2, `\p{N}+`, `[0-9][0-9][0-9]`         |
 //!
 //! * GPT-2: `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
 //! * Llama 3: `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
 //!   ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+` (Qwen2: `\p{N}` for `\p{N}{1,3}`)
+//! * o200k: `[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|
+//!   [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|
+//!   \p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`. llama.cpp runs it with other
+//!   letter classes (see `O200kClasses`), so a GGUF `gpt-4o` vocabulary and its
+//!   `tokenizer.json` cut a few texts (non-ASCII case changes, combining marks) differently,
+//!   each as its own reference does.
 //!
 //! Character classes: `\p{L}` is Unicode general category L (Lu, Ll, Lt, Lm, Lo),
 //! `\p{N}` is category N (Nd, Nl, No), `\p{P}` category P, `\s` the White_Space
@@ -39,6 +46,9 @@ pub enum PreTokenizer {
     Llama3,
     /// Qwen2's regex: Llama 3's with every number character alone (`qwen2`).
     Qwen2,
+    /// The o200k regex of GPT-4o and gpt-oss, case-aware letter runs and numbers in
+    /// groups of up to three (`gpt-4o`, `llama4`, ...).
+    Gpt4o,
     /// llama.cpp's `default`: punctuation runs, GPT-2, number runs, digit triples.
     Default,
     /// No cutting: SentencePiece-style tokenizers BPE the whole text between
@@ -62,6 +72,7 @@ impl PreTokenizer {
                 Some(PreTokenizer::Llama3)
             }
             "qwen2" | "deepseek-r1-qwen" => Some(PreTokenizer::Qwen2),
+            "gpt-4o" | "llama4" | "kanana2" | "talkie" => Some(PreTokenizer::Gpt4o),
             "default" | "" => Some(PreTokenizer::Default),
             _ => None,
         }
@@ -94,6 +105,10 @@ impl PreTokenizer {
         "lfm2",
         "qwen2",
         "deepseek-r1-qwen",
+        "gpt-4o",
+        "llama4",
+        "kanana2",
+        "talkie",
     ];
 
     /// The stages of a named pre-tokenizer.
@@ -103,6 +118,7 @@ impl PreTokenizer {
             PreTokenizer::Smollm => vec![Stage::EachNumber, Stage::Gpt2],
             PreTokenizer::Llama3 => vec![Stage::Llama3 { max_digits: 3, long_s: false }],
             PreTokenizer::Qwen2 => vec![Stage::Llama3 { max_digits: 1, long_s: false }],
+            PreTokenizer::Gpt4o => vec![Stage::O200k(O200kClasses::LlamaCpp)],
             PreTokenizer::Default => {
                 vec![Stage::DefaultPunctuation, Stage::Gpt2, Stage::NumberRuns, Stage::AsciiDigitTriples]
             }
@@ -148,6 +164,8 @@ pub(crate) enum Stage {
     /// as a contraction, as `(?i:'s)` does under Unicode case folding (Hugging Face),
     /// where llama.cpp's `'[sS]` does not.
     Llama3 { max_digits: usize, long_s: bool },
+    /// The o200k regex, with the letter classes of one reference.
+    O200k(O200kClasses),
     /// A `tokenizer.json` `Split` with a pattern of its own.
     Regex { regex: Box<fancy_regex::Regex>, behavior: Behavior, invert: bool },
     /// A `tokenizer.json` `Split` on a literal string (Metaspace's `split` too).
@@ -165,6 +183,8 @@ impl PartialEq for Stage {
             }
             // One pattern whichever reference's case folding: `long_s` does not name another pre-tokenizer.
             (Stage::Llama3 { max_digits: a, .. }, Stage::Llama3 { max_digits: c, .. }) => a == c,
+            // Likewise: one pattern, each reference's classes.
+            (Stage::O200k(_), Stage::O200k(_)) => true,
             _ => std::mem::discriminant(self) == std::mem::discriminant(other),
         }
     }
@@ -207,6 +227,7 @@ impl Stage {
             Stage::DefaultPunctuation => class_split(text, out, is_default_punctuation, true),
             Stage::AsciiDigitTriples => digit_triples(text, out),
             Stage::Llama3 { max_digits, long_s } => llama3_split(text, *max_digits, *long_s, out),
+            Stage::O200k(classes) => o200k_split(text, *classes, out),
             Stage::Regex { regex, behavior, invert } => {
                 // A regex that fails at run time (its backtracking limit) leaves the rest uncut.
                 let matches: Vec<(usize, usize)> = regex
@@ -556,6 +577,166 @@ fn llama3_split<'a>(text: &'a str, max_digits: usize, long_s: bool, out: &mut Ve
     }
 }
 
+/// Whose letter classes the o200k scanner uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum O200kClasses {
+    /// The pattern as written, as Hugging Face `tokenizers` (Oniguruma) runs it:
+    /// "upper" is `[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]`, "lower" `[\p{Ll}\p{Lm}\p{Lo}\p{M}]`,
+    /// and `(?i:'s)` also takes `'ſ` (U+017F folds to `s`).
+    Unicode,
+    /// llama.cpp's rewrite for `std::regex` (`LLAMA_VOCAB_PRE_TYPE_GPT4O`), run on text
+    /// where every non-ASCII character stands for its category: "upper" is a letter
+    /// other than `a-z`, "lower" a letter other than `A-Z` (so every non-ASCII letter
+    /// is both, and combining marks are neither), and contractions are ASCII
+    /// `'[sS]`, `'[tT]`, ...
+    LlamaCpp,
+}
+
+impl O200kClasses {
+    /// The pattern's "upper" class.
+    fn upper(self, c: char) -> bool {
+        match self {
+            O200kClasses::Unicode => is_o200k_upper(c),
+            O200kClasses::LlamaCpp => is_letter(c) && !c.is_ascii_lowercase(),
+        }
+    }
+
+    /// The pattern's "lower" class.
+    fn lower(self, c: char) -> bool {
+        match self {
+            O200kClasses::Unicode => is_o200k_lower(c),
+            O200kClasses::LlamaCpp => is_letter(c) && !c.is_ascii_uppercase(),
+        }
+    }
+}
+
+/// The o200k split of `text` into `out` (GPT-4o's and gpt-oss's pattern).
+///
+/// At each position the pattern's alternatives are tried in order, as a
+/// backtracking engine does, with P = `[^\r\n\p{L}\p{N}]` (an optional leading
+/// character), U the "upper" class and W the "lower" class (see [`O200kClasses`];
+/// the two overlap), C an optional contraction:
+/// 1. `P? U* W+ C?`: with P if one is there, else without. The greedy `U*` gives back
+///    characters only until `W+` can start: so it is the whole U run when a W-only
+///    character follows it, else the run up to its last character that is also W,
+///    which is then `W+` alone;
+/// 2. `P? U+ W* C?`: the U run (non-empty), then the W run;
+/// 3. `\p{N}{1,3}`;
+/// 4. ` ?[^\s\p{L}\p{N}]+[\r\n/]*`;
+/// 5. `\s*[\r\n]+`: whitespace up to its last CR or LF;
+/// 6. `\s+(?!\S)`: a whitespace run less its last character when text follows;
+/// 7. `\s+`.
+fn o200k_split<'a>(text: &'a str, classes: O200kClasses, out: &mut Vec<&'a str>) {
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    let n = chars.len();
+    let byte = |i: usize| if i < n { chars[i].0 } else { text.len() };
+    let at = |i: usize| chars.get(i).map(|&(_, c)| c);
+    let is_upper = |i: usize| at(i).is_some_and(|c| classes.upper(c));
+    let is_lower = |i: usize| at(i).is_some_and(|c| classes.lower(c));
+    let run = |mut i: usize, pred: &dyn Fn(usize) -> bool| {
+        while pred(i) {
+            i += 1;
+        }
+        i
+    };
+    // `P`: the optional leading character of the letter alternatives.
+    let lead = |c: char| c != '\r' && c != '\n' && !is_letter(c) && !is_number(c);
+    // The contraction at `i` (its length in chars), or 0.
+    let contraction = |i: usize| -> usize {
+        if at(i) != Some('\'') {
+            return 0;
+        }
+        let fold = |k: usize| {
+            at(i + k).map(|c| match c {
+                'ſ' if classes == O200kClasses::Unicode => 's',
+                c => c.to_ascii_lowercase(),
+            })
+        };
+        match (fold(1), fold(2)) {
+            (Some('s' | 't' | 'm' | 'd'), _) => 2,
+            (Some('r' | 'v'), Some('e')) | (Some('l'), Some('l')) => 3,
+            _ => 0,
+        }
+    };
+    // Alternative 1 from `s` (after the optional P): its end, before the contraction.
+    let upper_then_lower = |s: usize| -> Option<usize> {
+        let b = run(s, &is_upper);
+        if is_lower(b) {
+            return Some(run(b, &is_lower));
+        }
+        (s..b).rev().find(|&k| is_lower(k)).map(|k| k + 1)
+    };
+    // Alternative 2 from `s`.
+    let upper_run = |s: usize| -> Option<usize> {
+        let b = run(s, &is_upper);
+        (b > s).then(|| run(b, &is_lower))
+    };
+    let other = |i: usize| at(i).is_some_and(|d| !is_space(d) && !is_letter(d) && !is_number(d));
+
+    let mut pos = 0;
+    while pos < n {
+        let c = chars[pos].1;
+        let with_lead = lead(c);
+        let letters = [
+            with_lead.then(|| upper_then_lower(pos + 1)).flatten(),
+            upper_then_lower(pos),
+            with_lead.then(|| upper_run(pos + 1)).flatten(),
+            upper_run(pos),
+        ];
+        let end = if let Some(e) = letters.into_iter().flatten().next() {
+            e + contraction(e)
+        } else if is_number(c) {
+            let mut e = pos + 1;
+            while e < pos + 3 && at(e).is_some_and(is_number) {
+                e += 1;
+            }
+            e
+        } else if other(pos) || (c == ' ' && other(pos + 1)) {
+            let first = if c == ' ' { pos + 1 } else { pos };
+            let e = run(first, &other);
+            run(e, &|i| matches!(at(i), Some('\r' | '\n' | '/')))
+        } else {
+            // Whitespace (every character is a letter, a number, whitespace or "other").
+            let w = run(pos, &|i| at(i).is_some_and(is_space));
+            match (pos..w).rev().find(|&i| matches!(at(i), Some('\r' | '\n'))) {
+                Some(last_crlf) => last_crlf + 1,
+                None if w - pos > 1 && w < n => w - 1,
+                None => w,
+            }
+        };
+        out.push(&text[byte(pos)..byte(end)]);
+        pos = end;
+    }
+}
+
+/// `[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]`.
+fn is_o200k_upper(c: char) -> bool {
+    if c.is_ascii() {
+        return c.is_ascii_uppercase();
+    }
+    matches!(
+        get_general_category(c),
+        G::UppercaseLetter
+            | G::TitlecaseLetter
+            | G::ModifierLetter
+            | G::OtherLetter
+            | G::NonspacingMark
+            | G::SpacingMark
+            | G::EnclosingMark
+    )
+}
+
+/// `[\p{Ll}\p{Lm}\p{Lo}\p{M}]`.
+fn is_o200k_lower(c: char) -> bool {
+    if c.is_ascii() {
+        return c.is_ascii_lowercase();
+    }
+    matches!(
+        get_general_category(c),
+        G::LowercaseLetter | G::ModifierLetter | G::OtherLetter | G::NonspacingMark | G::SpacingMark | G::EnclosingMark
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -597,6 +778,43 @@ mod tests {
         assert_eq!(pieces(Llama3, "(x) !!\n\ny"), ["(x", ")", " !!\n\n", "y"]);
         assert_eq!(pieces(Llama3, "a   b "), ["a", "  ", " b", " "]);
         assert_eq!(pieces(Llama3, "\"quoted\""), ["\"quoted", "\""]);
+    }
+
+    fn o200k(classes: O200kClasses, s: &str) -> Vec<&str> {
+        let mut out = Vec::new();
+        o200k_split(s, classes, &mut out);
+        assert_eq!(out.concat(), s, "pieces must cover the text");
+        out
+    }
+
+    #[test]
+    fn o200k_examples() {
+        use O200kClasses::{LlamaCpp, Unicode};
+        for c in [Unicode, LlamaCpp] {
+            assert_eq!(o200k(c, "Hello world"), ["Hello", " world"]);
+            // Case changes cut words; a contraction joins the word before it, any case.
+            assert_eq!(o200k(c, "camelCase HTTPServer"), ["camel", "Case", " HTTPServer"]);
+            assert_eq!(o200k(c, "DON'T we'RE"), ["DON'T", " we'RE"]);
+            assert_eq!(o200k(c, "1234567"), ["123", "456", "7"]);
+            // `/` and CR/LF after punctuation join it; whitespace up to the last newline.
+            assert_eq!(o200k(c, "end.\r\n/x"), ["end", ".\r\n/", "x"]);
+            assert_eq!(o200k(c, "a  \n\n b"), ["a", "  \n\n", " b"]);
+            assert_eq!(o200k(c, "a   b "), ["a", "  ", " b", " "]);
+            assert_eq!(o200k(c, "(x) !!y"), ["(x", ")", " !!", "y"]);
+        }
+        // Unicode classes: a lower-case letter after an upper-case one starts no new
+        // piece, and combining marks belong to their letters.
+        assert_eq!(o200k(Unicode, "éÉé"), ["é", "Éé"]);
+        assert_eq!(o200k(Unicode, " e\u{301}cole"), [" e\u{301}cole"]);
+        // `U*` gives back up to its last character that is also "lower" (the mark).
+        assert_eq!(o200k(Unicode, "E\u{301}COLE"), ["E\u{301}", "COLE"]);
+        // A leading mark is a word of its own when an upper-case letter follows.
+        assert_eq!(o200k(Unicode, "\u{301}A"), ["\u{301}", "A"]);
+        assert_eq!(o200k(Unicode, "'ſ x'ſ"), ["'ſ", " x'ſ"]);
+        // llama.cpp: a non-ASCII letter is upper and lower at once; marks are neither.
+        assert_eq!(o200k(LlamaCpp, "éÉé"), ["éÉé"]);
+        assert_eq!(o200k(LlamaCpp, "e\u{301}cole"), ["e", "\u{301}cole"]);
+        assert_eq!(o200k(LlamaCpp, "x'ſ"), ["x", "'ſ"]);
     }
 
     #[test]
