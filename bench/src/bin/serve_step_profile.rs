@@ -197,6 +197,7 @@ fn engine_speed(
             sampler: Sampler::new(SamplerConfig::default())?,
             stop_ids: Vec::new(),
             stop_strings: Vec::new(),
+            format: fusebox_models::chat::OutputFormat::Plain,
             events: etx,
         };
         metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
@@ -207,7 +208,7 @@ fn engine_speed(
     for mut erx in receivers {
         while let Some(e) = erx.blocking_recv() {
             match e {
-                Event::Text(_) => {}
+                Event::Text(_) | Event::Reasoning(_) | Event::ToolCall { .. } => {}
                 Event::Done { completion_tokens, .. } => {
                     generated += completion_tokens;
                     break;
