@@ -8,7 +8,11 @@ clear winners; SmolLM2's tokenizer, which the converter recognises) is saved, co
 by `convert_hf_to_gguf.py --outtype f32` and, for each of 4 prompts, continued for 16
 tokens at temperature 0 by llama-cpp-python (`generate`, top-k 1) and by
 `fusebox generate --temperature 0 --json`, token ids compared (prompt and continuation).
-Prints both where they differ; exits non-zero if any does.
+gpt_oss is also quantized by llama.cpp (`llama_model_quantize`, MXFP4_MOE: experts in
+MXFP4, the rest Q8_0) and compared the same way with `fusebox generate --int8`, which
+rounds activations to 8 bits as llama.cpp does for these weights (this random model's
+top-2 logit gaps are small enough, e.g. 0.07, that f32 activations choose otherwise). Prints both where they differ; exits
+non-zero if any does.
 
 Usage, from the repository root (scripts/fetch-smollm2.sh and a release build first; a
 venv with torch, transformers and llama-cpp-python; LLAMA_CPP_SRC the unpacked
@@ -25,6 +29,7 @@ import tempfile
 
 import torch
 import transformers
+import llama_cpp
 from llama_cpp import Llama
 
 SRC = os.environ.get("LLAMA_CPP_SRC", "/tmp/lcp-src/llama_cpp_python-0.3.36")
@@ -33,6 +38,8 @@ FUSEBOX = os.environ.get("FUSEBOX", "target/release/fusebox")
 SMOLLM2 = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,"]
 NEW = 16
+# llama.cpp quantizations checked beside f32: (name, llama_ftype).
+QUANTIZED = {"gpt_oss": [("mxfp4_moe", llama_cpp.LLAMA_FTYPE_MOSTLY_MXFP4_MOE)]}
 
 COMMON = dict(
     vocab_size=49152,
@@ -97,29 +104,43 @@ def main():
                 env=env,
                 capture_output=True,
             )
-            llm = Llama(model_path=gguf, n_ctx=256, n_threads=2, verbose=False)
-            same = 0
-            for prompt in PROMPTS:
-                theirs_prompt = llm.tokenize(prompt.encode())
-                theirs = []
-                for t in llm.generate(theirs_prompt, temp=0.0, top_k=1, repeat_penalty=1.0):
-                    if t == llm.token_eos() or len(theirs) == NEW:
-                        break
-                    theirs.append(t)
-                out = subprocess.run(
-                    [FUSEBOX, "generate", "--model", gguf, "--prompt", prompt, "--temperature", "0", "--max-tokens",
-                     str(NEW), "--threads", "2", "--json"],
-                    capture_output=True, text=True, check=True,
-                ).stdout
-                ours = json.loads(out.strip().splitlines()[-1])
-                if ours["prompt_ids"] == theirs_prompt and ours["generated_ids"] == theirs:
-                    same += 1
-                else:
-                    print(f"  {name} {prompt!r}: fusebox {ours['prompt_ids']} → {ours['generated_ids']}")
-                    print(f"  {' ' * len(name)} llama.cpp {theirs_prompt} → {theirs}")
-            differ += len(PROMPTS) - same
-            print(f"{name}: fusebox == llama.cpp on {same}/{len(PROMPTS)} prompts ({NEW} greedy tokens each)")
+            variants = [(name, gguf)]
+            for label, ftype in QUANTIZED.get(name, []):
+                out = os.path.join(tmp, f"{name}-{label}.gguf")
+                params = llama_cpp.llama_model_quantize_default_params()
+                params.ftype = ftype
+                if llama_cpp.llama_model_quantize(gguf.encode(), out.encode(), params) != 0:
+                    raise RuntimeError(f"llama.cpp could not quantize {name} to {label}")
+                variants.append((f"{name} {label}", out))
+            for label, path in variants:
+                differ += compare(label, path, ["--int8"] if label != name else [])
     sys.exit(1 if differ else 0)
+
+
+def compare(label, gguf, flags):
+    """Greedy continuations of every prompt by llama.cpp and fusebox; returns how many differ."""
+    llm = Llama(model_path=gguf, n_ctx=256, n_threads=2, verbose=False)
+    same = 0
+    for prompt in PROMPTS:
+        theirs_prompt = llm.tokenize(prompt.encode())
+        theirs = []
+        for t in llm.generate(theirs_prompt, temp=0.0, top_k=1, repeat_penalty=1.0):
+            if t == llm.token_eos() or len(theirs) == NEW:
+                break
+            theirs.append(t)
+        out = subprocess.run(
+            [FUSEBOX, "generate", "--model", gguf, "--prompt", prompt, "--temperature", "0", "--max-tokens",
+             str(NEW), "--threads", "2", "--json"] + flags,
+            capture_output=True, text=True, check=True,
+        ).stdout
+        ours = json.loads(out.strip().splitlines()[-1])
+        if ours["prompt_ids"] == theirs_prompt and ours["generated_ids"] == theirs:
+            same += 1
+        else:
+            print(f"  {label} {prompt!r}: fusebox {ours['prompt_ids']} → {ours['generated_ids']}")
+            print(f"  {' ' * len(label)} llama.cpp {theirs_prompt} → {theirs}")
+    print(f"{label}: fusebox == llama.cpp on {same}/{len(PROMPTS)} prompts ({NEW} greedy tokens each)")
+    return len(PROMPTS) - same
 
 
 if __name__ == "__main__":
