@@ -268,7 +268,9 @@ mod tests {
         bad["style"] = serde_json::json!("falcon");
         let e = ModelConfig::from_json(&bad).unwrap_err().to_string();
         assert!(
-            e.contains("'style'") && e.contains("falcon") && e.contains("gpt2, llama, qwen3, qwen3_moe, gemma3"),
+            e.contains("'style'")
+                && e.contains("falcon")
+                && e.contains("gpt2, llama, qwen3, qwen3_moe, gpt_oss, gemma3"),
             "{e}"
         );
         let mut bad = v.clone();

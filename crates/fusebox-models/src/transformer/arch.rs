@@ -431,7 +431,7 @@ pub struct Biases {
     /// The MLP's projections (GPT-2).
     pub mlp: bool,
     /// The router and every expert's projections (gpt-oss).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub experts: bool,
 }
 
