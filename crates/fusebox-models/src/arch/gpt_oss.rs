@@ -127,13 +127,7 @@ impl Architecture for GptOss {
         let alpha = c.float("swiglu_alpha")?.unwrap_or(f64::from(ALPHA)) as f32;
         let limit = c.float("swiglu_limit")?.unwrap_or(f64::from(LIMIT)) as f32;
         gpt_oss_block(&mut arch, alpha, limit);
-        if let Some(w) = c.uint("sliding_window")? {
-            if w == 0 {
-                return Err(Error::value("config.json", "'sliding_window'", "> 0 or null", 0));
-            }
-            arch.sliding_window = Some(w);
-            arch.layer_attention = c.layer_types(arch.n_layers)?.unwrap_or_else(|| alternating(arch.n_layers));
-        }
+        super::hf::hf_sliding_window(c, &mut arch, alternating)?;
         arch.moe = Some(hf_moe(c, "num_local_experts", "intermediate_size", Routing::TopKSoftmax)?);
         Ok(arch)
     }

@@ -314,6 +314,16 @@ pub fn hf_sizes(c: &HfConfig<'_>, name: &str, default_eps: f64) -> Result<Arch> 
 
 /// Sets a sliding window on every layer from `sliding_window` (absent or null: none).
 pub fn hf_sliding_window_all(c: &HfConfig<'_>, arch: &mut Arch) -> Result<()> {
+    hf_sliding_window(c, arch, |n| vec![LayerAttention::Local; n])
+}
+
+/// Sets the window from `sliding_window` (absent or null: none) on the layers
+/// `layer_types` names, or on `default(n_layers)`'s when it is absent.
+pub fn hf_sliding_window(
+    c: &HfConfig<'_>,
+    arch: &mut Arch,
+    default: impl FnOnce(usize) -> Vec<LayerAttention>,
+) -> Result<()> {
     if let Some(w) = c.uint("sliding_window")? {
         if w == 0 {
             return Err(Error::value("config.json", "'sliding_window'", "> 0 or null", 0));
@@ -321,7 +331,7 @@ pub fn hf_sliding_window_all(c: &HfConfig<'_>, arch: &mut Arch) -> Result<()> {
         arch.sliding_window = Some(w);
         arch.layer_attention = match c.layer_types(arch.n_layers)? {
             Some(types) => types,
-            None => vec![LayerAttention::Local; arch.n_layers],
+            None => default(arch.n_layers),
         };
     }
     Ok(())
