@@ -1126,10 +1126,13 @@ pub trait ComputeBackend: Send + Sync + Debug {
 
     /// Rotary embedding at positions `offset + t`: each pair `(a, b)` becomes
     /// `(a·cos − b·sin, a·sin + b·cos)` with `cos[p, i]`, `sin[p, i]` for pair i; pairs
-    /// are `(i, i + D/2)` (HalfSplit) or `(2i, 2i+1)` (Interleaved).
+    /// are `(i, i + D/2)` (HalfSplit) or `(2i, 2i+1)` (Interleaved). Tables of `R/2 < D/2`
+    /// angles rotate only the first R dims (pairs `(i, i + R/2)` or `(2i, 2i+1)`, i < R/2)
+    /// and pass the rest through: partial rotary (Qwen3.5, Phi-2).
     ///
     /// # Shapes
-    /// `x`: `[B, H, T, D]`, D even; `cos`, `sin`: `[P, D/2]` f32, `offset + T ≤ P` → same as x.
+    /// `x`: `[B, H, T, D]`, D even; `cos`, `sin`: `[P, R/2]` f32, `2 ≤ R ≤ D`,
+    /// `offset + T ≤ P` → same as x.
     fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, style: RopeStyle, offset: usize) -> Result<Tensor> {
         on_cpu!(self, cpu::rope::rope; [x, cos, sin], style, offset)
     }

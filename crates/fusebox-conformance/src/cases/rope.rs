@@ -13,13 +13,16 @@ use crate::tolerance::Tolerance;
 const FLOATS: &[DType] = &[DType::F32, DType::F16, DType::BF16];
 const STYLES: [RopeStyle; 2] = [RopeStyle::HalfSplit, RopeStyle::Interleaved];
 
-/// `(x shape [B, H, T, D], table positions P, offset)` of the forward cases.
-const FORWARD_CONFIGS: &[([usize; 4], usize, usize)] = &[
-    ([2, 3, 5, 16], 5, 0),
-    ([1, 2, 7, 134], 12, 3),
-    ([1, 4, 1, 128], 10, 9),
-    ([2, 3, 1, 6], 40, 37),
-    ([2, 8, 32, 128], 64, 16),
+/// `(x shape [B, H, T, D], table positions P, offset, rotated pairs R/2)` of the
+/// forward cases; `R < D` is partial rotary (the last dims pass through).
+const FORWARD_CONFIGS: &[([usize; 4], usize, usize, usize)] = &[
+    ([2, 3, 5, 16], 5, 0, 8),
+    ([1, 2, 7, 134], 12, 3, 67),
+    ([1, 4, 1, 128], 10, 9, 64),
+    ([2, 3, 1, 6], 40, 37, 3),
+    ([2, 8, 32, 128], 64, 16, 64),
+    ([1, 2, 6, 64], 8, 2, 8),
+    ([2, 2, 1, 24], 9, 8, 5),
 ];
 
 /// Every case of the family.
@@ -62,10 +65,10 @@ fn table_input(t: Tensor) -> Input {
 
 fn forward_cases<B: ComputeBackend + ?Sized + 'static>(style: RopeStyle) -> Vec<Case<B>> {
     let mut cases = Vec::new();
-    for &(shape, positions, offset) in FORWARD_CONFIGS {
-        let name = format!("{style:?} x{shape:?} P={positions} offset={offset}");
+    for &(shape, positions, offset, pairs) in FORWARD_CONFIGS {
+        let name = format!("{style:?} x{shape:?} P={positions} offset={offset} R/2={pairs}");
         let x = rng_for(&name).normal_ish(shape);
-        let (cos, sin) = tables(positions, shape[3] / 2);
+        let (cos, sin) = tables(positions, pairs);
         cases.extend(
             OpCase::<B>::new(Op::Rope, name)
                 .input(x)
@@ -82,27 +85,30 @@ fn forward_cases<B: ComputeBackend + ?Sized + 'static>(style: RopeStyle) -> Vec<
 
 fn backward_cases<B: ComputeBackend + ?Sized + 'static>(style: RopeStyle) -> Vec<Case<B>> {
     let mut cases = Vec::new();
-    // Finite differences on a tiny shape at an offset. The backward reads only d_out and
-    // the tables, so x itself is free of shape and dtype checks there.
-    let (shape, positions, offset) = ([1usize, 2, 3, 8], 6, 2);
-    let name = format!("{style:?} x{shape:?} P={positions} offset={offset}");
-    let x = rng_for(&name).normal_ish(shape);
-    let (cos, sin) = tables(positions, shape[3] / 2);
-    cases.extend(
-        GradCase::<B>::new(Op::RopeBackward, name)
-            .input(Input::new(x).shape_free().dtype_free())
-            .input(table_input(cos))
-            .input(table_input(sin))
-            .forward(move |a| twin::rope(&a[0], &a[1], &a[2], style, offset))
-            .backward_twin(move |a, dy| vec![twin::rope_backward(dy, &a[1], &a[2], style, offset)])
-            .backward_call(move |b, t, dy| Ok(vec![b.rope_backward(dy, &t[1], &t[2], style, offset)?]))
-            .build(),
-    );
+    // Finite differences on tiny shapes at an offset, whole and partial rotary. The
+    // backward reads only d_out and the tables, so x itself is free of shape and dtype
+    // checks there.
+    for pairs in [4, 2] {
+        let (shape, positions, offset) = ([1usize, 2, 3, 8], 6, 2);
+        let name = format!("{style:?} x{shape:?} P={positions} offset={offset} R/2={pairs}");
+        let x = rng_for(&name).normal_ish(shape);
+        let (cos, sin) = tables(positions, pairs);
+        cases.extend(
+            GradCase::<B>::new(Op::RopeBackward, name)
+                .input(Input::new(x).shape_free().dtype_free())
+                .input(table_input(cos))
+                .input(table_input(sin))
+                .forward(move |a| twin::rope(&a[0], &a[1], &a[2], style, offset))
+                .backward_twin(move |a, dy| vec![twin::rope_backward(dy, &a[1], &a[2], style, offset)])
+                .backward_call(move |b, t, dy| Ok(vec![b.rope_backward(dy, &t[1], &t[2], style, offset)?]))
+                .build(),
+        );
+    }
     // Against the twin in every dtype, with tails, a decode step and the threaded size.
-    for &(shape, positions, offset) in &FORWARD_CONFIGS[1..] {
-        let name = format!("{style:?} d_out{shape:?} P={positions} offset={offset}");
+    for &(shape, positions, offset, pairs) in &FORWARD_CONFIGS[1..] {
+        let name = format!("{style:?} d_out{shape:?} P={positions} offset={offset} R/2={pairs}");
         let dy = rng_for(&name).normal_ish(shape);
-        let (cos, sin) = tables(positions, shape[3] / 2);
+        let (cos, sin) = tables(positions, pairs);
         cases.extend(
             OpCase::<B>::new(Op::RopeBackward, name)
                 .input(dy)
@@ -159,6 +165,7 @@ fn bad_value_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
         ("sin [5, 4] with cos [6, 4]", [x.clone(), cos.clone(), tables(5, 4).1], 0),
         ("tables [P, D/2 + 1]", [x.clone(), cos5, sin5], 0),
         ("tables [P, D] instead of [P, D/2]", [x.clone(), tables(6, 8).0, tables(6, 8).1], 0),
+        ("tables [P, 0] (no rotated pair)", [x.clone(), tables(6, 0).0, tables(6, 0).1], 0),
         ("x of rank 3", [x.reshape([2, 4, 8]).expect("same size"), cos.clone(), sin.clone()], 0),
         ("cos of rank 1", [x.clone(), cos.reshape([24]).expect("same size"), sin.clone()], 0),
     ];

@@ -23,7 +23,8 @@ pub(crate) fn rope(
     offset: usize,
 ) -> Result<Tensor> {
     let s = rope_spec::rope("rope", "x", x, cos, sin, offset)?;
-    if s.d == 0 || !word_aligned(&[x]) {
+    // The shader rotates whole rows; partial rotary runs on the CPU.
+    if s.d == 0 || 2 * s.pairs != s.d || !word_aligned(&[x]) {
         return fallback!(be, cpu::rope::rope; [x, cos, sin], style, offset);
     }
     be.rope_native("rope", x, cos, sin, s, style, offset, 1.0)
@@ -38,7 +39,7 @@ pub(crate) fn rope_backward(
     offset: usize,
 ) -> Result<Tensor> {
     let s = rope_spec::rope("rope_backward", "d_out", d_out, cos, sin, offset)?;
-    if s.d == 0 || !word_aligned(&[d_out]) {
+    if s.d == 0 || 2 * s.pairs != s.d || !word_aligned(&[d_out]) {
         return fallback!(be, cpu::rope::rope_backward; [d_out, cos, sin], style, offset);
     }
     be.rope_native("rope_backward", d_out, cos, sin, s, style, offset, -1.0)
