@@ -40,6 +40,7 @@ pub const FAMILIES: &[&str] = &[
     "layout",
     "conv",
     "moe",
+    "delta",
 ];
 
 /// The cases of one family by name, or of every family for `"all"`.
@@ -61,6 +62,7 @@ pub fn family_cases<B: ComputeBackend + ?Sized + 'static>(family: &str) -> Optio
         "layout" => cases::layout::cases(),
         "conv" => cases::conv::cases(),
         "moe" => cases::moe::cases(),
+        "delta" => cases::delta::cases(),
         "all" => return Some(FAMILIES.iter().flat_map(|f| family_cases(f).unwrap_or_default()).collect()),
         _ => return None,
     })

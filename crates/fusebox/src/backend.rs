@@ -77,6 +77,8 @@ struct_to_backend!(PairGradients { da, db });
 struct_to_backend!(CrossEntropyOutput { loss, d_logits }, count);
 struct_to_backend!(TopK { values, indices });
 struct_to_backend!(Routed { weights, experts });
+struct_to_backend!(DeltaRuleOutput { out, state });
+struct_to_backend!(DeltaRuleGradients { dq, dk, dv, dg, dbeta, d_initial_state });
 
 /// Runs a CPU kernel for an op a backend does not compute natively: the named tensor
 /// arguments are brought to the host, the kernel runs on the backend's CPU backend
@@ -572,6 +574,128 @@ pub trait ComputeBackend: Send + Sync + Debug {
             }
             dw => cpu::moe::expert_matmul_backward(cpu, &x, &w, &experts, &dy, dw)?.to_backend(self),
         }
+    }
+
+    // ──────────────────────────── linear attention ─────────────────────────────
+
+    /// The gated delta rule (Gated DeltaNet), chunked for prompts and training. Per
+    /// sequence b and value head h (reading key head `h / (Hv/Hk)`), a state S
+    /// (`Dk × Dv`) starts at `initial_state[b, h]` (zeros when `None`) and for each token
+    /// t: `S ← e^{g_t}·S; u = Sᵀk_t; S ← S + k_t·(β_t(v_t − u))ᵀ; o_t = Sᵀ(scale·q_t)`.
+    /// Computed 64 tokens at a time in the WY form (a triangular solve inside a chunk,
+    /// matrix products between chunks); agrees with the token-by-token recurrence (and
+    /// `gated_delta_rule_step` applied T times) within f32 rounding. No normalisation
+    /// happens inside: callers l2-normalise q and k first, and pass `scale = Dk^-½`.
+    ///
+    /// # Shapes
+    /// `q`, `k`: `[B, T, Hk, Dk]`; `v`: `[B, T, Hv, Dv]`, `Hv % Hk == 0`; `g`, `beta`:
+    /// `[B, T, Hv]`; `initial_state`: `[B, Hv, Dk, Dv]`; all F32 → out `[B, T, Hv, Dv]`,
+    /// state `[B, Hv, Dk, Dv]`.
+    fn gated_delta_rule(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        g: &Tensor,
+        beta: &Tensor,
+        initial_state: Option<&Tensor>,
+        scale: f32,
+    ) -> Result<DeltaRuleOutput> {
+        let initial_state = opt_to_host(self, initial_state)?;
+        on_cpu!(self, [q, k, v, g, beta] => |c| cpu::delta::gated_delta_rule(c, q, k, v, g, beta, initial_state.as_ref(), scale))
+    }
+
+    /// Backward of `gated_delta_rule`: the gradients of q, k, v, g, β (and of the
+    /// initial state when one was given) from `d_out` and `d_state`, the gradient
+    /// flowing into the final state (`None`: zero). Keeps the state only at chunk
+    /// boundaries (a forward scan recomputes them) and recomputes inside each chunk;
+    /// the maths is in `cpu::delta::backward`.
+    ///
+    /// # Shapes
+    /// as `gated_delta_rule`; `d_out`: `[B, T, Hv, Dv]`; `d_state`: `[B, Hv, Dk, Dv]` →
+    /// dq, dk `[B, T, Hk, Dk]` (summed over each key head's value heads), dv
+    /// `[B, T, Hv, Dv]`, dg, dbeta `[B, T, Hv]`, d_initial_state `[B, Hv, Dk, Dv]`; all F32.
+    fn gated_delta_rule_backward(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        g: &Tensor,
+        beta: &Tensor,
+        initial_state: Option<&Tensor>,
+        d_out: &Tensor,
+        d_state: Option<&Tensor>,
+        scale: f32,
+    ) -> Result<DeltaRuleGradients> {
+        let initial_state = opt_to_host(self, initial_state)?;
+        let d_state = opt_to_host(self, d_state)?;
+        on_cpu!(self, [q, k, v, g, beta, d_out] => |c| cpu::delta::gated_delta_rule_backward(
+            c, q, k, v, g, beta, initial_state.as_ref(), d_out, d_state.as_ref(), scale
+        ))
+    }
+
+    /// One decode step of the gated delta rule (T = 1), the state updated in place:
+    /// per sequence b and value head h, `S ← e^{g}·S; u = Sᵀk; S ← S + k·(β(v − u))ᵀ`,
+    /// returning `o = Sᵀ(scale·q)` (the new S). One pass over the state.
+    ///
+    /// # Shapes
+    /// `q`, `k`: `[B, Hk, Dk]`; `v`: `[B, Hv, Dv]`, `Hv % Hk == 0`; `g`, `beta`: `[B, Hv]`;
+    /// `state`: `[B, Hv, Dk, Dv]` (writable); all F32 → `[B, Hv, Dv]`.
+    fn gated_delta_rule_step(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        g: &Tensor,
+        beta: &Tensor,
+        state: &mut Tensor,
+        scale: f32,
+    ) -> Result<Tensor> {
+        let (q, k, v, g, beta) =
+            (self.to_host(q)?, self.to_host(k)?, self.to_host(v)?, self.to_host(g)?, self.to_host(beta)?);
+        let mut out = None;
+        in_place_on_cpu(self, state, |cpu, state| {
+            out = Some(cpu::delta::gated_delta_rule_step(cpu, &q, &k, &v, &g, &beta, state, scale)?);
+            Ok(())
+        })?;
+        out.ok_or_else(|| Error::unsupported("gated_delta_rule_step", "the kernel returned no output"))?
+            .to_backend(self)
+    }
+
+    /// The server's ragged decode step: row i of q, k, v, g, β advances `states[i]`
+    /// (each sequence its own state), exactly as `gated_delta_rule_step` on that row
+    /// alone would (bit for bit).
+    ///
+    /// # Shapes
+    /// `q`, `k`: `[N, Hk, Dk]`; `v`: `[N, Hv, Dv]`; `g`, `beta`: `[N, Hv]`; `states[i]`:
+    /// `[1, Hv, Dk, Dv]` (writable), `states.len() == N`; all F32 → `[N, Hv, Dv]`.
+    fn batched_gated_delta_rule_step(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        g: &Tensor,
+        beta: &Tensor,
+        states: &mut [&mut Tensor],
+        scale: f32,
+    ) -> Result<Tensor> {
+        let views: Vec<&Tensor> = states.iter().map(|s| &**s).collect();
+        crate::spec::delta::batched_gated_delta_rule_step(q, k, v, g, beta, &views, scale)?;
+        let (q, k, v, g, beta) =
+            (self.to_host(q)?, self.to_host(k)?, self.to_host(v)?, self.to_host(g)?, self.to_host(beta)?);
+        let cpu = self.cpu();
+        let _isa = cpu.enter();
+        if states.iter().all(|s| s.is_host()) {
+            return cpu::delta::batched_gated_delta_rule_step(cpu, &q, &k, &v, &g, &beta, states, scale)?
+                .to_backend(self);
+        }
+        let mut host = states.iter().map(|s| cpu::memory::copy(cpu, &self.to_host(s)?)).collect::<Result<Vec<_>>>()?;
+        let mut refs: Vec<&mut Tensor> = host.iter_mut().collect();
+        let out = cpu::delta::batched_gated_delta_rule_step(cpu, &q, &k, &v, &g, &beta, &mut refs, scale)?;
+        for (dst, h) in states.iter_mut().zip(&host) {
+            self.copy_into(dst, &self.upload(h)?)?;
+        }
+        out.to_backend(self)
     }
 
     // ──────────────────────────────── attention ────────────────────────────────

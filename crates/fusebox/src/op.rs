@@ -67,6 +67,11 @@ ops! {
     MoeRouteBackward => "moe_route_backward",
     ExpertMatmul => "expert_matmul",
     ExpertMatmulBackward => "expert_matmul_backward",
+    // linear attention
+    GatedDeltaRule => "gated_delta_rule",
+    GatedDeltaRuleBackward => "gated_delta_rule_backward",
+    GatedDeltaRuleStep => "gated_delta_rule_step",
+    BatchedGatedDeltaRuleStep => "batched_gated_delta_rule_step",
     // attention
     Attention => "attention",
     Sdpa => "sdpa",

@@ -223,3 +223,29 @@ pub struct Routed {
     /// `[..., k]` U32: the chosen experts, largest weight first (ties: lower index first).
     pub experts: Tensor,
 }
+
+/// Output of `gated_delta_rule`: the outputs and the final state.
+#[derive(Debug, Clone)]
+pub struct DeltaRuleOutput {
+    /// `[B, T, Hv, Dv]` f32: `o_t = S_tᵀ(scale·q_t)` per token and value head.
+    pub out: Tensor,
+    /// `[B, Hv, Dk, Dv]` f32: the state after the last token.
+    pub state: Tensor,
+}
+
+/// Gradients of `gated_delta_rule` with respect to its inputs.
+#[derive(Debug, Clone)]
+pub struct DeltaRuleGradients {
+    /// `[B, T, Hk, Dk]`, summed over the value heads that share each key head.
+    pub dq: Tensor,
+    /// `[B, T, Hk, Dk]`, summed over the value heads that share each key head.
+    pub dk: Tensor,
+    /// `[B, T, Hv, Dv]`
+    pub dv: Tensor,
+    /// `[B, T, Hv]`, the gradient of the log-decays.
+    pub dg: Tensor,
+    /// `[B, T, Hv]`
+    pub dbeta: Tensor,
+    /// `[B, Hv, Dk, Dv]`: `Some` exactly when the forward was given an initial state.
+    pub d_initial_state: Option<Tensor>,
+}

@@ -5,6 +5,7 @@
 pub mod activation;
 pub mod attention;
 pub mod conv;
+pub mod delta;
 pub mod elementwise;
 pub mod embedding;
 pub mod layout;

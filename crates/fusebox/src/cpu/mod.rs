@@ -10,6 +10,7 @@ pub mod attention;
 pub(crate) use crate::spec::check;
 pub mod conv;
 pub mod convert;
+pub mod delta;
 pub mod elementwise;
 pub mod embedding;
 pub mod layout;

@@ -18,6 +18,7 @@
 pub mod attention;
 pub mod check;
 pub mod conv;
+pub mod delta;
 pub mod elementwise;
 pub mod embedding;
 pub mod layout;
