@@ -5,6 +5,7 @@ pub mod attention;
 pub mod conv;
 pub mod elementwise;
 pub mod embedding;
+pub mod gdn_fixture;
 pub mod layout;
 pub mod loss;
 pub mod matmul;

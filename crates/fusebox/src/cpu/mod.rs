@@ -12,6 +12,7 @@ pub mod conv;
 pub mod convert;
 pub mod elementwise;
 pub mod embedding;
+pub mod gates;
 pub mod layout;
 pub mod loss;
 pub mod matmul;

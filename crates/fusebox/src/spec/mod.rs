@@ -20,6 +20,7 @@ pub mod check;
 pub mod conv;
 pub mod elementwise;
 pub mod embedding;
+pub mod gates;
 pub mod layout;
 pub mod matmul;
 pub mod memory;
