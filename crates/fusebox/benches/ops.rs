@@ -14,6 +14,10 @@ const CE_ROWS: usize = 128;
 const VOCAB: usize = 32000;
 const N: usize = ROWS * DIM;
 const EPS: f32 = 1e-5;
+/// Head size of the Gated DeltaNet norms.
+const HEAD_DIM: usize = 128;
+/// Conv channels of a Qwen3.5-sized Gated DeltaNet layer (q, k and v: 2·2048 + 6144).
+const CONV_CHANNELS: usize = 10240;
 
 fn case<T, E: std::fmt::Debug>(
     g: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>,
@@ -44,6 +48,22 @@ fn bench(c: &mut Criterion) {
         case(&mut g, "rms_norm_backward", 12 * N, || cpu.rms_norm_backward(&x, &w, &fwd.rstd, &y));
     }
     case(&mut g, "add_rms_norm", 16 * N, || cpu.add_rms_norm(&x, &y, &w, EPS));
+    // The Gated DeltaNet's norms, per head of 128: the gated output norm and L2 on q, k.
+    let heads = |t: &Tensor| t.reshape([N / HEAD_DIM, HEAD_DIM]).expect("same size");
+    let (xh, yh, zh, wh) = (heads(&x), heads(&y), heads(&z), random(&[HEAD_DIM], 9, 1.0));
+    case(&mut g, "rms_norm_gated (D 128)", 12 * N, || cpu.rms_norm_gated(&xh, &zh, &wh, EPS));
+    case(&mut g, "rms_norm_gated_backward (D 128)", 20 * N, || cpu.rms_norm_gated_backward(&xh, &zh, &wh, &yh, EPS));
+    case(&mut g, "l2_norm (D 128)", 8 * N, || cpu.l2_norm(&xh, 1e-6));
+    // One decode step of a Gated DeltaNet layer's conv: C channels, K = 4, the state as ctx.
+    let (ctx, tok, taps, bias) = (
+        random(&[1, CONV_CHANNELS, 3], 10, 1.0),
+        random(&[1, CONV_CHANNELS, 1], 11, 1.0),
+        random(&[CONV_CHANNELS, 4], 12, 0.5),
+        random(&[CONV_CHANNELS], 13, 0.1),
+    );
+    case(&mut g, "depthwise_conv1d_silu_ctx (decode step)", 40 * CONV_CHANNELS, || {
+        cpu.depthwise_conv1d_silu_ctx(&ctx, &tok, &taps, &bias)
+    });
     case(&mut g, "silu_mul", 12 * N, || cpu.silu_mul(&x, &y));
     case(&mut g, "silu_mul_backward", 20 * N, || cpu.silu_mul_backward(&x, &y, &z));
     case(&mut g, "softmax", 8 * N, || cpu.softmax(&x, 1));

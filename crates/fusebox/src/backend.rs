@@ -74,6 +74,10 @@ struct_to_backend!(NormGradients { dx, dweight, dbias });
 struct_to_backend!(MatmulGradients { da, db });
 struct_to_backend!(LinearGradients { dx, dweight, dbias });
 struct_to_backend!(PairGradients { da, db });
+struct_to_backend!(ConvGradients { dx, dw, dbias, d_ctx });
+struct_to_backend!(GatedNormGradients { dx, dz, dweight });
+struct_to_backend!(GateOutput { g, beta });
+struct_to_backend!(GateGradients { da, db, da_log, ddt_bias });
 struct_to_backend!(CrossEntropyOutput { loss, d_logits }, count);
 struct_to_backend!(TopK { values, indices });
 struct_to_backend!(Routed { weights, experts });
@@ -1056,6 +1060,35 @@ pub trait ComputeBackend: Send + Sync + Debug {
         on_cpu!(self, cpu::activation::stable_softplus; [x])
     }
 
+    /// The Gated DeltaNet gates (Qwen3-Next, Qwen3.5), per row and head h:
+    /// `β = σ(b)`, `g = −e^{a_log[h]}·softplus(a + dt_bias[h])` (softplus as
+    /// `stable_softplus`), computed in f32 whatever the input dtype.
+    ///
+    /// # Shapes
+    /// `a`, `b`: `[..., H]` (one float dtype); `a_log`, `dt_bias`: `[H]` (one float dtype,
+    /// F32 in models) → g, beta `[..., H]` F32.
+    fn gdn_gates(&self, a: &Tensor, b: &Tensor, a_log: &Tensor, dt_bias: &Tensor) -> Result<GateOutput> {
+        on_cpu!(self, cpu::gates::gdn_gates; [a, b, a_log, dt_bias])
+    }
+
+    /// Backward of `gdn_gates`: with `x = a + dt_bias[h]`, `da = −dg·e^{a_log[h]}·σ(x)`,
+    /// `db = dβ·β(1 − β)`, `da_log[h] = Σ_rows dg·g`, `ddt_bias[h] = Σ_rows da`.
+    ///
+    /// # Shapes
+    /// `a`, `b`: `[..., H]`; `a_log`, `dt_bias`: `[H]`; `dg`, `dbeta`: `[..., H]` F32 →
+    /// da, db `[..., H]` (a's dtype), da_log, ddt_bias `[H]` (a_log's dtype).
+    fn gdn_gates_backward(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        a_log: &Tensor,
+        dt_bias: &Tensor,
+        dg: &Tensor,
+        dbeta: &Tensor,
+    ) -> Result<GateGradients> {
+        on_cpu!(self, cpu::gates::gdn_gates_backward; [a, b, a_log, dt_bias, dg, dbeta])
+    }
+
     // ────────────────────────────── normalization ──────────────────────────────
 
     /// `y = x·w / sqrt(mean(x²) + eps)` over the last dim; saves `rstd`.
@@ -1114,6 +1147,23 @@ pub trait ComputeBackend: Send + Sync + Debug {
         on_cpu!(self, cpu::norm::rms_norm_gated; [x, z, weight], eps)
     }
 
+    /// Backward of `rms_norm_gated` (`y = x·r·w·silu(z)`, `r = 1/sqrt(mean(x²) + eps)`),
+    /// recomputing r: with `u = dy·silu(z)`, `x̂ = x·r`: `dx = r·(u·w − x̂·mean(u·w·x̂))`,
+    /// `dz = dy·x̂·w·silu'(z)`, `dw = Σ_rows u·x̂`.
+    ///
+    /// # Shapes
+    /// `x`, `z`, `d_out`: `[..., D]`; `weight`: `[D]` → dx, dz `[..., D]`, dweight `[D]`.
+    fn rms_norm_gated_backward(
+        &self,
+        x: &Tensor,
+        z: &Tensor,
+        weight: &Tensor,
+        d_out: &Tensor,
+        eps: f32,
+    ) -> Result<GatedNormGradients> {
+        on_cpu!(self, cpu::norm::rms_norm_gated_backward; [x, z, weight, d_out], eps)
+    }
+
     /// RMS norm over the channel axis: `y[b,c,t] = x[b,c,t]·w[c] / sqrt(mean_c(x[b,·,t]²) + eps)`.
     ///
     /// # Shapes
@@ -1145,6 +1195,24 @@ pub trait ComputeBackend: Send + Sync + Debug {
     /// `x`: `[..., D]` → same.
     fn normalize(&self, x: &Tensor, eps: f32) -> Result<Tensor> {
         on_cpu!(self, cpu::norm::normalize; [x], eps)
+    }
+
+    /// `y = x / sqrt(Σx² + eps)` over the last dim (a sum, eps inside the root: FLA's and
+    /// transformers' `l2norm` of the delta rule's q and k); saves `rnorm = 1/sqrt(Σx² + eps)`
+    /// in the `rstd` field.
+    ///
+    /// # Shapes
+    /// `x`: `[..., D]` → output `[..., D]`, rstd (rnorm) `[...]` f32, mean `None`.
+    fn l2_norm(&self, x: &Tensor, eps: f32) -> Result<NormOutput> {
+        on_cpu!(self, cpu::norm::l2_norm; [x], eps)
+    }
+
+    /// With `x̂ = x·r` (r = the forward's rnorm): `dx = r·(dy − x̂·Σ(dy·x̂))`.
+    ///
+    /// # Shapes
+    /// `x`, `d_out`: `[..., D]`; `rnorm`: `[...]` f32 → dx `[..., D]`.
+    fn l2_norm_backward(&self, x: &Tensor, rnorm: &Tensor, d_out: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::norm::l2_norm_backward; [x, rnorm, d_out])
     }
 
     // ───────────────────────── softmax, loss, optimizer ────────────────────────
@@ -1846,5 +1914,35 @@ pub trait ComputeBackend: Send + Sync + Debug {
     /// `ctx`: `[B, C, K−1]`; `x`: `[B, C, L]`; `w`: `[C, K]`; `bias`: `[C]` → `[B, C, L]`.
     fn depthwise_conv1d_bias_ctx(&self, ctx: &Tensor, x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<Tensor> {
         on_cpu!(self, cpu::conv::depthwise_conv1d_bias_ctx; [ctx, x, w, bias])
+    }
+
+    /// `depthwise_conv1d_silu` over `[ctx, x]` (ctx the K−1 previous inputs, a streaming
+    /// state) without concatenating them; with L = 1 it is the decode step of a Gated
+    /// DeltaNet layer's conv (`causal_conv1d_update`).
+    ///
+    /// # Shapes
+    /// `ctx`: `[B, C, K−1]`; `x`: `[B, C, L]`; `w`: `[C, K]`; `bias`: `[C]` → `[B, C, L]`.
+    fn depthwise_conv1d_silu_ctx(&self, ctx: &Tensor, x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<Tensor> {
+        on_cpu!(self, cpu::conv::depthwise_conv1d_silu_ctx; [ctx, x, w, bias])
+    }
+
+    /// Backward of `depthwise_conv1d_silu` (ctx `None`: zeros before t = 0) or of
+    /// `depthwise_conv1d_silu_ctx` (ctx given; `d_ctx` returned). With z = [ctx, x],
+    /// `pre = bias + Σ_k w[k]·z[t + k]` and `g = dy·silu'(pre)`: `dbias = Σ g`,
+    /// `dw[k] = Σ g[t]·z[t + k]`, `dz[j] = Σ_k w[k]·g[j − k]` (split into d_ctx, dx).
+    ///
+    /// # Shapes
+    /// `ctx`: `[B, C, K−1]`; `x`, `d_out`: `[B, C, L]`; `w`: `[C, K]`; `bias`: `[C]` →
+    /// dx `[B, C, L]`, dw `[C, K]`, dbias `[C]`, d_ctx `[B, C, K−1]`.
+    fn depthwise_conv1d_silu_backward(
+        &self,
+        ctx: Option<&Tensor>,
+        x: &Tensor,
+        w: &Tensor,
+        bias: &Tensor,
+        d_out: &Tensor,
+    ) -> Result<ConvGradients> {
+        let ctx = opt_to_host(self, ctx)?;
+        on_cpu!(self, [x, w, bias, d_out] => |c| cpu::conv::depthwise_conv1d_silu_backward(c, ctx.as_ref(), x, w, bias, d_out))
     }
 }

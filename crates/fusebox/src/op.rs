@@ -103,6 +103,8 @@ ops! {
     ClampedSwiglu => "clamped_swiglu",
     ClampedSwigluBackward => "clamped_swiglu_backward",
     StableSoftplus => "stable_softplus",
+    GdnGates => "gdn_gates",
+    GdnGatesBackward => "gdn_gates_backward",
     // normalization
     RmsNorm => "rms_norm",
     RmsNormBackward => "rms_norm_backward",
@@ -110,10 +112,13 @@ ops! {
     LayerNormBackward => "layer_norm_backward",
     AddRmsNorm => "add_rms_norm",
     RmsNormGated => "rms_norm_gated",
+    RmsNormGatedBackward => "rms_norm_gated_backward",
     RmsNormChannel => "rms_norm_channel",
     GroupNorm => "group_norm",
     AdalnModulate => "adaln_modulate",
     Normalize => "normalize",
+    L2Norm => "l2_norm",
+    L2NormBackward => "l2_norm_backward",
     // softmax, loss, optimizer
     Softmax => "softmax",
     SoftmaxBackward => "softmax_backward",
@@ -197,6 +202,8 @@ ops! {
     DepthwiseConv1dSilu => "depthwise_conv1d_silu",
     DepthwiseConv1dBias => "depthwise_conv1d_bias",
     DepthwiseConv1dBiasCtx => "depthwise_conv1d_bias_ctx",
+    DepthwiseConv1dSiluCtx => "depthwise_conv1d_silu_ctx",
+    DepthwiseConv1dSiluBackward => "depthwise_conv1d_silu_backward",
 }
 
 #[cfg(test)]

@@ -79,6 +79,53 @@ pub struct PairGradients {
     pub db: Tensor,
 }
 
+/// Gradients of `depthwise_conv1d_silu` / `depthwise_conv1d_silu_ctx`
+/// (`depthwise_conv1d_silu_backward`).
+#[derive(Debug, Clone)]
+pub struct ConvGradients {
+    /// Gradient of the input `x`, `[B, C, L]`, in x's dtype.
+    pub dx: Tensor,
+    /// Gradient of the taps `w`, `[C, K]`, in w's dtype.
+    pub dw: Tensor,
+    /// Gradient of the bias, `[C]`, in its dtype.
+    pub dbias: Tensor,
+    /// Gradient of the context `ctx`, `[B, C, K−1]`: `Some` exactly when a context was given.
+    pub d_ctx: Option<Tensor>,
+}
+
+/// Gradients of `rms_norm_gated` (`rms_norm_gated_backward`).
+#[derive(Debug, Clone)]
+pub struct GatedNormGradients {
+    /// Gradient of the normalized input `x`, in its shape and dtype.
+    pub dx: Tensor,
+    /// Gradient of the gate `z`, in its shape and dtype.
+    pub dz: Tensor,
+    /// Gradient of the weight, `[D]`, in its dtype.
+    pub dweight: Tensor,
+}
+
+/// The Gated DeltaNet gates of `gdn_gates`, both F32 `[..., H]`.
+#[derive(Debug, Clone)]
+pub struct GateOutput {
+    /// Log decay per step: `g = −exp(a_log[h])·softplus(a + dt_bias[h])` (≤ 0).
+    pub g: Tensor,
+    /// Write strength: `β = σ(b)`.
+    pub beta: Tensor,
+}
+
+/// Gradients of `gdn_gates` (`gdn_gates_backward`).
+#[derive(Debug, Clone)]
+pub struct GateGradients {
+    /// Gradient of `a`, `[..., H]`, in a's dtype.
+    pub da: Tensor,
+    /// Gradient of `b`, `[..., H]`, in b's dtype.
+    pub db: Tensor,
+    /// Gradient of `a_log`, `[H]` (summed over rows), in its dtype.
+    pub da_log: Tensor,
+    /// Gradient of `dt_bias`, `[H]` (summed over rows), in its dtype.
+    pub ddt_bias: Tensor,
+}
+
 /// Output of the fused cross-entropy.
 #[derive(Debug, Clone)]
 pub struct CrossEntropyOutput {

@@ -8,6 +8,7 @@ use fusebox::{ComputeBackend, DType, GeluForm, Op, Result as FbResult, Tensor};
 
 use crate::array::Array;
 use crate::case::{Case, CaseKind, GradCase, Input, OpCase};
+use crate::cases::gdn_fixture;
 use crate::reference::activation as twin;
 use crate::rng::Rng;
 use crate::tolerance::Tolerance;
@@ -408,6 +409,167 @@ pub fn cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     cases.extend(silu_mul_cases());
     cases.extend(gelu_mul_cases());
     cases.extend(clamped_swiglu_cases());
+    cases.extend(gdn_gates_cases());
+    cases.extend(gdn_gates_backward_cases());
+    cases.extend(gdn_fixture::gates_cases());
+    cases
+}
+
+/// Inputs of the Gated DeltaNet gates for `[..., H]` rows: a and b spread over `±spread`,
+/// a_log in [ln 0.01, ln 16] (transformers' initialisation) and dt_bias in [−1, 2], both F32.
+fn gate_inputs(rng: &mut Rng, shape: &[usize], spread: f64) -> [Tensor; 4] {
+    let h = shape[shape.len() - 1];
+    [
+        rng.tensor(shape.to_vec(), -spread, spread),
+        rng.tensor(shape.to_vec(), -spread, spread),
+        rng.tensor([h], 0.01f64.ln(), 16f64.ln()),
+        rng.tensor([h], -1.0, 2.0),
+    ]
+}
+
+/// `gdn_gates` against its twin: a + dt_bias through softplus' linear range (> 20, > 88)
+/// and its exponential tail (< −20), F16/BF16 a and b with F32 parameters, a threaded size.
+fn gdn_gates_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    let mut rng = Rng::new(0x6a7e);
+    let mut cases = Vec::new();
+    let configs: [(&[usize], f64); 4] = [(&[2, 5, 4], 100.0), (&[7, 16], 30.0), (&[3], 8.0), (&[5000, 16], 30.0)];
+    for (i, (shape, spread)) in configs.into_iter().enumerate() {
+        let [a, b, a_log, dt_bias] = gate_inputs(&mut rng, shape, spread);
+        let mut case =
+            OpCase::<B>::new(Op::GdnGates, format!("gdn_gates a, b{shape:?} in ±{spread}, a_log, dt_bias f32"))
+                .input(a)
+                .input(b)
+                .input(Input::new(a_log).keep_f32())
+                .input(Input::new(dt_bias).keep_f32())
+                .call(|be, t| {
+                    let o = be.gdn_gates(&t[0], &t[1], &t[2], &t[3])?;
+                    Ok(vec![o.g, o.beta])
+                })
+                .twin(|x| {
+                    let (g, beta) = twin::gdn_gates(&x[0], &x[1], &x[2], &x[3]);
+                    vec![g, beta]
+                })
+                .dtypes(ALL_FLOATS);
+        if i > 0 {
+            case = case.no_bad_inputs();
+        }
+        cases.extend(case.build());
+    }
+    cases.push(Case::custom(
+        Op::GdnGates,
+        CaseKind::Property,
+        "gdn_gates gives F32 g and beta for bf16 a, b",
+        |be: &B| {
+            let run = || -> FbResult<_> {
+                let a = be.upload(&Tensor::from_f32_as(&[0.5; 4], [2, 2], DType::BF16)?)?;
+                let p = be.upload(&Tensor::from_vec(vec![0.0f32; 2], [2])?)?;
+                be.gdn_gates(&a, &a, &p, &p)
+            };
+            let o = run().map_err(|e| e.to_string())?;
+            match (o.g.dtype(), o.beta.dtype()) {
+                (DType::F32, DType::F32) => Ok(()),
+                other => Err(format!("g, beta dtypes {other:?}")),
+            }
+        },
+    ));
+    let bad: [(&str, [Tensor; 4]); 4] = [
+        ("a_log [3] for H = 4", gates_with(&mut rng, &[2, 4], 2, Tensor::zeros([3], DType::F32).expect("zeros"))),
+        ("dt_bias [5] for H = 4", gates_with(&mut rng, &[2, 4], 3, Tensor::zeros([5], DType::F32).expect("zeros"))),
+        ("b [4, 2] for a [2, 4]", gates_with(&mut rng, &[2, 4], 1, Tensor::zeros([4, 2], DType::F32).expect("zeros"))),
+        (
+            "dt_bias bf16 with a_log f32",
+            gates_with(&mut rng, &[2, 4], 3, Tensor::zeros([4], DType::BF16).expect("zeros")),
+        ),
+    ];
+    for (what, t) in bad {
+        cases.push(Case::expect_error(Op::GdnGates, format!("gdn_gates {what}"), move |be: &B| {
+            let u: Vec<Tensor> = t.iter().map(|x| be.upload(x)).collect::<FbResult<_>>()?;
+            be.gdn_gates(&u[0], &u[1], &u[2], &u[3]).map(drop)
+        }));
+    }
+    cases
+}
+
+/// Gate inputs for `[..., H]` with input `which` replaced by `bad`.
+fn gates_with(rng: &mut Rng, shape: &[usize], which: usize, bad: Tensor) -> [Tensor; 4] {
+    let mut t = gate_inputs(rng, shape, 4.0);
+    t[which] = bad;
+    t
+}
+
+/// g stacked over β: the one output the gradient cases differentiate, `[2, ..., H]`.
+fn stacked_gates(x: &[Array]) -> Array {
+    let (g, beta) = twin::gdn_gates(&x[0], &x[1], &x[2], &x[3]);
+    let mut shape = vec![2];
+    shape.extend_from_slice(&g.shape);
+    Array::new(shape, g.data.into_iter().chain(beta.data).collect())
+}
+
+/// `gdn_gates_backward`: the twin by finite differences and the backend against it
+/// (upstream gradients of g and β stacked, see `stacked_gates`), a threaded size with
+/// many rows summed into da_log, ddt_bias, and bad upstream gradients.
+fn gdn_gates_backward_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    let mut rng = Rng::new(0x6a7f);
+    let mut cases = Vec::new();
+    for shape in [&[2usize, 3, 4][..], &[5, 2][..]] {
+        let [a, b, a_log, dt_bias] = gate_inputs(&mut rng, shape, 5.0);
+        cases.extend(
+            GradCase::<B>::new(Op::GdnGatesBackward, format!("gdn_gates a, b{shape:?}: g and beta stacked"))
+                .input(a)
+                .input(b)
+                .input(a_log)
+                .input(dt_bias)
+                .forward(stacked_gates)
+                .backward_twin(|x, d| {
+                    let n = d.len() / 2;
+                    let dg = Array::new(x[0].shape.clone(), d.data[..n].to_vec());
+                    let dbeta = Array::new(x[0].shape.clone(), d.data[n..].to_vec());
+                    let (da, db, da_log, ddt_bias) = twin::gdn_gates_backward(&x[0], &x[1], &x[2], &x[3], &dg, &dbeta);
+                    vec![da, db, da_log, ddt_bias]
+                })
+                .backward_call(|be: &B, t, d| {
+                    let (dg, dbeta) = (be.select(d, 0, 0)?, be.select(d, 0, 1)?);
+                    let g = be.gdn_gates_backward(&t[0], &t[1], &t[2], &t[3], &dg, &dbeta)?;
+                    Ok(vec![g.da, g.db, g.da_log, g.ddt_bias])
+                })
+                .build(),
+        );
+    }
+    for (shape, spread) in [(&[7usize, 16][..], 30.0), (&[5000, 16][..], 30.0)] {
+        let [a, b, a_log, dt_bias] = gate_inputs(&mut rng, shape, spread);
+        cases.extend(
+            OpCase::<B>::new(Op::GdnGatesBackward, format!("gdn_gates_backward a, b, dg, dbeta{shape:?} in ±{spread}"))
+                .input(a)
+                .input(b)
+                .input(Input::new(a_log).keep_f32())
+                .input(Input::new(dt_bias).keep_f32())
+                .input(Input::new(rng.tensor(shape.to_vec(), -1.0, 1.0)).keep_f32())
+                .input(Input::new(rng.tensor(shape.to_vec(), -1.0, 1.0)).keep_f32())
+                .call(|be, t| {
+                    let g = be.gdn_gates_backward(&t[0], &t[1], &t[2], &t[3], &t[4], &t[5])?;
+                    Ok(vec![g.da, g.db, g.da_log, g.ddt_bias])
+                })
+                .twin(|x| {
+                    let (da, db, da_log, ddt_bias) = twin::gdn_gates_backward(&x[0], &x[1], &x[2], &x[3], &x[4], &x[5]);
+                    vec![da, db, da_log, ddt_bias]
+                })
+                .tolerance(Tolerance::F32_LOOSE)
+                .dtypes(ALL_FLOATS)
+                .no_bad_inputs()
+                .build(),
+        );
+    }
+    for (what, bad_dg) in [
+        ("dg bf16 (g is F32)", Tensor::from_f32_as(&[0.5; 8], [2, 4], DType::BF16).expect("bf16")),
+        ("dg [2, 5] for a [2, 4]", Tensor::zeros([2, 5], DType::F32).expect("zeros")),
+    ] {
+        let t = gate_inputs(&mut rng, &[2, 4], 4.0);
+        cases.push(Case::expect_error(Op::GdnGatesBackward, format!("gdn_gates_backward {what}"), move |be: &B| {
+            let u: Vec<Tensor> = t.iter().map(|x| be.upload(x)).collect::<FbResult<_>>()?;
+            let (dg, dbeta) = (be.upload(&bad_dg)?, be.upload(&Tensor::zeros([2, 4], DType::F32)?)?);
+            be.gdn_gates_backward(&u[0], &u[1], &u[2], &u[3], &dg, &dbeta).map(drop)
+        }));
+    }
     cases
 }
 

@@ -6,6 +6,7 @@ pub mod conv;
 pub mod delta;
 pub mod elementwise;
 pub mod embedding;
+pub mod gdn_fixture;
 pub mod layout;
 pub mod loss;
 pub mod matmul;

@@ -7,6 +7,7 @@ use fusebox::{ComputeBackend, DType, Op, Result as FbResult, Tensor};
 
 use crate::array::Array;
 use crate::case::{Case, CaseKind, GradCase, Input, OpCase};
+use crate::cases::gdn_fixture;
 use crate::reference::norm as twin;
 use crate::rng::Rng;
 use crate::tolerance::Tolerance;
@@ -22,6 +23,10 @@ pub fn cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     cases.extend(layer_norm_backward_cases());
     cases.extend(add_rms_norm_cases());
     cases.extend(rms_norm_gated_cases());
+    cases.extend(rms_norm_gated_backward_cases());
+    cases.extend(l2_norm_cases());
+    cases.extend(l2_norm_backward_cases());
+    cases.extend(gdn_fixture::norm_cases());
     cases.extend(rms_norm_channel_cases());
     cases.extend(group_norm_cases());
     cases.extend(adaln_modulate_cases());
@@ -473,6 +478,207 @@ fn rms_norm_gated_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> 
         cases.push(Case::<B>::expect_error(Op::RmsNormGated, format!("rms_norm_gated {name}"), move |b| {
             let t = up(b, &[&ts[0], &ts[1], &ts[2]])?;
             b.rms_norm_gated(&t[0], &t[1], &t[2], eps).map(|_| ())
+        }));
+    }
+    cases
+}
+
+fn rms_norm_gated_backward_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    let mut cases = Vec::new();
+    // Finite differences on tiny shapes (gates over both silu tails).
+    for &(shape, eps) in &[(&[3usize, 5][..], 1e-5f32), (&[2, 7][..], 1e-2)] {
+        let name = format!("rms_norm_gated x, z{shape:?} eps={eps:e}");
+        let mut rng = rng_for(&name);
+        let d = shape[shape.len() - 1];
+        let (x, z, w) = (uniform(&mut rng, shape, -1.0, 1.0), uniform(&mut rng, shape, -6.0, 6.0), weight(&mut rng, d));
+        let e = eps as f64;
+        cases.extend(
+            GradCase::<B>::new(Op::RmsNormGatedBackward, name)
+                .input(x)
+                .input(z)
+                .input(w)
+                .forward(move |a| twin::rms_norm_gated(&a[0], &a[1], &a[2], e))
+                .backward_twin(move |a, dy| {
+                    let (dx, dz, dw) = twin::rms_norm_gated_backward(&a[0], &a[1], &a[2], dy, e);
+                    vec![dx, dz, dw]
+                })
+                .backward_call(move |b, t, dy| {
+                    let g = b.rms_norm_gated_backward(&t[0], &t[1], &t[2], dy, eps)?;
+                    Ok(vec![g.dx, g.dz, g.dweight])
+                })
+                .build(),
+        );
+    }
+    // Against the twin: tails, head-sized rows (D = 128), many partial blocks, F16/BF16.
+    for shape in [&[4usize, 67][..], &[67][..], &[2, 300, 4, 128][..], &[64, 1000][..]] {
+        let name = format!("rms_norm_gated_backward x, z, d_out{shape:?}");
+        let mut rng = rng_for(&name);
+        let d = shape[shape.len() - 1];
+        let (x, z, w) = (uniform(&mut rng, shape, -1.0, 1.0), uniform(&mut rng, shape, -6.0, 6.0), weight(&mut rng, d));
+        let dy = uniform(&mut rng, shape, -1.0, 1.0);
+        cases.extend(
+            OpCase::<B>::new(Op::RmsNormGatedBackward, name)
+                .input(x)
+                .input(z)
+                .input(w)
+                .input(dy)
+                .call(|b, t| {
+                    let g = b.rms_norm_gated_backward(&t[0], &t[1], &t[2], &t[3], 1e-6)?;
+                    Ok(vec![g.dx, g.dz, g.dweight])
+                })
+                .twin(|a| {
+                    let (dx, dz, dw) = twin::rms_norm_gated_backward(&a[0], &a[1], &a[2], &a[3], 1e-6);
+                    vec![dx, dz, dw]
+                })
+                .tolerance(Tolerance::F32_LOOSE)
+                .dtypes(FLOATS)
+                .no_bad_inputs()
+                .build(),
+        );
+    }
+    cases.push(determinism_case::<B>(Op::RmsNormGatedBackward, [300, 1000], |b, t| {
+        // x, z (also the upstream gradient), weight.
+        let g = b.rms_norm_gated_backward(&t[0], &t[2], &t[1], &t[2], 1e-6)?;
+        Ok(vec![g.dx, g.dz, g.dweight])
+    }));
+    let mut rng = rng_for("rms_norm_gated_backward bad");
+    let (x, z, w) = (uniform(&mut rng, &[4, 8], -1.0, 1.0), uniform(&mut rng, &[4, 8], -1.0, 1.0), weight(&mut rng, 8));
+    let dy = uniform(&mut rng, &[4, 8], -1.0, 1.0);
+    let bad: Vec<(&str, [Tensor; 4], f32)> = vec![
+        ("z [8, 4] with x [4, 8]", [x.clone(), z.reshape([8, 4]).expect("same size"), w.clone(), dy.clone()], 1e-5),
+        ("d_out bf16 with x f32", [x.clone(), z.clone(), w.clone(), cast(&dy, DType::BF16)], 1e-5),
+        ("d_out [4, 9] for x [4, 8]", [x.clone(), z.clone(), w.clone(), uniform(&mut rng, &[4, 9], -1.0, 1.0)], 1e-5),
+        ("weight [9] for D = 8", [x.clone(), z.clone(), weight(&mut rng, 9), dy.clone()], 1e-5),
+        ("eps = -1", [x.clone(), z.clone(), w.clone(), dy.clone()], -1.0),
+    ];
+    for (name, ts, eps) in bad {
+        cases.push(Case::<B>::expect_error(
+            Op::RmsNormGatedBackward,
+            format!("rms_norm_gated_backward {name}"),
+            move |b| {
+                let t = up(b, &[&ts[0], &ts[1], &ts[2], &ts[3]])?;
+                b.rms_norm_gated_backward(&t[0], &t[1], &t[2], &t[3], eps).map(|_| ())
+            },
+        ));
+    }
+    cases
+}
+
+// ───────────────────────────────── l2_norm ─────────────────────────────────
+
+fn l2_norm_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    let mut cases = Vec::new();
+    // (shape, eps, a row scaled so small that eps dominates Σx²)
+    let configs: &[(&[usize], f32, Option<usize>)] = &[
+        (&[4, 67], 1e-6, None),
+        (&[2, 3, 4, 128], 1e-6, None),
+        (&[67], 0.0, None),
+        (&[3, 16], 1e-6, Some(1)),
+        (&[2, 300, 4, 128], 1e-6, None),
+    ];
+    for (i, &(shape, eps, tiny_row)) in configs.iter().enumerate() {
+        let mut name = format!("l2_norm x{shape:?} eps={eps:e}");
+        let mut rng = rng_for(&name);
+        let mut x = uniform(&mut rng, shape, -1.0, 1.0);
+        if let Some(r) = tiny_row {
+            x = with_row(&x, r, 1e-5);
+            name += &format!(" row {r} all 1e-5");
+        }
+        let mut case = OpCase::<B>::new(Op::L2Norm, name)
+            // Any D is valid on its own.
+            .input(Input::new(x).shape_free())
+            .call(move |b, t| {
+                let o = b.l2_norm(&t[0], eps)?;
+                Ok(vec![o.output, o.rstd])
+            })
+            .twin(move |a| {
+                let (y, rnorm) = twin::l2_norm(&a[0], eps as f64);
+                vec![y, rnorm]
+            })
+            .dtypes(FLOATS);
+        if i > 0 {
+            case = case.no_bad_inputs();
+        }
+        cases.extend(case.build());
+    }
+    cases.push(Case::<B>::custom(Op::L2Norm, CaseKind::Property, "l2_norm saves no mean", |b| {
+        let x = b.upload(&Tensor::from_vec(vec![3.0f32, 4.0], [1, 2]).expect("shape")).map_err(|e| e.to_string())?;
+        let o = b.l2_norm(&x, 0.0).map_err(|e| e.to_string())?;
+        if o.mean.is_some() {
+            return Err("mean is Some".into());
+        }
+        let y = b.to_host(&o.output).and_then(|t| t.to_vec_f32()).map_err(|e| e.to_string())?;
+        Tolerance::F32.check(
+            "output",
+            &Array::new(vec![2], y.iter().map(|&v| v as f64).collect()),
+            &Array::new(vec![2], vec![0.6, 0.8]),
+        )
+    }));
+    for (name, eps) in [("eps = -1", -1.0f32), ("eps = NaN", f32::NAN)] {
+        cases.push(Case::<B>::expect_error(Op::L2Norm, format!("l2_norm {name}"), move |b| {
+            let x = b.upload(&Tensor::from_vec(vec![0.5f32; 8], [2, 4])?)?;
+            b.l2_norm(&x, eps).map(|_| ())
+        }));
+    }
+    cases.push(Case::<B>::expect_error(Op::L2Norm, "l2_norm x[4, 0] (D = 0)", |b| {
+        let x = b.upload(&Tensor::zeros([4, 0], DType::F32)?)?;
+        b.l2_norm(&x, 1e-6).map(|_| ())
+    }));
+    cases
+}
+
+fn l2_norm_backward_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    let mut cases = Vec::new();
+    for &(shape, eps) in &[(&[3usize, 5][..], 1e-6f32), (&[2, 7][..], 1e-2)] {
+        let name = format!("l2_norm x{shape:?} eps={eps:e}");
+        let mut rng = rng_for(&name);
+        let x = uniform(&mut rng, shape, -1.0, 1.0);
+        let e = eps as f64;
+        cases.extend(
+            GradCase::<B>::new(Op::L2NormBackward, name)
+                .input(x)
+                .forward(move |a| twin::l2_norm(&a[0], e).0)
+                .backward_twin(move |a, dy| {
+                    let (_, rnorm) = twin::l2_norm(&a[0], e);
+                    vec![twin::l2_norm_backward(&a[0], &rnorm, dy)]
+                })
+                .backward_call(move |b, t, dy| {
+                    let rnorm = b.l2_norm(&t[0], eps)?.rstd;
+                    Ok(vec![b.l2_norm_backward(&t[0], &rnorm, dy)?])
+                })
+                .build(),
+        );
+    }
+    for shape in [&[4usize, 67][..], &[67][..], &[2, 300, 4, 128][..]] {
+        let name = format!("l2_norm_backward x{shape:?} saved rnorm");
+        let mut rng = rng_for(&name);
+        let (x, dy) = (uniform(&mut rng, shape, -1.0, 1.0), uniform(&mut rng, shape, -1.0, 1.0));
+        let rnorm = twin::l2_norm(&arr(&x), 1e-6).1.to_tensor();
+        cases.extend(
+            OpCase::<B>::new(Op::L2NormBackward, name)
+                .input(x)
+                .input(Input::new(rnorm).keep_f32().constant())
+                .input(dy)
+                .call(|b, t| Ok(vec![b.l2_norm_backward(&t[0], &t[1], &t[2])?]))
+                .twin(|a| vec![twin::l2_norm_backward(&a[0], &a[1], &a[2])])
+                .tolerance(Tolerance::F32_LOOSE)
+                .dtypes(FLOATS)
+                .build(),
+        );
+    }
+    let mut rng = rng_for("l2_norm_backward bad");
+    let (x, dy) = (uniform(&mut rng, &[4, 8], -1.0, 1.0), uniform(&mut rng, &[4, 8], -1.0, 1.0));
+    let rnorm = uniform(&mut rng, &[4], 0.5, 2.0);
+    let bad: Vec<(&str, [Tensor; 3])> = vec![
+        ("rnorm [5] for x [4, 8]", [x.clone(), uniform(&mut rng, &[5], 0.5, 2.0), dy.clone()]),
+        ("rnorm f16 (saved statistics are f32)", [x.clone(), cast(&rnorm, DType::F16), dy.clone()]),
+        ("d_out f16 with x f32", [x.clone(), rnorm.clone(), cast(&dy, DType::F16)]),
+        ("d_out [8, 4] for x [4, 8]", [x.clone(), rnorm.clone(), dy.reshape([8, 4]).expect("same size")]),
+    ];
+    for (name, ts) in bad {
+        cases.push(Case::<B>::expect_error(Op::L2NormBackward, format!("l2_norm_backward {name}"), move |b| {
+            let t = up(b, &[&ts[0], &ts[1], &ts[2]])?;
+            b.l2_norm_backward(&t[0], &t[1], &t[2]).map(|_| ())
         }));
     }
     cases

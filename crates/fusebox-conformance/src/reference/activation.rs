@@ -176,3 +176,40 @@ pub fn gelu_mul_backward(gate: &Array, up: &Array, dy: &Array, form: GeluForm) -
 pub fn stable_softplus(x: &Array) -> Array {
     x.map(|x| x.max(x.min(88.0).exp().ln_1p()))
 }
+
+/// The Gated DeltaNet gates: `g = −e^{a_log[h]}·softplus(a + dt_bias[h])` (softplus as
+/// `stable_softplus`), `β = σ(b)`, for a, b `[..., H]`. Returns (g, β).
+pub fn gdn_gates(a: &Array, b: &Array, a_log: &Array, dt_bias: &Array) -> (Array, Array) {
+    let h = a.last_dim();
+    let mut g = Array::zeros(a.shape.clone());
+    for (i, v) in g.data.iter_mut().enumerate() {
+        let x = a.data[i] + dt_bias.data[i % h];
+        *v = -a_log.data[i % h].exp() * x.max(x.min(88.0).exp().ln_1p());
+    }
+    (g, b.map(sigmoid_of))
+}
+
+/// Gradients of `gdn_gates` for upstream `dg`, `dβ`: with `x = a + dt_bias[h]`,
+/// `da = −dg·e^{a_log[h]}·σ(x)` (softplus' = σ), `db = dβ·β(1 − β)`,
+/// `da_log[h] = Σ dg·g` (∂g/∂a_log = g), `ddt_bias[h] = Σ da`. Returns (da, db, da_log, ddt_bias).
+pub fn gdn_gates_backward(
+    a: &Array,
+    b: &Array,
+    a_log: &Array,
+    dt_bias: &Array,
+    dg: &Array,
+    dbeta: &Array,
+) -> (Array, Array, Array, Array) {
+    let h = a.last_dim();
+    let (g, beta) = gdn_gates(a, b, a_log, dt_bias);
+    let (mut da, mut da_log, mut ddt_bias) =
+        (Array::zeros(a.shape.clone()), Array::zeros(vec![h]), Array::zeros(vec![h]));
+    for i in 0..a.len() {
+        let x = a.data[i] + dt_bias.data[i % h];
+        da.data[i] = -dg.data[i] * a_log.data[i % h].exp() * sigmoid_of(x);
+        ddt_bias.data[i % h] += da.data[i];
+        da_log.data[i % h] += dg.data[i] * g.data[i];
+    }
+    let db = dbeta.zip(&beta, |d, s| d * s * (1.0 - s));
+    (da, db, da_log, ddt_bias)
+}

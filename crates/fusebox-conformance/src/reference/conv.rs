@@ -144,3 +144,48 @@ pub fn depthwise_conv1d_bias(x: &Array, w: &Array, bias: &Array) -> Array {
 pub fn depthwise_conv1d_bias_ctx(ctx: &Array, x: &Array, w: &Array, bias: &Array) -> Array {
     causal_depthwise(Some(ctx), x, w, bias)
 }
+
+/// `depthwise_conv1d_silu` over `[ctx, x]`.
+pub fn depthwise_conv1d_silu_ctx(ctx: &Array, x: &Array, w: &Array, bias: &Array) -> Array {
+    causal_depthwise(Some(ctx), x, w, bias).map(|v| v / (1.0 + (-v).exp()))
+}
+
+/// Gradients of `depthwise_conv1d_silu` (ctx `None`) or `depthwise_conv1d_silu_ctx`:
+/// with `pre` the conv plus bias and `g = dy·silu'(pre)`, `silu'(p) = σ(p)(1 + p(1 − σ(p)))`,
+/// every term `w[c,k]·z[b,c,t+k]` of `pre[b,c,t]` sends `g·z` to `dw[c,k]` and `g·w[c,k]`
+/// to the z it read (x, or ctx before x); `dbias[c] = Σ g`. Returns (dx, dw, dbias, d_ctx).
+pub fn depthwise_conv1d_silu_backward(
+    ctx: Option<&Array>,
+    x: &Array,
+    w: &Array,
+    bias: &Array,
+    dy: &Array,
+) -> (Array, Array, Array, Option<Array>) {
+    let (batch, channels, len) = (x.shape[0], x.shape[1], x.shape[2]);
+    let k = w.shape[1];
+    let pre = causal_depthwise(ctx, x, w, bias);
+    let (mut dx, mut dw, mut dbias) =
+        (Array::zeros(x.shape.clone()), Array::zeros(w.shape.clone()), Array::zeros(vec![channels]));
+    let mut d_ctx = ctx.map(|c| Array::zeros(c.shape.clone()));
+    for b in 0..batch {
+        for c in 0..channels {
+            for t in 0..len {
+                let p = pre.at(&[b, c, t]);
+                let s = 1.0 / (1.0 + (-p).exp());
+                let g = dy.at(&[b, c, t]) * s * (1.0 + p * (1.0 - s));
+                dbias.data[c] += g;
+                for kk in 0..k {
+                    let xi = (t + kk) as isize - (k - 1) as isize;
+                    if xi >= 0 {
+                        dw.data[c * k + kk] += g * x.at(&[b, c, xi as usize]);
+                        *dx.at_mut(&[b, c, xi as usize]) += g * w.data[c * k + kk];
+                    } else if let (Some(ctx), Some(d_ctx)) = (ctx, d_ctx.as_mut()) {
+                        dw.data[c * k + kk] += g * ctx.at(&[b, c, t + kk]);
+                        *d_ctx.at_mut(&[b, c, t + kk]) += g * w.data[c * k + kk];
+                    }
+                }
+            }
+        }
+    }
+    (dx, dw, dbias, d_ctx)
+}

@@ -201,3 +201,50 @@ pub fn normalize(x: &Array, eps: f64) -> Array {
     let zeros = Array::zeros(vec![d]);
     layer_norm(x, &ones, &zeros, eps).0
 }
+
+/// `y = x / sqrt(Σx² + eps)` per row (a sum, eps inside the root); returns (y, rnorm).
+pub fn l2_norm(x: &Array, eps: f64) -> (Array, Array) {
+    let d = x.last_dim();
+    let mut y = Array::zeros(x.shape.clone());
+    let mut rnorm = Array::zeros(stat_shape(x));
+    for r in 0..x.rows() {
+        let sum_sq: f64 = x.row(r).iter().map(|v| v * v).sum();
+        let inv = 1.0 / (sum_sq + eps).sqrt();
+        rnorm.data[r] = inv;
+        for i in 0..d {
+            y.data[r * d + i] = x.data[r * d + i] * inv;
+        }
+    }
+    (y, rnorm)
+}
+
+/// With `x̂ = x·r`: `dx = r·(dy − x̂·Σ(dy·x̂))`.
+pub fn l2_norm_backward(x: &Array, rnorm: &Array, dy: &Array) -> Array {
+    let d = x.last_dim();
+    let mut dx = Array::zeros(x.shape.clone());
+    for r in 0..x.rows() {
+        let inv = rnorm.data[r];
+        let mut dot = 0.0;
+        for i in 0..d {
+            dot += dy.data[r * d + i] * x.data[r * d + i] * inv;
+        }
+        for i in 0..d {
+            let xhat = x.data[r * d + i] * inv;
+            dx.data[r * d + i] = inv * (dy.data[r * d + i] - xhat * dot);
+        }
+    }
+    dx
+}
+
+/// Gradients of `rms_norm_gated`: the RMS norm's backward for `u = dy·silu(z)`, and
+/// `dz = dy·rms_norm(x, w)·silu'(z)` with `silu'(z) = σ(z)(1 + z(1 − σ(z)))`.
+/// Returns (dx, dz, dw).
+pub fn rms_norm_gated_backward(x: &Array, z: &Array, w: &Array, dy: &Array, eps: f64) -> (Array, Array, Array) {
+    let (y, rstd) = rms_norm(x, w, eps);
+    let sigmoid = |v: f64| 1.0 / (1.0 + (-v).exp());
+    let u = dy.zip(z, |d, g| d * g * sigmoid(g));
+    let (dx, dw) = rms_norm_backward(x, w, &rstd, &u);
+    let dsilu = z.map(|g| sigmoid(g) * (1.0 + g * (1.0 - sigmoid(g))));
+    let dz = dy.zip(&y, |d, v| d * v).zip(&dsilu, |a, s| a * s);
+    (dx, dz, dw)
+}

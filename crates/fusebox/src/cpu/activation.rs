@@ -40,7 +40,7 @@ const GELU_CUBIC: f32 = 0.044_715;
 
 /// `σ(x) = 1/(1 + e^−x)`; `e^−x` overflowing to +∞ gives exactly 0.
 #[inline(always)]
-fn sigmoid1<const FMA: bool>(x: f32) -> f32 {
+pub(crate) fn sigmoid1<const FMA: bool>(x: f32) -> f32 {
     1.0 / (1.0 + fast_exp::<FMA>(-x))
 }
 
@@ -150,7 +150,7 @@ fn silu_and_grad1<const FMA: bool>(x: f32) -> (f32, f32) {
 /// `softplus(x) = max(x, 0) + ln(1 + e^−|x|)`: equal to `max(x, ln(1 + e^min(x, 88)))` within
 /// f32 rounding, without overflow, and exact in relative terms for very negative x.
 #[inline(always)]
-fn softplus1<const FMA: bool>(x: f32) -> f32 {
+pub(crate) fn softplus1<const FMA: bool>(x: f32) -> f32 {
     let pos = if x > 0.0 { x } else { 0.0 };
     pos + ln_1p_unit(fast_exp::<FMA>(-x.abs()))
 }

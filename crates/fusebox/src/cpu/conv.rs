@@ -5,13 +5,15 @@
 //! scatters them into the output (col2im). The causal depthwise forms are direct loops
 //! over the length, vectorized as shifted `axpy`s (K is small).
 
+use crate::cpu::convert::F32Output;
 use crate::cpu::matmul::{sgemm, sgemm_serial, PARALLEL_GEMM_WORK};
+use crate::cpu::pool::SharedMut;
 use crate::cpu::simd::{self};
 use crate::cpu::{convert, CpuBackend};
 use crate::error::Result;
 use crate::spec::conv::{self as spec, Conv2dSpec, ConvTranspose1dSpec, DepthwiseSpec};
 use crate::tensor::Tensor;
-use crate::types::{Conv1dConfig, Conv2dConfig};
+use crate::types::{Conv1dConfig, Conv2dConfig, ConvGradients};
 
 /// `[lo, hi)`: the output positions `o < out_len` whose input index
 /// `o·stride + offset` (offset = tap·dilation − padding) lies in `[0, len)`.
@@ -304,6 +306,16 @@ fn depthwise_rows(
     if len == 0 {
         return y;
     }
+    if len == 1 {
+        // One step (decode): rows of one output each, taken in blocks of channels.
+        cpu.for_each_chunk(&mut y, STEP_ROWS, k + if silu { 8 } else { 0 }, |block, ys| {
+            depthwise_step(block * STEP_ROWS, x, ctx, w, bias, (channels, k), ys);
+            if silu {
+                silu_in_place(ys);
+            }
+        });
+        return y;
+    }
     cpu.for_each_chunk(&mut y, len, k + if silu { 8 } else { 0 }, |row, y_row| {
         let c = row % channels;
         let ctx_row = ctx.map(|ctx| &ctx[row * (k - 1)..][..k - 1]);
@@ -313,6 +325,36 @@ fn depthwise_rows(
         }
     });
     y
+}
+
+/// Rows per task of a one-step (L = 1) depthwise conv.
+const STEP_ROWS: usize = 1024;
+
+/// One step (L = 1) of rows `first..first + y.len()` (row = batch·C + channel):
+/// `y[r] = bias[c] + Σ_{k<K−1} w[c,k]·ctx[r,k] + w[c,K−1]·x[r]` (ctx zeros when `None`):
+/// a handful of taps per channel, read straight from the rows without the per-row setup
+/// of the general path.
+fn depthwise_step(
+    first: usize,
+    x: &[f32],
+    ctx: Option<&[f32]>,
+    w: &[f32],
+    bias: &[f32],
+    (channels, k): (usize, usize),
+    y: &mut [f32],
+) {
+    for (i, out) in y.iter_mut().enumerate() {
+        let r = first + i;
+        let c = r % channels;
+        let taps = &w[c * k..][..k];
+        let mut acc = bias[c] + taps[k - 1] * x[r];
+        if let Some(ctx) = ctx {
+            for (wk, v) in taps[..k - 1].iter().zip(&ctx[r * (k - 1)..][..k - 1]) {
+                acc += wk * v;
+            }
+        }
+        *out = acc;
+    }
 }
 
 simd::multiversion! {
@@ -378,4 +420,187 @@ pub fn depthwise_conv1d_bias_ctx(
 ) -> Result<Tensor> {
     let s = spec::depthwise_conv1d_bias_ctx(ctx, x, w, bias)?;
     depthwise("depthwise_conv1d_bias_ctx", cpu, s, Some(ctx), x, w, bias, false)
+}
+
+/// `depthwise_conv1d_silu` over `[ctx, x]` (ctx the K−1 inputs before x, a streaming
+/// state), read from both tensors without concatenating them. With L = 1 (a decode step)
+/// each output is K multiply-adds and a SiLU, in blocks of channels.
+///
+/// # Shapes
+/// `ctx`: `[B, C, K−1]`; `x`: `[B, C, L]`; `w`: `[C, K]`; `bias`: `[C]` → `[B, C, L]`.
+pub fn depthwise_conv1d_silu_ctx(
+    cpu: &CpuBackend,
+    ctx: &Tensor,
+    x: &Tensor,
+    w: &Tensor,
+    bias: &Tensor,
+) -> Result<Tensor> {
+    let s = spec::depthwise_conv1d_silu_ctx(ctx, x, w, bias)?;
+    depthwise("depthwise_conv1d_silu_ctx", cpu, s, Some(ctx), x, w, bias, true)
+}
+
+simd::multiversion! {
+    /// `g ← dy·silu'(p)` over a row of pre-activations `p` (in `g` on entry), with
+    /// `silu'(p) = σ(p)·(1 + p·(1 − σ(p)))`; `e^−p` overflowing gives σ = 0 and 0.
+    pub fn silu_grad_in_place(g: &mut [f32], dy: &[f32]) {
+        let n = g.len();
+        let dy = &dy[..n];
+        for i in 0..n {
+            let p = g[i];
+            let s = 1.0 / (1.0 + simd::fast_exp::<FMA>(-p));
+            g[i] = dy[i] * s * (1.0 + p * (1.0 - s));
+        }
+    }
+}
+
+/// The rows of one (batch, channel) of a depthwise backward.
+struct DepthwiseRow<'a> {
+    x: &'a [f32],
+    ctx: Option<&'a [f32]>,
+    dy: &'a [f32],
+}
+
+/// Backward of one (batch, channel) row of `silu(bias + Σ_k w[k]·z[t + k])`, z = [ctx, x]:
+/// with `g = dy·silu'(pre)` (pre recomputed into `g`), taps shifted by `s = K−1−k`:
+/// `dbias += Σ_t g[t]`, `dw[k] += Σ_t g[t]·z[t + k]`, `dx[t − s] = Σ_k w[k]·g[t]`,
+/// `d_ctx[t + k] += w[k]·g[t]` for `t < s`. `dx` and `d_ctx` start zeroed; `params` is
+/// `[dw[0..K], dbias]` of the channel.
+fn depthwise_backward_row(
+    row: DepthwiseRow<'_>,
+    w: &[f32],
+    bias: f32,
+    g: &mut [f32],
+    dx: &mut [f32],
+    mut d_ctx: Option<&mut [f32]>,
+    params: &mut [f32],
+) {
+    let (len, k) = (row.x.len(), w.len());
+    causal_depthwise_row(row.x, row.ctx, w, bias, g);
+    silu_grad_in_place(g, row.dy);
+    params[k] += simd::sum(g);
+    for (tap, &wk) in w.iter().enumerate() {
+        let shift = k - 1 - tap;
+        if shift < len {
+            params[tap] += simd::dot(&g[shift..], &row.x[..len - shift]);
+            simd::axpy(&mut dx[..len - shift], wk, &g[shift..]);
+        }
+        if let (Some(ctx), Some(d_ctx)) = (row.ctx, d_ctx.as_deref_mut()) {
+            for t in 0..shift.min(len) {
+                params[tap] += g[t] * ctx[t + tap];
+                d_ctx[t + tap] += wk * g[t];
+            }
+        }
+    }
+}
+
+/// Backward of `depthwise_conv1d_silu` (ctx `None`: x is 0 before t = 0) or
+/// `depthwise_conv1d_silu_ctx` (ctx given, and its gradient returned), recomputing the
+/// pre-activations. Tasks take blocks of channels, each over every batch, so the tap and
+/// bias gradients are summed by one task in a fixed order (no partials to combine, and
+/// the result does not depend on the thread count).
+///
+/// # Shapes
+/// `ctx`: `[B, C, K−1]`; `x`, `d_out`: `[B, C, L]`; `w`: `[C, K]`; `bias`: `[C]` →
+/// dx `[B, C, L]`, dw `[C, K]`, dbias `[C]`, d_ctx `[B, C, K−1]` (when ctx is given).
+pub fn depthwise_conv1d_silu_backward(
+    cpu: &CpuBackend,
+    ctx: Option<&Tensor>,
+    x: &Tensor,
+    w: &Tensor,
+    bias: &Tensor,
+    d_out: &Tensor,
+) -> Result<ConvGradients> {
+    const OP: &str = "depthwise_conv1d_silu_backward";
+    let DepthwiseSpec { batch, channels, len, k, .. } = spec::depthwise_conv1d_silu_backward(ctx, x, w, bias, d_out)?;
+    let xd = convert::f32_data(OP, "x", x)?;
+    let wd = convert::f32_data(OP, "w", w)?;
+    let bd = convert::f32_data(OP, "bias", bias)?;
+    let dy = convert::f32_data(OP, "d_out", d_out)?;
+    let cd = ctx.map(|c| convert::f32_data(OP, "ctx", c)).transpose()?;
+    let mut dx = F32Output::new(x.shape(), x.dtype())?;
+    let mut d_ctx = ctx.map(|c| F32Output::new(c.shape(), c.dtype())).transpose()?;
+    // Per channel: K tap gradients then the bias gradient.
+    let mut params = vec![0.0f32; channels * (k + 1)];
+    let dx_at = SharedMut(dx.values()?.as_mut_ptr());
+    let d_ctx_at = match d_ctx.as_mut() {
+        Some(o) => Some(SharedMut(o.values()?.as_mut_ptr())),
+        None => None,
+    };
+    // Blocks of channels with at least ~4k elements of rows each.
+    let per_block = (4096 / (batch * len).max(1)).clamp(1, channels.max(1));
+    let work = batch * len * (3 * k + 8) / (k + 1) + 1;
+    cpu.for_each_chunk(&mut params, per_block * (k + 1), work, |block, params| {
+        let mut g = vec![0.0f32; len];
+        for (i, params) in params.chunks_exact_mut(k + 1).enumerate() {
+            let c = block * per_block + i;
+            for b in 0..batch {
+                let r = b * channels + c;
+                // SAFETY: row r = (b, c) of dx ([B·C, L]) and of d_ctx ([B·C, K−1]) is
+                // written by the task holding channel c only (channels are split into
+                // disjoint blocks); the ranges are in bounds, and the buffers outlive the
+                // loop and are not otherwise touched while it runs.
+                let dx_row = unsafe { dx_at.slice(r * len, len) };
+                // SAFETY: as above.
+                let d_ctx_row = d_ctx_at.as_ref().map(|p| unsafe { p.slice(r * (k - 1), k - 1) });
+                let row = DepthwiseRow {
+                    x: &xd[r * len..][..len],
+                    ctx: cd.as_deref().map(|cd| &cd[r * (k - 1)..][..k - 1]),
+                    dy: &dy[r * len..][..len],
+                };
+                depthwise_backward_row(row, &wd[c * k..][..k], bd[c], &mut g, dx_row, d_ctx_row, params);
+            }
+        }
+    });
+    let (dw, dbias): (Vec<f32>, Vec<f32>) = {
+        let mut dw = Vec::with_capacity(channels * k);
+        let mut dbias = Vec::with_capacity(channels);
+        for p in params.chunks_exact(k + 1) {
+            dw.extend_from_slice(&p[..k]);
+            dbias.push(p[k]);
+        }
+        (dw, dbias)
+    };
+    Ok(ConvGradients {
+        dx: dx.finish(cpu)?,
+        dw: convert::from_f32(dw, w.shape().clone(), w.dtype())?,
+        dbias: convert::from_f32(dbias, bias.shape().clone(), bias.dtype())?,
+        d_ctx: d_ctx.map(|o| o.finish(cpu)).transpose()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor(shape: &[usize], seed: u64) -> Tensor {
+        let n = shape.iter().product();
+        Tensor::from_vec(crate::rng::Rng::new(seed).uniform_vec(n, -1.0, 1.0), shape.to_vec()).unwrap()
+    }
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        t.to_vec_f32().unwrap().iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// The causal conv's backward (blocks of channels) and the one-step forward (blocks
+    /// of rows) give the same bits with 1 thread and with 3.
+    #[test]
+    fn depthwise_silu_does_not_depend_on_the_thread_count() {
+        let (ctx, x, w, bias, dy) = (
+            tensor(&[2, 512, 3], 1),
+            tensor(&[2, 512, 200], 2),
+            tensor(&[512, 4], 3),
+            tensor(&[512], 4),
+            tensor(&[2, 512, 200], 5),
+        );
+        let (step_ctx, step_x) = (tensor(&[2, 6000, 3], 6), tensor(&[2, 6000, 1], 7));
+        let (step_w, step_bias) = (tensor(&[6000, 4], 8), tensor(&[6000], 9));
+        let run = |cpu: &CpuBackend| -> Vec<Vec<u32>> {
+            let g = depthwise_conv1d_silu_backward(cpu, Some(&ctx), &x, &w, &bias, &dy).unwrap();
+            let plain = depthwise_conv1d_silu_backward(cpu, None, &x, &w, &bias, &dy).unwrap();
+            let step = depthwise_conv1d_silu_ctx(cpu, &step_ctx, &step_x, &step_w, &step_bias).unwrap();
+            let d_ctx = g.d_ctx.unwrap();
+            [&g.dx, &g.dw, &g.dbias, &d_ctx, &plain.dx, &plain.dw, &step].iter().map(|t| bits(t)).collect()
+        };
+        assert_eq!(run(&CpuBackend::with_threads(1).unwrap()), run(&CpuBackend::with_threads(3).unwrap()));
+    }
 }

@@ -13,6 +13,7 @@ pub mod convert;
 pub mod delta;
 pub mod elementwise;
 pub mod embedding;
+pub mod gates;
 pub mod layout;
 pub mod loss;
 pub mod matmul;

@@ -63,7 +63,7 @@ fn split_blocks<const K: usize>(bufs: [(&mut [f32], usize); K], blocks: usize) -
 /// Calls `f(rows, pieces)` for consecutive blocks of `per_block` rows out of `rows`,
 /// with `pieces[k]` the block's piece of buffer k (buffer k holds `bufs[k].1` elements
 /// per block). Parallel when `rows · work_per_row` is large.
-fn for_each_block<const K: usize>(
+pub(crate) fn for_each_block<const K: usize>(
     cpu: &CpuBackend,
     rows: usize,
     per_block: usize,
@@ -117,7 +117,7 @@ fn fill_small<R>(dst: Dst<'_>, f: impl FnOnce(&mut [f32]) -> R) -> R {
 }
 
 /// Rows per task of a row-wise forward over rows of `d` elements.
-fn forward_block_rows(d: usize) -> usize {
+pub(crate) fn forward_block_rows(d: usize) -> usize {
     (TASK_ELEMS / d.max(1)).max(1)
 }
 
@@ -125,12 +125,12 @@ fn forward_block_rows(d: usize) -> usize {
 /// `MIN_BACKWARD_BLOCK_ELEMS` elements, and at most `MAX_PARTIALS` blocks. The split
 /// depends only on the shape, so the partial sums (and their order) never depend on
 /// threads.
-fn backward_block_rows(rows: usize, d: usize) -> usize {
+pub(crate) fn backward_block_rows(rows: usize, d: usize) -> usize {
     rows.div_ceil(MAX_PARTIALS).max(MIN_BACKWARD_BLOCK_ELEMS / d.max(1)).max(1)
 }
 
 /// `Σ_blocks partial[block]` in block order.
-fn sum_partials(partials: &[f32], d: usize) -> Vec<f32> {
+pub(crate) fn sum_partials(partials: &[f32], d: usize) -> Vec<f32> {
     let mut total = vec![0.0f32; d];
     for p in partials.chunks_exact(d) {
         simd::axpy(&mut total, 1.0, p);
@@ -390,6 +390,72 @@ mod lanes {
                 // e^−z overflows to +∞ for z < −88.7: z/∞ = −0, the right limit.
                 let silu = z[i] / (1.0 + fast_exp::<FMA>(-z[i]));
                 out[i] = x[i] * r * w[i] * silu;
+            }
+        }
+    }
+
+    multiversion! {
+        /// `out = x·r` (L2 norm).
+        pub fn scaled(out: &mut [f32], x: &[f32], r: f32) {
+            let n = out.len();
+            let x = &x[..n];
+            for i in 0..n {
+                out[i] = x[i] * r;
+            }
+        }
+    }
+
+    multiversion! {
+        /// `out = p·a − q·b` (L2 norm backward: `dx = r·dy − r³·Σ(dy·x)·x`).
+        pub fn scaled_difference(out: &mut [f32], a: &[f32], p: f32, b: &[f32], q: f32) {
+            let n = out.len();
+            let (a, b) = (&a[..n], &b[..n]);
+            for i in 0..n {
+                out[i] = p * a[i] - q * b[i];
+            }
+        }
+    }
+
+    multiversion! {
+        /// Gated norm backward, first sweep of a row: with `s = σ(z)`,
+        /// `u = dy·silu(z)` (the gradient reaching the RMS norm) into `u`,
+        /// `dz = dy·x·r·w·s·(1 + z·(1 − s))` written; returns `Σ u·w·x` (16 partial sums).
+        pub fn gated_grad_sweep(dz: &mut [f32], u: &mut [f32], x: &[f32], z: &[f32], w: &[f32], dy: &[f32], r: f32) -> f32 {
+            let n = dz.len();
+            let (u, x, z, w, dy) = (&mut u[..n], &x[..n], &z[..n], &w[..n], &dy[..n]);
+            let mut acc = [0.0f32; LANES];
+            let full = n / LANES * LANES;
+            let lane = |i: usize, u: &mut [f32], dz: &mut [f32]| -> f32 {
+                // e^−z overflows to +∞ for z < −88.7: s = 0, silu = −0 and silu' = 0.
+                let s = 1.0 / (1.0 + fast_exp::<FMA>(-z[i]));
+                u[i] = dy[i] * z[i] * s;
+                dz[i] = dy[i] * x[i] * r * w[i] * (s * (1.0 + z[i] * (1.0 - s)));
+                u[i] * w[i] * x[i]
+            };
+            let mut i = 0;
+            while i < full {
+                for (l, a) in acc.iter_mut().enumerate() {
+                    *a += lane(i + l, u, dz);
+                }
+                i += LANES;
+            }
+            let mut tail = 0.0;
+            for j in full..n {
+                tail += lane(j, u, dz);
+            }
+            acc.iter().sum::<f32>() + tail
+        }
+    }
+
+    multiversion! {
+        /// Gated norm backward, second sweep: the RMS norm backward of `u`:
+        /// `dx = r·w·u − k·x`, `dw += u·x·r`.
+        pub fn gated_grad_finish(dx: &mut [f32], dw: &mut [f32], u: &[f32], x: &[f32], w: &[f32], r: f32, k: f32) {
+            let n = dx.len();
+            let (dw, u, x, w) = (&mut dw[..n], &u[..n], &x[..n], &w[..n]);
+            for i in 0..n {
+                dx[i] = r * w[i] * u[i] - k * x[i];
+                dw[i] += u[i] * x[i] * r;
             }
         }
     }
@@ -784,6 +850,93 @@ pub fn rms_norm_gated(cpu: &CpuBackend, x: &Tensor, z: &Tensor, weight: &Tensor,
     out.finish(cpu)
 }
 
+/// Backward of `rms_norm_gated` (`y = x·r·w·silu(z)`, `r = 1/sqrt(mean(x²) + eps)`),
+/// recomputing r: with `u = dy·silu(z)` and `x̂ = x·r`,
+/// `dx = r·(u·w − x̂·mean(u·w·x̂))`, `dz = dy·x̂·w·silu'(z)`, `dw = Σ_rows u·x̂`.
+/// Two sweeps per row (the row in cache); dweight from one partial per fixed block of
+/// rows, added in block order.
+///
+/// # Shapes
+/// `x`, `z`, `d_out`: `[..., D]`; `weight`: `[D]` → dx, dz `[..., D]`, dweight `[D]`.
+pub fn rms_norm_gated_backward(
+    cpu: &CpuBackend,
+    x: &Tensor,
+    z: &Tensor,
+    weight: &Tensor,
+    d_out: &Tensor,
+    eps: f32,
+) -> Result<GatedNormGradients> {
+    const OP: &str = "rms_norm_gated_backward";
+    let RowsSpec { rows, d, .. } = spec::rms_norm_gated_backward(x, z, weight, d_out, eps)?;
+    let (xs, zs, w) = (f32_data(OP, "x", x)?, f32_data(OP, "z", z)?, f32_data(OP, "weight", weight)?);
+    let dy = f32_data(OP, "d_out", d_out)?;
+    let (mut dx, mut dz) = (F32Output::new(x.shape(), x.dtype())?, F32Output::new(z.shape(), z.dtype())?);
+    let per = backward_block_rows(rows, d);
+    let mut partial_dw = vec![0.0f32; rows.div_ceil(per) * d];
+    let bufs = [(dx.values()?, per * d), (dz.values()?, per * d), (&mut partial_dw[..], d)];
+    for_each_block(cpu, rows, per, 8 * d, bufs, |range, [dx, dz, dw]| {
+        let mut u = vec![0.0f32; d];
+        for (k, r) in range.enumerate() {
+            let at = r * d;
+            let (xr, zr, gr) = (&xs[at..][..d], &zs[at..][..d], &dy[at..][..d]);
+            let inv = rms_rstd(simd::sum_squares(xr), d, eps);
+            let dot = lanes::gated_grad_sweep(&mut dz[k * d..][..d], &mut u, xr, zr, &w, gr, inv);
+            // mean(u·w·x̂)·r = r³·Σ(u·w·x)/D: the term through r's dependence on x.
+            let k_coef = inv * inv * inv * dot / d as f32;
+            lanes::gated_grad_finish(&mut dx[k * d..][..d], dw, &u, xr, &w, inv, k_coef);
+        }
+    });
+    Ok(GatedNormGradients {
+        dx: dx.finish(cpu)?,
+        dz: dz.finish(cpu)?,
+        dweight: from_f32(sum_partials(&partial_dw, d), weight.shape().clone(), weight.dtype())?,
+    })
+}
+
+/// `y = x / sqrt(Σx² + eps)` over the last dim (a sum, eps inside the root: FLA's and
+/// transformers' `l2norm`); saves `rnorm = 1/sqrt(Σx² + eps)` (F32) in `rstd`.
+///
+/// # Shapes
+/// `x`: `[..., D]` → output `[..., D]`, rstd (rnorm) `[...]`, mean `None`.
+pub fn l2_norm(cpu: &CpuBackend, x: &Tensor, eps: f32) -> Result<NormOutput> {
+    const OP: &str = "l2_norm";
+    let RowsSpec { rows, d, .. } = spec::l2_norm(x, eps)?;
+    let xs = f32_data(OP, "x", x)?;
+    let mut out = F32Output::new(x.shape(), x.dtype())?;
+    let mut rnorm = vec![0.0f32; rows];
+    let per = forward_block_rows(d);
+    let bufs = [(out.values()?, per * d), (&mut rnorm[..], per)];
+    for_each_block(cpu, rows, per, 2 * d, bufs, |range, [out, rn]| {
+        for (k, r) in range.enumerate() {
+            let xr = &xs[r * d..][..d];
+            rn[k] = 1.0 / (simd::sum_squares(xr) + eps).sqrt();
+            lanes::scaled(&mut out[k * d..][..d], xr, rn[k]);
+        }
+    });
+    Ok(NormOutput { output: out.finish(cpu)?, mean: None, rstd: Tensor::from_vec(rnorm, spec::stat_dims(x))? })
+}
+
+/// With `x̂ = x·r`: `dx = r·(dy − x̂·Σ(dy·x̂)) = r·dy − r³·Σ(dy·x)·x`.
+///
+/// # Shapes
+/// `x`, `d_out`: `[..., D]`; `rnorm`: `[...]` F32 → dx `[..., D]`.
+pub fn l2_norm_backward(cpu: &CpuBackend, x: &Tensor, rnorm: &Tensor, d_out: &Tensor) -> Result<Tensor> {
+    const OP: &str = "l2_norm_backward";
+    let RowsSpec { rows, d, .. } = spec::l2_norm_backward(x, rnorm, d_out)?;
+    let (xs, dy) = (f32_data(OP, "x", x)?, f32_data(OP, "d_out", d_out)?);
+    let rs = rnorm.as_slice::<f32>()?;
+    let mut dx = F32Output::new(x.shape(), x.dtype())?;
+    let per = forward_block_rows(d);
+    for_each_block(cpu, rows, per, 3 * d, [(dx.values()?, per * d)], |range, [dx]| {
+        for (k, r) in range.enumerate() {
+            let (xr, gr, inv) = (&xs[r * d..][..d], &dy[r * d..][..d], rs[r]);
+            let k_coef = inv * inv * inv * simd::dot(gr, xr);
+            lanes::scaled_difference(&mut dx[k * d..][..d], gr, inv, xr, k_coef);
+        }
+    });
+    dx.finish(cpu)
+}
+
 /// RMS norm over channels: `y[b,c,t] = x[b,c,t]·w[c] / sqrt(mean_c(x[b,·,t]²) + eps)`.
 /// Vectorized over t: each task takes one batch and a tile of time steps, accumulates
 /// the squares of its C row segments, then scales them while they are in cache.
@@ -983,6 +1136,21 @@ mod tests {
         for (i, (a, b)) in one.iter().zip(&three).enumerate() {
             assert!(a == b, "output {i} differs between 1 and 3 threads");
         }
+    }
+
+    /// The Gated DeltaNet norms (gated backward with its dweight partials, L2 and its
+    /// backward) give the same bits with 1 thread and with 3.
+    #[test]
+    fn gated_and_l2_norms_do_not_depend_on_the_thread_count() {
+        let (x, z, dy, w) =
+            (tensor(&[2000, 128], 1), tensor(&[2000, 128], 2), tensor(&[2000, 128], 3), tensor(&[128], 4));
+        let run = |cpu: &CpuBackend| -> Vec<Vec<u32>> {
+            let g = rms_norm_gated_backward(cpu, &x, &z, &w, &dy, 1e-6).unwrap();
+            let l = l2_norm(cpu, &x, 1e-6).unwrap();
+            let dl = l2_norm_backward(cpu, &x, &l.rstd, &dy).unwrap();
+            [&g.dx, &g.dz, &g.dweight, &l.output, &l.rstd, &dl].iter().map(|t| bits(t)).collect()
+        };
+        assert_eq!(run(&CpuBackend::with_threads(1).unwrap()), run(&CpuBackend::with_threads(3).unwrap()));
     }
 
     /// A row's reduction is folded alone (a task's first row) or while the row before it

@@ -1,5 +1,6 @@
 //! Convolutions: `conv1d`, `conv2d`, `conv_transpose1d` and the causal depthwise forms
-//! (`depthwise_conv1d_silu`, `depthwise_conv1d_bias`, `depthwise_conv1d_bias_ctx`).
+//! (`depthwise_conv1d_silu`, `depthwise_conv1d_bias`, their `_ctx` forms over a carried
+//! context, and the SiLU form's backward).
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -369,10 +370,40 @@ pub fn depthwise_conv1d_bias(x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<De
 /// `depthwise_conv1d_bias_ctx(ctx, x, w, bias)`: as [`depthwise_conv1d_bias`]; ctx
 /// `[B, C, K−1]` of x's dtype (the inputs before x).
 pub fn depthwise_conv1d_bias_ctx(ctx: &Tensor, x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<DepthwiseSpec> {
-    const OP: &str = "depthwise_conv1d_bias_ctx";
-    let s = depthwise(OP, x, w, bias)?;
-    check::same_dtype(OP, "ctx", x, ctx)?;
-    check::shape(OP, "ctx ([B, C, K−1])", ctx, &[s.batch, s.channels, s.k - 1])?;
+    with_context("depthwise_conv1d_bias_ctx", ctx, x, w, bias)
+}
+
+/// `depthwise_conv1d_silu_ctx(ctx, x, w, bias)`: as [`depthwise_conv1d_silu`]; ctx
+/// `[B, C, K−1]` of x's dtype (the inputs before x).
+pub fn depthwise_conv1d_silu_ctx(ctx: &Tensor, x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<DepthwiseSpec> {
+    with_context("depthwise_conv1d_silu_ctx", ctx, x, w, bias)
+}
+
+/// `depthwise_conv1d_silu_backward(ctx, x, w, bias, d_out)`: as the forward it inverts
+/// ([`depthwise_conv1d_silu`], or [`depthwise_conv1d_silu_ctx`] when ctx is given);
+/// d_out `[B, C, L]` of x's dtype.
+pub fn depthwise_conv1d_silu_backward(
+    ctx: Option<&Tensor>,
+    x: &Tensor,
+    w: &Tensor,
+    bias: &Tensor,
+    d_out: &Tensor,
+) -> Result<DepthwiseSpec> {
+    const OP: &str = "depthwise_conv1d_silu_backward";
+    let s = match ctx {
+        Some(ctx) => with_context(OP, ctx, x, w, bias)?,
+        None => depthwise(OP, x, w, bias)?,
+    };
+    check::same_dtype(OP, "d_out", x, d_out)?;
+    check::shape(OP, "d_out (like x, [B, C, L])", d_out, x.dims())?;
+    Ok(s)
+}
+
+/// A causal depthwise conv with its context: as [`depthwise`], and ctx `[B, C, K−1]` of x's dtype.
+fn with_context(op: &'static str, ctx: &Tensor, x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<DepthwiseSpec> {
+    let s = depthwise(op, x, w, bias)?;
+    check::same_dtype(op, "ctx", x, ctx)?;
+    check::shape(op, "ctx ([B, C, K−1])", ctx, &[s.batch, s.channels, s.k - 1])?;
     Ok(s)
 }
 
@@ -437,5 +468,13 @@ mod tests {
         assert!(e.contains("depthwise_conv1d_silu") && e.contains("[C, K]"), "{e}");
         let e = depthwise_conv1d_bias_ctx(&t(&[1, 3, 2]), &t(&[1, 3, 5]), &t(&[3, 4]), &t(&[3])).unwrap_err();
         assert!(e.to_string().contains("ctx"), "{e}");
+        let e = depthwise_conv1d_silu_ctx(&t(&[1, 3, 2]), &t(&[1, 3, 5]), &t(&[3, 4]), &t(&[3])).unwrap_err();
+        assert!(e.to_string().contains("depthwise_conv1d_silu_ctx") && e.to_string().contains("[1, 3, 3]"), "{e}");
+        let bad_dy = t(&[1, 3, 4]);
+        let e = depthwise_conv1d_silu_backward(None, &t(&[1, 3, 5]), &t(&[3, 4]), &t(&[3]), &bad_dy).unwrap_err();
+        assert!(e.to_string().contains("depthwise_conv1d_silu_backward") && e.to_string().contains("d_out"), "{e}");
+        let ctx = t(&[1, 3, 2]);
+        let e = depthwise_conv1d_silu_backward(Some(&ctx), &t(&[1, 3, 5]), &t(&[3, 4]), &t(&[3]), &t(&[1, 3, 5]));
+        assert!(e.unwrap_err().to_string().contains("ctx"));
     }
 }

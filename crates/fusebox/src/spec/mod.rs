@@ -21,6 +21,7 @@ pub mod conv;
 pub mod delta;
 pub mod elementwise;
 pub mod embedding;
+pub mod gates;
 pub mod layout;
 pub mod matmul;
 pub mod memory;

@@ -1,5 +1,6 @@
 //! Normalization: RMS and layer norm with their backwards, the fused residual-add RMS
-//! norm, gated / channel / group norms, AdaLN modulation and plain normalization.
+//! norm, the gated norm and its backward, L2 norm and its backward, channel / group
+//! norms, AdaLN modulation and plain normalization.
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -127,6 +128,34 @@ pub fn rms_norm_gated(x: &Tensor, z: &Tensor, weight: &Tensor, eps: f32) -> Resu
     like(OP, "z", x, z)?;
     vector(OP, "weight", x, weight, s.d)?;
     self::eps(OP, eps)?;
+    Ok(s)
+}
+
+/// `rms_norm_gated_backward(x, z, weight, d_out, eps)`: as [`rms_norm_gated`]; d_out like x.
+pub fn rms_norm_gated_backward(x: &Tensor, z: &Tensor, weight: &Tensor, d_out: &Tensor, eps: f32) -> Result<RowsSpec> {
+    const OP: &str = "rms_norm_gated_backward";
+    let s = rows(OP, "x", x)?;
+    like(OP, "z", x, z)?;
+    vector(OP, "weight", x, weight, s.d)?;
+    like(OP, "d_out", x, d_out)?;
+    self::eps(OP, eps)?;
+    Ok(s)
+}
+
+/// `l2_norm(x, eps)`: x `[..., D]` float, eps finite and ≥ 0.
+pub fn l2_norm(x: &Tensor, eps: f32) -> Result<RowsSpec> {
+    const OP: &str = "l2_norm";
+    let s = rows(OP, "x", x)?;
+    self::eps(OP, eps)?;
+    Ok(s)
+}
+
+/// `l2_norm_backward(x, rnorm, d_out)`: x `[..., D]` float, rnorm F32 `[...]`, d_out like x.
+pub fn l2_norm_backward(x: &Tensor, rnorm: &Tensor, d_out: &Tensor) -> Result<RowsSpec> {
+    const OP: &str = "l2_norm_backward";
+    let s = rows(OP, "x", x)?;
+    stat(OP, "rnorm", x, rnorm)?;
+    like(OP, "d_out", x, d_out)?;
     Ok(s)
 }
 
