@@ -63,11 +63,16 @@ def time_fusebox():
     for line in text.splitlines():
         if line.startswith("delta_rule/"):
             name = line.split()[0]
+        # The first `time:`/`thrpt:` after a name; a `change:` block against an earlier
+        # run repeats both labels with percentages.
+        if "change:" in line:
+            name = None
         m = re.search(r"time:\s+\[\S+ \S+ (\S+) (\S+) ", line)
-        if m and name:
+        if m and name and name not in times:
             times[name] = float(m.group(1)) * units[m.group(2)]
         if "thrpt" in line and name and "step" in name:
             print(f"fusebox {name}: {times[name] * 1e6:.1f} µs, {line.split('[')[1].split()[2]} GiB/s of state")
+            name = None
     return times
 
 
