@@ -685,6 +685,10 @@ pub trait ComputeBackend: Send + Sync + Debug {
     ) -> Result<Tensor> {
         let views: Vec<&Tensor> = states.iter().map(|s| &**s).collect();
         crate::spec::delta::batched_gated_delta_rule_step(q, k, v, g, beta, &views, scale)?;
+        // Refused before any state is written (the copies below are written back one by one).
+        for s in states.iter() {
+            s.ensure_writable("batched_gated_delta_rule_step")?;
+        }
         let (q, k, v, g, beta) =
             (self.to_host(q)?, self.to_host(k)?, self.to_host(v)?, self.to_host(g)?, self.to_host(beta)?);
         let cpu = self.cpu();

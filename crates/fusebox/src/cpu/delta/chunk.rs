@@ -138,8 +138,8 @@ impl Chunk {
         lanes::solve_unit_lower(&self.a[..l * l], l, &mut self.wn[..l * dk], dk);
         if with_outputs {
             nt(&mut self.qk, &self.q, &self.k, l, l, dk, false);
-            for i in 0..l * l {
-                self.p[i] = decay[i] * self.qk[i];
+            for ((p, &m), &qk) in self.p[..l * l].iter_mut().zip(decay.iter()).zip(&self.qk) {
+                *p = m * qk;
             }
         }
     }
