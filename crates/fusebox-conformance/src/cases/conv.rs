@@ -216,12 +216,14 @@ enum Depthwise {
 
 fn depthwise_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     let mut cases = Vec::new();
-    let configs: [(Dims, usize, DTypes); 5] = [
+    let configs: [(Dims, usize, DTypes); 6] = [
         (&[2, 5, 37], 4, ALL),
         (&[1, 3, 19], 1, &[DType::F32]),
         // Kernel longer than the sequence.
         (&[1, 3, 2], 5, &[DType::F32]),
         (&[2, 7, 0], 3, &[DType::F32]),
+        // One position (the one-step path, zeros before it).
+        (&[2, 5, 1], 4, &[DType::F32, DType::BF16]),
         // Large enough for threads.
         (&[4, 64, 300], 4, &[DType::F32, DType::F16]),
     ];

@@ -330,10 +330,8 @@ fn depthwise_rows(
 /// Rows per task of a one-step (L = 1) depthwise conv.
 const STEP_ROWS: usize = 1024;
 
-/// One step (L = 1) of rows `first..first + y.len()` (row = batch·C + channel):
-/// `y[r] = bias[c] + Σ_{k<K−1} w[c,k]·ctx[r,k] + w[c,K−1]·x[r]` (ctx zeros when `None`):
-/// a handful of taps per channel, read straight from the rows without the per-row setup
-/// of the general path.
+/// One step (L = 1) of rows `first..first + y.len()` (row = batch·C + channel), cut
+/// where a batch ends so each piece is a run of consecutive channels (see `step_channels`).
 fn depthwise_step(
     first: usize,
     x: &[f32],
@@ -343,17 +341,43 @@ fn depthwise_step(
     (channels, k): (usize, usize),
     y: &mut [f32],
 ) {
-    for (i, out) in y.iter_mut().enumerate() {
-        let r = first + i;
+    let mut done = 0;
+    while done < y.len() {
+        let r = first + done;
         let c = r % channels;
-        let taps = &w[c * k..][..k];
-        let mut acc = bias[c] + taps[k - 1] * x[r];
-        if let Some(ctx) = ctx {
-            for (wk, v) in taps[..k - 1].iter().zip(&ctx[r * (k - 1)..][..k - 1]) {
-                acc += wk * v;
+        let n = (channels - c).min(y.len() - done);
+        let ctx = ctx.map_or(&[][..], |ctx| &ctx[r * (k - 1)..][..n * (k - 1)]);
+        step_channels(&mut y[done..done + n], &x[r..r + n], ctx, &w[c * k..][..n * k], &bias[c..c + n]);
+        done += n;
+    }
+}
+
+simd::multiversion! {
+    /// One step of consecutive channels: `y[c] = bias[c] + Σ_{k<K−1} w[c,k]·ctx[c,k] +
+    /// w[c,K−1]·x[c]`, K = `w.len() / y.len()`; `ctx` holds each channel's K−1 previous
+    /// inputs (empty: zeros). A few taps per channel read straight from the rows.
+    pub fn step_channels(y: &mut [f32], x: &[f32], ctx: &[f32], w: &[f32], bias: &[f32]) {
+        let n = y.len();
+        let k = w.len() / n.max(1);
+        let (x, bias) = (&x[..n], &bias[..n]);
+        if ctx.is_empty() || k == 1 {
+            for (i, taps) in w.chunks_exact(k).enumerate() {
+                y[i] = bias[i] + taps[k - 1] * x[i];
+            }
+        } else if k == 4 {
+            // The Gated DeltaNet's kernel: constant-length chunks unroll.
+            for (i, (taps, prev)) in w.chunks_exact(4).zip(ctx.chunks_exact(3)).enumerate() {
+                y[i] = bias[i] + taps[0] * prev[0] + taps[1] * prev[1] + taps[2] * prev[2] + taps[3] * x[i];
+            }
+        } else {
+            for (i, (taps, prev)) in w.chunks_exact(k).zip(ctx.chunks_exact(k - 1)).enumerate() {
+                let mut acc = bias[i] + taps[k - 1] * x[i];
+                for (wk, v) in taps.iter().zip(prev) {
+                    acc += wk * v;
+                }
+                y[i] = acc;
             }
         }
-        *out = acc;
     }
 }
 

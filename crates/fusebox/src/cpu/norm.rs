@@ -423,25 +423,31 @@ mod lanes {
         pub fn gated_grad_sweep(dz: &mut [f32], u: &mut [f32], x: &[f32], z: &[f32], w: &[f32], dy: &[f32], r: f32) -> f32 {
             let n = dz.len();
             let (u, x, z, w, dy) = (&mut u[..n], &x[..n], &z[..n], &w[..n], &dy[..n]);
+            // e^−z overflows to +∞ for z < −88.7: s = 0, silu = −0 and silu' = 0.
+            let sigmoid = |v: f32| 1.0 / (1.0 + fast_exp::<FMA>(-v));
             let mut acc = [0.0f32; LANES];
-            let full = n / LANES * LANES;
-            let lane = |i: usize, u: &mut [f32], dz: &mut [f32]| -> f32 {
-                // e^−z overflows to +∞ for z < −88.7: s = 0, silu = −0 and silu' = 0.
-                let s = 1.0 / (1.0 + fast_exp::<FMA>(-z[i]));
-                u[i] = dy[i] * z[i] * s;
-                dz[i] = dy[i] * x[i] * r * w[i] * (s * (1.0 + z[i] * (1.0 - s)));
-                u[i] * w[i] * x[i]
-            };
             let mut i = 0;
-            while i < full {
-                for (l, a) in acc.iter_mut().enumerate() {
-                    *a += lane(i + l, u, dz);
+            while i + LANES <= n {
+                // Every load before any store (see `scale_mul`).
+                let c = i..i + LANES;
+                let (xc, zc, wc, gc) = (&x[c.clone()], &z[c.clone()], &w[c.clone()], &dy[c.clone()]);
+                let (mut uv, mut dzv) = ([0.0f32; LANES], [0.0f32; LANES]);
+                for l in 0..LANES {
+                    let s = sigmoid(zc[l]);
+                    uv[l] = gc[l] * zc[l] * s;
+                    dzv[l] = gc[l] * xc[l] * r * wc[l] * (s * (1.0 + zc[l] * (1.0 - s)));
+                    acc[l] += uv[l] * wc[l] * xc[l];
                 }
+                u[c.clone()].copy_from_slice(&uv);
+                dz[c].copy_from_slice(&dzv);
                 i += LANES;
             }
             let mut tail = 0.0;
-            for j in full..n {
-                tail += lane(j, u, dz);
+            for j in i..n {
+                let s = sigmoid(z[j]);
+                u[j] = dy[j] * z[j] * s;
+                dz[j] = dy[j] * x[j] * r * w[j] * (s * (1.0 + z[j] * (1.0 - s)));
+                tail += u[j] * w[j] * x[j];
             }
             acc.iter().sum::<f32>() + tail
         }
