@@ -174,6 +174,21 @@ ARCHS = {
             "original_max_position_embeddings": 16,
         },
     ),
+    # Qwen3.5 (dense): two Gated DeltaNet layers and a full-attention layer with its
+    # output gate, QK-norm and half of each head rotated; GQA in both kinds of layer
+    # (2 query/key heads for 4 value heads in the linear ones).
+    "qwen3_5": transformers.Qwen3_5TextConfig(
+        **{**COMMON, "num_hidden_layers": 3},
+        head_dim=8,
+        layer_types=["linear_attention", "linear_attention", "full_attention"],
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=6,
+        linear_conv_kernel_dim=4,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+    ),
     "gpt2": transformers.GPT2Config(
         vocab_size=VOCAB,
         n_embd=D,

@@ -269,7 +269,8 @@ arch_tests!(
     olmoe,
     qwen2_moe,
     qwen3_yarn,
-    gpt_oss
+    gpt_oss,
+    qwen3_5
 );
 
 #[test]
@@ -367,5 +368,30 @@ fn generation_samples_only_ids_the_tokenizer_has() {
         let out = generate(&mut session, &b, &prompt, 24, &mut sampler, &[], |_| Ok(())).unwrap();
         assert!(out.tokens.iter().all(|&t| (t as usize) < p.tokenizer.vocab_size()), "{name}: {:?}", out.tokens);
         p.tokenizer.decode(&out.tokens).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
+
+/// A prompt fed in pieces (a chat's later turns: the cache continued by several tokens
+/// at once, then one at a time) gives the logits of the whole prompt at once: the
+/// linear-attention layers' convolution inputs and delta-rule state carry over exactly.
+#[test]
+fn a_prompt_in_pieces_gives_the_logits_of_the_whole() {
+    let b = cpu();
+    for name in ["qwen3_5", "llama"] {
+        let model = fusebox_models::open::load(&b, &dir(name)).unwrap().network;
+        let ids = Reference::open(name).ids("ids");
+        let mut whole = Session::new(&model, &b, 64).unwrap();
+        let want = whole.step_all(&b, &ids).unwrap().to_vec_f32().unwrap();
+        let mut pieces = Session::new(&model, &b, 64).unwrap();
+        let mut got = Vec::new();
+        for piece in [&ids[..2], &ids[2..7], &ids[7..8], &ids[8..]] {
+            got.extend(pieces.step_all(&b, piece).unwrap().to_vec_f32().unwrap());
+        }
+        let e = rel_err(&got, &want);
+        assert!(e < 1e-5, "{name}: a prompt in pieces off the whole prompt by {e:.2e}");
+        // After a clear, the cache starts again from nothing.
+        pieces.clear();
+        let again = pieces.step_all(&b, &ids).unwrap().to_vec_f32().unwrap();
+        assert!(rel_err(&again, &want) < 1e-6, "{name}: a cleared session differs");
     }
 }

@@ -2,7 +2,8 @@
 //! own cache) on the tiny random-weight models of every architecture family
 //! (`tests/fixtures/arch/`): learned positions (GPT-2), rope (Llama), QK norms (Qwen3),
 //! experts (Qwen3-MoE, Mixtral),
-//! sliding windows with local and global rope and post-norms (Gemma 3, Mistral).
+//! sliding windows with local and global rope and post-norms (Gemma 3, Mistral), Gated
+//! DeltaNet layers whose state each sequence carries (Qwen3.5).
 //!
 //! Each sequence's logits in a batch agree to 1e-5 relative with the same step run
 //! alone through `forward_batch`, whatever the batch's other sequences and their
@@ -80,7 +81,9 @@ fn check(name: &str) {
 
 #[test]
 fn forward_batch_is_each_sequence_alone() {
-    for name in ["gpt2", "llama", "qwen3", "gemma3", "mistral", "phi3", "qwen3_moe", "mixtral", "olmoe", "qwen2_moe"] {
+    for name in
+        ["gpt2", "llama", "qwen3", "gemma3", "mistral", "phi3", "qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "qwen3_5"]
+    {
         check(name);
     }
 }

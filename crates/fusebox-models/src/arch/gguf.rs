@@ -170,6 +170,9 @@ pub fn gguf_llama_like(k: &GgufKeys<'_>, style: RopeStyle) -> Result<Arch> {
         tied_embeddings: true,
         attn_sinks: false,
         moe: None,
+        linear_attention: None,
+        attn_output_gate: false,
+        rotary_dim: None,
     })
 }
 

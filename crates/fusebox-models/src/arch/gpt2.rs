@@ -108,6 +108,9 @@ fn gpt2(vocab_size: usize, n_layers: usize, d_model: usize, n_heads: usize, d_ff
         tied_embeddings: true,
         attn_sinks: false,
         moe: None,
+        linear_attention: None,
+        attn_output_gate: false,
+        rotary_dim: None,
     }
 }
 

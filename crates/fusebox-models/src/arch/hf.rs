@@ -140,7 +140,29 @@ impl<'a> HfConfig<'a> {
         Ok(Rope { theta, scaling, style: RopeStyle::HalfSplit })
     }
 
-    /// `layer_types` (`full_attention` / `sliding_attention` per layer) when present.
+    /// The rotated dims of a head when `partial_rotary_factor` (top level or in
+    /// `rope_parameters`) makes them fewer than `head_dim` (transformers:
+    /// `int(head_dim · factor)`).
+    pub fn rotary_dim(&self, head_dim: usize) -> Result<Option<usize>> {
+        let in_params = self.field("rope_parameters").and_then(|p| p.get("partial_rotary_factor"));
+        let Some(f) = in_params.filter(|x| !x.is_null()).or_else(|| self.field("partial_rotary_factor")) else {
+            return Ok(None);
+        };
+        let f = f.as_f64().ok_or_else(|| io(format!("config.json: 'partial_rotary_factor': found {f}")))?;
+        let dims = (head_dim as f64 * f) as usize;
+        if !(f > 0.0 && f <= 1.0) || dims < 2 || dims % 2 != 0 {
+            return Err(Error::value(
+                "config.json",
+                "'partial_rotary_factor'",
+                format!("a factor in (0, 1] giving an even number ≥ 2 of the {head_dim} head dims"),
+                f,
+            ));
+        }
+        Ok((dims < head_dim).then_some(dims))
+    }
+
+    /// `layer_types` (`full_attention` / `sliding_attention` / `linear_attention` per
+    /// layer) when present.
     pub fn layer_types(&self, n_layers: usize) -> Result<Option<Vec<LayerAttention>>> {
         let Some(v) = self.field("layer_types") else { return Ok(None) };
         let list = v.as_array().ok_or_else(|| io(format!("config.json: 'layer_types': expected a list, found {v}")))?;
@@ -156,6 +178,7 @@ impl<'a> HfConfig<'a> {
             .map(|t| match t.as_str() {
                 Some("full_attention") => Ok(LayerAttention::Global),
                 Some("sliding_attention") => Ok(LayerAttention::Local),
+                Some("linear_attention") => Ok(LayerAttention::Linear),
                 _ => Err(Error::unsupported("config.json", format!("layer_types entry {t} is not supported"))),
             })
             .collect::<Result<Vec<_>>>()
@@ -179,11 +202,6 @@ fn rope_scaling(v: Option<&Json>, context: Option<usize>) -> Result<RopeScaling>
             .and_then(Json::as_f64)
             .ok_or_else(|| io(format!("config.json: rope_scaling ({kind}) lacks the number '{name}'")))
     };
-    if let Some(f) = v.get("partial_rotary_factor").and_then(Json::as_f64) {
-        if f != 1.0 {
-            return Err(Error::unsupported("config.json", format!("partial_rotary_factor {f} (only 1.0)")));
-        }
-    }
     match kind {
         "default" => Ok(RopeScaling::None),
         "linear" => Ok(RopeScaling::Linear { factor: num("factor")? }),
@@ -309,6 +327,9 @@ pub fn hf_sizes(c: &HfConfig<'_>, name: &str, default_eps: f64) -> Result<Arch> 
         tied_embeddings: c.flag("tie_word_embeddings")?.unwrap_or(false),
         attn_sinks: false,
         moe: None,
+        linear_attention: None,
+        attn_output_gate: false,
+        rotary_dim: c.rotary_dim(head_dim)?,
     })
 }
 
@@ -391,6 +412,7 @@ impl HfConfigOut {
             .map(|a| match a {
                 LayerAttention::Global => "full_attention",
                 LayerAttention::Local => "sliding_attention",
+                LayerAttention::Linear => "linear_attention",
             })
             .collect();
         self.set("layer_types", json!(types));

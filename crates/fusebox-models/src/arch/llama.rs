@@ -49,6 +49,9 @@ pub fn block(cfg: &ModelConfig, name: &str) -> Arch {
         tied_embeddings: cfg.tied_embeddings,
         attn_sinks: false,
         moe: None,
+        linear_attention: None,
+        attn_output_gate: false,
+        rotary_dim: None,
     }
 }
 

@@ -18,6 +18,7 @@
 //! | [`olmoe`] | RMS | SwiGLU experts | rope | experts (softmax top-k), QK-norms over all heads |
 //! | [`qwen2_moe`] | RMS | SwiGLU experts + shared expert | rope | q/k/v biases, a sigmoid-gated shared expert |
 //! | [`qwen3_moe`] | RMS | SwiGLU experts | rope | Qwen3 with experts (`norm_topk_prob`), dense `mlp_only_layers` |
+//! | [`qwen3_5`] | RMS (1 + w) | SwiGLU | rope (partial) | Gated DeltaNet layers beside full attention with an output gate, QK-norm |
 //! | [`gpt_oss`] | RMS | clamped SwiGLU experts | rope (YaRN) | attention sinks, biases everywhere, top-k-then-softmax routing, alternating windows |
 //!
 //! What the files share lives beside them: [`hf`] (reading and writing `config.json`),
@@ -40,6 +41,7 @@ pub mod preset;
 pub mod qwen2;
 pub mod qwen2_moe;
 pub mod qwen3;
+pub mod qwen3_5;
 pub mod qwen3_moe;
 
 use fusebox::{Error, Result};
@@ -104,6 +106,7 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &qwen2_moe::Qwen2Moe,
     &qwen3::Qwen3,
     &qwen3_moe::Qwen3Moe,
+    &qwen3_5::Qwen3_5,
     &olmoe::Olmoe,
     &gpt_oss::GptOss,
     &phi3::Phi3,
@@ -307,7 +310,7 @@ mod tests {
         assert!(
             e.contains("falcon")
                 && e.contains(
-                    "gpt2, llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, gpt_oss, phi3, gemma3"
+                    "gpt2, llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, qwen3_5, olmoe, gpt_oss, phi3, gemma3"
                 ),
             "{e}"
         );

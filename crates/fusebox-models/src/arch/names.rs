@@ -21,6 +21,9 @@ pub enum Fix {
     /// [`Fix::Interleaved`] of a tensor stored transposed: `gate_up_proj` `[E, D, 2F]`
     /// holds the `[E, F, D]` gate (`0`) and up (`1`).
     InterleavedTransposed(usize),
+    /// A depthwise convolution `[C, K]` stored as PyTorch's `Conv1d` weight `[C, 1, K]`
+    /// (the same values).
+    Depthwise,
 }
 
 impl Fix {
@@ -34,6 +37,9 @@ impl Fix {
         if let (Fix::Interleaved(_) | Fix::InterleavedTransposed(_), Some(last)) = (self, s.last_mut()) {
             *last *= 2;
         }
+        if self == Fix::Depthwise && n == 2 {
+            s.insert(1, 1);
+        }
         s
     }
 
@@ -41,7 +47,7 @@ impl Fix {
     /// shape [`stored_shape`](Self::stored_shape)).
     pub fn to_ours(self, ours: &[usize], stored: &[f32]) -> Vec<f32> {
         match self {
-            Fix::None => stored.to_vec(),
+            Fix::None | Fix::Depthwise => stored.to_vec(),
             Fix::PlusOne => stored.iter().map(|w| w + 1.0).collect(),
             Fix::Transpose => swap_last_two(stored, &self.stored_shape(ours)),
             Fix::Interleaved(part) => stored.iter().skip(part).step_by(2).copied().collect(),
@@ -57,7 +63,7 @@ impl Fix {
     /// fills only its own entries, so two parameters share one stored tensor.
     pub fn to_stored(self, ours: &[usize], values: &[f32], stored: &mut [f32]) {
         match self {
-            Fix::None => stored.copy_from_slice(values),
+            Fix::None | Fix::Depthwise => stored.copy_from_slice(values),
             Fix::PlusOne => stored.iter_mut().zip(values).for_each(|(s, w)| *s = w - 1.0),
             Fix::Transpose => stored.copy_from_slice(&swap_last_two(values, ours)),
             Fix::Interleaved(part) => stored.iter_mut().skip(part).step_by(2).zip(values).for_each(|(s, v)| *s = *v),

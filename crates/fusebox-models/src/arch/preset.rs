@@ -165,6 +165,12 @@ impl ModelConfig {
         (self.style.preset.block)(&ModelConfig { n_layers: 1, ..self.clone() })
     }
 
+    /// The block built with at most 64 layers: enough to hold the pattern of layer kinds
+    /// of a hybrid style (its period divides 64), without building a file's absurd count.
+    fn some_layers(&self) -> Arch {
+        (self.style.preset.block)(&ModelConfig { n_layers: self.n_layers.min(64), ..self.clone() })
+    }
+
     /// Checks the sizes fit together and the style can build them; nothing is
     /// allocated for the layers before the parameter count is known to fit.
     pub fn validate(&self) -> Result<()> {
@@ -207,12 +213,13 @@ impl ModelConfig {
     }
 
     /// Number of parameters [`crate::model::param_specs`] lays out, counted from the
-    /// layout of one block without building the others; `None` when it overflows 64 bits.
+    /// layout of at most 64 blocks without building the others; `None` when it
+    /// overflows 64 bits.
     pub fn param_count(&self) -> Option<u64> {
-        if self.n_heads == 0 {
+        if self.n_heads == 0 || self.n_layers == 0 {
             return None;
         }
-        layout::param_count(&self.one_layer(), |_| Stacking::default(), self.n_layers)
+        layout::param_count(&self.some_layers(), |_| Stacking::default(), self.n_layers)
     }
 
     /// GPT-2 124M: vocab 50257, 12 layers, 12 heads, width 768, context 1024, tied embeddings.
@@ -270,7 +277,7 @@ mod tests {
         assert!(
             e.contains("'style'")
                 && e.contains("falcon")
-                && e.contains("gpt2, llama, qwen3, qwen3_moe, gpt_oss, gemma3"),
+                && e.contains("gpt2, llama, qwen3, qwen3_moe, qwen3_5, gpt_oss, gemma3"),
             "{e}"
         );
         let mut bad = v.clone();

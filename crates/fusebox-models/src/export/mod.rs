@@ -117,7 +117,10 @@ impl Weights {
                 )
             };
             let pieces = if spec.name.contains(".attn.qkv.") {
-                split("attn.qkv", &[("attn.q", arch.q_dim()), ("attn.k", arch.kv_dim()), ("attn.v", arch.kv_dim())])
+                split(
+                    "attn.qkv",
+                    &[("attn.q", arch.q_proj_width()), ("attn.k", arch.kv_dim()), ("attn.v", arch.kv_dim())],
+                )
             } else if spec.name.contains(".mlp.gate_up.") {
                 split("mlp.gate_up", &[("mlp.gate", arch.d_ff), ("mlp.up", arch.d_ff)])
             } else {

@@ -419,6 +419,51 @@ pub enum LayerAttention {
     /// The last [`Arch::sliding_window`] positions, the local rope when there is one
     /// ([`Arch::rope_local`]), else the global one.
     Local,
+    /// No softmax attention: the Gated DeltaNet of [`Arch::linear_attention`] (a state
+    /// of fixed size instead of keys and values, no rope).
+    Linear,
+}
+
+/// The Gated DeltaNet token mixer of linear-attention layers (Qwen3.5, Qwen3-Next):
+/// ```text
+/// qkv, z, b, a = h·W_qkvᵀ, h·W_zᵀ, h·W_bᵀ, h·W_aᵀ
+/// q, k, v = split(silu(causal_depthwise_conv(qkv)))        kernel `conv_kernel`
+/// q, k = l2_norm(q), l2_norm(k)                             per head
+/// β = σ(b);  g = −exp(a_log)·softplus(a + dt_bias)          per value head
+/// o = gated_delta_rule(q, k, v, g, β; scale = k_dim^−½)
+/// out = (rms_norm(o, w)·silu(z))·W_outᵀ                     the norm per value head, plain w
+/// ```
+/// The conv channels are q, k, v in that order (`2·k_heads·k_dim + v_heads·v_dim`);
+/// value head `h` reads key head `h / (v_heads / k_heads)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinearAttention {
+    /// Query/key heads.
+    pub k_heads: usize,
+    /// Value heads (a multiple of `k_heads`).
+    pub v_heads: usize,
+    /// Width of a query/key head.
+    pub k_dim: usize,
+    /// Width of a value head.
+    pub v_dim: usize,
+    /// Taps of the causal depthwise convolution.
+    pub conv_kernel: usize,
+}
+
+impl LinearAttention {
+    /// Width of the queries (and of the keys): `k_heads · k_dim`.
+    pub fn key_width(&self) -> usize {
+        self.k_heads * self.k_dim
+    }
+
+    /// Width of the values (and of the output and `z`): `v_heads · v_dim`.
+    pub fn value_width(&self) -> usize {
+        self.v_heads * self.v_dim
+    }
+
+    /// Channels of the convolution: q, k and v.
+    pub fn conv_channels(&self) -> usize {
+        2 * self.key_width() + self.value_width()
+    }
 }
 
 /// Which projections carry a bias.
@@ -505,6 +550,18 @@ pub struct Arch {
     /// Mixture-of-experts MLPs (in every layer but [`Moe::dense_layers`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<Moe>,
+    /// The token mixer of the [`LayerAttention::Linear`] layers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear_attention: Option<LinearAttention>,
+    /// The attention output is multiplied by `σ(gate)` before `Wo`, the gate a second
+    /// half of each query head's rows in `attn.q` (`[Hq·2·hd, D]`, per head q then gate:
+    /// Qwen3.5, Qwen3-Next).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub attn_output_gate: bool,
+    /// Rotated dims of each head when fewer than `head_dim` (partial rotary: the first
+    /// `rotary_dim` dims rotate, the rest pass through).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotary_dim: Option<usize>,
 }
 
 impl Arch {
@@ -513,9 +570,30 @@ impl Arch {
         self.n_heads.saturating_mul(self.head_dim)
     }
 
+    /// Rows of the query projection: `q_dim`, twice that with an output gate (each
+    /// head's query rows, then its gate rows).
+    pub fn q_proj_width(&self) -> usize {
+        self.q_dim().saturating_mul(if self.attn_output_gate { 2 } else { 1 })
+    }
+
     /// Width of the key and value projections (`n_kv_heads · head_dim`).
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads.saturating_mul(self.head_dim)
+    }
+
+    /// Dims of a head that rope rotates (`head_dim` unless partial).
+    pub fn rotary_dims(&self) -> usize {
+        self.rotary_dim.unwrap_or(self.head_dim)
+    }
+
+    /// Whether layer `l` is a linear-attention (Gated DeltaNet) layer.
+    pub fn is_linear(&self, l: usize) -> bool {
+        self.layer_attention.get(l) == Some(&LayerAttention::Linear)
+    }
+
+    /// Layers with softmax attention (the ones with a KV cache).
+    pub fn attention_layers(&self) -> usize {
+        (0..self.n_layers).filter(|&l| !self.is_linear(l)).count()
     }
 
     /// The window of layer `l` (`None`: global attention).
@@ -643,6 +721,48 @@ impl Arch {
                 return bad("moe.dense_layers", format!("layers < {}", self.n_layers), l.to_string());
             }
         }
+        let any_linear = self.layer_attention.contains(&LayerAttention::Linear);
+        match &self.linear_attention {
+            None if any_linear => {
+                return bad("linear_attention", "the token mixer of the linear layers".into(), "none".into())
+            }
+            Some(la) => {
+                let sizes = [
+                    ("k_heads", la.k_heads),
+                    ("v_heads", la.v_heads),
+                    ("k_dim", la.k_dim),
+                    ("v_dim", la.v_dim),
+                    ("conv_kernel", la.conv_kernel),
+                ];
+                if let Some((what, _)) = sizes.iter().find(|(_, v)| *v == 0) {
+                    return bad(&format!("linear_attention.{what}"), "> 0".into(), "0".into());
+                }
+                if !la.v_heads.is_multiple_of(la.k_heads) {
+                    return bad(
+                        "linear_attention.v_heads",
+                        format!("a multiple of k_heads ({})", la.k_heads),
+                        la.v_heads.to_string(),
+                    );
+                }
+                let width =
+                    la.k_heads.checked_mul(la.k_dim).zip(la.v_heads.checked_mul(la.v_dim)).and_then(|(k, v)| {
+                        k.checked_mul(2)?.checked_add(v)?.checked_mul(self.d_model.max(la.k_dim * la.v_dim))
+                    });
+                if width.is_none_or(|v| v > isize::MAX as usize / 8) {
+                    return bad(
+                        "linear_attention",
+                        "widths that fit in memory".into(),
+                        "an overflowing product".into(),
+                    );
+                }
+            }
+            None => {}
+        }
+        if let Some(r) = self.rotary_dim {
+            if r < 2 || r > self.head_dim || !r.is_multiple_of(2) {
+                return bad("rotary_dim", format!("even, 2..={} (head_dim)", self.head_dim), r.to_string());
+            }
+        }
         if let Mlp::ClampedSwiGlu { alpha, limit } = self.mlp {
             if !(alpha > 0.0 && alpha.is_finite() && limit > 0.0 && limit.is_finite()) {
                 return bad(
@@ -652,9 +772,9 @@ impl Arch {
                 );
             }
         }
-        self.rope.validate("rope", self.head_dim)?;
+        self.rope.validate("rope", self.rotary_dims())?;
         if let Some(local) = &self.rope_local {
-            local.validate("rope_local", self.head_dim)?;
+            local.validate("rope_local", self.rotary_dims())?;
         }
         Ok(())
     }

@@ -1,12 +1,13 @@
-//! What one generation stream keeps: per-layer key and value caches, preallocated
-//! once, and the rotary tables for the positions they hold.
+//! What one generation stream keeps: per-layer key and value caches (softmax-attention
+//! layers) or a fixed-size state (linear-attention layers), preallocated once, and the
+//! rotary tables for the positions they hold.
 
 use fusebox::{ComputeBackend, DType, Error, Result, Shape, Tensor};
 
 use super::arch::{Arch, LayerAttention, Positions, Rope};
 use super::Transformer;
 
-/// `cos`/`sin` tables `[positions, head_dim/2]` of the global rope and, when local
+/// `cos`/`sin` tables `[positions, rotary_dims/2]` of the global rope and, when local
 /// layers have their own base, of the local one.
 #[derive(Debug, Clone)]
 pub struct RopeTables {
@@ -49,9 +50,9 @@ impl RopeTables {
         if arch.positions != Positions::Rope {
             return Ok(RopeTables { global: None, local: None, layer_local });
         }
-        let global = Some(tables(b, &arch.rope, arch.head_dim, positions)?);
+        let global = Some(tables(b, &arch.rope, arch.rotary_dims(), positions)?);
         let local = match &arch.rope_local {
-            Some(r) if layer_local.contains(&true) => Some(tables(b, r, arch.head_dim, positions)?),
+            Some(r) if layer_local.contains(&true) => Some(tables(b, r, arch.rotary_dims(), positions)?),
             _ => None,
         };
         Ok(RopeTables { global, local, layer_local })
@@ -71,16 +72,30 @@ impl RopeTables {
     }
 }
 
+/// What a linear-attention layer carries from one token to the next: the last `K − 1`
+/// inputs of its causal convolution and the delta rule's state. A pass at position 0
+/// starts from zero and never reads them, so clearing a cache needs no reset.
+#[derive(Debug)]
+pub struct LinearState {
+    /// The convolution's previous inputs, `[1, C, K − 1]` f32.
+    pub conv: Tensor,
+    /// The delta rule's state, `[1, Hv, dk, dv]` f32.
+    pub delta: Tensor,
+}
+
 /// Per-layer key and value caches `[1, Hkv, capacity, hd]`, how much is filled, and
 /// the rotary tables for positions `0..capacity`. The caches' dtype (F32, F16 or BF16)
 /// is their storage format: new keys and values (f32) are rounded to it as they are
-/// written, and attention reads it back as f32.
+/// written, and attention reads it back as f32. A linear-attention layer has empty key
+/// and value caches (`[1, 0, 0, hd]`) and its [`LinearState`] instead.
 #[derive(Debug)]
 pub struct KvCache {
     /// Keys per layer, `[1, Hkv, capacity, hd]`.
     pub k: Vec<Tensor>,
     /// Values per layer, `[1, Hkv, capacity, hd]`.
     pub v: Vec<Tensor>,
+    /// Per layer, the state of a linear-attention layer (`None` for the others).
+    pub linear: Vec<Option<LinearState>>,
     /// Positions filled so far.
     pub len: usize,
     /// Positions the caches hold.
@@ -108,10 +123,18 @@ impl KvCache {
     }
 }
 
-/// Bytes of keys and values per position of `arch` with caches of `dtype`: every layer's
-/// K and V, `kv_dim` elements each.
+/// Bytes of keys and values per position of `arch` with caches of `dtype`: every
+/// softmax-attention layer's K and V, `kv_dim` elements each.
 pub fn kv_bytes_per_position(arch: &Arch, dtype: DType) -> u128 {
-    (arch.n_layers as u128) * 2 * (arch.kv_dim() as u128) * (dtype.storage_bytes(1) as u128)
+    (arch.attention_layers() as u128) * 2 * (arch.kv_dim() as u128) * (dtype.storage_bytes(1) as u128)
+}
+
+/// Bytes of the linear-attention layers' states (f32), whatever the context.
+pub fn linear_state_bytes(arch: &Arch) -> u128 {
+    let Some(la) = &arch.linear_attention else { return 0 };
+    let per_layer = la.conv_channels() as u128 * (la.conv_kernel as u128 - 1)
+        + la.v_heads as u128 * la.k_dim as u128 * la.v_dim as u128;
+    (arch.n_layers - arch.attention_layers()) as u128 * per_layer * 4
 }
 
 impl Transformer {
@@ -140,9 +163,11 @@ impl Transformer {
                 capacity,
             ));
         }
-        // K and V for every layer plus up to two pairs of f32 rope tables.
+        // K and V for every attention layer, the linear layers' states, and up to two
+        // pairs of f32 rope tables.
         let need = kv_bytes_per_position(arch, dtype) * (capacity as u128)
-            + 4 * (capacity as u128) * (arch.head_dim as u128 / 2) * 4;
+            + linear_state_bytes(arch)
+            + 4 * (capacity as u128) * (arch.rotary_dims() as u128 / 2) * 4;
         let too_big = |limit: String| {
             Error::value(
                 OP,
@@ -162,8 +187,20 @@ impl Transformer {
             return Err(too_big(format!("in this machine's {total} bytes of memory")));
         }
         let shape = Shape::new([1, arch.n_kv_heads, capacity, arch.head_dim]);
-        let alloc = || -> Result<Vec<Tensor>> { (0..arch.n_layers).map(|_| b.zeros(&shape, dtype)).collect() };
-        Ok(KvCache { k: alloc()?, v: alloc()?, len: 0, capacity, rope: RopeTables::new(b, arch, capacity)? })
+        let empty = Shape::new([1, 0, 0, arch.head_dim]);
+        let alloc = || -> Result<Vec<Tensor>> {
+            (0..arch.n_layers).map(|l| b.zeros(if arch.is_linear(l) { &empty } else { &shape }, dtype)).collect()
+        };
+        let linear = (0..arch.n_layers)
+            .map(|l| match (&arch.linear_attention, arch.is_linear(l)) {
+                (Some(la), true) => Ok(Some(LinearState {
+                    conv: b.zeros(&Shape::new([1, la.conv_channels(), la.conv_kernel - 1]), DType::F32)?,
+                    delta: b.zeros(&Shape::new([1, la.v_heads, la.k_dim, la.v_dim]), DType::F32)?,
+                })),
+                _ => Ok(None),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KvCache { k: alloc()?, v: alloc()?, linear, len: 0, capacity, rope: RopeTables::new(b, arch, capacity)? })
     }
 }
 

@@ -92,12 +92,28 @@ pub struct SharedExpert {
     pub gate: usize,
 }
 
+/// The parameters of a linear-attention layer's Gated DeltaNet besides its projections
+/// (which sit in [`LayerIndex::qkv`] and [`LayerIndex::o`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinearIndex {
+    /// The depthwise convolution `[C, K]` over the q, k, v channels.
+    pub conv: usize,
+    /// `dt_bias` `[Hv]`.
+    pub dt_bias: usize,
+    /// `a_log` `[Hv]` (the decay rate is `exp(a_log)`).
+    pub a_log: usize,
+    /// The gated RMS norm's weight `[dv]`, per value head.
+    pub norm: usize,
+}
+
 /// Indices of one decoder block's parameters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LayerIndex {
     /// Norm before attention.
     pub norm1: NormIndex,
-    /// q `[Hq·hd, D]`, k and v `[Hkv·hd, D]`.
+    /// q `[Hq·hd, D]` (`[Hq·2·hd, D]` with an output gate), k and v `[Hkv·hd, D]`. In a
+    /// linear-attention layer its input projections instead: qkv `[C, D]`, z
+    /// `[Hv·dv, D]`, b and a `[Hv, D]`.
     pub qkv: Proj,
     /// Per-head q norm `[hd]` (QK-norm).
     pub q_norm: Option<usize>,
@@ -105,8 +121,10 @@ pub struct LayerIndex {
     pub k_norm: Option<usize>,
     /// One sink logit per query head `[Hq]` (gpt-oss).
     pub sinks: Option<usize>,
-    /// Attention output projection `[D, Hq·hd]`.
+    /// Attention output projection `[D, Hq·hd]` (a linear layer's `[D, Hv·dv]`).
     pub o: Proj,
+    /// A linear-attention layer's other parameters.
+    pub linear: Option<LinearIndex>,
     /// Norm of the attention output before the residual add (Gemma).
     pub post_attn_norm: Option<NormIndex>,
     /// Norm before the MLP.
@@ -126,6 +144,7 @@ impl LayerIndex {
         v.extend(proj(&self.qkv));
         v.extend([self.q_norm, self.k_norm, self.sinks].into_iter().flatten());
         v.extend(proj(&self.o));
+        v.extend(self.linear.iter().flat_map(|x| [x.conv, x.dt_bias, x.a_log, x.norm]));
         v.extend(self.post_attn_norm.iter().flat_map(norm).flatten());
         v.extend(norm(&self.norm2).into_iter().flatten());
         match &self.ffn {
@@ -228,19 +247,44 @@ pub fn layout(arch: &Arch, stacking: impl Fn(usize) -> Stacking) -> (Vec<ParamSp
         };
         let stacking = stacking(l);
         let norm1 = norm(&mut push, "norm1");
-        let qkv = proj(
-            &mut push,
-            &[("attn.q", q), ("attn.k", kv), ("attn.v", kv)],
-            stacking.qkv.then_some("attn.qkv"),
-            d,
-            std,
-            arch.bias.qkv,
-        );
-        let (qn, kn) = if arch.qk_norm_whole { (q, kv) } else { (hd, hd) };
-        let q_norm = arch.qk_norm.then(|| push(p("attn.q_norm.weight"), vec![qn], Init::Ones, false));
-        let k_norm = arch.qk_norm.then(|| push(p("attn.k_norm.weight"), vec![kn], Init::Ones, false));
-        let sinks = arch.attn_sinks.then(|| push(p("attn.sinks"), vec![arch.n_heads], Init::Zeros, false));
-        let o = proj(&mut push, &[("attn.o", d)], None, q, std_res, arch.bias.o);
+        let (qkv, q_norm, k_norm, sinks, o, linear) = match (&arch.linear_attention, arch.is_linear(l)) {
+            (Some(la), true) => {
+                let (c, vw, hv) = (la.conv_channels(), la.value_width(), la.v_heads);
+                let parts = [("linear.qkv", c), ("linear.z", vw), ("linear.b", hv), ("linear.a", hv)];
+                let qkv = proj(&mut push, &parts, None, d, std, false);
+                let o = proj(&mut push, &[("linear.out", d)], None, vw, std_res, false);
+                // As PyTorch's Conv1d (U(±1/√K), std 1/√(3K)); dt_bias 1 and a_log 0
+                // (decay rate 1) as transformers starts them, but for A_log's random draw.
+                let linear = LinearIndex {
+                    conv: push(
+                        p("linear.conv.weight"),
+                        vec![c, la.conv_kernel],
+                        Init::Normal((3.0 * la.conv_kernel as f32).sqrt().recip()),
+                        false,
+                    ),
+                    dt_bias: push(p("linear.dt_bias"), vec![hv], Init::Ones, false),
+                    a_log: push(p("linear.a_log"), vec![hv], Init::Zeros, false),
+                    norm: push(p("linear.norm.weight"), vec![la.v_dim], Init::Ones, false),
+                };
+                (qkv, None, None, None, o, Some(linear))
+            }
+            _ => {
+                let qkv = proj(
+                    &mut push,
+                    &[("attn.q", arch.q_proj_width()), ("attn.k", kv), ("attn.v", kv)],
+                    stacking.qkv.then_some("attn.qkv"),
+                    d,
+                    std,
+                    arch.bias.qkv,
+                );
+                let (qn, kn) = if arch.qk_norm_whole { (q, kv) } else { (hd, hd) };
+                let q_norm = arch.qk_norm.then(|| push(p("attn.q_norm.weight"), vec![qn], Init::Ones, false));
+                let k_norm = arch.qk_norm.then(|| push(p("attn.k_norm.weight"), vec![kn], Init::Ones, false));
+                let sinks = arch.attn_sinks.then(|| push(p("attn.sinks"), vec![arch.n_heads], Init::Zeros, false));
+                let o = proj(&mut push, &[("attn.o", d)], None, q, std_res, arch.bias.o);
+                (qkv, q_norm, k_norm, sinks, o, None)
+            }
+        };
         let post_attn_norm = arch.post_norms.then(|| norm(&mut push, "post_attn_norm"));
         let norm2 = norm(&mut push, "norm2");
         let ffn = if let Some(moe) = arch.experts_at(l) {
@@ -277,7 +321,19 @@ pub fn layout(arch: &Arch, stacking: impl Fn(usize) -> Stacking) -> (Vec<ParamSp
             Ffn::Dense { up, down: proj(&mut push, &[("mlp.proj", d)], None, f, std_res, arch.bias.mlp) }
         };
         let post_mlp_norm = arch.post_norms.then(|| norm(&mut push, "post_mlp_norm"));
-        layers.push(LayerIndex { norm1, qkv, q_norm, k_norm, sinks, o, post_attn_norm, norm2, ffn, post_mlp_norm });
+        layers.push(LayerIndex {
+            norm1,
+            qkv,
+            q_norm,
+            k_norm,
+            sinks,
+            o,
+            linear,
+            post_attn_norm,
+            norm2,
+            ffn,
+            post_mlp_norm,
+        });
     }
     let norm_f = NormIndex {
         weight: push("norm_f.weight".into(), vec![d], Init::Ones, false),
@@ -289,15 +345,26 @@ pub fn layout(arch: &Arch, stacking: impl Fn(usize) -> Stacking) -> (Vec<ParamSp
 }
 
 /// The number of parameters of `arch` with `stacking(layer)` if it had `n_layers`
-/// blocks, counted from its layout without building more than the blocks it has (one
-/// suffices: every block has the same parameters); `None` when `arch` has no block or
-/// the count overflows 64 bits.
+/// blocks, counted from its layout without building more than the blocks it has:
+/// block `l` is counted as block `l mod arch.n_layers` (the blocks repeat their
+/// pattern of kinds); `None` when `arch` has no block or the count overflows 64 bits.
 pub fn param_count(arch: &Arch, stacking: impl Fn(usize) -> Stacking, n_layers: usize) -> Option<u64> {
     let (specs, index) = layout(arch, stacking);
     let elems = |i: usize| specs[i].shape.dims().iter().try_fold(1u64, |n, &d| n.checked_mul(u64::try_from(d).ok()?));
-    let block = index.layers.first()?.params();
-    let per_block = block.iter().try_fold(0u64, |n, &i| n.checked_add(elems(i)?))?;
+    let per_block = index
+        .layers
+        .iter()
+        .map(|li| li.params().iter().try_fold(0u64, |n, &i| n.checked_add(elems(i)?)))
+        .collect::<Option<Vec<u64>>>()?;
+    if per_block.is_empty() {
+        return None;
+    }
     let in_blocks: std::collections::HashSet<usize> = index.layers.iter().flat_map(LayerIndex::params).collect();
     let global = (0..specs.len()).filter(|i| !in_blocks.contains(i)).try_fold(0u64, |n, i| n.checked_add(elems(i)?))?;
-    per_block.checked_mul(u64::try_from(n_layers).ok()?)?.checked_add(global)
+    // Block l counts as block l mod len: block i repeats ⌊n/len⌋ times, once more when i < n mod len.
+    let len = per_block.len();
+    per_block.iter().enumerate().try_fold(global, |n, (i, &count)| {
+        let repeats = u64::try_from(n_layers / len + usize::from(i < n_layers % len)).ok()?;
+        n.checked_add(count.checked_mul(repeats)?)
+    })
 }

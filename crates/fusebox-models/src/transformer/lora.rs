@@ -238,6 +238,12 @@ impl Adapters {
     fn plan(arch: &Arch, config: &LoraConfig) -> Result<Plan> {
         config.validate()?;
         let gated = arch.mlp.gated();
+        if arch.linear_attention.is_some() {
+            return Err(Error::unsupported(
+                "LoRA",
+                format!("{}: adapters on the Gated DeltaNet layers (full fine-tuning trains them)", arch.name),
+            ));
+        }
         let (d, f, r) = (arch.d_model, arch.d_ff, config.rank);
         let (q, kv) = (arch.q_dim(), arch.kv_dim());
         let mut targets = config.targets.clone();

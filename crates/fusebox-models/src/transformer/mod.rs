@@ -33,6 +33,7 @@ mod batch;
 mod block;
 pub mod cache;
 mod counted;
+mod delta;
 mod experts;
 mod forward;
 pub mod layout;
@@ -44,12 +45,13 @@ mod pass;
 
 use fusebox::{ComputeBackend, DType, Error, Result, Tensor};
 
-pub use arch::{Arch, Biases, LayerAttention, Mlp, Moe, NormKind, Positions, Rope, RopeScaling};
+pub use arch::{Arch, Biases, LayerAttention, LinearAttention, Mlp, Moe, NormKind, Positions, Rope, RopeScaling};
 pub use backward::GradsReady;
-pub use cache::{kv_bytes_per_position, KvCache, RopeTables};
+pub use cache::{kv_bytes_per_position, KvCache, LinearState, RopeTables};
 pub use forward::ForwardCache;
 pub use layout::{
-    layout, ExpertBiases, ExpertIndex, Ffn, LayerIndex, NormIndex, ParamIndex, Proj, SharedExpert, Stacking,
+    layout, ExpertBiases, ExpertIndex, Ffn, LayerIndex, LinearIndex, NormIndex, ParamIndex, Proj, SharedExpert,
+    Stacking,
 };
 pub use lora::{Adapters, LoraConfig, Target};
 

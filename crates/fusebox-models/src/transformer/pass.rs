@@ -6,12 +6,16 @@
 //! | [`Pass::Train`] | `[B, T]` | `0..T` | this call's only | every block's activations |
 //! | [`Pass::Cached`] | `[1, T]` | `pos..pos+T` | appended to one cache, read from it | nothing |
 //! | [`Pass::Batch`] | `[N, 1]` | each row its own | each row appended to its own cache | nothing |
+//!
+//! A linear-attention layer has no keys and values: it carries the last inputs of its
+//! convolution and its delta-rule state from token to token instead ([`LinearState`]),
+//! which a pass at position 0 starts from zero and the others continue.
 
-use fusebox::{CausalAttentionResult, ComputeBackend, Error, Result, Tensor};
+use fusebox::{CausalAttentionResult, ComputeBackend, DType, Error, Result, Tensor};
 
 use super::arch::{Arch, Positions};
 use super::block::LayerSaved;
-use super::cache::{KvCache, RopeTables};
+use super::cache::{KvCache, LinearState, RopeTables};
 
 /// How a block runs (see the module table).
 pub(super) enum Pass<'a, 'c> {
@@ -135,6 +139,132 @@ impl Pass<'_, '_> {
             }
         }
     }
+}
+
+impl Pass<'_, '_> {
+    /// Layer `l`'s causal depthwise convolution (then SiLU) of `x` `[B, C, T]` with
+    /// weights `w` `[C, K]`: training and a prompt at position 0 see zeros before
+    /// their first input; later tokens continue from the inputs the state keeps, which
+    /// are then replaced by the last `K − 1` inputs.
+    pub(super) fn linear_conv(
+        &mut self,
+        b: &dyn ComputeBackend,
+        l: usize,
+        x: &Tensor,
+        w: &Tensor,
+        bias: &Tensor,
+    ) -> Result<Tensor> {
+        let keep = w.dims()[1].saturating_sub(1);
+        match self {
+            Pass::Train { .. } => b.depthwise_conv1d_silu(x, w, bias),
+            Pass::Cached { cache, pos } => {
+                let state = linear_state(cache, l)?;
+                let prev = if *pos == 0 { b.zeros(state.conv.shape(), DType::F32)? } else { state.conv.clone() };
+                let y = b.depthwise_conv1d_silu_ctx(&prev, x, w, bias)?;
+                state.conv = last_inputs(b, &prev, x, keep)?;
+                Ok(y)
+            }
+            Pass::Batch { caches, positions, .. } => {
+                // Row i of x `[N, C, 1]` continues sequence i: its previous inputs stacked
+                // `[N, C, K − 1]` (zeros for a sequence at position 0).
+                let prev = caches
+                    .iter_mut()
+                    .zip(positions.iter())
+                    .map(|(c, &p)| {
+                        let s = linear_state(c, l)?;
+                        if p == 0 {
+                            b.zeros(s.conv.shape(), DType::F32)
+                        } else {
+                            Ok(s.conv.clone())
+                        }
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let prev = b.concat(&prev, 0)?;
+                let y = b.depthwise_conv1d_silu_ctx(&prev, x, w, bias)?;
+                let next = last_inputs(b, &prev, x, keep)?;
+                for (i, c) in caches.iter_mut().enumerate() {
+                    linear_state(c, l)?.conv = b.slice(&next, 0, i, 1)?;
+                }
+                Ok(y)
+            }
+        }
+    }
+
+    /// Layer `l`'s gated delta rule on `[q, k, v, g, β]` (`[B, T, Hk, dk]` twice,
+    /// `[B, T, Hv, dv]`, `[B, T, Hv]` twice) → `[B, T, Hv, dv]`: chunked from a zero
+    /// state in training and for a prompt at position 0, chunked from the kept state for
+    /// a later prompt, and the recurrent step (the state updated in place) for one token.
+    pub(super) fn delta_rule(
+        &mut self,
+        b: &dyn ComputeBackend,
+        l: usize,
+        [q, k, v, g, beta]: [&Tensor; 5],
+        scale: f32,
+    ) -> Result<Tensor> {
+        let (bsz, t, hv, dv) = (v.dims()[0], v.dims()[1], v.dims()[2], v.dims()[3]);
+        // One token per row: `[N, 1, H, d]` → `[N, H, d]` for the recurrent step.
+        let step = |x: &Tensor| {
+            let d = x.dims();
+            x.reshape(if d.len() == 4 { vec![d[0], d[2], d[3]] } else { vec![d[0], d[2]] })
+        };
+        match self {
+            Pass::Train { .. } => Ok(b.gated_delta_rule(q, k, v, g, beta, None, scale)?.out),
+            Pass::Cached { cache, pos } => {
+                let state = linear_state(cache, l)?;
+                if *pos > 0 && t == 1 {
+                    let out = b.gated_delta_rule_step(
+                        &step(q)?,
+                        &step(k)?,
+                        &step(v)?,
+                        &step(g)?,
+                        &step(beta)?,
+                        &mut state.delta,
+                        scale,
+                    )?;
+                    return out.reshape([bsz, 1, hv, dv]);
+                }
+                let init = (*pos > 0).then_some(&state.delta);
+                let r = b.gated_delta_rule(q, k, v, g, beta, init, scale)?;
+                state.delta = r.state;
+                Ok(r.out)
+            }
+            Pass::Batch { caches, positions, .. } => {
+                let mut states = Vec::with_capacity(caches.len());
+                for (c, &p) in caches.iter_mut().zip(positions.iter()) {
+                    let s = &mut linear_state(c, l)?.delta;
+                    if p == 0 {
+                        b.fill(s, 0.0)?;
+                    }
+                    states.push(s);
+                }
+                let out = b.batched_gated_delta_rule_step(
+                    &step(q)?,
+                    &step(k)?,
+                    &step(v)?,
+                    &step(g)?,
+                    &step(beta)?,
+                    &mut states,
+                    scale,
+                )?;
+                out.reshape([bsz, 1, hv, dv])
+            }
+        }
+    }
+}
+
+/// Layer `l`'s linear-attention state in `cache`, or an error naming the layer.
+fn linear_state<'c>(cache: &'c mut KvCache, l: usize) -> Result<&'c mut LinearState> {
+    cache.linear.get_mut(l).and_then(Option::as_mut).ok_or_else(|| {
+        Error::value("Transformer::forward_cached", "cache", format!("a linear state for layer {l}"), "none")
+    })
+}
+
+/// The last `keep` inputs of `[prev, x]` along time (`[B, C, K − 1]` and `[B, C, T]` →
+/// `[B, C, keep]`): what the convolution needs of the past at the next token.
+fn last_inputs(b: &dyn ComputeBackend, prev: &Tensor, x: &Tensor, keep: usize) -> Result<Tensor> {
+    let all = b.concat(&[prev.clone(), x.clone()], 2)?;
+    let len = all.dims()[2];
+    b.slice(&all, 2, len - keep, keep)
 }
 
 /// `[B, H, T, D] → [B, T, H·D]`; for one position (T = 1) the two orders are the same

@@ -164,12 +164,16 @@ pub fn load_for(b: &dyn ComputeBackend, src: &dyn TensorSource, plan: Plan, purp
     let (specs, index) = layout(&arch, stacking);
 
     // The file tensors of every parameter.
-    let (q, kv, f) = (arch.q_dim(), arch.kv_dim(), arch.d_ff);
+    let (q, kv, f) = (arch.q_proj_width(), arch.kv_dim(), arch.d_ff);
+    // A linear-attention layer's convolution is `[C, K]` but no matrix multiplied.
+    let convs: Vec<usize> = index.layers.iter().filter_map(|l| l.linear.map(|x| x.conv)).collect();
     let mut plan: Vec<(Role, Vec<Part>)> = Vec::with_capacity(specs.len());
     for (i, spec) in specs.iter().enumerate() {
         let dims = spec.shape.dims().to_vec();
         let role = if i == index.embed {
             Role::Embedding
+        } else if convs.contains(&i) {
+            Role::Plain
         } else if dims.len() == 3 {
             Role::Experts
         } else if dims.len() == 2 && Some(i) != index.pos_embed {
