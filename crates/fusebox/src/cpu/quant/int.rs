@@ -29,7 +29,7 @@
 //! `tree16` adds lanes l and l + 8, then `tree8` adds l and l + 4, l and l + 2, 0 and 1.
 //! The integer sums are exact and the f32 operations happen in one fixed order, so the
 //! portable twin here, the AVX2 kernels (`int_avx2.rs`) and the AVX-512 VNNI
-//! kernels (`int_vnni.rs`) give bit-identical results, and a row's result does
+//! kernels (`int_vnni.rs`, `int_vnni_k.rs`) give bit-identical results, and a row's result does
 //! not depend on how many x rows one call takes.
 //!
 //! The results differ from the f32-activation path by the activation rounding (about
