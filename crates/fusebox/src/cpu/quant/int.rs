@@ -23,8 +23,10 @@
 //!   takes two blocks per instruction): `acc[8h + l] = fma(d, lane[l], acc[8h + l])`,
 //!   and Q4_1's offsets `off[h] = fma(m, Σx̃, off[h])`; the row's result is
 //!   `tree16(acc) + (off[0] + off[1])`.
-//! * K super-blocks: 8 lanes, `acc[l] = fma(d, lane[l], acc[l])` and the `dmin·m`
-//!   offsets `off = fma(c, s, off)`; the row's result is `tree8(acc) − off`.
+//! * K super-blocks: 8 lanes, `acc[l] = fma(d, lane[l], acc[l])`, and the `dmin·m`
+//!   offsets of Q4_K/Q5_K in 8 more, one per sub-block s: `off[s] = fma(c, m_s·qsum_s,
+//!   off[s])` with `c = dmin·d_x` (the product exact in i32, then in f32: below 2^24);
+//!   the row's result is `tree8(acc) − tree8(off)`.
 //!
 //! `tree16` adds lanes l and l + 8, then `tree8` adds l and l + 4, l and l + 2, 0 and 1.
 //! The integer sums are exact and the f32 operations happen in one fixed order, so the
@@ -305,13 +307,14 @@ pub(crate) mod twin {
             }
             DType::Q4K | DType::Q5K => {
                 let bb = block_bytes(dtype);
-                let (mut acc, mut off) = ([0.0f32; 8], 0.0f32);
+                let (mut acc, mut off) = ([0.0f32; 8], [0.0f32; 8]);
                 for (sb, blk) in row.chunks_exact(bb).enumerate() {
                     let (scales, qs_at) = (&blk[4..16], if dtype == DType::Q5K { 48 } else { 16 });
                     let mut lanes = [0i32; 8];
-                    let mut mins = 0i32;
+                    let mins: [i32; 8] =
+                        std::array::from_fn(|s| i32::from(scale_min_k4(s, scales).1) * xq.qsum[8 * sb + s]);
                     for s in 0..8 {
-                        let (sc, m) = scale_min_k4(s, scales);
+                        let (sc, _) = scale_min_k4(s, scales);
                         let (pair, high) = (s / 2, s % 2 == 1);
                         let mut w = [0i32; 32];
                         for (l, v) in w.iter_mut().enumerate() {
@@ -322,16 +325,18 @@ pub(crate) mod twin {
                         }
                         let at = QK_K * sb + 32 * s;
                         add_lanes(&mut lanes, &w, &xq.q[at..at + 32], |_| i32::from(sc));
-                        mins += i32::from(m) * xq.qsum[8 * sb + s];
                     }
                     let dx = xq.d[sb];
                     let d = f16_at(blk, 0) * dx;
                     for l in 0..8 {
                         acc[l] = d.mul_add(lanes[l] as f32, acc[l]);
                     }
-                    off = (f16_at(blk, 2) * dx).mul_add(mins as f32, off);
+                    let c = f16_at(blk, 2) * dx;
+                    for (o, &m) in off.iter_mut().zip(&mins) {
+                        *o = c.mul_add(m as f32, *o);
+                    }
                 }
-                tree8(&acc) - off
+                tree8(&acc) - tree8(&off)
             }
             DType::Q6K => {
                 let mut acc = [0.0f32; 8];

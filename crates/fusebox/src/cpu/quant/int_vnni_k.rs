@@ -148,7 +148,7 @@ unsafe fn row_group<const F: u8, const R: usize>(
 ) -> usize {
     let bb = BLOCK_BYTES[usize::from(F)];
     let mut acc = [_mm256_setzero_ps(); R];
-    let mut off = [0.0f32; R];
+    let mut off = [_mm256_setzero_ps(); R];
     for sb in 0..nb {
         // SAFETY: super-block sb lies inside the row; each x row holds its 256 values,
         // its scale and its 8 sums (the caller's contract).
@@ -172,29 +172,19 @@ unsafe fn row_group<const F: u8, const R: usize>(
                 let dx = *x.d.as_ptr().add(sb);
                 acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(s.d * dx), _mm256_cvtepi32_ps(lanes), acc[i]);
                 if F != 2 {
-                    // Σ_s m_s·qsum_s: `vpmaddwd` of the i32 lanes is exact here, the mins'
-                    // high words being 0 and |qsum| ≤ 32·127 fitting its low word.
+                    // m_s·qsum_s per sub-block: `vpmaddwd` of the i32 lanes is exact here,
+                    // the mins' high words being 0 and |qsum| ≤ 32·127 fitting its low word.
                     let qsum = _mm256_loadu_si256(x.qsum.as_ptr().add(8 * sb) as *const __m256i);
-                    let mins = hsum_epi32(_mm256_madd_epi16(s.mins, qsum));
-                    off[i] = (s.dmin * dx).mul_add(mins as f32, off[i]);
+                    let mins = _mm256_cvtepi32_ps(_mm256_madd_epi16(s.mins, qsum));
+                    off[i] = _mm256_fmadd_ps(_mm256_set1_ps(s.dmin * dx), mins, off[i]);
                 }
             }
         }
     }
     for i in 0..R {
-        out[i] = if F == 2 { hsum8(acc[i]) } else { hsum8(acc[i]) - off[i] };
+        out[i] = if F == 2 { hsum8(acc[i]) } else { hsum8(acc[i]) - hsum8(off[i]) };
     }
     R
-}
-
-/// The exact sum of 8 i32 lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn hsum_epi32(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
-    _mm_cvtsi128_si32(s)
 }
 
 /// The little-endian u32 at `p`.
