@@ -26,7 +26,7 @@
 //! * K super-blocks: 8 lanes, `acc[l] = fma(d, lane[l], acc[l])`, and the `dmin·m`
 //!   offsets of Q4_K/Q5_K in 8 more, one per sub-block s: `off[s] = fma(c, m_s·qsum_s,
 //!   off[s])` with `c = dmin·d_x` (the product exact in i32, then in f32: below 2^24);
-//!   the row's result is `tree8(acc) − tree8(off)`.
+//!   the row's result is `tree8(acc − off)`, lane by lane.
 //!
 //! `tree16` adds lanes l and l + 8, then `tree8` adds l and l + 4, l and l + 2, 0 and 1.
 //! The integer sums are exact and the f32 operations happen in one fixed order, so the
@@ -336,7 +336,7 @@ pub(crate) mod twin {
                         *o = c.mul_add(m as f32, *o);
                     }
                 }
-                tree8(&acc) - tree8(&off)
+                tree8(&std::array::from_fn(|l| acc[l] - off[l]))
             }
             DType::Q6K => {
                 let mut acc = [0.0f32; 8];

@@ -302,7 +302,7 @@ unsafe fn rows_k4<const FIFTH: bool>(w: &[u8], xq: &Q8Row, out: &mut [f32]) {
                 off = _mm256_fmadd_ps(c, _mm256_cvtepi32_ps(mins), off);
             }
         }
-        *o = hsum8(acc) - hsum8(off);
+        *o = hsum8(_mm256_sub_ps(acc, off));
     }
 }
 

@@ -182,7 +182,7 @@ unsafe fn row_group<const F: u8, const R: usize>(
         }
     }
     for i in 0..R {
-        out[i] = if F == 2 { hsum8(acc[i]) } else { hsum8(acc[i]) - hsum8(off[i]) };
+        out[i] = hsum8(if F == 2 { acc[i] } else { _mm256_sub_ps(acc[i], off[i]) });
     }
     R
 }
