@@ -23,13 +23,15 @@
 //!   takes two blocks per instruction): `acc[8h + l] = fma(d, lane[l], acc[8h + l])`,
 //!   and Q4_1's offsets `off[h] = fma(m, Σx̃, off[h])`; the row's result is
 //!   `tree16(acc) + (off[0] + off[1])`.
-//! * K super-blocks: 8 lanes, `acc[l] = fma(d, lane[l], acc[l])` and the `dmin·m`
-//!   offsets `off = fma(c, s, off)`; the row's result is `tree8(acc) − off`.
+//! * K super-blocks: 8 lanes, `acc[l] = fma(d, lane[l], acc[l])`, and the `dmin·m`
+//!   offsets of Q4_K/Q5_K in 8 more, one per sub-block s: `off[s] = fma(c, m_s·qsum_s,
+//!   off[s])` with `c = dmin·d_x` (the product exact in i32, then in f32: below 2^24);
+//!   the row's result is `tree8(acc − off)`, lane by lane.
 //!
 //! `tree16` adds lanes l and l + 8, then `tree8` adds l and l + 4, l and l + 2, 0 and 1.
 //! The integer sums are exact and the f32 operations happen in one fixed order, so the
 //! portable twin here, the AVX2 kernels (`int_avx2.rs`) and the AVX-512 VNNI
-//! kernels (`int_vnni.rs`) give bit-identical results, and a row's result does
+//! kernels (`int_vnni.rs`, `int_vnni_k.rs`) give bit-identical results, and a row's result does
 //! not depend on how many x rows one call takes.
 //!
 //! The results differ from the f32-activation path by the activation rounding (about
@@ -151,9 +153,9 @@ fn block_bytes(dtype: DType) -> usize {
 
 /// `out[r·m + i] = Σ_j xs[i][j]·W[r, j]` for the rows r of `w` (whole rows of `dtype`
 /// blocks) and the `m = xs.len()` x rows given quantized (from [`quantize_row`] for
-/// `dtype`). Each result has the bits it gets with that x row alone: the 32-block kernels
-/// decode a weight block once for up to 8 x rows (AVX-512 VNNI) or 4 (AVX2); other
-/// formats take each x row in turn. Returns false, doing nothing, for a format without an
+/// `dtype`). Each result has the bits it gets with that x row alone: the AVX-512 VNNI
+/// kernels decode a weight block once for up to 8 x rows, the AVX2 ones for up to 4 (the
+/// 32-block formats; the K formats take each x row in turn there). Returns false, doing nothing, for a format without an
 /// integer kernel, an x row quantized for another format, or sizes that do not fit.
 pub fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f32]) -> bool {
     if !fits_all(dtype, w, xs, out.len()) {
@@ -305,13 +307,14 @@ pub(crate) mod twin {
             }
             DType::Q4K | DType::Q5K => {
                 let bb = block_bytes(dtype);
-                let (mut acc, mut off) = ([0.0f32; 8], 0.0f32);
+                let (mut acc, mut off) = ([0.0f32; 8], [0.0f32; 8]);
                 for (sb, blk) in row.chunks_exact(bb).enumerate() {
                     let (scales, qs_at) = (&blk[4..16], if dtype == DType::Q5K { 48 } else { 16 });
                     let mut lanes = [0i32; 8];
-                    let mut mins = 0i32;
+                    let mins: [i32; 8] =
+                        std::array::from_fn(|s| i32::from(scale_min_k4(s, scales).1) * xq.qsum[8 * sb + s]);
                     for s in 0..8 {
-                        let (sc, m) = scale_min_k4(s, scales);
+                        let (sc, _) = scale_min_k4(s, scales);
                         let (pair, high) = (s / 2, s % 2 == 1);
                         let mut w = [0i32; 32];
                         for (l, v) in w.iter_mut().enumerate() {
@@ -322,16 +325,18 @@ pub(crate) mod twin {
                         }
                         let at = QK_K * sb + 32 * s;
                         add_lanes(&mut lanes, &w, &xq.q[at..at + 32], |_| i32::from(sc));
-                        mins += i32::from(m) * xq.qsum[8 * sb + s];
                     }
                     let dx = xq.d[sb];
                     let d = f16_at(blk, 0) * dx;
                     for l in 0..8 {
                         acc[l] = d.mul_add(lanes[l] as f32, acc[l]);
                     }
-                    off = (f16_at(blk, 2) * dx).mul_add(mins as f32, off);
+                    let c = f16_at(blk, 2) * dx;
+                    for (o, &m) in off.iter_mut().zip(&mins) {
+                        *o = c.mul_add(m as f32, *o);
+                    }
                 }
-                tree8(&acc) - off
+                tree8(&std::array::from_fn(|l| acc[l] - off[l]))
             }
             DType::Q6K => {
                 let mut acc = [0.0f32; 8];
@@ -392,9 +397,6 @@ mod tests {
         DType::Q6K,
     ];
 
-    /// The 32-block formats.
-    const FORMATS_32: [DType; 6] = [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::IQ4NL, DType::MXFP4];
-
     /// The integer dot is the f32 dot of the dequantized row with the dequantized x up to
     /// f32 rounding: checked against an f64 sum of the same integer-valued products.
     #[test]
@@ -450,25 +452,33 @@ mod tests {
         }
     }
 
-    /// The multi-row kernels (AVX-512 VNNI, AVX2) give the twin's bits for every number of
-    /// x rows up to 16 (their groups of 8, 4, 2 and 1) and for odd block counts (a
-    /// half-empty last pair).
+    /// The multi-row kernels (AVX-512 VNNI, AVX2, and the dispatch over them) give the
+    /// twin's bits for every number of x rows up to 16 (their groups of 8, 4, 2 and 1),
+    /// odd W row counts, and odd block counts (a half-empty last pair of 32-blocks; one,
+    /// three and five K super-blocks).
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_multi_row_kernels_give_the_twins_bits_for_any_number_of_x_rows() {
         type Kernel = fn(DType, &[u8], &[Q8Row], &mut [f32]) -> bool;
-        let kernels: [(&str, Kernel); 2] =
-            [("AVX-512 VNNI", int_vnni::int_rows_multi), ("AVX2", int_avx2::int_rows_multi)];
+        let kernels: [(&str, Kernel); 3] = [
+            ("AVX-512 VNNI", int_vnni::int_rows_multi),
+            ("AVX2", int_avx2::int_rows_multi),
+            ("dispatch", int_rows_multi),
+        ];
         for (name, kernel) in kernels {
-            for dtype in FORMATS_32 {
-                for (k, rows, m) in [(32, 3, 1), (128, 5, 3), (288, 4, 8), (576, 2, 13), (96, 3, 16)] {
+            for dtype in FORMATS {
+                let block = activation_block(dtype).unwrap();
+                let nb_rows_m = [(1, 3, 1), (4, 5, 3), (9, 4, 8), (18, 2, 13), (3, 3, 16), (5, 7, 5), (1, 1, 2)];
+                for (nb, rows, m) in nb_rows_m {
+                    // As many elements for the K formats as for the 32-block ones, in whole super-blocks.
+                    let k = if block == QK { nb * QK } else { nb.div_ceil(2) * QK_K };
                     let xs: Vec<Q8Row> = (0..m).map(|i| quantize_row(&values(k, 40 + i as u32), dtype)).collect();
                     let wf = values(rows * k, 7 + m as u32);
                     let mut wb = vec![0u8; dtype.storage_bytes(rows * k)];
                     quantize_into(dtype, &wf, &mut wb);
                     let mut got = vec![0.0f32; rows * m];
                     if !kernel(dtype, &wb, &xs, &mut got) {
-                        println!("skipping {dtype}: no {name} on this CPU");
+                        println!("skipping {dtype}, m={m}: {name} has no kernel for it (on this CPU)");
                         continue;
                     }
                     let row_bytes = dtype.storage_bytes(k);
@@ -487,18 +497,80 @@ mod tests {
         }
     }
 
+    /// The K kernels on weights at the edges of their ranges: every Q4_K/Q5_K nibble and
+    /// fifth bit set (15, 31) and Q6_K's −32 and 31 with scales of ±127 and −128, against
+    /// activations of ±127, where an i16 pair sum is largest. Random bytes fill the blocks
+    /// (any byte pattern is a valid block, scales and mins included) with their f16
+    /// scales set to finite values.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_vnni_k_kernels_give_the_twins_bits_at_the_extremes_of_the_weights() {
+        for dtype in [DType::Q4K, DType::Q5K, DType::Q6K] {
+            let (k, rows) = (3 * QK_K, 6);
+            let bb = block_bytes(dtype);
+            let mut wb: Vec<u8> = values(rows * k / QK_K * bb, 9).iter().map(|v| (v.to_bits() >> 7) as u8).collect();
+            for (i, blk) in wb.chunks_exact_mut(bb).enumerate() {
+                let scale_at = if dtype == DType::Q6K { 208 } else { 0 };
+                blk[scale_at..scale_at + 2].copy_from_slice(&f16::from_f32(0.01).to_le_bytes());
+                if dtype != DType::Q6K {
+                    blk[2..4].copy_from_slice(&f16::from_f32(0.003).to_le_bytes());
+                }
+                // Every other super-block at the extremes.
+                if i % 2 == 0 {
+                    match dtype {
+                        DType::Q6K => {
+                            let fill = if i % 4 == 0 { 0x00 } else { 0xFF }; // q − 32 = −32 or 31
+                            blk[..192].fill(fill);
+                            for (s, sc) in blk[192..208].iter_mut().enumerate() {
+                                *sc = [127u8, 0x80, 0x81, 1][s % 4];
+                            }
+                        }
+                        _ => blk[4..bb].fill(0xFF),
+                    }
+                }
+            }
+            let mut x = values(k, 21);
+            for (j, v) in x.iter_mut().enumerate() {
+                if j % 3 != 0 {
+                    *v = if j % 2 == 0 { 2.0 } else { -2.0 };
+                }
+            }
+            let xs = [quantize_row(&x, dtype), quantize_row(&x.iter().map(|v| -v).collect::<Vec<_>>(), dtype)];
+            let mut got = vec![0.0f32; rows * 2];
+            if !int_vnni::int_rows_multi(dtype, &wb, &xs, &mut got) {
+                println!("skipping {dtype}: no AVX-512 VNNI on this CPU");
+                continue;
+            }
+            let row_bytes = dtype.storage_bytes(k);
+            for r in 0..rows {
+                for (i, xq) in xs.iter().enumerate() {
+                    let want = twin::row(dtype, &wb[r * row_bytes..(r + 1) * row_bytes], xq);
+                    assert!(want.is_finite(), "{dtype} row {r}");
+                    assert_eq!(got[2 * r + i].to_bits(), want.to_bits(), "{dtype} row {r} x {i}");
+                }
+            }
+        }
+    }
+
     /// The AVX-512 quantizer gives the portable one's every field, bit for bit, ties
-    /// (x·(1/d) = k + ½), NaN and infinities included.
+    /// (x·(1/d) = k + ½), NaN and infinities included, in blocks of 32 and of 256.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_simd_quantizer_gives_the_portable_ones_bits() {
-        let mut x = values(32 * 9, 3);
-        // Block 0: d = 1 exactly, with ties both ways; block 1: a NaN; block 2: an infinity.
+        let mut x = values(QK_K * 4, 3);
+        // Block 0: d = 1 exactly, with ties both ways; block 1: a NaN; block 2: an
+        // infinity (so super-block 0 has them all); super-block 2: a NaN alone; super-block
+        // 3: zeros.
         x[0] = 127.0;
         x[1..7].copy_from_slice(&[2.5, -2.5, 0.5, -0.5, 126.5, -3.5]);
         x[40] = f32::NAN;
         x[70] = f32::NEG_INFINITY;
-        for dtype in FORMATS_32 {
+        x[2 * QK_K + 5] = f32::NAN;
+        x[3 * QK_K..].fill(0.0);
+        // Super-block 1: d = 1 exactly, ties.
+        x[QK_K] = -127.0;
+        x[QK_K + 1..QK_K + 5].copy_from_slice(&[1.5, -1.5, 100.5, -0.5]);
+        for dtype in FORMATS {
             let Some(simd) = int_vnni::quantize_row(&x, dtype) else {
                 println!("skipping: no AVX-512 VNNI on this CPU");
                 return;
@@ -512,6 +584,7 @@ mod tests {
             assert_eq!((&simd.qsum, &simd.bias), (&want.qsum, &want.bias), "{dtype}");
         }
         assert_eq!(&quantize_row_portable(&x, DType::Q8_0).q[..7], &[127, 3, -3, 1, -1, 127, -4]);
+        assert_eq!(&quantize_row_portable(&x, DType::Q4K).q[QK_K..QK_K + 5], &[-127, 2, -2, 101, -1]);
     }
 
     #[test]

@@ -265,11 +265,11 @@ unsafe fn rows_k4<const FIFTH: bool>(w: &[u8], xq: &Q8Row, out: &mut [f32]) {
     for (r, o) in out.iter_mut().enumerate() {
         let row = &w[r * row_bytes..(r + 1) * row_bytes];
         let mut acc = _mm256_setzero_ps();
-        let mut off = 0.0f32;
+        let mut off = _mm256_setzero_ps();
         for (sb, blk) in row.chunks_exact(bb).enumerate() {
             let (sc, m) = scales_mins(&blk[4..16]);
             let qsum = &xq.qsum[8 * sb..8 * sb + 8];
-            let mins: i32 = (0..8).map(|s| m[s] * qsum[s]).sum();
+            let mins: [i32; 8] = std::array::from_fn(|s| m[s] * qsum[s]);
             let mut lanes = _mm256_setzero_si256();
             // SAFETY: the block's 32-byte runs lie inside `blk`, and xq holds super-block sb.
             unsafe {
@@ -296,10 +296,13 @@ unsafe fn rows_k4<const FIFTH: bool>(w: &[u8], xq: &Q8Row, out: &mut [f32]) {
                 let dx = xq.d[sb];
                 let d = f16_at(blk.as_ptr()) * dx;
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
-                off = (f16_at(blk.as_ptr().add(2)) * dx).mul_add(mins as f32, off);
+                // The offsets per sub-block (the twin's `off` lanes); each product is exact.
+                let c = _mm256_set1_ps(f16_at(blk.as_ptr().add(2)) * dx);
+                let mins = _mm256_loadu_si256(mins.as_ptr() as *const __m256i);
+                off = _mm256_fmadd_ps(c, _mm256_cvtepi32_ps(mins), off);
             }
         }
-        *o = hsum8(acc) - off;
+        *o = hsum8(_mm256_sub_ps(acc, off));
     }
 }
 

@@ -11,22 +11,22 @@
 //! weights once; per x row and pair the work is one `vpdpbusd`, one conversion, one
 //! multiply (`d_w·d_x`, with `d_x` pre-spread as `d16`) and one FMA.
 //!
-//! x itself is quantized here too ([`quantize_row`]), 32 elements at a time, with the
-//! twin's arithmetic: the same division for the scale and reciprocal, and rounding half
+//! x itself is quantized here too ([`quantize_row`], for the K formats' super-blocks as
+//! well), 32 elements at a time, with the twin's arithmetic: the same division for the scale and reciprocal, and rounding half
 //! away from zero (`trunc`, then ±1 where the dropped fraction is at least one half).
 
 use std::arch::x86_64::*;
 
 use super::fields::e8m0_half;
-use super::int::{fits_all, weight_offset_shift, Q8Row};
+use super::int::{activation_block, fits_all, weight_offset_shift, Q8Row};
 use super::int_avx2::{each_row_group, hsum8, offset_levels, BLOCK_BYTES};
-use super::QK;
+use super::{QK, QK_K};
 use crate::cpu::simd::Isa;
 use crate::dtype::DType;
 
-/// `out[r·m + i]` = row r of `w` · `xs[i]` (`int.rs`'s `int_rows_multi`); false, doing
-/// nothing, for the K formats, where the active ISA is not AVX-512 or the CPU lacks
-/// VNNI, or for sizes that do not fit.
+/// `out[r·m + i]` = row r of `w` · `xs[i]` (`int.rs`'s `int_rows_multi`), the K formats
+/// by `int_vnni_k.rs`; false, doing nothing, for a format without an integer kernel,
+/// where the active ISA is not AVX-512 or the CPU lacks VNNI, or for sizes that do not fit.
 pub(super) fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f32]) -> bool {
     let f = match dtype {
         DType::Q8_0 => 0,
@@ -35,7 +35,7 @@ pub(super) fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f3
         DType::Q5_0 => 3,
         DType::IQ4NL => 4,
         DType::MXFP4 => 5,
-        _ => return false,
+        _ => return super::int_vnni_k::int_rows_multi(dtype, w, xs, out),
     };
     if Isa::active() != Isa::Avx512
         || !std::arch::is_x86_feature_detected!("avx512vnni")
@@ -212,71 +212,108 @@ unsafe fn weights<const F: u8>(blk0: *const u8, blk1: Option<*const u8>) -> (__m
     }
 }
 
-/// x quantized as `int.rs`'s `quantize_row` does it, bit for bit, 32 elements per step;
-/// `None` (nothing done) for the K formats, where VNNI is missing or the ISA in use is
-/// not AVX-512, or a length that is not whole blocks.
+/// x quantized as `int.rs`'s `quantize_row` does it, bit for bit, 32 elements per step
+/// (one scale per 32 or per 256); `None` (nothing done) where VNNI is missing or the ISA
+/// in use is not AVX-512, or for a format without an integer kernel or a length that is
+/// not whole blocks.
 pub(super) fn quantize_row(x: &[f32], dtype: DType) -> Option<Q8Row> {
-    let s = weight_offset_shift(dtype)?;
-    if Isa::active() != Isa::Avx512 || !std::arch::is_x86_feature_detected!("avx512vnni") || !x.len().is_multiple_of(QK)
+    let block = activation_block(dtype)?;
+    if Isa::active() != Isa::Avx512
+        || !std::arch::is_x86_feature_detected!("avx512vnni")
+        || !x.len().is_multiple_of(block)
     {
         return None;
     }
     let nb = x.len() / QK;
+    // The 32-block formats' lane biases and spread scales (none for the K formats).
+    let per_pair = if block == QK { 16 * nb.div_ceil(2) } else { 0 };
     let mut row = Q8Row {
         dtype,
         q: vec![0; x.len()],
-        d: vec![0.0; nb],
+        d: vec![0.0; x.len() / block],
         xsum: vec![0.0; nb],
         qsum: vec![0; nb],
-        bias: vec![0; 16 * nb.div_ceil(2)],
-        d16: vec![0.0; 16 * nb.div_ceil(2)],
+        bias: vec![0; per_pair],
+        d16: vec![0.0; per_pair],
     };
     // SAFETY: AVX-512 F/BW/VL (the active ISA) and VNNI are present; every vector is
-    // sized for nb blocks above.
-    unsafe { quantize_blocks(x, s, &mut row) };
+    // sized for x's blocks above.
+    unsafe {
+        match weight_offset_shift(dtype) {
+            Some(s) => quantize_blocks(x, s, &mut row),
+            None => quantize_super_blocks(x, &mut row),
+        }
+    }
     Some(row)
+}
+
+/// `|v|` lane by lane.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn abs_ps(v: __m512) -> __m512 {
+    _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFF_FFFF)))
+}
+
+/// The 32 values at `x` times `id`, rounded half away from zero (`trunc`, then ±1 where
+/// the dropped fraction is at least one half), NaN → 0, clamped to ±127, stored at `q`;
+/// returns their sum.
+///
+/// # Safety
+/// AVX-512 F/BW/VL; `x` holds 32 readable f32, `q` 32 writable bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+unsafe fn round_run(x: *const f32, id: __m512, q: *mut i8) -> i32 {
+    let mut qsum = _mm512_setzero_si512();
+    for h in 0..2 {
+        // SAFETY: the caller's 32 inputs and outputs.
+        unsafe {
+            let r = _mm512_mul_ps(_mm512_loadu_ps(x.add(16 * h)), id);
+            let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(r);
+            let frac = _mm512_sub_ps(r, t); // exact: |r| < 2^23
+            let t = _mm512_mask_add_ps(
+                t,
+                _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, _mm512_set1_ps(0.5)),
+                t,
+                _mm512_set1_ps(1.0),
+            );
+            let t = _mm512_mask_sub_ps(
+                t,
+                _mm512_cmp_ps_mask::<_CMP_LE_OQ>(frac, _mm512_set1_ps(-0.5)),
+                t,
+                _mm512_set1_ps(1.0),
+            );
+            // NaN → 0 (the twin's `as i8`), then the clamp to ±127.
+            let t = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(t, t), t);
+            let t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-127.0)), _mm512_set1_ps(127.0));
+            let qi = _mm512_cvtps_epi32(t);
+            qsum = _mm512_add_epi32(qsum, qi);
+            _mm_storeu_si128(q.add(16 * h) as *mut __m128i, _mm512_cvtepi32_epi8(qi));
+        }
+    }
+    _mm512_reduce_add_epi32(qsum)
+}
+
+/// The scale `max|x|/127` of `v`'s lanes skipping NaN, as the twin's fold (`max_ps(a,
+/// b)` returns b if a is NaN), and its reciprocal (0 for a zero scale) spread.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+fn scale_of(v: &[__m512]) -> (f32, __m512) {
+    let m = v.iter().fold(_mm512_setzero_ps(), |m, &x| _mm512_max_ps(abs_ps(x), m));
+    let d = _mm512_reduce_max_ps(m) / 127.0;
+    (d, _mm512_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 }))
 }
 
 /// # Safety
 /// AVX-512 F/BW/VL and VNNI; `row`'s vectors sized for `x.len() / 32` blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
 unsafe fn quantize_blocks(x: &[f32], shift: u32, row: &mut Q8Row) {
-    let abs = |v: __m512| _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFF_FFFF)));
     let ones = _mm512_set1_epi8(1);
     for (b, xs) in x.chunks_exact(QK).enumerate() {
         // SAFETY: block b's 32 inputs, 32 outputs and 8 biases are in bounds.
         unsafe {
             let v = [_mm512_loadu_ps(xs.as_ptr()), _mm512_loadu_ps(xs.as_ptr().add(16))];
-            // max|x| skipping NaN, as the twin's fold: `max_ps(a, b)` returns b if a is NaN.
-            let m = _mm512_max_ps(abs(v[1]), _mm512_max_ps(abs(v[0]), _mm512_setzero_ps()));
-            let amax = _mm512_reduce_max_ps(m);
-            let d = amax / 127.0;
-            let id = _mm512_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
-            let mut qsum = _mm512_setzero_si512();
-            for (h, &vh) in v.iter().enumerate() {
-                let r = _mm512_mul_ps(vh, id);
-                let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(r);
-                let frac = _mm512_sub_ps(r, t); // exact: |r| < 2^23
-                let t = _mm512_mask_add_ps(
-                    t,
-                    _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, _mm512_set1_ps(0.5)),
-                    t,
-                    _mm512_set1_ps(1.0),
-                );
-                let t = _mm512_mask_sub_ps(
-                    t,
-                    _mm512_cmp_ps_mask::<_CMP_LE_OQ>(frac, _mm512_set1_ps(-0.5)),
-                    t,
-                    _mm512_set1_ps(1.0),
-                );
-                // NaN → 0 (the twin's `as i8`), then the clamp to ±127.
-                let t = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(t, t), t);
-                let t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-127.0)), _mm512_set1_ps(127.0));
-                let qi = _mm512_cvtps_epi32(t);
-                qsum = _mm512_add_epi32(qsum, qi);
-                _mm_storeu_si128(row.q.as_mut_ptr().add(QK * b + 16 * h) as *mut __m128i, _mm512_cvtepi32_epi8(qi));
-            }
-            let qs = _mm512_reduce_add_epi32(qsum);
+            let (d, id) = scale_of(&v);
+            let qs = round_run(xs.as_ptr(), id, row.q.as_mut_ptr().add(QK * b));
             *row.d.get_unchecked_mut(b) = d;
             *row.qsum.get_unchecked_mut(b) = qs;
             *row.xsum.get_unchecked_mut(b) = d * qs as f32;
@@ -288,6 +325,28 @@ unsafe fn quantize_blocks(x: &[f32], shift: u32, row: &mut Q8Row) {
             _mm256_storeu_si256(row.bias.as_mut_ptr().add(8 * b) as *mut __m256i, bias);
             let at = 16 * (b / 2) + 8 * (b % 2);
             _mm256_storeu_ps(row.d16.as_mut_ptr().add(at), _mm256_set1_ps(d));
+        }
+    }
+}
+
+/// The K formats' activations: one scale per 256, the integer sum per 32.
+///
+/// # Safety
+/// AVX-512 F/BW/VL and VNNI; `row`'s vectors sized for `x.len() / 256` super-blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+unsafe fn quantize_super_blocks(x: &[f32], row: &mut Q8Row) {
+    for (sb, xs) in x.chunks_exact(QK_K).enumerate() {
+        // SAFETY: super-block sb's 256 inputs and outputs and 8 sums are in bounds.
+        unsafe {
+            let v: [__m512; 16] = std::array::from_fn(|j| _mm512_loadu_ps(xs.as_ptr().add(16 * j)));
+            let (d, id) = scale_of(&v);
+            *row.d.get_unchecked_mut(sb) = d;
+            for run in 0..QK_K / QK {
+                let at = QK_K * sb + QK * run;
+                let qs = round_run(xs.as_ptr().add(QK * run), id, row.q.as_mut_ptr().add(at));
+                *row.qsum.get_unchecked_mut(at / QK) = qs;
+                *row.xsum.get_unchecked_mut(at / QK) = d * qs as f32;
+            }
         }
     }
 }

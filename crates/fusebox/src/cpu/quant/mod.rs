@@ -30,7 +30,7 @@
 //! | `encode.rs`, `encode_32.rs`, `encode_k.rs` | f32 → blocks: shared rounding and the loops; the 32-element formats; the 256-element K formats |
 //! | `quantize.rs` | the `quantize` and `dequantize` ops, and the row decoder `embedding` uses |
 //! | `fused_dot.rs`, `fused_dot_x86.rs` | W rows dotted with f32 x rows straight from the blocks: portable loops compiled per ISA; hand-written AVX-512 / AVX2 kernels |
-//! | `int.rs`, `int_avx2.rs`, `int_vnni.rs` | the integer decode path (x rounded to 8 bits): the scheme and its portable twin; AVX2 kernels; AVX-512 VNNI kernels |
+//! | `int.rs`, `int_avx2.rs`, `int_vnni.rs`, `int_vnni_k.rs` | the integer decode path (x rounded to 8 bits): the scheme and its portable twin; AVX2 kernels; AVX-512 VNNI kernels for the 32-block formats and for the K formats |
 //! | `matmul.rs` | `quantized_matmul`: row runs for few x rows, decoded panels and gemm for many |
 //! | `backward.rs` | `quantized_matmul_backward` |
 
@@ -53,6 +53,9 @@ mod int_avx2;
 /// AVX-512 VNNI forms of the 32-block integer dots, several x rows per weight pass.
 #[cfg(target_arch = "x86_64")]
 mod int_vnni;
+/// AVX-512 VNNI forms of the K-format integer dots, several x rows per weight pass.
+#[cfg(target_arch = "x86_64")]
+mod int_vnni_k;
 mod matmul;
 mod quantize;
 
