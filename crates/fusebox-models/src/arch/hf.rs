@@ -150,7 +150,7 @@ impl<'a> HfConfig<'a> {
         };
         let f = f.as_f64().ok_or_else(|| io(format!("config.json: 'partial_rotary_factor': found {f}")))?;
         let dims = (head_dim as f64 * f) as usize;
-        if !(f > 0.0 && f <= 1.0) || dims < 2 || dims % 2 != 0 {
+        if !(f > 0.0 && f <= 1.0) || dims < 2 || !dims.is_multiple_of(2) {
             return Err(Error::value(
                 "config.json",
                 "'partial_rotary_factor'",

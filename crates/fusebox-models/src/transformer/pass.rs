@@ -253,7 +253,7 @@ impl Pass<'_, '_> {
 }
 
 /// Layer `l`'s linear-attention state in `cache`, or an error naming the layer.
-fn linear_state<'c>(cache: &'c mut KvCache, l: usize) -> Result<&'c mut LinearState> {
+fn linear_state(cache: &mut KvCache, l: usize) -> Result<&mut LinearState> {
     cache.linear.get_mut(l).and_then(Option::as_mut).ok_or_else(|| {
         Error::value("Transformer::forward_cached", "cache", format!("a linear state for layer {l}"), "none")
     })
