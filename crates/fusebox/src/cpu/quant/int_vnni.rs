@@ -24,6 +24,14 @@ use super::{QK, QK_K};
 use crate::cpu::simd::Isa;
 use crate::dtype::DType;
 
+/// Whether the VNNI integer kernels run here: AVX-512 is the active ISA (never one the
+/// CPU lacks) and the CPU has VNNI and F16C (the f16 block scales).
+pub(super) fn vnni_kernels_run() -> bool {
+    Isa::active() == Isa::Avx512
+        && std::arch::is_x86_feature_detected!("avx512vnni")
+        && std::arch::is_x86_feature_detected!("f16c")
+}
+
 /// `out[r·m + i]` = row r of `w` · `xs[i]` (`int.rs`'s `int_rows_multi`), the K formats
 /// by `int_vnni_k.rs`; false, doing nothing, for a format without an integer kernel,
 /// where the active ISA is not AVX-512 or the CPU lacks VNNI, or for sizes that do not fit.
@@ -37,11 +45,7 @@ pub(super) fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f3
         DType::MXFP4 => 5,
         _ => return super::int_vnni_k::int_rows_multi(dtype, w, xs, out),
     };
-    if Isa::active() != Isa::Avx512
-        || !std::arch::is_x86_feature_detected!("avx512vnni")
-        || !std::arch::is_x86_feature_detected!("f16c")
-        || !fits_all(dtype, w, xs, out.len())
-    {
+    if !vnni_kernels_run() || !fits_all(dtype, w, xs, out.len()) {
         return false;
     }
     // SAFETY: AVX-512 F/BW/VL and FMA (the active ISA, never one the CPU lacks), VNNI and

@@ -21,7 +21,6 @@ use std::arch::x86_64::*;
 use super::int::{fits_all, Q8Row};
 use super::int_avx2::hsum8;
 use super::QK_K;
-use crate::cpu::simd::Isa;
 use crate::dtype::DType;
 
 /// How far ahead of the super-block being read the weight prefetches run, in bytes: the
@@ -46,11 +45,7 @@ pub(super) fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f3
         DType::Q6K => 2,
         _ => return false,
     };
-    if Isa::active() != Isa::Avx512
-        || !std::arch::is_x86_feature_detected!("avx512vnni")
-        || !std::arch::is_x86_feature_detected!("f16c")
-        || !fits_all(dtype, w, xs, out.len())
-    {
+    if !super::int_vnni::vnni_kernels_run() || !fits_all(dtype, w, xs, out.len()) {
         return false;
     }
     // SAFETY: AVX-512 F/BW/VL and FMA (the active ISA, never one the CPU lacks), VNNI and
