@@ -44,6 +44,7 @@ const ARCHS: &[&str] = &[
     "qwen2_moe",
     "qwen3_yarn",
     "gpt_oss",
+    "qwen3_5",
 ];
 
 fn cpu() -> CpuBackend {
@@ -116,6 +117,18 @@ fn every_architecture_round_trips_through_hf_and_gguf() {
         assert_eq!(got, want, "{name}: hf export → fusebox logits differ (rel {})", rel(&got, &want));
 
         let gguf = dir.join(format!("{name}.gguf"));
+        if *name == "qwen3_5" {
+            // llama.cpp's qwen35 files (their value heads reordered for ggml) are neither
+            // read nor written yet: refused, saying so, and nothing is left behind.
+            let b = cpu();
+            let p = load(&src);
+            let (tok, template) = export::read_tokenizer_source(&src).unwrap();
+            let opts = Options { float: FloatType::F32, quant: None };
+            let e = export::write_gguf(&b, &p.network, &tok, template.as_deref(), &gguf, &opts).unwrap_err();
+            assert!(e.to_string().contains("qwen35 files are not read yet"), "{e}");
+            assert!(!gguf.exists());
+            continue;
+        }
         if matches!(*name, "gemma3" | "gpt_oss") {
             // The fixture's layer pattern and query scale differ from Gemma 3's own, which
             // GGUF cannot say (llama.cpp fixes a global layer every sixth and the scale
