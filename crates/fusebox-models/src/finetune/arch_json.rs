@@ -50,6 +50,28 @@ mod tests {
         assert!(from_json(&v).unwrap_err().to_string().contains("'d_ff'"));
     }
 
+    /// A hybrid (Qwen3.5) description round-trips; linear layers without their sizes,
+    /// or with sizes whose products overflow, are refused by name, not a panic.
+    #[test]
+    fn hybrid_arch_round_trips_and_bad_linear_sizes_are_named() {
+        let arch = crate::model::arch_of(&ModelConfig::tiny(Style::parse("qwen3_5").unwrap(), 40, 32));
+        assert!(arch.linear_attention.is_some() && arch.attn_output_gate && arch.rotary_dim.is_some());
+        assert_eq!(from_json(&to_json(&arch)).unwrap(), arch);
+        let mut v = to_json(&arch);
+        v.as_object_mut().unwrap().remove("linear_attention");
+        assert!(from_json(&v).unwrap_err().to_string().contains("linear_attention"));
+        for (field, value) in [("v_heads", json!(3)), ("k_dim", json!(0)), ("v_dim", json!(1u64 << 40))] {
+            let mut v = to_json(&arch);
+            v["linear_attention"]["k_dim"] = json!(1u64 << 40);
+            v["linear_attention"][field] = value;
+            let e = from_json(&v).unwrap_err().to_string();
+            assert!(e.contains("linear_attention"), "{field}: {e}");
+        }
+        let mut v = to_json(&arch);
+        v["rotary_dim"] = json!(3);
+        assert!(from_json(&v).unwrap_err().to_string().contains("rotary_dim"));
+    }
+
     /// An `arch.json` as the hand-written writer before serde wrote it (a Llama 3
     /// rope, an interleaved GGUF base) reads as the same architecture.
     #[test]

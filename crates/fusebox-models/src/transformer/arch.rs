@@ -744,11 +744,14 @@ impl Arch {
                         la.v_heads.to_string(),
                     );
                 }
-                let width =
-                    la.k_heads.checked_mul(la.k_dim).zip(la.v_heads.checked_mul(la.v_dim)).and_then(|(k, v)| {
-                        k.checked_mul(2)?.checked_add(v)?.checked_mul(self.d_model.max(la.k_dim * la.v_dim))
-                    });
-                if width.is_none_or(|v| v > isize::MAX as usize / 8) {
+                // The input projection `[C, D]` and one layer's state `[Hv, dk, dv]`.
+                let conv = la
+                    .k_heads
+                    .checked_mul(la.k_dim)
+                    .zip(la.v_heads.checked_mul(la.v_dim))
+                    .and_then(|(k, v)| k.checked_mul(2)?.checked_add(v)?.checked_mul(self.d_model));
+                let state = la.v_heads.checked_mul(la.k_dim).and_then(|n| n.checked_mul(la.v_dim));
+                if [conv, state].iter().any(|w| w.is_none_or(|v| v > isize::MAX as usize / 8)) {
                     return bad(
                         "linear_attention",
                         "widths that fit in memory".into(),
