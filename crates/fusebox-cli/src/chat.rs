@@ -14,7 +14,6 @@ use std::sync::Arc;
 use clap::Args;
 use fusebox::{Error, Result};
 use fusebox_models::chat::Part;
-use fusebox_models::open;
 use fusebox_models::pretrained::chat::{ChatOptions, ChatSession, Turn, TurnEnd};
 use fusebox_models::{Sampler, SamplerConfig};
 use serde_json::json;
@@ -57,6 +56,8 @@ pub struct ChatArgs {
     /// message stays) instead of stopping.
     #[arg(long)]
     context_shift: bool,
+    #[command(flatten)]
+    pipeline: crate::pipeline::PipelineArgs,
     /// Compute backend: cpu or wgpu.
     #[arg(long, default_value = "cpu")]
     backend: String,
@@ -151,15 +152,26 @@ impl Lines {
 }
 
 pub fn run(args: &ChatArgs) -> Result<()> {
-    let mut sampler = sampler(args)?;
+    let sampler = sampler(args)?;
     if args.max_tokens == 0 {
         return Err(Error::value("chat", "--max-tokens", "at least 1", 0));
     }
     if args.threads == Some(0) {
         return Err(Error::value("chat", "--threads", "at least 1", 0));
     }
+    let dist = crate::pipeline::Distributed::from_environment(&args.pipeline)?;
+    dist.run(|| converse(args, sampler, &dist))
+}
+
+/// The conversation on rank 0 (or the only process); under mpirun the other ranks
+/// follow its steps through their stages.
+fn converse(args: &ChatArgs, mut sampler: Sampler, dist: &crate::pipeline::Distributed) -> Result<()> {
     let b = backend_for(&args.backend, args.threads)?;
-    let model = open::load(b.as_ref(), &args.model)?;
+    let model = dist.load(b.as_ref(), &args.model, args.ctx_size, args.cache_type)?;
+    if !dist.is_lead() {
+        let ctx = args.ctx_size.unwrap_or_else(|| DEFAULT_CTX.min(model.context_length()));
+        return dist.follow(b.as_ref(), &model, ctx, args.cache_type);
+    }
     let template = model.chat_template()?;
     if let Some(notice) = template.notice() {
         eprintln!("[{notice}]");
@@ -251,6 +263,8 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         };
         report(args, &turn, message, ctx)?;
     }
+    drop(chat);
+    dist.finish(&model)?;
     Ok(())
 }
 

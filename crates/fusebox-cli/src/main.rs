@@ -9,6 +9,7 @@ mod export;
 mod generate;
 mod info;
 mod memory;
+mod pipeline;
 mod plot;
 mod serve;
 mod tokenize;

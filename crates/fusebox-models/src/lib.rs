@@ -25,6 +25,7 @@ pub mod gguf;
 pub mod model;
 pub mod open;
 pub mod params;
+pub mod pipeline;
 pub mod pretrained;
 pub mod rng;
 pub mod safetensors;

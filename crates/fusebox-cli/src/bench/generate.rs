@@ -23,9 +23,9 @@ use std::time::Instant;
 
 use clap::Args;
 use fusebox::{ComputeBackend, DType, Error, Result};
+use fusebox_models::pretrained;
 use fusebox_models::sampler::argmax;
 use fusebox_models::transformer::{Arch, Ffn, Transformer};
-use fusebox_models::{open, pretrained};
 use serde_json::json;
 
 use super::measure;
@@ -61,6 +61,8 @@ pub struct GenerateBenchArgs {
     /// Decode steps timed (each beside a read of as many bytes) per context.
     #[arg(long, default_value_t = 32)]
     bandwidth_steps: usize,
+    #[command(flatten)]
+    pipeline: crate::pipeline::PipelineArgs,
 }
 
 /// One entry of `--bandwidth-contexts`: a position count, or nothing (`--bandwidth-contexts=`).
@@ -214,11 +216,22 @@ pub fn run(args: &GenerateBenchArgs) -> Result<()> {
     let Some(&cache_type) = args.cache_type.first() else {
         return Err(Error::value("bench generate", "--cache-type", "f32, f16 or bf16 (or a list)", "nothing"));
     };
+    let dist = crate::pipeline::Distributed::from_environment(&args.pipeline)?;
+    dist.run(|| measure_generation(args, cache_type, &dist))
+}
+
+/// The measurement on rank 0 (or the only process); under mpirun the other ranks follow
+/// through their stages, and the pipeline's hops are reported instead of the bandwidth.
+fn measure_generation(args: &GenerateBenchArgs, cache_type: DType, dist: &crate::pipeline::Distributed) -> Result<()> {
     let b = backend_for(&args.backend, args.threads)?;
-    let model = open::load(b.as_ref(), &args.model)?;
-    let prompt = bench_prompt(&model.tokenizer, args.prompt_tokens)?;
     // Room for the warm-up's four decode steps when fewer new tokens are asked for.
     let ctx = args.prompt_tokens + args.new_tokens.max(4) + 1;
+    let model = dist.load(b.as_ref(), &args.model, Some(ctx), cache_type)?;
+    if !dist.is_lead() {
+        return dist.follow(b.as_ref(), &model, ctx, cache_type);
+    }
+    let prompt = bench_prompt(&model.tokenizer, args.prompt_tokens)?;
+    let wall = Instant::now();
     let mut session = model.session_with_cache(b.as_ref(), ctx, cache_type)?;
     // Warm-up: pages in the weights and starts the thread pool.
     let mut logits = session.step(b.as_ref(), &prompt[..prompt.len().min(32)])?;
@@ -251,8 +264,13 @@ pub fn run(args: &GenerateBenchArgs) -> Result<()> {
     let tg = if decode.is_empty() { 0.0 } else { median(decode) };
     let tg_fast = fastest_tenth_tokens_per_s(steps);
     drop(session);
+    let wall = wall.elapsed().as_secs_f64();
+    let stages = dist.finish(&model)?;
     let mut bandwidth = Vec::new();
-    for &c in args.bandwidth_contexts.iter().flatten() {
+    // Under a pipeline each rank reads only its stage: one process's bandwidth figure
+    // does not apply.
+    let contexts = if stages.is_some() { &[][..] } else { &args.bandwidth_contexts[..] };
+    for &c in contexts.iter().flatten() {
         for &t in &args.cache_type {
             bandwidth.push(decode_bandwidth(b.as_ref(), &model, t, c, args.bandwidth_steps)?);
         }
@@ -275,7 +293,8 @@ pub fn run(args: &GenerateBenchArgs) -> Result<()> {
                    "new_tokens": args.new_tokens, "repeats": args.repeats.max(1),
                    "cache_type": cache_type.to_string(),
                    "prefill_tokens_per_s": pp, "decode_tokens_per_s": tg,
-                   "decode_fastest_tenth_tokens_per_s": tg_fast, "decode_bandwidth": bw})
+                   "decode_fastest_tenth_tokens_per_s": tg_fast, "decode_bandwidth": bw,
+                   "pipeline": stages.as_deref().map(|s| pipeline_json(s, wall))})
         );
     } else {
         println!("{} · {} KV cache", model.description, cache_type);
@@ -306,6 +325,12 @@ pub fn run(args: &GenerateBenchArgs) -> Result<()> {
                 w.regions_per_token
             );
         }
+        for line in stages.as_deref().map(crate::pipeline::describe).unwrap_or_default() {
+            println!("{line}");
+        }
+        if let Some(s) = stages.as_deref() {
+            println!("[pipeline] bubble: {:.0}% of the ranks' time idle", 100.0 * bubble(s, wall));
+        }
         // Each cache type against the f32 cache at the same context, when both ran.
         for w in &bandwidth {
             let f32_run = bandwidth.iter().find(|x| x.context == w.context && x.cache_type == DType::F32);
@@ -320,4 +345,18 @@ pub fn run(args: &GenerateBenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The fraction of the ranks' time spent waiting over `wall` seconds: `1 − Σ compute /
+/// (N · wall)`. A single stream keeps one stage busy at a time, so at best `(N − 1)/N`.
+fn bubble(stages: &[fusebox_models::pipeline::StageStats], wall: f64) -> f64 {
+    let busy: f64 = stages.iter().map(|s| s.compute_seconds).sum();
+    (1.0 - busy / (stages.len() as f64 * wall.max(1e-12))).clamp(0.0, 1.0)
+}
+
+fn pipeline_json(stages: &[fusebox_models::pipeline::StageStats], wall: f64) -> serde_json::Value {
+    let mut v = crate::pipeline::to_json(stages);
+    v["bubble_fraction"] = json!(bubble(stages, wall));
+    v["seconds"] = json!(wall);
+    v
 }

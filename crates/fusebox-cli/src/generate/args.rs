@@ -55,6 +55,8 @@ pub struct GenerateArgs {
     /// as they are written, and attention accumulates in f32.
     #[arg(long, default_value = "f16", value_parser = parse_cache_type)]
     pub(crate) cache_type: DType,
+    #[command(flatten)]
+    pub(crate) pipeline: crate::pipeline::PipelineArgs,
 }
 
 /// A `--cache-type` value: f32, f16 or bf16.

@@ -16,8 +16,18 @@ pub(crate) use self::pretrained::check_cache_memory;
 /// flag is reported before any model is loaded).
 pub fn run(args: &GenerateArgs) -> Result<()> {
     let sampler = args::sampler(args)?;
+    let dist = crate::pipeline::Distributed::from_environment(&args.pipeline)?;
     if fusebox_models::open::is_pretrained(&args.model) {
-        pretrained::run(args, sampler)
+        dist.run(|| pretrained::run(args, sampler, &dist))
+    } else if dist.is_split() {
+        Err(fusebox::Error::unsupported(
+            "generate",
+            format!(
+                "{} is a from-scratch training checkpoint; a model split over MPI ranks is read from a GGUF file or \
+                 a Hugging Face directory",
+                args.model.display()
+            ),
+        ))
     } else {
         checkpoint::run(args, sampler)
     }

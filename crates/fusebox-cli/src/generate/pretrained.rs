@@ -5,13 +5,14 @@
 use std::io::Write;
 
 use fusebox::{DType, Error, Result};
+use fusebox_models::pretrained;
 use fusebox_models::Sampler;
-use fusebox_models::{open, pretrained};
 use serde_json::json;
 
 use super::args::GenerateArgs;
 use crate::backends::backend_for;
 use crate::memory::{available_memory, gib};
+use crate::pipeline::Distributed;
 
 /// Default KV-cache size when `--ctx-size` is not given (clamped to the model's context).
 const DEFAULT_CTX: usize = 2048;
@@ -44,9 +45,14 @@ pub(crate) fn check_cache_memory(model: &pretrained::Pretrained, ctx: usize, dty
 }
 
 /// Generates from the pretrained model (or fine-tuning checkpoint) `--model` names.
-pub(crate) fn run(args: &GenerateArgs, mut sampler: Sampler) -> Result<()> {
+/// Under mpirun, this rank's stage; ranks other than 0 only follow.
+pub(crate) fn run(args: &GenerateArgs, mut sampler: Sampler, dist: &Distributed) -> Result<()> {
     let b = backend_for(&args.backend, args.threads)?;
-    let model = open::load(b.as_ref(), &args.model)?;
+    let model = dist.load(b.as_ref(), &args.model, args.ctx_size, args.cache_type)?;
+    if !dist.is_lead() {
+        let ctx = args.ctx_size.unwrap_or_else(|| DEFAULT_CTX.min(model.context_length()));
+        return dist.follow(b.as_ref(), &model, ctx, args.cache_type);
+    }
     let tok = &model.tokenizer;
     let mut prompt = if args.chat {
         let template = model.chat_template()?;
@@ -93,6 +99,8 @@ pub(crate) fn run(args: &GenerateArgs, mut sampler: Sampler) -> Result<()> {
             }
             Ok(())
         })?;
+    drop(session);
+    let stages = dist.finish(&model)?;
     let shown: Vec<u32> = generation.tokens.iter().copied().filter(|t| !stop.contains(t)).collect();
     if args.json {
         let kind = model.network.arch.name.as_str();
@@ -112,6 +120,8 @@ pub(crate) fn run(args: &GenerateArgs, mut sampler: Sampler) -> Result<()> {
             "ctx_size": ctx,
             "cache_type": args.cache_type.to_string(),
             "threads": b.cpu().threads(),
+            "pipeline": stages.as_deref().map(crate::pipeline::to_json),
+            "peak_resident_bytes": fusebox_models::pipeline::peak_resident_bytes(),
         });
         println!("{v}");
     } else {
@@ -127,6 +137,9 @@ pub(crate) fn run(args: &GenerateArgs, mut sampler: Sampler) -> Result<()> {
             generation.stop.name(),
             b.cpu().threads(),
         );
+        for line in stages.as_deref().map(crate::pipeline::describe).unwrap_or_default() {
+            eprintln!("{line}");
+        }
     }
     Ok(())
 }

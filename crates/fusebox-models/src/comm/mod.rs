@@ -95,6 +95,19 @@ pub trait Communicator: Debug + Send + Sync {
     /// Returns once every rank has called it.
     fn barrier(&self) -> Result<()>;
 
+    /// Sends `bytes` to rank `dest`, returning once `bytes` may be reused. Messages from
+    /// one rank to another arrive in the order they were sent. The world of one has no
+    /// peer to send to: an error.
+    fn send(&self, dest: usize, bytes: &[u8]) -> Result<()> {
+        let _ = bytes;
+        Err(no_peer("send", dest, self.world_size()))
+    }
+
+    /// The next message rank `src` sent to this one, whatever its length (blocking).
+    fn recv(&self, src: usize) -> Result<Vec<u8>> {
+        Err(no_peer("recv", src, self.world_size()))
+    }
+
     /// Ends every process of the run with exit status `code`, after `why` (naming this rank)
     /// is printed to stderr. The remedy for an error on one rank: the others would wait in
     /// their next collective for ever.
@@ -218,6 +231,21 @@ impl Communicator for SingleProcess {
     }
 }
 
+/// The error of a point-to-point call with no peer `rank` to talk to.
+fn no_peer(op: &'static str, rank: usize, world: usize) -> Error {
+    Error::unsupported(op, format!("rank {rank} of a world of {world} process(es): no other process to talk to"))
+}
+
+/// An error unless `peer` is a rank of a world of `world` processes other than `me`.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+fn check_peer(op: &'static str, peer: usize, me: usize, world: usize) -> Result<()> {
+    if peer < world && peer != me {
+        Ok(())
+    } else {
+        Err(Error::value(op, "peer", format!("a rank < {world} other than this one ({me})"), peer))
+    }
+}
+
 /// An error unless `root` is a rank of a world of `world` processes.
 fn check_root(root: usize, world: usize) -> Result<()> {
     if root < world {
@@ -247,6 +275,8 @@ mod tests {
         c.broadcast(&mut buf, 0).unwrap();
         assert!(c.broadcast(&mut buf, 1).unwrap_err().to_string().contains("root"));
         c.barrier().unwrap();
+        assert!(c.send(0, b"x").unwrap_err().to_string().contains("no other process"));
+        assert!(c.recv(0).unwrap_err().to_string().contains("no other process"));
     }
 
     #[test]

@@ -11,7 +11,10 @@ use mpi::raw::AsRaw;
 use mpi::topology::{Communicator as _, SimpleCommunicator};
 use mpi::traits::CommunicatorCollectives;
 
-use super::{check_root, Communicator, PendingAllReduce, ReduceOp};
+use super::{check_peer, check_root, Communicator, PendingAllReduce, ReduceOp};
+
+/// The tag of point-to-point messages (`send`/`recv`).
+const P2P_TAG: c_int = 17;
 
 /// Largest element count one MPI call takes (its `count` is a C `int`); longer buffers go
 /// in pieces.
@@ -232,6 +235,52 @@ impl Communicator for MpiCommunicator {
         self.on_owner("MPI_Barrier")?;
         self.world.barrier();
         Ok(())
+    }
+
+    fn send(&self, dest: usize, bytes: &[u8]) -> Result<()> {
+        self.on_owner("MPI_Send")?;
+        check_peer("MPI_Send", dest, self.rank, self.size)?;
+        let count = c_int::try_from(bytes.len())
+            .map_err(|_| Error::value("MPI_Send", "message", format!("at most {} bytes", c_int::MAX), bytes.len()))?;
+        // SAFETY: `bytes` holds `count` bytes and outlives the blocking call.
+        let code = unsafe {
+            ffi::MPI_Send(
+                bytes.as_ptr() as *const c_void,
+                count,
+                ffi::RSMPI_UINT8_T,
+                dest as c_int,
+                P2P_TAG,
+                self.world.as_raw(),
+            )
+        };
+        check("MPI_Send", code)
+    }
+
+    fn recv(&self, src: usize) -> Result<Vec<u8>> {
+        self.on_owner("MPI_Recv")?;
+        check_peer("MPI_Recv", src, self.rank, self.size)?;
+        // SAFETY: MPI_Status is plain data, filled in by MPI_Probe.
+        let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+        // SAFETY: `status` is a valid out-pointer for the call.
+        check("MPI_Probe", unsafe { ffi::MPI_Probe(src as c_int, P2P_TAG, self.world.as_raw(), &mut status) })?;
+        let mut count: c_int = 0;
+        // SAFETY: `status` was filled in by MPI_Probe; `count` is a valid out-pointer.
+        check("MPI_Get_count", unsafe { ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut count) })?;
+        let mut buf = vec![0u8; usize::try_from(count).unwrap_or(0)];
+        // SAFETY: `buf` holds the `count` bytes the probed message has, across the call.
+        let code = unsafe {
+            ffi::MPI_Recv(
+                buf.as_mut_ptr() as *mut c_void,
+                count,
+                ffi::RSMPI_UINT8_T,
+                src as c_int,
+                P2P_TAG,
+                self.world.as_raw(),
+                ffi::RSMPI_STATUS_IGNORE,
+            )
+        };
+        check("MPI_Recv", code)?;
+        Ok(buf)
     }
 
     fn abort(&self, code: i32, why: &str) -> ! {

@@ -417,6 +417,7 @@ pub fn load_pretrained(b: &dyn ComputeBackend, checkpoint: &Path) -> Result<Pret
         chat_template_error: loaded.template_error,
         path: saved.dir,
         description,
+        pipeline: None,
     })
 }
 

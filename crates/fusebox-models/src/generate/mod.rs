@@ -2,10 +2,12 @@
 //! that runs the prompt in one prefill pass, then one token at a time, sampled, until
 //! a stop token, the token limit or a full context.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use fusebox::{ComputeBackend, DType, Error, Result};
 
+use crate::pipeline::Pipeline;
 use crate::sampler::Sampler;
 use crate::transformer::{KvCache, Transformer};
 
@@ -16,6 +18,8 @@ pub struct Session<'m> {
     cache: KvCache,
     /// Ids sampling may choose: `0..sample_vocab`.
     sample_vocab: usize,
+    /// The other stages, when `model` is the first stage of a pipeline.
+    pipeline: Option<Arc<Pipeline>>,
 }
 
 impl<'m> Session<'m> {
@@ -34,7 +38,7 @@ impl<'m> Session<'m> {
         cache_dtype: DType,
     ) -> Result<Session<'m>> {
         let cache = model.new_cache_of(b, ctx_size, cache_dtype)?;
-        Ok(Session { model, cache, sample_vocab: model.arch.vocab_size })
+        Ok(Session { model, cache, sample_vocab: model.arch.vocab_size, pipeline: None })
     }
 
     /// The KV caches' dtype.
@@ -55,6 +59,13 @@ impl<'m> Session<'m> {
         self
     }
 
+    /// Runs every step through `pipeline` (this model being its first stage; see
+    /// [`crate::pipeline`]).
+    pub fn with_pipeline(mut self, pipeline: Option<Arc<Pipeline>>) -> Session<'m> {
+        self.pipeline = pipeline;
+        self
+    }
+
     /// The logits sampling chooses from: the first [`with_sample_vocab`](Self::with_sample_vocab)
     /// ids of `logits`.
     pub fn sampled<'l>(&self, logits: &'l [f32]) -> &'l [f32] {
@@ -63,12 +74,18 @@ impl<'m> Session<'m> {
 
     /// Runs `ids` after what the caches hold; returns the last position's logits.
     pub fn step(&mut self, b: &dyn ComputeBackend, ids: &[u32]) -> Result<Vec<f32>> {
-        self.model.forward_cached(b, ids, &mut self.cache)
+        match &self.pipeline {
+            Some(p) => p.step(self.model, b, ids, &mut self.cache, false)?.to_vec::<f32>(),
+            None => self.model.forward_cached(b, ids, &mut self.cache),
+        }
     }
 
     /// As [`step`](Self::step) but returns the logits of every new position `[T, V]` (host).
     pub fn step_all(&mut self, b: &dyn ComputeBackend, ids: &[u32]) -> Result<fusebox::Tensor> {
-        self.model.forward_cached_all(b, ids, &mut self.cache)
+        match &self.pipeline {
+            Some(p) => p.step(self.model, b, ids, &mut self.cache, true),
+            None => self.model.forward_cached_all(b, ids, &mut self.cache),
+        }
     }
 
     /// Positions filled.

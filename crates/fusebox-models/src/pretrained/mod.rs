@@ -23,6 +23,7 @@ pub mod chat;
 
 use std::io::Read;
 use std::path::Path;
+use std::sync::Arc;
 
 use fusebox::{ComputeBackend, Error, Result};
 
@@ -31,8 +32,9 @@ pub use crate::generate::{generate, Generation, Session, StopReason};
 use crate::chat::ChatTemplate;
 use crate::files;
 use crate::gguf::GgufFile;
+use crate::pipeline::Pipeline;
 use crate::tokenizer::Tokenizer;
-use crate::transformer::Transformer;
+use crate::transformer::{Stage, Transformer};
 use crate::weights::{self, read_config, Shards};
 
 /// A pretrained model with its tokenizer and chat template.
@@ -51,6 +53,9 @@ pub struct Pretrained {
     pub path: std::path::PathBuf,
     /// What was loaded, for messages (`gguf llama, 30 layers, q4_1`).
     pub description: String,
+    /// The other stages, when `network` is the first stage of a pipeline: every
+    /// session steps through them.
+    pub pipeline: Option<Arc<Pipeline>>,
 }
 
 impl Pretrained {
@@ -69,7 +74,7 @@ impl Pretrained {
         cache_dtype: fusebox::DType,
     ) -> Result<Session<'_>> {
         let session = Session::with_cache_dtype(&self.network, b, ctx_size, cache_dtype)?;
-        Ok(session.with_sample_vocab(self.tokenizer.vocab_size()))
+        Ok(session.with_sample_vocab(self.tokenizer.vocab_size()).with_pipeline(self.pipeline.clone()))
     }
 
     /// The chat template, or an error saying why there is none: the file has no
@@ -139,17 +144,27 @@ pub fn is_gguf_or_hf(path: &Path) -> bool {
 /// Every error names the file; sizes, tensors and vocabularies are checked against
 /// each other before anything large is allocated.
 pub fn load_gguf_or_hf(b: &dyn ComputeBackend, path: &Path) -> Result<Pretrained> {
+    load_gguf_or_hf_stage(b, path, &|sizes| Ok(Stage::whole(sizes.layers.len())))
+}
+
+/// As [`load_gguf_or_hf`], the network holding only the blocks of the pipeline stage
+/// `choose` picks from the parameters' stored sizes (see [`weights::load_stage_for`]):
+/// only that stage's tensors are read.
+pub fn load_gguf_or_hf_stage(b: &dyn ComputeBackend, path: &Path, choose: &ChooseStage<'_>) -> Result<Pretrained> {
     let meta = std::fs::metadata(path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
     if meta.is_dir() {
-        return load_hf_dir(b, path);
+        return load_hf_dir(b, path, choose);
     }
     if !meta.is_file() {
         return Err(files::not_regular(path, "a model (a GGUF file, or a Hugging Face directory)", meta.file_type()));
     }
-    load_gguf_file(b, path).map_err(|e| with_path(e, path))
+    load_gguf_file(b, path, choose).map_err(|e| with_path(e, path))
 }
 
-fn load_gguf_file(b: &dyn ComputeBackend, path: &Path) -> Result<Pretrained> {
+/// Picks a pipeline stage from a model's stored sizes.
+pub type ChooseStage<'a> = dyn Fn(&weights::StageSizes) -> Result<Stage> + 'a;
+
+fn load_gguf_file(b: &dyn ComputeBackend, path: &Path, choose: &ChooseStage<'_>) -> Result<Pretrained> {
     let file = GgufFile::open(path)?;
     let tokenizer = Tokenizer::from_gguf(file.metadata())?;
     let source = file.metadata().get_str("tokenizer.chat_template")?;
@@ -157,7 +172,7 @@ fn load_gguf_file(b: &dyn ComputeBackend, path: &Path) -> Result<Pretrained> {
         Ok(t) => (Some(t), None),
         Err(e) => (None, Some(format!("tokenizer.chat_template: {e}"))),
     };
-    let model = weights::load_gguf(b, &file)?;
+    let model = weights::load_gguf_stage(b, &file, choose)?;
     if model.arch.vocab_size != tokenizer.vocab_size() {
         return Err(Error::Io(format!(
             "gguf: the model's vocabulary has {} tokens (token_embd.weight), the tokenizer {} \
@@ -174,10 +189,11 @@ fn load_gguf_file(b: &dyn ComputeBackend, path: &Path) -> Result<Pretrained> {
         chat_template_error,
         path: path.to_path_buf(),
         description,
+        pipeline: None,
     })
 }
 
-fn load_hf_dir(b: &dyn ComputeBackend, dir: &Path) -> Result<Pretrained> {
+fn load_hf_dir(b: &dyn ComputeBackend, dir: &Path, choose: &ChooseStage<'_>) -> Result<Pretrained> {
     let config = read_config(dir)?;
     let tok_path = dir.join("tokenizer.json");
     let tok_text =
@@ -218,7 +234,8 @@ fn load_hf_dir(b: &dyn ComputeBackend, dir: &Path) -> Result<Pretrained> {
     };
     let shards = Shards::open(dir)?;
     let plan = weights::hf_plan(&config, &shards).map_err(|e| with_path(e, &dir.join("config.json")))?;
-    let network = weights::load(b, &shards, plan).map_err(|e| with_path(e, dir))?;
+    let network = weights::load_stage_for(b, &shards, plan, weights::Purpose::Inference, choose)
+        .map_err(|e| with_path(e, dir))?;
     let description = format!("hf {}", describe(&network));
     let model_vocab = network.arch.vocab_size;
     if tokenizer.vocab_size() > model_vocab {
@@ -229,7 +246,15 @@ fn load_hf_dir(b: &dyn ComputeBackend, dir: &Path) -> Result<Pretrained> {
             tokenizer.vocab_size()
         )));
     }
-    Ok(Pretrained { network, tokenizer, chat_template, chat_template_error, path: dir.to_path_buf(), description })
+    Ok(Pretrained {
+        network,
+        tokenizer,
+        chat_template,
+        chat_template_error,
+        path: dir.to_path_buf(),
+        description,
+        pipeline: None,
+    })
 }
 
 /// The `default` entry of `tokenizer_config.json`'s list of named chat templates
@@ -278,7 +303,7 @@ fn weight_formats(m: &Transformer) -> String {
         .specs
         .iter()
         .zip(&m.params.tensors)
-        .filter(|(s, _)| s.shape.rank() == 2)
+        .filter(|(s, t)| s.shape.rank() == 2 && t.elem_count() > 0)
         .map(|(_, t)| t.dtype().name())
         .collect();
     names.sort_unstable();

@@ -37,6 +37,7 @@ impl Transformer {
         if n == 0 {
             return Err(Error::value(OP, "tokens", "at least one sequence", 0));
         }
+        self.check_whole(OP)?;
         if caches.len() != n {
             return Err(Error::value(OP, "caches", format!("one per token ({n})"), caches.len()));
         }

@@ -163,10 +163,12 @@ impl Transformer {
                 capacity,
             ));
         }
-        // K and V for every attention layer, the linear layers' states, and up to two
-        // pairs of f32 rope tables.
-        let need = kv_bytes_per_position(arch, dtype) * (capacity as u128)
-            + linear_state_bytes(arch)
+        // K and V for every attention layer this process holds, the linear layers'
+        // states, and up to two pairs of f32 rope tables.
+        let held = &self.stage().layers;
+        let share = |bytes: u128| bytes * held.len() as u128 / arch.n_layers.max(1) as u128;
+        let need = share(kv_bytes_per_position(arch, dtype)) * (capacity as u128)
+            + share(linear_state_bytes(arch))
             + 4 * (capacity as u128) * (arch.rotary_dims() as u128 / 2) * 4;
         let too_big = |limit: String| {
             Error::value(
@@ -189,10 +191,12 @@ impl Transformer {
         let shape = Shape::new([1, arch.n_kv_heads, capacity, arch.head_dim]);
         let empty = Shape::new([1, 0, 0, arch.head_dim]);
         let alloc = || -> Result<Vec<Tensor>> {
-            (0..arch.n_layers).map(|l| b.zeros(if arch.is_linear(l) { &empty } else { &shape }, dtype)).collect()
+            (0..arch.n_layers)
+                .map(|l| b.zeros(if arch.is_linear(l) || !held.contains(&l) { &empty } else { &shape }, dtype))
+                .collect()
         };
         let linear = (0..arch.n_layers)
-            .map(|l| match (&arch.linear_attention, arch.is_linear(l)) {
+            .map(|l| match (&arch.linear_attention, arch.is_linear(l) && held.contains(&l)) {
                 (Some(la), true) => Ok(Some(LinearState {
                     conv: b.zeros(&Shape::new([1, la.conv_channels(), la.conv_kernel - 1]), DType::F32)?,
                     delta: b.zeros(&Shape::new([1, la.v_heads, la.k_dim, la.v_dim]), DType::F32)?,

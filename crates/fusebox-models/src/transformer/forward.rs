@@ -38,20 +38,16 @@ impl Transformer {
         }
     }
 
-    /// The embedded input `x` through every block: the last block's output and its
-    /// final norm.
+    /// The embedded input `x` through every block this model holds: the last block's
+    /// output and its next norm (the final norm on the last stage).
     pub(super) fn blocks(
         &self,
         b: &dyn ComputeBackend,
-        mut x: Tensor,
+        x: Tensor,
         pass: &mut Pass<'_, '_>,
     ) -> Result<(Tensor, NormOutput)> {
-        let first = self.index.layers.first().map_or(self.index.norm_f, |l| l.norm1);
-        let mut h = self.norm(b, &x, first)?;
-        for l in 0..self.arch.n_layers {
-            (x, h) = self.block(b, l, x, h, pass)?;
-        }
-        Ok((x, h))
+        let h = self.norm(b, &x, self.stage_entry_norm())?;
+        self.stage_blocks(b, x, h, pass)
     }
 
     fn check_ids(&self, op: &'static str, ids: &Tensor, limit: usize) -> Result<(usize, usize)> {
@@ -78,6 +74,7 @@ impl Transformer {
     pub(super) fn forward_trunk(&self, b: &dyn ComputeBackend, ids: &Tensor) -> Result<ForwardCache> {
         const OP: &str = "Transformer::forward";
         self.check_trainable(OP)?;
+        self.check_whole(OP)?;
         let (bsz, t) = self.check_ids(OP, ids, self.arch.context_length)?;
         let rope = RopeTables::new(b, &self.arch, t)?;
         let mut saved = Vec::with_capacity(self.arch.n_layers);
@@ -91,28 +88,10 @@ impl Transformer {
     /// caches; returns the final-normed hidden states `[1, T, D]`.
     fn forward_hidden(&self, b: &dyn ComputeBackend, ids: &[u32], cache: &mut KvCache) -> Result<Tensor> {
         const OP: &str = "Transformer::forward_cached";
-        let (t, pos) = (ids.len(), cache.len);
-        if t == 0 {
-            return Err(Error::value(OP, "tokens", "at least one", 0));
-        }
-        if pos + t > cache.capacity {
-            return Err(Error::value(
-                OP,
-                "context",
-                format!("at most {} positions (the cache size, --ctx-size)", cache.capacity),
-                format!("{pos} cached + {t} new"),
-            ));
-        }
-        if cache.k.len() != self.arch.n_layers {
-            return Err(Error::value(OP, "cache", format!("{} layers", self.arch.n_layers), cache.k.len()));
-        }
+        self.check_whole(OP)?;
+        self.check_cached_pass(OP, ids.len(), cache)?;
         self.check_vocab(OP, ids)?;
-        let ids_t = b.upload(&Tensor::from_vec(ids.to_vec(), [1, t])?)?;
-        let mut pass = Pass::Cached { cache, pos };
-        let x = self.embed(b, &ids_t, &pass)?;
-        let (_, h) = self.blocks(b, x, &mut pass)?;
-        cache.len = pos + t;
-        Ok(h.output)
+        Ok(self.forward_stage(b, super::StageInput::Tokens(ids), cache)?.h)
     }
 
     /// An error naming the first id outside the vocabulary.

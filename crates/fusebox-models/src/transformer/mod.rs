@@ -42,6 +42,7 @@ pub mod lora;
 mod mlp;
 mod norm;
 mod pass;
+mod stage;
 
 use fusebox::{ComputeBackend, DType, Error, Result, Tensor};
 
@@ -54,6 +55,7 @@ pub use layout::{
     Stacking,
 };
 pub use lora::{Adapters, LoraConfig, Target};
+pub use stage::{Stage, StageInput, StageOutput};
 
 use lora::base_rows;
 
@@ -81,6 +83,10 @@ pub struct Transformer {
     frozen: bool,
     /// LoRA adapters added to the projections (training and the KV-cache forward).
     pub lora: Option<Adapters>,
+    /// The blocks this process holds (a pipeline stage; the whole model unless loaded
+    /// with [`for_inference_stage`](Self::for_inference_stage)). The parameters of the
+    /// others are empty tensors.
+    stage: Stage,
 }
 
 /// Where the backward adds gradients: every parameter's (full training), or only the
@@ -127,7 +133,45 @@ impl Transformer {
     ) -> Result<Transformer> {
         arch.validate()?;
         check_params(&specs, &params)?;
-        Ok(Transformer { arch, specs, index, params, trainable: false, frozen: false, lora: None })
+        let stage = Stage::whole(arch.n_layers);
+        Ok(Transformer { arch, specs, index, params, trainable: false, frozen: false, lora: None, stage })
+    }
+
+    /// As [`for_inference`](Self::for_inference) for the pipeline stage `stage`: the
+    /// parameters it holds ([`Stage::holds`]) have their specs' shapes, every other one
+    /// is an empty tensor `[0]`.
+    pub fn for_inference_stage(
+        arch: Arch,
+        specs: Vec<ParamSpec>,
+        index: ParamIndex,
+        params: ParamSet,
+        stage: Stage,
+    ) -> Result<Transformer> {
+        arch.validate()?;
+        if stage.n_layers != arch.n_layers {
+            return Err(Error::value(
+                "Transformer",
+                "stage",
+                format!("a stage of {} blocks", arch.n_layers),
+                stage.n_layers,
+            ));
+        }
+        if params.tensors.len() != specs.len() {
+            return Err(Error::shape("Transformer", "parameter count", specs.len(), params.tensors.len()));
+        }
+        let held = stage.holds(&index, specs.len());
+        for ((s, t), held) in specs.iter().zip(&params.tensors).zip(held) {
+            let want = if held { s.shape.clone() } else { fusebox::Shape::new([0]) };
+            if t.shape() != &want {
+                return Err(Error::shape(
+                    "Transformer",
+                    format!("parameter '{}' (stage {:?})", s.name, stage.layers),
+                    &want,
+                    t.shape(),
+                ));
+            }
+        }
+        Ok(Transformer { arch, specs, index, params, trainable: false, frozen: false, lora: None, stage })
     }
 
     /// A trainable model from loaded f32 tensors laid out by [`layout()`] (stacked
@@ -143,7 +187,8 @@ impl Transformer {
         if let Some((s, t)) = specs.iter().zip(&params.tensors).find(|(_, t)| t.dtype() != DType::F32) {
             return Err(Error::dtype("Transformer", format!("parameter '{}'", s.name), "f32", t.dtype()));
         }
-        Ok(Transformer { arch, specs, index, params, trainable: true, frozen: false, lora: None })
+        let stage = Stage::whole(arch.n_layers);
+        Ok(Transformer { arch, specs, index, params, trainable: true, frozen: false, lora: None, stage })
     }
 
     /// A frozen base for LoRA from loaded tensors laid out by [`layout()`]: matrices and
@@ -153,7 +198,8 @@ impl Transformer {
     pub fn frozen_from(arch: Arch, specs: Vec<ParamSpec>, index: ParamIndex, params: ParamSet) -> Result<Transformer> {
         arch.validate()?;
         check_params(&specs, &params)?;
-        Ok(Transformer { arch, specs, index, params, trainable: false, frozen: true, lora: None })
+        let stage = Stage::whole(arch.n_layers);
+        Ok(Transformer { arch, specs, index, params, trainable: false, frozen: true, lora: None, stage })
     }
 
     /// Adds `adapters` (made for this architecture) to the projections; the base

@@ -19,7 +19,7 @@ pub use shards::{read_config, Shards};
 use crate::arch::{FileTensors, Fix, Plan};
 use crate::gguf::GgufFile;
 use crate::params::ParamSet;
-use crate::transformer::{layout, Stacking, Transformer};
+use crate::transformer::{layout, Stacking, Stage, Transformer};
 
 /// Named tensors of a checkpoint.
 pub trait TensorSource {
@@ -125,6 +125,35 @@ pub fn load(b: &dyn ComputeBackend, src: &dyn TensorSource, plan: Plan) -> Resul
 /// shapes, unusable dtypes and tensors the architecture has no place for are errors
 /// that name them; everything is checked before anything large is read.
 pub fn load_for(b: &dyn ComputeBackend, src: &dyn TensorSource, plan: Plan, purpose: Purpose) -> Result<Transformer> {
+    load_stage_for(b, src, plan, purpose, &|sizes| Ok(Stage::whole(sizes.layers.len())))
+}
+
+/// Bytes of a model's parameters as the file stores them, by where a pipeline stage
+/// holds them: what a split balances.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageSizes {
+    /// The token (and position) embeddings: the first stage's.
+    pub embed: u64,
+    /// The final norm and the head: the last stage's (the embedding's bytes again when
+    /// the head is tied to it).
+    pub head: u64,
+    /// Each block's parameters.
+    pub layers: Vec<u64>,
+    /// Each block's f32 keys and values per cached position (0 for a linear-attention
+    /// block, whose state does not grow).
+    pub kv_per_position: Vec<u64>,
+}
+
+/// As [`load_for`], holding only the blocks of the stage `choose` picks from the
+/// parameters' sizes (for inference: a pipeline stage runs no backward). Only the
+/// stage's tensors are read; the whole file is still checked.
+pub fn load_stage_for(
+    b: &dyn ComputeBackend,
+    src: &dyn TensorSource,
+    plan: Plan,
+    purpose: Purpose,
+    choose: &dyn Fn(&StageSizes) -> Result<Stage>,
+) -> Result<Transformer> {
     let inference = purpose != Purpose::Training;
     let Plan { arch, names, mut prefix, file_stacking, ignored } = plan;
     arch.validate()?;
@@ -248,15 +277,60 @@ pub fn load_for(b: &dyn ComputeBackend, src: &dyn TensorSource, plan: Plan, purp
         )));
     }
 
+    let sizes = stage_sizes(src, &arch, &index, &plan)?;
+    let stage = choose(&sizes)?;
+    if stage.n_layers != arch.n_layers {
+        return Err(Error::value("load", "stage", format!("a stage of the {} blocks", arch.n_layers), stage.n_layers));
+    }
+    if !stage.is_whole() && purpose != Purpose::Inference {
+        return Err(Error::unsupported("load", "a pipeline stage is loaded for inference only"));
+    }
+    let held = stage.holds(&index, specs.len());
+    // The embedding is served from the file's map when this process never multiplies by
+    // it (untied, or tied but the head is another stage's): a lookup touches only its
+    // rows, so the rest of the table need not be resident.
+    let embed_is_head = arch.tied_embeddings && stage.is_last();
     let mut tensors = Vec::with_capacity(specs.len());
-    for (spec, (role, parts)) in specs.iter().zip(&plan) {
-        tensors.push(read_param(b, src, &spec.name, *role, parts, spec.shape.dims(), purpose)?);
+    for (i, (spec, (role, parts))) in specs.iter().zip(&plan).enumerate() {
+        if !held[i] {
+            tensors.push(Tensor::zeros([0], DType::F32)?);
+            continue;
+        }
+        let map = *role == Role::Embedding && purpose == Purpose::Inference && !embed_is_head;
+        tensors.push(read_param(b, src, &spec.name, *role, parts, spec.shape.dims(), purpose, map)?);
     }
+    let params = ParamSet { tensors };
     match purpose {
-        Purpose::Inference => Transformer::for_inference(arch, specs, index, ParamSet { tensors }),
-        Purpose::Training => Transformer::trainable_from(arch, specs, index, ParamSet { tensors }),
-        Purpose::Frozen => Transformer::frozen_from(arch, specs, index, ParamSet { tensors }),
+        Purpose::Inference if !stage.is_whole() => Transformer::for_inference_stage(arch, specs, index, params, stage),
+        Purpose::Inference => Transformer::for_inference(arch, specs, index, params),
+        Purpose::Training => Transformer::trainable_from(arch, specs, index, params),
+        Purpose::Frozen => Transformer::frozen_from(arch, specs, index, params),
     }
+}
+
+/// The stored bytes of every parameter, grouped as [`StageSizes`] says.
+fn stage_sizes(
+    src: &dyn TensorSource,
+    arch: &crate::transformer::Arch,
+    index: &crate::transformer::ParamIndex,
+    plan: &[(Role, Vec<Part>)],
+) -> Result<StageSizes> {
+    let bytes = |i: usize| -> Result<u64> {
+        let mut total = 0u64;
+        for p in &plan[i].1 {
+            let elems: usize = p.shape.iter().product();
+            total += src.dtype(&p.file)?.storage_bytes(elems) as u64;
+        }
+        Ok(total)
+    };
+    let sum = |ids: &mut dyn Iterator<Item = usize>| -> Result<u64> { ids.map(bytes).sum() };
+    let embed = sum(&mut [Some(index.embed), index.pos_embed].into_iter().flatten())?;
+    let head =
+        sum(&mut [Some(index.norm_f.weight), index.norm_f.bias, Some(index.head_weight())].into_iter().flatten())?;
+    let layers = index.layers.iter().map(|l| sum(&mut l.params().into_iter())).collect::<Result<Vec<_>>>()?;
+    let kv = 2 * 4 * arch.kv_dim() as u64;
+    let kv_per_position = (0..arch.n_layers).map(|l| if arch.is_linear(l) { 0 } else { kv }).collect();
+    Ok(StageSizes { embed, head, layers, kv_per_position })
 }
 
 /// The network of a GGUF file (its architecture from the metadata).
@@ -266,13 +340,28 @@ pub fn load_gguf(b: &dyn ComputeBackend, file: &GgufFile) -> Result<Transformer>
 
 /// The network of a GGUF file for `purpose`.
 pub fn load_gguf_for(b: &dyn ComputeBackend, file: &GgufFile, purpose: Purpose) -> Result<Transformer> {
+    let plan = gguf_plan(file)?;
+    load_for(b, file, plan, purpose)
+}
+
+/// The pipeline stage of a GGUF file's network that `choose` picks, for inference (see
+/// [`load_stage_for`]).
+pub fn load_gguf_stage(
+    b: &dyn ComputeBackend,
+    file: &GgufFile,
+    choose: &dyn Fn(&StageSizes) -> Result<Stage>,
+) -> Result<Transformer> {
+    load_stage_for(b, file, gguf_plan(file)?, Purpose::Inference, choose)
+}
+
+/// The plan of a GGUF file, from its metadata and tensor names.
+fn gguf_plan(file: &GgufFile) -> Result<Plan> {
     let vocab_from_tokens = file.metadata().get_strings("tokenizer.ggml.tokens")?.map(<[String]>::len);
     let has = |name: &str| file.tensor_info(name).is_some();
     let tensors = FileTensors { count: file.tensors().len(), has: &has };
-    let plan = crate::arch::gguf_plan(file.metadata(), vocab_from_tokens, &tensors, &|| {
+    crate::arch::gguf_plan(file.metadata(), vocab_from_tokens, &tensors, &|| {
         file.tensor("rope_freqs.weight")?.to_vec_f32()
-    })?;
-    load_for(b, file, plan, purpose)
+    })
 }
 
 /// The network of a Hugging Face directory (`config.json` and the safetensors
@@ -295,7 +384,9 @@ pub fn hf_plan(config: &serde_json::Value, shards: &Shards) -> Result<Plan> {
     crate::arch::hf_plan(config, &FileTensors { count: Shards::names(shards).count(), has: &has })
 }
 
-/// Reads, checks, fixes and concatenates the parts of one parameter.
+/// Reads, checks, fixes and concatenates the parts of one parameter; `map`: served from
+/// the file's memory map where it is used as stored.
+#[allow(clippy::too_many_arguments)]
 fn read_param(
     b: &dyn ComputeBackend,
     src: &dyn TensorSource,
@@ -304,13 +395,15 @@ fn read_param(
     parts: &[Part],
     shape: &[usize],
     purpose: Purpose,
+    map: bool,
 ) -> Result<Tensor> {
     let origin = src.origin();
     let mut host = Vec::with_capacity(parts.len());
     // A mixture of experts' weights in a block format, used as stored (one file tensor,
     // not trained): served from the file's map, not copied — they are most of the model,
     // and a token reads only its experts'.
-    let mapped = role == Role::Experts && purpose != Purpose::Training && parts.len() == 1 && parts[0].fix == Fix::None;
+    let mapped =
+        (map || role == Role::Experts && purpose != Purpose::Training) && parts.len() == 1 && parts[0].fix == Fix::None;
     for p in parts {
         let t = if mapped { src.get_mapped(&p.file)? } else { src.get(&p.file)? };
         let stored = p.fix.stored_shape(&p.shape);

@@ -1,0 +1,261 @@
+//! One model over two MPI ranks (`mpirun -np 2 fusebox generate|chat …`, cargo feature
+//! `mpi`): greedy tokens identical to one process for SmolLM2 and Gemma 3, each rank
+//! holding a part of the model; the same under a memory cap one process does not fit;
+//! `--layer-split` and bad splits; the chat over a pipe; a killed rank ends the job
+//! within seconds. Skips, saying why, without the feature, `mpirun` or the models
+//! (scripts/fetch-smollm2.sh, scripts/fetch-gemma3.sh).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Why these tests cannot run here, if they cannot.
+fn unavailable() -> Option<String> {
+    if !cfg!(feature = "mpi") {
+        return Some(
+            "built without the `mpi` feature (cargo test -p fusebox-cli --features mpi --test pipeline)".into(),
+        );
+    }
+    match Command::new("mpirun").arg("--version").output() {
+        Ok(o) if o.status.success() => None,
+        _ => Some("mpirun not found (apt-get install openmpi-bin libopenmpi-dev)".into()),
+    }
+}
+
+fn model(name: &str) -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models").join(name);
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!("skipping: {} not found (scripts/fetch-smollm2.sh, scripts/fetch-gemma3.sh)", p.display());
+        None
+    }
+}
+
+fn fusebox() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fusebox"))
+}
+
+/// `mpirun -np N fusebox …` (as root and on fewer cores than ranks, as CI runs).
+fn mpirun(n: usize) -> Command {
+    let mut c = Command::new("mpirun");
+    c.args(["--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", &n.to_string()]);
+    c.arg(env!("CARGO_BIN_EXE_fusebox"));
+    c
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[track_caller]
+fn json_of(o: &Output) -> serde_json::Value {
+    assert!(o.status.success(), "status {:?}\nstdout: {}\nstderr: {}", o.status, text(&o.stdout), text(&o.stderr));
+    let line = text(&o.stdout).lines().rev().find(|l| l.starts_with('{')).map(str::to_string);
+    serde_json::from_str(&line.unwrap_or_else(|| panic!("no JSON line in {}", text(&o.stdout)))).unwrap()
+}
+
+const GREEDY: [&str; 10] =
+    ["--temperature", "0", "--max-tokens", "24", "--threads", "1", "--json", "--ctx-size", "256", "--prompt"];
+const PROMPT: &str = "The capital of France is Paris, and the capital of Germany is";
+
+/// Greedy generation of `file` on one process and on two ranks; asserts the same tokens
+/// and returns (one process's peak resident bytes, each rank's).
+fn same_tokens_on_two_ranks(file: &Path, extra: &[&str]) -> (u64, Vec<u64>) {
+    let one = json_of(&fusebox().arg("generate").arg("--model").arg(file).args(GREEDY).arg(PROMPT).output().unwrap());
+    let two = json_of(
+        &mpirun(2).arg("generate").arg("--model").arg(file).args(GREEDY).arg(PROMPT).args(extra).output().unwrap(),
+    );
+    assert_eq!(two["generated_ids"], one["generated_ids"], "{}", file.display());
+    let ranks = two["pipeline"]["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 2);
+    let peaks = ranks.iter().map(|r| r["peak_resident_bytes"].as_u64().unwrap()).collect();
+    (one["peak_resident_bytes"].as_u64().unwrap(), peaks)
+}
+
+#[test]
+fn two_ranks_generate_one_processs_tokens_each_holding_part_of_the_model() {
+    if let Some(why) = unavailable() {
+        return eprintln!("skipping: {why}");
+    }
+    // Measured: SmolLM2 0.63 (about 40 MB of each process is not weights: code, MPI,
+    // the tokenizer, buffers), Gemma 3 0.79 on the rank with the head — its tied 178 MB
+    // embedding is 72% of the file, one tensor no split by blocks divides. These bounds
+    // guard against a rank loading what it does not hold.
+    for (name, limit) in [("SmolLM2-135M-Instruct.Q4_1.gguf", 0.7), ("gemma-3-270m-q4_k_m.gguf", 0.85)] {
+        let Some(file) = model(name) else { continue };
+        let (one, ranks) = same_tokens_on_two_ranks(&file, &[]);
+        for (r, peak) in ranks.iter().enumerate() {
+            let ratio = *peak as f64 / one as f64;
+            eprintln!("{name}: rank {r} peak resident {peak} bytes, {ratio:.2} of one process's {one}");
+            assert!(ratio <= limit, "{name}: rank {r} holds {ratio:.2} of one process's memory");
+        }
+    }
+}
+
+#[test]
+fn a_user_split_and_a_16_bit_wire_and_bad_splits() {
+    if let Some(why) = unavailable() {
+        return eprintln!("skipping: {why}");
+    }
+    let Some(file) = model("SmolLM2-135M-Instruct.Q4_1.gguf") else { return };
+    same_tokens_on_two_ranks(&file, &["--layer-split", "20,10"]);
+    // bf16 rounds the hidden state between the ranks: the run works; how far it agrees
+    // is measured in docs/distributed.md, not asserted.
+    let o =
+        mpirun(2).arg("generate").arg("--model").arg(&file).args(GREEDY).arg(PROMPT).args(["--wire", "bf16"]).output();
+    let v = json_of(&o.unwrap());
+    assert_eq!(v["generated_ids"].as_array().unwrap().len(), 24);
+    for (split, says) in
+        [("10,10", "adding up to the model's 30"), ("30,0", "at least one block"), ("30", "one per process")]
+    {
+        let o = mpirun(2)
+            .arg("generate")
+            .arg("--model")
+            .arg(&file)
+            .args(GREEDY)
+            .arg(PROMPT)
+            .args(["--layer-split", split])
+            .output()
+            .unwrap();
+        assert!(!o.status.success());
+        assert!(text(&o.stderr).contains(says), "--layer-split {split}: {}", text(&o.stderr));
+    }
+    let o =
+        mpirun(2).arg("generate").arg("--model").arg(&file).args(GREEDY).arg(PROMPT).args(["--wire", "f8"]).output();
+    let o = o.unwrap();
+    assert!(!o.status.success() && text(&o.stderr).contains("f32, f16 or bf16"), "{}", text(&o.stderr));
+}
+
+#[test]
+fn more_ranks_than_blocks_are_refused_before_loading() {
+    if let Some(why) = unavailable() {
+        return eprintln!("skipping: {why}");
+    }
+    // The tiny Hugging Face llama of fusebox-models' fixtures has 2 blocks.
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fusebox-models/tests/fixtures/arch/llama");
+    let o = mpirun(3).arg("generate").arg("--model").arg(&tiny).args(GREEDY).arg("hi").output().unwrap();
+    assert!(!o.status.success());
+    assert!(text(&o.stderr).contains("1..=2"), "{}", text(&o.stderr));
+}
+
+#[test]
+fn under_a_memory_cap_one_process_fails_and_two_ranks_generate() {
+    if let Some(why) = unavailable() {
+        return eprintln!("skipping: {why}");
+    }
+    if Command::new("prlimit").arg("--version").output().is_err() {
+        return eprintln!("skipping: prlimit not found (util-linux)");
+    }
+    let Some(file) = model("SmolLM2-135M-Instruct.Q4_1.gguf") else { return };
+    // RLIMIT_DATA caps a process's private writable memory (heap, anonymous maps): what
+    // the weights copied from the file, the KV cache and the activations take. The file's
+    // own read-only map is not counted.
+    let cap = "--data=120000000";
+    let one = Command::new("prlimit")
+        .arg(cap)
+        .arg(env!("CARGO_BIN_EXE_fusebox"))
+        .arg("generate")
+        .arg("--model")
+        .arg(&file)
+        .args(GREEDY)
+        .arg(PROMPT)
+        .output()
+        .unwrap();
+    assert!(!one.status.success(), "one process fits under {cap}: {}", text(&one.stderr));
+    let two = Command::new("prlimit")
+        .arg(cap)
+        .args(["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2"])
+        .arg(env!("CARGO_BIN_EXE_fusebox"))
+        .arg("generate")
+        .arg("--model")
+        .arg(&file)
+        .args(GREEDY)
+        .arg(PROMPT)
+        .output()
+        .unwrap();
+    let v = json_of(&two);
+    assert_eq!(v["generated_ids"].as_array().unwrap().len(), 24);
+}
+
+#[test]
+fn chat_over_a_pipe_on_two_ranks_answers_as_one_process() {
+    if let Some(why) = unavailable() {
+        return eprintln!("skipping: {why}");
+    }
+    let Some(file) = model("SmolLM2-135M-Instruct.Q4_1.gguf") else { return };
+    let run = |mut c: Command| -> Vec<String> {
+        use std::io::Write;
+        let mut child = c
+            .arg("chat")
+            .arg("--model")
+            .arg(&file)
+            .args(["--json", "--temperature", "0", "--threads", "1", "--max-tokens", "12", "--ctx-size", "512"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(b"What is 2+2?\nAnd 3+3?\n/reset\nHi\n").unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        text(&o.stdout)
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["reply"].to_string())
+            .collect()
+    };
+    let one = run(fusebox());
+    assert_eq!(one.len(), 3);
+    assert_eq!(run(mpirun(2)), one);
+}
+
+#[test]
+fn a_killed_rank_ends_the_job_within_seconds_naming_it() {
+    if let Some(why) = unavailable() {
+        return eprintln!("skipping: {why}");
+    }
+    let Some(file) = model("SmolLM2-135M-Instruct.Q4_1.gguf") else { return };
+    let mut job = mpirun(2)
+        .arg("generate")
+        .arg("--model")
+        .arg(&file)
+        .args(["--temperature", "0", "--max-tokens", "100000", "--threads", "1", "--ctx-size", "2048"])
+        .args(["--prompt", "Once upon a time"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until rank 1 runs and the pipeline steps, then kill rank 1.
+    let want = "OMPI_COMM_WORLD_RANK=1";
+    let started = std::time::Instant::now();
+    let pid = loop {
+        assert!(started.elapsed().as_secs() < 60, "rank 1 never started");
+        let found = std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .find(|pid| {
+                let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                env.split(|&b| b == 0).any(|kv| kv == want.as_bytes())
+                    && cmd.split(|&b| b == 0).any(|a| a == b"Once upon a time")
+            });
+        if let Some(pid) = found {
+            break pid;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert!(job.try_wait().unwrap().is_none(), "the job ended before the kill");
+    Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    let killed = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = job.try_wait().unwrap() {
+            break s;
+        }
+        assert!(killed.elapsed().as_secs() < 5, "the job still runs 5 s after rank 1 was killed");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let o = job.wait_with_output().unwrap();
+    assert!(!status.success());
+    let err = text(&o.stderr);
+    assert!(err.contains("rank 1"), "{err}");
+}
