@@ -89,7 +89,7 @@ impl Transformer {
 
     /// Runs `ids` at positions `cache.len ..`, appending their keys and values to the
     /// caches; returns the final-normed hidden states `[1, T, D]`.
-    fn forward_hidden(&self, b: &dyn ComputeBackend, ids: &[u32], cache: &mut KvCache) -> Result<Tensor> {
+    pub(super) fn forward_hidden(&self, b: &dyn ComputeBackend, ids: &[u32], cache: &mut KvCache) -> Result<Tensor> {
         const OP: &str = "Transformer::forward_cached";
         let (t, pos) = (ids.len(), cache.len);
         if t == 0 {
