@@ -76,7 +76,8 @@ pub struct ServerConfig {
     pub queue: usize,
     /// Most prompt tokens read in one step between decode steps.
     pub prefill_chunk: usize,
-    /// When set, `/v1/*` and `/metrics` need `Authorization: Bearer <key>`.
+    /// When set, `/v1/*`, `/tokenize`, `/detokenize` and `/metrics` need
+    /// `Authorization: Bearer <key>`.
     pub api_key: Option<String>,
     /// The model's name in `/v1/models` (default: the file name without `.gguf`).
     pub model_id: Option<String>,
