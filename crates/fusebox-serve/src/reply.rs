@@ -90,7 +90,7 @@ impl ReplyStream {
         self.route(tok, events, true);
         let Some(call) = self.parser.tool_calls().last() else { return false };
         let arguments = tok.decode_with(&self.tool_call, true).unwrap_or_default();
-        let _ = events.send(Event::ToolCall { name: call.name().to_owned(), arguments });
+        events.send(Event::ToolCall { name: call.name().to_owned(), arguments });
         true
     }
 

@@ -106,7 +106,7 @@ fn logprobs_are_the_log_softmax_of_a_direct_forward() {
         let lp = &v["choices"][0]["logprobs"];
         let n = lp["tokens"].as_array().unwrap().len();
         // Every generated token has an entry (a stop token would end the list early).
-        assert!(n >= 1 && n <= 8, "{v}");
+        assert!((1..=8).contains(&n), "{v}");
         let text = v["choices"][0]["text"].as_str().unwrap();
         for (k, (id, ref_lp, top)) in steps.iter().take(n).enumerate() {
             assert_eq!(lp["tokens"][k].as_str().unwrap(), token_text(*id).0, "token {k}");
@@ -420,10 +420,10 @@ fn malformed_new_fields_are_4xx_errors_and_the_server_keeps_answering() {
             let value = rng.pick(&values).clone();
             body[field] = value.clone();
             let mut expect_param = vec![field.to_string()];
-            if field == "top_logprobs" && rng.next() % 2 == 0 {
+            if field == "top_logprobs" && rng.next().is_multiple_of(2) {
                 body["logprobs"] = json!(true);
             }
-            if rng.next() % 4 == 0 {
+            if rng.next().is_multiple_of(4) {
                 let v = if chat { rng.pick(&chat_logprobs).clone() } else { rng.pick(&completion_logprobs).clone() };
                 body["logprobs"] = v;
                 expect_param.push("logprobs".into());
