@@ -198,7 +198,8 @@ fn engine_speed(
             stop_ids: Vec::new(),
             stop_strings: Vec::new(),
             format: fusebox_models::chat::OutputFormat::Plain,
-            events: etx,
+            logprobs: None,
+            events: engine::EventSink::new(0, etx),
         };
         metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
         tx.send(Msg::Job(job)).map_err(|_| fusebox::Error::Io("the model thread ended".into()))?;
@@ -206,9 +207,9 @@ fn engine_speed(
     }
     let mut generated = 0;
     for mut erx in receivers {
-        while let Some(e) = erx.blocking_recv() {
+        while let Some((_, e)) = erx.blocking_recv() {
             match e {
-                Event::Text(_) | Event::Reasoning(_) | Event::ToolCall { .. } => {}
+                Event::Text { .. } | Event::Reasoning(_) | Event::ToolCall { .. } => {}
                 Event::Done { completion_tokens, .. } => {
                     generated += completion_tokens;
                     break;

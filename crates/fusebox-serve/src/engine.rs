@@ -25,6 +25,8 @@ use fusebox_models::transformer::KvCache;
 use fusebox_models::Sampler;
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::embed::EmbedJob;
+use crate::logprobs::{token_logprob, Placed};
 use crate::metrics::Metrics;
 use crate::reply::ReplyStream;
 
@@ -53,8 +55,15 @@ impl Finish {
 /// What the model thread sends back for one job.
 #[derive(Debug, Clone)]
 pub enum Event {
-    /// More text of the answer (never splits a character, never part of a stop string).
-    Text(String),
+    /// More text of the answer (never splits a character, never part of a stop string),
+    /// with the logprobs of the tokens whose text it completes when the request asked
+    /// for them (then the text may be empty).
+    Text {
+        /// The text.
+        text: String,
+        /// The logprobs of the tokens it completes, in order.
+        logprobs: Vec<Placed>,
+    },
     /// More text of the model's reasoning (harmony's `analysis` channel; never splits a
     /// character).
     Reasoning(String),
@@ -73,10 +82,38 @@ pub enum Event {
         prompt_tokens: usize,
         /// Tokens generated (a stop token included).
         completion_tokens: usize,
+        /// Prompt tokens whose keys and values came from a cache rather than a prefill
+        /// (0: there is no prefix cache yet).
+        cached_tokens: usize,
     },
     /// The job failed (the model returned an error, or the server is shutting down
     /// before it started).
     Error(crate::openai::ApiError),
+}
+
+/// Where a job's events go: the request's channel, tagged with the job's choice index
+/// (a request for `n` choices runs `n` jobs that share one channel).
+#[derive(Debug, Clone)]
+pub struct EventSink {
+    choice: usize,
+    tx: UnboundedSender<(usize, Event)>,
+}
+
+impl EventSink {
+    /// Events of choice `choice` into `tx`.
+    pub fn new(choice: usize, tx: UnboundedSender<(usize, Event)>) -> EventSink {
+        EventSink { choice, tx }
+    }
+
+    /// Sends `e` (a closed channel drops it: the job is cancelled before its next step).
+    pub fn send(&self, e: Event) {
+        let _ = self.tx.send((self.choice, e));
+    }
+
+    /// Whether the request's client went away.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
 }
 
 /// One request for the model thread.
@@ -94,8 +131,10 @@ pub struct Job {
     pub stop_strings: Vec<String>,
     /// How the reply's tokens divide into answer, reasoning and tool calls.
     pub format: OutputFormat,
+    /// `Some(k)`: report each answer token's logprob and the `k` most likely tokens'.
+    pub logprobs: Option<usize>,
     /// Where the events go.
-    pub events: UnboundedSender<Event>,
+    pub events: EventSink,
 }
 
 /// Messages to the model thread.
@@ -103,6 +142,8 @@ pub struct Job {
 pub enum Msg {
     /// A new job.
     Job(Job),
+    /// Embeddings to compute (between two steps of the running jobs).
+    Embed(EmbedJob),
     /// Stop: refuse waiting jobs, let running ones go on for `grace`, then end them.
     Shutdown {
         /// How long running answers may continue.
@@ -172,12 +213,15 @@ pub fn run(
     let _ = ready.send(Ok(()));
     let sample_vocab = model.tokenizer.vocab_size().clamp(1, net.arch.vocab_size);
     let mut waiting: VecDeque<Job> = VecDeque::new();
+    let mut embeds: VecDeque<EmbedJob> = VecDeque::new();
+    // The sequence embeddings are computed in, allocated at the first request.
+    let mut embed_cache: Option<KvCache> = None;
     let mut shutdown_at: Option<Instant> = None;
     let mut open = true;
     let mut arrivals = 0u64;
     loop {
         // Take in what came; sleep on the channel only when there is nothing to do.
-        let idle = waiting.is_empty() && slots.iter().all(|s| s.active.is_none());
+        let idle = waiting.is_empty() && embeds.is_empty() && slots.iter().all(|s| s.active.is_none());
         if idle && !open {
             return Ok(());
         }
@@ -194,18 +238,22 @@ pub fn run(
                 Msg::Job(job) if open => waiting.push_back(job),
                 Msg::Job(job) => {
                     metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
-                    let _ = job
-                        .events
-                        .send(Event::Error(crate::openai::ApiError::unavailable("the server is shutting down")));
+                    job.events.send(Event::Error(crate::openai::ApiError::unavailable("the server is shutting down")));
+                }
+                Msg::Embed(e) if open => embeds.push_back(e),
+                Msg::Embed(e) => {
+                    let _ = e.reply.send(Err(crate::openai::ApiError::unavailable("the server is shutting down")));
                 }
                 Msg::Shutdown { grace } => {
                     open = false;
                     shutdown_at = Some(Instant::now() + grace);
                     for job in waiting.drain(..) {
                         metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
-                        let _ = job
-                            .events
+                        job.events
                             .send(Event::Error(crate::openai::ApiError::unavailable("the server is shutting down")));
+                    }
+                    for e in embeds.drain(..) {
+                        let _ = e.reply.send(Err(crate::openai::ApiError::unavailable("the server is shutting down")));
                     }
                 }
             }
@@ -244,6 +292,11 @@ pub fn run(
         }
         metrics.slots_busy.store(slots.iter().filter(|s| s.active.is_some()).count(), Ordering::Relaxed);
 
+        // One embedding request, whole (its inputs are read in prefill-sized chunks).
+        if let Some(e) = embeds.pop_front() {
+            crate::embed::run(&model, b, &config, &mut embed_cache, e, &metrics);
+        }
+
         // One prefill chunk, for the earliest arrival still reading its prompt.
         let reading = slots
             .iter_mut()
@@ -280,7 +333,7 @@ fn prefill_chunk(model: &Pretrained, b: &dyn ComputeBackend, s: &mut Slot, chunk
     m.add_prefill(end - done, start.elapsed());
     match result {
         Err(e) => {
-            let _ = a.job.events.send(Event::Error(crate::openai::ApiError::internal(format!("prefill failed: {e}"))));
+            a.job.events.send(Event::Error(crate::openai::ApiError::internal(format!("prefill failed: {e}"))));
             s.active = None;
         }
         Ok(_) if end < a.job.prompt.len() => a.phase = Phase::Prefill { done: end },
@@ -319,10 +372,7 @@ fn decode_step(
         Err(e) => {
             for &(i, _) in rows {
                 if let Some(a) = slots[i].active.take() {
-                    let _ = a
-                        .job
-                        .events
-                        .send(Event::Error(crate::openai::ApiError::internal(format!("decode failed: {e}"))));
+                    a.job.events.send(Event::Error(crate::openai::ApiError::internal(format!("decode failed: {e}"))));
                 }
             }
         }
@@ -347,10 +397,10 @@ fn accept(model: &Pretrained, a: &mut Active, logits: &[f32], len: usize, capaci
     } else {
         Vec::new()
     };
-    let next = match a.job.sampler.sample(logits, &seen) {
+    let next = match a.job.sampler.sample_with(logits, &seen, &a.tokens) {
         Ok(t) => t,
         Err(e) => {
-            let _ = a.job.events.send(Event::Error(crate::openai::ApiError::internal(format!("sampling failed: {e}"))));
+            a.job.events.send(Event::Error(crate::openai::ApiError::internal(format!("sampling failed: {e}"))));
             return false;
         }
     };
@@ -362,7 +412,9 @@ fn accept(model: &Pretrained, a: &mut Active, logits: &[f32], len: usize, capaci
         finish(a, if called { Finish::ToolCalls } else { Finish::Stop }, m);
         return false;
     }
-    if a.reply.push(tok, next, &a.job.events) {
+    // Of the raw logits: before the penalties and the temperature.
+    let logprob = a.job.logprobs.map(|top| token_logprob(tok, logits, next, top));
+    if a.reply.push(tok, next, logprob, &a.job.events) {
         finish(a, Finish::Stop, m);
         return false;
     }
@@ -377,6 +429,10 @@ fn accept(model: &Pretrained, a: &mut Active, logits: &[f32], len: usize, capaci
 
 fn finish(a: &Active, finish: Finish, m: &Metrics) {
     m.finished.fetch_add(1, Ordering::Relaxed);
-    let _ =
-        a.job.events.send(Event::Done { finish, prompt_tokens: a.job.prompt.len(), completion_tokens: a.tokens.len() });
+    a.job.events.send(Event::Done {
+        finish,
+        prompt_tokens: a.job.prompt.len(),
+        completion_tokens: a.tokens.len(),
+        cached_tokens: 0,
+    });
 }

@@ -1,8 +1,10 @@
 //! `fusebox serve`: an OpenAI-compatible HTTP server with continuous batching.
 //!
 //! Routes: `POST /v1/chat/completions` and `POST /v1/completions` (non-streamed, or
-//! server-sent events ending with `data: [DONE]`), `GET /v1/models`, `GET /health`,
-//! `GET /metrics` (Prometheus text) and the chat page at `GET /`.
+//! server-sent events ending with `data: [DONE]`; `n` choices, `logprobs`), `POST
+//! /v1/embeddings`, llama-server's `POST /tokenize` and `POST /detokenize`, `GET
+//! /v1/models`, `GET /health`, `GET /metrics` (Prometheus text) and the chat page at
+//! `GET /`.
 //!
 //! The HTTP side (axum on tokio) validates and tokenizes a request, then hands it to
 //! the model thread ([`engine`]), a plain std thread that owns the KV-cache slots and
@@ -19,12 +21,15 @@
 //! # Ok::<(), fusebox::Error>(())
 //! ```
 
+mod answer;
+pub mod embed;
 pub mod engine;
+pub mod logprobs;
 pub mod metrics;
 pub mod openai;
 pub mod reply;
+mod routes;
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Sender;
@@ -34,18 +39,19 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use fusebox::{ComputeBackend, Error, Result};
 use fusebox_models::chat::OutputFormat;
 use fusebox_models::pretrained::Pretrained;
+use fusebox_models::sampler::SamplerExtras;
 use fusebox_models::{Sampler, SamplerConfig};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use engine::{EngineConfig, Event, Finish, Job, Msg};
+use answer::{Kind, Meta};
+use engine::{EngineConfig, EventSink, Job, Msg};
 use metrics::Metrics;
 use openai::{ApiError, Params};
 
@@ -70,7 +76,8 @@ pub struct ServerConfig {
     pub queue: usize,
     /// Most prompt tokens read in one step between decode steps.
     pub prefill_chunk: usize,
-    /// When set, `/v1/*` and `/metrics` need `Authorization: Bearer <key>`.
+    /// When set, `/v1/*`, `/tokenize`, `/detokenize` and `/metrics` need
+    /// `Authorization: Bearer <key>`.
     pub api_key: Option<String>,
     /// The model's name in `/v1/models` (default: the file name without `.gguf`).
     pub model_id: Option<String>,
@@ -283,6 +290,9 @@ fn build(backend: Arc<dyn ComputeBackend>, model: Pretrained, config: &ServerCon
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(routes::embeddings))
+        .route("/tokenize", post(routes::tokenize))
+        .route("/detokenize", post(routes::detokenize))
         .fallback(|| async { ApiError { status: StatusCode::NOT_FOUND, ..ApiError::invalid(None, "no such route") } })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(tower_http::limit::RequestBodyLimitLayer::new(MAX_BODY_BYTES))
@@ -328,13 +338,6 @@ async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
                   "meta": {"n_ctx": state.ctx_size, "n_vocab": state.model.tokenizer.vocab_size()}}],
     }))
     .into_response()
-}
-
-/// Which endpoint a job answers: the object names and the choice layout differ.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Chat,
-    Completion,
 }
 
 async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
@@ -411,7 +414,7 @@ async fn completions(State(state): State<Arc<AppState>>, headers: HeaderMap, bod
     })
 }
 
-/// Checks the model and the prompt's length, queues the job and answers it.
+/// Checks the model and the prompt's length, queues a job per choice and answers them.
 async fn submit(
     state: &Arc<AppState>,
     kind: Kind,
@@ -419,16 +422,7 @@ async fn submit(
     p: Params,
     prompt_param: &str,
 ) -> std::result::Result<Response, ApiError> {
-    if let Some(m) = &p.model {
-        let file = state.model.path.file_name().map(|n| n.to_string_lossy().into_owned());
-        if *m != state.model_id && Some(m) != file.as_ref() {
-            return Err(ApiError::invalid(
-                Some("model"),
-                format!("The model '{m}' does not exist: this server serves '{}'", state.model_id),
-            )
-            .with_code("model_not_found"));
-        }
-    }
+    check_model(state, &p.model)?;
     if prompt.len() > state.ctx_size {
         return Err(ApiError::invalid(
             Some(prompt_param),
@@ -441,52 +435,111 @@ async fn submit(
         )
         .with_code("context_length_exceeded"));
     }
-    let sampler = Sampler::new(SamplerConfig {
-        temperature: p.temperature,
-        top_k: p.top_k,
-        top_p: p.top_p,
-        repetition_penalty: p.repetition_penalty,
-        seed: p.seed.unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)),
-    })
-    .map_err(|e| ApiError::invalid(None, e.to_string()))?;
+    let seed =
+        p.seed.unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
+    let extras =
+        SamplerExtras { min_p: p.min_p, presence_penalty: p.presence_penalty, frequency_penalty: p.frequency_penalty };
     let (tx, rx) = mpsc::unbounded_channel();
-    let prompt_tokens = prompt.len();
-    let job = Job {
-        prompt,
-        max_tokens: p.max_tokens.unwrap_or(usize::MAX),
-        sampler,
-        stop_ids: match kind {
-            Kind::Chat => state.format.stop_ids(state.model.stop_ids(true)),
-            Kind::Completion => state.model.stop_ids(false),
-        },
-        stop_strings: p.stop.clone(),
-        format: if kind == Kind::Chat { state.format } else { OutputFormat::Plain },
-        events: tx,
-    };
+    let mut jobs = Vec::with_capacity(p.n);
+    for choice in 0..p.n {
+        let config = SamplerConfig {
+            temperature: p.temperature,
+            top_k: p.top_k,
+            top_p: p.top_p,
+            repetition_penalty: p.repetition_penalty,
+            seed: choice_seed(seed, choice),
+        };
+        let sampler =
+            Sampler::with_extras(config, extras.clone()).map_err(|e| ApiError::invalid(None, e.to_string()))?;
+        jobs.push(Job {
+            prompt: prompt.clone(),
+            max_tokens: p.max_tokens.unwrap_or(usize::MAX),
+            sampler,
+            stop_ids: match kind {
+                Kind::Chat => state.format.stop_ids(state.model.stop_ids(true)),
+                Kind::Completion => state.model.stop_ids(false),
+            },
+            stop_strings: p.stop.clone(),
+            format: if kind == Kind::Chat { state.format } else { OutputFormat::Plain },
+            logprobs: p.logprobs,
+            events: EventSink::new(choice, tx.clone()),
+        });
+    }
+    drop(tx);
     // Bounded queue: count first, give back on refusal.
-    let depth = state.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
-    let busy = state.metrics.slots_busy.load(Ordering::Relaxed);
-    let slots = state.metrics.slots_total.load(Ordering::Relaxed);
-    if depth + busy >= slots + state.queue {
-        state.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+    let n = jobs.len();
+    let m = &state.metrics;
+    let depth = m.queue_depth.fetch_add(n, Ordering::Relaxed);
+    let busy = m.slots_busy.load(Ordering::Relaxed);
+    let slots = m.slots_total.load(Ordering::Relaxed);
+    if depth + busy + n > slots + state.queue {
+        m.queue_depth.fetch_sub(n, Ordering::Relaxed);
         return Err(ApiError::unavailable(format!(
-            "All {slots} slots are busy and {} requests are waiting (the queue's limit): retry later",
-            depth
+            "All {slots} slots are busy and {depth} requests are waiting (the queue's limit): retry later",
         )));
     }
-    let sent = state.to_engine.lock().map(|t| t.send(Msg::Job(job)).is_ok()).unwrap_or(false);
-    if !sent {
-        state.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+    let mut sent = 0;
+    if let Ok(t) = state.to_engine.lock() {
+        for job in jobs {
+            if t.send(Msg::Job(job)).is_err() {
+                break;
+            }
+            sent += 1;
+        }
+    }
+    if sent < n {
+        // The model thread counts down the ones it got (it is stopping).
+        m.queue_depth.fetch_sub(n - sent, Ordering::Relaxed);
         return Err(ApiError::unavailable("the model thread has stopped"));
     }
-    state.metrics.prompt_tokens.fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+    m.prompt_tokens.fetch_add(prompt.len() as u64, Ordering::Relaxed);
+    m.choices.fetch_add(n as u64, Ordering::Relaxed);
+    let count = |c: &std::sync::atomic::AtomicU64, on: bool| {
+        if on {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    };
+    count(&m.logprobs_requests, p.logprobs.is_some());
+    count(&m.multi_choice_requests, n > 1);
+    count(&m.stop_string_requests, !p.stop.is_empty());
+    let penalized =
+        p.min_p != 0.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 || p.repetition_penalty != 1.0;
+    count(&m.penalty_requests, penalized);
     let id = format!("{}-{:x}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, rand_id());
-    let meta = Meta { id, created: now(), model: state.model_id.clone(), kind };
+    let meta =
+        Meta { id, created: now(), model: state.model_id.clone(), kind, choices: n, logprobs: p.logprobs.is_some() };
     if p.stream {
-        Ok(stream(meta, rx, p.include_usage).into_response())
+        Ok(answer::stream(meta, rx, p.include_usage))
     } else {
-        whole(meta, rx).await
+        answer::whole(meta, rx).await
     }
+}
+
+/// A request's `model`, when given, must name the model served (its alias or file name).
+fn check_model(state: &AppState, model: &Option<String>) -> std::result::Result<(), ApiError> {
+    let Some(m) = model else { return Ok(()) };
+    let file = state.model.path.file_name().map(|n| n.to_string_lossy().into_owned());
+    if *m != state.model_id && Some(m) != file.as_ref() {
+        return Err(ApiError::invalid(
+            Some("model"),
+            format!("The model '{m}' does not exist: this server serves '{}'", state.model_id),
+        )
+        .with_code("model_not_found"));
+    }
+    Ok(())
+}
+
+/// The seed of choice `choice`: the request's own for the first (so `n = 1` samples as
+/// it always did), a SplitMix64 finalizer of it and the index for the others (seeds one
+/// apart would give the same stream one step apart).
+fn choice_seed(seed: u64, choice: usize) -> u64 {
+    if choice == 0 {
+        return seed;
+    }
+    let mut z = seed ^ (choice as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 fn rand_id() -> u64 {
@@ -494,148 +547,6 @@ fn rand_id() -> u64 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(now());
     h.finish()
-}
-
-struct Meta {
-    id: String,
-    created: u64,
-    model: String,
-    kind: Kind,
-}
-
-fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
-    json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-           "total_tokens": prompt_tokens + completion_tokens})
-}
-
-/// The non-streamed answer: waits for the end (dropping the future, as a disconnect
-/// does, closes the channel and cancels the job).
-async fn whole(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>) -> std::result::Result<Response, ApiError> {
-    let mut text = String::new();
-    let mut reasoning = String::new();
-    let mut calls = Vec::new();
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            Event::Text(t) => text.push_str(&t),
-            Event::Reasoning(t) => reasoning.push_str(&t),
-            Event::ToolCall { name, arguments } => calls.push(tool_call_json(&meta, calls.len(), &name, &arguments)),
-            Event::Error(e) => return Err(e),
-            Event::Done { finish, prompt_tokens, completion_tokens } => {
-                let choice = match meta.kind {
-                    Kind::Chat => {
-                        let mut message = json!({"role": "assistant", "content": text});
-                        if !reasoning.is_empty() {
-                            message["reasoning_content"] = json!(reasoning);
-                        }
-                        if !calls.is_empty() {
-                            if text.is_empty() {
-                                message["content"] = Value::Null;
-                            }
-                            message["tool_calls"] = Value::Array(std::mem::take(&mut calls));
-                        }
-                        json!({"index": 0, "message": message, "logprobs": null, "finish_reason": finish.as_str()})
-                    }
-                    Kind::Completion => {
-                        json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish.as_str()})
-                    }
-                };
-                let object = if meta.kind == Kind::Chat { "chat.completion" } else { "text_completion" };
-                return Ok(Json(json!({
-                    "id": meta.id, "object": object, "created": meta.created, "model": meta.model,
-                    "choices": [choice], "usage": usage(prompt_tokens, completion_tokens),
-                    "system_fingerprint": "fusebox",
-                }))
-                .into_response());
-            }
-        }
-    }
-    Err(ApiError::internal("the model thread ended the request without an answer"))
-}
-
-/// An OpenAI `tool_calls` entry; `index` is its place in the reply's calls.
-fn tool_call_json(meta: &Meta, index: usize, name: &str, arguments: &str) -> Value {
-    json!({"index": index, "id": format!("call_{}_{index}", meta.id), "type": "function",
-           "function": {"name": name, "arguments": arguments}})
-}
-
-fn chunk(meta: &Meta, delta: Value, finish: Option<Finish>) -> Value {
-    let finish = finish.map(Finish::as_str);
-    let choice = match meta.kind {
-        Kind::Chat => json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}),
-        Kind::Completion => json!({"index": 0, "text": delta.get("content").cloned().unwrap_or(json!("")),
-                                   "logprobs": null, "finish_reason": finish}),
-    };
-    let object = if meta.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
-    json!({"id": meta.id, "object": object, "created": meta.created, "model": meta.model,
-           "system_fingerprint": "fusebox", "choices": [choice]})
-}
-
-/// The streamed answer: `data: {chunk}` events, a last chunk with `finish_reason` and
-/// `usage`, then `data: [DONE]`. A relay task forwards the model's events; when the
-/// client goes away the response stream is dropped, the relay ends and the job's
-/// channel closes, which cancels it on the model thread.
-fn stream(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, include_usage: bool) -> Response {
-    let (out, out_rx) = mpsc::channel::<std::result::Result<SseEvent, Infallible>>(64);
-    tokio::spawn(async move {
-        let data = |v: Value| Ok(SseEvent::default().data(v.to_string()));
-        if meta.kind == Kind::Chat
-            && out.send(data(chunk(&meta, json!({"role": "assistant", "content": ""}), None))).await.is_err()
-        {
-            return;
-        }
-        let mut calls = 0;
-        loop {
-            let ev = tokio::select! {
-                ev = rx.recv() => ev,
-                _ = out.closed() => return,
-            };
-            let Some(ev) = ev else {
-                let e = ApiError::internal("the model thread ended the request without an answer");
-                let _ = out.send(data(e.body())).await;
-                return;
-            };
-            match ev {
-                Event::Text(t) => {
-                    if out.send(data(chunk(&meta, json!({"content": t}), None))).await.is_err() {
-                        return;
-                    }
-                }
-                Event::Reasoning(t) => {
-                    if out.send(data(chunk(&meta, json!({"reasoning_content": t}), None))).await.is_err() {
-                        return;
-                    }
-                }
-                Event::ToolCall { name, arguments } => {
-                    let call = tool_call_json(&meta, calls, &name, &arguments);
-                    calls += 1;
-                    if out.send(data(chunk(&meta, json!({"tool_calls": [call]}), None))).await.is_err() {
-                        return;
-                    }
-                }
-                Event::Error(e) => {
-                    let _ = out.send(data(e.body())).await;
-                    return;
-                }
-                Event::Done { finish, prompt_tokens, completion_tokens } => {
-                    let u = usage(prompt_tokens, completion_tokens);
-                    let mut last = chunk(&meta, json!({}), Some(finish));
-                    last["usage"] = u.clone();
-                    let _ = out.send(data(last)).await;
-                    if include_usage {
-                        let mut c = chunk(&meta, json!({}), None);
-                        c["choices"] = json!([]);
-                        c["usage"] = u;
-                        let _ = out.send(data(c)).await;
-                    }
-                    let _ = out.send(Ok(SseEvent::default().data("[DONE]"))).await;
-                    return;
-                }
-            }
-        }
-    });
-    let mut r = Sse::new(tokio_stream::wrappers::ReceiverStream::new(out_rx)).into_response();
-    r.headers_mut().insert("cache-control", axum::http::HeaderValue::from_static("no-cache"));
-    r
 }
 
 /// Completes on SIGTERM or SIGINT (Ctrl-C): the signal for [`Server::start_with`].
@@ -659,105 +570,5 @@ pub async fn termination() {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    //! The answer's assembly from scripted model events (no model): reasoning and tool
-    //! calls in the whole answer and in the stream.
-
-    use super::*;
-
-    fn meta() -> Meta {
-        Meta { id: "chatcmpl-test".into(), created: 1, model: "m".into(), kind: Kind::Chat }
-    }
-
-    fn scripted(events: Vec<Event>) -> mpsc::UnboundedReceiver<Event> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        for e in events {
-            tx.send(e).unwrap();
-        }
-        rx
-    }
-
-    fn done(finish: Finish) -> Event {
-        Event::Done { finish, prompt_tokens: 3, completion_tokens: 7 }
-    }
-
-    fn block_on<F: std::future::Future>(f: F) -> F::Output {
-        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
-    }
-
-    async fn body(r: Response) -> String {
-        let bytes = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
-        String::from_utf8(bytes.to_vec()).unwrap()
-    }
-
-    #[test]
-    fn the_whole_answer_has_content_reasoning_and_tool_calls() {
-        let v: Value = block_on(async {
-            let events = vec![
-                Event::Reasoning("Think".into()),
-                Event::Reasoning(" more.".into()),
-                Event::Text("Four.".into()),
-                done(Finish::Stop),
-            ];
-            serde_json::from_str(&body(whole(meta(), scripted(events)).await.unwrap()).await).unwrap()
-        });
-        let m = &v["choices"][0]["message"];
-        assert_eq!((m["content"].as_str(), m["reasoning_content"].as_str()), (Some("Four."), Some("Think more.")));
-        assert!(m.get("tool_calls").is_none());
-        assert_eq!(v["choices"][0]["finish_reason"], "stop");
-
-        let v: Value = block_on(async {
-            let events = vec![
-                Event::Reasoning("Need it.".into()),
-                Event::ToolCall { name: "get_weather".into(), arguments: "{\"city\": \"Paris\"}".into() },
-                done(Finish::ToolCalls),
-            ];
-            serde_json::from_str(&body(whole(meta(), scripted(events)).await.unwrap()).await).unwrap()
-        });
-        let m = &v["choices"][0]["message"];
-        assert!(m["content"].is_null());
-        assert_eq!(
-            m["tool_calls"][0]["function"],
-            json!({"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"})
-        );
-        assert_eq!(m["tool_calls"][0]["type"], "function");
-        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
-        // A plain answer has no reasoning field at all.
-        let v: Value = block_on(async {
-            let events = vec![Event::Text("Hi".into()), done(Finish::Length)];
-            serde_json::from_str(&body(whole(meta(), scripted(events)).await.unwrap()).await).unwrap()
-        });
-        assert_eq!(v["choices"][0]["message"], json!({"role": "assistant", "content": "Hi"}));
-    }
-
-    #[test]
-    fn the_stream_sends_reasoning_and_content_deltas() {
-        let text = block_on(async {
-            let events = vec![
-                Event::Reasoning("Think.".into()),
-                Event::Text("Fo".into()),
-                Event::Text("ur.".into()),
-                Event::ToolCall { name: "f".into(), arguments: "{}".into() },
-                done(Finish::ToolCalls),
-            ];
-            body(stream(meta(), scripted(events), false)).await
-        });
-        let chunks: Vec<Value> = text
-            .lines()
-            .filter_map(|l| l.strip_prefix("data: "))
-            .filter(|d| *d != "[DONE]")
-            .map(|d| serde_json::from_str(d).unwrap())
-            .collect();
-        let deltas: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]["delta"]).collect();
-        assert_eq!(deltas[0], &json!({"role": "assistant", "content": ""}));
-        assert_eq!(deltas[1], &json!({"reasoning_content": "Think."}));
-        assert_eq!((deltas[2], deltas[3]), (&json!({"content": "Fo"}), &json!({"content": "ur."})));
-        assert_eq!(deltas[4]["tool_calls"][0]["function"], json!({"name": "f", "arguments": "{}"}));
-        assert_eq!(chunks[5]["choices"][0]["finish_reason"], "tool_calls");
-        assert!(text.trim_end().ends_with("data: [DONE]"));
     }
 }

@@ -24,6 +24,27 @@ pub struct Metrics {
     pub slots_busy: AtomicUsize,
     /// Slots in all.
     pub slots_total: AtomicUsize,
+    /// Accepted completion requests that asked for logprobs.
+    pub logprobs_requests: AtomicU64,
+    /// Accepted completion requests with `n` > 1.
+    pub multi_choice_requests: AtomicU64,
+    /// Choices (sequences) started for accepted completion requests.
+    pub choices: AtomicU64,
+    /// Accepted completion requests with stop strings.
+    pub stop_string_requests: AtomicU64,
+    /// Accepted completion requests with min-p or a presence, frequency or
+    /// repetition penalty.
+    pub penalty_requests: AtomicU64,
+    /// Prompt tokens taken from a prefix cache instead of a prefill.
+    pub cached_prompt_tokens: AtomicU64,
+    /// `POST /tokenize` requests, accepted or not.
+    pub tokenize_requests: AtomicU64,
+    /// `POST /detokenize` requests, accepted or not.
+    pub detokenize_requests: AtomicU64,
+    /// `POST /v1/embeddings` requests, accepted or not.
+    pub embedding_requests: AtomicU64,
+    /// Inputs embedded.
+    pub embedding_inputs: AtomicU64,
     prefill_tokens: AtomicU64,
     prefill_nanos: AtomicU64,
     decode_tokens: AtomicU64,
@@ -74,6 +95,28 @@ impl Metrics {
             g(&self.prompt_tokens).to_string(),
         );
         put("completion_tokens_total", "counter", "Tokens generated.", g(&self.completion_tokens).to_string());
+        for (name, help, v) in [
+            ("requests_logprobs_total", "Completion requests that asked for logprobs.", &self.logprobs_requests),
+            ("requests_multiple_choices_total", "Completion requests with n > 1.", &self.multi_choice_requests),
+            ("choices_total", "Choices (sequences) started for completion requests.", &self.choices),
+            ("requests_stop_strings_total", "Completion requests with stop strings.", &self.stop_string_requests),
+            (
+                "requests_penalties_total",
+                "Completion requests with min_p or a presence, frequency or repetition penalty.",
+                &self.penalty_requests,
+            ),
+            (
+                "prompt_tokens_cached_total",
+                "Prompt tokens taken from a prefix cache instead of a prefill.",
+                &self.cached_prompt_tokens,
+            ),
+            ("tokenize_requests_total", "POST /tokenize requests.", &self.tokenize_requests),
+            ("detokenize_requests_total", "POST /detokenize requests.", &self.detokenize_requests),
+            ("embedding_requests_total", "POST /v1/embeddings requests.", &self.embedding_requests),
+            ("embedding_inputs_total", "Inputs embedded.", &self.embedding_inputs),
+        ] {
+            put(name, "counter", help, g(v).to_string());
+        }
         put(
             "prefill_tokens_total",
             "counter",

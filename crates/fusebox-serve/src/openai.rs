@@ -3,7 +3,7 @@
 //! Requests are parsed from a `serde_json::Value` by hand rather than derived, so that
 //! every bad field is reported the way OpenAI does: HTTP 400 with
 //! `{"error": {"message", "type", "param", "code"}}` naming the field, what it must be
-//! and what came. Fields the server does not use (`user`, `logprobs: false`, …) are
+//! and what came. Fields the server does not use (`user`, `logit_bias: {}`, …) are
 //! ignored, as OpenAI-compatible servers do.
 
 use axum::http::{HeaderValue, StatusCode};
@@ -111,8 +111,20 @@ pub struct Params {
     pub top_p: f32,
     /// Top-k (default 0 = off; an extension llama-server and vLLM accept).
     pub top_k: usize,
-    /// Penalty on tokens already seen (default 1 = off; extension).
+    /// Penalty on tokens already seen, prompt included (`repetition_penalty`, or
+    /// llama-server's `repeat_penalty`; default 1 = off; extension).
     pub repetition_penalty: f32,
+    /// Min-p (default 0 = off; extension).
+    pub min_p: f32,
+    /// OpenAI's `presence_penalty`, in [-2, 2] (default 0).
+    pub presence_penalty: f32,
+    /// OpenAI's `frequency_penalty`, in [-2, 2] (default 0).
+    pub frequency_penalty: f32,
+    /// Choices to generate (`n`, 1 ..= [`MAX_CHOICES`]).
+    pub n: usize,
+    /// `Some(k)`: report each token's logprob and the `k` most likely tokens' (chat's
+    /// `logprobs: true` with `top_logprobs: k`; completions' `logprobs: k`).
+    pub logprobs: Option<usize>,
     /// Most tokens to generate (`max_tokens` or `max_completion_tokens`); `None`: until
     /// a stop or the end of the context.
     pub max_tokens: Option<usize>,
@@ -125,6 +137,9 @@ pub struct Params {
     /// `stream_options.include_usage`: a last chunk with `usage` and no choices.
     pub include_usage: bool,
 }
+
+/// Most choices one request may ask for (`n`).
+pub const MAX_CHOICES: usize = 8;
 
 /// One message of a chat request.
 #[derive(Debug, Clone, PartialEq)]
@@ -227,17 +242,59 @@ fn boolean(obj: &Map<String, Value>, name: &str) -> Result<bool, ApiError> {
     }
 }
 
-fn params(obj: &Map<String, Value>) -> Result<Params, ApiError> {
+/// Which endpoint's fields: `logprobs` differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Chat,
+    Completion,
+}
+
+fn at_most(name: &str, v: Option<u64>, max: usize) -> Result<Option<usize>, ApiError> {
+    match v {
+        Some(x) if x > max as u64 => {
+            Err(ApiError::invalid(Some(name), format!("'{name}' must be at most {max}, got {x}")))
+        }
+        other => Ok(other.map(|x| x as usize)),
+    }
+}
+
+/// The `logprobs` request: chat's `logprobs` (boolean) with `top_logprobs` (0..=20,
+/// only with `logprobs: true`), or completions' `logprobs` (0..=20 alternatives).
+fn logprobs(obj: &Map<String, Value>, endpoint: Endpoint) -> Result<Option<usize>, ApiError> {
+    use crate::logprobs::MAX_TOP_LOGPROBS as MAX;
+    match endpoint {
+        Endpoint::Chat => {
+            let on = boolean(obj, "logprobs")?;
+            let top = at_most("top_logprobs", integer(obj, "top_logprobs", 0)?, MAX)?;
+            match (on, top) {
+                (false, Some(_)) => {
+                    Err(ApiError::invalid(Some("top_logprobs"), "'top_logprobs' needs 'logprobs': true"))
+                }
+                (false, None) => Ok(None),
+                (true, top) => Ok(Some(top.unwrap_or(0))),
+            }
+        }
+        Endpoint::Completion => match field(obj, "logprobs") {
+            // `false` reads as "none", as clients that send chat's form mean it.
+            None | Some(Value::Bool(false)) => Ok(None),
+            Some(v) => {
+                let k = v.as_u64().ok_or_else(|| wrong_type("logprobs", "an integer in [0, 20]", v))?;
+                at_most("logprobs", Some(k), MAX)
+            }
+        },
+    }
+}
+
+fn params(obj: &Map<String, Value>, endpoint: Endpoint) -> Result<Params, ApiError> {
     let model = match field(obj, "model") {
         None => None,
         Some(Value::String(s)) => Some(s.clone()),
         Some(v) => return Err(wrong_type("model", "a string", v)),
     };
-    if let Some(n) = integer(obj, "n", 0)? {
-        if n != 1 {
-            return Err(ApiError::invalid(Some("n"), format!("only 'n' = 1 is supported, got {n}")));
-        }
-    }
+    let n = at_most("n", integer(obj, "n", 1)?, MAX_CHOICES)?.unwrap_or(1);
+    let logprobs = logprobs(obj, endpoint)?;
+    // llama-server's name for the same penalty; `repetition_penalty` wins when both come.
+    let repetition = if field(obj, "repetition_penalty").is_some() { "repetition_penalty" } else { "repeat_penalty" };
     let max_tokens = match integer(obj, "max_completion_tokens", 1)? {
         Some(n) => Some(n),
         None => integer(obj, "max_tokens", 1)?,
@@ -284,7 +341,12 @@ fn params(obj: &Map<String, Value>) -> Result<Params, ApiError> {
         temperature: number(obj, "temperature", 0.0, 2.0, 1.0)? as f32,
         top_p: number(obj, "top_p", 0.0, 1.0, 1.0)? as f32,
         top_k: integer(obj, "top_k", 0)?.map_or(0, |k| k as usize),
-        repetition_penalty: number(obj, "repetition_penalty", f64::MIN_POSITIVE, 100.0, 1.0)? as f32,
+        repetition_penalty: number(obj, repetition, f64::MIN_POSITIVE, 100.0, 1.0)? as f32,
+        min_p: number(obj, "min_p", 0.0, 1.0, 0.0)? as f32,
+        presence_penalty: number(obj, "presence_penalty", -2.0, 2.0, 0.0)? as f32,
+        frequency_penalty: number(obj, "frequency_penalty", -2.0, 2.0, 0.0)? as f32,
+        n,
+        logprobs,
         max_tokens: max_tokens.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
         stop,
         seed,
@@ -404,7 +466,7 @@ pub fn chat_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
             ));
         }
     }
-    Ok(ChatRequest { messages, template_kwargs, params: params(&obj)? })
+    Ok(ChatRequest { messages, template_kwargs, params: params(&obj, Endpoint::Chat)? })
 }
 
 /// Parses a `/v1/completions` body: `prompt` is a string (or an array of one string).
@@ -422,7 +484,7 @@ pub fn completion_request(body: &[u8]) -> Result<CompletionRequest, ApiError> {
         }
         Some(v) => return Err(wrong_type("prompt", "a string", v)),
     };
-    Ok(CompletionRequest { prompt, params: params(&obj)? })
+    Ok(CompletionRequest { prompt, params: params(&obj, Endpoint::Completion)? })
 }
 
 #[cfg(test)]
@@ -470,7 +532,38 @@ mod tests {
             (br#"{"messages":[{"role":"user","content":"x"}],"temperature":"hot"}"#, Some("temperature"), "a number"),
             (br#"{"messages":[{"role":"user","content":"x"}],"temperature":3}"#, Some("temperature"), "[0, 2]"),
             (br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":0}"#, Some("max_tokens"), "at least 1"),
-            (br#"{"messages":[{"role":"user","content":"x"}],"n":2}"#, Some("n"), "n' = 1"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"n":9}"#, Some("n"), "at most 8"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"n":0}"#, Some("n"), "at least 1"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"n":1.5}"#, Some("n"), "integer"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"logprobs":1}"#, Some("logprobs"), "a boolean"),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21}"#,
+                Some("top_logprobs"),
+                "at most 20",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"top_logprobs":2}"#,
+                Some("top_logprobs"),
+                "needs 'logprobs': true",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":-1}"#,
+                Some("top_logprobs"),
+                "non-negative integer",
+            ),
+            (br#"{"messages":[{"role":"user","content":"x"}],"min_p":1.5}"#, Some("min_p"), "[0, 1]"),
+            (br#"{"messages":[{"role":"user","content":"x"}],"min_p":"a"}"#, Some("min_p"), "a number"),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"presence_penalty":-2.5}"#,
+                Some("presence_penalty"),
+                "[-2, 2]",
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}],"frequency_penalty":3}"#,
+                Some("frequency_penalty"),
+                "[-2, 2]",
+            ),
+            (br#"{"messages":[{"role":"user","content":"x"}],"repeat_penalty":0}"#, Some("repeat_penalty"), "got 0"),
             (br#"{"messages":[{"role":"user","content":"x"}],"stream":"yes"}"#, Some("stream"), "a boolean"),
             (br#"{"messages":[{"role":"wizard","content":"x"}]}"#, Some("messages[0].role"), "wizard"),
             (br#"{"messages":[{"role":"user","content":5}]}"#, Some("messages[0].content"), "got a number"),
@@ -513,5 +606,35 @@ mod tests {
         }
         let e = completion_request(br#"{"prompt":3}"#).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("prompt"));
+        for (body, text) in [
+            (&br#"{"prompt":"x","logprobs":21}"#[..], "at most 20"),
+            (br#"{"prompt":"x","logprobs":true}"#, "an integer"),
+            (br#"{"prompt":"x","logprobs":-3}"#, "an integer"),
+        ] {
+            let e = completion_request(body).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("logprobs"), "{}", String::from_utf8_lossy(body));
+            assert!(e.message.contains(text), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn the_new_fields_are_read() {
+        let r = chat_request(
+            br#"{"messages":[{"role":"user","content":"x"}],"n":3,"logprobs":true,"top_logprobs":5,"min_p":0.1,
+                 "presence_penalty":-0.5,"frequency_penalty":1.5,"repeat_penalty":1.3}"#,
+        )
+        .unwrap();
+        let p = r.params;
+        assert_eq!((p.n, p.logprobs, p.min_p), (3, Some(5), 0.1));
+        assert_eq!((p.presence_penalty, p.frequency_penalty, p.repetition_penalty), (-0.5, 1.5, 1.3));
+        let p = chat_request(br#"{"messages":[{"role":"user","content":"x"}],"logprobs":true}"#).unwrap().params;
+        assert_eq!((p.n, p.logprobs), (1, Some(0)));
+        let p = chat_request(br#"{"messages":[{"role":"user","content":"x"}],"logprobs":false}"#).unwrap().params;
+        assert_eq!(p.logprobs, None);
+        let p = completion_request(br#"{"prompt":"x","logprobs":2,"repetition_penalty":1.1,"repeat_penalty":1.9}"#)
+            .unwrap()
+            .params;
+        assert_eq!((p.logprobs, p.repetition_penalty), (Some(2), 1.1));
+        assert_eq!(completion_request(br#"{"prompt":"x","logprobs":0}"#).unwrap().params.logprobs, Some(0));
     }
 }

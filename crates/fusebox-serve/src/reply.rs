@@ -6,18 +6,41 @@
 //! character) and cannot be the start of a stop string; the reasoning's as soon as its
 //! characters are whole. A tool call is sent whole at the end. Nothing here touches
 //! the model, so the stream is tested on scripted ids.
+//!
+//! When the request asks for logprobs, each answer token's [`TokenLogprob`] travels with
+//! the text event that completes its text (a token whose text is held back waits with
+//! it); at a stop string, the tokens whose text starts before it are the last ones
+//! reported.
+
+use std::collections::VecDeque;
 
 use fusebox_models::chat::{OutputFormat, Part, ReplyParser};
 use fusebox_models::tokenizer::Tokenizer;
-use tokio::sync::mpsc::UnboundedSender;
 
-use crate::engine::Event;
+use crate::engine::{Event, EventSink};
+use crate::logprobs::{Placed, TokenLogprob};
+
+/// An answer token's logprobs, waiting for its text to be sent.
+#[derive(Debug)]
+struct Pending {
+    logprob: TokenLogprob,
+    /// Bytes and characters of the decoded answer before this token.
+    start: usize,
+    start_chars: usize,
+    /// Bytes of the decoded answer once this token was added (set by the next flush).
+    end: Option<usize>,
+}
 
 /// Decoded ids of one part and how many bytes of their text have been sent.
 #[derive(Debug, Default)]
 struct Shown {
     ids: Vec<u32>,
     sent: usize,
+    /// Length of the last decoded text, in bytes and characters.
+    decoded: usize,
+    decoded_chars: usize,
+    /// Logprobs of tokens whose text has not all been sent, in order.
+    pending: VecDeque<Pending>,
 }
 
 /// One reply's output state (see the module docs).
@@ -29,6 +52,8 @@ pub struct ReplyStream {
     reasoning: Shown,
     tool_call: Vec<u32>,
     routed: Vec<(Part, u32)>,
+    /// Logprobs of pushed ids not yet routed (a harmony header's ids wait), in order.
+    unrouted: VecDeque<(u32, TokenLogprob)>,
 }
 
 impl ReplyStream {
@@ -41,13 +66,17 @@ impl ReplyStream {
             reasoning: Shown::default(),
             tool_call: Vec::new(),
             routed: Vec::new(),
+            unrouted: VecDeque::new(),
         }
     }
 
-    /// Adds generated id `id` (not a stop token) and sends the text it lets go.
-    /// Returns true when a stop string appeared in the answer (the text before it is
-    /// sent; the reply is over).
-    pub fn push(&mut self, tok: &Tokenizer, id: u32, events: &UnboundedSender<Event>) -> bool {
+    /// Adds generated id `id` (not a stop token), with its logprobs when the request
+    /// asks for them, and sends the text it lets go. Returns true when a stop string
+    /// appeared in the answer (the text before it is sent; the reply is over).
+    pub fn push(&mut self, tok: &Tokenizer, id: u32, logprob: Option<TokenLogprob>, events: &EventSink) -> bool {
+        if let Some(l) = logprob {
+            self.unrouted.push_back((id, l));
+        }
         self.routed.clear();
         self.parser.push(tok, id, &mut self.routed);
         self.route(tok, events, false)
@@ -55,23 +84,36 @@ impl ReplyStream {
 
     /// Ends the reply: sends all the text still held back and the tool call, if one was
     /// made. Returns whether there was a tool call.
-    pub fn finish(&mut self, tok: &Tokenizer, events: &UnboundedSender<Event>) -> bool {
+    pub fn finish(&mut self, tok: &Tokenizer, events: &EventSink) -> bool {
         self.routed.clear();
         self.parser.finish(&mut self.routed);
         self.route(tok, events, true);
         let Some(call) = self.parser.tool_calls().last() else { return false };
         let arguments = tok.decode_with(&self.tool_call, true).unwrap_or_default();
-        let _ = events.send(Event::ToolCall { name: call.name().to_owned(), arguments });
+        events.send(Event::ToolCall { name: call.name().to_owned(), arguments });
         true
     }
 
     /// Files the routed ids and flushes what changed; true on a stop string.
-    fn route(&mut self, tok: &Tokenizer, events: &UnboundedSender<Event>, last: bool) -> bool {
+    fn route(&mut self, tok: &Tokenizer, events: &EventSink, last: bool) -> bool {
         let (mut content, mut reasoning) = (last, last);
         for &(part, id) in &self.routed {
+            // The routed ids come in the order they were pushed; ids never routed
+            // (structure tokens, a header) have their logprobs dropped here.
+            let mut logprob = None;
+            while let Some((first, l)) = self.unrouted.pop_front() {
+                if first == id {
+                    logprob = Some(l);
+                    break;
+                }
+            }
             match part {
                 Part::Content => {
                     self.content.ids.push(id);
+                    if let Some(logprob) = logprob {
+                        let (start, start_chars) = (self.content.decoded, self.content.decoded_chars);
+                        self.content.pending.push_back(Pending { logprob, start, start_chars, end: None });
+                    }
                     content = true;
                 }
                 Part::Reasoning => {
@@ -82,27 +124,44 @@ impl ReplyStream {
             }
         }
         if reasoning {
-            flush(tok, &mut self.reasoning, &[], last, &mut |t| send(events, Event::Reasoning(t)));
+            flush(tok, &mut self.reasoning, &[], last, &mut |t, _| events.send(Event::Reasoning(t)));
         }
-        content && flush(tok, &mut self.content, &self.stop_strings, last, &mut |t| send(events, Event::Text(t)))
+        content
+            && flush(tok, &mut self.content, &self.stop_strings, last, &mut |text, logprobs| {
+                events.send(Event::Text { text, logprobs })
+            })
     }
-}
-
-fn send(events: &UnboundedSender<Event>, e: Event) {
-    let _ = events.send(e);
 }
 
 /// Sends the decoded text of `shown` not sent yet: all of it at the end (`last`), else
 /// what cannot still change (no trailing partial character) and cannot be the start of
-/// a stop string. Returns true when a stop string appeared (the text before it is sent).
-fn flush(tok: &Tokenizer, shown: &mut Shown, stop_strings: &[String], last: bool, out: &mut dyn FnMut(String)) -> bool {
+/// a stop string, with the logprobs of the tokens whose text it completes. Returns true
+/// when a stop string appeared (the text before it is sent, with the logprobs of the
+/// tokens that start before it).
+fn flush(
+    tok: &Tokenizer,
+    shown: &mut Shown,
+    stop_strings: &[String],
+    last: bool,
+    out: &mut dyn FnMut(String, Vec<Placed>),
+) -> bool {
     let Ok(text) = tok.decode_with(&shown.ids, true) else { return false };
+    for p in shown.pending.iter_mut().filter(|p| p.end.is_none()) {
+        p.end = Some(text.len());
+    }
+    shown.decoded = text.len();
+    shown.decoded_chars = text.chars().count();
     if shown.sent > text.len() || !text.is_char_boundary(shown.sent) {
         return false;
     }
-    let mut emit = |from: usize, to: usize| {
-        if to > from {
-            out(text[from..to].to_string());
+    // Sends text[from..to] with the logprobs of the tokens `take` lets go (the pending
+    // ones are in order, so they leave as a prefix).
+    let mut emit = |from: usize, to: usize, pending: &mut VecDeque<Pending>, take: &dyn Fn(&Pending) -> bool| {
+        let n = pending.iter().rposition(take).map_or(0, |i| i + 1);
+        let placed: Vec<Placed> =
+            pending.drain(..n).map(|p| Placed { logprob: p.logprob, text_offset: p.start_chars }).collect();
+        if to > from || !placed.is_empty() {
+            out(text[from..to.max(from)].to_string(), placed);
         }
     };
     // A stop string may straddle what was sent and what is new: search from the
@@ -115,7 +174,8 @@ fn flush(tok: &Tokenizer, shown: &mut Shown, stop_strings: &[String], last: bool
     let hit = stop_strings.iter().filter_map(|s| text[from..].find(s.as_str()).map(|p| from + p)).min();
     if let Some(at) = hit {
         let at = at.max(shown.sent);
-        emit(shown.sent, at);
+        emit(shown.sent, at, &mut shown.pending, &|p| p.start < at);
+        shown.pending.clear();
         shown.sent = at;
         return true;
     }
@@ -138,8 +198,9 @@ fn flush(tok: &Tokenizer, shown: &mut Shown, stop_strings: &[String], last: bool
             end -= 1;
         }
     }
-    emit(shown.sent, end);
-    shown.sent = shown.sent.max(end);
+    let sent_to = shown.sent.max(end);
+    emit(shown.sent, end, &mut shown.pending, &|p| last || p.end.is_some_and(|e| e <= sent_to));
+    shown.sent = sent_to;
     false
 }
 
@@ -166,27 +227,39 @@ mod tests {
         text: String,
         reasoning: String,
         calls: Vec<(String, String)>,
+        /// Ids whose logprobs came, each with its text offset.
+        tokens: Vec<(u32, usize)>,
     }
 
     /// Feeds `ids` one at a time (the whole reply when `end`, else a cut stream) and
     /// returns what was sent, whether a stop string ended it, and whether a tool call did.
+    /// Every id carries a logprob entry: each entry must come with or after its text.
     fn run(tok: &Tokenizer, format: OutputFormat, stops: &[&str], ids: &[u32], end: bool) -> (Seen, bool, bool) {
         let (tx, mut rx) = unbounded_channel();
+        let sink = EventSink::new(0, tx);
         let mut r = ReplyStream::new(format, stops.iter().map(|s| s.to_string()).collect());
         let mut stopped = false;
         for &id in ids {
-            if r.push(tok, id, &tx) {
+            let lp = crate::logprobs::token_logprob(tok, &[0.0; 4], id, 0);
+            if r.push(tok, id, Some(lp), &sink) {
                 stopped = true;
                 break;
             }
         }
-        let called = end && !stopped && r.finish(tok, &tx);
+        let called = end && !stopped && r.finish(tok, &sink);
         let mut seen = Seen::default();
-        while let Ok(e) = rx.try_recv() {
+        while let Ok((choice, e)) = rx.try_recv() {
+            assert_eq!(choice, 0);
             match e {
-                Event::Text(t) => {
-                    assert!(!t.is_empty() && !t.contains("<|"), "answer text {t:?}");
+                Event::Text { text: t, logprobs } => {
+                    assert!(!t.contains("<|"), "answer text {t:?}");
+                    assert!(!t.is_empty() || !logprobs.is_empty());
                     seen.text.push_str(&t);
+                    for p in logprobs {
+                        // Its text starts within what has been sent.
+                        assert!(p.text_offset <= seen.text.chars().count(), "{p:?} after {:?}", seen.text);
+                        seen.tokens.push((p.logprob.chosen.id, p.text_offset));
+                    }
                 }
                 Event::Reasoning(t) => {
                     assert!(!t.is_empty() && !t.contains("<|"), "reasoning text {t:?}");
@@ -199,6 +272,11 @@ mod tests {
         (seen, stopped, called)
     }
 
+    /// The ids and text offsets a plain answer of `ids` reports logprobs for.
+    fn placed(tok: &Tokenizer, ids: &[u32]) -> Vec<(u32, usize)> {
+        ids.iter().enumerate().map(|(k, &id)| (id, tok.decode_with(&ids[..k], true).unwrap().chars().count())).collect()
+    }
+
     const REPLY: &str = "<|channel|>analysis<|message|>The user wants 2+2 😀. Answer: 4.<|end|>\
                          <|start|>assistant<|channel|>final<|message|>2 + 2 = **4** 😀, DON'T worry.";
 
@@ -209,12 +287,16 @@ mod tests {
         let (whole, stopped, called) = run(&tok, harmony(&tok), &[], &ids, true);
         assert!(!stopped && !called);
         assert_eq!(whole.text, "2 + 2 = **4** 😀, DON'T worry.");
+        // Logprobs for the final channel's tokens only, each at its place in the answer.
+        let answer = tok.encode("2 + 2 = **4** 😀, DON'T worry.", false);
+        assert_eq!(whole.tokens, placed(&tok, &answer));
         assert_eq!(whole.reasoning, "The user wants 2+2 😀. Answer: 4.");
         // A stream cut after any token has sent a prefix of each part, never more.
         for cut in 0..=ids.len() {
             let (part, ..) = run(&tok, harmony(&tok), &[], &ids[..cut], false);
             assert!(whole.text.starts_with(&part.text), "cut {cut}: {:?}", part.text);
             assert!(whole.reasoning.starts_with(&part.reasoning), "cut {cut}: {:?}", part.reasoning);
+            assert!(whole.tokens.starts_with(&part.tokens), "cut {cut}: {:?}", part.tokens);
             // Cut and ended there (max_tokens): still prefixes, nothing leaked.
             let (ended, ..) = run(&tok, harmony(&tok), &[], &ids[..cut], true);
             assert!(whole.text.starts_with(&ended.text) && whole.reasoning.starts_with(&ended.reasoning));
@@ -253,6 +335,30 @@ mod tests {
         let ids = tok.encode("Hello 😀 world, STOP here", false);
         let (seen, stopped, called) = run(&tok, OutputFormat::Plain, &["STOP"], &ids, true);
         assert!(stopped && !called);
-        assert_eq!(seen, Seen { text: "Hello 😀 world, ".into(), ..Seen::default() });
+        assert_eq!(seen.text, "Hello 😀 world, ");
+        // The tokens whose text starts before the stop string: those of the shown text.
+        let before = tok.encode("Hello 😀 world, ", false);
+        assert_eq!(seen.tokens, placed(&tok, &ids[..before.len()]));
+        assert!(seen.reasoning.is_empty() && seen.calls.is_empty());
+    }
+
+    #[test]
+    fn stop_strings_across_tokens_are_held_back_and_never_shown() {
+        let tok = harmony_tokenizer();
+        let text = "alpha beta gamma delta, the END OF TEXT marker, then more words after it";
+        let ids = tok.encode(text, false);
+        for stop in ["END OF TEXT", "a, the E", "ta gam", "more words after it", "x"] {
+            let (whole, stopped, _) = run(&tok, OutputFormat::Plain, &[stop, "zzz"], &ids, true);
+            let want = text.find(stop).map_or(text, |at| &text[..at]);
+            assert_eq!((whole.text.as_str(), stopped), (want, text.contains(stop)), "{stop}");
+            // Cut anywhere: the text so far is a prefix of the answer (the start of the
+            // stop string is held back until it cannot be one), its logprobs a prefix
+            // of the answer's.
+            for cut in 0..ids.len() {
+                let (part, ..) = run(&tok, OutputFormat::Plain, &[stop, "zzz"], &ids[..cut], false);
+                assert!(want.starts_with(&part.text), "{stop} cut {cut}: {:?}", part.text);
+                assert!(whole.tokens.starts_with(&part.tokens), "{stop} cut {cut}");
+            }
+        }
     }
 }

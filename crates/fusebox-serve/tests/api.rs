@@ -424,5 +424,36 @@ fn the_openai_python_client_works() {
     assert!(!v["whole"].as_str().unwrap().is_empty());
     assert!(v["finish_reason"] == "stop" || v["finish_reason"] == "length", "{v}");
     assert!(v["usage_total"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(v["choices_n3"], 3, "{v}");
+    assert!(v["embedding_width"].as_u64().unwrap() > 0, "{v}");
+    // The greedy answer's logprobs are the log-softmax of the model's logits, step by step.
+    let got: Vec<f64> = v["logprobs"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    let want = greedy_logprobs(&[("system", "You are concise."), ("user", "Name three planets.")], got.len());
+    assert_eq!(got.len(), want.len(), "{v}");
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() < 1e-4, "token {k}: {g} from the server, {w} from the model's logits");
+    }
     server.shutdown().unwrap();
+}
+
+/// The log-probabilities (log-softmax of the logits) of the first `n` tokens of the
+/// library's greedy answer to `messages`.
+fn greedy_logprobs(messages: &[(&str, &str)], n: usize) -> Vec<f64> {
+    let path = model_path().unwrap();
+    let b = backend();
+    let model = open::load(b.as_ref(), &path).unwrap();
+    let template = model.chat_template().unwrap();
+    let prompt = template.encode(&model.tokenizer, &template.apply(messages, true).unwrap());
+    let mut session = model.session(b.as_ref(), 2048).unwrap();
+    let mut logits = session.step(b.as_ref(), &prompt).unwrap();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let l = &logits[..model.tokenizer.vocab_size().min(logits.len())];
+        let next = fusebox_models::sampler::argmax(l);
+        let max = l[next as usize] as f64;
+        let lse = max + l.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+        out.push(l[next as usize] as f64 - lse);
+        logits = session.step(b.as_ref(), &[next]).unwrap();
+    }
+    out
 }

@@ -86,7 +86,7 @@ impl Transformer {
 
     /// Runs `ids` at positions `cache.len ..`, appending their keys and values to the
     /// caches; returns the final-normed hidden states `[1, T, D]`.
-    fn forward_hidden(&self, b: &dyn ComputeBackend, ids: &[u32], cache: &mut KvCache) -> Result<Tensor> {
+    pub(super) fn forward_hidden(&self, b: &dyn ComputeBackend, ids: &[u32], cache: &mut KvCache) -> Result<Tensor> {
         const OP: &str = "Transformer::forward_cached";
         self.check_whole(OP)?;
         self.check_cached_pass(OP, ids.len(), cache)?;

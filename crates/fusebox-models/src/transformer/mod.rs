@@ -36,6 +36,7 @@ mod counted;
 mod delta;
 mod experts;
 mod forward;
+mod hidden;
 pub mod layout;
 mod linear;
 pub mod lora;
