@@ -272,7 +272,11 @@ pub fn load_gguf_for(b: &dyn ComputeBackend, file: &GgufFile, purpose: Purpose) 
     let plan = crate::arch::gguf_plan(file.metadata(), vocab_from_tokens, &tensors, &|| {
         file.tensor("rope_freqs.weight")?.to_vec_f32()
     })?;
-    load_for(b, file, plan, purpose)
+    // Tensors the converter stored in another order or form are read back as the plan's.
+    match crate::arch::by_name(&plan.arch.name)?.gguf_source(&plan.arch, file)? {
+        Some(src) => load_for(b, src.as_ref(), plan, purpose),
+        None => load_for(b, file, plan, purpose),
+    }
 }
 
 /// The network of a Hugging Face directory (`config.json` and the safetensors
