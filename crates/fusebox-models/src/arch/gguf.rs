@@ -74,7 +74,19 @@ impl GgufKeys<'_> {
 
 /// The Llama-shaped description of GGUF metadata (RMS norms, SwiGLU, rope in `style`,
 /// no biases, tied unless the file has `output.weight`); each architecture edits it.
+/// A `rope.dimension_count` below the head size (partial rotary) is refused.
 pub fn gguf_llama_like(k: &GgufKeys<'_>, style: RopeStyle) -> Result<Arch> {
+    llama_like(k, style, false)
+}
+
+/// [`gguf_llama_like`] of an architecture that rotates only the first
+/// `rope.dimension_count` dims of each head (Qwen3.5): that count, when below the head
+/// size, is the description's `rotary_dim`.
+pub fn gguf_llama_like_partial_rope(k: &GgufKeys<'_>, style: RopeStyle) -> Result<Arch> {
+    llama_like(k, style, true)
+}
+
+fn llama_like(k: &GgufKeys<'_>, style: RopeStyle, partial: bool) -> Result<Arch> {
     let d_model = k.size("embedding_length")?;
     let n_heads = k.size("attention.head_count")?;
     let n_kv_heads = k.opt_size("attention.head_count_kv")?.unwrap_or(n_heads);
@@ -110,7 +122,9 @@ pub fn gguf_llama_like(k: &GgufKeys<'_>, style: RopeStyle) -> Result<Arch> {
             ));
         }
     }
-    if let Some(rot) = k.opt_size("rope.dimension_count")? {
+    let rope_dims = k.opt_size("rope.dimension_count")?;
+    let rotary_dim = rope_dims.filter(|&r| partial && r < head_dim);
+    if let Some(rot) = rope_dims.filter(|_| rotary_dim.is_none()) {
         if rot != head_dim {
             return Err(Error::unsupported(
                 "gguf",
@@ -172,7 +186,7 @@ pub fn gguf_llama_like(k: &GgufKeys<'_>, style: RopeStyle) -> Result<Arch> {
         moe: None,
         linear_attention: None,
         attn_output_gate: false,
-        rotary_dim: None,
+        rotary_dim,
     })
 }
 
@@ -269,7 +283,7 @@ pub fn write_common(arch: &Arch, m: &mut GgufMetaOut) -> Result<()> {
     }
     if arch.positions == Positions::Rope {
         m.float("rope.freq_base", arch.rope.theta);
-        m.size("rope.dimension_count", "head_dim", arch.head_dim)?;
+        m.size("rope.dimension_count", "rotary dims", arch.rotary_dims())?;
         match arch.rope.scaling {
             RopeScaling::Linear { factor } => {
                 m.string("rope.scaling.type", "linear");

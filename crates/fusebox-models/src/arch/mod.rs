@@ -47,13 +47,14 @@ pub mod qwen3_moe;
 use fusebox::{Error, Result};
 use serde_json::Value as Json;
 
-pub use gguf::{gguf_llama_like, GgufKeys, GgufMetaOut};
+pub use gguf::{gguf_llama_like, gguf_llama_like_partial_rope, GgufKeys, GgufMetaOut};
 pub use hf::{hf_llama_like, hf_sizes, hf_sliding_window_all, HfConfig, HfConfigOut};
 pub use names::{Fix, NameTable, GGUF_NAMES, HF_LLAMA_NAMES, HF_MOE_NAMES};
 pub use preset::{ModelConfig, Preset, Style};
 
-use crate::gguf::Metadata;
+use crate::gguf::{GgufFile, Metadata};
 use crate::transformer::{Arch, Positions, RopeScaling, Stacking};
+use crate::weights::TensorSource;
 
 /// One architecture: everything specific to it, behind one registered unit.
 pub trait Architecture: Sync {
@@ -80,6 +81,20 @@ pub trait Architecture: Sync {
     /// architecture ([`gguf::write_common`] writes that); llama.cpp's Llama keys by default.
     fn write_gguf(&self, arch: &Arch, m: &mut GgufMetaOut) -> Result<()> {
         gguf::write_llama_like(arch, m)
+    }
+
+    /// A GGUF file's tensors as this architecture's parameters read them, where llama.cpp's
+    /// converter stores some in another order or form (Qwen3.5's value heads); `None`
+    /// reads them as stored.
+    fn gguf_source<'a>(&self, _arch: &Arch, _file: &'a GgufFile) -> Result<Option<Box<dyn TensorSource + 'a>>> {
+        Ok(None)
+    }
+
+    /// The values GGUF tensor `name` (stored shape `shape`) holds, from `values`, the
+    /// values of the parameter it stores already in that shape: the inverse of
+    /// [`gguf_source`](Self::gguf_source); by default unchanged.
+    fn gguf_store(&self, _arch: &Arch, _name: &str, _shape: &[usize], values: Vec<f32>) -> Result<Vec<f32>> {
+        Ok(values)
     }
 
     /// The from-scratch preset, for the architectures `fusebox train` builds.

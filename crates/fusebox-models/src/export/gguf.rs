@@ -159,9 +159,13 @@ pub fn write(
     weights.set_rope_style(arch, arch.rope.style, plan.arch.rope.style);
     let mut tensors = Vec::new();
     let head = if arch.tied_embeddings { "token_embd.weight" } else { "output.weight" };
+    let unit = crate::arch::by_name(&arch.name)?;
     for (name, shape, values) in weights.file_tensors(&plan, "")? {
+        let values = unit.gguf_store(arch, &name, &shape, values)?;
         let dtype = match (shape.len(), options.quant) {
             (1, _) => DType::F32,
+            // llama.cpp keeps a Gated DeltaNet's convolution in f32 (converter and quantizer).
+            _ if name.ends_with(".ssm_conv1d.weight") => DType::F32,
             _ if name == "position_embd.weight" => options.float.dtype(),
             (_, None) => options.float.dtype(),
             (_, Some(q)) => {

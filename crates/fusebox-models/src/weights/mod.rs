@@ -340,8 +340,7 @@ pub fn load_gguf(b: &dyn ComputeBackend, file: &GgufFile) -> Result<Transformer>
 
 /// The network of a GGUF file for `purpose`.
 pub fn load_gguf_for(b: &dyn ComputeBackend, file: &GgufFile, purpose: Purpose) -> Result<Transformer> {
-    let plan = gguf_plan(file)?;
-    load_for(b, file, plan, purpose)
+    load_gguf_with(b, file, purpose, &|sizes| Ok(Stage::whole(sizes.layers.len())))
 }
 
 /// The pipeline stage of a GGUF file's network that `choose` picks, for inference (see
@@ -351,7 +350,22 @@ pub fn load_gguf_stage(
     file: &GgufFile,
     choose: &dyn Fn(&StageSizes) -> Result<Stage>,
 ) -> Result<Transformer> {
-    load_stage_for(b, file, gguf_plan(file)?, Purpose::Inference, choose)
+    load_gguf_with(b, file, Purpose::Inference, choose)
+}
+
+/// A GGUF file's network for `purpose`, holding the stage `choose` picks.
+fn load_gguf_with(
+    b: &dyn ComputeBackend,
+    file: &GgufFile,
+    purpose: Purpose,
+    choose: &dyn Fn(&StageSizes) -> Result<Stage>,
+) -> Result<Transformer> {
+    let plan = gguf_plan(file)?;
+    // Tensors the converter stored in another order or form are read back as the plan's.
+    match crate::arch::by_name(&plan.arch.name)?.gguf_source(&plan.arch, file)? {
+        Some(src) => load_stage_for(b, src.as_ref(), plan, purpose, choose),
+        None => load_stage_for(b, file, plan, purpose, choose),
+    }
 }
 
 /// The plan of a GGUF file, from its metadata and tensor names.
