@@ -69,7 +69,7 @@ pub struct MemoryReport {
     /// Gradients and AdamW's two moments of what is trained.
     pub optimizer_bytes: u64,
     /// The activations one micro-batch keeps for its backward, estimated
-    /// ([`activation_bytes`](crate::transformer::activation_bytes)): as this run keeps them.
+    /// ([`activation_bytes`]): as this run keeps them.
     pub activation_bytes: u64,
     /// The same without activation checkpointing (every block's activations).
     pub activation_bytes_saved: u64,
