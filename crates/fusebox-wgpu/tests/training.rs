@@ -26,6 +26,7 @@ fn train_config(steps: u64) -> TrainConfig {
         seed: 42,
         eval_every: 0,
         eval_batches: 1,
+        checkpoint_activations: false,
     }
 }
 

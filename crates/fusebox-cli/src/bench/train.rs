@@ -32,6 +32,9 @@ pub struct TrainBenchArgs {
     threads: Option<usize>,
     #[arg(long)]
     json: bool,
+    /// Activation checkpointing (see `fusebox train --help`).
+    #[arg(long)]
+    checkpoint_activations: bool,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -52,6 +55,7 @@ pub fn run(args: &TrainBenchArgs) -> Result<()> {
         seed: 1,
         eval_every: 0,
         eval_batches: 0,
+        checkpoint_activations: args.checkpoint_activations,
         ..TrainConfig::default()
     };
     cfg.validate()?;
@@ -94,6 +98,7 @@ pub fn run(args: &TrainBenchArgs) -> Result<()> {
             "{}",
             json!({"name": format!("train_step/{}", args.preset), "preset": args.preset, "batch": args.batch, "seq": args.seq,
                    "ranks": ranks, "params": trainer.model.net.params.len(), "seconds_per_step": s, "ms": s * 1e3,
+                   "checkpoint_activations": args.checkpoint_activations,
                    "seconds_per_step_no_comm": alone, "tokens_per_s": tokens / s})
         );
     } else {
@@ -105,8 +110,9 @@ pub fn run(args: &TrainBenchArgs) -> Result<()> {
             );
         }
         println!(
-            "train step {} ({:.1}M params), batch {} × seq {} on '{}' ({} threads): {:.3} s/step (median of {}), {:.0} tokens/s",
+            "train step {}{} ({:.1}M params), batch {} × seq {} on '{}' ({} threads): {:.3} s/step (median of {}), {:.0} tokens/s",
             args.preset,
+            if args.checkpoint_activations { " with activation checkpointing" } else { "" },
             trainer.model.net.params.len() as f64 / 1e6,
             args.batch,
             args.seq,

@@ -61,6 +61,13 @@ pub struct TrainArgs {
     /// Random seed, model init and data order [default: 1337; on --resume: the saved value].
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Activation checkpointing: keep only each block's input in the forward and recompute
+    /// the block in the backward, block by block from the last. The same losses and
+    /// parameters bit for bit, activation memory of the block inputs plus one block's
+    /// (see the memory line it prints), about one more forward per step. Asked again on
+    /// --resume (a choice of each invocation, like --threads).
+    #[arg(long)]
+    pub checkpoint_activations: bool,
     /// Backend: cpu, cpu:N or wgpu.
     #[arg(long, default_value = "cpu")]
     pub backend: String,
@@ -194,6 +201,7 @@ pub(crate) fn apply_flags(mut config: TrainConfig, args: &TrainArgs) -> TrainCon
     config.grad_clip = args.clip.unwrap_or(config.grad_clip);
     config.seed = args.seed.unwrap_or(config.seed);
     config.eval_every = args.eval_every.unwrap_or(config.eval_every);
+    config.checkpoint_activations = args.checkpoint_activations;
     config
 }
 

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use fusebox::{ComputeBackend, Error, Result};
 use fusebox_models::comm::ReduceOp;
-use fusebox_models::train::{DataSource, EvalStats, ParamSource, Trainer};
+use fusebox_models::train::{DataSource, EvalStats, MemoryReport, ParamSource, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
@@ -25,6 +25,19 @@ pub(crate) fn eval_line(e: &EvalStats) -> String {
         Some(a) => format!("eval loss {:.4}, exact match {:.1}%", e.loss, 100.0 * a),
         None => format!("eval loss {:.4}", e.loss),
     }
+}
+
+/// The estimated activation memory of one micro-batch, with and without activation
+/// checkpointing (the run's choice marked), and its logits.
+fn activation_line(mem: &MemoryReport, checkpointed: bool) -> String {
+    let (on, off) = if checkpointed { (" (this run)", "") } else { ("", " (this run)") };
+    format!(
+        "activations per micro-batch (estimated): {} saved{off}, {} with --checkpoint-activations{on}; \
+         logits and their gradient {}",
+        gib(mem.activation_bytes_saved),
+        gib(mem.activation_bytes_checkpointed),
+        gib(mem.logit_bytes)
+    )
 }
 
 /// Trains `trainer` to `--steps` as `plan` says (see the module docs). `intro`: what
@@ -89,6 +102,7 @@ pub(crate) fn train<S: ParamSource, D: DataSource>(
             );
         }
         println!("data: {}", trainer.data.description());
+        println!("{}", activation_line(&trainer.memory(), config.checkpoint_activations));
         if let Some(i) = &initial {
             println!("before training: {}", eval_line(i));
         }
@@ -189,6 +203,11 @@ pub(crate) fn train<S: ParamSource, D: DataSource>(
             "parameter_bytes": mem.parameter_bytes,
             "adapter_bytes": mem.adapter_bytes,
             "optimizer_bytes": mem.optimizer_bytes,
+            "checkpoint_activations": config.checkpoint_activations,
+            "activation_bytes": mem.activation_bytes,
+            "activation_bytes_saved": mem.activation_bytes_saved,
+            "activation_bytes_checkpointed": mem.activation_bytes_checkpointed,
+            "logit_bytes": mem.logit_bytes,
             "interrupted": false,
             "checkpoint": dir.display().to_string(),
         });
@@ -208,10 +227,12 @@ pub(crate) fn train<S: ParamSource, D: DataSource>(
         None => println!("{}", eval_line(&eval)),
     }
     println!(
-        "memory: parameters {}, adapters {}, gradients + AdamW moments {}",
+        "memory: parameters {}, adapters {}, gradients + AdamW moments {}, activations {} (estimated{})",
         gib(mem.parameter_bytes),
         gib(mem.adapter_bytes),
-        gib(mem.optimizer_bytes)
+        gib(mem.optimizer_bytes),
+        gib(mem.activation_bytes),
+        if config.checkpoint_activations { ", checkpointed" } else { "" }
     );
     if let Some(rss) = peak_rss() {
         println!("peak memory (RSS): {}", gib(rss));

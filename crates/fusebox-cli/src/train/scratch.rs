@@ -93,7 +93,7 @@ fn model_config(args: &TrainArgs, task: &Task, seq: usize) -> Result<ModelConfig
 /// Refuses a run whose estimated memory exceeds what the machine has available.
 fn check_memory(model: &ModelConfig, config: &TrainConfig, seq: usize) -> Result<()> {
     let params = model.param_count();
-    let Some(need) = config.memory_estimate(model, seq) else {
+    let Some((need, parts)) = config.memory_breakdown(model, seq).and_then(|p| Some((p.total()?, p))) else {
         return Err(Error::value(
             "train",
             "memory",
@@ -108,11 +108,20 @@ fn check_memory(model: &ModelConfig, config: &TrainConfig, seq: usize) -> Result
                 "memory",
                 format!("at most the {} available (MemAvailable)", gib(avail)),
                 format!(
-                    "an estimated {} for {} parameters (weights, gradients, AdamW moments) and the activations of \
-                     a batch of {} × {seq} tokens; use a smaller model or --batch",
+                    "an estimated {} for {} parameters (weights, gradients, AdamW moments: {}) and a batch of {} × \
+                     {seq} tokens (activations {}{}, logits {}); use a smaller model or --batch{}",
                     gib(need),
                     params.map_or("?".into(), |p| p.to_string()),
-                    config.batch
+                    gib(parts.state),
+                    config.batch,
+                    gib(parts.activations),
+                    if config.checkpoint_activations { ", checkpointed" } else { "" },
+                    gib(parts.logits),
+                    if config.checkpoint_activations {
+                        String::new()
+                    } else {
+                        format!(" or --checkpoint-activations (activations {})", gib(parts.activations_checkpointed))
+                    }
                 ),
             ));
         }

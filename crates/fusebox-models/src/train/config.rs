@@ -5,6 +5,7 @@ use fusebox::{Error, Result};
 use serde_json::{json, Value};
 
 use crate::config::ModelConfig;
+use crate::transformer::{activation_bytes, Activations};
 
 /// Training settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,6 +38,12 @@ pub struct TrainConfig {
     pub eval_every: u64,
     /// Validation batches per evaluation (text data).
     pub eval_batches: usize,
+    /// Activation checkpointing: the forward keeps only each block's input and the
+    /// backward recomputes the block ([`Activations::Recomputed`]); the same losses and
+    /// gradients, bit for bit, in less memory and about one more forward of the blocks
+    /// per step. A choice of each invocation, like the thread count: not written to
+    /// `trainer.json`, so a resumed run uses it only when asked again.
+    pub checkpoint_activations: bool,
 }
 
 /// The defaults of a from-scratch run (`fusebox train` without flags): 3,000 steps of
@@ -59,6 +66,7 @@ impl Default for TrainConfig {
             seed: 1337,
             eval_every: 500,
             eval_batches: 8,
+            checkpoint_activations: false,
         }
     }
 }
@@ -136,32 +144,49 @@ impl TrainConfig {
             seed: uint("seed")?,
             eval_every: uint("eval_every")?,
             eval_batches: size("eval_batches")?,
+            checkpoint_activations: false,
         };
         cfg.validate().map_err(|e| Error::Io(format!("trainer.json: {e}")))?;
         Ok(cfg)
     }
 
-    /// Bytes a training run of `model` with these settings needs, estimated: parameters,
-    /// gradients and the two AdamW moments (4 f32 copies), the activations one
-    /// micro-batch saves for its backward, and the logits with their gradient. `None`
-    /// when the count overflows.
+    /// What the forward keeps for the backward in this run.
+    pub fn activations(&self) -> Activations {
+        if self.checkpoint_activations {
+            Activations::Recomputed
+        } else {
+            Activations::Saved
+        }
+    }
+
+    /// Bytes a training run of `model` with these settings needs, estimated (see
+    /// [`memory_breakdown`](Self::memory_breakdown)). `None` when the model is not valid
+    /// or the count overflows.
     pub fn memory_estimate(&self, model: &ModelConfig, seq: usize) -> Option<u64> {
+        self.memory_breakdown(model, seq)?.total()
+    }
+
+    /// The bytes of [`memory_estimate`](Self::memory_estimate), part by part: parameters,
+    /// gradients and the two AdamW moments (4 f32 copies), the activations one
+    /// micro-batch of `batch × seq` tokens keeps for its backward (with and without
+    /// checkpointing), the logits with their gradient, and the backward's transients.
+    pub fn memory_breakdown(&self, model: &ModelConfig, seq: usize) -> Option<MemoryEstimate> {
+        // A valid model's parameters fit in this machine, so its layers can be built.
+        model.validate().ok()?;
         let u = |x: usize| u64::try_from(x).ok();
-        let params = model.param_count()?;
-        let tokens = u(self.batch)?.checked_mul(u(seq)?)?;
+        let tokens = self.batch.checked_mul(seq)?;
+        let arch = model.arch();
         let (d, f, v) = (u(model.d_model)?, u(model.d_ff)?, u(model.vocab_size)?);
-        let hd = u(model.d_model.checked_div(model.n_heads)?)?;
-        let (q, kv) = (u(model.n_heads)?.checked_mul(hd)?, u(model.n_kv_heads)?.checked_mul(hd)?);
-        // Per token and layer: block input, norms, q/k/v, attention output (split and
-        // merged), residual, MLP pre-activation, up projection and activation.
-        let per_layer = d.checked_mul(4)?.checked_add(q.checked_mul(3)?)?.checked_add(kv.checked_mul(2)?)?;
-        let per_layer = per_layer.checked_add(f.checked_mul(3)?)?;
-        let saved = tokens.checked_mul(u(model.n_layers)?)?.checked_mul(per_layer)?;
-        // Logits and their gradient; the backward's transients, a few rows of the widest layer.
-        let head = tokens.checked_mul(v)?.checked_mul(2)?;
-        let transient = tokens.checked_mul(d.max(f))?.checked_mul(4)?;
-        let floats = params.checked_mul(4)?.checked_add(saved)?.checked_add(head)?.checked_add(transient)?;
-        floats.checked_mul(4)
+        let t = u(tokens)?;
+        Some(MemoryEstimate {
+            state: model.param_count()?.checked_mul(4 * 4)?,
+            activations: activation_bytes(&arch, tokens, self.activations())?,
+            activations_saved: activation_bytes(&arch, tokens, Activations::Saved)?,
+            activations_checkpointed: activation_bytes(&arch, tokens, Activations::Recomputed)?,
+            logits: t.checked_mul(v)?.checked_mul(2 * 4)?,
+            // A few rows of the widest layer.
+            transient: t.checked_mul(d.max(f))?.checked_mul(4 * 4)?,
+        })
     }
 
     /// The settings as `trainer.json`'s `"train"` object (read by [`TrainConfig::from_json`]).
@@ -172,6 +197,32 @@ impl TrainConfig {
             "beta1": self.beta1, "beta2": self.beta2, "grad_clip": self.grad_clip, "seed": self.seed,
             "eval_every": self.eval_every, "eval_batches": self.eval_batches,
         })
+    }
+}
+
+/// A training run's memory, estimated in bytes (see [`TrainConfig::memory_breakdown`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryEstimate {
+    /// Parameters, gradients and the two AdamW moments.
+    pub state: u64,
+    /// The activations a micro-batch keeps for its backward in this run
+    /// (`activations_checkpointed` with checkpointing, else `activations_saved`).
+    pub activations: u64,
+    /// The same without activation checkpointing: every block's activations.
+    pub activations_saved: u64,
+    /// The same with activation checkpointing: each block's input, and one block's
+    /// activations recomputed at a time.
+    pub activations_checkpointed: u64,
+    /// The logits and their gradient, `batch × seq × vocab` f32 each.
+    pub logits: u64,
+    /// The backward's transients.
+    pub transient: u64,
+}
+
+impl MemoryEstimate {
+    /// Every part together; `None` on overflow.
+    pub fn total(&self) -> Option<u64> {
+        [self.activations, self.logits, self.transient].iter().try_fold(self.state, |acc, &x| acc.checked_add(x))
     }
 }
 
@@ -235,6 +286,19 @@ mod tests {
         assert!(small >= 16 * cfg.param_count().unwrap(), "four f32 copies of the parameters at least");
         let big = TrainConfig { batch: 1000, ..config() }.memory_estimate(&cfg, 12).unwrap();
         assert!(big > small * 10);
+        let parts = config().memory_breakdown(&cfg, 12).unwrap();
+        let checkpointed = TrainConfig { checkpoint_activations: true, ..config() };
+        let lean = checkpointed.memory_breakdown(&cfg, 12).unwrap();
+        assert_eq!((parts.activations, lean.activations), (parts.activations_saved, lean.activations_checkpointed));
+        assert_eq!(
+            (parts.activations_saved, parts.activations_checkpointed),
+            (lean.activations_saved, lean.activations_checkpointed)
+        );
+        assert_eq!(lean.total().unwrap() + parts.activations - lean.activations, small);
+        let deep = ModelConfig { n_layers: 12, ..cfg.clone() };
+        let (all, kept) =
+            (config().memory_estimate(&deep, 12).unwrap(), checkpointed.memory_estimate(&deep, 12).unwrap());
+        assert!(kept < all, "checkpointing lowers the estimate: {kept} vs {all}");
         let huge = ModelConfig { n_layers: usize::MAX, ..cfg.clone() };
         assert_eq!(config().memory_estimate(&huge, 12), None);
         assert!(huge.validate().is_err());

@@ -69,6 +69,12 @@ pub trait DataSource {
 
     /// The held-out examples of an evaluation (the same ones every time).
     fn held_out(&self, config: &TrainConfig) -> Result<HeldOut>;
+
+    /// The most tokens a training sequence holds (`config.seq_len` unless the data fixes
+    /// its own), for the memory estimates.
+    fn max_seq_len(&self, config: &TrainConfig) -> usize {
+        config.seq_len
+    }
 }
 
 /// A from-scratch run's data.
@@ -105,6 +111,10 @@ impl Task {
 }
 
 impl DataSource for Task {
+    fn max_seq_len(&self, config: &TrainConfig) -> usize {
+        self.seq_len(config)
+    }
+
     fn name(&self) -> &'static str {
         match self {
             Task::Addition(_) => "addition",

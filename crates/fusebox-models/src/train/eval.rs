@@ -33,7 +33,7 @@ pub fn evaluate(b: &dyn ComputeBackend, net: &Transformer, held: &HeldOut, ignor
             continue;
         }
         let (ids, targets) = batch.clone().upload(b)?;
-        let (logits, _) = net.forward(b, &ids)?;
+        let logits = net.forward_logits(b, &ids)?;
         let ce = b.cross_entropy(&logits, &targets.reshape([batch.rows * batch.seq])?, ignore)?;
         loss_sum += b.to_host(&ce.loss)?.to_vec::<f32>()?[0] as f64 * weight;
         weight_sum += weight;

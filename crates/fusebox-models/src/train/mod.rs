@@ -29,7 +29,7 @@ use std::sync::Arc;
 use fusebox::{ComputeBackend, Error, Result, Tensor};
 use serde_json::{json, Value};
 
-pub use self::config::TrainConfig;
+pub use self::config::{MemoryEstimate, TrainConfig};
 pub use self::data::{Batch, DataSource, HeldOut, Task};
 pub use self::eval::{evaluate, EvalStats};
 pub use self::optimizer::{AdamW, Update};
@@ -42,6 +42,7 @@ use crate::data_parallel::{GradSync, DEFAULT_BUCKET_BYTES};
 use crate::model::Model;
 use crate::params::ParamSet;
 use crate::rng::Rng;
+use crate::transformer::{activation_bytes, Activations, LossOptions};
 
 /// Results of one optimizer step.
 #[derive(Debug, Clone, Copy)]
@@ -67,6 +68,15 @@ pub struct MemoryReport {
     pub adapter_bytes: u64,
     /// Gradients and AdamW's two moments of what is trained.
     pub optimizer_bytes: u64,
+    /// The activations one micro-batch keeps for its backward, estimated
+    /// ([`activation_bytes`]): as this run keeps them.
+    pub activation_bytes: u64,
+    /// The same without activation checkpointing (every block's activations).
+    pub activation_bytes_saved: u64,
+    /// The same with activation checkpointing (block inputs and one block's activations).
+    pub activation_bytes_checkpointed: u64,
+    /// The logits of one micro-batch and their gradient (f32, `batch × seq × vocab` each).
+    pub logit_bytes: u64,
 }
 
 /// A training run: the model, its optimizer state, its data and data position.
@@ -189,6 +199,7 @@ impl<S: ParamSource, D: DataSource> Trainer<S, D> {
         let comm = self.comm.clone();
         let (rank, world) = (comm.rank(), comm.world_size());
         let ignore = self.data.ignore_index();
+        let activations = self.config.activations();
         self.grads.fill_zero(b)?;
         let mut sync = GradSync::new(comm.as_ref(), self.grads.tensors.len(), DEFAULT_BUCKET_BYTES);
         let (mut loss_sum, mut tokens) = (0.0f64, 0usize);
@@ -198,12 +209,13 @@ impl<S: ParamSource, D: DataSource> Trainer<S, D> {
             if micro / accum != rank {
                 continue;
             }
-            let (scale, grads) = (1.0 / accum as f32, &mut self.grads);
+            let opts = LossOptions { ignore, grad_scale: 1.0 / accum as f32, activations };
+            let grads = &mut self.grads;
             let loss = if micro % accum == accum - 1 {
                 let mut ready = |g: &ParamSet, ids: &[usize]| sync.ready(b, g, ids);
-                self.model.loss_and_grads(b, batch, ignore, scale, grads, &mut ready)?
+                self.model.loss_and_grads(b, batch, opts, grads, &mut ready)?
             } else {
-                self.model.loss_and_grads(b, batch, ignore, scale, grads, &mut |_, _| Ok(()))?
+                self.model.loss_and_grads(b, batch, opts, grads, &mut |_, _| Ok(()))?
             };
             loss_sum += loss as f64;
         }
@@ -275,14 +287,22 @@ impl<S: ParamSource, D: DataSource> Trainer<S, D> {
     }
 
     /// Bytes held in tensors: the model's parameters as stored, the adapters, and the
-    /// gradients and moments of what is trained.
+    /// gradients and moments of what is trained; and estimated, those of a micro-batch's
+    /// activations (with and without checkpointing) and logits (at `u64::MAX` where the
+    /// count overflows).
     pub fn memory(&self) -> MemoryReport {
         let bytes = |s: &ParamSet| s.tensors.iter().map(|t| t.byte_len() as u64).sum::<u64>();
         let net = self.model.net();
+        let tokens = self.config.batch.saturating_mul(self.data.max_seq_len(&self.config));
+        let activations = |a| activation_bytes(&net.arch, tokens, a).unwrap_or(u64::MAX);
         MemoryReport {
             parameter_bytes: bytes(&net.params),
             adapter_bytes: net.lora.as_ref().map_or(0, |a| bytes(&a.params)),
             optimizer_bytes: bytes(&self.grads) + self.optimizer.byte_len(),
+            activation_bytes: activations(self.config.activations()),
+            activation_bytes_saved: activations(Activations::Saved),
+            activation_bytes_checkpointed: activations(Activations::Recomputed),
+            logit_bytes: (tokens as u64).saturating_mul(net.arch.vocab_size as u64).saturating_mul(8),
         }
     }
 }

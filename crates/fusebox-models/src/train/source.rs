@@ -8,7 +8,7 @@ use serde_json::Value;
 use super::Batch;
 use crate::model::Model;
 use crate::params::{ParamSet, ParamSpec};
-use crate::transformer::{GradsReady, Transformer};
+use crate::transformer::{GradsReady, LossOptions, Transformer};
 
 /// A network to train and how its checkpoints describe it.
 ///
@@ -52,28 +52,21 @@ pub trait ParamSource {
         }
     }
 
-    /// Mean cross-entropy of one micro-batch (targets equal to `ignore` do not count) and
-    /// its gradient with respect to the trained tensors, times `grad_scale`, added into
-    /// `grads`. `ready(grads, indices)` hears of every gradient exactly once when it is
-    /// final: block by block during the backward of every parameter, all at once after the
-    /// backward of the adapters.
+    /// Mean cross-entropy of one micro-batch (targets equal to `opts.ignore` do not count)
+    /// and its gradient with respect to the trained tensors, times `opts.grad_scale`, added
+    /// into `grads` (see [`Transformer::train_loss_and_grads`]). `ready(grads, indices)`
+    /// hears of every gradient exactly once when it is final: block by block during the
+    /// backward of every parameter, all at once after the backward of the adapters.
     fn loss_and_grads(
         &self,
         b: &dyn ComputeBackend,
         batch: Batch,
-        ignore: Option<u32>,
-        grad_scale: f32,
+        opts: LossOptions,
         grads: &mut ParamSet,
         ready: &mut GradsReady<'_>,
     ) -> Result<f32> {
-        let net = self.net();
         let (ids, targets) = batch.upload(b)?;
-        if net.lora.is_none() {
-            return net.loss_and_grads_with(b, &ids, &targets, ignore, grad_scale, grads, ready);
-        }
-        let loss = net.lora_loss_and_grads(b, &ids, &targets, ignore, grad_scale, grads)?;
-        ready(grads, &(0..grads.tensors.len()).collect::<Vec<_>>())?;
-        Ok(loss)
+        self.net().train_loss_and_grads(b, &ids, &targets, opts, grads, ready)
     }
 }
 

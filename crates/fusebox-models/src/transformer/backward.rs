@@ -5,6 +5,7 @@
 
 use fusebox::{ComputeBackend, Result, Tensor};
 
+use super::checkpointing::{Activations, Keep};
 use super::forward::ForwardCache;
 use super::{check_params, Sink, Transformer};
 use crate::params::ParamSet;
@@ -12,6 +13,24 @@ use crate::params::ParamSet;
 /// The backward's report that the gradients at some parameter indices are complete (see
 /// [`Transformer::backward_with`]).
 pub type GradsReady<'a> = dyn FnMut(&ParamSet, &[usize]) -> Result<()> + 'a;
+
+/// How [`Transformer::train_loss_and_grads`] computes one micro-batch's loss and gradients.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LossOptions {
+    /// Positions whose target is this do not count (chat data: everything but the answers).
+    pub ignore: Option<u32>,
+    /// The gradients are added into the sums times this (1/accumulation steps).
+    pub grad_scale: f32,
+    /// What the forward keeps for the backward (activation checkpointing: `Recomputed`).
+    pub activations: Activations,
+}
+
+impl Default for LossOptions {
+    /// Every position counts, gradients as they are, activations saved.
+    fn default() -> LossOptions {
+        LossOptions { ignore: None, grad_scale: 1.0, activations: Activations::Saved }
+    }
+}
 
 impl Transformer {
     /// Backward from `d_logits` `[B·T, V]`: adds every parameter's gradient into `grads`.
@@ -70,7 +89,7 @@ impl Transformer {
         ready: &mut GradsReady<'_>,
     ) -> Result<()> {
         self.check_trainable("Transformer::backward")?;
-        let ForwardCache { ids, batch: bsz, seq: t, rope, layers, x_final, norm_f: norm_f_out } = cache;
+        let ForwardCache { ids, batch: bsz, seq: t, rope, mut layers, x_final, norm_f: norm_f_out } = cache;
         let d = self.arch.d_model;
         let norm_f = self.index.norm_f;
         let mut dx = self.norm_backward(b, &x_final, norm_f, &norm_f_out, &dhf.reshape([bsz, t, d])?, sink)?;
@@ -78,9 +97,12 @@ impl Transformer {
             let done = [Some(norm_f.weight), norm_f.bias, self.index.head].into_iter().flatten().collect::<Vec<_>>();
             ready(grads, &done)?;
         }
-        // Each block's activations are dropped as soon as its backward is done.
-        for (l, saved) in layers.into_iter().enumerate().rev() {
+        // Each block's activations (as saved, or recomputed from its input) are dropped as
+        // soon as its backward is done.
+        while let Some(block) = layers.pop(self, b, &rope) {
+            let (l, saved) = block?;
             dx = self.block_backward(b, l, &saved, &rope, &dx, sink)?;
+            drop(saved);
             if let Some(grads) = sink.base() {
                 ready(grads, &self.index.layers[l].params())?;
             }
@@ -133,7 +155,8 @@ impl Transformer {
     ) -> Result<f32> {
         const OP: &str = "Transformer::loss_and_grads";
         self.check_full_grads(OP, grads)?;
-        self.loss_and_grads_into(b, ids, targets, ignore, grad_scale, &mut Sink::Full(grads), ready)
+        let opts = LossOptions { ignore, grad_scale, activations: Activations::Saved };
+        self.loss_and_grads_into(b, ids, targets, opts, &mut Sink::Full(grads), ready)
     }
 
     /// LoRA training: the mean cross-entropy, and its gradient with respect to the
@@ -151,33 +174,75 @@ impl Transformer {
         grads: &mut ParamSet,
     ) -> Result<f32> {
         const OP: &str = "Transformer::lora_loss_and_grads";
-        let ad = self.lora.as_ref().ok_or_else(|| fusebox::Error::unsupported(OP, "no LoRA adapters are attached"))?;
-        check_params(&ad.specs, grads)?;
-        self.loss_and_grads_into(b, ids, targets, ignore, grad_scale, &mut Sink::Lora(grads), &mut |_, _| Ok(()))
+        self.check_lora_grads(OP, grads)?;
+        let opts = LossOptions { ignore, grad_scale, activations: Activations::Saved };
+        self.loss_and_grads_into(b, ids, targets, opts, &mut Sink::Lora(grads), &mut |_, _| Ok(()))
+    }
+
+    /// The training engine's one call per micro-batch: the mean cross-entropy of `ids`
+    /// `[B, T]` against `targets` `[B, T]` (U32) and its gradient with respect to what is
+    /// trained — the LoRA adapters when attached (`grads` laid out as their specs; the
+    /// base frozen), else every parameter — added into `grads` times `opts.grad_scale`.
+    /// `ready` hears of every gradient once it is final: block by block for every
+    /// parameter (see [`backward_with`](Self::backward_with)), all at once after the
+    /// backward for adapters. With `opts.activations` `Recomputed` the forward keeps only
+    /// each block's input and the backward recomputes the block: the same loss and
+    /// gradients, bit for bit, in less memory.
+    pub fn train_loss_and_grads(
+        &self,
+        b: &dyn ComputeBackend,
+        ids: &Tensor,
+        targets: &Tensor,
+        opts: LossOptions,
+        grads: &mut ParamSet,
+        ready: &mut GradsReady<'_>,
+    ) -> Result<f32> {
+        const OP: &str = "Transformer::train_loss_and_grads";
+        if self.lora.is_none() {
+            self.check_full_grads(OP, grads)?;
+            return self.loss_and_grads_into(b, ids, targets, opts, &mut Sink::Full(grads), ready);
+        }
+        self.check_lora_grads(OP, grads)?;
+        let loss = self.loss_and_grads_into(b, ids, targets, opts, &mut Sink::Lora(grads), &mut |_, _| Ok(()))?;
+        ready(grads, &(0..grads.tensors.len()).collect::<Vec<_>>())?;
+        Ok(loss)
+    }
+
+    /// An error unless adapters are attached and `grads` is laid out as their specs.
+    fn check_lora_grads(&self, op: &'static str, grads: &ParamSet) -> Result<()> {
+        let ad = self.lora.as_ref().ok_or_else(|| fusebox::Error::unsupported(op, "no LoRA adapters are attached"))?;
+        check_params(&ad.specs, grads)
     }
 
     /// The loss and its gradients into `sink`: the counted-rows path when it applies,
     /// else the dense head.
-    #[allow(clippy::too_many_arguments)]
     fn loss_and_grads_into(
         &self,
         b: &dyn ComputeBackend,
         ids: &Tensor,
         targets: &Tensor,
-        ignore: Option<u32>,
-        grad_scale: f32,
+        opts: LossOptions,
         sink: &mut Sink<'_>,
         ready: &mut GradsReady<'_>,
     ) -> Result<f32> {
-        if let Some(loss) = self.counted_loss_and_grads(b, ids, targets, ignore, grad_scale, sink, ready)? {
+        if let Some(loss) = self.counted_loss_and_grads(b, ids, targets, opts, sink, ready)? {
             return Ok(loss);
         }
-        let (logits, mut cache) = self.forward(b, ids)?;
+        let LossOptions { ignore, grad_scale, activations } = opts;
+        let mut cache = self.forward_trunk(b, ids, Keep::from(activations))?;
         let aux = self.router_aux_loss(b, &mut cache.layers, grad_scale)?;
+        let h = cache.norm_f.output.reshape([cache.batch * cache.seq, self.arch.d_model])?;
+        let logits = self.linear(b, &h, self.index.head_weight(), None)?;
         let n = logits.dims()[0];
         let ce = b.cross_entropy(&logits, &targets.reshape([n])?, ignore)?;
+        // The logits `[B·T, V]` (the largest activation of a small model with a large
+        // vocabulary) are not needed by the backward; only their gradient is.
+        drop(logits);
         let loss = b.to_host(&ce.loss)?.to_vec::<f32>()?[0];
-        let d_logits = if grad_scale == 1.0 { ce.d_logits } else { b.mul_scalar(&ce.d_logits, grad_scale)? };
+        let d_logits = match ce.d_logits {
+            d if grad_scale == 1.0 => d,
+            d => b.mul_scalar(&d, grad_scale)?, // the unscaled `d` freed here
+        };
         self.backward_impl(b, cache, &d_logits, sink, ready)?;
         Ok(loss + aux)
     }
@@ -185,7 +250,7 @@ impl Transformer {
     /// Mean cross-entropy without gradients (evaluation; a mixture of experts' load-balancing
     /// loss is a training term and is not part of it).
     pub fn loss(&self, b: &dyn ComputeBackend, ids: &Tensor, targets: &Tensor, ignore: Option<u32>) -> Result<f32> {
-        let (logits, _) = self.forward(b, ids)?;
+        let logits = self.forward_logits(b, ids)?;
         let n = logits.dims()[0];
         let ce = b.cross_entropy(&logits, &targets.reshape([n])?, ignore)?;
         Ok(b.to_host(&ce.loss)?.to_vec::<f32>()?[0])

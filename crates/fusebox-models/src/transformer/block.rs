@@ -24,8 +24,8 @@ enum MixerSaved {
 #[derive(Debug)]
 pub(super) struct LayerSaved {
     /// The block input `[B, T, D]` and `norm1` of it.
-    x_in: Tensor,
-    norm1: NormOutput,
+    pub(super) x_in: Tensor,
+    pub(super) norm1: NormOutput,
     mixer: MixerSaved,
     post_attn: PostNormSaved,
     /// After the attention's residual add, and `norm2` of it.

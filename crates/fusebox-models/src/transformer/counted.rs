@@ -11,24 +11,24 @@
 
 use fusebox::{ComputeBackend, DType, Result, Shape, Tensor};
 
-use super::{GradsReady, Sink, Transformer};
+use super::checkpointing::Keep;
+use super::{GradsReady, LossOptions, Sink, Transformer};
 
 impl Transformer {
     /// [`loss_and_grads_with`](Transformer::loss_and_grads_with) (or, with a LoRA sink,
     /// [`lora_loss_and_grads`](Transformer::lora_loss_and_grads)) over the counted rows
     /// only, when `ignore` is set and at most half the positions count; `None` (nothing
     /// done) otherwise, and the caller runs the dense path.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn counted_loss_and_grads(
         &self,
         b: &dyn ComputeBackend,
         ids: &Tensor,
         targets: &Tensor,
-        ignore: Option<u32>,
-        grad_scale: f32,
+        opts: LossOptions,
         sink: &mut Sink<'_>,
         ready: &mut GradsReady<'_>,
     ) -> Result<Option<f32>> {
+        let LossOptions { ignore, grad_scale, activations } = opts;
         let Some(ignore) = ignore else { return Ok(None) };
         if targets.dtype() != DType::U32 {
             return Ok(None); // the dense path reports the error
@@ -38,7 +38,7 @@ impl Transformer {
         if rows.is_empty() || rows.len() * 2 > all.len() || all.len() > u32::MAX as usize {
             return Ok(None);
         }
-        let mut cache = self.forward_trunk(b, ids)?;
+        let mut cache = self.forward_trunk(b, ids, Keep::from(activations))?;
         let aux = self.router_aux_loss(b, &mut cache.layers, grad_scale)?;
         let (n, d, c) = (cache.batch * cache.seq, self.arch.d_model, rows.len());
         if n != all.len() {
@@ -51,7 +51,11 @@ impl Transformer {
         let logits = self.linear(b, &h, head, None)?;
         let ce = b.cross_entropy(&logits, &b.upload(&Tensor::from_vec(counted, [c])?)?, None)?;
         let loss = b.to_host(&ce.loss)?.to_vec::<f32>()?[0];
-        let d_logits = if grad_scale == 1.0 { ce.d_logits } else { b.mul_scalar(&ce.d_logits, grad_scale)? };
+        drop(logits);
+        let d_logits = match ce.d_logits {
+            d if grad_scale == 1.0 => d,
+            d => b.mul_scalar(&d, grad_scale)?,
+        };
         let dh = self.linear_grad(b, sink, &h, (head, None), &d_logits)?;
         let mut dhf = b.zeros(&Shape::new(vec![n, d]), DType::F32)?;
         b.scatter_add_rows(&mut dhf, &rows, &dh)?;

@@ -20,7 +20,7 @@
 
 use fusebox::{ComputeBackend, Error, MatmulGradients, Result, Routed, Tensor};
 
-use super::block::LayerSaved;
+use super::checkpointing::SavedLayers;
 use super::layout::{ExpertBiases, ExpertIndex};
 use super::lora::Group;
 use super::mlp::{gated, gated_backward, MlpSaved};
@@ -33,9 +33,9 @@ const UNADAPTED: (Group, Group) = (Group::Unadapted, Group::Unadapted);
 #[derive(Debug)]
 pub(super) struct ExpertsSaved {
     /// Router logits `[N, E]`.
-    logits: Tensor,
+    pub(super) logits: Tensor,
     /// The chosen experts and their weights `[N, k]`.
-    routed: Routed,
+    pub(super) routed: Routed,
     /// Each chosen expert's gate and up outputs and the activation, `[N, k, F]`.
     gate: Tensor,
     up: Tensor,
@@ -44,7 +44,7 @@ pub(super) struct ExpertsSaved {
     y: Tensor,
     /// The load-balancing loss's gradient with respect to the router probabilities and
     /// those probabilities, `[N, E]` each, when training with it.
-    aux: Option<(Tensor, Tensor)>,
+    pub(super) aux: Option<(Tensor, Tensor)>,
     /// The shared expert's activations, its output `s` `[N, D]` and its gate `σ(x·gᵀ)`
     /// `[N]`, when there is one.
     shared: Option<(MlpSaved, Tensor, Tensor)>,
@@ -223,23 +223,23 @@ impl Transformer {
     pub(super) fn router_aux_loss(
         &self,
         b: &dyn ComputeBackend,
-        layers: &mut [LayerSaved],
+        layers: &mut SavedLayers,
         grad_scale: f32,
     ) -> Result<f32> {
         let Some(moe) = self.arch.moe.as_ref().filter(|m| m.aux_loss_coef > 0.0) else { return Ok(0.0) };
         let n_experts = moe.experts;
         let (mut picks, mut prob_sums, mut rows) = (vec![0f64; n_experts], vec![0f64; n_experts], 0usize);
         let mut probs = Vec::new();
-        for saved in layers.iter() {
-            let MlpSaved::Experts(s) = &saved.mlp else { continue };
-            let p = b.softmax(&s.logits, 1)?;
+        let mut routers = layers.routers_mut();
+        for s in &routers {
+            let p = b.softmax(s.logits, 1)?;
             let host = b.to_host(&p)?.to_vec_f32()?;
             for row in host.chunks_exact(n_experts) {
                 for (sum, &v) in prob_sums.iter_mut().zip(row) {
                     *sum += f64::from(v);
                 }
             }
-            for &ex in b.to_host(&s.routed.experts)?.as_slice::<u32>()? {
+            for &ex in b.to_host(s.experts)?.as_slice::<u32>()? {
                 picks[ex as usize] += 1.0;
             }
             rows += host.len() / n_experts;
@@ -256,13 +256,12 @@ impl Transformer {
         let per_expert: Vec<f32> =
             picks.iter().map(|f| (coef * e * (f / total) / total * f64::from(grad_scale)) as f32).collect();
         let mut probs = probs.into_iter();
-        for saved in layers.iter_mut() {
-            let MlpSaved::Experts(s) = &mut saved.mlp else { continue };
+        for s in &mut routers {
             let p =
                 probs.next().ok_or_else(|| Error::value("Transformer::loss", "sparse layers", "a stable count", 0))?;
             let n = p.dims()[0];
             let d_probs: Vec<f32> = (0..n).flat_map(|_| per_expert.iter().copied()).collect();
-            s.aux = Some((b.upload(&Tensor::from_vec(d_probs, [n, n_experts])?)?, p));
+            *s.aux = Some((b.upload(&Tensor::from_vec(d_probs, [n, n_experts])?)?, p));
         }
         Ok((coef * aux) as f32)
     }

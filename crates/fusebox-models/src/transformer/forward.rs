@@ -4,8 +4,8 @@
 
 use fusebox::{ComputeBackend, DType, Error, NormOutput, Result, Tensor};
 
-use super::block::LayerSaved;
 use super::cache::{KvCache, RopeTables};
+use super::checkpointing::{Keep, SavedLayers};
 use super::pass::Pass;
 use super::Transformer;
 
@@ -16,7 +16,7 @@ pub struct ForwardCache {
     pub(super) batch: usize,
     pub(super) seq: usize,
     pub(super) rope: RopeTables,
-    pub(super) layers: Vec<LayerSaved>,
+    pub(super) layers: SavedLayers,
     pub(super) x_final: Tensor,
     pub(super) norm_f: NormOutput,
 }
@@ -63,21 +63,21 @@ impl Transformer {
 
     /// Training forward: logits `[B·T, V]` for ids `[B, T]`, and what the backward needs.
     pub fn forward(&self, b: &dyn ComputeBackend, ids: &Tensor) -> Result<(Tensor, ForwardCache)> {
-        let cache = self.forward_trunk(b, ids)?;
+        let cache = self.forward_trunk(b, ids, Keep::All)?;
         let h = cache.norm_f.output.reshape([cache.batch * cache.seq, self.arch.d_model])?;
         let logits = self.linear(b, &h, self.index.head_weight(), None)?;
         Ok((logits, cache))
     }
 
     /// The training forward up to the final norm (the head's input is
-    /// `cache.norm_f.output`).
-    pub(super) fn forward_trunk(&self, b: &dyn ComputeBackend, ids: &Tensor) -> Result<ForwardCache> {
+    /// `cache.norm_f.output`), keeping of each block what `keep` says.
+    pub(super) fn forward_trunk(&self, b: &dyn ComputeBackend, ids: &Tensor, keep: Keep) -> Result<ForwardCache> {
         const OP: &str = "Transformer::forward";
         self.check_trainable(OP)?;
         self.check_whole(OP)?;
         let (bsz, t) = self.check_ids(OP, ids, self.arch.context_length)?;
         let rope = RopeTables::new(b, &self.arch, t)?;
-        let mut saved = Vec::with_capacity(self.arch.n_layers);
+        let mut saved = SavedLayers::new(keep, self.arch.n_layers);
         let mut pass = Pass::Train { rope: &rope, saved: &mut saved };
         let x = self.embed(b, ids, &pass)?;
         let (x_final, norm_f) = self.blocks(b, x, &mut pass)?;

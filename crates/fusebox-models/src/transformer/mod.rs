@@ -32,6 +32,7 @@ mod backward;
 mod batch;
 mod block;
 pub mod cache;
+mod checkpointing;
 mod counted;
 mod delta;
 mod experts;
@@ -48,8 +49,9 @@ mod stage;
 use fusebox::{ComputeBackend, DType, Error, Result, Tensor};
 
 pub use arch::{Arch, Biases, LayerAttention, LinearAttention, Mlp, Moe, NormKind, Positions, Rope, RopeScaling};
-pub use backward::GradsReady;
+pub use backward::{GradsReady, LossOptions};
 pub use cache::{kv_bytes_per_position, KvCache, LinearState, RopeTables};
+pub use checkpointing::{activation_bytes, Activations};
 pub use forward::ForwardCache;
 pub use layout::{
     layout, ExpertBiases, ExpertIndex, Ffn, LayerIndex, LinearIndex, NormIndex, ParamIndex, Proj, SharedExpert,

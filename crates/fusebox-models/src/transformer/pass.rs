@@ -14,14 +14,14 @@
 use fusebox::{CausalAttentionResult, ComputeBackend, DType, Error, Result, Tensor};
 
 use super::arch::{Arch, Positions};
-use super::block::LayerSaved;
 use super::cache::{KvCache, LinearState, RopeTables};
+use super::checkpointing::SavedLayers;
 
 /// How a block runs (see the module table).
 pub(super) enum Pass<'a, 'c> {
     /// Training: positions `0..T` of every sequence; each block's activations pushed
-    /// onto `saved` for the backward.
-    Train { rope: &'a RopeTables, saved: &'a mut Vec<LayerSaved> },
+    /// onto `saved` for the backward (which keeps what its mode says).
+    Train { rope: &'a RopeTables, saved: &'a mut SavedLayers },
     /// One sequence's new tokens at positions `pos..` of its cache.
     Cached { cache: &'a mut KvCache, pos: usize },
     /// One new token per sequence, row `i` at position `positions[i]` of `caches[i]`.
