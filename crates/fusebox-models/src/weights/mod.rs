@@ -318,8 +318,15 @@ fn stage_sizes(
     let bytes = |i: usize| -> Result<u64> {
         let mut total = 0u64;
         for p in &plan[i].1 {
-            let elems: usize = p.shape.iter().product();
-            total += src.dtype(&p.file)?.storage_bytes(elems) as u64;
+            let elems = p.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| {
+                Error::Io(format!(
+                    "tensor '{}': shape {:?} has more elements than this machine can address",
+                    p.file, p.shape
+                ))
+            })?;
+            let dtype = src.dtype(&p.file)?;
+            let stored = ((elems / dtype.block_elems()) as u64).saturating_mul(dtype.block_bytes() as u64);
+            total = total.saturating_add(stored);
         }
         Ok(total)
     };
