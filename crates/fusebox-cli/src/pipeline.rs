@@ -109,7 +109,20 @@ impl Distributed {
     /// On ranks other than 0: follows rank 0's steps with a cache of `ctx` positions in
     /// `cache` until rank 0 ends the run (see [`pipeline::follow`]).
     pub fn follow(&self, b: &dyn ComputeBackend, model: &Pretrained, ctx: usize, cache: DType) -> Result<()> {
-        let mut kv = model.network.new_cache_of(b, ctx, cache)?;
+        self.follow_slots(b, model, ctx, cache, 1)
+    }
+
+    /// As [`follow`](Self::follow), for a server's `slots` sequences, each with its own cache.
+    pub fn follow_slots(
+        &self,
+        b: &dyn ComputeBackend,
+        model: &Pretrained,
+        ctx: usize,
+        cache: DType,
+        slots: usize,
+    ) -> Result<()> {
+        let mut kv =
+            (0..slots.max(1)).map(|_| model.network.new_cache_of(b, ctx, cache)).collect::<Result<Vec<_>>>()?;
         pipeline::follow(&model.network, b, self.comm.as_ref(), self.wire, &mut kv)
     }
 
@@ -135,9 +148,19 @@ impl Distributed {
 
 /// `[pipeline]` lines describing a run's stages: steps, compute seconds, bytes sent,
 /// and the per-hop latency rank 0's waits leave once the other stages' compute is taken
-/// out.
+/// out (one step in flight at a time: `generate`, `chat`, `bench generate`).
 pub fn describe(stats: &[StageStats]) -> Vec<String> {
-    let mut lines: Vec<String> = stats
+    let mut lines = describe_ranks(stats);
+    if let Some(hop) = hop_latency(stats) {
+        lines.push(format!("[pipeline] per hop: {:.1} µs ({} hops per step)", hop * 1e6, stats.len()));
+    }
+    lines
+}
+
+/// One `[pipeline]` line per rank: steps, compute seconds, bytes sent, peak resident
+/// memory (a server's batches overlap, so no hop latency is derived from its waits).
+pub fn describe_ranks(stats: &[StageStats]) -> Vec<String> {
+    stats
         .iter()
         .map(|s| {
             format!(
@@ -149,11 +172,7 @@ pub fn describe(stats: &[StageStats]) -> Vec<String> {
                 s.peak_resident_bytes as f64 / 1048576.0
             )
         })
-        .collect();
-    if let Some(hop) = hop_latency(stats) {
-        lines.push(format!("[pipeline] per hop: {:.1} µs ({} hops per step)", hop * 1e6, stats.len()));
-    }
-    lines
+        .collect()
 }
 
 /// Seconds per hop: what rank 0 waited per step beyond the other stages' compute,

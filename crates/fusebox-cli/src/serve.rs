@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use clap::Args;
 use fusebox::Result;
-use fusebox_models::open;
 
 use crate::backends::backend_for;
 
@@ -50,16 +49,33 @@ pub struct ServeArgs {
     /// CPU threads (default: every core).
     #[arg(long)]
     threads: Option<usize>,
+    #[command(flatten)]
+    pipeline: crate::pipeline::PipelineArgs,
 }
 
 pub fn run(args: &ServeArgs) -> Result<()> {
     if !(args.shutdown_grace.is_finite() && args.shutdown_grace >= 0.0) {
         return Err(fusebox::Error::value("serve", "--shutdown-grace", "seconds ≥ 0", args.shutdown_grace));
     }
+    let dist = crate::pipeline::Distributed::from_environment(&args.pipeline)?;
+    dist.run(|| serve(args, &dist))
+}
+
+/// The server on rank 0 (or the only process); under mpirun the other ranks follow its
+/// batches through their stages, one cache per slot.
+fn serve(args: &ServeArgs, dist: &crate::pipeline::Distributed) -> Result<()> {
     let b = backend_for(&args.backend, args.threads)?;
-    let model = open::load(b.as_ref(), &args.model)?;
-    let description = model.description.clone();
+    // Every slot's cache counts in the balance of the stages.
+    let positions = args.ctx_size.unwrap_or(2048).saturating_mul(args.parallel.max(1));
+    let model = dist.load(b.as_ref(), &args.model, Some(positions), args.cache_type)?;
     let ctx = args.ctx_size.unwrap_or_else(|| 2048.min(model.context_length()));
+    if !dist.is_lead() {
+        // mpirun hands SIGTERM and Ctrl-C to every rank: rank 0 ends the server and then
+        // this loop (Pipeline::finish), so a follower outlives the signal.
+        ctrlc::set_handler(|| {}).map_err(|e| fusebox::Error::Io(format!("serve: handling signals: {e}")))?;
+        return dist.follow_slots(b.as_ref(), &model, ctx, args.cache_type, args.parallel);
+    }
+    let description = model.description.clone();
     // Every slot holds a cache of `ctx` positions.
     crate::generate::check_cache_memory(&model, ctx.saturating_mul(args.parallel.max(1)), args.cache_type)?;
     let config = fusebox_serve::ServerConfig {
@@ -75,13 +91,28 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         cache_type: args.cache_type,
     };
     let threads = b.cpu().threads();
-    let server = fusebox_serve::Server::start_with(b, model, config, fusebox_serve::termination())?;
+    let pipeline = model.pipeline.clone();
+    let server = match fusebox_serve::Server::start_with(b, model, config, fusebox_serve::termination()) {
+        Ok(s) => s,
+        // The other ranks wait for batches: end them before reporting.
+        Err(e) => {
+            if let Some(p) = &pipeline {
+                let _ = p.finish();
+            }
+            return Err(e);
+        }
+    };
     eprintln!(
         "[{description}] listening on http://{} ({} slots × {ctx} positions, {threads} threads); SIGTERM or Ctrl-C stops",
         server.addr(),
         args.parallel
     );
     server.wait()?;
+    if let Some(p) = pipeline {
+        for line in crate::pipeline::describe_ranks(&p.finish()?) {
+            eprintln!("{line}");
+        }
+    }
     eprintln!("stopped");
     Ok(())
 }

@@ -208,6 +208,29 @@ fn chat_over_a_pipe_on_two_ranks_answers_as_one_process() {
     assert_eq!(run(mpirun(2)), one);
 }
 
+/// The process of MPI rank `rank` whose command line has the argument `marker` (waits
+/// up to a minute for it to start).
+fn pid_of_rank(rank: usize, marker: &str) -> u32 {
+    let want = format!("OMPI_COMM_WORLD_RANK={rank}");
+    let started = std::time::Instant::now();
+    loop {
+        assert!(started.elapsed().as_secs() < 60, "rank {rank} never started");
+        let found = std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .find(|pid| {
+                let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                env.split(|&b| b == 0).any(|kv| kv == want.as_bytes())
+                    && cmd.split(|&b| b == 0).any(|a| a == marker.as_bytes())
+            });
+        if let Some(pid) = found {
+            return pid;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 #[test]
 fn a_killed_rank_ends_the_job_within_seconds_naming_it() {
     if let Some(why) = unavailable() {
@@ -225,24 +248,7 @@ fn a_killed_rank_ends_the_job_within_seconds_naming_it() {
         .spawn()
         .unwrap();
     // Wait until rank 1 runs and the pipeline steps, then kill rank 1.
-    let want = "OMPI_COMM_WORLD_RANK=1";
-    let started = std::time::Instant::now();
-    let pid = loop {
-        assert!(started.elapsed().as_secs() < 60, "rank 1 never started");
-        let found = std::fs::read_dir("/proc")
-            .unwrap()
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-            .find(|pid| {
-                let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-                env.split(|&b| b == 0).any(|kv| kv == want.as_bytes())
-                    && cmd.split(|&b| b == 0).any(|a| a == b"Once upon a time")
-            });
-        if let Some(pid) = found {
-            break pid;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
+    let pid = pid_of_rank(1, "Once upon a time");
     std::thread::sleep(std::time::Duration::from_secs(3));
     assert!(job.try_wait().unwrap().is_none(), "the job ended before the kill");
     Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
@@ -258,4 +264,133 @@ fn a_killed_rank_ends_the_job_within_seconds_naming_it() {
     assert!(!status.success());
     let err = text(&o.stderr);
     assert!(err.contains("rank 1"), "{err}");
+}
+
+/// One HTTP/1.1 request with `Connection: close`; the status and the body.
+fn http(addr: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(300))).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+}
+
+/// A started server: the process, its address, and the rest of its stderr.
+fn start_server(mut c: Command) -> (std::process::Child, String, std::io::BufReader<std::process::ChildStderr>) {
+    use std::io::BufRead;
+    let mut child = c.stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    let addr = loop {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "serve ended before listening");
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    (child, addr, err)
+}
+
+/// Eight concurrent greedy chats (and one stream) against `addr`; the eight answers.
+fn eight_answers(addr: &str) -> Vec<String> {
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            let addr = addr.to_string();
+            std::thread::spawn(move || {
+                let body = serde_json::json!({"messages": [{"role": "user", "content": format!("Name {i} things found at sea.")}],
+                                              "temperature": 0, "max_tokens": 20, "stream": i == 7});
+                let (status, text) = http(&addr, "/v1/chat/completions", &body.to_string());
+                assert_eq!(status, 200, "{text}");
+                if i == 7 {
+                    // The stream's content deltas, joined.
+                    assert!(text.contains("data: [DONE]"), "{text}");
+                    text.lines()
+                        .filter_map(|l| l.strip_prefix("data: "))
+                        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+                        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+                        .collect::<String>()
+                } else {
+                    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+                    v["choices"][0]["message"]["content"].as_str().unwrap().to_string()
+                }
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+#[test]
+fn serve_on_two_ranks_answers_eight_clients_as_one_process() {
+    if let Some(why) = unavailable() {
+        return eprintln!("skipping: {why}");
+    }
+    let Some(file) = model("SmolLM2-135M-Instruct.Q4_1.gguf") else { return };
+    let args = ["--port", "0", "--parallel", "8", "--ctx-size", "256", "--threads"];
+    let mut one = fusebox();
+    one.arg("serve").arg("--model").arg(&file).args(args).arg("2");
+    let (mut child, addr, _) = start_server(one);
+    let want = eight_answers(&addr);
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let mut two = mpirun(2);
+    two.arg("serve").arg("--model").arg(&file).args(args).arg("1");
+    let (mut job, addr, mut err) = start_server(two);
+    assert_eq!(eight_answers(&addr), want);
+    // SIGTERM to mpirun reaches every rank: rank 0 stops the server, then ends the
+    // followers (their counters are printed), within seconds.
+    let t = std::time::Instant::now();
+    Command::new("kill").args(["-TERM", &job.id().to_string()]).status().unwrap();
+    while job.try_wait().unwrap().is_none() {
+        assert!(t.elapsed().as_secs() < 10, "serve on two ranks still runs 10 s after SIGTERM");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    assert!(rest.contains("[pipeline] rank 1:") && rest.contains("stopped"), "{rest}");
+}
+
+#[test]
+fn a_killed_rank_ends_a_split_server_within_seconds_naming_it() {
+    if let Some(why) = unavailable() {
+        return eprintln!("skipping: {why}");
+    }
+    let Some(file) = model("SmolLM2-135M-Instruct.Q4_1.gguf") else { return };
+    let mut two = mpirun(2);
+    two.arg("serve").arg("--model").arg(&file).args(["--port", "0", "--parallel", "2", "--threads", "1"]);
+    two.args(["--alias", "killed-rank-test"]);
+    let (mut job, addr, mut err) = start_server(two);
+    let long = serde_json::json!({"messages": [{"role": "user", "content": "Write a very long story."}],
+                                  "temperature": 0, "max_tokens": 1500});
+    let client = std::thread::spawn(move || {
+        let body = long.to_string();
+        std::panic::catch_unwind(|| http(&addr, "/v1/chat/completions", &body)).ok()
+    });
+    let pid = pid_of_rank(1, "killed-rank-test");
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert!(job.try_wait().unwrap().is_none(), "the job ended before the kill");
+    Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    let killed = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = job.try_wait().unwrap() {
+            break s;
+        }
+        assert!(killed.elapsed().as_secs() < 5, "the server still runs 5 s after rank 1 was killed");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    // The request in flight does not hang: its connection ends with the job.
+    let answered = client.join().unwrap();
+    assert!(answered.as_ref().is_none_or(|(code, _)| *code != 200), "{answered:?}");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    assert!(rest.contains("rank 1"), "{rest}");
 }

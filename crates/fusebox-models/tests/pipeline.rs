@@ -214,7 +214,7 @@ fn the_protocol_over_three_ranks_generates_one_processs_tokens() {
                 let b = CpuBackend::with_threads(1).unwrap();
                 let m = load(&b, name, Some(r));
                 let mut cache = m.new_cache(&b, 32)?;
-                pipeline::follow(&m, &b, &c, Wire::F32, &mut cache)
+                pipeline::follow(&m, &b, &c, Wire::F32, std::slice::from_mut(&mut cache))
             })
         })
         .collect();
@@ -234,5 +234,90 @@ fn the_protocol_over_three_ranks_generates_one_processs_tokens() {
     assert!(stats.iter().all(|s| s.steps == 2 * 8 + 1), "{stats:?}");
     for f in followers {
         f.join().unwrap().unwrap();
+    }
+}
+
+/// A server's use of a pipeline: prompts of four slots submitted in chunks (the next
+/// chunk before the last one's logits), then decode micro-batches of two slots each,
+/// both in flight at once over three ranks (two where the model has two blocks). Every
+/// collected row has the bits of the whole model's `forward_cached` and `forward_batch`
+/// over the same chunks and micro-batches.
+#[test]
+fn batches_in_flight_over_three_ranks_give_the_whole_models_logits() {
+    for name in ["llama", "mixtral", "qwen3_5"] {
+        let b = CpuBackend::with_threads(1).unwrap();
+        let whole = load(&b, name, None);
+        let n = whole.arch.n_layers;
+        let sizes = weights::StageSizes { embed: 0, head: 0, layers: vec![1; n], kv_per_position: vec![0; n] };
+        let world = n.min(3);
+        let split = pipeline::split_layers(&sizes, &[], world, None).unwrap();
+        let slots = 4;
+        let mut comms = channels(world).into_iter();
+        let rank0 = Arc::new(comms.next().unwrap());
+        let followers: Vec<_> = comms
+            .map(|c| {
+                let r = split[c.rank].clone();
+                std::thread::spawn(move || -> Result<()> {
+                    let b = CpuBackend::with_threads(1).unwrap();
+                    let m = load(&b, name, Some(r));
+                    let mut caches = (0..slots).map(|_| m.new_cache(&b, 32)).collect::<Result<Vec<_>>>()?;
+                    pipeline::follow(&m, &b, &c, Wire::F32, &mut caches)
+                })
+            })
+            .collect();
+        let first = load(&b, name, Some(split[0].clone()));
+        let p = Pipeline::new(rank0, Wire::F32).unwrap();
+        let mut mine: Vec<_> = (0..slots).map(|_| first.new_cache(&b, 32).unwrap()).collect();
+        let mut theirs: Vec<_> = (0..slots).map(|_| whole.new_cache(&b, 32).unwrap()).collect();
+
+        // Prompts of 2..=5 tokens, each in chunks of two; only the last chunk's logits count.
+        for slot in 0..slots {
+            let prompt: Vec<u32> = (0..slot as u32 + 2).map(|t| (7 * t + slot as u32) % 50 + 1).collect();
+            let chunks: Vec<&[u32]> = prompt.chunks(2).collect();
+            // Chunked the same way: a chunk's row count shapes dense products' rounding.
+            let want = chunks.iter().map(|c| whole.forward_cached(&b, c, &mut theirs[slot]).unwrap()).last().unwrap();
+            for c in &chunks {
+                let seq = pipeline::Sequence { slot, ids: c };
+                p.submit(&first, &b, &[seq], &mut [&mut mine[slot]]).unwrap();
+            }
+            assert_eq!(p.in_flight(), chunks.len());
+            let mut got = Vec::new();
+            for _ in &chunks {
+                got = p.collect(&first).unwrap();
+            }
+            assert_eq!(got, [want], "{name}: slot {slot}'s prompt");
+        }
+        // Three decode steps, each as two micro-batches in flight together.
+        for step in 0..3u32 {
+            let ids: Vec<u32> = (0..slots as u32).map(|s| (11 * s + 3 * step) % 50 + 1).collect();
+            // Batched the same way (dense products round by their row count).
+            let mut want = Vec::new();
+            let (low, high) = theirs.split_at_mut(2);
+            for (range, caches) in [(0..2usize, low), (2..4, high)] {
+                let mut refs: Vec<&mut _> = caches.iter_mut().collect();
+                want.extend(whole.forward_batch(&b, &ids[range], &mut refs).unwrap());
+            }
+            let (low, high) = mine.split_at_mut(2);
+            for (slots_of, caches) in [(0..2usize, low), (2..4, high)] {
+                let seqs: Vec<_> =
+                    slots_of.map(|s| pipeline::Sequence { slot: s, ids: std::slice::from_ref(&ids[s]) }).collect();
+                let mut refs: Vec<&mut _> = caches.iter_mut().collect();
+                p.submit(&first, &b, &seqs, &mut refs).unwrap();
+            }
+            let mut got = p.collect(&first).unwrap();
+            got.extend(p.collect(&first).unwrap());
+            assert_eq!(got, want, "{name}: decode step {step}");
+        }
+        // Not a batch: two sequences of two tokens, or slots out of order.
+        let two = [1u32, 2];
+        let (a, rest) = mine.split_at_mut(1);
+        let bad = [pipeline::Sequence { slot: 0, ids: &two }, pipeline::Sequence { slot: 1, ids: &two }];
+        let e = p.submit(&first, &b, &bad, &mut [&mut a[0], &mut rest[0]]).unwrap_err().to_string();
+        assert!(e.contains("one sequence, or several of one token each"), "{e}");
+        let finished = p.finish().unwrap();
+        assert_eq!(finished.len(), world);
+        for f in followers {
+            f.join().unwrap().unwrap();
+        }
     }
 }

@@ -30,6 +30,8 @@ use crate::logprobs::{token_logprob, Placed};
 use crate::metrics::Metrics;
 use crate::reply::ReplyStream;
 
+mod pipelined;
+
 /// Why a generation ended, in OpenAI's words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finish {
@@ -185,6 +187,9 @@ struct Active {
 struct Slot {
     cache: KvCache,
     active: Option<Active>,
+    /// A batch of this slot's is in a pipeline, its logits not back (split models only):
+    /// the slot takes no new step, nor a new job.
+    in_flight: bool,
 }
 
 /// Runs the scheduler until a shutdown has ended every job; `ready` hears once the
@@ -203,7 +208,7 @@ pub fn run(
     let mut slots = Vec::with_capacity(config.parallel);
     for _ in 0..config.parallel {
         match net.new_cache_of(b, config.ctx_size, config.cache_type) {
-            Ok(cache) => slots.push(Slot { cache, active: None }),
+            Ok(cache) => slots.push(Slot { cache, active: None, in_flight: false }),
             Err(e) => {
                 let _ = ready.send(Err(e));
                 return Ok(());
@@ -219,9 +224,12 @@ pub fn run(
     let mut shutdown_at: Option<Instant> = None;
     let mut open = true;
     let mut arrivals = 0u64;
+    // A split model's batches in flight (see `pipelined`).
+    let mut flight = pipelined::Flight::new();
     loop {
         // Take in what came; sleep on the channel only when there is nothing to do.
-        let idle = waiting.is_empty() && embeds.is_empty() && slots.iter().all(|s| s.active.is_none());
+        let idle =
+            waiting.is_empty() && embeds.is_empty() && slots.iter().all(|s| s.active.is_none()) && flight.is_empty();
         if idle && !open {
             return Ok(());
         }
@@ -281,7 +289,7 @@ pub fn run(
                 }
             }
         }
-        for s in slots.iter_mut().filter(|s| s.active.is_none()) {
+        for s in slots.iter_mut().filter(|s| s.active.is_none() && !s.in_flight) {
             let Some(job) = waiting.pop_front() else { break };
             metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
             s.cache.clear();
@@ -295,6 +303,23 @@ pub fn run(
         // One embedding request, whole (its inputs are read in prefill-sized chunks).
         if let Some(e) = embeds.pop_front() {
             crate::embed::run(&model, b, &config, &mut embed_cache, e, &metrics);
+        }
+
+        if let Some(p) = model.pipeline.as_deref() {
+            let turn = flight.turn(p, &model, b, &mut slots, config.prefill_chunk, sample_vocab, &metrics);
+            if let Err(e) = turn {
+                // The ranks' state is unknown: end every job, then the server.
+                let why = format!("the pipeline over MPI ranks failed: {e}");
+                for job in waiting.drain(..) {
+                    job.events.send(Event::Error(crate::openai::ApiError::internal(why.clone())));
+                }
+                for a in slots.iter_mut().filter_map(|s| s.active.take()) {
+                    a.job.events.send(Event::Error(crate::openai::ApiError::internal(why.clone())));
+                }
+                return Err(e);
+            }
+            metrics.slots_busy.store(slots.iter().filter(|s| s.active.is_some()).count(), Ordering::Relaxed);
+            continue;
         }
 
         // One prefill chunk, for the earliest arrival still reading its prompt.

@@ -157,7 +157,7 @@ impl Server {
             .thread_name("fusebox-http")
             .build()
             .map_err(|e| Error::Io(format!("serve: starting the async runtime: {e}")))?;
-        let (app, to_engine, engine) = build(backend, model, &config)?;
+        let (app, to_engine, engine, engine_ended) = build(backend, model, &config)?;
         let listener = rt
             .block_on(tokio::net::TcpListener::bind((config.host.as_str(), config.port)))
             .map_err(|e| Error::Io(format!("serve: binding {}:{}: {e}", config.host, config.port)))?;
@@ -168,7 +168,12 @@ impl Server {
             .spawn(move || -> Result<()> {
                 rt.block_on(async move {
                     let stopping = async move {
-                        signal.await;
+                        // The signal, or the model thread's end (an error it could not
+                        // recover from: a split model's rank failed).
+                        tokio::select! {
+                            _ = signal => {}
+                            _ = engine_ended => {}
+                        }
                         // Refuse what waits, end what runs after the grace period.
                         let _ = to_engine.send(Msg::Shutdown { grace });
                     };
@@ -218,7 +223,7 @@ impl Drop for Server {
     }
 }
 
-type Built = (Router, Sender<Msg>, std::thread::JoinHandle<Result<()>>);
+type Built = (Router, Sender<Msg>, std::thread::JoinHandle<Result<()>>, tokio::sync::oneshot::Receiver<()>);
 
 /// The router and the model thread.
 fn build(backend: Arc<dyn ComputeBackend>, model: Pretrained, config: &ServerConfig) -> Result<Built> {
@@ -257,9 +262,14 @@ fn build(backend: Arc<dyn ComputeBackend>, model: Pretrained, config: &ServerCon
     // The caches are allocated on the model thread; report a failure before listening.
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();
     let (m, mm) = (model.clone(), metrics.clone());
+    let (ended_tx, ended_rx) = tokio::sync::oneshot::channel::<()>();
     let engine = std::thread::Builder::new()
         .name("fusebox-model".into())
-        .spawn(move || engine::run(backend, m, engine_config, rx, mm, ready_tx))
+        .spawn(move || {
+            let result = engine::run(backend, m, engine_config, rx, mm, ready_tx);
+            let _ = ended_tx.send(());
+            result
+        })
         .map_err(|e| Error::Io(format!("serve: starting the model thread: {e}")))?;
     match ready_rx.recv() {
         Ok(Ok(())) => {}
@@ -297,7 +307,7 @@ fn build(backend: Arc<dyn ComputeBackend>, model: Pretrained, config: &ServerCon
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(tower_http::limit::RequestBodyLimitLayer::new(MAX_BODY_BYTES))
         .with_state(state);
-    Ok((app, tx, engine))
+    Ok((app, tx, engine, ended_rx))
 }
 
 fn now() -> u64 {

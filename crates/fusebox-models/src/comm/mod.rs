@@ -41,6 +41,23 @@ pub enum ReduceOp {
     Max,
 }
 
+/// A message [`Communicator::start_send`] is sending. It owns the bytes; dropping it
+/// unfinished waits for the send.
+pub trait PendingSend: Send {
+    /// Returns once the bytes have left this process (the receiver or the library holds
+    /// them).
+    fn wait(self: Box<Self>) -> Result<()>;
+}
+
+/// A send that finished before its handle was made.
+struct Sent;
+
+impl PendingSend for Sent {
+    fn wait(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+}
+
 /// A non-blocking all-reduce in flight. It owns its buffer; dropping it unfinished waits
 /// for the reduction (the buffer must outlive it) and discards the result.
 pub trait PendingAllReduce {
@@ -101,6 +118,14 @@ pub trait Communicator: Debug + Send + Sync {
     fn send(&self, dest: usize, bytes: &[u8]) -> Result<()> {
         let _ = bytes;
         Err(no_peer("send", dest, self.world_size()))
+    }
+
+    /// Starts sending `bytes` to rank `dest` and returns without waiting for the receiver;
+    /// the handle owns the bytes until they have left. Ordered with [`send`](Self::send)'s
+    /// messages. The default sends before it returns (a finished handle).
+    fn start_send(&self, dest: usize, bytes: Vec<u8>) -> Result<Box<dyn PendingSend>> {
+        self.send(dest, &bytes)?;
+        Ok(Box::new(Sent))
     }
 
     /// The next message rank `src` sent to this one, whatever its length (blocking).

@@ -1,9 +1,14 @@
 //! [`MpiCommunicator`]: the processes an MPI launcher started (`mpirun -np N`), joined
 //! through rsmpi. The collectives are MPI's own (`MPI_Allreduce`, `MPI_Iallreduce`,
-//! `MPI_Bcast`, `MPI_Barrier`) on `MPI_COMM_WORLD`, called only from the thread that
-//! initialised MPI (`MPI_THREAD_FUNNELED`): the backend's worker threads never call MPI.
+//! `MPI_Bcast`, `MPI_Barrier`) on `MPI_COMM_WORLD`. MPI is initialised at
+//! `MPI_THREAD_SERIALIZED` where the library offers it: any thread may call it, one at a
+//! time (a process-wide lock is held across each call — a server's model thread talks to
+//! the other ranks, not the thread that started the process). Where the library offers
+//! only `MPI_THREAD_FUNNELED`, every call must come from the thread that initialised MPI.
+//! The backend's worker threads never call MPI.
 
 use std::ffi::{c_int, c_void};
+use std::sync::{Mutex, MutexGuard};
 
 use fusebox::{Error, Result};
 use mpi::ffi;
@@ -11,10 +16,20 @@ use mpi::raw::AsRaw;
 use mpi::topology::{Communicator as _, SimpleCommunicator};
 use mpi::traits::CommunicatorCollectives;
 
-use super::{check_peer, check_root, Communicator, PendingAllReduce, ReduceOp};
+use super::{check_peer, check_root, Communicator, PendingAllReduce, PendingSend, ReduceOp};
 
 /// The tag of point-to-point messages (`send`/`recv`).
 const P2P_TAG: c_int = 17;
+
+/// Held across every MPI call when MPI is initialised `MPI_THREAD_SERIALIZED`: MPI state
+/// is per process, so is the lock.
+static MPI_TURN: Mutex<()> = Mutex::new(());
+
+/// The process-wide MPI lock (a panic while it was held leaves nothing to repair: MPI
+/// calls do not unwind).
+fn mpi_turn() -> MutexGuard<'static, ()> {
+    MPI_TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// Largest element count one MPI call takes (its `count` is a C `int`); longer buffers go
 /// in pieces.
@@ -25,8 +40,10 @@ pub struct MpiCommunicator {
     world: SimpleCommunicator,
     rank: usize,
     size: usize,
-    /// The thread that initialised MPI, the only one allowed to call it (FUNNELED).
+    /// The thread that initialised MPI, the only one allowed to call it unless `serialized`.
     owner: std::thread::ThreadId,
+    /// MPI offers `MPI_THREAD_SERIALIZED` (or more): any thread may call, under [`MPI_TURN`].
+    serialized: bool,
     // Declared last: MPI is finalised when the universe drops, after the world handle.
     _universe: mpi::environment::Universe,
 }
@@ -50,7 +67,7 @@ impl MpiCommunicator {
     /// Initialises MPI (once per process) and joins `MPI_COMM_WORLD`. An error when MPI was
     /// already initialised or the library cannot give `MPI_THREAD_FUNNELED`.
     pub fn init() -> Result<MpiCommunicator> {
-        let (universe, level) = mpi::initialize_with_threading(mpi::Threading::Funneled)
+        let (universe, level) = mpi::initialize_with_threading(mpi::Threading::Serialized)
             .ok_or_else(|| Error::Io("MPI_Init_thread: MPI is already initialised in this process".into()))?;
         if level < mpi::Threading::Funneled {
             return Err(Error::Io(format!(
@@ -59,13 +76,17 @@ impl MpiCommunicator {
         }
         let world = universe.world();
         let (rank, size) = (world.rank() as usize, world.size() as usize);
-        Ok(MpiCommunicator { world, rank, size, owner: std::thread::current().id(), _universe: universe })
+        let serialized = level >= mpi::Threading::Serialized;
+        Ok(MpiCommunicator { world, rank, size, owner: std::thread::current().id(), serialized, _universe: universe })
     }
 
-    /// An error unless called on the thread that initialised MPI.
-    fn on_owner(&self, call: &str) -> Result<()> {
-        if std::thread::current().id() == self.owner {
-            Ok(())
+    /// This thread's turn to call MPI: the process-wide lock where MPI is serialized;
+    /// otherwise an error unless called on the thread that initialised MPI.
+    fn enter(&self, call: &str) -> Result<Option<MutexGuard<'static, ()>>> {
+        if self.serialized {
+            Ok(Some(mpi_turn()))
+        } else if std::thread::current().id() == self.owner {
+            Ok(None)
         } else {
             Err(Error::unsupported(
                 "MpiCommunicator",
@@ -107,6 +128,7 @@ impl MpiPending {
         if !self.done {
             // SAFETY: `request` came from MPI_Iallreduce and has not completed; its buffers
             // are owned by `self` and stay put until this returns.
+            let _turn = mpi_turn();
             check("MPI_Wait", unsafe { ffi::MPI_Wait(&mut self.request, ffi::RSMPI_STATUS_IGNORE) })?;
             self.done = true;
         }
@@ -118,6 +140,7 @@ impl PendingAllReduce for MpiPending {
     fn test(&mut self) -> Result<bool> {
         if !self.done {
             let mut flag: c_int = 0;
+            let _turn = mpi_turn();
             // SAFETY: as in `wait_inner`.
             check("MPI_Test", unsafe { ffi::MPI_Test(&mut self.request, &mut flag, ffi::RSMPI_STATUS_IGNORE) })?;
             self.done = flag != 0;
@@ -143,9 +166,47 @@ impl Drop for MpiPending {
     }
 }
 
+/// An `MPI_Isend` in flight; owns its bytes until it completes.
+struct MpiSending {
+    bytes: Vec<u8>,
+    request: ffi::MPI_Request,
+    done: bool,
+}
+
+impl MpiSending {
+    fn wait_inner(&mut self) -> Result<()> {
+        if !self.done {
+            let _turn = mpi_turn();
+            // SAFETY: `request` came from MPI_Isend and has not completed; `bytes` is owned
+            // by `self` and stays put until this returns.
+            check("MPI_Wait", unsafe { ffi::MPI_Wait(&mut self.request, ffi::RSMPI_STATUS_IGNORE) })?;
+            self.done = true;
+        }
+        Ok(())
+    }
+}
+
+// SAFETY: the request is a plain handle, waited for under the MPI lock; the bytes are owned.
+unsafe impl Send for MpiSending {}
+
+impl PendingSend for MpiSending {
+    fn wait(mut self: Box<Self>) -> Result<()> {
+        self.wait_inner()
+    }
+}
+
+impl Drop for MpiSending {
+    fn drop(&mut self) {
+        // The bytes must outlive the request: an unfinished send is waited for.
+        let _ = self.wait_inner();
+        let _ = &self.bytes;
+    }
+}
+
 // SAFETY: the handle may be shared and moved between threads, but every MPI call it makes
-// first checks that it runs on the thread that initialised MPI (`on_owner`), which is what
-// MPI_THREAD_FUNNELED requires; the handles themselves are plain values.
+// first takes its turn (`enter`): under the process-wide lock where MPI is serialized, or
+// only on the thread that initialised MPI, as MPI_THREAD_FUNNELED requires; the handles
+// themselves are plain values.
 unsafe impl Send for MpiCommunicator {}
 // SAFETY: as above.
 unsafe impl Sync for MpiCommunicator {}
@@ -160,7 +221,7 @@ impl Communicator for MpiCommunicator {
     }
 
     fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> Result<()> {
-        self.on_owner("MPI_Allreduce")?;
+        let _turn = self.enter("MPI_Allreduce")?;
         for piece in buf.chunks_mut(MAX_COUNT) {
             let send = piece.to_vec();
             // SAFETY: both buffers hold `piece.len()` f32 (≤ MAX_COUNT, fits a C int) and
@@ -182,7 +243,7 @@ impl Communicator for MpiCommunicator {
     }
 
     fn start_all_reduce(&self, buf: Vec<f32>, op: ReduceOp) -> Result<Box<dyn PendingAllReduce>> {
-        self.on_owner("MPI_Iallreduce")?;
+        let _turn = self.enter("MPI_Iallreduce")?;
         if buf.len() > MAX_COUNT {
             return Err(Error::value(
                 "MPI_Iallreduce",
@@ -213,7 +274,7 @@ impl Communicator for MpiCommunicator {
     }
 
     fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<()> {
-        self.on_owner("MPI_Bcast")?;
+        let _turn = self.enter("MPI_Bcast")?;
         check_root(root, self.size)?;
         for piece in buf.chunks_mut(MAX_COUNT) {
             // SAFETY: `piece` holds `piece.len()` f32 (fits a C int) across the blocking call.
@@ -232,13 +293,13 @@ impl Communicator for MpiCommunicator {
     }
 
     fn barrier(&self) -> Result<()> {
-        self.on_owner("MPI_Barrier")?;
+        let _turn = self.enter("MPI_Barrier")?;
         self.world.barrier();
         Ok(())
     }
 
     fn send(&self, dest: usize, bytes: &[u8]) -> Result<()> {
-        self.on_owner("MPI_Send")?;
+        let _turn = self.enter("MPI_Send")?;
         check_peer("MPI_Send", dest, self.rank, self.size)?;
         let count = c_int::try_from(bytes.len())
             .map_err(|_| Error::value("MPI_Send", "message", format!("at most {} bytes", c_int::MAX), bytes.len()))?;
@@ -256,8 +317,32 @@ impl Communicator for MpiCommunicator {
         check("MPI_Send", code)
     }
 
+    fn start_send(&self, dest: usize, bytes: Vec<u8>) -> Result<Box<dyn PendingSend>> {
+        let _turn = self.enter("MPI_Isend")?;
+        check_peer("MPI_Isend", dest, self.rank, self.size)?;
+        let count = c_int::try_from(bytes.len())
+            .map_err(|_| Error::value("MPI_Isend", "message", format!("at most {} bytes", c_int::MAX), bytes.len()))?;
+        // SAFETY: reading a predefined handle, constant after MPI_Init.
+        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: `bytes` holds `count` bytes; it moves into the handle, which keeps its
+        // heap storage in place and waits before freeing it.
+        let code = unsafe {
+            ffi::MPI_Isend(
+                bytes.as_ptr() as *const c_void,
+                count,
+                ffi::RSMPI_UINT8_T,
+                dest as c_int,
+                P2P_TAG,
+                self.world.as_raw(),
+                &mut request,
+            )
+        };
+        check("MPI_Isend", code)?;
+        Ok(Box::new(MpiSending { bytes, request, done: false }))
+    }
+
     fn recv(&self, src: usize) -> Result<Vec<u8>> {
-        self.on_owner("MPI_Recv")?;
+        let _turn = self.enter("MPI_Recv")?;
         check_peer("MPI_Recv", src, self.rank, self.size)?;
         // SAFETY: MPI_Status is plain data, filled in by MPI_Probe.
         let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };

@@ -15,6 +15,7 @@
 pub mod split;
 mod wire;
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -22,9 +23,9 @@ use fusebox::{ComputeBackend, Error, Result, Tensor};
 
 pub use self::split::{parse_layer_split, split_layers};
 pub use self::wire::Wire;
-use self::wire::{Header, Kind, ALL_LOGITS};
+use self::wire::{Entry, Header, Kind, ALL_LOGITS};
 
-use crate::comm::Communicator;
+use crate::comm::{Communicator, PendingSend};
 use crate::transformer::{KvCache, StageInput, Transformer};
 
 /// What one stage did over a run.
@@ -94,6 +95,32 @@ pub struct Pipeline {
     comm: Arc<dyn Communicator>,
     wire: Wire,
     stats: Mutex<StageStats>,
+    /// The batches [`submit`](Pipeline::submit)ted whose logits have not been collected,
+    /// oldest first.
+    flight: Mutex<VecDeque<InFlight>>,
+}
+
+/// A submitted batch: its send (waited for once its logits are back: by then rank 1
+/// has it) and how many rows of logits it gets.
+struct InFlight {
+    send: Box<dyn PendingSend>,
+    rows: usize,
+}
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "InFlight {{ rows: {} }}", self.rows)
+    }
+}
+
+/// One sequence of a submitted batch: the server's cache slot it lives in (the same slot
+/// on every rank) and its new tokens.
+#[derive(Debug, Clone, Copy)]
+pub struct Sequence<'a> {
+    /// Its cache slot, `0 ..` the number of caches each follower holds.
+    pub slot: usize,
+    /// Its new tokens.
+    pub ids: &'a [u32],
 }
 
 impl Pipeline {
@@ -108,7 +135,7 @@ impl Pipeline {
                 format!("rank {} of {}", comm.rank(), comm.world_size()),
             ));
         }
-        Ok(Pipeline { comm, wire, stats: Mutex::new(StageStats::default()) })
+        Ok(Pipeline { comm, wire, stats: Mutex::new(StageStats::default()), flight: Mutex::new(VecDeque::new()) })
     }
 
     /// Processes in the pipeline.
@@ -174,9 +201,99 @@ impl Pipeline {
         Tensor::from_vec(wire::f32s(payload), [rows, v])
     }
 
+    /// Starts a server's batch: runs the first stage (`model`) over `seqs` — one sequence
+    /// of any number of new tokens (a prompt chunk), or several of one token each (a decode
+    /// step) — with rank 0's `caches` of their slots, sends the result on and returns
+    /// without waiting for the logits, so that the next batch can run here while the other
+    /// stages run this one. [`collect`](Self::collect) gives the batches' logits back in
+    /// the order they were submitted; at most `world_size` batches should be in flight.
+    ///
+    /// # Shapes
+    /// `seqs`: one sequence of T tokens, or N of one token with distinct, increasing
+    /// slots; `caches`: one per sequence, with room for its tokens.
+    pub fn submit(
+        &self,
+        model: &Transformer,
+        b: &dyn ComputeBackend,
+        seqs: &[Sequence<'_>],
+        caches: &mut [&mut KvCache],
+    ) -> Result<()> {
+        const OP: &str = "Pipeline::submit";
+        let start = Instant::now();
+        let entries: Vec<Entry> =
+            seqs.iter().zip(caches.iter()).map(|(s, c)| Entry { slot: s.slot, pos: c.len, len: s.ids.len() }).collect();
+        check_batch_table(OP, &entries)?;
+        let out = match (seqs, &mut *caches) {
+            ([one], [cache]) => model.forward_stage(b, StageInput::Tokens(one.ids), cache)?,
+            _ => {
+                let ids: Vec<u32> = seqs.iter().map(|s| s.ids[0]).collect();
+                model.forward_batch_stage(b, StageInput::Tokens(&ids), caches)?
+            }
+        };
+        let (x, h) = (b.to_host(&out.x)?, b.to_host(&out.h)?);
+        let header = Header { kind: Kind::Batch, flags: 0, rows: seqs.len() as u64, pos: 0 };
+        let msg = wire::message(header, |o| {
+            wire::push_table(o, &entries);
+            // Host f32 tensors: the push cannot fail on them.
+            let _ = wire::push_hidden(o, self.wire, &x, &h);
+        });
+        let bytes = msg.len() as u64;
+        let send = self.comm.start_send(1, msg)?;
+        self.flight
+            .lock()
+            .map_err(|_| Error::Io("pipeline: queue poisoned".into()))?
+            .push_back(InFlight { send, rows: seqs.len() });
+        let mut s = self.stats.lock().map_err(|_| Error::Io("pipeline: counters poisoned".into()))?;
+        s.steps += 1;
+        s.compute_seconds += start.elapsed().as_secs_f64();
+        s.bytes_sent += bytes;
+        Ok(())
+    }
+
+    /// Batches submitted and not yet collected.
+    pub fn in_flight(&self) -> usize {
+        self.flight.lock().map_or(0, |f| f.len())
+    }
+
+    /// Waits for the oldest submitted batch's logits: each sequence's last position's
+    /// `[V]` (f32), in the order they were submitted.
+    pub fn collect(&self, model: &Transformer) -> Result<Vec<Vec<f32>>> {
+        let oldest = self
+            .flight
+            .lock()
+            .map_err(|_| Error::Io("pipeline: queue poisoned".into()))?
+            .pop_front()
+            .ok_or_else(|| Error::value("Pipeline::collect", "batches in flight", "at least one", 0))?;
+        let last = self.comm.world_size() - 1;
+        let waiting = Instant::now();
+        let reply = self.comm.recv(last)?;
+        let waited = waiting.elapsed().as_secs_f64();
+        // Rank 1 has had the batch since before the logits came back.
+        oldest.send.wait()?;
+        let (header, payload) = wire::parse(&reply, last)?;
+        let v = model.arch.vocab_size;
+        if header.kind != Kind::Logits || header.rows != oldest.rows as u64 || payload.len() != oldest.rows * v * 4 {
+            return Err(Error::Io(format!(
+                "pipeline: rank {last} answered a batch with {:?} of {} rows ({} bytes), expected the logits of {} \
+                 rows × {v}",
+                header.kind,
+                header.rows,
+                payload.len(),
+                oldest.rows
+            )));
+        }
+        self.stats.lock().map_err(|_| Error::Io("pipeline: counters poisoned".into()))?.wait_seconds += waited;
+        Ok(wire::f32s(payload).chunks_exact(v).map(<[f32]>::to_vec).collect())
+    }
+
     /// Ends the other ranks' [`follow`] loops; returns every stage's counters, rank 0's
-    /// first. Call once, when no step will follow.
+    /// first. Call once, when no step will follow and every submitted batch has been
+    /// collected.
     pub fn finish(&self) -> Result<Vec<StageStats>> {
+        let open = self.in_flight();
+        if open > 0 {
+            return Err(Error::value("Pipeline::finish", "batches in flight", "none (collect them first)", open));
+        }
         let end = wire::message(Header { kind: Kind::End, flags: 0, rows: 0, pos: 0 }, |_| ());
         self.comm.send(1, &end)?;
         let last = self.comm.world_size() - 1;
@@ -194,19 +311,24 @@ impl Pipeline {
 }
 
 /// The loop of every rank but 0: receives steps from the previous rank, runs this
-/// stage's blocks (`model`) over `cache`, and hands the result on — to the next rank, or
-/// from the last stage the logits to rank 0 — until rank 0 ends the run. A step at
-/// position 0 starts a new sequence (the cache is cleared).
+/// stage's blocks (`model`) over its caches, and hands the result on — to the next rank,
+/// or from the last stage the logits to rank 0 — until rank 0 ends the run. `caches[s]`
+/// is slot `s`'s cache: a single sequence (`generate`, `chat`) lives in slot 0, a server's
+/// in as many slots as it has. A step at position 0 starts a new sequence in its slot
+/// (the cache is cleared).
 pub fn follow(
     model: &Transformer,
     b: &dyn ComputeBackend,
     comm: &dyn Communicator,
     wire: Wire,
-    cache: &mut KvCache,
+    caches: &mut [KvCache],
 ) -> Result<()> {
     let (rank, world) = (comm.rank(), comm.world_size());
     if rank == 0 || rank >= world {
         return Err(Error::value("pipeline::follow", "rank", format!("1..{world}"), rank));
+    }
+    if caches.is_empty() {
+        return Err(Error::value("pipeline::follow", "caches", "at least one", 0));
     }
     let last = rank + 1 == world;
     let d = model.arch.d_model;
@@ -214,7 +336,8 @@ pub fn follow(
     loop {
         let msg = comm.recv(rank - 1)?;
         let (header, payload) = wire::parse(&msg, rank - 1)?;
-        match header.kind {
+        let start = Instant::now();
+        let reply = match header.kind {
             Kind::End => {
                 stats.peak_resident_bytes = peak_resident_bytes();
                 let reply = wire::message(header, |o| {
@@ -227,36 +350,124 @@ pub fn follow(
             Kind::Logits => {
                 return Err(Error::Io(format!("pipeline: rank {rank} was sent logits by rank {}", rank - 1)));
             }
-            Kind::Step => {}
-        }
-        let start = Instant::now();
-        let (rows, pos) = (header.rows as usize, header.pos as usize);
-        if pos == 0 {
-            cache.clear();
-        } else if pos != cache.len {
-            return Err(Error::Io(format!(
-                "pipeline: rank {rank} holds {} positions but was sent a step at position {pos}",
-                cache.len
-            )));
-        }
-        let (x, h) = wire::read_hidden(payload, wire, rows, d, rank - 1)?;
-        let out = model.forward_stage(b, StageInput::Hidden { x: b.upload(&x)?, h: b.upload(&h)? }, cache)?;
-        let reply = if last {
-            let all = header.flags & ALL_LOGITS != 0;
-            let logits = model.stage_logits(b, &out.h, all)?;
-            let rows = logits.dims()[0] as u64;
-            wire::message(Header { kind: Kind::Logits, flags: 0, rows, pos: header.pos }, |o| {
-                wire::push_f32s(o, logits.as_slice::<f32>().unwrap_or(&[]))
-            })
-        } else {
-            let (x, h) = (b.to_host(&out.x)?, b.to_host(&out.h)?);
-            let mut m = wire::message(header, |_| ());
-            wire::push_hidden(&mut m, wire, &x, &h)?;
-            m
+            Kind::Step => {
+                let (rows, pos) = (header.rows as usize, header.pos as usize);
+                let cache = &mut caches[0];
+                start_at(rank, pos, cache)?;
+                let (x, h) = wire::read_hidden(payload, wire, rows, d, rank - 1)?;
+                let out = model.forward_stage(b, StageInput::Hidden { x: b.upload(&x)?, h: b.upload(&h)? }, cache)?;
+                if last {
+                    let all = header.flags & ALL_LOGITS != 0;
+                    logits_message(&model.stage_logits(b, &out.h, all)?, header.pos)
+                } else {
+                    hidden_message(b, header, &[], wire, &out)?
+                }
+            }
+            Kind::Batch => {
+                let (entries, hidden) = wire::read_table(payload, header.rows as usize, rank - 1)?;
+                check_batch_table("pipeline::follow", &entries)?;
+                let rows: usize = entries.iter().map(|e| e.len).sum();
+                let (x, h) = wire::read_hidden(hidden, wire, rows, d, rank - 1)?;
+                let (x, h) = (b.upload(&x)?, b.upload(&h)?);
+                let mut picked = slot_caches(caches, &entries, rank)?;
+                for (e, c) in entries.iter().zip(picked.iter_mut()) {
+                    start_at(rank, e.pos, c)?;
+                }
+                let out = match picked.as_mut_slice() {
+                    [cache] => model.forward_stage(b, StageInput::Hidden { x, h }, cache)?,
+                    many => {
+                        let n = many.len();
+                        let (x, h) = (x.reshape([n, 1, d])?, h.reshape([n, 1, d])?);
+                        model.forward_batch_stage(b, StageInput::Hidden { x, h }, many)?
+                    }
+                };
+                if last {
+                    logits_message(&model.stage_logits(b, &out.h, entries.len() > 1)?, 0)
+                } else {
+                    hidden_message(b, header, &entries, wire, &out)?
+                }
+            }
         };
         stats.steps += 1;
         stats.compute_seconds += start.elapsed().as_secs_f64();
         stats.bytes_sent += reply.len() as u64;
         comm.send(if last { 0 } else { rank + 1 }, &reply)?;
     }
+}
+
+/// Readies `cache` for a step at `pos`: a new sequence at 0, else the next position.
+fn start_at(rank: usize, pos: usize, cache: &mut KvCache) -> Result<()> {
+    if pos == 0 {
+        cache.clear();
+    } else if pos != cache.len {
+        return Err(Error::Io(format!(
+            "pipeline: rank {rank} holds {} positions but was sent a step at position {pos}",
+            cache.len
+        )));
+    }
+    Ok(())
+}
+
+/// The last stage's logits `[rows, V]` as a message to rank 0.
+fn logits_message(logits: &Tensor, pos: u64) -> Vec<u8> {
+    let rows = logits.dims()[0] as u64;
+    wire::message(Header { kind: Kind::Logits, flags: 0, rows, pos }, |o| {
+        wire::push_f32s(o, logits.as_slice::<f32>().unwrap_or(&[]))
+    })
+}
+
+/// A stage's output as the next stage's input: `header`, the batch table (if any), `x`, `h`.
+fn hidden_message(
+    b: &dyn ComputeBackend,
+    header: Header,
+    entries: &[Entry],
+    wire: Wire,
+    out: &crate::transformer::StageOutput,
+) -> Result<Vec<u8>> {
+    let (x, h) = (b.to_host(&out.x)?, b.to_host(&out.h)?);
+    let mut m = wire::message(header, |o| wire::push_table(o, entries));
+    wire::push_hidden(&mut m, wire, &x, &h)?;
+    Ok(m)
+}
+
+/// A batch is one sequence of any length, or several of one position each in distinct,
+/// increasing slots (each slot's cache is taken once).
+fn check_batch_table(op: &'static str, entries: &[Entry]) -> Result<()> {
+    let ok = match entries {
+        [] => false,
+        [one] => one.len > 0,
+        many => many.iter().all(|e| e.len == 1) && many.windows(2).all(|w| w[0].slot < w[1].slot),
+    };
+    if ok {
+        Ok(())
+    } else {
+        let shown: Vec<String> = entries.iter().map(|e| format!("slot {} +{}", e.slot, e.len)).collect();
+        Err(Error::value(
+            op,
+            "batch",
+            "one sequence, or several of one token each in increasing slots",
+            shown.join(", "),
+        ))
+    }
+}
+
+/// This rank's caches of the batch's slots, in its order.
+fn slot_caches<'c>(caches: &'c mut [KvCache], entries: &[Entry], rank: usize) -> Result<Vec<&'c mut KvCache>> {
+    let n = caches.len();
+    if let Some(e) = entries.iter().find(|e| e.slot >= n) {
+        return Err(Error::Io(format!(
+            "pipeline: rank {rank} holds {n} cache slots but was sent a step for slot {}: do all ranks run with the \
+             same --parallel?",
+            e.slot
+        )));
+    }
+    let mut wanted = entries.iter().map(|e| e.slot).peekable();
+    let mut picked = Vec::with_capacity(entries.len());
+    for (i, c) in caches.iter_mut().enumerate() {
+        if wanted.peek() == Some(&i) {
+            wanted.next();
+            picked.push(c);
+        }
+    }
+    Ok(picked)
 }

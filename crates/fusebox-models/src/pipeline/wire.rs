@@ -71,6 +71,42 @@ pub(super) enum Kind {
     Logits = 2,
     /// The end of the run; the payload is the counters of the stages it has passed.
     End = 3,
+    /// A server's step over `rows` sequences, each in its own cache slot: a table of
+    /// `rows` entries ([`Entry`]), then `x` and `h` `[Σ len, D]` in the wire's dtype. Its
+    /// logits are each sequence's last position's, `[rows, V]`.
+    Batch = 4,
+}
+
+/// One sequence of a [`Kind::Batch`] step: its cache slot, its first new position and
+/// its count of new positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Entry {
+    pub slot: usize,
+    pub pos: usize,
+    pub len: usize,
+}
+
+/// Bytes of one table entry.
+const ENTRY: usize = 12;
+
+/// Appends a batch's table.
+pub(super) fn push_table(out: &mut Vec<u8>, entries: &[Entry]) {
+    for e in entries {
+        for v in [e.slot, e.pos, e.len] {
+            out.extend_from_slice(&(v as u32).to_le_bytes());
+        }
+    }
+}
+
+/// A batch's table of `rows` entries from rank `from`, and the payload after it.
+pub(super) fn read_table(payload: &[u8], rows: usize, from: usize) -> Result<(Vec<Entry>, &[u8])> {
+    let bytes = rows.checked_mul(ENTRY).filter(|&n| n <= payload.len()).ok_or_else(|| {
+        Error::Io(format!("pipeline: a batch from rank {from} of {rows} sequences has only {} bytes", payload.len()))
+    })?;
+    let u32_at = |i: usize| u32::from_le_bytes([payload[i], payload[i + 1], payload[i + 2], payload[i + 3]]) as usize;
+    let entries =
+        (0..rows).map(|r| Entry { slot: u32_at(r * ENTRY), pos: u32_at(r * ENTRY + 4), len: u32_at(r * ENTRY + 8) });
+    Ok((entries.collect(), &payload[bytes..]))
 }
 
 /// A message's header.
@@ -112,6 +148,7 @@ pub(super) fn parse(bytes: &[u8], from: usize) -> Result<(Header, &[u8])> {
         1 => Kind::Step,
         2 => Kind::Logits,
         3 => Kind::End,
+        4 => Kind::Batch,
         k => return Err(bad(format!("unknown kind {k}"))),
     };
     Ok((Header { kind, flags: u32_at(4), rows: u64_at(8), pos: u64_at(16) }, &bytes[HEADER..]))
