@@ -71,6 +71,28 @@ pub(crate) enum Bytes {
     Owned(Vec<u8>),
 }
 
+impl Bytes {
+    /// Gives back this process's pages of `range` (whole pages inside it) where the bytes
+    /// are mapped: a loader that copied them will not read them again. They stay in the
+    /// page cache; a later read faults them in again from the file, unchanged.
+    pub(crate) fn release(&self, range: std::ops::Range<usize>) {
+        #[cfg(unix)]
+        if let Bytes::Mapped(m) = self {
+            const PAGE: usize = 4096;
+            let start = range.start.div_ceil(PAGE) * PAGE;
+            let end = (range.end.min(m.len()) / PAGE) * PAGE;
+            if start < end {
+                // SAFETY: the map is read-only and never written through, so dropping its
+                // pages loses nothing: each is re-read from the file on its next access
+                // (the hazard MADV_DONTNEED has is for written private pages).
+                let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = range;
+    }
+}
+
 impl AsRef<[u8]> for Bytes {
     fn as_ref(&self) -> &[u8] {
         self

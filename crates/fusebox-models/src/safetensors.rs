@@ -190,6 +190,14 @@ impl SafeTensors {
             .ok_or_else(|| bad(format!("tensor '{name}': bytes {}..{} out of range", info.begin, info.end)))?;
         Tensor::from_bytes(data, info.shape.clone(), info.dtype)
     }
+
+    /// Gives back this process's memory-mapped pages of tensor `name` (see
+    /// `Bytes::release`). Unknown names: nothing.
+    pub fn release_tensor(&self, name: &str) {
+        if let Some(info) = self.tensors.get(name) {
+            self.bytes.release(self.data_start + info.begin..self.data_start + info.end);
+        }
+    }
 }
 
 /// Writes `tensors` (host or device; brought to the host by the caller) to `path`

@@ -223,6 +223,15 @@ impl GgufFile {
         Ok(&self.bytes[range])
     }
 
+    /// Gives back this process's memory-mapped pages of tensor `name` (a loader that
+    /// copied it will not read them again; see `Bytes::release`). Unknown names: nothing.
+    pub fn release_tensor(&self, name: &str) {
+        if let Ok(bytes) = self.tensor_bytes(name) {
+            let start = bytes.as_ptr() as usize - self.bytes.as_ptr() as usize;
+            self.bytes.release(start..start + bytes.len());
+        }
+    }
+
     /// Tensor `name` as [`tensor`](Self::tensor) gives it, over the file's own bytes (the
     /// memory map), not copied: read-only, and it keeps the map alive. What a model
     /// serves its experts from.

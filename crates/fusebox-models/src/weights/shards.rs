@@ -129,6 +129,14 @@ impl Shards {
         self.files[i].tensor(name)
     }
 
+    /// Gives back the mapped pages of tensor `name` once copied (see
+    /// [`SafeTensors::release_tensor`](crate::safetensors::SafeTensors::release_tensor)).
+    pub fn release(&self, name: &str) {
+        if let Some(&i) = self.index.get(name) {
+            self.files[i].release_tensor(name);
+        }
+    }
+
     /// The dtype of tensor `name`, or an error naming it and the directory.
     pub fn dtype(&self, name: &str) -> Result<fusebox::DType> {
         let &i = self
