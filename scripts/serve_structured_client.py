@@ -22,7 +22,7 @@ SCHEMA = {
     "properties": {
         "city": {"type": "string", "maxLength": 40},
         "country": {"type": "string", "maxLength": 40},
-        "population_millions": {"type": "number", "minimum": 0, "maximum": 100},
+        "population_millions": {"type": "integer", "minimum": 0, "maximum": 100},
     },
     "required": ["city", "country", "population_millions"],
     "additionalProperties": False,
@@ -41,6 +41,7 @@ def main():
     r = client.chat.completions.create(model=model, messages=messages, temperature=0, max_tokens=200,
                                        response_format=fmt)
     answer = r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop", (r.choices[0].finish_reason, answer)
     jsonschema.validate(json.loads(answer), SCHEMA)
     stream = client.chat.completions.create(model=model, messages=messages, temperature=0, max_tokens=200,
                                             response_format=fmt, stream=True)

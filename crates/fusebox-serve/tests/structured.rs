@@ -309,9 +309,9 @@ fn smollm2_answers_parse_and_validate() {
     rt().block_on(async {
         let c = client();
         for prompt in [
-            "Give me a JSON object describing a cat.",
-            "Reply in JSON with the capital of France and its population.",
-            "Return a JSON object with three fruits and their colours.",
+            "What is the capital of France? Answer as a JSON object with the key \"capital\".",
+            "Give the boiling point of water in Celsius as a JSON object.",
+            "Return a JSON object with the name and colour of one fruit.",
         ] {
             let body = json!({"messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": 256,
                               "response_format": {"type": "json_object"}});
