@@ -28,8 +28,8 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::embed::EmbedJob;
 use crate::logprobs::{token_logprob, Placed};
 use crate::metrics::Metrics;
-use crate::structured::guide::{Commit, Guide};
 use crate::reply::ReplyStream;
+use crate::structured::guide::{Commit, Guide};
 
 /// Why a generation ended, in OpenAI's words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -462,11 +462,8 @@ async fn submit(
                 .map_err(|e| ApiError::internal(format!("compiling the constraint failed: {e}")))?;
             let what = if param == "grammar" { "grammar" } else { "JSON schema" };
             Some(compiled.map_err(|e| {
-                ApiError::invalid(Some(param), format!("The {what} cannot be used: {e}")).with_code(if param == "grammar" {
-                    "invalid_grammar"
-                } else {
-                    "invalid_json_schema"
-                })
+                ApiError::invalid(Some(param), format!("The {what} cannot be used: {e}"))
+                    .with_code(if param == "grammar" { "invalid_grammar" } else { "invalid_json_schema" })
             })?)
         }
     };

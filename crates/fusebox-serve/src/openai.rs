@@ -373,7 +373,9 @@ fn constraint(obj: &Map<String, Value>) -> Result<Option<(&'static str, Constrai
         Some(Value::Object(rf)) => {
             let kind = match field(rf, "type") {
                 Some(Value::String(t)) => t.as_str(),
-                None => return Err(ApiError::invalid(Some("response_format.type"), "'response_format.type' is required")),
+                None => {
+                    return Err(ApiError::invalid(Some("response_format.type"), "'response_format.type' is required"))
+                }
                 Some(v) => return Err(wrong_type("response_format.type", "a string", v)),
             };
             match kind {
@@ -386,7 +388,12 @@ fn constraint(obj: &Map<String, Value>) -> Result<Option<(&'static str, Constrai
                     const P: &str = "response_format.json_schema";
                     let js = match field(rf, "json_schema") {
                         Some(Value::Object(js)) => js,
-                        None => return Err(ApiError::invalid(Some(P), format!("'{P}' is required with type 'json_schema'"))),
+                        None => {
+                            return Err(ApiError::invalid(
+                                Some(P),
+                                format!("'{P}' is required with type 'json_schema'"),
+                            ))
+                        }
                         Some(v) => return Err(wrong_type(P, "an object", v)),
                     };
                     match field(js, "name") {
@@ -417,7 +424,9 @@ fn constraint(obj: &Map<String, Value>) -> Result<Option<(&'static str, Constrai
     }
     match field(obj, "json_schema") {
         None => {}
-        Some(s @ (Value::Object(_) | Value::Bool(_))) => found.push(("json_schema", Constraint::JsonSchema { schema: s.clone() })),
+        Some(s @ (Value::Object(_) | Value::Bool(_))) => {
+            found.push(("json_schema", Constraint::JsonSchema { schema: s.clone() }))
+        }
         Some(v) => return Err(wrong_type("json_schema", "an object", v)),
     }
     match field(obj, "grammar") {
@@ -429,7 +438,10 @@ fn constraint(obj: &Map<String, Value>) -> Result<Option<(&'static str, Constrai
         let names: Vec<&str> = found.iter().map(|f| f.0).collect();
         return Err(ApiError::invalid(
             Some(found[1].0),
-            format!("only one of response_format, json_schema and grammar may constrain the answer, got {}", names.join(" and ")),
+            format!(
+                "only one of response_format, json_schema and grammar may constrain the answer, got {}",
+                names.join(" and ")
+            ),
         ));
     }
     Ok(found.pop())

@@ -182,7 +182,8 @@ fn sampled_answers_follow_their_schema_and_grammar_on_the_tiny_model() {
         // `text` is no constraint at all.
         let body = json!({"prompt": "Hi", "temperature": 0, "max_tokens": 5, "response_format": {"type": "text"}});
         let (_, with) = post(&c, &base, "/v1/completions", &body).await;
-        let (_, without) = post(&c, &base, "/v1/completions", &json!({"prompt": "Hi", "temperature": 0, "max_tokens": 5})).await;
+        let (_, without) =
+            post(&c, &base, "/v1/completions", &json!({"prompt": "Hi", "temperature": 0, "max_tokens": 5})).await;
         assert_eq!(content(&with, 0), content(&without, 0));
         let metrics = c.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
         assert!(metrics.contains("fusebox_requests_structured_total 21"), "{metrics}");
@@ -216,7 +217,9 @@ fn constrained_and_unconstrained_requests_share_a_batch() {
             for i in 0..2 {
                 for body in [plain(i), constrained(i)] {
                     let (c, base) = (c.clone(), base.clone());
-                    tasks.push(tokio::spawn(async move { (body.clone(), post(&c, &base, "/v1/completions", &body).await) }));
+                    tasks.push(tokio::spawn(
+                        async move { (body.clone(), post(&c, &base, "/v1/completions", &body).await) },
+                    ));
                 }
             }
             for t in tasks {
@@ -226,7 +229,11 @@ fn constrained_and_unconstrained_requests_share_a_batch() {
                     assert_valid(&schema, &content(&v, 0));
                 } else {
                     let i = (body["max_tokens"].as_u64().unwrap() as usize - 24) / 4;
-                    assert_eq!(content(&v, 0), content(&solo[i], 0), "plain request {i} changed beside constrained ones");
+                    assert_eq!(
+                        content(&v, 0),
+                        content(&solo[i], 0),
+                        "plain request {i} changed beside constrained ones"
+                    );
                     assert_eq!(v["usage"], solo[i]["usage"]);
                 }
             }
@@ -249,10 +256,22 @@ fn bad_schemas_and_grammars_are_400s_that_name_the_problem() {
     let cases = [
         // An unsupported keyword is named.
         (schema_format(&json!({"type": "array", "uniqueItems": true})), "response_format", "uniqueItems"),
-        (json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strnig"}}}), "response_format", "strnig"),
-        (json!({"type": "json_schema", "json_schema": {"name": "x", "schema": false}}), "response_format", "accepts no value"),
+        (
+            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strnig"}}}),
+            "response_format",
+            "strnig",
+        ),
+        (
+            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": false}}),
+            "response_format",
+            "accepts no value",
+        ),
         (json!({"type": "json_schema"}), "response_format.json_schema", "is required"),
-        (json!({"type": "json_schema", "json_schema": {"schema": 3}}), "response_format.json_schema.schema", "an object"),
+        (
+            json!({"type": "json_schema", "json_schema": {"schema": 3}}),
+            "response_format.json_schema.schema",
+            "an object",
+        ),
         (json!({"type": "xml"}), "response_format.type", "must be one of text, json_object, json_schema"),
         (json!("json_object"), "response_format", "must be an object"),
         (json!({}), "response_format.type", "is required"),
@@ -284,7 +303,9 @@ fn bad_schemas_and_grammars_are_400s_that_name_the_problem() {
         assert_eq!(status, 400, "{v}");
         assert!(v["error"]["message"].as_str().unwrap().contains("only one of"), "{v}");
         // The server still answers, constrained and not.
-        let (status, v) = post(&c, &base, "/v1/completions", &json!({"prompt": "x", "grammar": "root ::= \"ok\"", "max_tokens": 5})).await;
+        let (status, v) =
+            post(&c, &base, "/v1/completions", &json!({"prompt": "x", "grammar": "root ::= \"ok\"", "max_tokens": 5}))
+                .await;
         assert_eq!((status, content(&v, 0).as_str()), (200, "ok"), "{v}");
         let (status, _) = post(&c, &base, "/v1/completions", &json!({"prompt": "x", "max_tokens": 2})).await;
         assert_eq!(status, 200);
@@ -352,7 +373,8 @@ fn smollm2_answers_parse_and_validate() {
 fn python_with(check: &str) -> Option<String> {
     let candidates =
         [std::env::var("FUSEBOX_PYTHON").ok(), Some("/tmp/openai-venv/bin/python".into()), Some("python3".into())];
-    candidates.into_iter().flatten().find(|p| {
-        std::process::Command::new(p).args(["-c", check]).output().is_ok_and(|o| o.status.success())
-    })
+    candidates
+        .into_iter()
+        .flatten()
+        .find(|p| std::process::Command::new(p).args(["-c", check]).output().is_ok_and(|o| o.status.success()))
 }

@@ -245,7 +245,10 @@ impl<'a> Parser<'a> {
                     }
                     let min = min.unwrap_or(0);
                     if max.is_some_and(|m| m < min) {
-                        return Err(self.err(format!("repetition {{{min},{}}} has its maximum below its minimum", max.unwrap_or(0))));
+                        return Err(self.err(format!(
+                            "repetition {{{min},{}}} has its maximum below its minimum",
+                            max.unwrap_or(0)
+                        )));
                     }
                     Term::Repeat(Box::new(term), min, max)
                 }
@@ -307,7 +310,8 @@ fn emit_term(out: &mut String, t: &Term, names: &HashMap<&str, String>) -> Resul
         }
         Term::Any => out.push_str("/(?s:.)/"),
         Term::Rule(n) => {
-            let name = names.get(n.as_str()).ok_or_else(|| format!("GBNF grammar: rule '{n}' is used but not defined"))?;
+            let name =
+                names.get(n.as_str()).ok_or_else(|| format!("GBNF grammar: rule '{n}' is used but not defined"))?;
             out.push_str(name);
         }
         Term::Group(alts) => {
