@@ -136,7 +136,7 @@ pub struct Job {
     pub logprobs: Option<usize>,
     /// The constraint of a structured answer (`response_format`, `grammar`): the tokens
     /// each step may sample.
-    pub guide: Option<Guide>,
+    pub guide: Option<Box<Guide>>,
     /// Where the events go.
     pub events: EventSink,
 }

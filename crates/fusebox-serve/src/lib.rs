@@ -499,9 +499,9 @@ async fn submit(
     if let Some(g) = guide {
         let n = jobs.len();
         for job in &mut jobs[..n - 1] {
-            job.guide = Some(g.fork().ok_or_else(|| ApiError::internal("copying the constraint failed"))?);
+            job.guide = Some(Box::new(g.fork().ok_or_else(|| ApiError::internal("copying the constraint failed"))?));
         }
-        jobs[n - 1].guide = Some(g);
+        jobs[n - 1].guide = Some(Box::new(g));
     }
     // Bounded queue: count first, give back on refusal.
     let n = jobs.len();

@@ -259,8 +259,11 @@ impl<'a> Parser<'a> {
     }
 }
 
+/// A rule: its name and its alternatives.
+type Rule = (String, Vec<Vec<Term>>);
+
 /// Parses GBNF text into its rules, in order.
-fn parse(src: &str) -> Result<Vec<(String, Vec<Vec<Term>>)>, String> {
+fn parse(src: &str) -> Result<Vec<Rule>, String> {
     let mut p = Parser { src, pos: 0 };
     let mut rules = Vec::new();
     loop {

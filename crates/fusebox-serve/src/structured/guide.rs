@@ -14,11 +14,11 @@ use llguidance::Matcher;
 use toktrie::SimpleVob;
 
 /// A matcher and its mask, or what went wrong computing it.
-type Computed = (Matcher, Result<SimpleVob, String>);
+type Computed = (Box<Matcher>, Result<SimpleVob, String>);
 
 enum State {
     /// The mask of the next token.
-    Ready(Matcher, SimpleVob),
+    Ready(Box<Matcher>, SimpleVob),
     /// The guide's thread is computing it.
     Computing,
     /// The matcher failed (its message was returned once).
@@ -38,7 +38,7 @@ pub enum Commit {
 pub struct Guide {
     state: State,
     /// To the guide's thread (started at the first commit) and back.
-    worker: Option<(Sender<Matcher>, Receiver<Computed>)>,
+    worker: Option<(Sender<Box<Matcher>>, Receiver<Computed>)>,
     /// Time the model thread waited for masks.
     waited: Duration,
     /// The vocabulary's end-of-sequence ids.
@@ -60,7 +60,7 @@ impl Guide {
     /// A guide from a started matcher and the mask of its first token.
     pub fn new(matcher: Matcher, mask: SimpleVob) -> Guide {
         let ends = matcher.tok_env().map(|env| env.tok_trie().eos_tokens().to_vec()).unwrap_or_default();
-        Guide { state: State::Ready(matcher, mask), worker: None, waited: Duration::ZERO, ends }
+        Guide { state: State::Ready(Box::new(matcher), mask), worker: None, waited: Duration::ZERO, ends }
     }
 
     /// An independent copy for another choice of the same request (its own parser
@@ -132,8 +132,8 @@ impl Guide {
 
 /// The guide's thread: takes a matcher, sends it back with its next mask; ends when its
 /// guide is dropped.
-fn spawn_worker() -> (Sender<Matcher>, Receiver<Computed>) {
-    let (to, inbox) = channel::<Matcher>();
+fn spawn_worker() -> (Sender<Box<Matcher>>, Receiver<Computed>) {
+    let (to, inbox) = channel::<Box<Matcher>>();
     let (outbox, from) = channel::<Computed>();
     let spawned = std::thread::Builder::new().name("fusebox-mask".into()).spawn(move || {
         for mut m in inbox {
