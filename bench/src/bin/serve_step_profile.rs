@@ -199,6 +199,7 @@ fn engine_speed(
             stop_strings: Vec::new(),
             format: fusebox_models::chat::OutputFormat::Plain,
             logprobs: None,
+            guide: None,
             events: engine::EventSink::new(0, etx),
         };
         metrics.queue_depth.fetch_add(1, Ordering::Relaxed);

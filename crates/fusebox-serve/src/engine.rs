@@ -29,6 +29,7 @@ use crate::embed::EmbedJob;
 use crate::logprobs::{token_logprob, Placed};
 use crate::metrics::Metrics;
 use crate::reply::ReplyStream;
+use crate::structured::guide::{Commit, Guide};
 
 mod pipelined;
 
@@ -135,6 +136,9 @@ pub struct Job {
     pub format: OutputFormat,
     /// `Some(k)`: report each answer token's logprob and the `k` most likely tokens'.
     pub logprobs: Option<usize>,
+    /// The constraint of a structured answer (`response_format`, `grammar`): the tokens
+    /// each step may sample.
+    pub guide: Option<Box<Guide>>,
     /// Where the events go.
     pub events: EventSink,
 }
@@ -422,7 +426,26 @@ fn accept(model: &Pretrained, a: &mut Active, logits: &[f32], len: usize, capaci
     } else {
         Vec::new()
     };
-    let next = match a.job.sampler.sample_with(logits, &seen, &a.tokens) {
+    // A constrained answer samples from its mask's tokens only; an unconstrained one
+    // from the logits as they came.
+    let constrained_start = Instant::now();
+    let masked_logits;
+    let sample_from = match a.job.guide.as_mut() {
+        None => logits,
+        Some(g) => match g.mask() {
+            Ok(mask) => {
+                masked_logits = crate::structured::guide::masked(logits, mask);
+                &masked_logits[..]
+            }
+            Err(e) => {
+                let e = crate::openai::ApiError::internal(format!("the constraint failed: {e}"));
+                a.job.events.send(Event::Error(e));
+                return false;
+            }
+        },
+    };
+    let mut constrained_time = constrained_start.elapsed();
+    let next = match a.job.sampler.sample_with(sample_from, &seen, &a.tokens) {
         Ok(t) => t,
         Err(e) => {
             a.job.events.send(Event::Error(crate::openai::ApiError::internal(format!("sampling failed: {e}"))));
@@ -432,7 +455,27 @@ fn accept(model: &Pretrained, a: &mut Active, logits: &[f32], len: usize, capaci
     a.tokens.push(next);
     m.completion_tokens.fetch_add(1, Ordering::Relaxed);
     let tok = &model.tokenizer;
-    if a.job.stop_ids.contains(&next) {
+    // Under a constraint, the vocabulary's end ids end the answer where the grammar is
+    // complete (the mask allows them nowhere else).
+    let grammar_end = a.job.guide.as_ref().is_some_and(|g| g.is_end(next));
+    let mut grammar_done = false;
+    if let (Some(g), false) = (a.job.guide.as_mut(), grammar_end || a.job.stop_ids.contains(&next)) {
+        let start = Instant::now();
+        let committed = g.commit(next);
+        constrained_time += start.elapsed();
+        match committed {
+            Ok(c) => grammar_done = c == Commit::Finished,
+            Err(e) => {
+                let e = crate::openai::ApiError::internal(format!("the constraint failed: {e}"));
+                a.job.events.send(Event::Error(e));
+                return false;
+            }
+        }
+    }
+    if a.job.guide.is_some() {
+        m.constraint_nanos.fetch_add(constrained_time.as_nanos() as u64, Ordering::Relaxed);
+    }
+    if a.job.stop_ids.contains(&next) || grammar_end {
         let called = a.reply.finish(tok, &a.job.events);
         finish(a, if called { Finish::ToolCalls } else { Finish::Stop }, m);
         return false;
@@ -440,6 +483,12 @@ fn accept(model: &Pretrained, a: &mut Active, logits: &[f32], len: usize, capaci
     // Of the raw logits: before the penalties and the temperature.
     let logprob = a.job.logprobs.map(|top| token_logprob(tok, logits, next, top));
     if a.reply.push(tok, next, logprob, &a.job.events) {
+        finish(a, Finish::Stop, m);
+        return false;
+    }
+    if grammar_done {
+        // The grammar allows nothing more: the answer is complete without an end token.
+        a.reply.finish(tok, &a.job.events);
         finish(a, Finish::Stop, m);
         return false;
     }

@@ -29,6 +29,7 @@ pub mod metrics;
 pub mod openai;
 pub mod reply;
 mod routes;
+pub mod structured;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -120,6 +121,8 @@ struct AppState {
     to_engine: Mutex<Sender<Msg>>,
     metrics: Arc<Metrics>,
     created: u64,
+    /// Compiles `response_format` and `grammar` constraints.
+    structured: structured::Structured,
 }
 
 /// A running server: its address, and the handle that stops it.
@@ -250,6 +253,8 @@ fn build(backend: Arc<dyn ComputeBackend>, model: Pretrained, config: &ServerCon
         name.strip_suffix(".gguf").map(str::to_string).unwrap_or(name)
     });
     let model = Arc::new(model);
+    let sample_vocab = model.tokenizer.vocab_size().clamp(1, model.network.arch.vocab_size);
+    let structured = structured::Structured::new(model.clone(), sample_vocab);
     let metrics = Arc::new(Metrics::default());
     metrics.slots_total.store(config.parallel, Ordering::Relaxed);
     let (tx, rx) = std::sync::mpsc::channel();
@@ -292,6 +297,7 @@ fn build(backend: Arc<dyn ComputeBackend>, model: Pretrained, config: &ServerCon
         to_engine: Mutex::new(tx.clone()),
         metrics,
         created: now(),
+        structured,
     });
     let app = Router::new()
         .route("/", get(|| async { Html(CHAT_PAGE) }))
@@ -449,6 +455,28 @@ async fn submit(
         p.seed.unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
     let extras =
         SamplerExtras { min_p: p.min_p, presence_penalty: p.presence_penalty, frequency_penalty: p.frequency_penalty };
+    let guide = match &p.constraint {
+        None => None,
+        Some((param, _)) if kind == Kind::Chat && matches!(state.format, OutputFormat::Harmony(_)) => {
+            return Err(ApiError::invalid(
+                Some(param),
+                format!("'{param}' is not supported with this model's harmony reply format (its channels are outside any schema)"),
+            ));
+        }
+        Some((param, c)) => {
+            let (st, c) = (state.clone(), c.clone());
+            let param = *param;
+            // Compiling a schema or grammar is CPU work: off the runtime.
+            let compiled = tokio::task::spawn_blocking(move || st.structured.compile(&c))
+                .await
+                .map_err(|e| ApiError::internal(format!("compiling the constraint failed: {e}")))?;
+            let what = if param == "grammar" { "grammar" } else { "JSON schema" };
+            Some(compiled.map_err(|e| {
+                ApiError::invalid(Some(param), format!("The {what} cannot be used: {e}"))
+                    .with_code(if param == "grammar" { "invalid_grammar" } else { "invalid_json_schema" })
+            })?)
+        }
+    };
     let (tx, rx) = mpsc::unbounded_channel();
     let mut jobs = Vec::with_capacity(p.n);
     for choice in 0..p.n {
@@ -472,10 +500,19 @@ async fn submit(
             stop_strings: p.stop.clone(),
             format: if kind == Kind::Chat { state.format } else { OutputFormat::Plain },
             logprobs: p.logprobs,
+            guide: None,
             events: EventSink::new(choice, tx.clone()),
         });
     }
     drop(tx);
+    // The last choice takes the compiled guide itself, the others a fork each.
+    if let Some(g) = guide {
+        let n = jobs.len();
+        for job in &mut jobs[..n - 1] {
+            job.guide = Some(Box::new(g.fork().ok_or_else(|| ApiError::internal("copying the constraint failed"))?));
+        }
+        jobs[n - 1].guide = Some(Box::new(g));
+    }
     // Bounded queue: count first, give back on refusal.
     let n = jobs.len();
     let m = &state.metrics;
@@ -512,6 +549,7 @@ async fn submit(
     count(&m.logprobs_requests, p.logprobs.is_some());
     count(&m.multi_choice_requests, n > 1);
     count(&m.stop_string_requests, !p.stop.is_empty());
+    count(&m.structured_requests, p.constraint.is_some());
     let penalized =
         p.min_p != 0.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 || p.repetition_penalty != 1.0;
     count(&m.penalty_requests, penalized);

@@ -45,6 +45,12 @@ pub struct Metrics {
     pub embedding_requests: AtomicU64,
     /// Inputs embedded.
     pub embedding_inputs: AtomicU64,
+    /// Accepted completion requests with a `response_format`, `json_schema` or `grammar`
+    /// constraint.
+    pub structured_requests: AtomicU64,
+    /// Nanoseconds the model thread spent applying constraints: waiting for masks not yet
+    /// computed, masking the logits and advancing the matchers.
+    pub constraint_nanos: AtomicU64,
     prefill_tokens: AtomicU64,
     prefill_nanos: AtomicU64,
     decode_tokens: AtomicU64,
@@ -114,6 +120,11 @@ impl Metrics {
             ("detokenize_requests_total", "POST /detokenize requests.", &self.detokenize_requests),
             ("embedding_requests_total", "POST /v1/embeddings requests.", &self.embedding_requests),
             ("embedding_inputs_total", "Inputs embedded.", &self.embedding_inputs),
+            (
+                "requests_structured_total",
+                "Completion requests constrained by response_format, json_schema or grammar.",
+                &self.structured_requests,
+            ),
         ] {
             put(name, "counter", help, g(v).to_string());
         }
@@ -128,6 +139,12 @@ impl Metrics {
             "counter",
             "Tokens decoded (one per sequence per step).",
             g(&self.decode_tokens).to_string(),
+        );
+        put(
+            "constraint_seconds_total",
+            "counter",
+            "Model-thread time spent on constraints: waiting for token masks, masking, advancing matchers.",
+            format!("{:.6}", g(&self.constraint_nanos) as f64 * 1e-9),
         );
         put(
             "queue_depth",

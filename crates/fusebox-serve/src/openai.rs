@@ -10,6 +10,8 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 
+use crate::structured::Constraint;
+
 /// An error answered with OpenAI's error body.
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -136,6 +138,9 @@ pub struct Params {
     pub stream: bool,
     /// `stream_options.include_usage`: a last chunk with `usage` and no choices.
     pub include_usage: bool,
+    /// What the answer is constrained to, and the field that asked
+    /// (`response_format`, `json_schema` or `grammar`).
+    pub constraint: Option<(&'static str, Constraint)>,
 }
 
 /// Most choices one request may ask for (`n`).
@@ -352,7 +357,94 @@ fn params(obj: &Map<String, Value>, endpoint: Endpoint) -> Result<Params, ApiErr
         seed,
         stream: boolean(obj, "stream")?,
         include_usage,
+        constraint: constraint(obj)?,
     })
+}
+
+/// The answer's constraint: OpenAI's `response_format` (`text`, `json_object`, or
+/// `json_schema` with `json_schema: {name, schema, strict}`; llama-server's
+/// `json_object` with a `schema` too), or llama-server's top-level `json_schema` or
+/// `grammar` (GBNF, or Lark); at most one of them.
+fn constraint(obj: &Map<String, Value>) -> Result<Option<(&'static str, Constraint)>, ApiError> {
+    const RF: &str = "response_format";
+    let mut found: Vec<(&'static str, Constraint)> = Vec::new();
+    match field(obj, RF) {
+        None => {}
+        Some(Value::Object(rf)) => {
+            let kind = match field(rf, "type") {
+                Some(Value::String(t)) => t.as_str(),
+                None => {
+                    return Err(ApiError::invalid(Some("response_format.type"), "'response_format.type' is required"))
+                }
+                Some(v) => return Err(wrong_type("response_format.type", "a string", v)),
+            };
+            match kind {
+                "text" => {}
+                "json_object" => match field(rf, "schema") {
+                    None => found.push((RF, Constraint::JsonObject)),
+                    Some(schema) => found.push((RF, Constraint::JsonSchema { schema: schema.clone() })),
+                },
+                "json_schema" => {
+                    const P: &str = "response_format.json_schema";
+                    let js = match field(rf, "json_schema") {
+                        Some(Value::Object(js)) => js,
+                        None => {
+                            return Err(ApiError::invalid(
+                                Some(P),
+                                format!("'{P}' is required with type 'json_schema'"),
+                            ))
+                        }
+                        Some(v) => return Err(wrong_type(P, "an object", v)),
+                    };
+                    match field(js, "name") {
+                        None | Some(Value::String(_)) => {}
+                        Some(v) => return Err(wrong_type("response_format.json_schema.name", "a string", v)),
+                    }
+                    match field(js, "strict") {
+                        None | Some(Value::Bool(_)) => {}
+                        Some(v) => return Err(wrong_type("response_format.json_schema.strict", "a boolean", v)),
+                    }
+                    let schema = match field(js, "schema") {
+                        Some(s @ (Value::Object(_) | Value::Bool(_))) => s.clone(),
+                        // OpenAI's default: any JSON value.
+                        None => json!({}),
+                        Some(v) => return Err(wrong_type("response_format.json_schema.schema", "an object", v)),
+                    };
+                    found.push((RF, Constraint::JsonSchema { schema }));
+                }
+                other => {
+                    return Err(ApiError::invalid(
+                        Some("response_format.type"),
+                        format!("'response_format.type' must be one of text, json_object, json_schema; got '{other}'"),
+                    ))
+                }
+            }
+        }
+        Some(v) => return Err(wrong_type(RF, "an object", v)),
+    }
+    match field(obj, "json_schema") {
+        None => {}
+        Some(s @ (Value::Object(_) | Value::Bool(_))) => {
+            found.push(("json_schema", Constraint::JsonSchema { schema: s.clone() }))
+        }
+        Some(v) => return Err(wrong_type("json_schema", "an object", v)),
+    }
+    match field(obj, "grammar") {
+        None => {}
+        Some(Value::String(g)) => found.push(("grammar", Constraint::Grammar(g.clone()))),
+        Some(v) => return Err(wrong_type("grammar", "a string", v)),
+    }
+    if found.len() > 1 {
+        let names: Vec<&str> = found.iter().map(|f| f.0).collect();
+        return Err(ApiError::invalid(
+            Some(found[1].0),
+            format!(
+                "only one of response_format, json_schema and grammar may constrain the answer, got {}",
+                names.join(" and ")
+            ),
+        ));
+    }
+    Ok(found.pop())
 }
 
 fn message_content(i: usize, v: Option<&Value>, role: &str) -> Result<String, ApiError> {
