@@ -13,8 +13,9 @@ latency a costs a + b/B.
     many streams, micro-batches of M rows in flight, every stage busy:
                      tokens/s = M / max(C_M/N + hop(M))      (the slowest stage and its send)
 
-with C_M the compute of an M-row batched step (taken as M^0.3 * C: batched decode reads
-each weight once for all rows — an assumption, measure `bench serve_load` to replace it).
+with C_M the compute of an M-row batched step: --batch-ms, measured (8 / the tokens/s of
+one process serving 8 clients, bench/serve_load.py), or else M^0.3 * C (batched decode
+reads each weight once for all rows; an assumption).
 """
 import argparse
 
@@ -35,6 +36,8 @@ def main():
     p.add_argument("--hop-us", type=float, default=None, help="measured per-hop latency on one host (µs)")
     p.add_argument("--ranks", default="2,4,8")
     p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--batch-ms", type=float, default=None,
+                   help="measured ms of one M-row batched decode step on one process (replaces M^0.3 * C)")
     a = p.parse_args()
     c = a.compute_ms / 1e3
     hidden = 2 * a.d_model * a.wire_bytes
@@ -53,7 +56,7 @@ def main():
         for n in [int(x) for x in a.ranks.split(",")]:
             t = c + (n - 1) * hop(hidden) + hop(logits)
             m = a.micro_batch
-            c_m = m**0.3 * c
+            c_m = a.batch_ms / 1e3 if a.batch_ms is not None else m**0.3 * c
             stage = c_m / n + max(hop(m * hidden), hop(m * logits) if n > 1 else 0)
             print(f"| {name} | {n} | {t * 1e3:.2f} | {c / t:.2f}× | {m / stage:.0f} |")
 

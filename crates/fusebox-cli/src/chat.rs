@@ -167,11 +167,11 @@ pub fn run(args: &ChatArgs) -> Result<()> {
 /// follow its steps through their stages.
 fn converse(args: &ChatArgs, mut sampler: Sampler, dist: &crate::pipeline::Distributed) -> Result<()> {
     let b = backend_for(&args.backend, args.threads)?;
-    let model = dist.load(b.as_ref(), &args.model, args.ctx_size, args.cache_type)?;
     if !dist.is_lead() {
-        let ctx = args.ctx_size.unwrap_or_else(|| DEFAULT_CTX.min(model.context_length()));
-        return dist.follow(b.as_ref(), &model, ctx, args.cache_type);
+        let ctx = |context: usize| args.ctx_size.unwrap_or_else(|| DEFAULT_CTX.min(context));
+        return dist.follow(b.as_ref(), &args.model, args.ctx_size, args.cache_type, 1, ctx);
     }
+    let model = dist.load(b.as_ref(), &args.model, args.ctx_size, args.cache_type)?;
     let template = model.chat_template()?;
     if let Some(notice) = template.notice() {
         eprintln!("[{notice}]");

@@ -12,6 +12,7 @@ use fusebox_models::comm::Communicator;
 use fusebox_models::pipeline::{self, Pipeline, StageStats, Wire};
 use fusebox_models::pretrained::{self, Pretrained};
 use fusebox_models::transformer::Stage;
+use fusebox_models::weights::StageSizes;
 use fusebox_models::{finetune, open};
 
 /// The flags of a model split over MPI ranks.
@@ -62,13 +63,46 @@ impl Distributed {
     }
 
     /// The pretrained model `path` for this process: the whole model, or under mpirun
-    /// this rank's stage (rank 0's with the pipeline attached). `ctx` positions of
-    /// `cache` dtype count in the balance. Each rank prints its blocks and resident
-    /// memory to stderr.
+    /// rank 0's stage with the pipeline attached (the other ranks run
+    /// [`follow`](Self::follow) instead). `ctx` positions of `cache` dtype count in the
+    /// balance. Each rank prints its blocks and resident memory to stderr.
     pub fn load(&self, b: &dyn ComputeBackend, path: &Path, ctx: Option<usize>, cache: DType) -> Result<Pretrained> {
         if !self.is_split() {
             return open::load(b, path);
         }
+        self.check_splittable(path)?;
+        let mut model = pretrained::load_gguf_or_hf_stage(b, path, &self.chooser(ctx, cache))?;
+        self.report(model.network.stage());
+        if self.is_lead() {
+            model.pipeline = Some(Arc::new(Pipeline::new(self.comm.clone(), self.wire)?));
+        }
+        Ok(model)
+    }
+
+    /// On ranks other than 0: loads this rank's stage of `path` — its blocks' tensors
+    /// only, no tokenizer: this rank never sees text — and follows rank 0's steps (see
+    /// [`pipeline::follow`]) with `slots` caches of `cache` dtype, each of
+    /// `positions(the model's context length)` positions, until rank 0 ends the run.
+    /// `ctx` is what [`load`](Self::load) was given on rank 0 (the same balance).
+    pub fn follow(
+        &self,
+        b: &dyn ComputeBackend,
+        path: &Path,
+        ctx: Option<usize>,
+        cache: DType,
+        slots: usize,
+        positions: impl Fn(usize) -> usize,
+    ) -> Result<()> {
+        self.check_splittable(path)?;
+        let network = pretrained::load_stage_network(b, path, &self.chooser(ctx, cache))?;
+        self.report(network.stage());
+        let n = positions(network.arch.context_length);
+        let mut kv = (0..slots.max(1)).map(|_| network.new_cache_of(b, n, cache)).collect::<Result<Vec<_>>>()?;
+        pipeline::follow(&network, b, self.comm.as_ref(), self.wire, &mut kv)
+    }
+
+    /// A fine-tuning checkpoint is not split (its base and adapters are one process's).
+    fn check_splittable(&self, path: &Path) -> Result<()> {
         if finetune::is_finetune_checkpoint(path) {
             return Err(Error::unsupported(
                 "pipeline",
@@ -79,51 +113,37 @@ impl Distributed {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// This rank's stage: the split balanced over the ranks (or `--layer-split`), with
+    /// `ctx` positions of `cache` dtype counted for each block's KV cache.
+    fn chooser(&self, ctx: Option<usize>, cache: DType) -> impl Fn(&StageSizes) -> Result<Stage> + '_ {
         let (rank, world) = (self.comm.rank(), self.comm.world_size());
-        let counts = self.counts.clone();
-        let choose = move |sizes: &fusebox_models::weights::StageSizes| -> Result<Stage> {
+        move |sizes: &StageSizes| -> Result<Stage> {
             let positions = ctx.unwrap_or(2048) as u64;
             let per_value = cache.storage_bytes(1) as u64;
             let kv: Vec<u64> = sizes.kv_per_position.iter().map(|b| b / 4 * per_value * positions).collect();
-            let split = pipeline::split_layers(sizes, &kv, world, counts.as_deref())?;
+            let split = pipeline::split_layers(sizes, &kv, world, self.counts.as_deref())?;
             if rank == 0 {
                 let shown: Vec<String> = split.iter().map(|r| format!("{}..{}", r.start, r.end)).collect();
                 eprintln!("[pipeline] {world} ranks, blocks {}", shown.join(" | "));
             }
             Stage::new(split[rank].clone(), sizes.layers.len())
-        };
-        let mut model = pretrained::load_gguf_or_hf_stage(b, path, &choose)?;
-        let s = model.network.stage().clone();
+        }
+    }
+
+    /// Prints this rank's blocks and its peak resident memory after loading.
+    fn report(&self, s: &Stage) {
         let rss =
             crate::memory::peak_rss().map_or("unknown".to_string(), |b| format!("{:.1} MiB", b as f64 / 1048576.0));
         eprintln!(
-            "[pipeline] rank {rank}: blocks {}..{} of {}, peak resident {rss} after loading",
-            s.layers.start, s.layers.end, s.n_layers
+            "[pipeline] rank {}: blocks {}..{} of {}, peak resident {rss} after loading",
+            self.comm.rank(),
+            s.layers.start,
+            s.layers.end,
+            s.n_layers
         );
-        if rank == 0 {
-            model.pipeline = Some(Arc::new(Pipeline::new(self.comm.clone(), self.wire)?));
-        }
-        Ok(model)
-    }
-
-    /// On ranks other than 0: follows rank 0's steps with a cache of `ctx` positions in
-    /// `cache` until rank 0 ends the run (see [`pipeline::follow`]).
-    pub fn follow(&self, b: &dyn ComputeBackend, model: &Pretrained, ctx: usize, cache: DType) -> Result<()> {
-        self.follow_slots(b, model, ctx, cache, 1)
-    }
-
-    /// As [`follow`](Self::follow), for a server's `slots` sequences, each with its own cache.
-    pub fn follow_slots(
-        &self,
-        b: &dyn ComputeBackend,
-        model: &Pretrained,
-        ctx: usize,
-        cache: DType,
-        slots: usize,
-    ) -> Result<()> {
-        let mut kv =
-            (0..slots.max(1)).map(|_| model.network.new_cache_of(b, ctx, cache)).collect::<Result<Vec<_>>>()?;
-        pipeline::follow(&model.network, b, self.comm.as_ref(), self.wire, &mut kv)
     }
 
     /// Ends the other ranks' loops (rank 0 of a split model); every stage's counters.

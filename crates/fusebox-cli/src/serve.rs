@@ -67,14 +67,15 @@ fn serve(args: &ServeArgs, dist: &crate::pipeline::Distributed) -> Result<()> {
     let b = backend_for(&args.backend, args.threads)?;
     // Every slot's cache counts in the balance of the stages.
     let positions = args.ctx_size.unwrap_or(2048).saturating_mul(args.parallel.max(1));
-    let model = dist.load(b.as_ref(), &args.model, Some(positions), args.cache_type)?;
-    let ctx = args.ctx_size.unwrap_or_else(|| 2048.min(model.context_length()));
     if !dist.is_lead() {
         // mpirun hands SIGTERM and Ctrl-C to every rank: rank 0 ends the server and then
         // this loop (Pipeline::finish), so a follower outlives the signal.
         ctrlc::set_handler(|| {}).map_err(|e| fusebox::Error::Io(format!("serve: handling signals: {e}")))?;
-        return dist.follow_slots(b.as_ref(), &model, ctx, args.cache_type, args.parallel);
+        let ctx = |context: usize| args.ctx_size.unwrap_or_else(|| 2048.min(context));
+        return dist.follow(b.as_ref(), &args.model, Some(positions), args.cache_type, args.parallel, ctx);
     }
+    let model = dist.load(b.as_ref(), &args.model, Some(positions), args.cache_type)?;
+    let ctx = args.ctx_size.unwrap_or_else(|| 2048.min(model.context_length()));
     let description = model.description.clone();
     // Every slot holds a cache of `ctx` positions.
     crate::generate::check_cache_memory(&model, ctx.saturating_mul(args.parallel.max(1)), args.cache_type)?;

@@ -93,6 +93,26 @@ impl Bytes {
     }
 }
 
+/// Bytes copied per step by [`Bytes::copy_releasing`] (whole pages).
+const COPY_STEP: usize = 4 << 20;
+
+impl Bytes {
+    /// Copies `range` into `dst` (of its length), giving back each mapped piece's pages
+    /// once copied (see [`release`](Self::release)): the copy and the pages it came from
+    /// are never both resident beyond one step, so a loader's peak memory is its weights,
+    /// not its weights and the largest tensor's pages again.
+    pub(crate) fn copy_releasing(&self, range: std::ops::Range<usize>, dst: &mut [u8]) {
+        let mut at = range.start;
+        while at < range.end {
+            // Steps end on multiples of COPY_STEP, so each releases whole pages.
+            let end = ((at / COPY_STEP + 1) * COPY_STEP).min(range.end);
+            dst[at - range.start..end - range.start].copy_from_slice(&self[at..end]);
+            self.release(at..end);
+            at = end;
+        }
+    }
+}
+
 impl AsRef<[u8]> for Bytes {
     fn as_ref(&self) -> &[u8] {
         self

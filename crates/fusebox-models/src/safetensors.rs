@@ -191,12 +191,25 @@ impl SafeTensors {
         Tensor::from_bytes(data, info.shape.clone(), info.dtype)
     }
 
-    /// Gives back this process's memory-mapped pages of tensor `name` (see
-    /// `Bytes::release`). Unknown names: nothing.
-    pub fn release_tensor(&self, name: &str) {
-        if let Some(info) = self.tensors.get(name) {
-            self.bytes.release(self.data_start + info.begin..self.data_start + info.end);
+    /// Tensor `name` as [`tensor`](Self::tensor) gives it, giving back this process's
+    /// mapped pages of each piece once copied (see `Bytes::copy_releasing`): for a loader.
+    pub fn take_tensor(&self, name: &str) -> Result<Tensor> {
+        let info = self.tensors.get(name).ok_or_else(|| bad(format!("no tensor named '{name}'")))?;
+        let range = self.data_start + info.begin..self.data_start + info.end;
+        if range.end > self.bytes.len() {
+            return Err(bad(format!("tensor '{name}': bytes {}..{} out of range", info.begin, info.end)));
         }
+        let mut t = Tensor::zeros(info.shape.clone(), info.dtype)?;
+        let dst = t.host_bytes_mut()?;
+        if dst.len() != range.len() {
+            return Err(bad(format!(
+                "tensor '{name}': {} bytes in the file, its shape and dtype take {}",
+                range.len(),
+                dst.len()
+            )));
+        }
+        self.bytes.copy_releasing(range, dst);
+        Ok(t)
     }
 }
 

@@ -226,10 +226,10 @@ fn measure_generation(args: &GenerateBenchArgs, cache_type: DType, dist: &crate:
     let b = backend_for(&args.backend, args.threads)?;
     // Room for the warm-up's four decode steps when fewer new tokens are asked for.
     let ctx = args.prompt_tokens + args.new_tokens.max(4) + 1;
-    let model = dist.load(b.as_ref(), &args.model, Some(ctx), cache_type)?;
     if !dist.is_lead() {
-        return dist.follow(b.as_ref(), &model, ctx, cache_type);
+        return dist.follow(b.as_ref(), &args.model, Some(ctx), cache_type, 1, |_| ctx);
     }
+    let model = dist.load(b.as_ref(), &args.model, Some(ctx), cache_type)?;
     let prompt = bench_prompt(&model.tokenizer, args.prompt_tokens)?;
     let wall = Instant::now();
     let mut session = model.session_with_cache(b.as_ref(), ctx, cache_type)?;

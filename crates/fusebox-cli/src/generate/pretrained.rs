@@ -48,11 +48,11 @@ pub(crate) fn check_cache_memory(model: &pretrained::Pretrained, ctx: usize, dty
 /// Under mpirun, this rank's stage; ranks other than 0 only follow.
 pub(crate) fn run(args: &GenerateArgs, mut sampler: Sampler, dist: &Distributed) -> Result<()> {
     let b = backend_for(&args.backend, args.threads)?;
-    let model = dist.load(b.as_ref(), &args.model, args.ctx_size, args.cache_type)?;
     if !dist.is_lead() {
-        let ctx = args.ctx_size.unwrap_or_else(|| DEFAULT_CTX.min(model.context_length()));
-        return dist.follow(b.as_ref(), &model, ctx, args.cache_type);
+        let ctx = |context: usize| args.ctx_size.unwrap_or_else(|| DEFAULT_CTX.min(context));
+        return dist.follow(b.as_ref(), &args.model, args.ctx_size, args.cache_type, 1, ctx);
     }
+    let model = dist.load(b.as_ref(), &args.model, args.ctx_size, args.cache_type)?;
     let tok = &model.tokenizer;
     let mut prompt = if args.chat {
         let template = model.chat_template()?;

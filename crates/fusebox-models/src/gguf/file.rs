@@ -223,13 +223,26 @@ impl GgufFile {
         Ok(&self.bytes[range])
     }
 
-    /// Gives back this process's memory-mapped pages of tensor `name` (a loader that
-    /// copied it will not read them again; see `Bytes::release`). Unknown names: nothing.
-    pub fn release_tensor(&self, name: &str) {
-        if let Ok(bytes) = self.tensor_bytes(name) {
-            let start = bytes.as_ptr() as usize - self.bytes.as_ptr() as usize;
-            self.bytes.release(start..start + bytes.len());
+    /// Tensor `name` as [`tensor`](Self::tensor) gives it, copied a few MiB at a time and
+    /// giving back this process's mapped pages of each piece once copied: for a loader,
+    /// which will not read them again (see `Bytes::copy_releasing`).
+    pub fn take_tensor(&self, name: &str) -> Result<Tensor> {
+        let info = self.require_info(name)?;
+        let (dtype, shape) = (info.dtype()?, info.shape()?);
+        let bytes = self.tensor_bytes(name)?;
+        let start = bytes.as_ptr() as usize - self.bytes.as_ptr() as usize;
+        let mut t = Tensor::zeros(shape, dtype)
+            .map_err(|e| Error::Io(format!("gguf: tensor '{name}': cannot build the tensor: {e}")))?;
+        let dst = t.host_bytes_mut()?;
+        if dst.len() != bytes.len() {
+            return Err(Error::Io(format!(
+                "gguf: tensor '{name}': {} bytes in the file, its shape and type take {}",
+                bytes.len(),
+                dst.len()
+            )));
         }
+        self.bytes.copy_releasing(start..start + bytes.len(), dst);
+        Ok(t)
     }
 
     /// Tensor `name` as [`tensor`](Self::tensor) gives it, over the file's own bytes (the

@@ -161,6 +161,25 @@ pub fn load_gguf_or_hf_stage(b: &dyn ComputeBackend, path: &Path, choose: &Choos
     load_gguf_file(b, path, choose).map_err(|e| with_path(e, path))
 }
 
+/// Only the network of the stage `choose` picks from the model at `path` (a GGUF file or
+/// a Hugging Face directory): no tokenizer, no chat template — what a pipeline rank
+/// other than 0 runs, which never sees text.
+pub fn load_stage_network(b: &dyn ComputeBackend, path: &Path, choose: &ChooseStage<'_>) -> Result<Transformer> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
+    if meta.is_dir() {
+        let config = read_config(path)?;
+        let shards = Shards::open(path)?;
+        let plan = weights::hf_plan(&config, &shards).map_err(|e| with_path(e, &path.join("config.json")))?;
+        return weights::load_stage_for(b, &shards, plan, weights::Purpose::Inference, choose)
+            .map_err(|e| with_path(e, path));
+    }
+    if !meta.is_file() {
+        return Err(files::not_regular(path, "a model (a GGUF file, or a Hugging Face directory)", meta.file_type()));
+    }
+    let file = GgufFile::open(path)?;
+    weights::load_gguf_stage(b, &file, choose).map_err(|e| with_path(e, path))
+}
+
 /// Picks a pipeline stage from a model's stored sizes.
 pub type ChooseStage<'a> = dyn Fn(&weights::StageSizes) -> Result<Stage> + 'a;
 

@@ -38,11 +38,12 @@ pub trait TensorSource {
     fn get_mapped(&self, name: &str) -> Result<Tensor> {
         self.get(name)
     }
-    /// Tensor `name` has been copied and will not be read again: a memory-mapped source
-    /// gives its pages back, so that a loaded model's resident memory is its weights, not
-    /// its weights and the file's pages besides. By default nothing.
-    fn release(&self, name: &str) {
-        let _ = name;
+    /// Tensor `name` on the host for a loader, which will not read it again: a
+    /// memory-mapped source gives back its pages as it copies them, so that a loaded
+    /// model's resident memory is its weights, not its weights and the file's pages
+    /// besides. By default [`get`](Self::get).
+    fn take(&self, name: &str) -> Result<Tensor> {
+        self.get(name)
     }
 }
 
@@ -62,8 +63,8 @@ impl TensorSource for Shards {
     fn get(&self, name: &str) -> Result<Tensor> {
         Shards::get(self, name)
     }
-    fn release(&self, name: &str) {
-        Shards::release(self, name)
+    fn take(&self, name: &str) -> Result<Tensor> {
+        Shards::take(self, name)
     }
 }
 
@@ -86,8 +87,8 @@ impl TensorSource for GgufFile {
     fn get_mapped(&self, name: &str) -> Result<Tensor> {
         self.tensor_mapped(name)
     }
-    fn release(&self, name: &str) {
-        self.release_tensor(name)
+    fn take(&self, name: &str) -> Result<Tensor> {
+        self.take_tensor(name)
     }
 }
 
@@ -438,13 +439,7 @@ fn read_param(
     let mapped =
         (map || role == Role::Experts && purpose != Purpose::Training) && parts.len() == 1 && parts[0].fix == Fix::None;
     for p in parts {
-        let t = if mapped {
-            src.get_mapped(&p.file)?
-        } else {
-            let copied = src.get(&p.file)?;
-            src.release(&p.file);
-            copied
-        };
+        let t = if mapped { src.get_mapped(&p.file)? } else { src.take(&p.file)? };
         let stored = p.fix.stored_shape(&p.shape);
         // Size-1 axes may differ (llama.cpp stores the shared expert's gate `[1, D]` as `[D]`).
         let squeezed = |d: &[usize]| d.iter().copied().filter(|&n| n != 1).collect::<Vec<_>>();

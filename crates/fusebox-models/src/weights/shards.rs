@@ -129,12 +129,15 @@ impl Shards {
         self.files[i].tensor(name)
     }
 
-    /// Gives back the mapped pages of tensor `name` once copied (see
-    /// [`SafeTensors::release_tensor`](crate::safetensors::SafeTensors::release_tensor)).
-    pub fn release(&self, name: &str) {
-        if let Some(&i) = self.index.get(name) {
-            self.files[i].release_tensor(name);
-        }
+    /// Tensor `name` (host) for a loader, which will not read it again: the mapped pages
+    /// are given back as it is copied (see
+    /// [`SafeTensors::take_tensor`](crate::safetensors::SafeTensors::take_tensor)).
+    pub fn take(&self, name: &str) -> Result<Tensor> {
+        let &i = self
+            .index
+            .get(name)
+            .ok_or_else(|| Error::Io(format!("{}: missing tensor '{name}'", self.dir.display())))?;
+        self.files[i].take_tensor(name)
     }
 
     /// The dtype of tensor `name`, or an error naming it and the directory.
