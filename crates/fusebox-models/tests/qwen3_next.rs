@@ -9,7 +9,7 @@
 //! * a prompt run whole (the chunked delta rule, the convolution over the prompt) and the
 //!   same tokens fed one at a time through the cache (the recurrent step, the carried
 //!   convolution state) give the same logits at every position, within 1e-4 of the
-//!   largest (observed 3e-5: the two forms round differently in f32);
+//!   largest (observed 1e-5: the two forms round differently in f32);
 //! * the fused projections are written back as transformers stores them: the HF export's
 //!   `in_proj_qkvz` and `in_proj_ba` are the fixture's values, row for row; the GGUF
 //!   export holds llama.cpp's `qwen3next` tensors (`attn_qkv`, `attn_gate`, `ssm_ba`,
@@ -94,8 +94,10 @@ fn prefill_and_cached_decode_agree_at_every_position() {
         let d = max_abs(&got, &whole);
         eprintln!("qwen3_next: prefill {split} then decode vs whole: max |Δ| {d:.2e}");
         // The chunked and the recurrent delta rule round differently in f32: observed
-        // max |Δ| 4.1e-4 with logits up to about 15 (3e-5 relative); held to the 1e-4
-        // relative asked of the logits against transformers.
+        // max |Δ| 1.7e-4 with logits up to about 16 (1e-5 relative). Rounding, not a
+        // disagreement of the forms: against transformers in f64 at every position each
+        // is within 1.1e-4 (transformers' own f32 run: 7e-5 whole, 6e-5 decoding).
+        // Held to the 1e-4 relative asked of the logits against transformers.
         assert!(d < 1e-4 * largest(&whole), "prefill of {split}: max |Δ| {d:.2e} over {} positions", got.len() / v);
     }
 }
