@@ -418,8 +418,9 @@ mod tests {
         let q = b.to_host(&b.quantize(&plain, DType::Q8_0).unwrap()).unwrap();
         let got = gather_rows("t", &q, &[4, 0, 5]).unwrap();
         assert_eq!(got.dtype(), DType::Q8_0);
-        let want = gather_rows("t", &Tensor::from_vec(q.to_vec_f32().unwrap(), [6, 64]).unwrap(), &[4, 0, 5]).unwrap();
-        assert_eq!(got.to_vec_f32().unwrap(), want.to_vec_f32().unwrap());
+        let f32_of = |t: &Tensor| b.to_host(&b.dequantize(t).unwrap()).unwrap().to_vec_f32().unwrap();
+        let want = gather_rows("t", &Tensor::from_vec(f32_of(&q), [6, 64]).unwrap(), &[4, 0, 5]).unwrap();
+        assert_eq!(f32_of(&got), want.to_vec_f32().unwrap());
         assert!(gather_rows("t", &q, &[6]).is_err());
     }
 }
