@@ -449,7 +449,7 @@ impl Architecture for Qwen3_5 {
         Ok(arch)
     }
 
-    /// The keys llama.cpp's converter writes for `qwen35`: [`write_gguf_hybrid`]'s and
+    /// The keys llama.cpp's converter writes for `qwen35`: `write_gguf_hybrid`'s and
     /// the rope sections.
     fn write_gguf(&self, arch: &Arch, m: &mut GgufMetaOut) -> Result<()> {
         write_gguf_hybrid(arch, m)?;

@@ -1,6 +1,6 @@
 //! One model over several processes: pipeline-parallel inference on MPI.
 //!
-//! Under `mpirun -np N` the blocks are split into `N` consecutive [`Stage`]s
+//! Under `mpirun -np N` the blocks are split into `N` consecutive [`Stage`](crate::transformer::Stage)s
 //! ([`split_layers`]); rank `r` loads only stage `r`'s tensors and keeps the KV cache
 //! (and recurrent state) of its blocks. Rank 0 holds the embeddings, owns the tokenizer,
 //! the sampler and the user, and drives a [`Pipeline`]: each step runs its blocks, sends
