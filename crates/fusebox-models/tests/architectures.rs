@@ -11,12 +11,12 @@ mod common;
 use std::path::PathBuf;
 
 use common::gguf_writer::GgufWriter;
-use fusebox::{CpuBackend, RopeStyle, Tensor};
+use fusebox::{CpuBackend, DType, RopeStyle, Tensor};
 use fusebox_models::arch::{self, Fix, GGUF_NAMES};
 use fusebox_models::gguf::{GgmlType, GgufFile, Value};
 use fusebox_models::safetensors::SafeTensors;
 use fusebox_models::transformer::{Positions, RopeScaling, Transformer};
-use fusebox_models::weights::{self, Purpose};
+use fusebox_models::weights::{self, Purpose, TensorSource};
 use fusebox_models::{generate, ParamSet, Sampler, SamplerConfig, Session};
 
 /// Relative agreement asked of logits, loss and gradients.
@@ -110,10 +110,18 @@ fn training_step(name: &str) {
     let e = (f64::from(loss) - f64::from(want)).abs() / f64::from(want).abs();
     assert!(e < TOL, "{name}: loss {loss} vs {want} ({e:.2e} relative)");
 
-    // Every parameter's gradient, found under the file's name for it.
+    // Every parameter's gradient, found under the file's name for it, read as the
+    // loader reads the weights (Qwen3-Next's fused projections split into their parts).
     let config = weights::read_config(&dir(name)).unwrap();
     let plan = weights::hf_plan(&config, &weights::Shards::open(&dir(name)).unwrap()).unwrap();
     let prefix = if r.0.tensors.contains_key("grad.transformer.wte.weight") { "transformer." } else { "" };
+    let recorded = RecordedGrads(&r.0);
+    let unfused = arch::by_name(&model.arch.name).unwrap().hf_source(&model.arch, &recorded).unwrap();
+    let grads_src: &dyn TensorSource = unfused.as_deref().unwrap_or(&recorded);
+    let get = |f: &str| -> Vec<f32> {
+        let key = f.strip_prefix("grad.").unwrap();
+        grads_src.get(key).unwrap_or_else(|e| panic!("{f}: {e}")).to_vec_f32().unwrap()
+    };
     let (mut used, mut worst) = (std::collections::BTreeSet::new(), 0.0f64);
     for (spec, g) in model.specs.iter().zip(&grads.tensors) {
         let (file, fix) = plan.names.file_name(&spec.name).unwrap_or_else(|| panic!("{name}: {}", spec.name));
@@ -123,7 +131,7 @@ fn training_step(name: &str) {
         } else {
             vec![format!("grad.{prefix}{file}")]
         };
-        let want: Vec<f32> = files.iter().flat_map(|f| r.get(f)).collect();
+        let want: Vec<f32> = files.iter().flat_map(|f| get(f)).collect();
         used.extend(files);
         // Laid out as the loader lays out the weight (transposed, or one part of an
         // interleaved pair); d/dw of `1 + w` is d/dw of w.
@@ -134,8 +142,29 @@ fn training_step(name: &str) {
     }
     let checked = used.len();
     eprintln!("{name}: loss rel. error {e:.1e}; worst gradient rel. error {worst:.1e} over {checked} parameters");
-    let recorded = r.0.tensors.keys().filter(|k| k.starts_with("grad.")).count();
+    let recorded = grads_src.names().len();
     assert_eq!(checked, recorded, "{name}: every recorded gradient has a parameter here");
+}
+
+/// The recorded gradients (`grad.<checkpoint name>`) as a checkpoint's tensors.
+struct RecordedGrads<'a>(&'a SafeTensors);
+
+impl TensorSource for RecordedGrads<'_> {
+    fn origin(&self) -> String {
+        "reference gradients".into()
+    }
+    fn names(&self) -> Vec<String> {
+        self.0.tensors.keys().filter_map(|k| k.strip_prefix("grad.")).map(str::to_string).collect()
+    }
+    fn has(&self, name: &str) -> bool {
+        self.0.tensors.contains_key(&format!("grad.{name}"))
+    }
+    fn dtype(&self, name: &str) -> fusebox::Result<DType> {
+        Ok(self.0.tensor(&format!("grad.{name}"))?.dtype())
+    }
+    fn get(&self, name: &str) -> fusebox::Result<Tensor> {
+        self.0.tensor(&format!("grad.{name}"))
+    }
 }
 
 /// HF half-split q/k rows → the interleaved order llama.cpp's converter writes for
@@ -270,7 +299,8 @@ arch_tests!(
     qwen2_moe,
     qwen3_yarn,
     gpt_oss,
-    qwen3_5
+    qwen3_5,
+    qwen3_next
 );
 
 #[test]

@@ -45,6 +45,7 @@ const ARCHS: &[&str] = &[
     "qwen3_yarn",
     "gpt_oss",
     "qwen3_5",
+    "qwen3_next",
 ];
 
 fn cpu() -> CpuBackend {

@@ -81,9 +81,20 @@ fn check(name: &str) {
 
 #[test]
 fn forward_batch_is_each_sequence_alone() {
-    for name in
-        ["gpt2", "llama", "qwen3", "gemma3", "mistral", "phi3", "qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "qwen3_5"]
-    {
+    for name in [
+        "gpt2",
+        "llama",
+        "qwen3",
+        "gemma3",
+        "mistral",
+        "phi3",
+        "qwen3_moe",
+        "mixtral",
+        "olmoe",
+        "qwen2_moe",
+        "qwen3_5",
+        "qwen3_next",
+    ] {
         check(name);
     }
 }

@@ -19,6 +19,7 @@
 //! | [`qwen2_moe`] | RMS | SwiGLU experts + shared expert | rope | q/k/v biases, a sigmoid-gated shared expert |
 //! | [`qwen3_moe`] | RMS | SwiGLU experts | rope | Qwen3 with experts (`norm_topk_prob`), dense `mlp_only_layers` |
 //! | [`qwen3_5`] | RMS (1 + w) | SwiGLU | rope (partial) | Gated DeltaNet layers beside full attention with an output gate, QK-norm |
+//! | [`qwen3_next`] | RMS (1 + w) | SwiGLU experts + shared expert | rope (partial) | Qwen3.5's layers with the linear projections fused per key head (`in_proj_qkvz`, `in_proj_ba`) |
 //! | [`gpt_oss`] | RMS | clamped SwiGLU experts | rope (YaRN) | attention sinks, biases everywhere, top-k-then-softmax routing, alternating windows |
 //!
 //! What the files share lives beside them: [`hf`] (reading and writing `config.json`),
@@ -43,6 +44,7 @@ pub mod qwen2_moe;
 pub mod qwen3;
 pub mod qwen3_5;
 pub mod qwen3_moe;
+pub mod qwen3_next;
 
 use fusebox::{Error, Result};
 use serde_json::Value as Json;
@@ -97,11 +99,29 @@ pub trait Architecture: Sync {
         Ok(values)
     }
 
+    /// A Hugging Face checkpoint's tensors as this architecture's parameters read them,
+    /// where the checkpoint fuses some in an order of its own (Qwen3-Next's
+    /// `in_proj_qkvz`); `None` reads them as stored.
+    fn hf_source<'a>(&self, _arch: &Arch, _src: &'a dyn TensorSource) -> Result<Option<Box<dyn TensorSource + 'a>>> {
+        Ok(None)
+    }
+
+    /// The tensors an export writes (`(name, stored shape, values)`, in layout order) from
+    /// those its name table names: the inverse of [`hf_source`](Self::hf_source) (`gguf`
+    /// false) or [`gguf_source`](Self::gguf_source) (`gguf` true) where those split a
+    /// stored tensor into several; by default unchanged.
+    fn fuse_for_export(&self, _arch: &Arch, _gguf: bool, tensors: Vec<ExportTensor>) -> Result<Vec<ExportTensor>> {
+        Ok(tensors)
+    }
+
     /// The from-scratch preset, for the architectures `fusebox train` builds.
     fn preset(&self) -> Option<&'static Preset> {
         None
     }
 }
+
+/// A tensor as an export writes it: its file name, stored shape and values.
+pub type ExportTensor = (String, Vec<usize>, Vec<f32>);
 
 impl std::fmt::Debug for dyn Architecture {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -122,6 +142,7 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &qwen3::Qwen3,
     &qwen3_moe::Qwen3Moe,
     &qwen3_5::Qwen3_5,
+    &qwen3_next::Qwen3Next,
     &olmoe::Olmoe,
     &gpt_oss::GptOss,
     &phi3::Phi3,
@@ -325,7 +346,8 @@ mod tests {
         assert!(
             e.contains("falcon")
                 && e.contains(
-                    "gpt2, llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, qwen3_5, olmoe, gpt_oss, phi3, gemma3"
+                    "gpt2, llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, qwen3_5, qwen3_next, olmoe, gpt_oss, \
+                     phi3, gemma3"
                 ),
             "{e}"
         );

@@ -38,24 +38,30 @@ pub struct Qwen3_5;
 /// Qwen3.5's HF names: the Llama ones with `(1 + w)` norms and the Gated DeltaNet's.
 pub static HF_NAMES: NameTable = NameTable {
     layer_prefix: "model.layers.",
-    layer: &[
-        ("norm1.weight", "input_layernorm.weight", Fix::PlusOne),
-        ("norm2.weight", "post_attention_layernorm.weight", Fix::PlusOne),
-        ("attn.q_norm.weight", "self_attn.q_norm.weight", Fix::PlusOne),
-        ("attn.k_norm.weight", "self_attn.k_norm.weight", Fix::PlusOne),
-        ("linear.qkv.weight", "linear_attn.in_proj_qkv.weight", Fix::None),
-        ("linear.z.weight", "linear_attn.in_proj_z.weight", Fix::None),
-        ("linear.b.weight", "linear_attn.in_proj_b.weight", Fix::None),
-        ("linear.a.weight", "linear_attn.in_proj_a.weight", Fix::None),
-        ("linear.conv.weight", "linear_attn.conv1d.weight", Fix::Depthwise),
-        ("linear.dt_bias", "linear_attn.dt_bias", Fix::None),
-        ("linear.a_log", "linear_attn.A_log", Fix::None),
-        ("linear.norm.weight", "linear_attn.norm.weight", Fix::None),
-        ("linear.out.weight", "linear_attn.out_proj.weight", Fix::None),
-    ],
-    global: &[("norm_f.weight", "model.norm.weight", Fix::PlusOne)],
+    layer: HF_LAYER_NAMES,
+    global: HF_GLOBAL_NAMES,
     extends: Some(&super::HF_LLAMA_NAMES),
 };
+
+/// The per-layer entries of [`HF_NAMES`] (Qwen3-Next's table shares them).
+pub const HF_LAYER_NAMES: &[(&str, &str, Fix)] = &[
+    ("norm1.weight", "input_layernorm.weight", Fix::PlusOne),
+    ("norm2.weight", "post_attention_layernorm.weight", Fix::PlusOne),
+    ("attn.q_norm.weight", "self_attn.q_norm.weight", Fix::PlusOne),
+    ("attn.k_norm.weight", "self_attn.k_norm.weight", Fix::PlusOne),
+    ("linear.qkv.weight", "linear_attn.in_proj_qkv.weight", Fix::None),
+    ("linear.z.weight", "linear_attn.in_proj_z.weight", Fix::None),
+    ("linear.b.weight", "linear_attn.in_proj_b.weight", Fix::None),
+    ("linear.a.weight", "linear_attn.in_proj_a.weight", Fix::None),
+    ("linear.conv.weight", "linear_attn.conv1d.weight", Fix::Depthwise),
+    ("linear.dt_bias", "linear_attn.dt_bias", Fix::None),
+    ("linear.a_log", "linear_attn.A_log", Fix::None),
+    ("linear.norm.weight", "linear_attn.norm.weight", Fix::None),
+    ("linear.out.weight", "linear_attn.out_proj.weight", Fix::None),
+];
+
+/// The global entries of [`HF_NAMES`]: the final norm is `(1 + w)` too.
+pub const HF_GLOBAL_NAMES: &[(&str, &str, Fix)] = &[("norm_f.weight", "model.norm.weight", Fix::PlusOne)];
 
 static HF: HfFacts = HfFacts {
     model_type: "qwen3_5_text",
@@ -233,7 +239,7 @@ fn reorder_heads(name: &str, t: &Tensor, heads: Heads, n: usize, src: impl Fn(us
 }
 
 /// `blk.{l}.{part}` → `(l, part)`.
-fn layer_part(name: &str) -> Option<(usize, &str)> {
+pub(super) fn layer_part(name: &str) -> Option<(usize, &str)> {
     let (l, part) = name.strip_prefix("blk.")?.split_once('.')?;
     Some((l.parse().ok()?, part))
 }
@@ -269,15 +275,20 @@ impl GgufSource<'_> {
         if !a {
             return Ok(t);
         }
-        let mut v = t.to_vec_f32()?;
-        for x in &mut v {
-            if !(*x < 0.0 && x.is_finite()) {
-                return Err(Error::value("gguf", format!("tensor '{name}'"), "−e^{A_log}: finite and < 0", *x));
-            }
-            *x = (-*x).ln();
-        }
-        Tensor::from_vec(v, t.dims().to_vec())
+        a_log_of_ssm_a(name, &t)
     }
+}
+
+/// A_log from GGUF's `ssm_a` (tensor `name`), which holds −e^{A_log}.
+pub(super) fn a_log_of_ssm_a(name: &str, t: &Tensor) -> Result<Tensor> {
+    let mut v = t.to_vec_f32()?;
+    for x in &mut v {
+        if !(*x < 0.0 && x.is_finite()) {
+            return Err(Error::value("gguf", format!("tensor '{name}'"), "−e^{A_log}: finite and < 0", *x));
+        }
+        *x = (-*x).ln();
+    }
+    Tensor::from_vec(v, t.dims().to_vec())
 }
 
 impl TensorSource for GgufSource<'_> {
@@ -438,31 +449,10 @@ impl Architecture for Qwen3_5 {
         Ok(arch)
     }
 
-    /// The keys llama.cpp's converter writes for `qwen35`. llama.cpp sizes a value head as
-    /// a key head (`ssm.state_size`), so a model whose heads differ is refused.
+    /// The keys llama.cpp's converter writes for `qwen35`: `write_gguf_hybrid`'s and
+    /// the rope sections.
     fn write_gguf(&self, arch: &Arch, m: &mut GgufMetaOut) -> Result<()> {
-        let la = arch
-            .linear_attention
-            .ok_or_else(|| Error::value("qwen3_5", "linear_attention", "the Gated DeltaNet sizes", "none"))?;
-        if la.v_dim != la.k_dim {
-            return Err(Error::unsupported(
-                "export",
-                format!(
-                    "llama.cpp's qwen35 sizes a Gated DeltaNet value head as a key head; this model's are {} and {}",
-                    la.v_dim, la.k_dim
-                ),
-            ));
-        }
-        m.size("attention.head_count_kv", "n_kv_heads", arch.n_kv_heads)?;
-        gguf::write_head_size(arch, m)?;
-        m.size("ssm.conv_kernel", "linear conv_kernel", la.conv_kernel)?;
-        m.size("ssm.state_size", "linear k_dim", la.k_dim)?;
-        m.size("ssm.group_count", "linear k_heads", la.k_heads)?;
-        m.size("ssm.time_step_rank", "linear v_heads", la.v_heads)?;
-        m.size("ssm.inner_size", "linear value width", la.value_width())?;
-        let recurrent = (0..arch.n_layers).map(|l| arch.is_linear(l)).collect();
-        m.put(&format!("{}.attention.recurrent_layers", m.arch()), Value::Array(Array::Bool(recurrent)));
-        m.size("full_attention_interval", "full_attention_interval", 4)?;
+        write_gguf_hybrid(arch, m)?;
         let sections = rope_sections(arch.head_dim).to_vec();
         m.put(&format!("{}.rope.dimension_sections", m.arch()), Value::Array(Array::I32(sections)));
         Ok(())
@@ -525,6 +515,38 @@ impl Architecture for Qwen3_5 {
     fn preset(&self) -> Option<&'static Preset> {
         Some(&PRESET)
     }
+}
+
+/// The keys llama.cpp's converters write for its hybrid Qwens (`qwen35`, `qwen3next`):
+/// the KV heads, the head size, the Gated DeltaNet's sizes (`ssm.*`), which layers are
+/// recurrent. llama.cpp sizes a value head as a key head (`ssm.state_size`), so a model
+/// whose heads differ is refused.
+pub(super) fn write_gguf_hybrid(arch: &Arch, m: &mut GgufMetaOut) -> Result<()> {
+    let la = arch.linear_attention.ok_or_else(|| {
+        Error::value("export", format!("{}: linear_attention", arch.name), "the Gated DeltaNet sizes", "none")
+    })?;
+    if la.v_dim != la.k_dim {
+        return Err(Error::unsupported(
+            "export",
+            format!(
+                "llama.cpp's {} sizes a Gated DeltaNet value head as a key head; this model's are {} and {}",
+                m.arch(),
+                la.v_dim,
+                la.k_dim
+            ),
+        ));
+    }
+    m.size("attention.head_count_kv", "n_kv_heads", arch.n_kv_heads)?;
+    gguf::write_head_size(arch, m)?;
+    m.size("ssm.conv_kernel", "linear conv_kernel", la.conv_kernel)?;
+    m.size("ssm.state_size", "linear k_dim", la.k_dim)?;
+    m.size("ssm.group_count", "linear k_heads", la.k_heads)?;
+    m.size("ssm.time_step_rank", "linear v_heads", la.v_heads)?;
+    m.size("ssm.inner_size", "linear value width", la.value_width())?;
+    let recurrent = (0..arch.n_layers).map(|l| arch.is_linear(l)).collect();
+    m.put(&format!("{}.attention.recurrent_layers", m.arch()), Value::Array(Array::Bool(recurrent)));
+    m.size("full_attention_interval", "full_attention_interval", 4)?;
+    Ok(())
 }
 
 #[cfg(test)]

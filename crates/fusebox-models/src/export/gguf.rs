@@ -160,7 +160,7 @@ pub fn write(
     let mut tensors = Vec::new();
     let head = if arch.tied_embeddings { "token_embd.weight" } else { "output.weight" };
     let unit = crate::arch::by_name(&arch.name)?;
-    for (name, shape, values) in weights.file_tensors(&plan, "")? {
+    for (name, shape, values) in unit.fuse_for_export(arch, true, weights.file_tensors(&plan, "")?)? {
         let values = unit.gguf_store(arch, &name, &shape, values)?;
         let dtype = match (shape.len(), options.quant) {
             (1, _) => DType::F32,

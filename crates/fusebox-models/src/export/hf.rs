@@ -89,8 +89,8 @@ pub fn write(
 
     let mut weights = Weights::read(b, model)?;
     weights.set_rope_style(arch, arch.rope.style, plan.arch.rope.style);
-    let prefix = crate::arch::by_name(&plan.arch.name)?.hf().export_prefix;
-    let tensors = weights.file_tensors(&plan, prefix)?;
+    let unit = crate::arch::by_name(&plan.arch.name)?;
+    let tensors = unit.fuse_for_export(arch, false, weights.file_tensors(&plan, unit.hf().export_prefix)?)?;
     drop(weights);
 
     let tmp = temp_beside(out)?;

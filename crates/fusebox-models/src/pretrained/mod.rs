@@ -253,8 +253,8 @@ fn load_hf_dir(b: &dyn ComputeBackend, dir: &Path, choose: &ChooseStage<'_>) -> 
     };
     let shards = Shards::open(dir)?;
     let plan = weights::hf_plan(&config, &shards).map_err(|e| with_path(e, &dir.join("config.json")))?;
-    let network = weights::load_stage_for(b, &shards, plan, weights::Purpose::Inference, choose)
-        .map_err(|e| with_path(e, dir))?;
+    let network =
+        weights::load_hf_stage(b, &shards, plan, weights::Purpose::Inference, choose).map_err(|e| with_path(e, dir))?;
     let description = format!("hf {}", describe(&network));
     let model_vocab = network.arch.vocab_size;
     if tokenizer.vocab_size() > model_vocab {

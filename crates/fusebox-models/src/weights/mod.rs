@@ -408,7 +408,24 @@ pub fn load_hf(b: &dyn ComputeBackend, dir: &std::path::Path) -> Result<Transfor
 pub fn load_hf_for(b: &dyn ComputeBackend, dir: &std::path::Path, purpose: Purpose) -> Result<Transformer> {
     let config = read_config(dir)?;
     let shards = Shards::open(dir)?;
-    load_for(b, &shards, hf_plan(&config, &shards)?, purpose)
+    let plan = hf_plan(&config, &shards)?;
+    load_hf_stage(b, &shards, plan, purpose, &|sizes| Ok(Stage::whole(sizes.layers.len())))
+}
+
+/// [`load_stage_for`] of a Hugging Face checkpoint: tensors it fuses in an order of its
+/// own (Qwen3-Next's) are read as the plan's parameters
+/// ([`crate::arch::Architecture::hf_source`]).
+pub fn load_hf_stage(
+    b: &dyn ComputeBackend,
+    shards: &Shards,
+    plan: Plan,
+    purpose: Purpose,
+    choose: &dyn Fn(&StageSizes) -> Result<Stage>,
+) -> Result<Transformer> {
+    match crate::arch::by_name(&plan.arch.name)?.hf_source(&plan.arch, shards)? {
+        Some(src) => load_stage_for(b, src.as_ref(), plan, purpose, choose),
+        None => load_stage_for(b, shards, plan, purpose, choose),
+    }
 }
 
 /// The plan of a Hugging Face checkpoint: `config.json` `config`, its counts checked
