@@ -26,15 +26,26 @@ fn load(b: &dyn ComputeBackend, name: &str, layers: Option<std::ops::Range<usize
     let config = weights::read_config(&dir(name)).unwrap();
     let shards = Shards::open(&dir(name)).unwrap();
     let plan = weights::hf_plan(&config, &shards).unwrap();
-    weights::load_stage_for(b, &shards, plan, Purpose::Inference, &|sizes| match &layers {
+    weights::load_hf_stage(b, &shards, plan, Purpose::Inference, &|sizes| match &layers {
         Some(r) => Stage::new(r.clone(), sizes.layers.len()),
         None => Ok(Stage::whole(sizes.layers.len())),
     })
     .unwrap()
 }
 
-const ARCHS: [&str; 10] =
-    ["llama", "llama_linear_tied", "gpt2", "gemma3", "phi3", "qwen3", "mixtral", "qwen3_moe", "gpt_oss", "qwen3_5"];
+const ARCHS: [&str; 11] = [
+    "llama",
+    "llama_linear_tied",
+    "gpt2",
+    "gemma3",
+    "phi3",
+    "qwen3",
+    "mixtral",
+    "qwen3_moe",
+    "gpt_oss",
+    "qwen3_5",
+    "qwen3_next",
+];
 
 /// The logits of a 5-token prompt then 3 single tokens through `stages`, chained.
 fn chained(b: &dyn ComputeBackend, stages: &[Transformer], wire: Wire) -> Vec<Vec<f32>> {
@@ -244,7 +255,7 @@ fn the_protocol_over_three_ranks_generates_one_processs_tokens() {
 /// over the same chunks and micro-batches.
 #[test]
 fn batches_in_flight_over_three_ranks_give_the_whole_models_logits() {
-    for name in ["llama", "mixtral", "qwen3_5"] {
+    for name in ["llama", "mixtral", "qwen3_5", "qwen3_next"] {
         let b = CpuBackend::with_threads(1).unwrap();
         let whole = load(&b, name, None);
         let n = whole.arch.n_layers;

@@ -170,7 +170,7 @@ pub fn load_stage_network(b: &dyn ComputeBackend, path: &Path, choose: &ChooseSt
         let config = read_config(path)?;
         let shards = Shards::open(path)?;
         let plan = weights::hf_plan(&config, &shards).map_err(|e| with_path(e, &path.join("config.json")))?;
-        return weights::load_stage_for(b, &shards, plan, weights::Purpose::Inference, choose)
+        return weights::load_hf_stage(b, &shards, plan, weights::Purpose::Inference, choose)
             .map_err(|e| with_path(e, path));
     }
     if !meta.is_file() {
