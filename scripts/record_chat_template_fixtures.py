@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Records what Hugging Face `transformers`' `apply_chat_template` renders for five
+"""Records what Hugging Face `transformers`' `apply_chat_template` renders for seven
 chat templates, the fixtures crates/fusebox-models/tests/chat_templates.rs checks
 fusebox's minijinja rendering against, byte for byte.
 
 Regenerate (the venv has transformers, tokenizers and gguf):
 
-    /tmp/venv-py/bin/python scripts/record_chat_template_fixtures.py
+    /tmp/tvenv/bin/python scripts/record_chat_template_fixtures.py
 
 Templates, in crates/fusebox-models/tests/fixtures/chat_templates/:
   smollm2.jinja       `tokenizer.chat_template` of models/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -16,6 +16,8 @@ Templates, in crates/fusebox-models/tests/fixtures/chat_templates/:
                       with <start_of_turn>/<end_of_turn>, see src/chat/templates/)
   llama3.1.jinja      meta-llama/Llama-3.1-8B-Instruct's tokenizer_config.json
   qwen2.5.jinja       Qwen/Qwen2.5-7B-Instruct's tokenizer_config.json
+  qwen3.jinja         Qwen/Qwen3-0.6B's, as llama.cpp ships it in
+                      models/templates/Qwen-Qwen3-0.6B.jinja
   mistral-v0.3.jinja  mistralai/Mistral-7B-Instruct-v0.3's tokenizer_config.json (the
                       tool-calling revision, as mlx-community's conversion carries it)
   gpt-oss.jinja       openai/gpt-oss-20b's (and -120b's) harmony template, as llama.cpp
@@ -26,6 +28,12 @@ Templates, in crates/fusebox-models/tests/fixtures/chat_templates/:
                       turns with `thinking`, the `reasoning_effort`, `model_identity`
                       and `builtin_tools` kwargs, `tools` with a tool call and its result,
                       and the refusal of channel tags in `content`.
+
+The templates that take `tools` (qwen2.5, qwen3, llama3.1, mistral-v0.3) also render
+TOOL_CASES: the functions offered, an assistant turn with a call and the tool's result,
+a whole round trip ending in an answer, and two calls with their results. Calls carry
+their `arguments` as an object (what fusebox hands templates after parsing OpenAI's
+JSON string) and 9-character ids (Mistral's template refuses others).
 
 `strftime_now` answers a fixed time (NOW, recorded as "strftime_now") instead of the
 clock, so renders that write today's date (gpt-oss's) stay reproducible; the Rust
@@ -66,6 +74,7 @@ TEMPLATES = [
     ("gemma3", "gemma3.jinja", None, "<bos>", "<eos>"),
     ("llama3.1", "llama3.1.jinja", None, "<|begin_of_text|>", "<|eot_id|>"),
     ("qwen2.5", "qwen2.5.jinja", None, None, "<|im_end|>"),
+    ("qwen3", "qwen3.jinja", None, None, "<|im_end|>"),
     ("mistral-v0.3", "mistral-v0.3.jinja", None, "<s>", "</s>"),
     ("gpt-oss", "gpt-oss.jinja", None, "<|startoftext|>", "<|return|>"),
 ]
@@ -138,6 +147,60 @@ CLOCK_TOOL = {
     "function": {"description": "Tells the time.", "name": "now", "parameters": {"properties": {}, "type": "object"}},
     "type": "function",
 }
+
+
+def weather_call(call_id, city):
+    return {"function": {"arguments": {"city": city}, "name": "get_weather"}, "id": call_id, "type": "function"}
+
+
+# The cases of the templates that take tools: (name, messages, add_generation_prompt, kwargs).
+TOOL_CASES = [
+    (
+        "tools_offered",
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}],
+        True,
+        {"tools": [WEATHER_TOOL, CLOCK_TOOL]},
+    ),
+    (
+        "tool_call_and_result",
+        [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"content": "", "role": "assistant", "tool_calls": [weather_call("abc123XYZ", "Paris")]},
+            {"content": "{\"temperature\": 21}", "role": "tool", "tool_call_id": "abc123XYZ"},
+        ],
+        True,
+        {"tools": [WEATHER_TOOL]},
+    ),
+    (
+        "tool_round_trip_answered",
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Weather in Paris?"},
+            {"content": "", "role": "assistant", "tool_calls": [weather_call("abc123XYZ", "Paris")]},
+            {"content": "21 degrees", "role": "tool", "tool_call_id": "abc123XYZ"},
+            {"content": "It is 21 degrees.", "role": "assistant"},
+            {"role": "user", "content": "Thanks"},
+        ],
+        True,
+        {"tools": [WEATHER_TOOL, CLOCK_TOOL]},
+    ),
+    (
+        "two_calls_two_results",
+        [
+            {"role": "user", "content": "Weather in Paris and Rome?"},
+            {
+                "content": "",
+                "role": "assistant",
+                "tool_calls": [weather_call("call00001", "Paris"), weather_call("call00002", "Rome")],
+            },
+            {"content": "21", "role": "tool", "tool_call_id": "call00001"},
+            {"content": "25", "role": "tool", "tool_call_id": "call00002"},
+        ],
+        True,
+        {"tools": [WEATHER_TOOL]},
+    ),
+]
+TOOL_TEMPLATES = ("qwen2.5", "qwen3", "llama3.1", "mistral-v0.3")
 
 # gpt-oss's own cases: (name, messages, add_generation_prompt, kwargs).
 GPT_OSS_CASES = [
@@ -259,6 +322,7 @@ def main() -> int:
         tok = tokenizer_for(bos, eos)
         cases = []
         own = GPT_OSS_CASES if name == "gpt-oss" else []
+        own = own + (TOOL_CASES if name in TOOL_TEMPLATES else [])
         for case_name, messages, gen, kwargs in [c + ({},) for c in CASES] + own:
             case = {"name": case_name, "messages": messages, "add_generation_prompt": gen, "extra": kwargs}
             try:

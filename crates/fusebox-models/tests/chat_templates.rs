@@ -1,8 +1,12 @@
 //! fusebox's chat-template rendering against Hugging Face `transformers`'
 //! `apply_chat_template`, byte for byte, for the templates of SmolLM2, Gemma 3,
-//! Llama 3.1, Qwen2.5, Mistral v0.3 and gpt-oss (fixtures/chat_templates/, recorded by
-//! scripts/record_chat_template_fixtures.py; its header says where each template
-//! comes from). Both sides' `strftime_now` answer the fixture's fixed time.
+//! Llama 3.1, Qwen2.5, Qwen3, Mistral v0.3 and gpt-oss (fixtures/chat_templates/,
+//! recorded by scripts/record_chat_template_fixtures.py; its header says where each
+//! template comes from). Both sides' `strftime_now` answer the fixture's fixed time.
+//! The templates that take tools render them, assistant turns with `tool_calls` and
+//! `tool` results too.
+//!
+//! Regenerate: `/tmp/tvenv/bin/python scripts/record_chat_template_fixtures.py`.
 
 use std::path::{Path, PathBuf};
 
@@ -21,13 +25,13 @@ fn expected() -> Value {
 }
 
 #[test]
-fn renders_match_transformers_for_the_six_templates() {
+fn renders_match_transformers_for_the_seven_templates() {
     let expected = expected();
     let now =
         chrono::NaiveDateTime::parse_from_str(expected["strftime_now"].as_str().unwrap(), "%Y-%m-%dT%H:%M:%S").unwrap();
     let templates = expected["templates"].as_array().unwrap();
     let names: Vec<&str> = templates.iter().map(|t| t["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["smollm2", "gemma3", "llama3.1", "qwen2.5", "mistral-v0.3", "gpt-oss"]);
+    assert_eq!(names, ["smollm2", "gemma3", "llama3.1", "qwen2.5", "qwen3", "mistral-v0.3", "gpt-oss"]);
     let mut failures = Vec::new();
     let mut checked = 0;
     for t in templates {
@@ -53,8 +57,9 @@ fn renders_match_transformers_for_the_six_templates() {
             }
         }
     }
-    // Eight common cases each, and gpt-oss's seven of its own.
-    assert_eq!(checked, 6 * 8 + 7);
+    // Eight common cases each, gpt-oss's seven of its own, and four tool cases for each
+    // of the four templates that take tools.
+    assert_eq!(checked, 7 * 8 + 7 + 4 * 4);
     assert!(failures.is_empty(), "{} of {checked} differ:\n{}", failures.len(), failures.join("\n"));
 }
 

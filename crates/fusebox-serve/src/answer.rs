@@ -32,6 +32,9 @@ pub(crate) struct Meta {
     pub choices: usize,
     /// Whether choices carry `logprobs`.
     pub logprobs: bool,
+    /// Tool call ids of 9 letters and digits (Mistral's templates refuse others)
+    /// rather than `call_` and 24.
+    pub short_call_ids: bool,
 }
 
 /// A receiver of `(choice, event)`.
@@ -74,11 +77,37 @@ fn logprobs_json(meta: &Meta, tokens: &[Placed]) -> Value {
     }
 }
 
-/// An OpenAI `tool_calls` entry; `index` is its place in the choice's calls.
+/// An OpenAI `tool_calls` entry; `index` is its place in the choice's calls. Its id is
+/// letters and digits drawn from the request's id, the choice and the index.
 fn tool_call_json(meta: &Meta, choice: usize, index: usize, name: &str, arguments: &str) -> Value {
-    let id =
-        if choice == 0 { format!("call_{}_{index}", meta.id) } else { format!("call_{}_{choice}_{index}", meta.id) };
+    use std::hash::{Hash, Hasher};
+    const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    let (prefix, len) = if meta.short_call_ids { ("", 9) } else { ("call_", 24) };
+    let mut id = String::from(prefix);
+    let mut round = 0u64;
+    while id.len() < prefix.len() + len {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (&meta.id, choice, index, round).hash(&mut h);
+        let mut x = h.finish();
+        // Ten base-62 digits of each 64-bit hash.
+        for _ in 0..10 {
+            if id.len() < prefix.len() + len {
+                id.push(ALPHABET[(x % 62) as usize] as char);
+            }
+            x /= 62;
+        }
+        round += 1;
+    }
     json!({"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": arguments}})
+}
+
+/// A reply that made calls and then ended on its own ends with `tool_calls`.
+fn finish_with_calls(finish: Finish, calls: usize) -> Finish {
+    if calls > 0 && finish == Finish::Stop {
+        Finish::ToolCalls
+    } else {
+        finish
+    }
 }
 
 /// One choice of the whole answer, as its events add up.
@@ -142,7 +171,7 @@ pub(crate) async fn whole(meta: Meta, mut rx: Events) -> Result<Response, ApiErr
                 if c.finish.is_none() {
                     open -= 1;
                 }
-                c.finish = Some(finish);
+                c.finish = Some(finish_with_calls(finish, c.calls.len()));
                 counts.add(prompt_tokens, completion_tokens, cached_tokens);
             }
         }
@@ -219,6 +248,7 @@ pub(crate) fn stream(meta: Meta, mut rx: Events, include_usage: bool) -> Respons
                     return;
                 }
                 Event::Done { finish, prompt_tokens, completion_tokens, cached_tokens } => {
+                    let finish = finish_with_calls(finish, calls[i]);
                     done[i] = true;
                     counts.add(prompt_tokens, completion_tokens, cached_tokens);
                     let mut last = chunk(&meta, i, json!({}), Value::Null, Some(finish));
@@ -264,6 +294,7 @@ mod tests {
             kind: Kind::Chat,
             choices: 1,
             logprobs: false,
+            short_call_ids: false,
         }
     }
 

@@ -30,6 +30,7 @@ pub mod openai;
 pub mod reply;
 mod routes;
 pub mod structured;
+pub mod tools;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -44,11 +45,11 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use fusebox::{ComputeBackend, Error, Result};
-use fusebox_models::chat::OutputFormat;
+use fusebox_models::chat::{OutputFormat, ToolCallFormat, ToolSupport};
 use fusebox_models::pretrained::Pretrained;
 use fusebox_models::sampler::SamplerExtras;
 use fusebox_models::{Sampler, SamplerConfig};
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio::sync::mpsc;
 
 use answer::{Kind, Meta};
@@ -362,40 +363,42 @@ async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap
         authorize(&state, &headers)?;
         let req = openai::chat_request(&body)?;
         // Rendering and tokenizing up to a megabyte of text is CPU work: off the runtime.
-        let (st, messages, kwargs) = (state.clone(), req.messages, req.template_kwargs);
-        let prompt = tokio::task::spawn_blocking(move || {
+        let (st, messages, mut kwargs, offered) = (state.clone(), req.messages, req.template_kwargs, req.tools.clone());
+        let (prompt, support) = tokio::task::spawn_blocking(move || {
             let template = st.model.chat_template().map_err(|e| ApiError::internal(e.to_string()))?;
             let harmony = matches!(st.format, OutputFormat::Harmony(_));
-            let msgs: Vec<Value> = messages.iter().map(|m| template_message(m, harmony)).collect();
+            let support = ToolSupport::detect(template);
+            let (msgs, tool_vars) = tools::template_messages(&messages, &offered, support, harmony);
+            kwargs.extend(tool_vars);
             let text = template.render(&msgs, true, &kwargs).map_err(|e| {
                 ApiError::invalid(Some("messages"), format!("the model's chat template refused them: {e}"))
             })?;
-            Ok::<_, ApiError>(template.encode(&st.model.tokenizer, &text))
+            Ok::<_, ApiError>((template.encode(&st.model.tokenizer, &text), support))
         })
         .await
         .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))??;
-        submit(&state, Kind::Chat, prompt, req.params, "messages").await
+        let (format, mut params) = (state.format, req.params);
+        let format = match format {
+            OutputFormat::Plain if !req.tools.is_empty() && req.tool_choice.parses() => {
+                tools::reply_format(support.format, &state.model.tokenizer)
+            }
+            other => other,
+        };
+        if req.tool_choice.constrains() {
+            let only = match &req.tool_choice {
+                tools::ToolChoice::Named(n) => Some(n.as_str()),
+                _ => None,
+            };
+            let lark = tools::call_grammar(support.format, &req.tools, only, &state.model.tokenizer);
+            params.constraint = Some(("tool_choice", structured::Constraint::Grammar(lark)));
+        }
+        submit(&state, Kind::Chat, prompt, params, "messages", format).await
     }
     .await;
     r.unwrap_or_else(|e| {
         state.metrics.rejected.fetch_add(1, Ordering::Relaxed);
         e.into_response()
     })
-}
-
-/// A message as chat templates read it: `role` and `content`, and an assistant's
-/// reasoning as `reasoning_content` (Qwen3's templates, llama-server's field) and, in
-/// the harmony format, as `thinking` (gpt-oss's template, which drops it from earlier
-/// turns itself).
-fn template_message(m: &openai::ChatMessage, harmony: bool) -> Value {
-    let mut v = json!({"role": m.role, "content": m.content});
-    if let Some(r) = &m.reasoning {
-        v["reasoning_content"] = json!(r);
-        if harmony {
-            v["thinking"] = json!(r);
-        }
-    }
-    v
 }
 
 async fn completions(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
@@ -421,7 +424,7 @@ async fn completions(State(state): State<Arc<AppState>>, headers: HeaderMap, bod
                 "'prompt' is empty and the tokenizer has no BOS to start from",
             ));
         }
-        submit(&state, Kind::Completion, prompt, req.params, "prompt").await
+        submit(&state, Kind::Completion, prompt, req.params, "prompt", OutputFormat::Plain).await
     }
     .await;
     r.unwrap_or_else(|e| {
@@ -437,6 +440,7 @@ async fn submit(
     prompt: Vec<u32>,
     p: Params,
     prompt_param: &str,
+    format: OutputFormat,
 ) -> std::result::Result<Response, ApiError> {
     check_model(state, &p.model)?;
     if prompt.len() > state.ctx_size {
@@ -470,7 +474,13 @@ async fn submit(
             let compiled = tokio::task::spawn_blocking(move || st.structured.compile(&c))
                 .await
                 .map_err(|e| ApiError::internal(format!("compiling the constraint failed: {e}")))?;
-            let what = if param == "grammar" { "grammar" } else { "JSON schema" };
+            let what = match param {
+                "grammar" => "grammar",
+                // The call grammar is ours; what can be wrong is a function's schema.
+                "tool_choice" => "tools' parameter schemas",
+                _ => "JSON schema",
+            };
+            let param = if param == "tool_choice" { "tools" } else { param };
             Some(compiled.map_err(|e| {
                 ApiError::invalid(Some(param), format!("The {what} cannot be used: {e}"))
                     .with_code(if param == "grammar" { "invalid_grammar" } else { "invalid_json_schema" })
@@ -498,7 +508,7 @@ async fn submit(
                 Kind::Completion => state.model.stop_ids(false),
             },
             stop_strings: p.stop.clone(),
-            format: if kind == Kind::Chat { state.format } else { OutputFormat::Plain },
+            format,
             logprobs: p.logprobs,
             guide: None,
             events: EventSink::new(choice, tx.clone()),
@@ -554,8 +564,17 @@ async fn submit(
         p.min_p != 0.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 || p.repetition_penalty != 1.0;
     count(&m.penalty_requests, penalized);
     let id = format!("{}-{:x}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, rand_id());
-    let meta =
-        Meta { id, created: now(), model: state.model_id.clone(), kind, choices: n, logprobs: p.logprobs.is_some() };
+    // Mistral's template takes back only ids of 9 letters and digits.
+    let short_call_ids = matches!(format, OutputFormat::ToolCalls { calls: ToolCallFormat::Mistral, .. });
+    let meta = Meta {
+        id,
+        created: now(),
+        model: state.model_id.clone(),
+        kind,
+        choices: n,
+        logprobs: p.logprobs.is_some(),
+        short_call_ids,
+    };
     if p.stream {
         Ok(answer::stream(meta, rx, p.include_usage))
     } else {

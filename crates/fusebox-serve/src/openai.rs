@@ -147,7 +147,7 @@ pub struct Params {
 pub const MAX_CHOICES: usize = 8;
 
 /// One message of a chat request.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ChatMessage {
     /// `system` (also for OpenAI's `developer`), `user`, `assistant` or `tool`.
     pub role: String,
@@ -156,6 +156,12 @@ pub struct ChatMessage {
     /// An assistant message's reasoning, as a client sends back what it was given
     /// (`reasoning_content`, llama-server's name, or `thinking`, the templates').
     pub reasoning: Option<String>,
+    /// An assistant message's calls (`tool_calls`).
+    pub tool_calls: Vec<crate::tools::SentCall>,
+    /// A `tool` message's `tool_call_id`: the call it answers.
+    pub tool_call_id: Option<String>,
+    /// A `tool` message's `name` (the function's), when given.
+    pub name: Option<String>,
 }
 
 /// A parsed `/v1/chat/completions` request.
@@ -166,6 +172,10 @@ pub struct ChatRequest {
     /// Template variables besides the messages: `chat_template_kwargs` (as llama-server
     /// and vLLM take them), and `reasoning_effort` (`low`, `medium`, `high`: gpt-oss's).
     pub template_kwargs: Map<String, Value>,
+    /// The functions offered (`tools`).
+    pub tools: Vec<crate::tools::Tool>,
+    /// `tool_choice` (`auto` by default).
+    pub tool_choice: crate::tools::ToolChoice,
     /// The rest.
     pub params: Params,
 }
@@ -528,9 +538,31 @@ pub fn chat_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
                 Some(v) => return Err(wrong_type(&format!("messages[{i}].{key}"), "a string", v)),
             }
         }
+        let tool_calls = crate::tools::parse_sent_calls(i, m.get("tool_calls"), &role)?;
+        let tool_call_id = match (field(m, "tool_call_id"), role.as_str()) {
+            (Some(Value::String(id)), "tool") => Some(id.clone()),
+            (None, "tool") => {
+                let param = format!("messages[{i}].tool_call_id");
+                return Err(ApiError::invalid(Some(&param), format!("'{param}' is required in a tool message")));
+            }
+            (None, _) => None,
+            (Some(Value::String(_)), _) => {
+                let param = format!("messages[{i}].tool_call_id");
+                return Err(ApiError::invalid(
+                    Some(&param),
+                    format!("'{param}' is for tool messages, not '{role}' ones"),
+                ));
+            }
+            (Some(v), _) => return Err(wrong_type(&format!("messages[{i}].tool_call_id"), "a string", v)),
+        };
+        let name = match field(m, "name") {
+            None => None,
+            Some(Value::String(n)) => Some(n.clone()),
+            Some(v) => return Err(wrong_type(&format!("messages[{i}].name"), "a string", v)),
+        };
         // OpenAI's `developer` role is the newer name of `system`; templates know `system`.
         let role = if role == "developer" { "system".to_string() } else { role };
-        messages.push(ChatMessage { role, content, reasoning });
+        messages.push(ChatMessage { role, content, reasoning, tool_calls, tool_call_id, name });
     }
     let mut template_kwargs = match field(&obj, "chat_template_kwargs") {
         None => Map::new(),
@@ -558,7 +590,21 @@ pub fn chat_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
             ));
         }
     }
-    Ok(ChatRequest { messages, template_kwargs, params: params(&obj, Endpoint::Chat)? })
+    let (tools, tool_choice) = crate::tools::parse_tools(&obj)?;
+    let params = params(&obj, Endpoint::Chat)?;
+    if let (true, Some((param, _))) = (tool_choice.constrains(), &params.constraint) {
+        return Err(ApiError::invalid(
+            Some(param),
+            format!(
+                "'{param}' cannot be combined with 'tool_choice' {}: both constrain the answer",
+                match &tool_choice {
+                    crate::tools::ToolChoice::Named(n) => format!("naming '{n}'"),
+                    _ => "'required'".to_string(),
+                }
+            ),
+        ));
+    }
+    Ok(ChatRequest { messages, template_kwargs, tools, tool_choice, params })
 }
 
 /// Parses a `/v1/completions` body: `prompt` is a string (or an array of one string).

@@ -7,6 +7,14 @@
 //! characters are whole. A tool call is sent whole at the end. Nothing here touches
 //! the model, so the stream is tested on scripted ids.
 //!
+//! In a request that offers tools ([`OutputFormat::ToolCalls`]) the answer is watched
+//! for the family's marker (`<tool_call>`, `[TOOL_CALLS]`, as text or as its token; for
+//! Llama 3's JSON calls, a reply that starts with `{`): text that could be the start of
+//! the marker is held back as a stop string's start is, the text before it is the
+//! answer, and from the marker on the reply is kept until it ends. Then it is read as
+//! calls ([`parse_calls`]), each sent as an [`Event::ToolCall`]; a tail that is not
+//! well-formed calls is sent as the answer's text after all.
+//!
 //! When the request asks for logprobs, each answer token's [`TokenLogprob`] travels with
 //! the text event that completes its text (a token whose text is held back waits with
 //! it); at a stop string, the tokens whose text starts before it are the last ones
@@ -14,7 +22,8 @@
 
 use std::collections::VecDeque;
 
-use fusebox_models::chat::{OutputFormat, Part, ReplyParser};
+use fusebox_models::chat::tools::parse_calls;
+use fusebox_models::chat::{OutputFormat, Part, ReplyParser, ToolCallFormat};
 use fusebox_models::tokenizer::Tokenizer;
 
 use crate::engine::{Event, EventSink};
@@ -43,6 +52,23 @@ struct Shown {
     pending: VecDeque<Pending>,
 }
 
+/// Where the tool calls of a reply begin in its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CallsFrom {
+    /// At this byte of the answer's text (the marker written as text, or Llama 3's `{`).
+    Text(usize),
+    /// At this index of the answer's ids (the marker's own token).
+    Id(usize),
+}
+
+/// The watch for tool calls in the answer of a request that offers tools.
+#[derive(Debug)]
+struct CallWatch {
+    calls: ToolCallFormat,
+    marker: Option<u32>,
+    from: Option<CallsFrom>,
+}
+
 /// One reply's output state (see the module docs).
 #[derive(Debug)]
 pub struct ReplyStream {
@@ -54,6 +80,8 @@ pub struct ReplyStream {
     routed: Vec<(Part, u32)>,
     /// Logprobs of pushed ids not yet routed (a harmony header's ids wait), in order.
     unrouted: VecDeque<(u32, TokenLogprob)>,
+    /// Tool calls in the answer's text, when the request offers tools.
+    watch: Option<CallWatch>,
 }
 
 impl ReplyStream {
@@ -67,6 +95,10 @@ impl ReplyStream {
             tool_call: Vec::new(),
             routed: Vec::new(),
             unrouted: VecDeque::new(),
+            watch: match format {
+                OutputFormat::ToolCalls { calls, marker } => Some(CallWatch { calls, marker, from: None }),
+                _ => None,
+            },
         }
     }
 
@@ -88,6 +120,29 @@ impl ReplyStream {
         self.routed.clear();
         self.parser.finish(&mut self.routed);
         self.route(tok, events, true);
+        if let Some(w) = &mut self.watch {
+            let Some(from) = w.from.take() else { return false };
+            let tail = match from {
+                CallsFrom::Text(at) => {
+                    tok.decode_with(&self.content.ids, true).ok().and_then(|t| t.get(at..).map(str::to_owned))
+                }
+                // The marker and any later ones are control tokens: keep their text.
+                CallsFrom::Id(k) => tok.decode_with(&self.content.ids[k..], false).ok(),
+            };
+            if let Some(calls) = tail.and_then(|t| parse_calls(w.calls, &t)) {
+                self.content.pending.clear();
+                for c in calls {
+                    events.send(Event::ToolCall { name: c.name, arguments: c.arguments });
+                }
+                return true;
+            }
+            // Not calls after all: the rest is the answer's text.
+            let stops = &self.stop_strings;
+            flush(tok, &mut self.content, stops, true, &mut |text, logprobs| {
+                events.send(Event::Text { text, logprobs })
+            });
+            return false;
+        }
         let Some(call) = self.parser.tool_calls().last() else { return false };
         let arguments = tok.decode_with(&self.tool_call, true).unwrap_or_default();
         events.send(Event::ToolCall { name: call.name().to_owned(), arguments });
@@ -109,6 +164,17 @@ impl ReplyStream {
             }
             match part {
                 Part::Content => {
+                    if let Some(w) = self.watch.as_mut().filter(|w| w.from.is_none() && w.marker == Some(id)) {
+                        // The answer so far is final: send it (a stop string in it ends the reply).
+                        let stopped = flush(tok, &mut self.content, &self.stop_strings, true, &mut |text, logprobs| {
+                            events.send(Event::Text { text, logprobs })
+                        })
+                        .is_some();
+                        if stopped {
+                            return true;
+                        }
+                        w.from = Some(CallsFrom::Id(self.content.ids.len()));
+                    }
                     self.content.ids.push(id);
                     if let Some(logprob) = logprob {
                         let (start, start_chars) = (self.content.decoded, self.content.decoded_chars);
@@ -126,33 +192,65 @@ impl ReplyStream {
         if reasoning {
             flush(tok, &mut self.reasoning, &[], last, &mut |t, _| events.send(Event::Reasoning(t)));
         }
-        content
-            && flush(tok, &mut self.content, &self.stop_strings, last, &mut |text, logprobs| {
-                events.send(Event::Text { text, logprobs })
-            })
+        if !content {
+            return false;
+        }
+        let mut stops = std::borrow::Cow::Borrowed(&self.stop_strings[..]);
+        if let Some(w) = &mut self.watch {
+            if w.from.is_some() {
+                // Inside the calls: kept whole until the reply ends.
+                return false;
+            }
+            if w.calls == ToolCallFormat::Llama3Json && self.content.sent == 0 {
+                // Llama 3 calls are the whole reply: one that starts with `{` is kept.
+                let text = tok.decode_with(&self.content.ids, true).unwrap_or_default();
+                let body = text.trim_start();
+                if body.starts_with('{') {
+                    w.from = Some(CallsFrom::Text(text.len() - body.len()));
+                    return false;
+                }
+                if body.is_empty() {
+                    return false;
+                }
+            }
+            if let Some(marker) = w.calls.marker() {
+                stops.to_mut().push(marker.to_owned());
+            }
+        }
+        let hit = flush(tok, &mut self.content, &stops, last, &mut |text, logprobs| {
+            events.send(Event::Text { text, logprobs })
+        });
+        match (hit, self.watch.as_mut()) {
+            // The marker: the calls begin where the answer's text was cut.
+            (Some(i), Some(w)) if i == self.stop_strings.len() => {
+                w.from = Some(CallsFrom::Text(self.content.sent));
+                false
+            }
+            (hit, _) => hit.is_some(),
+        }
     }
 }
 
 /// Sends the decoded text of `shown` not sent yet: all of it at the end (`last`), else
 /// what cannot still change (no trailing partial character) and cannot be the start of
-/// a stop string, with the logprobs of the tokens whose text it completes. Returns true
-/// when a stop string appeared (the text before it is sent, with the logprobs of the
-/// tokens that start before it).
+/// a stop string, with the logprobs of the tokens whose text it completes. Returns the
+/// index in `stop_strings` of the one that appeared first, if one did (the text before
+/// it is sent, with the logprobs of the tokens that start before it).
 fn flush(
     tok: &Tokenizer,
     shown: &mut Shown,
     stop_strings: &[String],
     last: bool,
     out: &mut dyn FnMut(String, Vec<Placed>),
-) -> bool {
-    let Ok(text) = tok.decode_with(&shown.ids, true) else { return false };
+) -> Option<usize> {
+    let Ok(text) = tok.decode_with(&shown.ids, true) else { return None };
     for p in shown.pending.iter_mut().filter(|p| p.end.is_none()) {
         p.end = Some(text.len());
     }
     shown.decoded = text.len();
     shown.decoded_chars = text.chars().count();
     if shown.sent > text.len() || !text.is_char_boundary(shown.sent) {
-        return false;
+        return None;
     }
     // Sends text[from..to] with the logprobs of the tokens `take` lets go (the pending
     // ones are in order, so they leave as a prefix).
@@ -171,13 +269,14 @@ fn flush(
     while !text.is_char_boundary(from) {
         from -= 1;
     }
-    let hit = stop_strings.iter().filter_map(|s| text[from..].find(s.as_str()).map(|p| from + p)).min();
-    if let Some(at) = hit {
+    let hit =
+        stop_strings.iter().enumerate().filter_map(|(i, s)| text[from..].find(s.as_str()).map(|p| (from + p, i))).min();
+    if let Some((at, which)) = hit {
         let at = at.max(shown.sent);
         emit(shown.sent, at, &mut shown.pending, &|p| p.start < at);
         shown.pending.clear();
         shown.sent = at;
-        return true;
+        return Some(which);
     }
     let mut end = text.len();
     if !last {
@@ -201,7 +300,7 @@ fn flush(
     let sent_to = shown.sent.max(end);
     emit(shown.sent, end, &mut shown.pending, &|p| last || p.end.is_some_and(|e| e <= sent_to));
     shown.sent = sent_to;
-    false
+    None
 }
 
 #[cfg(test)]
@@ -340,6 +439,79 @@ mod tests {
         let before = tok.encode("Hello 😀 world, ", false);
         assert_eq!(seen.tokens, placed(&tok, &ids[..before.len()]));
         assert!(seen.reasoning.is_empty() && seen.calls.is_empty());
+    }
+
+    /// The harmony fixture's vocabulary with Mistral's `[TOOL_CALLS]` added as a control token.
+    fn tokenizer_with_tool_calls_token() -> (Tokenizer, u32) {
+        let json = include_str!("../../fusebox-models/tests/fixtures/tokenizers/o200k_style/tokenizer.json");
+        let mut v: serde_json::Value = serde_json::from_str(json).unwrap();
+        let id = v["added_tokens"].as_array().unwrap().iter().map(|t| t["id"].as_u64().unwrap()).max().unwrap() + 1;
+        v["added_tokens"].as_array_mut().unwrap().push(serde_json::json!({"id": id, "content": "[TOOL_CALLS]",
+            "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}));
+        let tok = Tokenizer::from_hf_json(&v.to_string(), None).unwrap();
+        assert_eq!(tok.token_id("[TOOL_CALLS]"), Some(id as u32));
+        (tok, id as u32)
+    }
+
+    #[test]
+    fn hermes_calls_in_text_become_tool_calls_and_malformed_ones_stay_text() {
+        let tok = harmony_tokenizer();
+        let format = OutputFormat::ToolCalls { calls: ToolCallFormat::Hermes, marker: None };
+        let reply = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        let ids = tok.encode(reply, false);
+        let (whole, stopped, called) = run(&tok, format, &[], &ids, true);
+        assert!(called && !stopped);
+        assert_eq!(whole.text, "Let me check.\n");
+        assert_eq!(whole.calls, [("get_weather".to_string(), "{\"city\":\"Paris\"}".to_string())]);
+        // Cut anywhere, the stream has sent a prefix of the answer and never any of the call.
+        for cut in 0..ids.len() {
+            let (part, ..) = run(&tok, format, &[], &ids[..cut], false);
+            assert!(whole.text.starts_with(&part.text), "cut {cut}: {:?}", part.text);
+            assert!(part.calls.is_empty());
+        }
+        // Malformed (cut JSON, or text after the call): all of it is the answer.
+        for bad in [
+            "Sure <tool_call>{\"name\": \"get_weather\", \"arguments\": {\"ci",
+            "<tool_call>{\"name\": \"f\"}</tool_call> and more words",
+        ] {
+            let ids = tok.encode(bad, false);
+            let (seen, stopped, called) = run(&tok, format, &[], &ids, true);
+            assert!(!called && !stopped, "{bad}");
+            assert_eq!(seen.text, bad);
+            assert!(seen.calls.is_empty());
+        }
+        // Plain text with a `<` that is not the marker is sent as it comes.
+        let (seen, _, called) = run(&tok, format, &[], &tok.encode("a < b, <tool and more", false), true);
+        assert_eq!((seen.text.as_str(), called), ("a < b, <tool and more", false));
+    }
+
+    #[test]
+    fn llama3_json_and_mistral_calls() {
+        let tok = harmony_tokenizer();
+        let format = OutputFormat::ToolCalls { calls: ToolCallFormat::Llama3Json, marker: None };
+        let ids = tok.encode("  {\"name\": \"now\", \"parameters\": {}}", false);
+        let (seen, _, called) = run(&tok, format, &[], &ids, true);
+        assert!(called && seen.text.trim().is_empty(), "{seen:?}");
+        assert_eq!(seen.calls, [("now".to_string(), "{}".to_string())]);
+        // JSON that is not a call is the answer.
+        let ids = tok.encode("{\"answer\": 4}", false);
+        let (seen, _, called) = run(&tok, format, &[], &ids, true);
+        assert_eq!((seen.text.as_str(), called), ("{\"answer\": 4}", false));
+
+        // Mistral's marker is a control token: recognised by its id.
+        let (tok, marker) = tokenizer_with_tool_calls_token();
+        let format = OutputFormat::ToolCalls { calls: ToolCallFormat::Mistral, marker: Some(marker) };
+        let mut ids = tok.encode("Calling.", false);
+        ids.push(marker);
+        ids.extend(tok.encode(" [{\"name\": \"now\", \"arguments\": {}}]", false));
+        let (seen, _, called) = run(&tok, format, &[], &ids, true);
+        assert!(called);
+        assert_eq!((seen.text.as_str(), &seen.calls[..]), ("Calling.", &[("now".to_string(), "{}".to_string())][..]));
+        // Broken after the marker: the text after it is the answer.
+        let mut ids = vec![marker];
+        ids.extend(tok.encode(" [{\"name\": ", false));
+        let (seen, _, called) = run(&tok, format, &[], &ids, true);
+        assert_eq!((seen.text.as_str(), called), (" [{\"name\": ", false));
     }
 
     #[test]

@@ -19,11 +19,13 @@
 pub mod output;
 mod python;
 mod template;
+pub mod tools;
 
 pub use output::{OutputFormat, Part, ReplyDecoder, ReplyParser};
 pub use template::{
     json_to_value, ChatTemplate, CHATML_TEMPLATE, GEMMA3_TEMPLATE, GPT_OSS_TEMPLATE, SMOLLM2_DEFAULT_SYSTEM,
 };
+pub use tools::{ParsedCall, ToolCallFormat, ToolSupport};
 
 #[cfg(test)]
 mod tests {

@@ -15,6 +15,9 @@
 //!   which `<|call|>` ends. The reply ends at `<|return|>` or `<|call|>`, not at
 //!   `<|end|>` ([`OutputFormat::stop_ids`]).
 //!
+//! * [`OutputFormat::ToolCalls`]: plain, in a request that offers tools; the calls are
+//!   read from the text by [`super::tools::parse_calls`].
+//!
 //! Qwen3-style `<think>…</think>` reasoning is not split out yet; it would be one
 //! more variant whose parser routes the ids between its two tags to
 //! [`Part::Reasoning`].
@@ -81,6 +84,17 @@ pub enum OutputFormat {
     Plain,
     /// OpenAI's harmony format (gpt-oss).
     Harmony(HarmonyTokens),
+    /// Every generated token is the answer's text, which may hold tool calls in
+    /// `calls`' form (a request that offers tools): the parser routes ids as
+    /// [`Plain`](Self::Plain) does, and the server reads the calls out of the text
+    /// ([`super::tools::parse_calls`]).
+    ToolCalls {
+        /// The family's form of a call.
+        calls: super::ToolCallFormat,
+        /// The id of the token that opens the calls (`<tool_call>`, `[TOOL_CALLS]`),
+        /// when the vocabulary has it as one token.
+        marker: Option<u32>,
+    },
 }
 
 impl OutputFormat {
@@ -149,7 +163,7 @@ impl ReplyParser {
     /// go, each with its part (a header's ids wait for its `<|message|>`).
     pub fn push(&mut self, tok: &Tokenizer, id: u32, out: &mut Vec<(Part, u32)>) {
         let h = match self.format {
-            OutputFormat::Plain => {
+            OutputFormat::Plain | OutputFormat::ToolCalls { .. } => {
                 out.push((Part::Content, id));
                 return;
             }
