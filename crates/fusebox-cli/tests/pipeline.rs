@@ -232,6 +232,25 @@ fn pid_of_rank(rank: usize, marker: &str) -> u32 {
     }
 }
 
+/// Once the job has run `after` seconds past rank 1's start (found by `marker` among its
+/// arguments), kills rank 1 and returns the job's exit status, asserting that it ended
+/// within 5 s of the kill.
+#[track_caller]
+fn kill_rank_1(job: &mut std::process::Child, marker: &str, after: u64) -> std::process::ExitStatus {
+    let pid = pid_of_rank(1, marker);
+    std::thread::sleep(std::time::Duration::from_secs(after));
+    assert!(job.try_wait().unwrap().is_none(), "the job ended before the kill");
+    Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    let killed = std::time::Instant::now();
+    loop {
+        if let Some(s) = job.try_wait().unwrap() {
+            return s;
+        }
+        assert!(killed.elapsed().as_secs() < 5, "the job still runs 5 s after rank 1 was killed");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn a_killed_rank_ends_the_job_within_seconds_naming_it() {
     if let Some(why) = unavailable() {
@@ -249,18 +268,7 @@ fn a_killed_rank_ends_the_job_within_seconds_naming_it() {
         .spawn()
         .unwrap();
     // Wait until rank 1 runs and the pipeline steps, then kill rank 1.
-    let pid = pid_of_rank(1, "Once upon a time");
-    std::thread::sleep(std::time::Duration::from_secs(3));
-    assert!(job.try_wait().unwrap().is_none(), "the job ended before the kill");
-    Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
-    let killed = std::time::Instant::now();
-    let status = loop {
-        if let Some(s) = job.try_wait().unwrap() {
-            break s;
-        }
-        assert!(killed.elapsed().as_secs() < 5, "the job still runs 5 s after rank 1 was killed");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    let status = kill_rank_1(&mut job, "Once upon a time", 3);
     let o = job.wait_with_output().unwrap();
     assert!(!status.success());
     let err = text(&o.stderr);
@@ -375,18 +383,7 @@ fn a_killed_rank_ends_a_split_server_within_seconds_naming_it() {
         let body = long.to_string();
         std::panic::catch_unwind(|| http(&addr, "/v1/chat/completions", &body)).ok()
     });
-    let pid = pid_of_rank(1, "killed-rank-test");
-    std::thread::sleep(std::time::Duration::from_secs(2));
-    assert!(job.try_wait().unwrap().is_none(), "the job ended before the kill");
-    Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
-    let killed = std::time::Instant::now();
-    let status = loop {
-        if let Some(s) = job.try_wait().unwrap() {
-            break s;
-        }
-        assert!(killed.elapsed().as_secs() < 5, "the server still runs 5 s after rank 1 was killed");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    let status = kill_rank_1(&mut job, "killed-rank-test", 2);
     assert!(!status.success());
     // The request in flight does not hang: its connection ends with the job.
     let answered = client.join().unwrap();

@@ -113,43 +113,59 @@ impl MpiCommunicator {
     }
 }
 
-/// An `MPI_Iallreduce` in flight; owns both of its buffers until it completes.
-struct MpiPending {
-    send: Vec<f32>,
-    recv: Vec<f32>,
-    request: ffi::MPI_Request,
+/// A non-blocking MPI operation's request, waited for or tested under the MPI lock. Its
+/// owner keeps the operation's buffers in place until it is done, and waits in `Drop`.
+struct Request {
+    handle: ffi::MPI_Request,
     done: bool,
-    /// `1/world_size` for an average, applied once complete.
-    scale: Option<f32>,
 }
 
-impl MpiPending {
-    fn wait_inner(&mut self) -> Result<()> {
+impl Request {
+    fn new(handle: ffi::MPI_Request) -> Request {
+        Request { handle, done: false }
+    }
+
+    /// Returns once the operation has completed.
+    fn wait(&mut self) -> Result<()> {
         if !self.done {
-            // SAFETY: `request` came from MPI_Iallreduce and has not completed; its buffers
-            // are owned by `self` and stay put until this returns.
             let _turn = mpi_turn();
-            check("MPI_Wait", unsafe { ffi::MPI_Wait(&mut self.request, ffi::RSMPI_STATUS_IGNORE) })?;
+            // SAFETY: `handle` came from a non-blocking call and has not completed; its
+            // owner keeps the buffers in place until this returns.
+            check("MPI_Wait", unsafe { ffi::MPI_Wait(&mut self.handle, ffi::RSMPI_STATUS_IGNORE) })?;
             self.done = true;
         }
         Ok(())
     }
-}
 
-impl PendingAllReduce for MpiPending {
+    /// Whether the operation has completed (without waiting).
     fn test(&mut self) -> Result<bool> {
         if !self.done {
             let mut flag: c_int = 0;
             let _turn = mpi_turn();
-            // SAFETY: as in `wait_inner`.
-            check("MPI_Test", unsafe { ffi::MPI_Test(&mut self.request, &mut flag, ffi::RSMPI_STATUS_IGNORE) })?;
+            // SAFETY: as in `wait`.
+            check("MPI_Test", unsafe { ffi::MPI_Test(&mut self.handle, &mut flag, ffi::RSMPI_STATUS_IGNORE) })?;
             self.done = flag != 0;
         }
         Ok(self.done)
     }
+}
+
+/// An `MPI_Iallreduce` in flight; owns both of its buffers until it completes.
+struct MpiPending {
+    send: Vec<f32>,
+    recv: Vec<f32>,
+    request: Request,
+    /// `1/world_size` for an average, applied once complete.
+    scale: Option<f32>,
+}
+
+impl PendingAllReduce for MpiPending {
+    fn test(&mut self) -> Result<bool> {
+        self.request.test()
+    }
 
     fn wait(mut self: Box<Self>) -> Result<Vec<f32>> {
-        self.wait_inner()?;
+        self.request.wait()?;
         let mut out = std::mem::take(&mut self.recv);
         if let Some(s) = self.scale {
             out.iter_mut().for_each(|x| *x *= s);
@@ -161,7 +177,7 @@ impl PendingAllReduce for MpiPending {
 impl Drop for MpiPending {
     fn drop(&mut self) {
         // The buffers must outlive the request: an unfinished reduction is waited for.
-        let _ = self.wait_inner();
+        let _ = self.request.wait();
         let _ = &self.send;
     }
 }
@@ -169,21 +185,7 @@ impl Drop for MpiPending {
 /// An `MPI_Isend` in flight; owns its bytes until it completes.
 struct MpiSending {
     bytes: Vec<u8>,
-    request: ffi::MPI_Request,
-    done: bool,
-}
-
-impl MpiSending {
-    fn wait_inner(&mut self) -> Result<()> {
-        if !self.done {
-            let _turn = mpi_turn();
-            // SAFETY: `request` came from MPI_Isend and has not completed; `bytes` is owned
-            // by `self` and stays put until this returns.
-            check("MPI_Wait", unsafe { ffi::MPI_Wait(&mut self.request, ffi::RSMPI_STATUS_IGNORE) })?;
-            self.done = true;
-        }
-        Ok(())
-    }
+    request: Request,
 }
 
 // SAFETY: the request is a plain handle, waited for under the MPI lock; the bytes are owned.
@@ -191,14 +193,14 @@ unsafe impl Send for MpiSending {}
 
 impl PendingSend for MpiSending {
     fn wait(mut self: Box<Self>) -> Result<()> {
-        self.wait_inner()
+        self.request.wait()
     }
 }
 
 impl Drop for MpiSending {
     fn drop(&mut self) {
         // The bytes must outlive the request: an unfinished send is waited for.
-        let _ = self.wait_inner();
+        let _ = self.request.wait();
         let _ = &self.bytes;
     }
 }
@@ -270,7 +272,7 @@ impl Communicator for MpiCommunicator {
         };
         check("MPI_Iallreduce", code)?;
         let scale = (op == ReduceOp::Average && self.size > 1).then(|| 1.0 / self.size as f32);
-        Ok(Box::new(MpiPending { send: buf, recv, request, done: false, scale }))
+        Ok(Box::new(MpiPending { send: buf, recv, request: Request::new(request), scale }))
     }
 
     fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<()> {
@@ -338,7 +340,7 @@ impl Communicator for MpiCommunicator {
             )
         };
         check("MPI_Isend", code)?;
-        Ok(Box::new(MpiSending { bytes, request, done: false }))
+        Ok(Box::new(MpiSending { bytes, request: Request::new(request) }))
     }
 
     fn recv(&self, src: usize) -> Result<Vec<u8>> {

@@ -14,7 +14,7 @@
 //! (`tests/forward_batch.rs` checks it on SmolLM2). Dense weights go through gemm, whose
 //! blocking depends on the row count: rows agree to rounding, not bit for bit.
 
-use fusebox::{ComputeBackend, DType, Error, NormOutput, Result, Tensor};
+use fusebox::{ComputeBackend, Error, Result, Tensor};
 
 use super::pass::Pass;
 use super::stage::{StageInput, StageOutput};
@@ -104,39 +104,7 @@ impl Transformer {
         let mut rope_rows = [None, None];
         let (x, h) = {
             let mut pass = Pass::Batch { caches: &mut *caches, positions: &positions, rope: &mut rope_rows };
-            let (x, h) = match input {
-                StageInput::Tokens(ids) => {
-                    if !self.stage.is_first() {
-                        return Err(Error::unsupported(
-                            OP,
-                            format!(
-                                "token ids given to the stage of blocks {:?}, which has no embeddings",
-                                self.stage.layers
-                            ),
-                        ));
-                    }
-                    self.check_vocab(OP, ids)?;
-                    // `[N, 1]`: the sequences as a batch of one-token rows.
-                    let ids_t = b.upload(&Tensor::from_vec(ids.to_vec(), [n, 1])?)?;
-                    let x = self.embed(b, &ids_t, &pass)?;
-                    let h = self.norm(b, &x, self.stage_entry_norm())?;
-                    (x, h)
-                }
-                StageInput::Hidden { x, h } => {
-                    let want = [n, 1, self.arch.d_model];
-                    for (what, v) in [("x", &x), ("h", &h)] {
-                        if v.dims() != want || v.dtype() != DType::F32 {
-                            return Err(Error::shape(
-                                OP,
-                                what,
-                                format!("{want:?} f32"),
-                                format!("{} {}", v.shape(), v.dtype()),
-                            ));
-                        }
-                    }
-                    (x, NormOutput { output: h, rstd: Tensor::zeros([0], DType::F32)?, mean: None })
-                }
-            };
+            let (x, h) = self.stage_entry(OP, b, input, [n, 1], &pass)?;
             self.stage_blocks(b, x, h, &mut pass)?
         };
         for c in caches.iter_mut() {

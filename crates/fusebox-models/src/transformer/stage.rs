@@ -142,38 +142,7 @@ impl Transformer {
         };
         let pos = cache.len;
         self.check_cached_pass(OP, t, cache)?;
-        let (x, h) = match input {
-            StageInput::Tokens(ids) => {
-                if !self.stage.is_first() {
-                    return Err(Error::unsupported(
-                        OP,
-                        format!(
-                            "token ids given to the stage of blocks {:?}, which has no embeddings",
-                            self.stage.layers
-                        ),
-                    ));
-                }
-                self.check_vocab(OP, ids)?;
-                let ids_t = b.upload(&Tensor::from_vec(ids.to_vec(), [1, t])?)?;
-                let x = self.embed(b, &ids_t, &Pass::Cached { cache, pos })?;
-                let h = self.norm(b, &x, self.stage_entry_norm())?;
-                (x, h)
-            }
-            StageInput::Hidden { x, h } => {
-                let want = [1, t, self.arch.d_model];
-                for (what, v) in [("x", &x), ("h", &h)] {
-                    if v.dims() != want || v.dtype() != fusebox::DType::F32 {
-                        return Err(Error::shape(
-                            OP,
-                            what,
-                            format!("{want:?} f32"),
-                            format!("{} {}", v.shape(), v.dtype()),
-                        ));
-                    }
-                }
-                (x, NormOutput { output: h, rstd: Tensor::zeros([0], fusebox::DType::F32)?, mean: None })
-            }
-        };
+        let (x, h) = self.stage_entry(OP, b, input, [1, t], &Pass::Cached { cache, pos })?;
         let mut pass = Pass::Cached { cache, pos };
         let (x, h) = self.stage_blocks(b, x, h, &mut pass)?;
         cache.len = pos + t;
@@ -201,6 +170,51 @@ impl Transformer {
     }
 
     /// The norm this stage's first block starts from.
+    /// What a stage's blocks start from: token ids, shaped `rows` (`[1, T]` for one
+    /// sequence, `[N, 1]` for a batch), embedded and normed for the first block (the first
+    /// stage only), or the previous stage's `x` and `h`, which must be `[rows…, D]` f32.
+    pub(super) fn stage_entry(
+        &self,
+        op: &'static str,
+        b: &dyn ComputeBackend,
+        input: StageInput<'_>,
+        rows: [usize; 2],
+        pass: &Pass<'_, '_>,
+    ) -> Result<(Tensor, NormOutput)> {
+        match input {
+            StageInput::Tokens(ids) => {
+                if !self.stage.is_first() {
+                    return Err(Error::unsupported(
+                        op,
+                        format!(
+                            "token ids given to the stage of blocks {:?}, which has no embeddings",
+                            self.stage.layers
+                        ),
+                    ));
+                }
+                self.check_vocab(op, ids)?;
+                let ids_t = b.upload(&Tensor::from_vec(ids.to_vec(), rows)?)?;
+                let x = self.embed(b, &ids_t, pass)?;
+                let h = self.norm(b, &x, self.stage_entry_norm())?;
+                Ok((x, h))
+            }
+            StageInput::Hidden { x, h } => {
+                let want = [rows[0], rows[1], self.arch.d_model];
+                for (what, v) in [("x", &x), ("h", &h)] {
+                    if v.dims() != want || v.dtype() != fusebox::DType::F32 {
+                        return Err(Error::shape(
+                            op,
+                            what,
+                            format!("{want:?} f32"),
+                            format!("{} {}", v.shape(), v.dtype()),
+                        ));
+                    }
+                }
+                Ok((x, NormOutput { output: h, rstd: Tensor::zeros([0], fusebox::DType::F32)?, mean: None }))
+            }
+        }
+    }
+
     pub(super) fn stage_entry_norm(&self) -> super::layout::NormIndex {
         self.index.layers.get(self.stage.layers.start).map_or(self.index.norm_f, |l| l.norm1)
     }
