@@ -462,12 +462,10 @@ fn prefill_chunk(
     let start = Instant::now();
     let result = model.network.forward_cached(b, &prompt[done..end], &mut s.cache);
     m.add_prefill(end - done, start.elapsed());
-    if result.is_ok() && store.is_some() {
+    if let (Ok(_), Some(store)) = (&result, store) {
         s.held.extend_from_slice(&prompt[done..end]);
-        if let Some(store) = store.as_deref_mut() {
-            // A block that cannot be copied is only not stored; the answer goes on.
-            let _ = store.insert(b, prompt, &s.cache, m);
-        }
+        // A block that cannot be copied is only not stored; the answer goes on.
+        let _ = store.insert(b, prompt, &s.cache, m);
     }
     match result {
         Err(e) => {
