@@ -245,3 +245,95 @@ impl PrefixStore {
 pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use fusebox_models::pretrained::Pretrained;
+
+    use super::*;
+
+    fn model() -> (std::sync::Arc<dyn ComputeBackend>, Pretrained) {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fusebox-models/tests/fixtures/arch/qwen3");
+        let b: std::sync::Arc<dyn ComputeBackend> = fusebox::create_backend("cpu:1").unwrap();
+        let m = fusebox_models::open::load(b.as_ref(), &dir).unwrap();
+        (b, m)
+    }
+
+    /// A cache of `m` holding `ids`, and the store that took its blocks.
+    fn filled(b: &dyn ComputeBackend, m: &Pretrained, store: &mut PrefixStore, ids: &[u32]) -> KvCache {
+        let mut cache = m.network.new_cache_of(b, 64, fusebox::DType::F16).unwrap();
+        m.network.forward_cached(b, ids, &mut cache).unwrap();
+        store.insert(b, ids, &cache, &Metrics::default()).unwrap();
+        cache
+    }
+
+    fn bytes(ts: &[Tensor]) -> Vec<u8> {
+        ts.iter().flat_map(|t| t.host_bytes().unwrap().to_vec()).collect()
+    }
+
+    #[test]
+    fn a_restored_prefix_has_the_stored_keys_and_values_bit_for_bit() {
+        let (b, m) = model();
+        let ids: Vec<u32> = (0..20).map(|i| 40 + i).collect();
+        let mut store = PrefixStore::new(8, 1 << 20);
+        let first = filled(b.as_ref(), &m, &mut store, &ids);
+        assert_eq!(store.len(), 2);
+        let mut cache = m.network.new_cache_of(b.as_ref(), 64, fusebox::DType::F16).unwrap();
+        assert_eq!(store.restore(b.as_ref(), &ids, ids.len() - 1, 0, &mut cache).unwrap(), 16);
+        assert_eq!(cache.len, 16);
+        let (k0, v0) = first.read_positions(b.as_ref(), 0, 16).unwrap();
+        let (k1, v1) = cache.read_positions(b.as_ref(), 0, 16).unwrap();
+        assert_eq!(bytes(&k0), bytes(&k1));
+        assert_eq!(bytes(&v0), bytes(&v1));
+        // No more than `limit`: a prompt of exactly two blocks keeps its last token to run.
+        let mut cache = m.network.new_cache_of(b.as_ref(), 64, fusebox::DType::F16).unwrap();
+        assert_eq!(store.restore(b.as_ref(), &ids[..16], 15, 0, &mut cache).unwrap(), 15);
+        // Nothing longer than what the cache holds: left alone.
+        assert_eq!(store.restore(b.as_ref(), &ids, 19, 17, &mut cache).unwrap(), 17);
+    }
+
+    #[test]
+    fn a_block_whose_tokens_differ_is_a_miss_even_under_its_key() {
+        let (b, m) = model();
+        let ids: Vec<u32> = (0..12).map(|i| 60 + i).collect();
+        let mut store = PrefixStore::new(8, 1 << 20);
+        filled(b.as_ref(), &m, &mut store, &ids);
+        // As if another prompt's block hashed to the same key.
+        store.blocks.values_mut().for_each(|blk| blk.tokens[3] += 1);
+        let mut cache = m.network.new_cache_of(b.as_ref(), 64, fusebox::DType::F16).unwrap();
+        assert_eq!(store.restore(b.as_ref(), &ids, 11, 0, &mut cache).unwrap(), 0);
+        assert_eq!(cache.len, 0);
+    }
+
+    #[test]
+    fn eviction_takes_the_least_recently_used_blocks_children_before_parents() {
+        let (b, m) = model();
+        let p: Vec<u32> = (0..17).map(|i| 70 + i).collect();
+        let mut q = p.clone();
+        q[10] += 50;
+        let mut probe = PrefixStore::new(8, 1 << 20);
+        filled(b.as_ref(), &m, &mut probe, &p[..8]);
+        let block = probe.bytes();
+        // Room for two blocks and a half.
+        let mut store = PrefixStore::new(8, 2 * block + block / 2);
+        let metrics = Metrics::default();
+        filled(b.as_ref(), &m, &mut store, &p);
+        assert_eq!(store.len(), 2);
+        // q shares p's first block: its second evicts p's second, never the shared parent.
+        let qcache = {
+            let mut c = m.network.new_cache_of(b.as_ref(), 64, fusebox::DType::F16).unwrap();
+            m.network.forward_cached(b.as_ref(), &q, &mut c).unwrap();
+            c
+        };
+        store.insert(b.as_ref(), &q, &qcache, &metrics).unwrap();
+        assert_eq!(metrics.prefix_evictions.load(Ordering::Relaxed), 1);
+        assert_eq!(store.len(), 2);
+        assert!(store.bytes() <= 2 * block + block / 2);
+        let mut c = m.network.new_cache_of(b.as_ref(), 64, fusebox::DType::F16).unwrap();
+        assert_eq!(store.restore(b.as_ref(), &p, 16, 0, &mut c).unwrap(), 8, "p's second block is gone");
+        let mut c = m.network.new_cache_of(b.as_ref(), 64, fusebox::DType::F16).unwrap();
+        assert_eq!(store.restore(b.as_ref(), &q, 16, 0, &mut c).unwrap(), 16);
+    }
+}
