@@ -183,7 +183,14 @@ fn engine_speed(
     let (tx, rx) = std::sync::mpsc::channel();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let metrics = Arc::new(Metrics::default());
-    let config = EngineConfig { parallel: prompts.len(), ctx_size: ctx, prefill_chunk: 256, cache_type: dtype };
+    let config = EngineConfig {
+        parallel: prompts.len(),
+        ctx_size: ctx,
+        prefill_chunk: 256,
+        cache_type: dtype,
+        cache_ram: 0,
+        cache_block: 256,
+    };
     let (m, bb, mm) = (model.clone(), b.clone(), metrics.clone());
     let thread = std::thread::spawn(move || engine::run(bb, m, config, rx, mm, ready_tx));
     ready_rx.recv().map_err(|_| fusebox::Error::Io("the model thread ended".into()))??;

@@ -43,6 +43,10 @@ pub struct ServeArgs {
     /// KV-cache element type of every slot: f32, f16 or bf16 (as `generate`).
     #[arg(long, default_value = "f16", value_parser = crate::generate::parse_cache_type)]
     cache_type: fusebox::DType,
+    /// MiB of prompt-prefix keys and values kept for reuse by later requests (0: no
+    /// prefix caching; see docs/serve.md).
+    #[arg(long, default_value_t = 256)]
+    cache_ram: usize,
     /// Compute backend: cpu or wgpu.
     #[arg(long, default_value = "cpu")]
     backend: String,
@@ -90,6 +94,11 @@ fn serve(args: &ServeArgs, dist: &crate::pipeline::Distributed) -> Result<()> {
         model_id: args.alias.clone(),
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
         cache_type: args.cache_type,
+        cache_ram: args
+            .cache_ram
+            .checked_mul(1 << 20)
+            .ok_or_else(|| fusebox::Error::value("serve", "--cache-ram", "MiB that fit in memory", args.cache_ram))?,
+        ..Default::default()
     };
     let threads = b.cpu().threads();
     let pipeline = model.pipeline.clone();

@@ -11,6 +11,16 @@
 //!
 //! Results go back on each job's own channel; a job whose channel is closed (the HTTP
 //! side dropped it: the client disconnected) is cancelled before the next step.
+//!
+//! **Prefix caching** (`--cache-ram` > 0, one process only). A slot keeps its last
+//! sequence's keys and values after the job ends, and remembers the tokens they are of.
+//! A new job goes to the free slot whose sequence shares the longest prefix with its
+//! prompt (the previous turn of its conversation), keeps those positions and reads only
+//! the rest; a slot with nothing in common is taken least recently used first. When its
+//! prompt starts to be read, a longer prefix in the [`PrefixStore`] (blocks of earlier
+//! prompts) is restored instead; after each chunk its whole blocks are stored, and
+//! chunks end on block boundaries so that a hybrid model's state is at hand there. At
+//! least the prompt's last token is always run, for the logits of the first answer token.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -28,6 +38,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::embed::EmbedJob;
 use crate::logprobs::{token_logprob, Placed};
 use crate::metrics::Metrics;
+use crate::prefix::{common_prefix, PrefixStore};
 use crate::reply::ReplyStream;
 use crate::structured::guide::{Commit, Guide};
 
@@ -85,8 +96,8 @@ pub enum Event {
         prompt_tokens: usize,
         /// Tokens generated (a stop token included).
         completion_tokens: usize,
-        /// Prompt tokens whose keys and values came from a cache rather than a prefill
-        /// (0: there is no prefix cache yet).
+        /// Prompt tokens whose keys and values came from a cache (the slot's previous
+        /// sequence or the prefix store) rather than a prefill.
         cached_tokens: usize,
     },
     /// The job failed (the model returned an error, or the server is shutting down
@@ -168,6 +179,10 @@ pub struct EngineConfig {
     pub prefill_chunk: usize,
     /// Element type of every slot's KV cache.
     pub cache_type: fusebox::DType,
+    /// Bytes the prefix store may hold; 0 turns prefix caching off (slot reuse too).
+    pub cache_ram: usize,
+    /// Tokens per block of the prefix store.
+    pub cache_block: usize,
 }
 
 enum Phase {
@@ -186,10 +201,18 @@ struct Active {
     tokens: Vec<u32>,
     /// The text side: what has been shown of the answer and the reasoning.
     reply: ReplyStream,
+    /// Prompt tokens that came from a cache; `None` until the prompt starts to be read
+    /// (the prefix store is consulted then).
+    cached: Option<usize>,
 }
 
 struct Slot {
     cache: KvCache,
+    /// The tokens of the cache's positions (`held.len() == cache.len`), kept after the
+    /// job ends for the next one to reuse (prefix caching only; else empty).
+    held: Vec<u32>,
+    /// Arrival number of the last job it took (free slots are reused oldest first).
+    last_used: u64,
     active: Option<Active>,
     /// A batch of this slot's is in a pipeline, its logits not back (split models only):
     /// the slot takes no new step, nor a new job.
@@ -212,7 +235,7 @@ pub fn run(
     let mut slots = Vec::with_capacity(config.parallel);
     for _ in 0..config.parallel {
         match net.new_cache_of(b, config.ctx_size, config.cache_type) {
-            Ok(cache) => slots.push(Slot { cache, active: None, in_flight: false }),
+            Ok(cache) => slots.push(Slot { cache, held: Vec::new(), last_used: 0, active: None, in_flight: false }),
             Err(e) => {
                 let _ = ready.send(Err(e));
                 return Ok(());
@@ -221,6 +244,12 @@ pub fn run(
     }
     let _ = ready.send(Ok(()));
     let sample_vocab = model.tokenizer.vocab_size().clamp(1, net.arch.vocab_size);
+    // Under mpirun the other ranks hold their own caches of each slot, and a rank only
+    // starts a slot's sequence over at position 0 or continues it where it stands
+    // (`Pipeline`'s followers): rank 0 can neither cut theirs back nor restore blocks
+    // into them, so a split model reads every prompt whole.
+    let caching = config.cache_ram > 0 && model.pipeline.is_none();
+    let mut store = caching.then(|| PrefixStore::new(config.cache_block, config.cache_ram));
     let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut embeds: VecDeque<EmbedJob> = VecDeque::new();
     // The sequence embeddings are computed in, allocated at the first request.
@@ -293,14 +322,21 @@ pub fn run(
                 }
             }
         }
-        for s in slots.iter_mut().filter(|s| s.active.is_none() && !s.in_flight) {
+        while let Some(i) = free_slot_for(&slots, waiting.front(), caching) {
             let Some(job) = waiting.pop_front() else { break };
             metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
-            s.cache.clear();
+            let s = &mut slots[i];
+            let keep = if caching { reusable(s, &job.prompt) } else { 0 };
+            if s.cache.truncate(keep).is_err() {
+                s.cache.clear();
+            }
+            s.held.truncate(s.cache.len);
             arrivals += 1;
+            s.last_used = arrivals;
             let reply = ReplyStream::new(job.format, job.stop_strings.clone());
-            s.active =
-                Some(Active { job, arrival: arrivals, phase: Phase::Prefill { done: 0 }, tokens: Vec::new(), reply });
+            let phase = Phase::Prefill { done: s.cache.len };
+            let cached = (!caching).then_some(0);
+            s.active = Some(Active { job, arrival: arrivals, phase, tokens: Vec::new(), reply, cached });
         }
         metrics.slots_busy.store(slots.iter().filter(|s| s.active.is_some()).count(), Ordering::Relaxed);
 
@@ -335,7 +371,7 @@ pub fn run(
             })
             .min_by_key(|(arrival, _)| *arrival);
         if let Some((_, s)) = reading {
-            prefill_chunk(&model, b, s, config.prefill_chunk, sample_vocab, &metrics);
+            prefill_chunk(&model, b, s, store.as_mut(), config.prefill_chunk, sample_vocab, &metrics);
         }
 
         // One decode step for every generating slot, in one batched forward.
@@ -346,22 +382,95 @@ pub fn run(
             }
         }
         if !rows.is_empty() {
-            decode_step(&model, b, &mut slots, &rows, sample_vocab, &metrics);
+            decode_step(&model, b, &mut slots, &rows, sample_vocab, caching, &metrics);
         }
         metrics.slots_busy.store(slots.iter().filter(|s| s.active.is_some()).count(), Ordering::Relaxed);
     }
 }
 
+/// The free slot the next waiting job should take: with prefix caching, the one whose
+/// sequence it can reuse most of, else (and on ties) the one used least recently.
+fn free_slot_for(slots: &[Slot], job: Option<&Job>, caching: bool) -> Option<usize> {
+    let job = job?;
+    slots
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.active.is_none() && !s.in_flight)
+        .max_by_key(|(_, s)| (if caching { reusable(s, &job.prompt) } else { 0 }, std::cmp::Reverse(s.last_used)))
+        .map(|(i, _)| i)
+}
+
+/// Positions of `s`'s cache a job with `prompt` can keep: the common prefix, short of
+/// the prompt's last token (which must run for the logits). A linear-attention state
+/// holds only after the cache's last position, so a hybrid model keeps all or nothing.
+fn reusable(s: &Slot, prompt: &[u32]) -> usize {
+    let common = common_prefix(&s.held, prompt).min(s.cache.len);
+    let most = prompt.len().saturating_sub(1);
+    if s.cache.has_linear_state() {
+        if common == s.cache.len && common <= most {
+            common
+        } else {
+            0
+        }
+    } else {
+        common.min(most)
+    }
+}
+
 /// Runs the next chunk of a slot's prompt; after the last chunk, samples the first token.
-fn prefill_chunk(model: &Pretrained, b: &dyn ComputeBackend, s: &mut Slot, chunk: usize, vocab: usize, m: &Metrics) {
+/// With a prefix `store`, the first chunk starts after the longest prefix it can
+/// restore, chunks end on its block boundaries, and each chunk's whole blocks go into it.
+fn prefill_chunk(
+    model: &Pretrained,
+    b: &dyn ComputeBackend,
+    s: &mut Slot,
+    mut store: Option<&mut PrefixStore>,
+    chunk: usize,
+    vocab: usize,
+    m: &Metrics,
+) {
     let Some(a) = s.active.as_mut() else { return };
-    let Phase::Prefill { done } = a.phase else { return };
-    let end = (done + chunk.max(1)).min(a.job.prompt.len());
+    let Phase::Prefill { mut done } = a.phase else { return };
+    let prompt = &a.job.prompt;
+    if a.cached.is_none() {
+        if let Some(store) = store.as_deref_mut() {
+            match store.restore(b, prompt, prompt.len() - 1, done, &mut s.cache) {
+                Ok(n) => done = n,
+                Err(e) => {
+                    // The cache may be half written: start it over.
+                    s.cache.clear();
+                    s.held.clear();
+                    let e = crate::openai::ApiError::internal(format!("restoring a cached prefix failed: {e}"));
+                    a.job.events.send(Event::Error(e));
+                    s.active = None;
+                    return;
+                }
+            }
+            s.held.clear();
+            s.held.extend_from_slice(&prompt[..done]);
+        }
+        a.cached = Some(done);
+        if done > 0 {
+            m.prefix_hits.fetch_add(1, Ordering::Relaxed);
+            m.cached_prompt_tokens.fetch_add(done as u64, Ordering::Relaxed);
+        }
+    }
+    let mut end = (done + chunk.max(1)).min(prompt.len());
+    if let Some(store) = store.as_deref() {
+        end = end.min((done / store.block() + 1) * store.block());
+    }
     let start = Instant::now();
-    let result = model.network.forward_cached(b, &a.job.prompt[done..end], &mut s.cache);
+    let result = model.network.forward_cached(b, &prompt[done..end], &mut s.cache);
     m.add_prefill(end - done, start.elapsed());
+    if let (Ok(_), Some(store)) = (&result, store) {
+        s.held.extend_from_slice(&prompt[done..end]);
+        // A block that cannot be copied is only not stored; the answer goes on.
+        let _ = store.insert(b, prompt, &s.cache, m);
+    }
     match result {
         Err(e) => {
+            s.cache.clear();
+            s.held.clear();
             a.job.events.send(Event::Error(crate::openai::ApiError::internal(format!("prefill failed: {e}"))));
             s.active = None;
         }
@@ -381,6 +490,7 @@ fn decode_step(
     slots: &mut [Slot],
     rows: &[(usize, u32)],
     vocab: usize,
+    caching: bool,
     m: &Metrics,
 ) {
     let start = Instant::now();
@@ -400,14 +510,19 @@ fn decode_step(
     match result {
         Err(e) => {
             for &(i, _) in rows {
+                slots[i].cache.clear();
+                slots[i].held.clear();
                 if let Some(a) = slots[i].active.take() {
                     a.job.events.send(Event::Error(crate::openai::ApiError::internal(format!("decode failed: {e}"))));
                 }
             }
         }
         Ok(logits) => {
-            for (row, &(i, _)) in rows.iter().enumerate() {
+            for (row, &(i, next)) in rows.iter().enumerate() {
                 let s = &mut slots[i];
+                if caching {
+                    s.held.push(next);
+                }
                 let Some(a) = s.active.as_mut() else { continue };
                 let l = &logits[row];
                 if !accept(model, a, &l[..vocab.min(l.len())], s.cache.len, s.cache.capacity, m) {
@@ -507,6 +622,6 @@ fn finish(a: &Active, finish: Finish, m: &Metrics) {
         finish,
         prompt_tokens: a.job.prompt.len(),
         completion_tokens: a.tokens.len(),
-        cached_tokens: 0,
+        cached_tokens: a.cached.unwrap_or(0),
     });
 }

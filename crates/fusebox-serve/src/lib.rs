@@ -27,6 +27,7 @@ pub mod engine;
 pub mod logprobs;
 pub mod metrics;
 pub mod openai;
+pub mod prefix;
 pub mod reply;
 mod routes;
 pub mod structured;
@@ -89,6 +90,14 @@ pub struct ServerConfig {
     /// Element type of the KV caches: f32, or f16/bf16 (half the memory and the bytes a
     /// decode step reads per position; rounded as written, widened to f32 as read).
     pub cache_type: fusebox::DType,
+    /// Bytes the prefix store may hold (`--cache-ram`, given in MiB there): keys and
+    /// values (and hybrid models' states) of prompt prefixes reused by later requests.
+    /// 0 turns prefix caching off altogether, the reuse of a slot's previous sequence
+    /// included; the default here is 0, `fusebox serve`'s is 256 MiB.
+    pub cache_ram: usize,
+    /// Tokens per block of the prefix store (a prompt's prefix is stored and found in
+    /// whole blocks; 256 by default).
+    pub cache_block: usize,
 }
 
 impl Default for ServerConfig {
@@ -104,6 +113,8 @@ impl Default for ServerConfig {
             model_id: None,
             shutdown_grace: Duration::from_secs(2),
             cache_type: fusebox::DType::F32,
+            cache_ram: 0,
+            cache_block: 256,
         }
     }
 }
@@ -238,6 +249,9 @@ fn build(backend: Arc<dyn ComputeBackend>, model: Pretrained, config: &ServerCon
     if config.prefill_chunk == 0 {
         return Err(Error::value(OP, "--prefill-chunk", "at least 1", 0));
     }
+    if config.cache_block == 0 {
+        return Err(Error::value(OP, "cache block", "at least 1 token", 0));
+    }
     let ctx_size = config.ctx_size.unwrap_or_else(|| DEFAULT_CTX.min(model.context_length()));
     if ctx_size == 0 || ctx_size > model.context_length() {
         return Err(Error::value(
@@ -264,6 +278,8 @@ fn build(backend: Arc<dyn ComputeBackend>, model: Pretrained, config: &ServerCon
         ctx_size,
         prefill_chunk: config.prefill_chunk,
         cache_type: config.cache_type,
+        cache_ram: config.cache_ram,
+        cache_block: config.cache_block,
     };
     // The caches are allocated on the model thread; report a failure before listening.
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();

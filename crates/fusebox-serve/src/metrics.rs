@@ -51,6 +51,15 @@ pub struct Metrics {
     /// Nanoseconds the model thread spent applying constraints: waiting for masks not yet
     /// computed, masking the logits and advancing the matchers.
     pub constraint_nanos: AtomicU64,
+    /// Requests whose prompt started from cached keys and values (a slot's previous
+    /// sequence or the prefix store).
+    pub prefix_hits: AtomicU64,
+    /// Blocks evicted from the prefix store.
+    pub prefix_evictions: AtomicU64,
+    /// Bytes the prefix store holds.
+    pub prefix_bytes: AtomicUsize,
+    /// Blocks the prefix store holds.
+    pub prefix_blocks: AtomicUsize,
     prefill_tokens: AtomicU64,
     prefill_nanos: AtomicU64,
     decode_tokens: AtomicU64,
@@ -116,6 +125,12 @@ impl Metrics {
                 "Prompt tokens taken from a prefix cache instead of a prefill.",
                 &self.cached_prompt_tokens,
             ),
+            (
+                "prefix_cache_hits_total",
+                "Requests whose prompt started from cached keys and values.",
+                &self.prefix_hits,
+            ),
+            ("prefix_cache_evictions_total", "Blocks evicted from the prefix store.", &self.prefix_evictions),
             ("tokenize_requests_total", "POST /tokenize requests.", &self.tokenize_requests),
             ("detokenize_requests_total", "POST /detokenize requests.", &self.detokenize_requests),
             ("embedding_requests_total", "POST /v1/embeddings requests.", &self.embedding_requests),
@@ -151,6 +166,18 @@ impl Metrics {
             "gauge",
             "Requests waiting for a slot.",
             self.queue_depth.load(Ordering::Relaxed).to_string(),
+        );
+        put(
+            "prefix_cache_bytes",
+            "gauge",
+            "Bytes of keys, values and states the prefix store holds (--cache-ram).",
+            self.prefix_bytes.load(Ordering::Relaxed).to_string(),
+        );
+        put(
+            "prefix_cache_blocks",
+            "gauge",
+            "Blocks the prefix store holds.",
+            self.prefix_blocks.load(Ordering::Relaxed).to_string(),
         );
         put("slots_busy", "gauge", "Slots holding a request.", self.slots_busy.load(Ordering::Relaxed).to_string());
         put("slots_total", "gauge", "Slots (--parallel).", self.slots_total.load(Ordering::Relaxed).to_string());

@@ -121,6 +121,130 @@ impl KvCache {
         let per_layer = |t: &Tensor| t.dims().get(1..).map_or(0, |d| d[0] * d[2]) * t.dtype().storage_bytes(1);
         self.k.iter().chain(&self.v).map(per_layer).sum()
     }
+
+    /// Whether some layer carries a [`LinearState`]: such a cache holds the state after
+    /// its last position only, so it cannot be cut back to a shorter prefix (see
+    /// [`truncate`](Self::truncate)).
+    pub fn has_linear_state(&self) -> bool {
+        self.linear.iter().any(Option::is_some)
+    }
+
+    /// Keeps the first `len` positions and forgets the rest (the next pass runs at
+    /// position `len`). Keys and values need nothing more; a linear-attention state
+    /// summarises every position, so a cache with one can only keep all of them or none.
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        const OP: &str = "KvCache::truncate";
+        if len > self.len {
+            return Err(Error::value(OP, "len", format!("≤ the {} cached positions", self.len), len));
+        }
+        if len != 0 && len != self.len && self.has_linear_state() {
+            return Err(Error::value(
+                OP,
+                "len",
+                format!("0 or all {} positions (a linear-attention state cannot be cut back)", self.len),
+                len,
+            ));
+        }
+        self.len = len;
+        Ok(())
+    }
+
+    /// Copies of the keys and values of positions `start..end` of every layer, as host
+    /// tensors `[1, Hkv, end − start, hd]` in the cache's dtype (a layer without keys
+    /// and values — linear attention, or not in this process's stage — gives an empty
+    /// `[1, 0, end − start, hd]`). [`write_positions`](Self::write_positions) puts them
+    /// back, bit for bit.
+    pub fn read_positions(
+        &self,
+        b: &dyn ComputeBackend,
+        start: usize,
+        end: usize,
+    ) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
+        const OP: &str = "KvCache::read_positions";
+        if start > end || end > self.len {
+            return Err(Error::value(
+                OP,
+                "range",
+                format!("within the {} cached positions", self.len),
+                format!("{start}..{end}"),
+            ));
+        }
+        let read = |t: &Tensor| -> Result<Tensor> {
+            let d = t.dims();
+            let (heads, capacity, hd) = (d[1], d[2], d[3]);
+            let shape = [1, heads, end - start, hd];
+            if heads == 0 {
+                return Tensor::from_bytes(&[], shape, t.dtype());
+            }
+            // `[1, H, capacity, hd]` row-major: head h's position p starts at row h·capacity + p.
+            let row = t.dtype().storage_bytes(hd);
+            let host = b.to_host(t)?;
+            let bytes = host.host_bytes()?;
+            let mut out = Vec::with_capacity(heads * (end - start) * row);
+            for h in 0..heads {
+                out.extend_from_slice(&bytes[(h * capacity + start) * row..(h * capacity + end) * row]);
+            }
+            Tensor::from_bytes(&out, shape, t.dtype())
+        };
+        Ok((self.k.iter().map(read).collect::<Result<_>>()?, self.v.iter().map(read).collect::<Result<_>>()?))
+    }
+
+    /// Writes keys and values read by [`read_positions`](Self::read_positions) (from a
+    /// cache of the same model and dtype) at positions `pos ..`, leaving
+    /// [`len`](Self::len) alone: the caller sets it once every position below it holds
+    /// what it should.
+    pub fn write_positions(&mut self, b: &dyn ComputeBackend, pos: usize, k: &[Tensor], v: &[Tensor]) -> Result<()> {
+        const OP: &str = "KvCache::write_positions";
+        if k.len() != self.k.len() || v.len() != self.v.len() {
+            return Err(Error::value(OP, "layers", self.k.len(), format!("{} and {}", k.len(), v.len())));
+        }
+        for (cache, new) in self.k.iter_mut().zip(k).chain(self.v.iter_mut().zip(v)) {
+            if cache.dims()[1] != 0 {
+                b.write_head_cache(cache, new, pos)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Fresh copies of the linear-attention states (`None` for the other layers): the
+    /// state after the last cached position, for [`set_linear_states`](Self::set_linear_states).
+    pub fn copy_linear_states(&self, b: &dyn ComputeBackend) -> Result<Vec<Option<LinearState>>> {
+        self.linear
+            .iter()
+            .map(|s| match s {
+                Some(s) => Ok(Some(LinearState { conv: b.copy(&s.conv)?, delta: b.copy(&s.delta)? })),
+                None => Ok(None),
+            })
+            .collect()
+    }
+
+    /// Replaces the linear-attention states with fresh copies of `states` (from
+    /// [`copy_linear_states`](Self::copy_linear_states) of the same model, taken after
+    /// the position this cache's [`len`](Self::len) will be set to).
+    pub fn set_linear_states(&mut self, b: &dyn ComputeBackend, states: &[Option<LinearState>]) -> Result<()> {
+        const OP: &str = "KvCache::set_linear_states";
+        if states.len() != self.linear.len() {
+            return Err(Error::value(OP, "layers", self.linear.len(), states.len()));
+        }
+        for (l, (mine, theirs)) in self.linear.iter_mut().zip(states).enumerate() {
+            match (mine, theirs) {
+                // Copies, uniquely owned: the decode step updates the state in place.
+                (Some(m), Some(t)) => {
+                    *m = LinearState { conv: b.copy(&b.upload(&t.conv)?)?, delta: b.copy(&b.upload(&t.delta)?)? }
+                }
+                (None, None) => {}
+                _ => {
+                    return Err(Error::value(
+                        OP,
+                        "states",
+                        "a linear state where the cache has one",
+                        format!("layer {l}"),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Bytes of keys and values per position of `arch` with caches of `dtype`: every
