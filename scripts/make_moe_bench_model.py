@@ -14,7 +14,7 @@ transformers and llama-cpp-python; LLAMA_CPP_SRC the unpacked llama-cpp-python s
 distribution, whose vendor/llama.cpp holds the converter):
     LLAMA_CPP_SRC=/tmp/lcp-src/llama_cpp_python-0.3.36 /tmp/venv/bin/python \\
         scripts/make_moe_bench_model.py [OUT_DIR]
-writes OUT_DIR/qwen3moe-1b-{f16,q4_k_m,q8_0}.gguf (default OUT_DIR: models/).
+writes OUT_DIR/qwen3moe-1b-{q4_k_m,q8_0}.gguf (default OUT_DIR: models/).
 """
 import os
 import shutil
@@ -49,30 +49,30 @@ CONFIG = transformers.Qwen3MoeConfig(
 )
 
 
-def main():
+def make(config, stem, convert_args=()):
+    """Random weights for `config` (seed 0, bf16), SmolLM2's tokenizer, llama.cpp's
+    converter (with `convert_args`) to f16 and its quantizer to Q4_K_M and Q8_0: writes
+    OUT/STEM-{q4_k_m,q8_0}.gguf and removes the intermediate files."""
     os.makedirs(OUT, exist_ok=True)
-    hf = os.path.join(OUT, "qwen3moe-1b-hf")
+    hf = os.path.join(OUT, f"{stem}-hf")
     tok = os.path.join(OUT, "smollm2-tokenizer-hf")
     if not os.path.exists(os.path.join(tok, "tokenizer.json")):
         subprocess.run([FUSEBOX, "export", "--model", SMOLLM2, "--format", "hf", "--out", tok], check=True)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(CONFIG, dtype=torch.bfloat16)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     total = sum(p.numel() for p in model.parameters())
     print(f"{total / 1e9:.3f} B parameters")
     model.save_pretrained(hf)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(tok, f), os.path.join(hf, f))
-    f16 = os.path.join(OUT, "qwen3moe-1b-f16.gguf")
+    f16 = os.path.join(OUT, f"{stem}-f16.gguf")
     env = dict(os.environ, PYTHONPATH=os.path.join(LLAMA_CPP, "gguf-py"))
-    subprocess.run(
-        [sys.executable, os.path.join(LLAMA_CPP, "convert_hf_to_gguf.py"), hf, "--outtype", "f16", "--outfile", f16],
-        check=True,
-        env=env,
-    )
+    convert = [sys.executable, os.path.join(LLAMA_CPP, "convert_hf_to_gguf.py"), hf, "--outtype", "f16"]
+    subprocess.run(convert + list(convert_args) + ["--outfile", f16], check=True, env=env)
     import llama_cpp
 
     for name, ftype in (("q4_k_m", llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M), ("q8_0", llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0)):
-        out = os.path.join(OUT, f"qwen3moe-1b-{name}.gguf")
+        out = os.path.join(OUT, f"{stem}-{name}.gguf")
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = ftype
         params.nthread = 2
@@ -80,8 +80,9 @@ def main():
         if rc != 0:
             sys.exit(f"llama_model_quantize {name}: {rc}")
         print(f"{out}: {os.path.getsize(out) / 1e9:.2f} GB")
+    os.remove(f16)
     shutil.rmtree(hf)
 
 
 if __name__ == "__main__":
-    main()
+    make(CONFIG, "qwen3moe-1b")

@@ -21,18 +21,14 @@ distribution, whose vendor/llama.cpp holds the converter):
 writes OUT_DIR/qwen35-0.8b-{q4_k_m,q8_0}.gguf (default OUT_DIR: models/).
 """
 import os
-import shutil
-import subprocess
 import sys
 
-import torch
 import transformers
 
-OUT = sys.argv[1] if len(sys.argv) > 1 else "models"
-SRC = os.environ.get("LLAMA_CPP_SRC", "/tmp/lcp-src/llama_cpp_python-0.3.36")
-LLAMA_CPP = os.path.join(SRC, "vendor", "llama.cpp")
-FUSEBOX = os.environ.get("FUSEBOX", "target/release/fusebox")
-SMOLLM2 = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+# The model making and quantizing of the mixture-of-experts benchmark (same OUT_DIR,
+# LLAMA_CPP_SRC and FUSEBOX).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_moe_bench_model import make  # noqa: E402
 
 CONFIG = transformers.Qwen3_5TextConfig(
     vocab_size=248320,
@@ -56,38 +52,6 @@ CONFIG = transformers.Qwen3_5TextConfig(
 )
 
 
-def main():
-    os.makedirs(OUT, exist_ok=True)
-    hf = os.path.join(OUT, "qwen35-0.8b-hf")
-    tok = os.path.join(OUT, "smollm2-tokenizer-hf")
-    if not os.path.exists(os.path.join(tok, "tokenizer.json")):
-        subprocess.run([FUSEBOX, "export", "--model", SMOLLM2, "--format", "hf", "--out", tok], check=True)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(CONFIG, dtype=torch.bfloat16)
-    total = sum(p.numel() for p in model.parameters())
-    print(f"{total / 1e9:.3f} B parameters")
-    model.save_pretrained(hf)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(tok, f), os.path.join(hf, f))
-    f16 = os.path.join(OUT, "qwen35-0.8b-f16.gguf")
-    env = dict(os.environ, PYTHONPATH=os.path.join(LLAMA_CPP, "gguf-py"))
-    # --no-mtp: the model has no multi-token-prediction layers (the converter expects them).
-    convert = [sys.executable, os.path.join(LLAMA_CPP, "convert_hf_to_gguf.py"), hf, "--outtype", "f16", "--no-mtp"]
-    subprocess.run(convert + ["--outfile", f16], check=True, env=env)
-    import llama_cpp
-
-    for name, ftype in (("q4_k_m", llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M), ("q8_0", llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0)):
-        out = os.path.join(OUT, f"qwen35-0.8b-{name}.gguf")
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = ftype
-        params.nthread = 2
-        rc = llama_cpp.llama_model_quantize(f16.encode(), out.encode(), params)
-        if rc != 0:
-            sys.exit(f"llama_model_quantize {name}: {rc}")
-        print(f"{out}: {os.path.getsize(out) / 1e9:.2f} GB")
-    os.remove(f16)
-    shutil.rmtree(hf)
-
-
 if __name__ == "__main__":
-    main()
+    # --no-mtp: the model has no multi-token-prediction layers (the converter expects them).
+    make(CONFIG, "qwen35-0.8b", ["--no-mtp"])

@@ -198,6 +198,33 @@ impl Communicator for Channels {
     }
 }
 
+/// The fixture `name` (of `n` blocks) split evenly into `world` stages: rank 0's
+/// communicator and blocks, and every other rank following on its own thread with
+/// `slots` caches of 32 positions.
+fn start_ranks(
+    name: &'static str,
+    n: usize,
+    world: usize,
+    slots: usize,
+) -> (Arc<Channels>, std::ops::Range<usize>, Vec<std::thread::JoinHandle<Result<()>>>) {
+    let sizes = weights::StageSizes { embed: 0, head: 0, layers: vec![1; n], kv_per_position: vec![0; n] };
+    let split = pipeline::split_layers(&sizes, &[], world, None).unwrap();
+    let mut comms = channels(world).into_iter();
+    let rank0 = Arc::new(comms.next().unwrap());
+    let followers = comms
+        .map(|c| {
+            let r = split[c.rank].clone();
+            std::thread::spawn(move || -> Result<()> {
+                let b = CpuBackend::with_threads(1).unwrap();
+                let m = load(&b, name, Some(r));
+                let mut caches = (0..slots).map(|_| m.new_cache(&b, 32)).collect::<Result<Vec<_>>>()?;
+                pipeline::follow(&m, &b, &c, Wire::F32, &mut caches)
+            })
+        })
+        .collect();
+    (rank0, split[0].clone(), followers)
+}
+
 #[test]
 fn the_protocol_over_three_ranks_generates_one_processs_tokens() {
     let name = "qwen3_5";
@@ -209,27 +236,8 @@ fn the_protocol_over_three_ranks_generates_one_processs_tokens() {
     let mut session = Session::new(&whole, &b, 32).unwrap();
     let want = generate(&mut session, &b, &prompt, 8, &mut greedy(), &[], |_| Ok(())).unwrap().tokens;
 
-    let split = pipeline::split_layers(
-        &weights::StageSizes { embed: 0, head: 0, layers: vec![1; n], kv_per_position: vec![0; n] },
-        &[],
-        3,
-        None,
-    )
-    .unwrap();
-    let mut comms = channels(3).into_iter();
-    let rank0 = Arc::new(comms.next().unwrap());
-    let followers: Vec<_> = comms
-        .map(|c| {
-            let r = split[c.rank].clone();
-            std::thread::spawn(move || -> Result<()> {
-                let b = CpuBackend::with_threads(1).unwrap();
-                let m = load(&b, name, Some(r));
-                let mut cache = m.new_cache(&b, 32)?;
-                pipeline::follow(&m, &b, &c, Wire::F32, std::slice::from_mut(&mut cache))
-            })
-        })
-        .collect();
-    let first = load(&b, name, Some(split[0].clone()));
+    let (rank0, first_blocks, followers) = start_ranks(name, n, 3, 1);
+    let first = load(&b, name, Some(first_blocks));
     let p = Arc::new(Pipeline::new(rank0, Wire::F32).unwrap());
     let mut session = Session::new(&first, &b, 32).unwrap().with_pipeline(Some(p.clone()));
     let got = generate(&mut session, &b, &prompt, 8, &mut greedy(), &[], |_| Ok(())).unwrap().tokens;
@@ -259,24 +267,10 @@ fn batches_in_flight_over_three_ranks_give_the_whole_models_logits() {
         let b = CpuBackend::with_threads(1).unwrap();
         let whole = load(&b, name, None);
         let n = whole.arch.n_layers;
-        let sizes = weights::StageSizes { embed: 0, head: 0, layers: vec![1; n], kv_per_position: vec![0; n] };
         let world = n.min(3);
-        let split = pipeline::split_layers(&sizes, &[], world, None).unwrap();
         let slots = 4;
-        let mut comms = channels(world).into_iter();
-        let rank0 = Arc::new(comms.next().unwrap());
-        let followers: Vec<_> = comms
-            .map(|c| {
-                let r = split[c.rank].clone();
-                std::thread::spawn(move || -> Result<()> {
-                    let b = CpuBackend::with_threads(1).unwrap();
-                    let m = load(&b, name, Some(r));
-                    let mut caches = (0..slots).map(|_| m.new_cache(&b, 32)).collect::<Result<Vec<_>>>()?;
-                    pipeline::follow(&m, &b, &c, Wire::F32, &mut caches)
-                })
-            })
-            .collect();
-        let first = load(&b, name, Some(split[0].clone()));
+        let (rank0, first_blocks, followers) = start_ranks(name, n, world, slots);
+        let first = load(&b, name, Some(first_blocks));
         let p = Pipeline::new(rank0, Wire::F32).unwrap();
         let mut mine: Vec<_> = (0..slots).map(|_| first.new_cache(&b, 32).unwrap()).collect();
         let mut theirs: Vec<_> = (0..slots).map(|_| whole.new_cache(&b, 32).unwrap()).collect();

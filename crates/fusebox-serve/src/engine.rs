@@ -483,6 +483,19 @@ fn prefill_chunk(
     }
 }
 
+/// The slots at `rows` (increasing indices), each borrowed once.
+fn picked(slots: &mut [Slot], rows: impl IntoIterator<Item = usize>) -> Vec<&mut Slot> {
+    let mut want = rows.into_iter().peekable();
+    let mut out = Vec::new();
+    for (i, s) in slots.iter_mut().enumerate() {
+        if want.peek() == Some(&i) {
+            want.next();
+            out.push(s);
+        }
+    }
+    out
+}
+
 /// One forward over the last token of every generating slot, then a sample each.
 fn decode_step(
     model: &Pretrained,
@@ -496,14 +509,8 @@ fn decode_step(
     let start = Instant::now();
     let ids: Vec<u32> = rows.iter().map(|r| r.1).collect();
     let result = {
-        let mut caches: Vec<&mut KvCache> = Vec::with_capacity(rows.len());
-        let mut want = rows.iter().map(|r| r.0).peekable();
-        for (i, s) in slots.iter_mut().enumerate() {
-            if want.peek() == Some(&i) {
-                want.next();
-                caches.push(&mut s.cache);
-            }
-        }
+        let mut caches: Vec<&mut KvCache> =
+            picked(slots, rows.iter().map(|r| r.0)).into_iter().map(|s| &mut s.cache).collect();
         model.network.forward_batch(b, &ids, &mut caches)
     };
     m.add_decode(rows.len(), start.elapsed());

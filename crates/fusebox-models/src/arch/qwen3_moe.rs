@@ -58,14 +58,7 @@ impl Architecture for Qwen3Moe {
     fn read_hf(&self, c: &HfConfig<'_>) -> Result<Arch> {
         let mut arch = super::qwen3::Qwen3.read_hf(c)?;
         arch.name = "qwen3_moe".into();
-        let routing = if c.flag("norm_topk_prob")?.unwrap_or(false) {
-            Routing::SoftmaxTopKNormalized
-        } else {
-            Routing::SoftmaxTopK
-        };
-        let mut moe = hf_moe(c, "num_experts", "moe_intermediate_size", routing)?;
-        moe.dense_layers = super::qwen2_moe::dense_layers(c, arch.n_layers)?;
-        arch.moe = Some(moe);
+        arch.moe = Some(hf_qwen_moe(c, arch.n_layers, false)?);
         Ok(arch)
     }
 
@@ -95,4 +88,18 @@ impl Architecture for Qwen3Moe {
     fn preset(&self) -> Option<&'static Preset> {
         Some(&PRESET)
     }
+}
+
+/// The experts of a Qwen mixture-of-experts config (Qwen3-MoE, Qwen3-Next): `num_experts`
+/// of `moe_intermediate_size`, renormalised top-k when `norm_topk_prob` (absent: as
+/// `normalized_by_default`), dense layers from `mlp_only_layers`/`decoder_sparse_step`.
+pub(super) fn hf_qwen_moe(c: &HfConfig<'_>, n_layers: usize, normalized_by_default: bool) -> Result<Moe> {
+    let routing = if c.flag("norm_topk_prob")?.unwrap_or(normalized_by_default) {
+        Routing::SoftmaxTopKNormalized
+    } else {
+        Routing::SoftmaxTopK
+    };
+    let mut moe = hf_moe(c, "num_experts", "moe_intermediate_size", routing)?;
+    moe.dense_layers = super::qwen2_moe::dense_layers(c, n_layers)?;
+    Ok(moe)
 }

@@ -21,9 +21,9 @@
 
 use std::collections::BTreeMap;
 
-use fusebox::{DType, Error, Result, Routing, Tensor};
+use fusebox::{DType, Error, Result, Tensor};
 
-use super::moe::{gguf_moe, hf_moe, write_gguf_moe, write_hf_qwen_moe};
+use super::moe::{gguf_moe, write_gguf_moe, write_hf_qwen_moe};
 use super::names::hf_derived;
 use super::qwen3_5::{self, a_log_of_ssm_a, layer_part, Qwen3_5};
 use super::{Architecture, ExportTensor, GgufFacts, GgufKeys, GgufMetaOut, HfConfig, HfConfigOut, HfFacts, NameTable};
@@ -318,14 +318,7 @@ impl Architecture for Qwen3Next {
             Some((arch.head_dim as f64 * DEFAULT_ROTARY_FACTOR) as usize & !1).filter(|&r| r >= 2 && r < arch.head_dim)
         };
         if c.uint("num_experts")?.unwrap_or(512) > 0 {
-            let routing = if c.flag("norm_topk_prob")?.unwrap_or(true) {
-                Routing::SoftmaxTopKNormalized
-            } else {
-                Routing::SoftmaxTopK
-            };
-            let mut moe = hf_moe(c, "num_experts", "moe_intermediate_size", routing)?;
-            moe.dense_layers = super::qwen2_moe::dense_layers(c, arch.n_layers)?;
-            arch.moe = Some(moe);
+            arch.moe = Some(super::qwen3_moe::hf_qwen_moe(c, arch.n_layers, true)?);
         }
         Ok(arch)
     }

@@ -54,6 +54,12 @@ impl std::fmt::Debug for MpiCommunicator {
     }
 }
 
+/// The byte count of a point-to-point message, which MPI takes as a C `int`.
+fn message_count(call: &'static str, bytes: &[u8]) -> Result<c_int> {
+    c_int::try_from(bytes.len())
+        .map_err(|_| Error::value(call, "message", format!("at most {} bytes", c_int::MAX), bytes.len()))
+}
+
 /// An error naming the MPI call unless it returned `MPI_SUCCESS`.
 fn check(call: &str, code: c_int) -> Result<()> {
     if code == ffi::MPI_SUCCESS as c_int {
@@ -303,8 +309,7 @@ impl Communicator for MpiCommunicator {
     fn send(&self, dest: usize, bytes: &[u8]) -> Result<()> {
         let _turn = self.enter("MPI_Send")?;
         check_peer("MPI_Send", dest, self.rank, self.size)?;
-        let count = c_int::try_from(bytes.len())
-            .map_err(|_| Error::value("MPI_Send", "message", format!("at most {} bytes", c_int::MAX), bytes.len()))?;
+        let count = message_count("MPI_Send", bytes)?;
         // SAFETY: `bytes` holds `count` bytes and outlives the blocking call.
         let code = unsafe {
             ffi::MPI_Send(
@@ -322,8 +327,7 @@ impl Communicator for MpiCommunicator {
     fn start_send(&self, dest: usize, bytes: Vec<u8>) -> Result<Box<dyn PendingSend>> {
         let _turn = self.enter("MPI_Isend")?;
         check_peer("MPI_Isend", dest, self.rank, self.size)?;
-        let count = c_int::try_from(bytes.len())
-            .map_err(|_| Error::value("MPI_Isend", "message", format!("at most {} bytes", c_int::MAX), bytes.len()))?;
+        let count = message_count("MPI_Isend", &bytes)?;
         // SAFETY: reading a predefined handle, constant after MPI_Init.
         let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
         // SAFETY: `bytes` holds `count` bytes; it moves into the handle, which keeps its

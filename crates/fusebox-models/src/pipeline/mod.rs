@@ -283,7 +283,7 @@ impl Pipeline {
             )));
         }
         self.stats.lock().map_err(|_| Error::Io("pipeline: counters poisoned".into()))?.wait_seconds += waited;
-        Ok(wire::f32s(payload).chunks_exact(v).map(<[f32]>::to_vec).collect())
+        Ok(payload.chunks_exact(v * 4).map(wire::f32s).collect())
     }
 
     /// Ends the other ranks' [`follow`] loops; returns every stage's counters, rank 0's

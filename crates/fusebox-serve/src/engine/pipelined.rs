@@ -19,7 +19,7 @@ use fusebox_models::pipeline::{Pipeline, Sequence};
 use fusebox_models::pretrained::Pretrained;
 use fusebox_models::transformer::KvCache;
 
-use super::{accept, Phase, Slot};
+use super::{accept, picked, Phase, Slot};
 use crate::metrics::Metrics;
 
 /// A batch whose logits have not come back.
@@ -176,15 +176,13 @@ fn submit_decode(
     }
     let seqs: Vec<Sequence<'_>> =
         rows.iter().zip(&next).map(|(&slot, t)| Sequence { slot, ids: std::slice::from_ref(t) }).collect();
-    let mut caches: Vec<&mut KvCache> = Vec::with_capacity(rows.len());
-    let mut want = rows.iter().copied().peekable();
-    for (i, s) in slots.iter_mut().enumerate() {
-        if want.peek() == Some(&i) {
-            want.next();
+    let mut caches: Vec<&mut KvCache> = picked(slots, rows.iter().copied())
+        .into_iter()
+        .map(|s| {
             s.in_flight = true;
-            caches.push(&mut s.cache);
-        }
-    }
+            &mut s.cache
+        })
+        .collect();
     p.submit(&model.network, b, &seqs, &mut caches)?;
     Ok(Batch::Decode { rows: arrivals })
 }
