@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prefill and decode tokens/s of fusebox (f32 activations, the default, and --int8)
+# Prefill and decode tokens/s of fusebox (8-bit activations, the default, and --exact's f32)
 # against llama.cpp (bench/peers/llama_cpp.py, llama-cpp-python) on the same GGUF files,
 # same threads, same run; prints the ratios to llama.cpp. Short context: a 16-token
 # prompt; long: a 1,500-token prompt (decode then reads a 1.5k KV cache). Prefill is
@@ -35,14 +35,14 @@ for model in "${models[@]}"; do
         fb=(bench generate --model "$model" --threads "$threads" --prompt-tokens $prompt --new-tokens "$new" --repeats "$reps" --bandwidth-contexts= --json)
         for who in $(echo "int exact peer int exact" | cut -d' ' -f$((turn + 1))-$((turn + 3))); do
             case $who in
-                int) int=$("$F" --int8 "${fb[@]}") ;;
-                exact) exact=$("$F" "${fb[@]}") ;;
+                int) int=$("$F" "${fb[@]}") ;;
+                exact) exact=$("$F" --exact "${fb[@]}") ;;
                 peer) peer=$("$PY" bench/peers/llama_cpp.py --model "$model" --threads "$threads" --prompt-tokens $prompt --new-tokens "$new" --repeats "$reps" --json) ;;
             esac
         done
         turn=$(((turn + 1) % 3))
         if [ $prompt = 512 ]; then key=prefill_tokens_per_s; what="prefill 512"; else key=decode_tokens_per_s; what="decode after $prompt"; fi
         i=$(echo "$int" | field $key); e=$(echo "$exact" | field $key); p=$(echo "$peer" | field $key)
-        "$PY" -c "i,e,p=$i,$e,$p; print(f'  {\"$what\":<18} fusebox {e:8.1f} tok/s ({e/p:.2f}x llama.cpp)   --int8 {i:8.1f} ({i/p:.2f}x)   llama.cpp {p:8.1f}')"
+        "$PY" -c "i,e,p=$i,$e,$p; print(f'  {\"$what\":<18} fusebox {i:8.1f} tok/s ({i/p:.2f}x llama.cpp)   --exact {e:8.1f} ({e/p:.2f}x)   llama.cpp {p:8.1f}')"
     done
 done

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `fusebox chat` in a real terminal: a detached tmux session types into it (send-keys)
-# and reads the screen (capture-pane). Checks two turns (the first answer names Paris),
+# and reads the screen (capture-pane). Checks two turns (the first answer names Paris:
+# the chat runs with --exact, f32 activations; see docs/decode.md for the default's answer),
 # Ctrl-C during a long answer (the answer stops, the chat goes on), /reset, and Ctrl-D
 # (the chat exits with status 0).
 #
@@ -22,7 +23,7 @@ trap cleanup EXIT
 
 # The exit status is printed after the chat ends, and the pane stays for reading it.
 tmux new-session -d -s "$session" -x 160 -y 60 \
-    "$(printf '%q ' "$bin" chat --model "$model" --temperature 0 --max-tokens 2000 --threads 2); echo EXIT:\$?; sleep 60"
+    "$(printf '%q ' "$bin" chat --exact --model "$model" --temperature 0 --max-tokens 2000 --threads 2); echo EXIT:\$?; sleep 60"
 
 screen() { tmux capture-pane -p -t "$session" -S -500; }
 # Lines that are a prompt: "> " (rustyline), possibly with what was typed after it.

@@ -3,7 +3,7 @@
 //! one place that reads the `FUSEBOX_*` environment variables, mapping them onto the
 //! backends' builders (the libraries read no environment).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,8 +22,9 @@ Environment variables (read by this command line only; an invalid value is an er
   FUSEBOX_SPIN_US=N            microseconds idle CPU helpers spin before sleeping (default 300;
                                0 for a machine shared with other busy work)
   FUSEBOX_INT8_DECODE=0|1      decode with activations rounded to 8 bits and integer dot products
-                               against quantized weights, instead of f32 activations (default 0;
-                               --int8)
+                               against quantized weights (1), or with f32 activations (0); default
+                               1 for generate, chat, serve and bench, 0 for the others; --int8 and
+                               --exact win
   FUSEBOX_STREAM_MIN_BYTES=N   outputs of at least N bytes are written with streaming stores
                                (default: a quarter of the last-level cache, at least 4 MiB)
   FUSEBOX_WGPU_ADAPTER=I|NAME  the wgpu adapter: its index, or text in its name (`fusebox info`
@@ -32,14 +33,63 @@ Environment variables (read by this command line only; an invalid value is an er
                                which adapter wgpu prefers when none is named (default high)
   FUSEBOX_WGPU_TRACE=0|1       name each op that falls back to the CPU on stderr (default 0)";
 
-/// Whether `--int8` was given (see [`set_int8_decode`]).
-static INT8_DECODE: AtomicBool = AtomicBool::new(false);
+/// How decoding GEMVs over quantized weights treat the activations (`--int8`, `--exact`,
+/// `FUSEBOX_INT8_DECODE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodePath {
+    /// `--int8`: rounded to 8 bits for integer dot products, whatever the environment.
+    Int8,
+    /// `--exact`: f32, whatever the environment.
+    Exact,
+    /// Neither flag: `FUSEBOX_INT8_DECODE` when set, else `int8` (the command's default).
+    Default { int8: bool },
+}
 
-/// Records the `--int8` flag: every CPU backend built afterwards (and the default one
-/// other backends fall back to, when configured afterwards) rounds activations to 8 bits
-/// for integer dot products in decoding GEMVs over quantized weights.
-pub fn set_int8_decode(int8: bool) {
-    INT8_DECODE.store(int8, Ordering::Relaxed);
+/// The decode path chosen on the command line: 0 default f32, 1 default int8, 2 `--int8`,
+/// 3 `--exact` (see [`set_decode_path`]).
+static DECODE_PATH: AtomicU8 = AtomicU8::new(0);
+
+/// Records the command line's decode path: every CPU backend built afterwards (and the
+/// default one other backends fall back to, when configured afterwards) follows it.
+pub fn set_decode_path(path: DecodePath) {
+    let code = match path {
+        DecodePath::Default { int8: false } => 0,
+        DecodePath::Default { int8: true } => 1,
+        DecodePath::Int8 => 2,
+        DecodePath::Exact => 3,
+    };
+    DECODE_PATH.store(code, Ordering::Relaxed);
+}
+
+impl DecodePath {
+    /// Whether activations are rounded to 8 bits, given `FUSEBOX_INT8_DECODE`'s value.
+    fn int8(self, env: Option<bool>) -> bool {
+        match self {
+            DecodePath::Int8 => true,
+            DecodePath::Exact => false,
+            DecodePath::Default { int8 } => env.unwrap_or(int8),
+        }
+    }
+}
+
+/// The decode path [`set_decode_path`] recorded.
+fn decode_path() -> DecodePath {
+    match DECODE_PATH.load(Ordering::Relaxed) {
+        1 => DecodePath::Default { int8: true },
+        2 => DecodePath::Int8,
+        3 => DecodePath::Exact,
+        _ => DecodePath::Default { int8: false },
+    }
+}
+
+/// How `b`'s CPU kernels take the activations of decoding GEMVs over quantized weights:
+/// `"int8"` or `"f32"` (for reports).
+pub fn activations(b: &dyn ComputeBackend) -> &'static str {
+    if b.cpu().exact_decode() {
+        "f32"
+    } else {
+        "int8"
+    }
 }
 
 /// The value of `name`, `None` when unset or empty; an error when not Unicode.
@@ -93,10 +143,7 @@ pub fn cpu_builder(threads: Option<usize>) -> Result<CpuBackendBuilder> {
     if let Some(bytes) = min_bytes {
         b = b.stream_min_bytes(bytes);
     }
-    let env_int8 = flag("FUSEBOX_INT8_DECODE")?.unwrap_or(false);
-    if INT8_DECODE.load(Ordering::Relaxed) || env_int8 {
-        b = b.exact_decode(false);
-    }
+    b = b.exact_decode(!decode_path().int8(flag("FUSEBOX_INT8_DECODE")?));
     Ok(b)
 }
 
@@ -245,5 +292,19 @@ mod tests {
             rest = &rest[at + 1..];
         }
         assert!(found >= 8, "found {found} variables");
+    }
+
+    /// `--int8` and `--exact` win over the environment, which wins over the command's default.
+    #[test]
+    fn decode_path_precedence() {
+        for env in [None, Some(false), Some(true)] {
+            assert!(DecodePath::Int8.int8(env));
+            assert!(!DecodePath::Exact.int8(env));
+        }
+        for default in [false, true] {
+            assert_eq!(DecodePath::Default { int8: default }.int8(None), default);
+            assert!(DecodePath::Default { int8: default }.int8(Some(true)));
+            assert!(!DecodePath::Default { int8: default }.int8(Some(false)));
+        }
     }
 }

@@ -38,10 +38,23 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     /// Decode with the activations rounded to 8 bits and integer dot products against
-    /// quantized weights (faster; within that rounding of the default f32 path, which can
-    /// change greedy choices; also FUSEBOX_INT8_DECODE=1).
-    #[arg(long, global = true)]
+    /// quantized weights, as llama.cpp does: the default of generate, chat, serve and
+    /// bench; for train, demo and export only with this flag (also FUSEBOX_INT8_DECODE=1).
+    #[arg(long, global = true, conflicts_with = "exact")]
     int8: bool,
+    /// Decode with f32 activations against quantized weights: bit-reproducible, the
+    /// library's default (within the 8-bit rounding of --int8; either may flip a near-tie;
+    /// also FUSEBOX_INT8_DECODE=0).
+    #[arg(long, global = true)]
+    exact: bool,
+}
+
+impl Command {
+    /// Whether the command decodes tokens from a model, where the integer path is the
+    /// default: training and its checks keep f32 activations unless `--int8` asks.
+    fn decodes(&self) -> bool {
+        matches!(self, Command::Generate(_) | Command::Chat(_) | Command::Serve(_) | Command::Bench(_))
+    }
 }
 
 #[derive(Subcommand)]
@@ -69,7 +82,13 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
-    backends::set_int8_decode(cli.int8);
+    backends::set_decode_path(if cli.exact {
+        backends::DecodePath::Exact
+    } else if cli.int8 {
+        backends::DecodePath::Int8
+    } else {
+        backends::DecodePath::Default { int8: cli.command.decodes() }
+    });
     // The environment's CPU settings also hold for the CPU that other backends fall back to.
     if let Err(e) = backends::configure_default_cpu() {
         eprintln!("error: {e}");

@@ -291,13 +291,18 @@ fn measure_generation(args: &GenerateBenchArgs, cache_type: DType, dist: &crate:
             json!({"name": "generate", "model": args.model.display().to_string(), "description": model.description,
                    "backend": b.name(), "threads": b.cpu().threads(), "prompt_tokens": args.prompt_tokens,
                    "new_tokens": args.new_tokens, "repeats": args.repeats.max(1),
-                   "cache_type": cache_type.to_string(),
+                   "cache_type": cache_type.to_string(), "activations": crate::backends::activations(b.as_ref()),
                    "prefill_tokens_per_s": pp, "decode_tokens_per_s": tg,
                    "decode_fastest_tenth_tokens_per_s": tg_fast, "decode_bandwidth": bw,
                    "pipeline": stages.as_deref().map(|s| pipeline_json(s, wall))})
         );
     } else {
-        println!("{} · {} KV cache", model.description, cache_type);
+        println!(
+            "{} · {} KV cache · {} activations",
+            model.description,
+            cache_type,
+            crate::backends::activations(b.as_ref())
+        );
         println!(
             "'{}' ({} threads): prompt processing {} tokens: {:.1} tok/s · decode {} tokens: {:.1} tok/s (median of {})",
             b.name(),
