@@ -49,10 +49,26 @@ CONFIG = transformers.Qwen3MoeConfig(
 )
 
 
-def make(config, stem, convert_args=()):
+def make(config, stem, convert_args=(), formats=("q4_k_m", "q8_0")):
     """Random weights for `config` (seed 0, bf16), SmolLM2's tokenizer, llama.cpp's
-    converter (with `convert_args`) to f16 and its quantizer to Q4_K_M and Q8_0: writes
-    OUT/STEM-{q4_k_m,q8_0}.gguf and removes the intermediate files."""
+    converter (with `convert_args`) to f16 and its quantizer to each of `formats` (q4_0,
+    q4_k_m, q5_k_m, q6_k, q8_0): writes OUT/STEM-FORMAT.gguf and removes the intermediate
+    files. Formats whose file exists already are not made again."""
+    import llama_cpp
+
+    ftypes = {
+        "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0,
+        "q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+        "q5_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_M,
+        "q6_k": llama_cpp.LLAMA_FTYPE_MOSTLY_Q6_K,
+        "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
+    }
+    unknown = [f for f in formats if f not in ftypes]
+    if unknown:
+        sys.exit(f"unknown formats {unknown}: expected some of {sorted(ftypes)}")
+    formats = [f for f in formats if not os.path.exists(os.path.join(OUT, f"{stem}-{f}.gguf"))]
+    if not formats:
+        return
     os.makedirs(OUT, exist_ok=True)
     hf = os.path.join(OUT, f"{stem}-hf")
     tok = os.path.join(OUT, "smollm2-tokenizer-hf")
@@ -69,12 +85,10 @@ def make(config, stem, convert_args=()):
     env = dict(os.environ, PYTHONPATH=os.path.join(LLAMA_CPP, "gguf-py"))
     convert = [sys.executable, os.path.join(LLAMA_CPP, "convert_hf_to_gguf.py"), hf, "--outtype", "f16"]
     subprocess.run(convert + list(convert_args) + ["--outfile", f16], check=True, env=env)
-    import llama_cpp
-
-    for name, ftype in (("q4_k_m", llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M), ("q8_0", llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0)):
+    for name in formats:
         out = os.path.join(OUT, f"{stem}-{name}.gguf")
         params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = ftype
+        params.ftype = ftypes[name]
         params.nthread = 2
         rc = llama_cpp.llama_model_quantize(f16.encode(), out.encode(), params)
         if rc != 0:

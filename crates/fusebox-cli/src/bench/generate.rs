@@ -15,7 +15,11 @@
 //! with `n` the positions attended (the context plus the new token). Each timed step is
 //! followed by a read of as many bytes (the vectorized sum `bench ops` uses as its read
 //! reference) on the same threads; `% of read` is the median over steps of
-//! `(bytes/token / t_step) / (bytes / t_read)`. It also counts the parallel regions
+//! `(bytes/token / t_step) / (bytes / t_read)`. A model smaller than the last-level
+//! cache is read from it, and so is that same-size reference; so each step is also
+//! followed by a read of a buffer four times the last-level cache (at least 128 MiB),
+//! which must come from DRAM, and `% of DRAM read` is the same ratio against it. It also
+//! counts the parallel regions
 //! (fork-joins of the CPU backend's threads, `CpuBackend::parallel_regions`) one step
 //! starts: each ends in a synchronisation of every thread.
 
@@ -118,6 +122,12 @@ struct Bandwidth {
     gbps: f64,
     read_gbps: f64,
     pct_of_read: f64,
+    /// Bytes of the DRAM reference's buffer, and the last-level cache it was sized by
+    /// (`None`: not reported by the system, 32 MiB assumed).
+    dram_buffer_bytes: usize,
+    llc_bytes: Option<usize>,
+    dram_read_gbps: f64,
+    pct_of_dram_read: f64,
     /// Parallel regions (fork-joins) the CPU backend started per step (median).
     regions_per_token: u64,
 }
@@ -148,7 +158,10 @@ fn decode_bandwidth(
     let per_step = |n: usize| (weight_bytes + kv(n)) as usize;
     let mut read = measure::Bandwidth::read(per_step(context + steps))?;
     read.run(b.cpu())?;
-    let (mut t_step, mut ratios, mut regions) = (Vec::new(), Vec::new(), Vec::new());
+    let llc_bytes = fusebox::cpu::output::last_level_cache_bytes();
+    let mut dram = measure::Bandwidth::read((4 * llc_bytes.unwrap_or(32 << 20)).max(128 << 20))?;
+    dram.run(b.cpu())?;
+    let (mut t_step, mut ratios, mut dram_ratios, mut regions) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..steps.max(1) {
         let n = context + i + 1;
         let regions_before = b.cpu().parallel_regions();
@@ -160,14 +173,19 @@ fn decode_bandwidth(
         let t = Instant::now();
         read.run(b.cpu())?;
         let read_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        dram.run(b.cpu())?;
+        let dram_s = t.elapsed().as_secs_f64();
         t_step.push(step_s);
         ratios.push((per_step(n) as f64 / step_s) / (read.bytes() as f64 / read_s));
+        dram_ratios.push((per_step(n) as f64 / step_s) / (dram.bytes() as f64 / dram_s));
     }
     let step = median(t_step);
     let n_mid = context + steps.max(1) / 2 + 1;
     let kv_bytes = kv(n_mid);
     let bytes = (weight_bytes + kv_bytes) as f64;
     let pct_of_read = 100.0 * median(ratios);
+    let pct_of_dram_read = 100.0 * median(dram_ratios);
     regions.sort_unstable();
     Ok(Bandwidth {
         regions_per_token: regions[regions.len() / 2],
@@ -179,6 +197,10 @@ fn decode_bandwidth(
         gbps: bytes / step / 1e9,
         read_gbps: bytes / step / 1e9 / (pct_of_read / 100.0),
         pct_of_read,
+        dram_buffer_bytes: dram.bytes(),
+        llc_bytes,
+        dram_read_gbps: bytes / step / 1e9 / (pct_of_dram_read / 100.0),
+        pct_of_dram_read,
     })
 }
 
@@ -283,6 +305,8 @@ fn measure_generation(args: &GenerateBenchArgs, cache_type: DType, dist: &crate:
                        "weight_bytes_per_token": w.weight_bytes as u64, "kv_bytes_per_token": w.kv_bytes as u64,
                        "bytes_per_token": (w.weight_bytes + w.kv_bytes) as u64, "gbps": measure::round(w.gbps),
                        "read_gbps": measure::round(w.read_gbps), "pct_of_read": measure::round(w.pct_of_read),
+                       "dram_read_gbps": measure::round(w.dram_read_gbps), "pct_of_dram_read": measure::round(w.pct_of_dram_read),
+                       "dram_buffer_bytes": w.dram_buffer_bytes, "llc_bytes": w.llc_bytes,
                        "parallel_regions_per_token": w.regions_per_token})
             })
             .collect();
@@ -317,7 +341,8 @@ fn measure_generation(args: &GenerateBenchArgs, cache_type: DType, dist: &crate:
             let mb = |x: u128| x as f64 / 1e6;
             println!(
                 "decode at context {} ({} cache): {:.1} tok/s × {:.1} MB/token (weights {:.1} + KV {:.1}) = {:.2} GB/s, \
-                 {:.0}% of the read bandwidth ({:.2} GB/s); {} parallel regions per token",
+                 {:.0}% of the read bandwidth of as many bytes ({:.2} GB/s), {:.0}% of the DRAM read bandwidth \
+                 ({:.2} GB/s, a {} MiB buffer: 4 × the {} last-level cache, at least 128 MiB); {} parallel regions per token",
                 w.context,
                 w.cache_type,
                 w.tokens_per_s,
@@ -327,6 +352,10 @@ fn measure_generation(args: &GenerateBenchArgs, cache_type: DType, dist: &crate:
                 w.gbps,
                 w.pct_of_read,
                 w.read_gbps,
+                w.pct_of_dram_read,
+                w.dram_read_gbps,
+                w.dram_buffer_bytes >> 20,
+                w.llc_bytes.map_or("32 MiB assumed".to_string(), |b| format!("{} MiB", b >> 20)),
                 w.regions_per_token
             );
         }

@@ -84,8 +84,9 @@ pub fn default_stream_min_bytes() -> usize {
     *DEFAULT.get_or_init(|| (last_level_cache_bytes().unwrap_or(32 << 20) / 4).max(4 << 20))
 }
 
-/// The size of the largest cache `cpu0` reports in sysfs (`index*/size`, e.g. `32768K`).
-fn last_level_cache_bytes() -> Option<usize> {
+/// The size of the largest cache `cpu0` reports in sysfs (`index*/size`, e.g. `32768K`);
+/// `None` where there is no such file (not Linux, or a hidden topology).
+pub fn last_level_cache_bytes() -> Option<usize> {
     let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
     dir.filter_map(|entry| {
         let size = std::fs::read_to_string(entry.ok()?.path().join("size")).ok()?;
