@@ -2,10 +2,12 @@
 """The mixture-of-experts architectures as llama.cpp's own converter writes them, run by
 llama.cpp and by fusebox on the same GGUF: greedy continuations must be equal.
 
-For each of qwen3_moe, mixtral, olmoe, qwen2_moe and gpt_oss a small model (2 layers, d_model 64,
-8 experts, top-2; random weights from `transformers` with a large init so logits have
+For each of qwen3_moe, mixtral, olmoe, qwen2_moe, gpt_oss and qwen3_5_moe a small model (2
+layers — qwen3_5_moe 4: three Gated DeltaNet and one full-attention —, d_model 64, 8
+experts, top-2; random weights from `transformers` with a large init so logits have
 clear winners; SmolLM2's tokenizer, which the converter recognises) is saved, converted
-by `convert_hf_to_gguf.py --outtype f32` and, for each of 4 prompts, continued for 16
+by `convert_hf_to_gguf.py --outtype f32` (`--no-mtp` for qwen3_5_moe, which has no
+multi-token-prediction block) and, for each of 4 prompts, continued for 16
 tokens at temperature 0 by llama-cpp-python (`generate`, top-k 1) and by
 `fusebox generate --temperature 0 --json`, token ids compared (prompt and continuation).
 gpt_oss is also quantized by llama.cpp (`llama_model_quantize`, MXFP4_MOE: experts in
@@ -18,7 +20,8 @@ Usage, from the repository root (scripts/fetch-smollm2.sh and a release build fi
 venv with torch, transformers and llama-cpp-python; LLAMA_CPP_SRC the unpacked
 llama-cpp-python source distribution):
     LLAMA_CPP_SRC=/tmp/lcp-src/llama_cpp_python-0.3.36 /tmp/venv/bin/python \\
-        scripts/moe_gguf_vs_llama_cpp.py
+        scripts/moe_gguf_vs_llama_cpp.py [NAME ...]
+(NAMEs: only those architectures.)
 """
 import json
 import os
@@ -76,7 +79,37 @@ CONFIGS = {
     # Sinks, biases, the clamped SwiGLU, YaRN (gpt-oss's default: 32× a 4,096 context) and
     # a window of 8 on every other layer, shorter than prompt + continuation.
     "gpt_oss": transformers.GptOssConfig(**COMMON, head_dim=16, num_local_experts=8, num_experts_per_tok=2, sliding_window=8),
+    # Qwen3.5-MoE (no intermediate_size: every MLP is experts, beside a shared expert):
+    # 2 query/key heads for 4 value heads, so the converter tiles the value heads; heads of
+    # 32 so llama.cpp's rope sections ([11, 11, 10]) fit; key and value heads alike wide
+    # (llama.cpp sizes a value head as a key head).
+    "qwen3_5_moe": transformers.Qwen3_5MoeTextConfig(
+        **{**{k: v for k, v in COMMON.items() if k != "intermediate_size"}, "num_hidden_layers": 4},
+        head_dim=32,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        moe_intermediate_size=48,
+        shared_expert_intermediate_size=80,
+        num_experts=8,
+        num_experts_per_tok=2,
+    ),
 }
+# Runs llama.cpp's converter with its pre-tokenizer check answered "smollm" (what it
+# answers for SmolLM2's tokenizer when the hash of the exported tokenizer.json matches its
+# list; under transformers 5 it may not).
+CONVERT = """
+import runpy, sys
+sys.path.insert(0, {src!r})
+sys.argv = [{script!r}] + {args!r}
+import conversion.base as base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "smollm"
+runpy.run_path({script!r}, run_name="__main__")
+"""
+# Converter flags beyond the output type, per architecture.
+CONVERT_FLAGS = {"qwen3_5_moe": ["--no-mtp"]}
 
 
 def tokenizer_dir(tmp):
@@ -89,7 +122,8 @@ def main():
     differ = 0
     with tempfile.TemporaryDirectory() as tmp:
         tok = tokenizer_dir(tmp)
-        for name, config in CONFIGS.items():
+        for name in sys.argv[1:] or list(CONFIGS):
+            config = CONFIGS[name]
             torch.manual_seed(sum(map(ord, name)))
             model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
             hf = os.path.join(tmp, name)
@@ -98,8 +132,10 @@ def main():
                 shutil.copy(os.path.join(tok, f), os.path.join(hf, f))
             gguf = os.path.join(tmp, name + ".gguf")
             env = dict(os.environ, PYTHONPATH=os.path.join(LLAMA_CPP, "gguf-py"))
+            script = os.path.join(LLAMA_CPP, "convert_hf_to_gguf.py")
+            args = [hf, "--outtype", "f32", "--outfile", gguf] + CONVERT_FLAGS.get(name, [])
             subprocess.run(
-                [sys.executable, os.path.join(LLAMA_CPP, "convert_hf_to_gguf.py"), hf, "--outtype", "f32", "--outfile", gguf],
+                [sys.executable, "-c", CONVERT.format(src=LLAMA_CPP, script=script, args=args)],
                 check=True,
                 env=env,
                 capture_output=True,

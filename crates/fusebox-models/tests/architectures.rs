@@ -300,7 +300,8 @@ arch_tests!(
     qwen3_yarn,
     gpt_oss,
     qwen3_5,
-    qwen3_next
+    qwen3_next,
+    qwen3_5_moe
 );
 
 #[test]

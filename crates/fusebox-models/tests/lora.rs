@@ -51,7 +51,7 @@ fn lora_grads(b: &CpuBackend, net: &Transformer, ids: &Tensor, targets: &Tensor)
 #[test]
 fn adapters_start_at_the_base_with_the_projected_full_gradient() {
     let b = CpuBackend::with_threads(2).unwrap();
-    for arch in ["llama", "gpt2", "phi3"] {
+    for arch in ["llama", "gpt2", "phi3", "qwen3_5"] {
         let mut net = finetune::load_base(&b, &fixture(arch)).unwrap().net;
         let (ids, targets) = batch(&b, net.arch.vocab_size);
         let (base_logits, _) = net.forward(&b, &ids).unwrap();
@@ -62,6 +62,9 @@ fn adapters_start_at_the_base_with_the_projected_full_gradient() {
         cfg.alpha = 3.0;
         if arch == "gpt2" {
             cfg.targets = vec![Target::Q, Target::V, Target::O, Target::Up, Target::Down];
+        }
+        if arch == "qwen3_5" {
+            cfg.targets.extend(Target::LINEAR);
         }
         let adapters = Adapters::init(&b, &net.arch, cfg.clone(), 5).unwrap();
         net.attach_lora(adapters).unwrap();
@@ -93,6 +96,10 @@ fn adapters_start_at_the_base_with_the_projected_full_gradient() {
                 (Target::K, ..) => (format!("h.{l}.attn.k.weight"), 0),
                 (Target::V, ..) => (format!("h.{l}.attn.v.weight"), 0),
                 (Target::O, ..) => (format!("h.{l}.attn.o.weight"), 0),
+                // A Gated DeltaNet's projections: `linear.qkv`, …, `linear.out`.
+                (Target::InQkv | Target::InZ | Target::InB | Target::InA | Target::Out, ..) => {
+                    (format!("h.{l}.linear.{}.weight", t.name().trim_start_matches("in_")), 0)
+                }
                 (Target::Gate, _, _) if net.specs.iter().any(|s| s.name == format!("h.{l}.mlp.gate_up.weight")) => {
                     (format!("h.{l}.mlp.gate_up.weight"), 0)
                 }
@@ -140,7 +147,7 @@ fn adapters_start_at_the_base_with_the_projected_full_gradient() {
 #[test]
 fn adapter_gradients_match_finite_differences() {
     let b = CpuBackend::with_threads(2).unwrap();
-    for arch in ["llama", "gemma3", "qwen3_moe"] {
+    for arch in ["llama", "gemma3", "qwen3_moe", "qwen3_5", "qwen3_next", "qwen3_5_moe"] {
         let mut net = finetune::load_base(&b, &fixture(arch)).unwrap().net;
         // `loss` is the cross-entropy alone: the experts' load-balancing term is left out
         // of the gradient too (each expert's own adapters are checked, routing fixed by
@@ -149,7 +156,7 @@ fn adapter_gradients_match_finite_differences() {
             m.aux_loss_coef = 0.0;
         }
         let (ids, targets) = batch(&b, net.arch.vocab_size);
-        let mut ad = Adapters::init(&b, &net.arch, LoraConfig::new(3), 9).unwrap();
+        let mut ad = Adapters::init(&b, &net.arch, every_target(&net.arch, 3), 9).unwrap();
         let mut rng = Rng::new(3);
         for i in 0..ad.sites().len() {
             let t = &mut ad.params.tensors[2 * i + 1];
@@ -193,6 +200,100 @@ fn adapter_gradients_match_finite_differences() {
             );
         }
     }
+}
+
+/// Rank `rank` on every projection of `arch`: the seven attention and MLP targets and,
+/// with Gated DeltaNet layers, their five.
+fn every_target(arch: &fusebox_models::transformer::Arch, rank: usize) -> LoraConfig {
+    let mut cfg = LoraConfig::new(rank);
+    if arch.linear_attention.is_some() {
+        cfg.targets.extend(Target::LINEAR);
+    }
+    cfg
+}
+
+/// Adapters on `net` with B drawn from ±0.3 (not zero, so they change the model).
+fn nonzero_adapters(b: &CpuBackend, net: &Transformer, cfg: LoraConfig, seed: u64) -> Adapters {
+    let mut ad = Adapters::init(b, &net.arch, cfg, seed).unwrap();
+    let mut rng = Rng::new(seed + 1);
+    for i in 0..ad.sites().len() {
+        let t = &mut ad.params.tensors[2 * i + 1];
+        let v = rng.uniform_vec(t.elem_count(), -0.3, 0.3);
+        b.copy_into(t, &Tensor::from_vec(v, t.shape().clone()).unwrap()).unwrap();
+    }
+    ad
+}
+
+/// The hybrid models' adapters on the Gated DeltaNet projections (and on attention, with
+/// its output gate's rows in q, and the MLP or experts) merge into the weights: the merged
+/// network gives the adapted one's logits. A PEFT export names the linear layers'
+/// modules as transformers does (`linear_attn.in_proj_qkv`, …, `out_proj`), and is
+/// refused for Qwen3-Next, whose checkpoint fuses them (`in_proj_qkvz`, `in_proj_ba`).
+#[test]
+fn gated_deltanet_adapters_merge_and_export_as_peft() {
+    let b = CpuBackend::with_threads(2).unwrap();
+    for arch in ["qwen3_5", "qwen3_next", "qwen3_5_moe"] {
+        let mut net = fusebox_models::weights::load_hf_for(&b, &fixture(arch), Purpose::Training).unwrap();
+        let ad = nonzero_adapters(&b, &net, every_target(&net.arch, 2), 5);
+        let l0 = (0..net.arch.n_layers).find(|&l| net.arch.is_linear(l)).unwrap();
+        let la = net.arch.linear_attention.unwrap();
+        let shape = |name: &str| ad.specs.iter().find(|s| s.name == name).map(|s| s.shape.dims().to_vec());
+        assert_eq!(shape(&format!("h.{l0}.linear.qkv.lora_B")), Some(vec![la.conv_channels(), 2]));
+        assert_eq!(shape(&format!("h.{l0}.linear.out.lora_A")), Some(vec![2, la.value_width()]));
+        assert_eq!(shape(&format!("h.{l0}.attn.q.lora_A")), None, "{arch}: a linear layer has no q");
+        let (ids, _) = batch(&b, net.arch.vocab_size);
+        let base = host(&b, &net.forward(&b, &ids).unwrap().0);
+        net.attach_lora(ad).unwrap();
+        let adapted = host(&b, &net.forward(&b, &ids).unwrap().0);
+
+        let dir = TempDir::new(&format!("lora-peft-{arch}"));
+        let out = dir.0.join("adapter");
+        // PEFT has no module for a per-expert adapter: attention and the linear layers only.
+        let mut cfg = LoraConfig::new(2);
+        cfg.targets = [Target::Q, Target::K, Target::V, Target::O].into_iter().chain(Target::LINEAR).collect();
+        let peft = Adapters::init(&b, &net.arch, cfg, 3).unwrap();
+        let written = export::peft::write(&b, &net.arch, &peft, "base", &out);
+        if arch == "qwen3_next" {
+            let e = written.unwrap_err().to_string();
+            assert!(e.contains("fuse") && e.contains("linear.qkv"), "{arch}: {e}");
+            assert!(!out.exists());
+        } else {
+            written.unwrap();
+            let st = fusebox_models::safetensors::SafeTensors::read(&out.join("adapter_model.safetensors")).unwrap();
+            let layers = "base_model.model.model.layers";
+            for module in ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"] {
+                let a = st.tensor(&format!("{layers}.{l0}.linear_attn.{module}.lora_A.weight")).unwrap();
+                assert_eq!(a.dims()[0], 2, "{arch} {module}");
+            }
+            let q = st.tensor(&format!("{layers}.{}.self_attn.q_proj.lora_B.weight", net.arch.n_layers - 1)).unwrap();
+            assert_eq!(q.dims(), [net.arch.q_proj_width(), 2], "{arch}: q_proj with its gate rows");
+            let config: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(out.join("adapter_config.json")).unwrap()).unwrap();
+            let modules = config["target_modules"].as_array().unwrap();
+            assert!(modules.iter().any(|m| m == "in_proj_qkv") && modules.iter().any(|m| m == "out_proj"));
+        }
+
+        net.merge_lora(&b).unwrap();
+        let merged = host(&b, &net.forward(&b, &ids).unwrap().0);
+        let diff = |a: &[f32], c: &[f32]| a.iter().zip(c).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+        let scale = adapted.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        assert!(diff(&adapted, &base) > 1e-2 * scale, "{arch}: the adapters change the logits");
+        let e = diff(&merged, &adapted);
+        assert!(e <= 1e-4 * scale, "{arch}: merged logits off by {e} (scale {scale})");
+        eprintln!("{arch}: merged vs adapted logits {:.1e} relative", e / scale);
+    }
+}
+
+/// A target no layer has is refused naming it; PEFT's module names parse.
+#[test]
+fn gated_deltanet_targets_are_named_and_refused_where_absent() {
+    let b = CpuBackend::with_threads(1).unwrap();
+    assert_eq!(Target::parse_list("in_proj_qkv,in_z,out_proj,in_proj_a,in_b").unwrap().len(), 5);
+    let llama = finetune::load_base(&b, &fixture("llama")).unwrap().net.arch;
+    let mut cfg = LoraConfig::new(2);
+    cfg.targets = vec![Target::Q, Target::InZ];
+    let e = Adapters::init(&b, &llama, cfg, 1).unwrap_err().to_string();
+    assert!(e.contains("in_z") && e.contains("Gated DeltaNet") && e.contains("llama"), "{e}");
 }
 
 /// The llama fixture written as a Q8_0 GGUF file (the tokenizer included).

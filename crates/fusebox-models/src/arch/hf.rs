@@ -37,6 +37,20 @@ impl<'a> HfConfig<'a> {
         }
     }
 
+    /// `f` of this config with `name` = `value` where it has none: for an architecture
+    /// whose transformers config lacks a field the shared readers require (Qwen3.5-MoE
+    /// has no `intermediate_size`: every MLP is experts).
+    pub fn with_default<R>(&self, name: &str, value: Json, f: impl FnOnce(&HfConfig<'_>) -> R) -> R {
+        if self.field(name).is_some() {
+            return f(self);
+        }
+        let mut json = self.json.clone();
+        if let Some(fields) = json.as_object_mut() {
+            fields.insert(name.to_string(), value);
+        }
+        f(&HfConfig { json: &json, tensors: self.tensors })
+    }
+
     /// The field, absent when missing or null.
     pub fn field(&self, name: &str) -> Option<&'a Json> {
         self.json.get(name).filter(|x| !x.is_null())

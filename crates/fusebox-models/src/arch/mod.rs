@@ -19,6 +19,7 @@
 //! | [`qwen2_moe`] | RMS | SwiGLU experts + shared expert | rope | q/k/v biases, a sigmoid-gated shared expert |
 //! | [`qwen3_moe`] | RMS | SwiGLU experts | rope | Qwen3 with experts (`norm_topk_prob`), dense `mlp_only_layers` |
 //! | [`qwen3_5`] | RMS (1 + w) | SwiGLU | rope (partial) | Gated DeltaNet layers beside full attention with an output gate, QK-norm |
+//! | [`qwen3_5_moe`] | RMS (1 + w) | SwiGLU experts + shared expert | rope (partial) | Qwen3.5's layers with Qwen3-Next's MLP in every layer |
 //! | [`qwen3_next`] | RMS (1 + w) | SwiGLU experts + shared expert | rope (partial) | Qwen3.5's layers with the linear projections fused per key head (`in_proj_qkvz`, `in_proj_ba`) |
 //! | [`gpt_oss`] | RMS | clamped SwiGLU experts | rope (YaRN) | attention sinks, biases everywhere, top-k-then-softmax routing, alternating windows |
 //!
@@ -43,6 +44,7 @@ pub mod qwen2;
 pub mod qwen2_moe;
 pub mod qwen3;
 pub mod qwen3_5;
+pub mod qwen3_5_moe;
 pub mod qwen3_moe;
 pub mod qwen3_next;
 
@@ -114,6 +116,14 @@ pub trait Architecture: Sync {
         Ok(tensors)
     }
 
+    /// Whether fusebox parameter `name` is one part of a tensor the Hugging Face checkpoint
+    /// fuses in an order of its own (what [`hf_source`](Self::hf_source) splits: Qwen3-Next's
+    /// `in_proj_qkvz`), so that no Hugging Face module, nor a PEFT adapter, holds it alone;
+    /// by default none is.
+    fn hf_part_of_fused(&self, _name: &str) -> bool {
+        false
+    }
+
     /// The from-scratch preset, for the architectures `fusebox train` builds.
     fn preset(&self) -> Option<&'static Preset> {
         None
@@ -142,6 +152,7 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &qwen3::Qwen3,
     &qwen3_moe::Qwen3Moe,
     &qwen3_5::Qwen3_5,
+    &qwen3_5_moe::Qwen3_5Moe,
     &qwen3_next::Qwen3Next,
     &olmoe::Olmoe,
     &gpt_oss::GptOss,
@@ -346,7 +357,8 @@ mod tests {
         assert!(
             e.contains("falcon")
                 && e.contains(
-                    "gpt2, llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, qwen3_5, qwen3_next, olmoe, gpt_oss, \
+                    "gpt2, llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, qwen3_5, qwen3_5_moe, qwen3_next, olmoe, \
+                     gpt_oss, \
                      phi3, gemma3"
                 ),
             "{e}"

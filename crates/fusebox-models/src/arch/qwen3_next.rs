@@ -54,8 +54,29 @@ static HF: HfFacts = HfFacts {
 
 /// Tensors a checkpoint may hold that are not run here: the derived rotary buffers, and
 /// the multi-token-prediction block (`mtp.*`, which transformers does not load either).
-fn hf_ignored(name: &str) -> bool {
+pub(super) fn hf_ignored(name: &str) -> bool {
     hf_derived(name) || name.starts_with("mtp.")
+}
+
+/// The hybrid layers of a Qwen3-Next-style config (Qwen3-Next, Qwen3.5-MoE), named
+/// `name`: Qwen3.5's reading (layer kinds, the Gated DeltaNet's sizes) with
+/// transformers' defaults where the config is silent (`head_dim` 256, a quarter of it
+/// rotated); the experts are the caller's.
+pub(super) fn read_hf_hybrid(c: &HfConfig<'_>, name: &str) -> Result<Arch> {
+    let mut arch = Qwen3_5.read_hf(c)?;
+    arch.name = name.into();
+    if c.field("head_dim").is_none() {
+        arch.head_dim = DEFAULT_HEAD_DIM;
+        arch.attn_scale = 1.0 / (DEFAULT_HEAD_DIM as f32).sqrt();
+    }
+    let named = c.field("rope_parameters").and_then(|p| p.get("partial_rotary_factor")).is_some_and(|x| !x.is_null())
+        || c.field("partial_rotary_factor").is_some();
+    arch.rotary_dim = if named {
+        c.rotary_dim(arch.head_dim)?
+    } else {
+        Some((arch.head_dim as f64 * DEFAULT_ROTARY_FACTOR) as usize & !1).filter(|&r| r >= 2 && r < arch.head_dim)
+    };
+    Ok(arch)
 }
 
 /// llama.cpp's `qwen3next` names are `qwen35`'s (`ssm_beta` and `ssm_alpha` read out of
@@ -303,20 +324,7 @@ impl Architecture for Qwen3Next {
     /// the experts: sparse on the `decoder_sparse_step` stride but `mlp_only_layers`,
     /// every MLP dense when `num_experts` is 0.
     fn read_hf(&self, c: &HfConfig<'_>) -> Result<Arch> {
-        let mut arch = Qwen3_5.read_hf(c)?;
-        arch.name = "qwen3_next".into();
-        if c.field("head_dim").is_none() {
-            arch.head_dim = DEFAULT_HEAD_DIM;
-            arch.attn_scale = 1.0 / (DEFAULT_HEAD_DIM as f32).sqrt();
-        }
-        let named =
-            c.field("rope_parameters").and_then(|p| p.get("partial_rotary_factor")).is_some_and(|x| !x.is_null())
-                || c.field("partial_rotary_factor").is_some();
-        arch.rotary_dim = if named {
-            c.rotary_dim(arch.head_dim)?
-        } else {
-            Some((arch.head_dim as f64 * DEFAULT_ROTARY_FACTOR) as usize & !1).filter(|&r| r >= 2 && r < arch.head_dim)
-        };
+        let mut arch = read_hf_hybrid(c, "qwen3_next")?;
         if c.uint("num_experts")?.unwrap_or(512) > 0 {
             arch.moe = Some(super::qwen3_moe::hf_qwen_moe(c, arch.n_layers, true)?);
         }
@@ -353,6 +361,13 @@ impl Architecture for Qwen3Next {
 
     fn gguf_source<'a>(&self, arch: &Arch, file: &'a GgufFile) -> Result<Option<Box<dyn TensorSource + 'a>>> {
         Ok(Some(Box::new(Unfused::new(arch, file, Format::Gguf))))
+    }
+
+    /// The Gated DeltaNet's input projections: parts of `in_proj_qkvz` and `in_proj_ba`.
+    fn hf_part_of_fused(&self, name: &str) -> bool {
+        [".linear.qkv.weight", ".linear.z.weight", ".linear.b.weight", ".linear.a.weight"]
+            .iter()
+            .any(|part| name.starts_with("h.") && name.ends_with(part))
     }
 
     fn fuse_for_export(&self, arch: &Arch, gguf: bool, tensors: Vec<ExportTensor>) -> Result<Vec<ExportTensor>> {

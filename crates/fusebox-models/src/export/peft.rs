@@ -16,17 +16,12 @@ use serde_json::json;
 
 use super::{check_out, temp_beside, Weights};
 use crate::arch::{hf_plan, FileTensors};
+use crate::transformer::lora::stem;
 use crate::transformer::{Adapters, Arch, Target};
 
 /// fusebox's name of the weight a LoRA target adapts in layer `l` (`h.0.attn.q.weight`).
 fn adapted_weight(l: usize, t: Target, gated: bool) -> String {
-    let stem = match t {
-        Target::Q | Target::K | Target::V | Target::O => format!("attn.{}", t.name()),
-        Target::Up if !gated => "mlp.fc".into(),
-        Target::Down if !gated => "mlp.proj".into(),
-        _ => format!("mlp.{}", t.name()),
-    };
-    format!("h.{l}.{stem}.weight")
+    format!("h.{l}.{}.weight", stem(t, gated))
 }
 
 /// Writes `ad`, adapters of a model of `arch`, as a PEFT adapter directory `out`
@@ -36,7 +31,8 @@ fn adapted_weight(l: usize, t: Target, gated: bool) -> String {
 /// `qkv_proj`/`gate_up_proj`) has none, and is refused.
 pub fn write(b: &dyn ComputeBackend, arch: &Arch, ad: &Adapters, base: &str, out: &Path) -> Result<()> {
     const OP: &str = "export --format peft";
-    let names = crate::arch::by_name(&arch.name)?.hf().names;
+    let unit = crate::arch::by_name(&arch.name)?;
+    let names = unit.hf().names;
     let gated = arch.mlp.gated();
     if let Some(&(l, t)) = ad
         .sites()
@@ -49,6 +45,16 @@ pub fn write(b: &dyn ComputeBackend, arch: &Arch, ad: &Adapters, base: &str, out
                 "layer {l}'s '{}' adapters are per expert, which PEFT names no module for here; export the merged \
                  model (--format hf or gguf) instead",
                 t.name()
+            ),
+        ));
+    }
+    if let Some(w) = ad.sites().iter().map(|&(l, t)| adapted_weight(l, t, gated)).find(|w| unit.hf_part_of_fused(w)) {
+        return Err(Error::unsupported(
+            OP,
+            format!(
+                "{}'s Hugging Face layers fuse '{w}' with other projections in an order of their own, so PEFT has no \
+                 module for its adapter; export the merged model (--format hf or gguf) instead",
+                arch.name
             ),
         ));
     }

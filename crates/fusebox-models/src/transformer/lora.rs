@@ -10,10 +10,16 @@
 //! targets adapt every routed expert with its own `B_e·A_e` (stacked `[E, r, in]`,
 //! `[E, out, r]`, applied with `expert_matmul` like the experts); a shared expert is not
 //! adapted.
+//!
+//! In a Gated DeltaNet layer (Qwen3.5, Qwen3-Next) the attention targets have no
+//! projection; its own are `in_qkv`, `in_z`, `in_b`, `in_a` (the input projections,
+//! transformers' `in_proj_qkv`, …, parts of Qwen3-Next's fused `in_proj_qkvz` /
+//! `in_proj_ba`) and `out` (`out_proj`). A target applies in the layers that have it, and
+//! one that no layer of the model has is refused.
 
 use fusebox::{ComputeBackend, Error, Result, Shape};
 
-use super::arch::Arch;
+use super::arch::{Arch, LinearAttention};
 use super::layout::{Ffn, ParamIndex};
 use crate::params::{Init, ParamSet, ParamSpec};
 use crate::rng::Rng;
@@ -29,6 +35,16 @@ pub enum Target {
     V,
     /// Attention output.
     O,
+    /// A Gated DeltaNet's q/k/v input projection (`in_proj_qkv`).
+    InQkv,
+    /// A Gated DeltaNet's output-gate input projection (`in_proj_z`).
+    InZ,
+    /// A Gated DeltaNet's β input projection (`in_proj_b`).
+    InB,
+    /// A Gated DeltaNet's decay input projection (`in_proj_a`).
+    InA,
+    /// A Gated DeltaNet's output projection (`out_proj`).
+    Out,
     /// Gated MLP's gate.
     Gate,
     /// MLP up projection (GPT-2's `fc`).
@@ -38,29 +54,45 @@ pub enum Target {
 }
 
 impl Target {
-    /// Every target, in layer order.
+    /// Every attention and MLP target, in layer order (the default).
     pub const ALL: [Target; 7] = [Target::Q, Target::K, Target::V, Target::O, Target::Gate, Target::Up, Target::Down];
 
-    /// The flag spelling (`q`, `k`, `v`, `o`, `gate`, `up`, `down`).
+    /// Every Gated DeltaNet target, in layer order.
+    pub const LINEAR: [Target; 5] = [Target::InQkv, Target::InZ, Target::InB, Target::InA, Target::Out];
+
+    /// The spellings `--lora-targets` accepts, for messages.
+    const SPELLINGS: &'static str = "one of q, k, v, o, gate, up, down, in_qkv, in_z, in_b, in_a, out";
+
+    /// The flag spelling (`q`, `k`, `v`, `o`, `gate`, `up`, `down`; `in_qkv`, `in_z`,
+    /// `in_b`, `in_a`, `out`).
     pub fn name(self) -> &'static str {
         match self {
             Target::Q => "q",
             Target::K => "k",
             Target::V => "v",
             Target::O => "o",
+            Target::InQkv => "in_qkv",
+            Target::InZ => "in_z",
+            Target::InB => "in_b",
+            Target::InA => "in_a",
+            Target::Out => "out",
             Target::Gate => "gate",
             Target::Up => "up",
             Target::Down => "down",
         }
     }
 
-    /// Parses a flag spelling; PEFT's module names (`q_proj`, …) are accepted too.
+    /// Parses a flag spelling; PEFT's module names (`q_proj`, `in_proj_qkv`, `out_proj`,
+    /// …) are accepted too.
     pub fn parse(s: &str) -> Result<Target> {
         let t = s.trim();
         let t = t.strip_suffix("_proj").unwrap_or(t);
-        Target::ALL.into_iter().find(|x| x.name() == t).ok_or_else(|| {
-            Error::value("--lora-targets", "target", "one of q, k, v, o, gate, up, down", format!("'{s}'"))
-        })
+        let t = t.strip_prefix("in_proj_").map_or_else(|| t.to_string(), |part| format!("in_{part}"));
+        Target::ALL
+            .into_iter()
+            .chain(Target::LINEAR)
+            .find(|x| x.name() == t)
+            .ok_or_else(|| Error::value("--lora-targets", "target", Target::SPELLINGS, format!("'{s}'")))
     }
 
     /// A comma-separated list (`q,k,v`); duplicates are refused.
@@ -88,23 +120,35 @@ impl Target {
             Target::K => "self_attn.k_proj",
             Target::V => "self_attn.v_proj",
             Target::O => "self_attn.o_proj",
+            Target::InQkv => "linear_attn.in_proj_qkv",
+            Target::InZ => "linear_attn.in_proj_z",
+            Target::InB => "linear_attn.in_proj_b",
+            Target::InA => "linear_attn.in_proj_a",
+            Target::Out => "linear_attn.out_proj",
             Target::Gate => "mlp.gate_proj",
             Target::Up => "mlp.up_proj",
             Target::Down => "mlp.down_proj",
         }
     }
 
-    /// The projection group and part index this target is in a block: `(group, part)`.
-    fn site(self, gated: bool) -> Option<(Group, usize)> {
-        Some(match self {
-            Target::Q => (Group::Qkv, 0),
-            Target::K => (Group::Qkv, 1),
-            Target::V => (Group::Qkv, 2),
-            Target::O => (Group::O, 0),
-            Target::Gate if gated => (Group::Up, 0),
-            Target::Gate => return None,
-            Target::Up => (Group::Up, usize::from(gated)),
-            Target::Down => (Group::Down, 0),
+    /// The projection group and part index this target is in a block (`linear`: a Gated
+    /// DeltaNet layer, whose input projections are the q/k/v group's four parts): `(group,
+    /// part)`, or `None` where the block has no such projection.
+    fn site(self, gated: bool, linear: bool) -> Option<(Group, usize)> {
+        Some(match (self, linear) {
+            (Target::Q, false) => (Group::Qkv, 0),
+            (Target::K, false) => (Group::Qkv, 1),
+            (Target::V, false) => (Group::Qkv, 2),
+            (Target::O, false) => (Group::O, 0),
+            (Target::InQkv, true) => (Group::Qkv, 0),
+            (Target::InZ, true) => (Group::Qkv, 1),
+            (Target::InB, true) => (Group::Qkv, 2),
+            (Target::InA, true) => (Group::Qkv, 3),
+            (Target::Out, true) => (Group::O, 0),
+            (Target::Gate, _) if gated => (Group::Up, 0),
+            (Target::Up, _) => (Group::Up, usize::from(gated)),
+            (Target::Down, _) => (Group::Down, 0),
+            _ => return None,
         })
     }
 }
@@ -154,7 +198,7 @@ impl LoraConfig {
             return Err(Error::value("train", "--lora-alpha", "a finite number > 0", self.alpha));
         }
         if self.targets.is_empty() {
-            return Err(Error::value("train", "--lora-targets", "at least one of q,k,v,o,gate,up,down", "none"));
+            return Err(Error::value("train", "--lora-targets", format!("at least {}", Target::SPELLINGS), "none"));
         }
         Ok(())
     }
@@ -217,13 +261,19 @@ pub struct Adapters {
     sites: Vec<(usize, Target)>,
 }
 
-/// fusebox's name stem of a target (`attn.q`, `mlp.gate`, GPT-2's `mlp.fc`/`mlp.proj`).
-fn stem(t: Target, gated: bool) -> &'static str {
+/// fusebox's name stem of a target (`attn.q`, `mlp.gate`, GPT-2's `mlp.fc`/`mlp.proj`,
+/// `linear.qkv`): the adapted weight of layer `l` is `h.{l}.{stem}.weight`.
+pub(crate) fn stem(t: Target, gated: bool) -> &'static str {
     match t {
         Target::Q => "attn.q",
         Target::K => "attn.k",
         Target::V => "attn.v",
         Target::O => "attn.o",
+        Target::InQkv => "linear.qkv",
+        Target::InZ => "linear.z",
+        Target::InB => "linear.b",
+        Target::InA => "linear.a",
+        Target::Out => "linear.out",
         Target::Gate => "mlp.gate",
         Target::Up if gated => "mlp.up",
         Target::Up => "mlp.fc",
@@ -233,36 +283,36 @@ fn stem(t: Target, gated: bool) -> &'static str {
 }
 
 impl Adapters {
-    /// The specs and sites of `config` on `arch`; an error names a target the
-    /// architecture does not have (`gate` without a gated MLP).
+    /// The specs and sites of `config` on `arch`; an error names a target no layer of the
+    /// architecture has (`gate` without a gated MLP, `in_qkv` without Gated DeltaNet
+    /// layers).
     fn plan(arch: &Arch, config: &LoraConfig) -> Result<Plan> {
         config.validate()?;
         let gated = arch.mlp.gated();
-        if arch.linear_attention.is_some() {
-            return Err(Error::unsupported(
-                "LoRA",
-                format!("{}: adapters on the Gated DeltaNet layers (full fine-tuning trains them)", arch.name),
-            ));
-        }
         let (d, f, r) = (arch.d_model, arch.d_ff, config.rank);
-        let (q, kv) = (arch.q_dim(), arch.kv_dim());
+        // With an output gate the query projection holds each head's gate rows too.
+        let (q, kv) = (arch.q_proj_width(), arch.kv_dim());
+        // A Gated DeltaNet's sizes (its targets apply only where it is).
+        let linear_size = |w: fn(&LinearAttention) -> usize| arch.linear_attention.as_ref().map_or(0, w);
         let mut targets = config.targets.clone();
         targets.sort();
         let mut specs = Vec::new();
         let mut slots = Vec::with_capacity(arch.n_layers);
         let mut sites = Vec::new();
+        let mut used = Vec::new();
         for l in 0..arch.n_layers {
-            let mut layer: LayerSlots =
-                [vec![None; 3], vec![None; 1], vec![None; if gated { 2 } else { 1 }], vec![None; 1]];
+            let linear = arch.is_linear(l);
+            let mut layer: LayerSlots = [
+                vec![None; if linear { 4 } else { 3 }],
+                vec![None; 1],
+                vec![None; if gated { 2 } else { 1 }],
+                vec![None; 1],
+            ];
             for &t in &targets {
-                let (group, part) = t.site(gated).ok_or_else(|| {
-                    Error::value(
-                        "--lora-targets",
-                        "target",
-                        format!("a projection of {} (its MLP is not gated: no 'gate')", arch.name),
-                        format!("'{}'", t.name()),
-                    )
-                })?;
+                let Some((group, part)) = t.site(gated, linear) else { continue };
+                if !used.contains(&t) {
+                    used.push(t);
+                }
                 // A mixture of experts' MLP targets get one adapter per expert, stacked
                 // like the experts: A `[E, r, in]`, B `[E, out, r]`.
                 let experts = arch.experts_at(l).filter(|_| matches!(group, Group::Up | Group::Down));
@@ -270,7 +320,11 @@ impl Adapters {
                 let (out, inp) = match t {
                     Target::Q => (q, d),
                     Target::K | Target::V => (kv, d),
-                    Target::O => (d, q),
+                    Target::O => (d, arch.q_dim()),
+                    Target::InQkv => (linear_size(LinearAttention::conv_channels), d),
+                    Target::InZ => (linear_size(LinearAttention::value_width), d),
+                    Target::InB | Target::InA => (linear_size(|la| la.v_heads), d),
+                    Target::Out => (d, linear_size(LinearAttention::value_width)),
                     Target::Gate | Target::Up => (f, d),
                     Target::Down => (d, f),
                 };
@@ -295,6 +349,21 @@ impl Adapters {
                 sites.push((l, t));
             }
             slots.push(layer);
+        }
+        if let Some(t) = targets.iter().find(|t| !used.contains(t)) {
+            let why = match t {
+                Target::Gate => "its MLP is not gated: no 'gate'",
+                Target::InQkv | Target::InZ | Target::InB | Target::InA | Target::Out => {
+                    "it has no Gated DeltaNet layers"
+                }
+                _ => "it has no attention layers",
+            };
+            return Err(Error::value(
+                "--lora-targets",
+                "target",
+                format!("a projection of {} ({why})", arch.name),
+                format!("'{}'", t.name()),
+            ));
         }
         Ok((specs, slots, sites))
     }
@@ -368,8 +437,8 @@ impl Adapters {
 /// The row range of target `t` inside the base matrix that holds it, and that matrix's
 /// parameter index, in layer `l` of `index`.
 pub(crate) fn base_rows(index: &ParamIndex, l: usize, t: Target, gated: bool) -> Option<(usize, usize, usize)> {
-    let (group, part) = t.site(gated)?;
     let li = index.layers.get(l)?;
+    let (group, part) = t.site(gated, li.linear.is_some())?;
     let p = match (group, &li.ffn) {
         (Group::Qkv, _) => &li.qkv,
         (Group::O, _) => &li.o,
