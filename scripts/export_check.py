@@ -4,7 +4,7 @@ library and print what it computes, for the Rust tests in
 crates/fusebox-models/tests/export_reference.rs to compare with fusebox's own.
 
   hf DIR --ids 1,2,3 [--ids …] --out LOGITS.f32
-      transformers.AutoModelForCausalLM (f32, eager attention) loads DIR; the logits of
+      transformers.AutoModelForCausalLM (f64, eager attention: the exact side) loads DIR; the logits of
       every position of each id list are written to LOGITS.f32 (little-endian f32, the
       lists one after another, [T, vocab] each). Prints {"vocab": V}. Also checks that
       AutoTokenizer loads DIR.
@@ -36,7 +36,10 @@ def run_hf(args):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(args.path, dtype=torch.float32, attn_implementation="eager")
+    # Eager experts too: the grouped expert kernels take f32/bf16 only.
+    model = AutoModelForCausalLM.from_pretrained(
+        args.path, dtype=torch.float64, attn_implementation="eager", experts_implementation="eager"
+    )
     model.eval()
     AutoTokenizer.from_pretrained(args.path)
     out = []
