@@ -671,8 +671,10 @@ fn speculative_step(
             return true;
         }
     };
+    // Counted before the rows are accepted: the answer's end is sent from among them.
+    m.add_drafts(drafts.len(), 0);
     let width = logits.len() / ids.len();
-    let (mut kept, mut accepted, mut ended) = (0, 0, false);
+    let (mut kept, mut ended) = (0, false);
     for (i, row) in logits.chunks_exact(width.max(1)).enumerate() {
         kept = i + 1;
         if caching {
@@ -685,7 +687,7 @@ fn speculative_step(
         if a.tokens.last() != drafts.get(i) {
             break;
         }
-        accepted += 1;
+        m.add_drafts(0, 1);
     }
     if ended {
         s.active = None;
@@ -696,7 +698,6 @@ fn speculative_step(
         s.held.clear();
     }
     m.add_decode(kept, start.elapsed());
-    m.add_drafts(drafts.len(), accepted);
     true
 }
 
