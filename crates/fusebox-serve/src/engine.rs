@@ -674,7 +674,7 @@ fn speculative_step(
     // Counted before the rows are accepted: the answer's end is sent from among them.
     m.add_drafts(drafts.len(), 0);
     let width = logits.len() / ids.len();
-    let (mut kept, mut ended) = (0, false);
+    let (mut kept, mut accepted, mut ended) = (0, 0, false);
     for (i, row) in logits.chunks_exact(width.max(1)).enumerate() {
         kept = i + 1;
         if caching {
@@ -688,7 +688,9 @@ fn speculative_step(
             break;
         }
         m.add_drafts(0, 1);
+        accepted += 1;
     }
+    drafter.record(drafts.len(), accepted);
     if ended {
         s.active = None;
     }

@@ -257,8 +257,7 @@ pub fn generate_with(
         }
         // The position of row 0's input: row i's token follows position `base + i`.
         let base = session.len() - (drafts.len() + 1);
-        let mut ended = None;
-        let mut used = 0;
+        let (mut ended, mut used, mut kept) = (None, 0, 0);
         for (i, row) in rows.chunks_exact(vocab.max(1)).enumerate() {
             used = i + 1;
             let next = sampler.sample(session.sampled(row), &seen)?;
@@ -273,7 +272,11 @@ pub fn generate_with(
             if ended.is_some() || drafts.get(i) != Some(&next) {
                 break;
             }
-            stats.accepted += 1;
+            kept += 1;
+        }
+        stats.accepted += kept;
+        if let (Some(d), false) = (drafter.as_deref_mut(), drafts.is_empty()) {
+            d.record(drafts.len(), kept);
         }
         // As plain decoding leaves it: every position before the last chosen token.
         if session.len() != base + used {

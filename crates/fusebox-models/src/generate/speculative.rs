@@ -43,6 +43,10 @@ pub const MAX_NGRAM: usize = 16;
 pub struct Drafter<'m> {
     source: Source<'m>,
     max_draft: usize,
+    /// Drafts the next pass asks for: +2 after a pass whose drafts were all kept, −1
+    /// (down to 1) after one with a rejection, within `1..=max_draft` (a verify row costs
+    /// about as much as a token's step on the CPU, so rejected drafts are not free).
+    window: usize,
 }
 
 #[derive(Debug)]
@@ -81,7 +85,7 @@ impl<'m> Drafter<'m> {
             return Err(Error::value("speculative decoding", "--draft-ngram", format!("1..={MAX_NGRAM}"), max_ngram));
         }
         check_max_draft(max_draft)?;
-        Ok(Drafter { source: Source::Ngram { max_ngram }, max_draft })
+        Ok(Drafter { source: Source::Ngram { max_ngram }, max_draft, window: max_draft })
     }
 
     /// Drafting with `model`, a smaller model whose tokenizer is `target`'s (see
@@ -109,7 +113,8 @@ impl<'m> Drafter<'m> {
         }
         let cache = model.new_cache_of(b, ctx_size.clamp(1, model.arch.context_length), cache_dtype)?;
         let vocab = vocab.clamp(1, model.arch.vocab_size);
-        Ok(Drafter { source: Source::Model(DraftModel { model, cache, held: Vec::new(), vocab }), max_draft })
+        let source = Source::Model(DraftModel { model, cache, held: Vec::new(), vocab });
+        Ok(Drafter { source, max_draft, window: max_draft })
     }
 
     /// Most tokens drafted per pass.
@@ -125,11 +130,18 @@ impl<'m> Drafter<'m> {
         }
     }
 
-    /// Up to `limit` (and [`max_draft`](Self::max_draft)) guesses of the tokens that
-    /// follow `seq` (the whole sequence so far, its last token not yet run by the
-    /// target). Possibly none.
+    /// Tells the drafter how its last drafts fared: `accepted` of `drafted` kept. The
+    /// next pass drafts 2 more after a pass that kept all, 1 fewer after a rejection.
+    pub fn record(&mut self, drafted: usize, accepted: usize) {
+        self.window = if accepted >= drafted { self.window + 2 } else { self.window.saturating_sub(1) };
+        self.window = self.window.clamp(1, self.max_draft);
+    }
+
+    /// Up to `limit` (and the current window, at most [`max_draft`](Self::max_draft))
+    /// guesses of the tokens that follow `seq` (the whole sequence so far, its last
+    /// token not yet run by the target). Possibly none.
     pub fn draft(&mut self, b: &dyn ComputeBackend, seq: &[u32], limit: usize) -> Result<Vec<u32>> {
-        let k = limit.min(self.max_draft);
+        let k = limit.min(self.window);
         if k == 0 || seq.is_empty() {
             return Ok(Vec::new());
         }
@@ -292,5 +304,22 @@ mod tests {
         assert!(Drafter::ngram(3, 0).unwrap_err().to_string().contains("--draft-max"));
         assert!(Drafter::ngram(3, MAX_DRAFT + 1).unwrap_err().to_string().contains("--draft-max"));
         assert_eq!(Drafter::ngram(3, 4).unwrap().max_draft(), 4);
+    }
+
+    #[test]
+    fn the_window_follows_acceptance() {
+        let b = fusebox::CpuBackend::with_threads(1).unwrap();
+        let seq = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1];
+        let mut d = Drafter::ngram(1, 6).unwrap();
+        assert_eq!(d.draft(&b, &seq, 10).unwrap().len(), 6);
+        d.record(6, 2);
+        d.record(5, 0);
+        assert_eq!(d.draft(&b, &seq, 10).unwrap(), [2, 3, 4, 5]);
+        d.record(4, 4);
+        assert_eq!(d.draft(&b, &seq, 10).unwrap().len(), 6);
+        for _ in 0..10 {
+            d.record(3, 0);
+        }
+        assert_eq!(d.draft(&b, &seq, 10).unwrap().len(), 1);
     }
 }
