@@ -55,7 +55,7 @@ enum Source<'m> {
     /// sequence's last `n` tokens, `n` from `max_ngram` down to 1.
     Ngram { max_ngram: usize },
     /// A smaller model with the same vocabulary, decoding greedily.
-    Model(DraftModel<'m>),
+    Model(Box<DraftModel<'m>>),
 }
 
 /// A draft model and the cache of the one sequence it follows.
@@ -113,7 +113,7 @@ impl<'m> Drafter<'m> {
         }
         let cache = model.new_cache_of(b, ctx_size.clamp(1, model.arch.context_length), cache_dtype)?;
         let vocab = vocab.clamp(1, model.arch.vocab_size);
-        let source = Source::Model(DraftModel { model, cache, held: Vec::new(), vocab });
+        let source = Source::Model(Box::new(DraftModel { model, cache, held: Vec::new(), vocab }));
         Ok(Drafter { source, max_draft, window: max_draft })
     }
 
