@@ -53,6 +53,9 @@ pub struct ServeArgs {
     /// CPU threads (default: every core).
     #[arg(long)]
     threads: Option<usize>,
+    /// Speculative decoding of a lone generating request (see docs/serve.md).
+    #[command(flatten)]
+    drafting: crate::generate::DraftArgs,
     #[command(flatten)]
     pipeline: crate::pipeline::PipelineArgs,
 }
@@ -61,7 +64,15 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     if !(args.shutdown_grace.is_finite() && args.shutdown_grace >= 0.0) {
         return Err(fusebox::Error::value("serve", "--shutdown-grace", "seconds ≥ 0", args.shutdown_grace));
     }
+    args.drafting.check("serve")?;
     let dist = crate::pipeline::Distributed::from_environment(&args.pipeline)?;
+    if args.drafting.enabled() && dist.is_split() {
+        return Err(fusebox::Error::unsupported(
+            "serve",
+            "speculative decoding (--draft-model, --draft-ngram) of a model split over MPI ranks: the other ranks' \
+             caches cannot be cut back to the accepted drafts",
+        ));
+    }
     dist.run(|| serve(args, &dist))
 }
 
@@ -83,6 +94,13 @@ fn serve(args: &ServeArgs, dist: &crate::pipeline::Distributed) -> Result<()> {
     let description = model.description.clone();
     // Every slot holds a cache of `ctx` positions.
     crate::generate::check_cache_memory(&model, ctx.saturating_mul(args.parallel.max(1)), args.cache_type)?;
+    let draft = crate::generate::load_draft_model(b.as_ref(), &args.drafting, &model)?;
+    let draft = match (draft, args.drafting.draft_ngram) {
+        (Some(m), _) => Some(fusebox_serve::engine::DraftSource::Model(std::sync::Arc::new(m))),
+        (None, Some(n)) => Some(fusebox_serve::engine::DraftSource::Ngram(n)),
+        (None, None) => None,
+    };
+    let draft = draft.map(|source| fusebox_serve::engine::DraftConfig { source, max_draft: args.drafting.max_draft() });
     let config = fusebox_serve::ServerConfig {
         host: args.host.clone(),
         port: args.port,
@@ -98,6 +116,7 @@ fn serve(args: &ServeArgs, dist: &crate::pipeline::Distributed) -> Result<()> {
             .cache_ram
             .checked_mul(1 << 20)
             .ok_or_else(|| fusebox::Error::value("serve", "--cache-ram", "MiB that fit in memory", args.cache_ram))?,
+        draft,
         ..Default::default()
     };
     let threads = b.cpu().threads();

@@ -21,6 +21,14 @@
 //! prompts) is restored instead; after each chunk its whole blocks are stored, and
 //! chunks end on block boundaries so that a hybrid model's state is at hand there. At
 //! least the prompt's last token is always run, for the logits of the first answer token.
+//!
+//! **Speculative decoding** (`--draft-model`, `--draft-ngram`; one process only). When
+//! exactly one slot is generating and its answer is not constrained by a grammar, its
+//! step runs the drafter's guesses after its last token in one pass and keeps each
+//! while the request's sampler chooses it from that pass's logits at its position (see
+//! [`fusebox_models::generate::speculative`]: the same tokens as without drafting); the
+//! cache is cut back to what was kept. Several generating slots take the plain batched
+//! step.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -30,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use fusebox::ComputeBackend;
 use fusebox_models::chat::OutputFormat;
+use fusebox_models::generate::Drafter;
 use fusebox_models::pretrained::Pretrained;
 use fusebox_models::transformer::KvCache;
 use fusebox_models::Sampler;
@@ -183,6 +192,35 @@ pub struct EngineConfig {
     pub cache_ram: usize,
     /// Tokens per block of the prefix store.
     pub cache_block: usize,
+    /// Speculative decoding of a lone generating slot (`None`: off).
+    pub draft: Option<DraftConfig>,
+}
+
+/// Where a lone generating slot's drafts come from (see the module notes).
+#[derive(Clone)]
+pub enum DraftSource {
+    /// Prompt lookup over the longest n-gram up to this size.
+    Ngram(usize),
+    /// A smaller model with the same tokenizer, decoding greedily.
+    Model(Arc<Pretrained>),
+}
+
+impl std::fmt::Debug for DraftSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DraftSource::Ngram(n) => write!(f, "Ngram({n})"),
+            DraftSource::Model(m) => write!(f, "Model({})", m.path.display()),
+        }
+    }
+}
+
+/// Speculative decoding's settings.
+#[derive(Debug, Clone)]
+pub struct DraftConfig {
+    /// Where drafts come from.
+    pub source: DraftSource,
+    /// Most drafts one pass checks (1 ..= 15).
+    pub max_draft: usize,
 }
 
 enum Phase {
@@ -232,6 +270,14 @@ pub fn run(
 ) -> fusebox::Result<()> {
     let b = backend.as_ref();
     let net = &model.network;
+    let sample_vocab = model.tokenizer.vocab_size().clamp(1, net.arch.vocab_size);
+    let mut drafter = match drafter_for(b, &model, &config, sample_vocab) {
+        Ok(d) => d,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return Ok(());
+        }
+    };
     let mut slots = Vec::with_capacity(config.parallel);
     for _ in 0..config.parallel {
         match net.new_cache_of(b, config.ctx_size, config.cache_type) {
@@ -243,7 +289,6 @@ pub fn run(
         }
     }
     let _ = ready.send(Ok(()));
-    let sample_vocab = model.tokenizer.vocab_size().clamp(1, net.arch.vocab_size);
     // Under mpirun the other ranks hold their own caches of each slot, and a rank only
     // starts a slot's sequence over at position 0 or continues it where it stands
     // (`Pipeline`'s followers): rank 0 can neither cut theirs back nor restore blocks
@@ -381,7 +426,17 @@ pub fn run(
                 rows.push((i, *next));
             }
         }
-        if !rows.is_empty() {
+        let lone = match (&rows[..], drafter.as_mut()) {
+            ([(i, next)], Some(d)) if slots[*i].active.as_ref().is_some_and(|a| a.job.guide.is_none()) => {
+                Some((*i, *next, d))
+            }
+            _ => None,
+        };
+        let speculated = match lone {
+            Some((i, next, d)) => speculative_step(&model, b, &mut slots[i], next, d, sample_vocab, caching, &metrics),
+            None => false,
+        };
+        if !rows.is_empty() && !speculated {
             decode_step(&model, b, &mut slots, &rows, sample_vocab, caching, &metrics);
         }
         metrics.slots_busy.store(slots.iter().filter(|s| s.active.is_some()).count(), Ordering::Relaxed);
@@ -538,6 +593,114 @@ fn decode_step(
             }
         }
     }
+}
+
+/// The drafter `config` asks for, checked against the model: refused for a model split
+/// over MPI ranks or with Gated DeltaNet layers (neither can cut its state back).
+fn drafter_for<'m>(
+    b: &dyn ComputeBackend,
+    model: &'m Pretrained,
+    config: &'m EngineConfig,
+    vocab: usize,
+) -> fusebox::Result<Option<Drafter<'m>>> {
+    const OP: &str = "speculative decoding";
+    let Some(d) = &config.draft else { return Ok(None) };
+    if model.pipeline.is_some() {
+        return Err(fusebox::Error::unsupported(
+            OP,
+            "a model split over MPI ranks (the other ranks' caches cannot be cut back to the accepted drafts)",
+        ));
+    }
+    if model.network.arch.linear_attention.is_some() {
+        return Err(fusebox::Error::unsupported(
+            OP,
+            format!(
+                "{} has Gated DeltaNet layers, whose recurrent state cannot be cut back to the accepted drafts",
+                model.network.arch.name
+            ),
+        ));
+    }
+    match &d.source {
+        DraftSource::Ngram(n) => Drafter::ngram(*n, d.max_draft).map(Some),
+        DraftSource::Model(m) => {
+            fusebox_models::generate::speculative::check_same_vocabulary(&model.tokenizer, &m.tokenizer)?;
+            Drafter::model(b, &m.network, vocab, config.ctx_size, config.cache_type, d.max_draft).map(Some)
+        }
+    }
+}
+
+/// The step of the one generating slot `s` with drafting: its last token `next` and the
+/// drafter's guesses in one pass, each guess kept while the sampler chooses it from the
+/// pass's logits at its position; the cache then cut back to what was kept. False when
+/// nothing was drafted (the plain step is to run instead).
+#[allow(clippy::too_many_arguments)]
+fn speculative_step(
+    model: &Pretrained,
+    b: &dyn ComputeBackend,
+    s: &mut Slot,
+    next: u32,
+    drafter: &mut Drafter<'_>,
+    vocab: usize,
+    caching: bool,
+    m: &Metrics,
+) -> bool {
+    let Some(a) = s.active.as_mut() else { return false };
+    let start = Instant::now();
+    // Every draft may be emitted, and the pass must fit the cache.
+    let base = s.cache.len;
+    let limit = a.job.max_tokens.saturating_sub(a.tokens.len()).min(s.cache.capacity.saturating_sub(base + 1));
+    let seq: Vec<u32> = a.job.prompt.iter().chain(&a.tokens).copied().collect();
+    let drafts = match drafter.draft(b, &seq, limit) {
+        Ok(d) if d.is_empty() => return false,
+        Ok(d) => d,
+        Err(e) => {
+            a.job.events.send(Event::Error(crate::openai::ApiError::internal(format!("drafting failed: {e}"))));
+            s.active = None;
+            return true;
+        }
+    };
+    let ids: Vec<u32> = std::iter::once(next).chain(drafts.iter().copied()).collect();
+    let result = model.network.forward_cached_all(b, &ids, &mut s.cache).and_then(|t| t.to_vec::<f32>());
+    let logits = match result {
+        Ok(l) => l,
+        Err(e) => {
+            s.cache.clear();
+            s.held.clear();
+            a.job.events.send(Event::Error(crate::openai::ApiError::internal(format!("decode failed: {e}"))));
+            s.active = None;
+            return true;
+        }
+    };
+    // Counted before the rows are accepted: the answer's end is sent from among them.
+    m.add_drafts(drafts.len(), 0);
+    let width = logits.len() / ids.len();
+    let (mut kept, mut accepted, mut ended) = (0, 0, false);
+    for (i, row) in logits.chunks_exact(width.max(1)).enumerate() {
+        kept = i + 1;
+        if caching {
+            s.held.push(ids[i]);
+        }
+        if !accept(model, a, &row[..vocab.min(row.len())], base + i + 1, s.cache.capacity, m) {
+            ended = true;
+            break;
+        }
+        if a.tokens.last() != drafts.get(i) {
+            break;
+        }
+        m.add_drafts(0, 1);
+        accepted += 1;
+    }
+    drafter.record(drafts.len(), accepted);
+    if ended {
+        s.active = None;
+    }
+    // As the plain steps would leave it: every position before the last chosen token.
+    if s.cache.truncate(base + kept).is_err() {
+        s.cache.clear();
+        s.held.clear();
+    }
+    m.add_decode(kept, start.elapsed());
+    true
 }
 
 /// Samples the next token from `logits`, sends the text it completes, and says

@@ -98,6 +98,9 @@ pub struct ServerConfig {
     /// Tokens per block of the prefix store (a prompt's prefix is stored and found in
     /// whole blocks; 256 by default).
     pub cache_block: usize,
+    /// Speculative decoding of a lone generating sequence (`--draft-model`,
+    /// `--draft-ngram`; `None`, the default: off).
+    pub draft: Option<engine::DraftConfig>,
 }
 
 impl Default for ServerConfig {
@@ -115,6 +118,7 @@ impl Default for ServerConfig {
             cache_type: fusebox::DType::F32,
             cache_ram: 0,
             cache_block: 256,
+            draft: None,
         }
     }
 }
@@ -280,6 +284,7 @@ fn build(backend: Arc<dyn ComputeBackend>, model: Pretrained, config: &ServerCon
         cache_type: config.cache_type,
         cache_ram: config.cache_ram,
         cache_block: config.cache_block,
+        draft: config.draft.clone(),
     };
     // The caches are allocated on the model thread; report a failure before listening.
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();

@@ -60,6 +60,10 @@ pub struct Metrics {
     pub prefix_bytes: AtomicUsize,
     /// Blocks the prefix store holds.
     pub prefix_blocks: AtomicUsize,
+    /// Tokens drafted for speculative decoding (run in verify passes).
+    pub draft_tokens: AtomicU64,
+    /// Drafted tokens the model chose too (kept).
+    pub draft_accepted_tokens: AtomicU64,
     prefill_tokens: AtomicU64,
     prefill_nanos: AtomicU64,
     decode_tokens: AtomicU64,
@@ -77,6 +81,12 @@ impl Metrics {
     pub fn add_decode(&self, rows: usize, d: Duration) {
         self.decode_tokens.fetch_add(rows as u64, Ordering::Relaxed);
         self.decode_nanos.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Counts a verify pass of `drafted` tokens of which `accepted` were kept.
+    pub fn add_drafts(&self, drafted: usize, accepted: usize) {
+        self.draft_tokens.fetch_add(drafted as u64, Ordering::Relaxed);
+        self.draft_accepted_tokens.fetch_add(accepted as u64, Ordering::Relaxed);
     }
 
     /// The Prometheus text exposition.
@@ -140,9 +150,18 @@ impl Metrics {
                 "Completion requests constrained by response_format, json_schema or grammar.",
                 &self.structured_requests,
             ),
+            ("draft_tokens_total", "Tokens drafted for speculative decoding.", &self.draft_tokens),
+            ("draft_tokens_accepted_total", "Drafted tokens the model chose too (kept).", &self.draft_accepted_tokens),
         ] {
             put(name, "counter", help, g(v).to_string());
         }
+        let (drafted, accepted) = (g(&self.draft_tokens), g(&self.draft_accepted_tokens));
+        put(
+            "draft_acceptance_rate",
+            "gauge",
+            "Drafted tokens kept / drafted (0 before any drafting).",
+            format!("{:.4}", if drafted == 0 { 0.0 } else { accepted as f64 / drafted as f64 }),
+        );
         put(
             "prefill_tokens_total",
             "counter",

@@ -56,7 +56,56 @@ pub struct GenerateArgs {
     #[arg(long, default_value = "f16", value_parser = parse_cache_type)]
     pub(crate) cache_type: DType,
     #[command(flatten)]
+    pub(crate) drafting: DraftArgs,
+    #[command(flatten)]
     pub(crate) pipeline: crate::pipeline::PipelineArgs,
+}
+
+/// Speculative decoding's flags (`fusebox generate`, `fusebox serve`, `fusebox bench
+/// generate`): where drafts come from and how many a pass checks.
+#[derive(Args, Clone, Debug, Default)]
+pub struct DraftArgs {
+    /// Speculative decoding with this draft model: a smaller GGUF or Hugging Face model
+    /// with the same tokenizer, decoding greedily; its guesses are kept while the model
+    /// chooses the same tokens, so the output is unchanged.
+    #[arg(long, conflicts_with = "draft_ngram")]
+    pub(crate) draft_model: Option<PathBuf>,
+    /// Speculative decoding by prompt lookup: the tokens that followed the latest earlier
+    /// occurrence of the last N tokens (N down to 1) are the drafts (1..=16; 3 suits
+    /// text that copies its input, such as a code edit).
+    #[arg(long, value_name = "N")]
+    pub(crate) draft_ngram: Option<usize>,
+    /// Most drafted tokens one pass checks (1..=15; needs --draft-model or --draft-ngram).
+    #[arg(long, value_name = "K")]
+    pub(crate) draft_max: Option<usize>,
+}
+
+/// `--draft-max`'s default.
+pub(crate) const DEFAULT_DRAFT_MAX: usize = 8;
+
+impl DraftArgs {
+    /// Whether drafting was asked for.
+    pub(crate) fn enabled(&self) -> bool {
+        self.draft_model.is_some() || self.draft_ngram.is_some()
+    }
+
+    /// The most drafts a pass checks.
+    pub(crate) fn max_draft(&self) -> usize {
+        self.draft_max.unwrap_or(DEFAULT_DRAFT_MAX)
+    }
+
+    /// Checks the values before any model is loaded (`op` names the command).
+    pub(crate) fn check(&self, op: &'static str) -> Result<()> {
+        if self.draft_max.is_some() && !self.enabled() {
+            return Err(Error::value(op, "--draft-max", "--draft-model or --draft-ngram beside it", "neither"));
+        }
+        if let Some(n) = self.draft_ngram {
+            fusebox_models::generate::Drafter::ngram(n, self.max_draft())?;
+        } else if self.enabled() {
+            fusebox_models::generate::Drafter::ngram(1, self.max_draft())?;
+        }
+        Ok(())
+    }
 }
 
 /// A `--cache-type` value: f32, f16 or bf16.
@@ -78,6 +127,7 @@ pub(crate) fn sampler(args: &GenerateArgs) -> Result<Sampler> {
     if args.threads == Some(0) {
         return Err(Error::value("generate", "--threads", "at least 1", 0));
     }
+    args.drafting.check("generate")?;
     Sampler::new(SamplerConfig {
         temperature: args.temperature,
         top_k: args.top_k,

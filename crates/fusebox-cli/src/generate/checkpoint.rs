@@ -7,7 +7,7 @@ use std::time::Instant;
 use fusebox::{Error, Result};
 use fusebox_models::checkpoint;
 use fusebox_models::data::{addition, text};
-use fusebox_models::generate::{generate, Session};
+use fusebox_models::generate::{generate_with, Drafter, Session};
 use fusebox_models::Sampler;
 use serde_json::json;
 
@@ -40,6 +40,12 @@ fn render(task: &str, tokens: &[u32]) -> String {
 
 /// Generates from the from-scratch checkpoint `--model` names.
 pub(crate) fn run(args: &GenerateArgs, mut sampler: Sampler) -> Result<()> {
+    if args.drafting.draft_model.is_some() {
+        return Err(Error::unsupported(
+            "generate",
+            "--draft-model with a from-scratch training checkpoint (its tokens are its task's own); --draft-ngram works",
+        ));
+    }
     let b = backend_for(&args.backend, args.threads)?;
     let (model, ckpt) = checkpoint::load_model(b.as_ref(), &args.model)?;
     let task = ckpt.trainer.get("task").and_then(|t| t.as_str()).unwrap_or("text").to_string();
@@ -64,7 +70,9 @@ pub(crate) fn run(args: &GenerateArgs, mut sampler: Sampler) -> Result<()> {
     }
     let ctx = (prompt.len() + args.max_tokens).min(max_seq);
     let mut session = Session::with_cache_dtype(&model.net, b.as_ref(), ctx, args.cache_type)?;
-    let out = generate(&mut session, b.as_ref(), &prompt, args.max_tokens, &mut sampler, &stop, |t| {
+    let mut drafter = args.drafting.draft_ngram.map(|n| Drafter::ngram(n, args.drafting.max_draft())).transpose()?;
+    let drafts = drafter.as_mut();
+    let out = generate_with(&mut session, b.as_ref(), &prompt, args.max_tokens, &mut sampler, &stop, drafts, |t| {
         first_token.get_or_insert_with(|| start.elapsed().as_secs_f64());
         if streaming {
             // Byte tokens may split a UTF-8 character: print only complete characters.

@@ -5,6 +5,7 @@
 use std::io::Write;
 
 use fusebox::{DType, Error, Result};
+use fusebox_models::generate::generate_with;
 use fusebox_models::pretrained;
 use fusebox_models::Sampler;
 use serde_json::json;
@@ -81,6 +82,10 @@ pub(crate) fn run(args: &GenerateArgs, mut sampler: Sampler, dist: &Distributed)
     }
     check_cache_memory(&model, ctx, args.cache_type)?;
     let mut session = model.session_with_cache(b.as_ref(), ctx, args.cache_type)?;
+    let draft_model = super::load_draft_model(b.as_ref(), &args.drafting, &model)?;
+    let vocab = model.tokenizer.vocab_size();
+    let mut drafter =
+        super::drafting::drafter(b.as_ref(), &args.drafting, draft_model.as_ref(), vocab, ctx, args.cache_type)?;
     let stop = model.stop_ids(args.chat);
     let streaming = !args.json;
     let mut stream = tok.stream_decoder(true);
@@ -91,14 +96,22 @@ pub(crate) fn run(args: &GenerateArgs, mut sampler: Sampler, dist: &Distributed)
         }
         let _ = out.flush();
     }
-    let generation =
-        pretrained::generate(&mut session, b.as_ref(), &prompt, args.max_tokens, &mut sampler, &stop, |t| {
+    let generation = generate_with(
+        &mut session,
+        b.as_ref(),
+        &prompt,
+        args.max_tokens,
+        &mut sampler,
+        &stop,
+        drafter.as_mut(),
+        |t| {
             if streaming && !stop.contains(&t) {
                 print!("{}", stream.push(t)?);
                 let _ = out.flush();
             }
             Ok(())
-        })?;
+        },
+    )?;
     drop(session);
     let stages = dist.finish(&model)?;
     let shown: Vec<u32> = generation.tokens.iter().copied().filter(|t| !stop.contains(t)).collect();
@@ -121,6 +134,7 @@ pub(crate) fn run(args: &GenerateArgs, mut sampler: Sampler, dist: &Distributed)
             "cache_type": args.cache_type.to_string(),
             "threads": b.cpu().threads(),
             "pipeline": stages.as_deref().map(crate::pipeline::to_json),
+            "draft": super::draft_json(drafter.as_ref(), &generation.drafts),
             "peak_resident_bytes": fusebox_models::pipeline::peak_resident_bytes(),
         });
         println!("{v}");
@@ -137,6 +151,18 @@ pub(crate) fn run(args: &GenerateArgs, mut sampler: Sampler, dist: &Distributed)
             generation.stop.name(),
             b.cpu().threads(),
         );
+        if let Some(d) = &drafter {
+            let s = &generation.drafts;
+            eprintln!(
+                "speculative ({}, up to {} a pass): {} drafted, {} accepted ({:.0}%) in {} passes",
+                d.kind(),
+                d.max_draft(),
+                s.drafted,
+                s.accepted,
+                100.0 * s.acceptance_rate(),
+                s.passes
+            );
+        }
         for line in stages.as_deref().map(crate::pipeline::describe).unwrap_or_default() {
             eprintln!("{line}");
         }

@@ -1,6 +1,9 @@
 //! Generation: a [`Session`] (a model and the KV caches of one stream), and the loop
 //! that runs the prompt in one prefill pass, then one token at a time, sampled, until
-//! a stop token, the token limit or a full context.
+//! a stop token, the token limit or a full context; with a [`Drafter`], several tokens
+//! a pass where its guesses are the model's own choices ([`speculative`]).
+
+pub mod speculative;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,6 +13,8 @@ use fusebox::{ComputeBackend, DType, Error, Result};
 use crate::pipeline::Pipeline;
 use crate::sampler::Sampler;
 use crate::transformer::{KvCache, Transformer};
+
+pub use self::speculative::{DraftStats, Drafter};
 
 /// A model together with the caches of one stream.
 #[derive(Debug)]
@@ -108,6 +113,12 @@ impl<'m> Session<'m> {
         self.model.arch.vocab_size
     }
 
+    /// Keeps the first `len` positions (see [`KvCache::truncate`]: a model with Gated
+    /// DeltaNet layers can keep all or none).
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        self.cache.truncate(len)
+    }
+
     /// Forgets the cached positions, keeping the allocation.
     pub fn clear(&mut self) {
         self.cache.clear();
@@ -152,10 +163,12 @@ pub struct Generation {
     pub prompt_tokens: usize,
     /// Seconds of the prompt pass (to the first logits).
     pub prefill_seconds: f64,
-    /// Forward passes after the prompt, and their seconds (sampling included).
+    /// Forward passes after the prompt (a verify pass of drafted tokens counts once).
     pub decode_steps: usize,
-    /// Seconds of those passes.
+    /// Seconds of those passes (sampling and drafting included).
     pub decode_seconds: f64,
+    /// Drafted and accepted tokens (all zero without a [`Drafter`]).
+    pub drafts: DraftStats,
 }
 
 impl Generation {
@@ -164,12 +177,13 @@ impl Generation {
         self.prompt_tokens as f64 / self.prefill_seconds.max(1e-12)
     }
 
-    /// Generated tokens per second after the first (one forward pass each).
+    /// Generated tokens per second after the first (the first comes from the prompt
+    /// pass; without drafting each later one takes one forward pass).
     pub fn decode_tokens_per_s(&self) -> f64 {
         if self.decode_steps == 0 {
             0.0
         } else {
-            self.decode_steps as f64 / self.decode_seconds.max(1e-12)
+            (self.tokens.len().saturating_sub(1)) as f64 / self.decode_seconds.max(1e-12)
         }
     }
 }
@@ -185,6 +199,28 @@ pub fn generate(
     max_new: usize,
     sampler: &mut Sampler,
     stop: &[u32],
+    on_token: impl FnMut(u32) -> Result<()>,
+) -> Result<Generation> {
+    generate_with(session, b, prompt, max_new, sampler, stop, None, on_token)
+}
+
+/// As [`generate`], with a `drafter` when given: after each chosen token, its guesses of
+/// the next ones run with it in one pass, and each is kept while it equals the token
+/// the sampler chooses from that pass's logits at its position (see [`speculative`]:
+/// the same tokens as without drafting where those logits have the one-token step's
+/// bits, which they do for block-quantized weights). The cache ends as plain decoding
+/// leaves it. A drafter's model sees only `prompt` and what follows, not what the
+/// session held before. Refused for a model with Gated DeltaNet layers or split over
+/// MPI ranks.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_with(
+    session: &mut Session<'_>,
+    b: &dyn ComputeBackend,
+    prompt: &[u32],
+    max_new: usize,
+    sampler: &mut Sampler,
+    stop: &[u32],
+    mut drafter: Option<&mut Drafter<'_>>,
     mut on_token: impl FnMut(u32) -> Result<()>,
 ) -> Result<Generation> {
     if prompt.is_empty() {
@@ -199,31 +235,76 @@ pub fn generate(
             prompt.len(),
         ));
     }
+    if drafter.is_some() {
+        speculative::check_target(&session.cache, session.model, session.pipeline.is_some())?;
+    }
     let start = Instant::now();
-    let mut logits = session.step(b, prompt)?;
+    // Logits to choose from, one row per position, in order; `drafts[i]` was run after
+    // row `i` (so there is one row more than drafts).
+    let first = session.step(b, prompt)?;
+    let vocab = first.len();
+    let mut rows = first;
+    let mut drafts: Vec<u32> = Vec::new();
     let prefill_seconds = start.elapsed().as_secs_f64();
     let decode_start = Instant::now();
     let mut seen = prompt.to_vec();
     let mut tokens = Vec::new();
     let mut decode_steps = 0;
+    let mut stats = DraftStats::default();
     let reason = loop {
         if tokens.len() >= max_new {
             break StopReason::MaxTokens;
         }
-        let next = sampler.sample(session.sampled(&logits), &seen)?;
-        tokens.push(next);
-        seen.push(next);
-        on_token(next)?;
-        if stop.contains(&next) {
-            break StopReason::StopToken;
+        // The position of row 0's input: row i's token follows position `base + i`.
+        let base = session.len() - (drafts.len() + 1);
+        let (mut ended, mut used, mut kept) = (None, 0, 0);
+        for (i, row) in rows.chunks_exact(vocab.max(1)).enumerate() {
+            used = i + 1;
+            let next = sampler.sample(session.sampled(row), &seen)?;
+            tokens.push(next);
+            seen.push(next);
+            on_token(next)?;
+            if stop.contains(&next) {
+                ended = Some(StopReason::StopToken);
+            } else if tokens.len() >= max_new {
+                ended = Some(StopReason::MaxTokens);
+            }
+            if ended.is_some() || drafts.get(i) != Some(&next) {
+                break;
+            }
+            kept += 1;
         }
-        if tokens.len() >= max_new {
-            break StopReason::MaxTokens;
+        stats.accepted += kept;
+        if let (Some(d), false) = (drafter.as_deref_mut(), drafts.is_empty()) {
+            d.record(drafts.len(), kept);
+        }
+        // As plain decoding leaves it: every position before the last chosen token.
+        if session.len() != base + used {
+            session.truncate(base + used)?;
+        }
+        if let Some(reason) = ended {
+            break reason;
         }
         if session.len() >= session.capacity() {
             break StopReason::ContextFull;
         }
-        logits = session.step(b, &[next])?;
+        let last = *tokens.last().ok_or_else(|| Error::value("generate", "tokens", "one chosen", "none"))?;
+        drafts = match drafter.as_deref_mut() {
+            // Every draft may be emitted, and the pass must fit the cache.
+            Some(d) => {
+                let limit = (max_new - tokens.len()).min(session.capacity() - session.len() - 1);
+                d.draft(b, &seen, limit)?
+            }
+            None => Vec::new(),
+        };
+        rows = if drafts.is_empty() {
+            session.step(b, &[last])?
+        } else {
+            stats.drafted += drafts.len();
+            stats.passes += 1;
+            let ids: Vec<u32> = std::iter::once(last).chain(drafts.iter().copied()).collect();
+            session.step_all(b, &ids)?.to_vec::<f32>()?
+        };
         decode_steps += 1;
     };
     Ok(Generation {
@@ -233,5 +314,6 @@ pub fn generate(
         prefill_seconds,
         decode_steps,
         decode_seconds: decode_start.elapsed().as_secs_f64(),
+        drafts: stats,
     })
 }

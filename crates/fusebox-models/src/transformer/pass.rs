@@ -17,6 +17,10 @@ use super::arch::{Arch, Positions};
 use super::cache::{KvCache, LinearState, RopeTables};
 use super::checkpointing::SavedLayers;
 
+/// Up to this many new tokens after a cache, a cached pass attends with each query on
+/// its own, as one-token decode steps do (see [`Pass::attend`]).
+const ROW_QUERIES: usize = 16;
+
 /// How a block runs (see the module table).
 pub(super) enum Pass<'a, 'c> {
     /// Training: positions `0..T` of every sequence; each block's activations pushed
@@ -94,7 +98,8 @@ impl Pass<'_, '_> {
     ///
     /// Training and a prompt (at position 0) run the fused causal attention over this
     /// call's keys; later tokens `decode_attention` over the first `pos + T` cached
-    /// positions; a batch step `batched_decode_attention`, each row over its own cache.
+    /// positions (up to `ROW_QUERIES` of them each query alone, over its own prefix,
+    /// with the one-token step's arithmetic); a batch step `batched_decode_attention`, each row over its own cache.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn attend(
         &mut self,
@@ -115,8 +120,19 @@ impl Pass<'_, '_> {
             Pass::Cached { cache, pos } => {
                 b.write_head_cache(&mut cache.k[l], k, *pos)?;
                 b.write_head_cache(&mut cache.v[l], v, *pos)?;
+                let t = q.dims()[2];
                 let out = if *pos == 0 {
                     b.causal_attention(q, k, v, window, sinks, scale)?.output
+                } else if (2..=ROW_QUERIES).contains(&t) {
+                    // A few tokens after the cache (a speculative draft's verification):
+                    // each query as the one-token decode step at its position would run
+                    // it, so that its logits have that step's bits.
+                    let width = arch.n_heads * arch.head_dim;
+                    let q = b.split_heads(&b.merge_heads(q)?.reshape([t, 1, width])?, arch.n_heads)?;
+                    let lens: Vec<usize> = (1..=t).map(|i| *pos + i).collect();
+                    let (kc, vc) = (vec![&cache.k[l]; t], vec![&cache.v[l]; t]);
+                    let out = b.batched_decode_attention(&q, &kc, &vc, &lens, window, sinks, scale)?;
+                    return Ok((merge_heads(b, &out)?.reshape([1, t, width])?, None));
                 } else {
                     b.decode_attention(q, &cache.k[l], &cache.v[l], *pos + q.dims()[2], window, sinks, scale)?
                 };
