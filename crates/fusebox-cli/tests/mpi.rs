@@ -236,7 +236,8 @@ mod with_mpi {
                 assert!(rel <= 1e-6, "--zero {zero} step {step}: loss {a} vs {b} (relative {rel:.2e})");
             }
             let ckpt = out.join("step-25");
-            for f in ["optimizer-shards.json", "optimizer-shard-0-of-2.safetensors", "optimizer-shard-1-of-2.safetensors"]
+            for f in
+                ["optimizer-shards.json", "optimizer-shard-0-of-2.safetensors", "optimizer-shard-1-of-2.safetensors"]
             {
                 assert!(ckpt.join(f).is_file(), "{f}");
             }
