@@ -11,6 +11,13 @@
 //! 4. `latest` is replaced by rename (`latest.tmp` → `latest`);
 //! 5. `step-N.old/` is removed.
 //!
+//! Under ZeRO (`--zero 1|2`) the moments are sharded: each rank writes its piece of them as
+//! `optimizer-shard-R-of-N.safetensors` (tensors `m` and `v`, 1-D) into the same
+//! `step-N.tmp/`, and `optimizer-shards.json` (the manifest: stage, world size, the
+//! tensors in flat order and each rank's range of the flat vector) takes the place of
+//! `optimizer.safetensors` ([`save_sharded`]). [`load_moment_range`] reads any range of the
+//! flat moments from either form, so a run resumes at any world size with or without ZeRO.
+//!
 //! A process killed at any point leaves either the previous state or a state that
 //! [`recover`] (run before every save and by `fusebox train` on start) repairs without
 //! loss: a complete `step-N.tmp/` or `step-N.old/` whose `step-N/` is missing or
@@ -23,7 +30,9 @@ use std::path::{Path, PathBuf};
 use fusebox::{ComputeBackend, Error, Result, Tensor};
 use serde_json::Value;
 
+use crate::comm::Communicator;
 use crate::config::ModelConfig;
+use crate::data_parallel::shard::ShardLayout;
 use crate::model::{param_specs, Model};
 use crate::params::{ParamSet, ParamSpec};
 use crate::safetensors::{self, SafeTensors};
@@ -166,14 +175,35 @@ fn save_contents_with(
     trainer: &Value,
     after: &mut dyn FnMut(Phase) -> Result<()>,
 ) -> Result<PathBuf> {
+    begin_save(out, step)?;
+    after(Phase::TmpCreated)?;
+    commit_save(backend, out, step, contents, trainer, after)
+}
+
+/// Repairs what an interrupted save left in `out` and makes the empty `step-{step}.tmp/`
+/// a save fills (the first step of the module docs).
+fn begin_save(out: &Path, step: u64) -> Result<PathBuf> {
     std::fs::create_dir_all(out).map_err(io(out))?;
     // Leftovers of an interrupted save are repaired first, so every `step-M/` is complete.
     recover(out)?;
+    let tmp = out.join(format!("step-{step}.tmp"));
+    std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+    Ok(tmp)
+}
+
+/// Writes `contents` and `trainer` (last) into `step-{step}.tmp/` and puts it in place
+/// (the other steps of the module docs).
+fn commit_save(
+    backend: &dyn ComputeBackend,
+    out: &Path,
+    step: u64,
+    contents: &Contents<'_>,
+    trainer: &Value,
+    after: &mut dyn FnMut(Phase) -> Result<()>,
+) -> Result<PathBuf> {
     let final_dir = out.join(format!("step-{step}"));
     let tmp = out.join(format!("step-{step}.tmp"));
     let old = out.join(format!("step-{step}.old"));
-    std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
-    after(Phase::TmpCreated)?;
     let meta = BTreeMap::from([("format".to_string(), "fusebox".to_string())]);
     safetensors::write(&tmp.join("model.safetensors"), &named(backend, contents.specs, contents.params, "")?, &meta)?;
     after(Phase::ModelWritten)?;
@@ -206,6 +236,94 @@ fn save_contents_with(
     if replacing {
         std::fs::remove_dir_all(&old).map_err(io(&old))?;
     }
+    Ok(final_dir)
+}
+
+/// The manifest of a sharded optimizer state.
+pub const SHARD_MANIFEST: &str = "optimizer-shards.json";
+
+/// The file of rank `rank`'s piece of the moments, of `world` ranks.
+pub fn shard_file(rank: usize, world: usize) -> String {
+    format!("optimizer-shard-{rank}-of-{world}.safetensors")
+}
+
+/// One rank's piece of AdamW's moments under ZeRO, flat (see the module docs).
+#[derive(Debug)]
+pub struct MomentShard<'a> {
+    /// The ZeRO stage that wrote it (recorded in the manifest).
+    pub stage: u8,
+    /// The cut of the trained tensors over the ranks.
+    pub layout: &'a ShardLayout,
+    /// `m` of this rank's range of the flat vector.
+    pub m: &'a [f32],
+    /// `v` of the same range.
+    pub v: &'a [f32],
+}
+
+/// Saves a checkpoint whose moments are sharded, on every rank of `comm` together
+/// (collective): rank 0 prepares `step-{step}.tmp/`, every rank writes its
+/// `optimizer-shard-R-of-N.safetensors` into it (write-then-rename), then rank 0 writes
+/// the weights, the manifest, the config and `trainer.json` and puts the directory in
+/// place, with the crash safety of [`save`]. `contents.moments` must be `None`. The
+/// directory must be one every rank can write (a shared filesystem across hosts).
+pub fn save_sharded(
+    backend: &dyn ComputeBackend,
+    comm: &dyn Communicator,
+    out: &Path,
+    step: u64,
+    contents: Contents<'_>,
+    trainer: &Value,
+    shard: &MomentShard<'_>,
+) -> Result<PathBuf> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let mine = shard.layout.range(rank);
+    if shard.layout.world() != world || shard.m.len() != mine.len() || shard.v.len() != mine.len() {
+        return Err(Error::shape(
+            "save_sharded",
+            "moment shard",
+            format!("{} values for rank {rank} of {world}", mine.len()),
+            format!("{} and {} of a cut over {} ranks", shard.m.len(), shard.v.len(), shard.layout.world()),
+        ));
+    }
+    if rank == 0 {
+        begin_save(out, step)?;
+    }
+    comm.barrier()?;
+    let tmp = out.join(format!("step-{step}.tmp"));
+    let meta = BTreeMap::from([("format".to_string(), "fusebox-zero-shard".to_string())]);
+    let flat = |x: &[f32]| Tensor::from_slice(x, [x.len()]);
+    safetensors::write(
+        &tmp.join(shard_file(rank, world)),
+        &[("m".to_string(), flat(shard.m)?), ("v".to_string(), flat(shard.v)?)],
+        &meta,
+    )?;
+    comm.barrier()?;
+    let final_dir = out.join(format!("step-{step}"));
+    if rank == 0 {
+        let tensors: Vec<Value> = contents
+            .specs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| serde_json::json!([s.name, shard.layout.tensor_range(i).len()]))
+            .collect();
+        let shards: Vec<Value> = (0..world)
+            .map(|r| {
+                let range = shard.layout.range(r);
+                serde_json::json!({"rank": r, "start": range.start, "end": range.end, "file": shard_file(r, world)})
+            })
+            .collect();
+        let manifest = serde_json::json!({
+            "format": "fusebox-zero", "stage": shard.stage, "world_size": world,
+            "elements": shard.layout.total(), "tensors": tensors, "shards": shards,
+        });
+        let text = serde_json::to_vec_pretty(&manifest).map_err(|e| Error::Io(e.to_string()))?;
+        let mut contents = contents;
+        contents.moments = None;
+        contents.extra.push((SHARD_MANIFEST.to_string(), text));
+        commit_save(backend, out, step, &contents, trainer, &mut |_| Ok(()))?;
+    }
+    // Every rank returns once the checkpoint is whole.
+    comm.barrier()?;
     Ok(final_dir)
 }
 
@@ -405,11 +523,116 @@ pub fn load_model(backend: &dyn ComputeBackend, path: &Path) -> Result<(Model, C
     Ok((model, Checkpoint { dir, config, trainer }))
 }
 
-/// Loads the optimizer moments `(m, v)` of a checkpoint directory.
+/// Loads the optimizer moments `(m, v)` of a checkpoint directory, whole or sharded.
 pub fn load_moments(backend: &dyn ComputeBackend, dir: &Path, specs: &[ParamSpec]) -> Result<(ParamSet, ParamSet)> {
+    if dir.join(SHARD_MANIFEST).exists() {
+        let total = specs.iter().map(|s| s.shape.elem_count()).sum();
+        let (m, v) = load_moment_range(dir, specs, 0..total)?;
+        return Ok((ParamSet::from_values(backend, specs, m)?, ParamSet::from_values(backend, specs, v)?));
+    }
     let file = dir.join("optimizer.safetensors");
     let st = SafeTensors::read(&file)?;
     Ok((load_set(backend, &st, specs, "m.", &file)?, load_set(backend, &st, specs, "v.", &file)?))
+}
+
+/// AdamW's `(m, v)` of the elements `range` of the trained tensors `specs` flattened in
+/// order, read from checkpoint directory `dir`: from the shards its manifest names (those
+/// that meet the range only), or from a whole `optimizer.safetensors`. An error when the
+/// checkpoint's tensors are not `specs`.
+pub fn load_moment_range(
+    dir: &Path,
+    specs: &[ParamSpec],
+    range: std::ops::Range<usize>,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let sizes: Vec<usize> = specs.iter().map(|s| s.shape.elem_count()).collect();
+    let (mut m, mut v) = (Vec::with_capacity(range.len()), Vec::with_capacity(range.len()));
+    let manifest_path = dir.join(SHARD_MANIFEST);
+    if !manifest_path.exists() {
+        let file = dir.join("optimizer.safetensors");
+        let st = SafeTensors::read(&file)?;
+        let whole = ShardLayout::even(&sizes, 1)?;
+        if range.end > whole.total() {
+            return Err(Error::Io(format!(
+                "{}: moments {}..{} of {}",
+                file.display(),
+                range.start,
+                range.end,
+                whole.total()
+            )));
+        }
+        for p in whole.pieces(range, usize::MAX) {
+            for (prefix, out) in [("m.", &mut m), ("v.", &mut v)] {
+                let name = format!("{prefix}{}", specs[p.tensor].name);
+                let t =
+                    st.tensor(&name).map_err(|_| Error::Io(format!("{}: missing tensor '{name}'", file.display())))?;
+                if t.shape() != &specs[p.tensor].shape {
+                    return Err(Error::Io(format!(
+                        "{}: tensor '{name}' has shape {} but the model's is {}",
+                        file.display(),
+                        t.shape(),
+                        specs[p.tensor].shape
+                    )));
+                }
+                out.extend_from_slice(&t.to_vec_f32()?[p.offset..p.offset + p.len]);
+            }
+        }
+        return Ok((m, v));
+    }
+    let bad = |what: String| Error::Io(format!("{}: {what}", manifest_path.display()));
+    let manifest = read_json(&manifest_path)?;
+    let tensors = manifest["tensors"].as_array().ok_or_else(|| bad("no 'tensors' list".into()))?;
+    let same = tensors.len() == specs.len()
+        && tensors
+            .iter()
+            .zip(specs.iter().zip(&sizes))
+            .all(|(t, (s, &n))| t[0].as_str() == Some(s.name.as_str()) && t[1].as_u64() == Some(n as u64));
+    if !same {
+        return Err(bad(format!(
+            "its tensors (names and sizes) are not the {} trained tensors of this run (the same model and method)",
+            specs.len()
+        )));
+    }
+    let shards = manifest["shards"].as_array().ok_or_else(|| bad("no 'shards' list".into()))?;
+    let mut ranges = Vec::with_capacity(shards.len());
+    let mut files = Vec::with_capacity(shards.len());
+    for (r, sh) in shards.iter().enumerate() {
+        let field = |k: &str| {
+            sh[k].as_u64().and_then(|x| usize::try_from(x).ok()).ok_or_else(|| bad(format!("shard {r}: no '{k}'")))
+        };
+        ranges.push(field("start")?..field("end")?);
+        let file = sh["file"].as_str().ok_or_else(|| bad(format!("shard {r}: no 'file'")))?;
+        if file.contains(['/', '\\']) || file.starts_with('.') {
+            return Err(bad(format!("shard {r}: file '{file}' is not a name within the checkpoint")));
+        }
+        files.push(dir.join(file));
+    }
+    let layout = ShardLayout::from_ranges(&sizes, ranges).map_err(|e| bad(e.to_string()))?;
+    if range.end > layout.total() {
+        return Err(bad(format!("moments {}..{} asked of {}", range.start, range.end, layout.total())));
+    }
+    for (r, file) in files.iter().enumerate() {
+        let held = layout.range(r);
+        let (lo, hi) = (held.start.max(range.start), held.end.min(range.end));
+        if lo >= hi {
+            continue;
+        }
+        let st = SafeTensors::read(file)?;
+        for (name, out) in [("m", &mut m), ("v", &mut v)] {
+            let values =
+                st.tensor(name).map_err(|_| Error::Io(format!("{}: missing tensor '{name}'", file.display())))?;
+            let values = values.to_vec_f32()?;
+            if values.len() != held.len() {
+                return Err(Error::Io(format!(
+                    "{}: '{name}' holds {} values but the manifest gives rank {r} {}",
+                    file.display(),
+                    values.len(),
+                    held.len()
+                )));
+            }
+            out.extend_from_slice(&values[lo - held.start..hi - held.start]);
+        }
+    }
+    Ok((m, v))
 }
 
 #[cfg(test)]

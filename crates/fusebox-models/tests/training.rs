@@ -27,6 +27,7 @@ fn train_config(steps: u64) -> TrainConfig {
         eval_every: 0,
         eval_batches: 1,
         checkpoint_activations: false,
+        zero: 0,
     }
 }
 

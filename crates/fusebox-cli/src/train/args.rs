@@ -68,6 +68,14 @@ pub struct TrainArgs {
     /// --resume (a choice of each invocation, like --threads).
     #[arg(long)]
     pub checkpoint_activations: bool,
+    /// ZeRO stage under mpirun: 0 every rank keeps the whole AdamW state; 1 each rank keeps
+    /// the moments of its 1/N piece of the trained tensors (gradients reduce-scattered,
+    /// parameters all-gathered after the update); 2 also keeps only its piece of the
+    /// averaged gradient between steps. The same losses at every stage. Checkpoints are then
+    /// written sharded (each rank its piece, into an --out every rank can write) and resume
+    /// at any world size and stage. Asked again on --resume.
+    #[arg(long, default_value_t = 0)]
+    pub zero: u8,
     /// Backend: cpu, cpu:N or wgpu.
     #[arg(long, default_value = "cpu")]
     pub backend: String,
@@ -170,6 +178,9 @@ pub(crate) fn check_flags(args: &TrainArgs) -> Result<()> {
         };
         return bad("--lora-rank", why, "no --init".into());
     }
+    if args.zero > 2 {
+        return bad("--zero", "a ZeRO stage of 0, 1 or 2", args.zero.to_string());
+    }
     if !(args.time_limit.is_finite() && args.time_limit >= 0.0) {
         return bad("--time-limit", "a finite number of seconds ≥ 0", args.time_limit.to_string());
     }
@@ -202,6 +213,7 @@ pub(crate) fn apply_flags(mut config: TrainConfig, args: &TrainArgs) -> TrainCon
     config.seed = args.seed.unwrap_or(config.seed);
     config.eval_every = args.eval_every.unwrap_or(config.eval_every);
     config.checkpoint_activations = args.checkpoint_activations;
+    config.zero = args.zero;
     config
 }
 

@@ -40,6 +40,26 @@ fn activation_line(mem: &MemoryReport, checkpointed: bool) -> String {
     )
 }
 
+/// What this rank holds of the optimizer state: the AdamW moments (its piece under ZeRO,
+/// against the whole) and the gradients.
+fn optimizer_line(mem: &MemoryReport, zero: u8, world: usize) -> String {
+    let moments = if zero > 0 {
+        format!(
+            "AdamW moments {} per rank (--zero {zero}: 1/{world} of {})",
+            gib(mem.moment_bytes),
+            gib(mem.moment_bytes_whole)
+        )
+    } else {
+        format!("AdamW moments {} per rank (whole; --zero 1 shards them over the ranks)", gib(mem.moment_bytes))
+    };
+    let between = if zero >= 2 {
+        format!(", {} kept between steps (--zero 2)", gib(mem.gradient_bytes_between_steps))
+    } else {
+        String::new()
+    };
+    format!("optimizer state: {moments}; gradients {} during the backward{between}", gib(mem.gradient_bytes))
+}
+
 /// Trains `trainer` to `--steps` as `plan` says (see the module docs). `intro`: what
 /// is trained, the start of the first line; `initial`: the evaluation before training,
 /// reported beside the final one; `closing`: lines the caller adds to the summary of a
@@ -103,6 +123,7 @@ pub(crate) fn train<S: ParamSource, D: DataSource>(
         }
         println!("data: {}", trainer.data.description());
         println!("{}", activation_line(&trainer.memory(), config.checkpoint_activations));
+        println!("{}", optimizer_line(&trainer.memory(), config.zero, world));
         if let Some(i) = &initial {
             println!("before training: {}", eval_line(i));
         }
@@ -143,9 +164,10 @@ pub(crate) fn train<S: ParamSource, D: DataSource>(
             let line = format!("{},{},{},{},{:.0},{eval_cols}", stats.step, stats.loss, stats.lr, stats.grad_norm, tps);
             metrics.line(&line)?;
             metrics.train.push((stats.step, stats.loss));
-            if args.save_every > 0 && stats.step % args.save_every == 0 {
-                trainer.save(b, out)?;
-            }
+        }
+        // Every rank saves: rank 0 alone writes whole moments, each rank its piece under ZeRO.
+        if args.save_every > 0 && stats.step % args.save_every == 0 {
+            trainer.save(b, out)?;
         }
         bar.set_message(format!("loss {:.4} · {:.0} tok/s", stats.loss, tps));
         bar.set_position(stats.step);
@@ -156,10 +178,10 @@ pub(crate) fn train<S: ParamSource, D: DataSource>(
         ];
         comm.all_reduce(&mut flags, ReduceOp::Max)?;
         let (interrupted, out_of_time) = (flags[0] > 0.0, flags[1] > 0.0);
-        if interrupted && lead {
-            // Saved at once, without the final evaluation: a signal asks for a quick exit
-            // (and a step just saved by --save-every is not written again).
-            let dir = trainer.save(b, out)?;
+        // Saved at once, without the final evaluation: a signal asks for a quick exit (and a
+        // step just saved by --save-every is not written again).
+        let saved = if interrupted { Some(trainer.save(b, out)?) } else { None };
+        if let (Some(dir), true) = (saved, lead) {
             bar.abandon_with_message(format!("stopped at step {}; saved {}", trainer.step, dir.display()));
             if json_out {
                 let v = json!({"steps": trainer.step, "train_loss": last_loss, "interrupted": true,
@@ -169,7 +191,7 @@ pub(crate) fn train<S: ParamSource, D: DataSource>(
                 println!("interrupted: checkpoint saved to {} (resume with --resume {})", dir.display(), out.display());
             }
         }
-        if interrupted || (out_of_time && !lead) {
+        if interrupted {
             return Ok(());
         }
         if out_of_time {
@@ -178,7 +200,11 @@ pub(crate) fn train<S: ParamSource, D: DataSource>(
     }
     bar.finish();
     let seconds = start.elapsed().as_secs_f64();
-    let Some(mut metrics) = metrics else { return Ok(()) };
+    let Some(mut metrics) = metrics else {
+        // The other ranks take part in the final save (their pieces under ZeRO).
+        trainer.save(b, out)?;
+        return Ok(());
+    };
     let eval = trainer.evaluate(b)?;
     metrics.eval.push((trainer.step, eval.loss));
     let accuracy = eval.accuracy.map_or(String::new(), |a| a.to_string());
@@ -203,6 +229,10 @@ pub(crate) fn train<S: ParamSource, D: DataSource>(
             "parameter_bytes": mem.parameter_bytes,
             "adapter_bytes": mem.adapter_bytes,
             "optimizer_bytes": mem.optimizer_bytes,
+            "zero": config.zero,
+            "gradient_bytes": mem.gradient_bytes,
+            "moment_bytes": mem.moment_bytes,
+            "moment_bytes_whole": mem.moment_bytes_whole,
             "checkpoint_activations": config.checkpoint_activations,
             "activation_bytes": mem.activation_bytes,
             "activation_bytes_saved": mem.activation_bytes_saved,
@@ -227,7 +257,8 @@ pub(crate) fn train<S: ParamSource, D: DataSource>(
         None => println!("{}", eval_line(&eval)),
     }
     println!(
-        "memory: parameters {}, adapters {}, gradients + AdamW moments {}, activations {} (estimated{})",
+        "memory: parameters {}, adapters {}, gradients + AdamW moments {} (this rank's), activations {} \
+         (estimated{})",
         gib(mem.parameter_bytes),
         gib(mem.adapter_bytes),
         gib(mem.optimizer_bytes),

@@ -90,10 +90,12 @@ fn model_config(args: &TrainArgs, task: &Task, seq: usize) -> Result<ModelConfig
     Ok(cfg)
 }
 
-/// Refuses a run whose estimated memory exceeds what the machine has available.
-fn check_memory(model: &ModelConfig, config: &TrainConfig, seq: usize) -> Result<()> {
+/// Refuses a run whose estimated memory (of one rank of `world`) exceeds what the machine
+/// has available.
+fn check_memory(model: &ModelConfig, config: &TrainConfig, seq: usize, world: usize) -> Result<()> {
     let params = model.param_count();
-    let Some((need, parts)) = config.memory_breakdown(model, seq).and_then(|p| Some((p.total()?, p))) else {
+    let parts = config.memory_breakdown_per_rank(model, seq, world);
+    let Some((need, parts)) = parts.and_then(|p| Some((p.total()?, p))) else {
         return Err(Error::value(
             "train",
             "memory",
@@ -148,13 +150,13 @@ pub(crate) fn run(args: &TrainArgs, comm: &Arc<dyn Communicator>) -> Result<()> 
             let path = info.dir.join("config.json");
             let json = fusebox_models::files::read_json(&path, "config.json", fusebox_models::files::MAX_CONFIG_BYTES)?;
             let shape = ModelConfig::from_json(&json).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
-            check_memory(&shape, &config, seq)?;
+            check_memory(&shape, &config, seq, comm.world_size())?;
             let (model, saved) = train::load_model(b, &info.dir)?;
             Trainer::resume(b, model, &saved, config, task)?
         }
         None => {
             let model_config = model_config(args, &task, seq)?;
-            check_memory(&model_config, &config, seq)?;
+            check_memory(&model_config, &config, seq, comm.world_size())?;
             Trainer::scratch(b, model_config, config, task)?
         }
     };

@@ -4,7 +4,11 @@
 //! data-parallel training needs: an all-reduce of an f32 buffer in place (sum, average or
 //! max), a broadcast from one rank, a barrier, and a non-blocking all-reduce
 //! ([`Communicator::start_all_reduce`]) whose handle owns its buffer while the reduction is
-//! in flight, so gradients can be reduced while the backward still runs.
+//! in flight, so gradients can be reduced while the backward still runs. ZeRO-sharded
+//! training adds a reduce-scatter ([`Communicator::reduce_scatter`], and non-blocking
+//! [`Communicator::start_reduce_scatter`]: each rank gets the reduction of its own
+//! consecutive piece of the buffer) and an all-gather ([`Communicator::all_gather`]: every
+//! rank gets the pieces of all ranks, concatenated in rank order).
 //!
 //! [`SingleProcess`] is the world of one: every collective is the identity (an average over
 //! one rank is the value itself) and costs nothing, so plain training runs the same code as
@@ -58,15 +62,16 @@ impl PendingSend for Sent {
     }
 }
 
-/// A non-blocking all-reduce in flight. It owns its buffer; dropping it unfinished waits
-/// for the reduction (the buffer must outlive it) and discards the result.
+/// A non-blocking all-reduce (or reduce-scatter) in flight. It owns its buffer; dropping it
+/// unfinished waits for the reduction (the buffer must outlive it) and discards the result.
 pub trait PendingAllReduce {
     /// Drives the reduction forward without blocking; true once it is complete. MPI
     /// libraries progress non-blocking collectives mostly inside MPI calls, so a caller
     /// that overlaps computation calls this between pieces of work.
     fn test(&mut self) -> Result<bool>;
 
-    /// Waits for the reduction and returns the reduced buffer.
+    /// Waits for the reduction and returns the reduced buffer (of a reduce-scatter: this
+    /// rank's piece).
     fn wait(self: Box<Self>) -> Result<Vec<f32>>;
 
     /// Waits for the reduction and writes the result into `outs`, the tensors
@@ -108,6 +113,51 @@ pub trait Communicator: Debug + Send + Sync {
     /// # Shapes
     /// `buf`: the same length on every rank.
     fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<()>;
+
+    /// Reduces `buf` over every rank and gives this rank its piece of the result: rank `r`
+    /// gets elements `Σ_{q<r} counts[q] .. + counts[r]` of the reduction. The default
+    /// all-reduces the whole buffer and keeps the piece (right for any communicator; MPI
+    /// overrides it with `MPI_Reduce_scatter`, which moves `1/world_size` of the bytes).
+    ///
+    /// # Shapes
+    /// `counts`: `world_size` entries summing to `buf.len()`, the same on every rank;
+    /// returns `counts[rank]` values.
+    fn reduce_scatter(&self, buf: &[f32], counts: &[usize], op: ReduceOp) -> Result<Vec<f32>> {
+        let piece = piece_of("reduce_scatter", buf.len(), counts, self.rank(), self.world_size())?;
+        let mut all = buf.to_vec();
+        self.all_reduce(&mut all, op)?;
+        all.truncate(piece.end);
+        Ok(all.split_off(piece.start))
+    }
+
+    /// Starts [`reduce_scatter`](Self::reduce_scatter) without waiting; the handle's
+    /// [`PendingAllReduce::wait`] gives this rank's piece. The default reduces before it
+    /// returns (a finished handle).
+    ///
+    /// # Shapes
+    /// as [`reduce_scatter`](Self::reduce_scatter), collectives started in the same order.
+    fn start_reduce_scatter(&self, buf: Vec<f32>, counts: &[usize], op: ReduceOp) -> Result<Box<dyn PendingAllReduce>> {
+        Ok(Box::new(Done(Some(self.reduce_scatter(&buf, counts, op)?))))
+    }
+
+    /// Every rank's `mine`, concatenated in rank order, on every rank. The default sums a
+    /// buffer holding `mine` at this rank's place and `-0.0` elsewhere with
+    /// [`all_reduce`](Self::all_reduce): `-0.0 + x = x` exactly for every `x` (`+0.0`,
+    /// `-0.0`, infinities and NaN included), so the result is the pieces bit for bit. MPI
+    /// overrides it with `MPI_Allgatherv`.
+    ///
+    /// # Shapes
+    /// `counts`: `world_size` entries, the same on every rank; `mine`: `counts[rank]`
+    /// values; returns `Σ counts` values.
+    fn all_gather(&self, mine: &[f32], counts: &[usize]) -> Result<Vec<f32>> {
+        let total = counts.iter().sum();
+        let piece = piece_of("all_gather", total, counts, self.rank(), self.world_size())?;
+        check_piece("all_gather", mine.len(), piece.len())?;
+        let mut all = vec![-0.0f32; total];
+        all[piece].copy_from_slice(mine);
+        self.all_reduce(&mut all, ReduceOp::Sum)?;
+        Ok(all)
+    }
 
     /// Returns once every rank has called it.
     fn barrier(&self) -> Result<()>;
@@ -169,6 +219,35 @@ pub trait Communicator: Debug + Send + Sync {
         let mut flat = pack(b, &refs)?;
         self.broadcast(&mut flat, root)?;
         unpack(b, &flat, tensors)
+    }
+}
+
+/// Rank `rank`'s piece of a buffer of `len` values cut into consecutive pieces of `counts`;
+/// an error naming `op` unless `counts` has one entry per rank and sums to `len`.
+pub(crate) fn piece_of(
+    op: &'static str,
+    len: usize,
+    counts: &[usize],
+    rank: usize,
+    world: usize,
+) -> Result<std::ops::Range<usize>> {
+    if counts.len() != world {
+        return Err(Error::value(op, "counts", format!("one per rank ({world})"), counts.len()));
+    }
+    let total: usize = counts.iter().sum();
+    if total != len {
+        return Err(Error::shape(op, "buffer", format!("Σ counts = {total} floats"), format!("{len} floats")));
+    }
+    let start: usize = counts[..rank].iter().sum();
+    Ok(start..start + counts[rank])
+}
+
+/// An error naming `op` unless this rank's piece holds `expected` values.
+pub(crate) fn check_piece(op: &'static str, got: usize, expected: usize) -> Result<()> {
+    if got == expected {
+        Ok(())
+    } else {
+        Err(Error::shape(op, "this rank's piece", format!("{expected} floats (counts[rank])"), format!("{got} floats")))
     }
 }
 
@@ -246,6 +325,14 @@ impl Communicator for SingleProcess {
     fn barrier(&self) -> Result<()> {
         Ok(())
     }
+    fn reduce_scatter(&self, buf: &[f32], counts: &[usize], _op: ReduceOp) -> Result<Vec<f32>> {
+        piece_of("reduce_scatter", buf.len(), counts, 0, 1)?;
+        Ok(buf.to_vec())
+    }
+    fn all_gather(&self, mine: &[f32], counts: &[usize]) -> Result<Vec<f32>> {
+        piece_of("all_gather", mine.len(), counts, 0, 1)?;
+        Ok(mine.to_vec())
+    }
     fn start_all_reduce_tensors(
         &self,
         _b: &dyn ComputeBackend,
@@ -302,6 +389,59 @@ mod tests {
         c.barrier().unwrap();
         assert!(c.send(0, b"x").unwrap_err().to_string().contains("no other process"));
         assert!(c.recv(0).unwrap_err().to_string().contains("no other process"));
+        assert_eq!(c.reduce_scatter(&buf, &[3], ReduceOp::Average).unwrap(), buf);
+        assert_eq!(c.start_reduce_scatter(buf.clone(), &[3], ReduceOp::Sum).unwrap().wait().unwrap(), buf);
+        assert_eq!(c.all_gather(&buf, &[3]).unwrap(), buf);
+        let e = c.reduce_scatter(&buf, &[2], ReduceOp::Sum).unwrap_err().to_string();
+        assert!(e.contains("Σ counts = 2"), "{e}");
+        assert!(c.all_gather(&buf, &[3, 0]).unwrap_err().to_string().contains("one per rank"));
+    }
+
+    /// A pretend rank `rank` of `world` whose all-reduce sums fixed buffers of the other
+    /// ranks (every rank holding `rank + 1` times the input), to check the defaults.
+    #[derive(Debug)]
+    struct Pretend {
+        rank: usize,
+        world: usize,
+        others: Vec<f32>,
+    }
+
+    impl Communicator for Pretend {
+        fn rank(&self) -> usize {
+            self.rank
+        }
+        fn world_size(&self) -> usize {
+            self.world
+        }
+        fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> Result<()> {
+            assert_eq!(op, ReduceOp::Sum);
+            buf.iter_mut().zip(&self.others).for_each(|(x, o)| *x += o);
+            Ok(())
+        }
+        fn start_all_reduce(&self, _buf: Vec<f32>, _op: ReduceOp) -> Result<Box<dyn PendingAllReduce>> {
+            unreachable!()
+        }
+        fn broadcast(&self, _buf: &mut [f32], _root: usize) -> Result<()> {
+            Ok(())
+        }
+        fn barrier(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_default_reduce_scatter_and_all_gather_cut_and_join_pieces_in_rank_order() {
+        let c = Pretend { rank: 1, world: 3, others: vec![10.0; 6] };
+        assert_eq!(
+            c.reduce_scatter(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[1, 3, 2], ReduceOp::Sum).unwrap(),
+            [12.0, 13.0, 14.0]
+        );
+        // Every other rank contributes -0.0 where it holds nothing: the pieces come back exact.
+        let c = Pretend { rank: 1, world: 3, others: vec![-0.0, 7.5, -0.0, -0.0, f32::INFINITY, -0.0] };
+        let got = c.all_gather(&[-0.0, 0.0], &[2, 2, 2]).unwrap();
+        let want = [-0.0f32, 7.5, -0.0, 0.0, f32::INFINITY, -0.0];
+        assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.map(f32::to_bits));
+        assert!(c.all_gather(&[1.0], &[2, 2, 2]).unwrap_err().to_string().contains("counts[rank]"));
     }
 
     #[test]

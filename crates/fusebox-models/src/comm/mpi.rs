@@ -1,6 +1,7 @@
 //! [`MpiCommunicator`]: the processes an MPI launcher started (`mpirun -np N`), joined
 //! through rsmpi. The collectives are MPI's own (`MPI_Allreduce`, `MPI_Iallreduce`,
-//! `MPI_Bcast`, `MPI_Barrier`) on `MPI_COMM_WORLD`. MPI is initialised at
+//! `MPI_Reduce_scatter`, `MPI_Ireduce_scatter`, `MPI_Allgatherv`, `MPI_Bcast`,
+//! `MPI_Barrier`) on `MPI_COMM_WORLD`. MPI is initialised at
 //! `MPI_THREAD_SERIALIZED` where the library offers it: any thread may call it, one at a
 //! time (a process-wide lock is held across each call — a server's model thread talks to
 //! the other ranks, not the thread that started the process). Where the library offers
@@ -16,7 +17,7 @@ use mpi::raw::AsRaw;
 use mpi::topology::{Communicator as _, SimpleCommunicator};
 use mpi::traits::CommunicatorCollectives;
 
-use super::{check_peer, check_root, Communicator, PendingAllReduce, PendingSend, ReduceOp};
+use super::{check_peer, check_piece, check_root, piece_of, Communicator, PendingAllReduce, PendingSend, ReduceOp};
 
 /// The tag of point-to-point messages (`send`/`recv`).
 const P2P_TAG: c_int = 17;
@@ -58,6 +59,23 @@ impl std::fmt::Debug for MpiCommunicator {
 fn message_count(call: &'static str, bytes: &[u8]) -> Result<c_int> {
     c_int::try_from(bytes.len())
         .map_err(|_| Error::value(call, "message", format!("at most {} bytes", c_int::MAX), bytes.len()))
+}
+
+/// Per-rank element counts (and their offsets) as the C `int`s a `v` collective takes; an
+/// error naming `call` when a count or the total does not fit.
+fn int_counts(call: &'static str, counts: &[usize]) -> Result<(Vec<c_int>, Vec<c_int>)> {
+    let too_big = |n: usize| Error::value(call, "floats", format!("at most {} in one call", c_int::MAX), n);
+    let total: usize = counts.iter().sum();
+    c_int::try_from(total).map_err(|_| too_big(total))?;
+    let mut offset = 0;
+    let mut displs = Vec::with_capacity(counts.len());
+    let mut ints = Vec::with_capacity(counts.len());
+    for &n in counts {
+        displs.push(offset as c_int);
+        ints.push(n as c_int);
+        offset += n;
+    }
+    Ok((ints, displs))
 }
 
 /// An error naming the MPI call unless it returned `MPI_SUCCESS`.
@@ -156,10 +174,12 @@ impl Request {
     }
 }
 
-/// An `MPI_Iallreduce` in flight; owns both of its buffers until it completes.
+/// An `MPI_Iallreduce` or `MPI_Ireduce_scatter` in flight; owns its buffers (and the
+/// reduce-scatter's counts, which MPI reads until completion) until it completes.
 struct MpiPending {
     send: Vec<f32>,
     recv: Vec<f32>,
+    counts: Vec<c_int>,
     request: Request,
     /// `1/world_size` for an average, applied once complete.
     scale: Option<f32>,
@@ -184,7 +204,7 @@ impl Drop for MpiPending {
     fn drop(&mut self) {
         // The buffers must outlive the request: an unfinished reduction is waited for.
         let _ = self.request.wait();
-        let _ = &self.send;
+        let _ = (&self.send, &self.counts);
     }
 }
 
@@ -278,7 +298,79 @@ impl Communicator for MpiCommunicator {
         };
         check("MPI_Iallreduce", code)?;
         let scale = (op == ReduceOp::Average && self.size > 1).then(|| 1.0 / self.size as f32);
-        Ok(Box::new(MpiPending { send: buf, recv, request: Request::new(request), scale }))
+        Ok(Box::new(MpiPending { send: buf, recv, counts: Vec::new(), request: Request::new(request), scale }))
+    }
+
+    fn reduce_scatter(&self, buf: &[f32], counts: &[usize], op: ReduceOp) -> Result<Vec<f32>> {
+        let _turn = self.enter("MPI_Reduce_scatter")?;
+        let piece = piece_of("MPI_Reduce_scatter", buf.len(), counts, self.rank, self.size)?;
+        let (ints, _) = int_counts("MPI_Reduce_scatter", counts)?;
+        let mut recv = vec![0.0f32; piece.len()];
+        // SAFETY: `buf` holds Σ counts f32 (checked, fits a C int), `recv` holds this rank's
+        // count, `ints` one count per rank; all live across the blocking call.
+        let code = unsafe {
+            ffi::MPI_Reduce_scatter(
+                buf.as_ptr() as *const c_void,
+                recv.as_mut_ptr() as *mut c_void,
+                ints.as_ptr(),
+                ffi::RSMPI_FLOAT,
+                Self::op(op),
+                self.world.as_raw(),
+            )
+        };
+        check("MPI_Reduce_scatter", code)?;
+        self.scale(op, &mut recv);
+        Ok(recv)
+    }
+
+    fn start_reduce_scatter(&self, buf: Vec<f32>, counts: &[usize], op: ReduceOp) -> Result<Box<dyn PendingAllReduce>> {
+        let _turn = self.enter("MPI_Ireduce_scatter")?;
+        let piece = piece_of("MPI_Ireduce_scatter", buf.len(), counts, self.rank, self.size)?;
+        let (ints, _) = int_counts("MPI_Ireduce_scatter", counts)?;
+        let mut recv = vec![0.0f32; piece.len()];
+        // SAFETY: reading a predefined handle, constant after MPI_Init.
+        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: as in `reduce_scatter`; `buf`, `recv` and `ints` move into the handle,
+        // which keeps their heap storage in place and waits before freeing it.
+        let code = unsafe {
+            ffi::MPI_Ireduce_scatter(
+                buf.as_ptr() as *const c_void,
+                recv.as_mut_ptr() as *mut c_void,
+                ints.as_ptr(),
+                ffi::RSMPI_FLOAT,
+                Self::op(op),
+                self.world.as_raw(),
+                &mut request,
+            )
+        };
+        check("MPI_Ireduce_scatter", code)?;
+        let scale = (op == ReduceOp::Average && self.size > 1).then(|| 1.0 / self.size as f32);
+        Ok(Box::new(MpiPending { send: buf, recv, counts: ints, request: Request::new(request), scale }))
+    }
+
+    fn all_gather(&self, mine: &[f32], counts: &[usize]) -> Result<Vec<f32>> {
+        let _turn = self.enter("MPI_Allgatherv")?;
+        let total = counts.iter().sum();
+        let piece = piece_of("MPI_Allgatherv", total, counts, self.rank, self.size)?;
+        check_piece("MPI_Allgatherv", mine.len(), piece.len())?;
+        let (ints, displs) = int_counts("MPI_Allgatherv", counts)?;
+        let mut all = vec![0.0f32; total];
+        // SAFETY: `mine` holds counts[rank] f32, `all` Σ counts (fits a C int), `ints` and
+        // `displs` one entry per rank; all live across the blocking call.
+        let code = unsafe {
+            ffi::MPI_Allgatherv(
+                mine.as_ptr() as *const c_void,
+                mine.len() as c_int,
+                ffi::RSMPI_FLOAT,
+                all.as_mut_ptr() as *mut c_void,
+                ints.as_ptr(),
+                displs.as_ptr(),
+                ffi::RSMPI_FLOAT,
+                self.world.as_raw(),
+            )
+        };
+        check("MPI_Allgatherv", code)?;
+        Ok(all)
     }
 
     fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<()> {

@@ -44,6 +44,14 @@ pub struct TrainConfig {
     /// per step. A choice of each invocation, like the thread count: not written to
     /// `trainer.json`, so a resumed run uses it only when asked again.
     pub checkpoint_activations: bool,
+    /// ZeRO stage of a data-parallel run: 0, every rank keeps the whole AdamW state; 1,
+    /// each rank keeps the moments of its own `1/world_size` piece of the trained tensors,
+    /// gradients are reduce-scattered and the updated parameters all-gathered; 2, as 1, and
+    /// each rank keeps only its piece of the averaged gradient between steps (the backward
+    /// still writes whole gradients). The same losses at every stage. A choice of each
+    /// invocation, not written to `trainer.json`: a checkpoint of any stage and world size
+    /// resumes at any other.
+    pub zero: u8,
 }
 
 /// The defaults of a from-scratch run (`fusebox train` without flags): 3,000 steps of
@@ -67,6 +75,7 @@ impl Default for TrainConfig {
             eval_every: 500,
             eval_batches: 8,
             checkpoint_activations: false,
+            zero: 0,
         }
     }
 }
@@ -108,6 +117,9 @@ impl TrainConfig {
                 return bad(name, "in [0, 1)", v.to_string());
             }
         }
+        if self.zero > 2 {
+            return bad("zero", "a ZeRO stage of 0, 1 or 2", self.zero.to_string());
+        }
         Ok(())
     }
 
@@ -145,6 +157,7 @@ impl TrainConfig {
             eval_every: uint("eval_every")?,
             eval_batches: size("eval_batches")?,
             checkpoint_activations: false,
+            zero: 0,
         };
         cfg.validate().map_err(|e| Error::Io(format!("trainer.json: {e}")))?;
         Ok(cfg)
@@ -171,6 +184,13 @@ impl TrainConfig {
     /// micro-batch of `batch × seq` tokens keeps for its backward (with and without
     /// checkpointing), the logits with their gradient, and the backward's transients.
     pub fn memory_breakdown(&self, model: &ModelConfig, seq: usize) -> Option<MemoryEstimate> {
+        self.memory_breakdown_per_rank(model, seq, 1)
+    }
+
+    /// [`memory_breakdown`](Self::memory_breakdown) of one rank of `world`: under ZeRO
+    /// (`zero` ≥ 1) the two AdamW moments are `1/world` of the parameters' (rounded up);
+    /// the parameters and the gradients the backward writes stay whole.
+    pub fn memory_breakdown_per_rank(&self, model: &ModelConfig, seq: usize, world: usize) -> Option<MemoryEstimate> {
         // A valid model's parameters fit in this machine, so its layers can be built.
         model.validate().ok()?;
         let u = |x: usize| u64::try_from(x).ok();
@@ -179,7 +199,11 @@ impl TrainConfig {
         let (d, f, v) = (u(model.d_model)?, u(model.d_ff)?, u(model.vocab_size)?);
         let t = u(tokens)?;
         Some(MemoryEstimate {
-            state: model.param_count()?.checked_mul(4 * 4)?,
+            state: {
+                let p = model.param_count()?;
+                let moments = if self.zero > 0 { p.div_ceil(world.max(1) as u64) } else { p };
+                p.checked_mul(2 * 4)?.checked_add(moments.checked_mul(2 * 4)?)?
+            },
             activations: activation_bytes(&arch, tokens, self.activations())?,
             activations_saved: activation_bytes(&arch, tokens, Activations::Saved)?,
             activations_checkpointed: activation_bytes(&arch, tokens, Activations::Recomputed)?,
@@ -203,7 +227,7 @@ impl TrainConfig {
 /// A training run's memory, estimated in bytes (see [`TrainConfig::memory_breakdown`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryEstimate {
-    /// Parameters, gradients and the two AdamW moments.
+    /// Parameters, gradients and the two AdamW moments (this rank's piece of them under ZeRO).
     pub state: u64,
     /// The activations a micro-batch keeps for its backward in this run
     /// (`activations_checkpointed` with checkpointing, else `activations_saved`).
@@ -301,6 +325,11 @@ mod tests {
         assert!(kept < all, "checkpointing lowers the estimate: {kept} vs {all}");
         let huge = ModelConfig { n_layers: usize::MAX, ..cfg.clone() };
         assert_eq!(config().memory_estimate(&huge, 12), None);
+        let p = cfg.param_count().unwrap();
+        let sharded = TrainConfig { zero: 1, ..config() }.memory_breakdown_per_rank(&cfg, 12, 2).unwrap();
+        assert_eq!(parts.state - sharded.state, 8 * p - 8 * p.div_ceil(2), "--zero 1 halves the moments on 2 ranks");
+        let e = TrainConfig { zero: 3, ..config() }.validate().unwrap_err().to_string();
+        assert!(e.contains("zero"), "{e}");
         assert!(huge.validate().is_err());
         assert!(TrainConfig { batch: usize::MAX, ..config() }.memory_estimate(&cfg, usize::MAX).is_none());
     }

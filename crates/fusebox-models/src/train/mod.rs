@@ -15,6 +15,10 @@
 //!    gradients over the ranks ([`GradSync`]);
 //! 3. the loss is averaged over the ranks, then the optimizer step updates the trained
 //!    tensors.
+//!
+//! Under ZeRO (`config.zero` ≥ 1, see [`ShardedAdamW`]) step 2 reduce-scatters the
+//! buckets instead, each rank keeps the AdamW moments of its piece of the trained tensors
+//! only, and step 3 updates that piece and all-gathers the parameters.
 
 mod config;
 mod data;
@@ -22,6 +26,7 @@ mod eval;
 mod optimizer;
 mod saved;
 mod source;
+mod zero;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -35,9 +40,11 @@ pub use self::eval::{evaluate, EvalStats};
 pub use self::optimizer::{AdamW, Update};
 pub use self::saved::{load_model, resume_info, ResumeInfo, Saved};
 pub use self::source::ParamSource;
-use crate::checkpoint::{self, Contents};
+pub use self::zero::{GradShard, ShardedAdamW};
+use crate::checkpoint::{self, Contents, MomentShard};
 use crate::comm::{Communicator, ReduceOp, SingleProcess};
 use crate::config::ModelConfig;
+use crate::data_parallel::shard::{read_range, ShardLayout};
 use crate::data_parallel::{GradSync, DEFAULT_BUCKET_BYTES};
 use crate::model::Model;
 use crate::params::ParamSet;
@@ -66,8 +73,17 @@ pub struct MemoryReport {
     pub parameter_bytes: u64,
     /// The LoRA adapters (0 when every parameter is trained).
     pub adapter_bytes: u64,
-    /// Gradients and AdamW's two moments of what is trained.
+    /// Gradients and AdamW's two moments of what is trained, as this rank holds them
+    /// (`gradient_bytes + moment_bytes`).
     pub optimizer_bytes: u64,
+    /// The gradients the backward writes (whole at every ZeRO stage).
+    pub gradient_bytes: u64,
+    /// The gradients kept between steps: whole, or this rank's piece under `--zero 2`.
+    pub gradient_bytes_between_steps: u64,
+    /// AdamW's two moments on this rank: its piece under ZeRO.
+    pub moment_bytes: u64,
+    /// The same unsharded (every trained tensor's).
+    pub moment_bytes_whole: u64,
     /// The activations one micro-batch keeps for its backward, estimated
     /// ([`activation_bytes`]): as this run keeps them.
     pub activation_bytes: u64,
@@ -93,15 +109,28 @@ pub struct Trainer<S = Model, D = Task> {
     /// Where the data came from, saved in `trainer.json` (`"data_args"`) so that a
     /// resumed run can rebuild it; `Null` when the caller records nothing.
     pub data_args: Value,
-    optimizer: AdamW,
-    /// Gradient buffers of what is trained, allocated once and zeroed in place each step.
-    grads: ParamSet,
+    optimizer: Optimizer,
+    /// Gradient buffers of what is trained, allocated once and zeroed in place each step
+    /// (under `--zero 2`: allocated for the backward and freed after the reduce-scatter).
+    grads: Option<ParamSet>,
     data_rng: Rng,
     /// The checkpoint directory holding the state at `step`, if one was saved or loaded:
     /// saving the same step into it again is skipped.
     saved: Option<PathBuf>,
     /// The processes training together ([`SingleProcess`] unless [`Trainer::join`]ed).
     comm: Arc<dyn Communicator>,
+}
+
+/// The AdamW state of a run.
+#[derive(Debug)]
+enum Optimizer {
+    /// Every trained tensor's moments, on every rank.
+    Whole(AdamW),
+    /// This rank's ZeRO piece of them.
+    Sharded(ShardedAdamW),
+    /// Sharded, not built yet: the cut depends on the ranks, known once the trainer has
+    /// joined them. Zeros, or read from this checkpoint directory.
+    Pending(Option<PathBuf>),
 }
 
 impl Trainer<Model, Task> {
@@ -119,7 +148,9 @@ impl<S: ParamSource, D: DataSource> Trainer<S, D> {
         config.validate()?;
         data.check(&model.net().arch, &config)?;
         let (specs, _) = model.trained();
-        let (optimizer, grads) = (AdamW::zeros(b, specs)?, ParamSet::zeros(b, specs)?);
+        let optimizer =
+            if config.zero == 0 { Optimizer::Whole(AdamW::zeros(b, specs)?) } else { Optimizer::Pending(None) };
+        let grads = if config.zero < 2 { Some(ParamSet::zeros(b, specs)?) } else { None };
         let data_rng = Rng::new(config.seed.wrapping_add(1));
         Ok(Trainer {
             model,
@@ -141,7 +172,12 @@ impl<S: ParamSource, D: DataSource> Trainer<S, D> {
         config.validate()?;
         data.check(&model.net().arch, &config)?;
         let (specs, _) = model.trained();
-        let (optimizer, grads) = (AdamW::load(b, &saved.dir, specs)?, ParamSet::zeros(b, specs)?);
+        let optimizer = if config.zero == 0 {
+            Optimizer::Whole(AdamW::load(b, &saved.dir, specs)?)
+        } else {
+            Optimizer::Pending(Some(saved.dir.clone()))
+        };
+        let grads = if config.zero < 2 { Some(ParamSet::zeros(b, specs)?) } else { None };
         Ok(Trainer {
             model,
             config,
@@ -158,12 +194,16 @@ impl<S: ParamSource, D: DataSource> Trainer<S, D> {
 
     /// Trains data-parallel with the other ranks of `comm`: rank 0's trained tensors and
     /// AdamW moments are copied to every rank (so all start from the same state whatever
-    /// each loaded), and from now on every step averages gradients over the ranks.
+    /// each loaded), and from now on every step averages gradients over the ranks. Under
+    /// ZeRO each rank instead builds its own piece of the moments (zeros, or read from the
+    /// checkpoint resumed, which every rank must see).
     pub fn join(&mut self, b: &dyn ComputeBackend, comm: Arc<dyn Communicator>) -> Result<()> {
         let (_, params) = self.model.trained_mut();
-        let (m, v) = self.optimizer.moments_mut();
-        let mut state: Vec<&mut Tensor> =
-            params.tensors.iter_mut().chain(&mut m.tensors).chain(&mut v.tensors).collect();
+        let mut state: Vec<&mut Tensor> = params.tensors.iter_mut().collect();
+        if let Optimizer::Whole(opt) = &mut self.optimizer {
+            let (m, v) = opt.moments_mut();
+            state.extend(m.tensors.iter_mut().chain(&mut v.tensors));
+        }
         comm.broadcast_tensors(b, &mut state, 0)?;
         // Every rank must be at the same step with the same data position; compare them.
         let here = [self.step as f32, (self.data_rng.state >> 40) as f32, (self.data_rng.state & 0xFF_FFFF) as f32];
@@ -186,6 +226,21 @@ impl<S: ParamSource, D: DataSource> Trainer<S, D> {
         &self.comm
     }
 
+    /// Builds the sharded optimizer state for this rank if it is still pending.
+    fn build_sharded(&mut self, b: &dyn ComputeBackend) -> Result<()> {
+        if let Optimizer::Pending(from) = &self.optimizer {
+            let (specs, _) = self.model.trained();
+            let layout = shard_layout(specs, self.comm.world_size())?;
+            let rank = self.comm.rank();
+            let opt = match from {
+                Some(dir) => ShardedAdamW::load(b, dir, specs, layout, rank)?,
+                None => ShardedAdamW::zeros(b, layout, rank)?,
+            };
+            self.optimizer = Optimizer::Sharded(opt);
+        }
+        Ok(())
+    }
+
     /// One optimizer step (see the module docs). A non-finite loss or gradient is an
     /// error and leaves the trained tensors untouched.
     ///
@@ -200,8 +255,22 @@ impl<S: ParamSource, D: DataSource> Trainer<S, D> {
         let (rank, world) = (comm.rank(), comm.world_size());
         let ignore = self.data.ignore_index();
         let activations = self.config.activations();
-        self.grads.fill_zero(b)?;
-        let mut sync = GradSync::new(comm.as_ref(), self.grads.tensors.len(), DEFAULT_BUCKET_BYTES);
+        self.build_sharded(b)?;
+        let grads = match &mut self.grads {
+            Some(g) => {
+                g.fill_zero(b)?;
+                g
+            }
+            g @ None => g.insert(ParamSet::zeros(b, self.model.trained().0)?),
+        };
+        let layout = match &self.optimizer {
+            Optimizer::Sharded(opt) => Some(opt.layout()),
+            _ => None,
+        };
+        let mut sync = match layout {
+            Some(layout) => GradSync::sharded(comm.as_ref(), layout, DEFAULT_BUCKET_BYTES),
+            None => GradSync::new(comm.as_ref(), grads.tensors.len(), DEFAULT_BUCKET_BYTES),
+        };
         let (mut loss_sum, mut tokens) = (0.0f64, 0usize);
         for micro in 0..accum * world {
             let batch = self.data.draw(&mut self.data_rng, &self.config);
@@ -210,7 +279,6 @@ impl<S: ParamSource, D: DataSource> Trainer<S, D> {
                 continue;
             }
             let opts = LossOptions { ignore, grad_scale: 1.0 / accum as f32, activations };
-            let grads = &mut self.grads;
             let loss = if micro % accum == accum - 1 {
                 let mut ready = |g: &ParamSet, ids: &[usize]| sync.ready(b, g, ids);
                 self.model.loss_and_grads(b, batch, opts, grads, &mut ready)?
@@ -219,13 +287,34 @@ impl<S: ParamSource, D: DataSource> Trainer<S, D> {
             };
             loss_sum += loss as f64;
         }
-        sync.finish(b, &mut self.grads)?;
+        sync.finish(b, grads)?;
         let mut loss = [(loss_sum / accum as f64) as f32];
         if world > 1 {
             comm.all_reduce(&mut loss, ReduceOp::Average)?;
         }
         let (specs, params) = self.model.trained_mut();
-        let update = self.optimizer.update(b, &self.config, step, loss[0], specs, params, &self.grads)?;
+        let update = match &mut self.optimizer {
+            Optimizer::Whole(opt) => opt.update(b, &self.config, step, loss[0], specs, params, grads)?,
+            Optimizer::Sharded(opt) if self.config.zero >= 2 => {
+                // Only this rank's piece of the averaged gradient is kept; the whole
+                // buffer goes until the next backward.
+                let mine = opt.layout().range(rank);
+                let mut piece = Vec::with_capacity(mine.len());
+                for p in opt.layout().pieces(mine, usize::MAX) {
+                    piece.extend(read_range(b, &grads.tensors[p.tensor], p.offset..p.offset + p.len)?);
+                }
+                self.grads = None;
+                let shard = GradShard::Flat(&piece);
+                opt.update(b, comm.as_ref(), &self.config, step, loss[0], specs, params, shard)?
+            }
+            Optimizer::Sharded(opt) => {
+                let shard = GradShard::InPlace(grads);
+                opt.update(b, comm.as_ref(), &self.config, step, loss[0], specs, params, shard)?
+            }
+            Optimizer::Pending(_) => {
+                return Err(Error::value("train_step", "optimizer state", "built", "pending"));
+            }
+        };
         self.step = step;
         self.saved = None;
         Ok(StepStats { step, loss: loss[0], grad_norm: update.grad_norm, lr: update.lr, tokens })
@@ -261,21 +350,51 @@ impl<S: ParamSource, D: DataSource> Trainer<S, D> {
     /// directory: the trained tensors, the AdamW moments, the source's `config.json` and
     /// files, and [`state_json`](Self::state_json). The same step is never written twice:
     /// when `out/step-N` already holds this state (saved or resumed from, with no step
-    /// since), it is returned as is.
+    /// since), it is returned as is. Called on every rank: with whole moments rank 0 alone
+    /// writes (the others return at once); under ZeRO every rank writes its piece of them
+    /// ([`checkpoint::save_sharded`], collective).
     pub fn save(&mut self, b: &dyn ComputeBackend, out: &Path) -> Result<PathBuf> {
         let dir = out.join(format!("step-{}", self.step));
-        if self.is_saved_in(out) && checkpoint::is_complete(&dir) {
-            return Ok(dir);
+        let (rank, world) = (self.comm.rank(), self.comm.world_size());
+        self.build_sharded(b)?;
+        if let Optimizer::Whole(_) = self.optimizer {
+            // Every rank holds the same state: rank 0 alone writes it.
+            if rank != 0 || (self.is_saved_in(out) && checkpoint::is_complete(&dir)) {
+                return Ok(dir);
+            }
+        } else {
+            // Every rank writes its piece, so every rank must decide alike (rank 0's view
+            // of the directory counts).
+            let fresh = self.is_saved_in(out) && (rank != 0 || checkpoint::is_complete(&dir));
+            let mut write = [f32::from(u8::from(!fresh))];
+            if world > 1 {
+                self.comm.all_reduce(&mut write, ReduceOp::Max)?;
+            }
+            if write[0] == 0.0 {
+                return Ok(dir);
+            }
         }
+        let trainer = self.state_json();
         let (specs, params) = self.model.trained();
-        let contents = Contents {
+        let mut contents = Contents {
             specs,
             params,
-            moments: Some(self.optimizer.moments()),
+            moments: None,
             config: self.model.checkpoint_config(),
             extra: self.model.checkpoint_files()?,
         };
-        let dir = checkpoint::save_contents(b, out, self.step, &contents, &self.state_json())?;
+        let dir = match &self.optimizer {
+            Optimizer::Sharded(opt) => {
+                let (m, v) = opt.values(b)?;
+                let shard = MomentShard { stage: self.config.zero, layout: opt.layout(), m: &m, v: &v };
+                checkpoint::save_sharded(b, self.comm.as_ref(), out, self.step, contents, &trainer, &shard)?
+            }
+            Optimizer::Whole(opt) => {
+                contents.moments = Some(opt.moments());
+                checkpoint::save_contents(b, out, self.step, &contents, &trainer)?
+            }
+            Optimizer::Pending(_) => return Err(Error::value("Trainer::save", "optimizer state", "built", "pending")),
+        };
         self.saved = Some(dir.clone());
         Ok(dir)
     }
@@ -295,16 +414,35 @@ impl<S: ParamSource, D: DataSource> Trainer<S, D> {
         let net = self.model.net();
         let tokens = self.config.batch.saturating_mul(self.data.max_seq_len(&self.config));
         let activations = |a| activation_bytes(&net.arch, tokens, a).unwrap_or(u64::MAX);
+        let (specs, _) = self.model.trained();
+        let elems: u64 = specs.iter().map(|s| s.shape.elem_count() as u64).sum();
+        let world = self.comm.world_size();
+        let piece = match shard_layout(specs, world) {
+            Ok(l) if self.config.zero > 0 => l.range(self.comm.rank()).len() as u64,
+            _ => elems,
+        };
+        let gradient_bytes = 4 * elems;
+        let moment_bytes = 8 * piece;
         MemoryReport {
             parameter_bytes: bytes(&net.params),
             adapter_bytes: net.lora.as_ref().map_or(0, |a| bytes(&a.params)),
-            optimizer_bytes: bytes(&self.grads) + self.optimizer.byte_len(),
+            optimizer_bytes: gradient_bytes + moment_bytes,
+            gradient_bytes,
+            gradient_bytes_between_steps: if self.config.zero >= 2 { 4 * piece } else { gradient_bytes },
+            moment_bytes,
+            moment_bytes_whole: 8 * elems,
             activation_bytes: activations(self.config.activations()),
             activation_bytes_saved: activations(Activations::Saved),
             activation_bytes_checkpointed: activations(Activations::Recomputed),
             logit_bytes: (tokens as u64).saturating_mul(net.arch.vocab_size as u64).saturating_mul(8),
         }
     }
+}
+
+/// The even ZeRO cut of the trained tensors `specs` over `world` ranks.
+fn shard_layout(specs: &[crate::params::ParamSpec], world: usize) -> Result<ShardLayout> {
+    let sizes: Vec<usize> = specs.iter().map(|s| s.shape.elem_count()).collect();
+    ShardLayout::even(&sizes, world)
 }
 
 /// Whether two paths name the same file (compared canonically when both exist).

@@ -72,35 +72,53 @@ impl AdamW {
         grads: &ParamSet,
     ) -> Result<Update> {
         let grad_norm = b.global_norm(&grads.tensors)?;
-        if !loss.is_finite() || !grad_norm.is_finite() {
-            return Err(Error::value(
-                "train_step",
-                format!("loss at step {step}"),
-                "a finite value",
-                format!("loss {loss}, gradient norm {grad_norm}"),
-            ));
-        }
-        let clip = if config.grad_clip > 0.0 { b.clip_scale(grad_norm, config.grad_clip)? } else { 1.0 };
-        let lr = config.lr_at(step);
+        check_finite(step, loss, grad_norm)?;
+        let (clip, lr) = (clip_factor(b, config, grad_norm)?, config.lr_at(step));
         for (i, spec) in specs.iter().enumerate() {
-            let hyper = AdamWConfig {
-                lr,
-                beta1: config.beta1,
-                beta2: config.beta2,
-                eps: 1e-8,
-                weight_decay: if spec.decay { config.weight_decay } else { 0.0 },
-                // Clipping happens inside the step: g ← clip·g, no extra pass.
-                grad_scale: clip,
-            };
             b.adamw_update(
                 &mut params.tensors[i],
                 &grads.tensors[i],
                 &mut self.m.tensors[i],
                 &mut self.v.tensors[i],
-                &hyper,
+                &hyper(config, spec, lr, clip),
                 step,
             )?;
         }
         Ok(Update { grad_norm, lr })
+    }
+}
+
+/// An error (naming the step) unless the loss and the global gradient norm are finite.
+pub(super) fn check_finite(step: u64, loss: f32, grad_norm: f32) -> Result<()> {
+    if loss.is_finite() && grad_norm.is_finite() {
+        return Ok(());
+    }
+    Err(Error::value(
+        "train_step",
+        format!("loss at step {step}"),
+        "a finite value",
+        format!("loss {loss}, gradient norm {grad_norm}"),
+    ))
+}
+
+/// `min(1, grad_clip / ‖g‖)`, 1 when clipping is off.
+pub(super) fn clip_factor(b: &dyn ComputeBackend, config: &TrainConfig, grad_norm: f32) -> Result<f32> {
+    if config.grad_clip > 0.0 {
+        b.clip_scale(grad_norm, config.grad_clip)
+    } else {
+        Ok(1.0)
+    }
+}
+
+/// AdamW's settings for a tensor of `spec` at learning rate `lr`, gradients scaled by `clip`.
+pub(super) fn hyper(config: &TrainConfig, spec: &ParamSpec, lr: f32, clip: f32) -> AdamWConfig {
+    AdamWConfig {
+        lr,
+        beta1: config.beta1,
+        beta2: config.beta2,
+        eps: 1e-8,
+        weight_decay: if spec.decay { config.weight_decay } else { 0.0 },
+        // Clipping happens inside the step: g ← clip·g, no extra pass.
+        grad_scale: clip,
     }
 }

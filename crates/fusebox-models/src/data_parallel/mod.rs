@@ -8,9 +8,16 @@
 //! [`Transformer::backward_with`](crate::transformer::Transformer::backward_with); every
 //! rank's backward finishes them in the same order, so the buckets, and the order their
 //! collectives start in, agree on every rank, as MPI requires.
+//!
+//! Under ZeRO ([`GradSync::sharded`], see [`shard`]) each bucket is reduce-scattered
+//! instead: its values are packed grouped by the rank whose piece of the flat parameter
+//! vector they fall in, and each rank receives the average of its own part only.
+
+pub mod shard;
 
 use fusebox::{ComputeBackend, Error, Result};
 
+use self::shard::{read_range, write_range, ShardLayout};
 use crate::comm::{Communicator, PendingAllReduce, ReduceOp};
 use crate::params::ParamSet;
 
@@ -22,6 +29,9 @@ pub const DEFAULT_BUCKET_BYTES: usize = 4 << 20;
 /// module docs).
 pub struct GradSync<'c> {
     comm: &'c dyn Communicator,
+    /// Under ZeRO, the cut of the flat gradient over the ranks: buckets are
+    /// reduce-scattered, not all-reduced.
+    layout: Option<&'c ShardLayout>,
     bucket_bytes: usize,
     /// Parameters gathered for the next bucket, and their bytes.
     filling: Vec<usize>,
@@ -38,12 +48,20 @@ impl<'c> GradSync<'c> {
     pub fn new(comm: &'c dyn Communicator, n_params: usize, bucket_bytes: usize) -> GradSync<'c> {
         GradSync {
             comm,
+            layout: None,
             bucket_bytes: bucket_bytes.max(1),
             filling: Vec::new(),
             filling_bytes: 0,
             in_flight: Vec::new(),
             seen: vec![false; n_params],
         }
+    }
+
+    /// As [`new`](Self::new), but each bucket is reduce-scattered over `layout`'s pieces:
+    /// [`finish`](Self::finish) writes the averages of this rank's piece only.
+    pub fn sharded(comm: &'c dyn Communicator, layout: &'c ShardLayout, bucket_bytes: usize) -> GradSync<'c> {
+        let n_params = layout.tensors();
+        GradSync { layout: Some(layout), ..GradSync::new(comm, n_params, bucket_bytes) }
     }
 
     /// Records that the gradients `indices` of `grads` are final; starts the bucket's
@@ -79,19 +97,57 @@ impl<'c> GradSync<'c> {
         }
         let ids = std::mem::take(&mut self.filling);
         self.filling_bytes = 0;
-        let tensors: Vec<_> = ids.iter().map(|&i| &grads.tensors[i]).collect();
-        let pending = self.comm.start_all_reduce_tensors(b, &tensors, ReduceOp::Average)?;
+        let pending = match self.layout {
+            None => {
+                let tensors: Vec<_> = ids.iter().map(|&i| &grads.tensors[i]).collect();
+                self.comm.start_all_reduce_tensors(b, &tensors, ReduceOp::Average)?
+            }
+            Some(layout) => {
+                // Grouped by destination: rank 0's parts of the bucket's tensors, then rank 1's, …
+                let mut buf = Vec::with_capacity(ids.iter().map(|&i| grads.tensors[i].elem_count()).sum());
+                let mut counts = vec![0; layout.world()];
+                for (r, count) in counts.iter_mut().enumerate() {
+                    for &i in &ids {
+                        let part = overlap(&layout.tensor_range(i), &layout.range(r));
+                        let start = layout.tensor_range(i).start;
+                        if !part.is_empty() {
+                            buf.extend(read_range(b, &grads.tensors[i], part.start - start..part.end - start)?);
+                            *count += part.len();
+                        }
+                    }
+                }
+                self.comm.start_reduce_scatter(buf, &counts, ReduceOp::Average)?
+            }
+        };
         self.in_flight.push((ids, pending));
         Ok(())
     }
 
-    /// Starts what is left, waits for every bucket and writes the averages into `grads`.
-    /// An error when a gradient was never reported (every rank would otherwise disagree).
+    /// Starts what is left, waits for every bucket and writes the averages into `grads`
+    /// (under ZeRO: into this rank's piece of them only; the rest keeps this rank's own
+    /// unreduced values, which nothing reads). An error when a gradient was never reported
+    /// (every rank would otherwise disagree).
     pub fn finish(mut self, b: &dyn ComputeBackend, grads: &mut ParamSet) -> Result<()> {
         if let Some(i) = self.seen.iter().position(|s| !s) {
             return Err(Error::value("GradSync::finish", "gradients reported", "every parameter", format!("not {i}")));
         }
         self.launch(b, grads)?;
+        if let Some(layout) = self.layout {
+            let mine = layout.range(self.comm.rank());
+            for (ids, pending) in std::mem::take(&mut self.in_flight) {
+                let piece = pending.wait()?;
+                let mut at = 0;
+                for &i in &ids {
+                    let t = layout.tensor_range(i);
+                    let part = overlap(&t, &mine);
+                    if !part.is_empty() {
+                        write_range(b, &mut grads.tensors[i], part.start - t.start, &piece[at..at + part.len()])?;
+                        at += part.len();
+                    }
+                }
+            }
+            return Ok(());
+        }
         for (ids, pending) in std::mem::take(&mut self.in_flight) {
             let mut outs: Vec<&mut fusebox::Tensor> = Vec::with_capacity(ids.len());
             // `ids` are distinct and in launch order; pick the tensors out in that order.
@@ -109,6 +165,12 @@ impl<'c> GradSync<'c> {
     pub fn buckets(&self) -> usize {
         self.in_flight.len()
     }
+}
+
+/// The common part of two ranges (empty when they do not meet).
+fn overlap(a: &std::ops::Range<usize>, b: &std::ops::Range<usize>) -> std::ops::Range<usize> {
+    let start = a.start.max(b.start);
+    start..a.end.min(b.end).max(start)
 }
 
 #[cfg(test)]
