@@ -190,6 +190,7 @@ fn engine_speed(
         cache_type: dtype,
         cache_ram: 0,
         cache_block: 256,
+        draft: None,
     };
     let (m, bb, mm) = (model.clone(), b.clone(), metrics.clone());
     let thread = std::thread::spawn(move || engine::run(bb, m, config, rx, mm, ready_tx));
