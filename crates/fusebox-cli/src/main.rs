@@ -42,9 +42,9 @@ struct Cli {
     /// bench; for train, demo and export only with this flag (also FUSEBOX_INT8_DECODE=1).
     #[arg(long, global = true, conflicts_with = "exact")]
     int8: bool,
-    /// Decode with f32 activations against quantized weights: bit-reproducible, the
-    /// library's default (within the 8-bit rounding of --int8; either may flip a near-tie;
-    /// also FUSEBOX_INT8_DECODE=0).
+    /// Decode with f32 activations against quantized weights: the closest to the exact
+    /// model and the library's default (--int8's 8-bit rounding may flip a near-tie; also
+    /// FUSEBOX_INT8_DECODE=0).
     #[arg(long, global = true)]
     exact: bool,
 }

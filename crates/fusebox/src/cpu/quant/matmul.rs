@@ -323,4 +323,44 @@ mod tests {
             }
         }
     }
+
+    /// A row's result does not depend on the number of threads (the runs of W rows each
+    /// task takes), on either decode path, on every ISA this CPU has, for every block
+    /// format: a greedy answer is the same at `--threads 1` and `--threads 2`.
+    #[test]
+    fn each_rows_result_is_bit_identical_for_every_thread_count() {
+        use crate::backend::ComputeBackend;
+        let n = 37;
+        for isa in simd::Isa::available() {
+            for exact in [true, false] {
+                let cpus: Vec<CpuBackend> = [1, 2, 3]
+                    .iter()
+                    .map(|&t| CpuBackend::builder().threads(t).isa(isa).exact_decode(exact).build().unwrap())
+                    .collect();
+                for dtype in DType::ALL.into_iter().filter(|d| d.is_quantized() || *d == DType::F8E4M3) {
+                    let k = if dtype.block_elems() == 256 { 768 } else { 544 };
+                    let x: Vec<f32> = (0..3 * k).map(|i| ((i * 37 % 101) as f32 / 25.0 - 2.0)).collect();
+                    let w_f32: Vec<f32> = (0..n * k).map(|i| (i * 53 % 89) as f32 / 22.0 - 2.0).collect();
+                    let w = cpus[0].quantize(&Tensor::from_vec(w_f32, [n, k]).unwrap(), dtype).unwrap();
+                    for m in [1, 3] {
+                        let x = Tensor::from_vec(x[..m * k].to_vec(), [m, k]).unwrap();
+                        let bits = |cpu: &CpuBackend| -> Vec<u32> {
+                            let y = cpu.quantized_matmul(&x, &w).unwrap().to_vec_f32().unwrap();
+                            y.iter().map(|v| v.to_bits()).collect()
+                        };
+                        let one = bits(&cpus[0]);
+                        for cpu in &cpus[1..] {
+                            assert_eq!(
+                                bits(cpu),
+                                one,
+                                "{dtype}, {}, exact_decode {exact}, {m} rows: {} threads differ from 1",
+                                isa.name(),
+                                cpu.threads()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
