@@ -251,11 +251,9 @@ def byte_tokenizer(path):
     tok.save(path)
 
 
-def build(name, config):
-    torch.manual_seed(sum(map(ord, name)))
-    config._attn_implementation = "eager"
-    config._experts_implementation = "eager"  # float64: the grouped kernels take f32/bf16 only
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+def perturb(model):
+    """Random norm weights and biases (so every parameter carries signal), then every
+    weight rounded to bf16 (which the saved checkpoint holds exactly)."""
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if "norm" in pname or "ln_" in pname:
@@ -263,6 +261,14 @@ def build(name, config):
             elif pname.endswith("bias"):
                 p.copy_(0.1 * torch.randn_like(p))
             p.copy_(p.to(torch.bfloat16).to(torch.float32))
+
+
+def build(name, config):
+    torch.manual_seed(sum(map(ord, name)))
+    config._attn_implementation = "eager"
+    config._experts_implementation = "eager"  # float64: the grouped kernels take f32/bf16 only
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    perturb(model)
     return model
 
 

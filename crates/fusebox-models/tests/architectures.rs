@@ -5,6 +5,12 @@
 //! the reference's top-2 gap is ≥ 0.3), and one training step's loss and the gradient
 //! of every parameter; and, for the architectures llama.cpp defines, the same weights
 //! written as a GGUF file with llama.cpp's names and metadata give the same logits.
+//!
+//! Qwen3.5 and Qwen3.5-MoE as they are published — the vision-language wrapper
+//! (`qwen3_5` / `qwen3_5_moe`: `text_config`, `model.language_model.*`, a vision tower),
+//! with the MoE's experts per expert and fused into 3-D tensors — are run text only
+//! against the wrapper's logits and greedy tokens on a text prompt (`*_vl*`, recorded by
+//! `/tmp/tvenv/bin/python scripts/record_qwen3_5_wrapper_fixtures.py`).
 
 mod common;
 
@@ -303,6 +309,40 @@ arch_tests!(
     qwen3_next,
     qwen3_5_moe
 );
+
+/// The wrapper checkpoints: logits and greedy tokens (their reference records no
+/// training step; the text model's is the `qwen3_5` / `qwen3_5_moe` fixtures').
+macro_rules! wrapper_tests {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn logits_and_greedy_tokens_of_the_text_model_match_transformers() {
+                super::logits_and_greedy(stringify!($name));
+            }
+        }
+    )*};
+}
+
+wrapper_tests!(qwen3_5_vl, qwen3_5_moe_vl, qwen3_5_moe_vl_fused);
+
+#[test]
+fn wrappers_load_text_only_saying_so_and_fused_experts_load_as_per_expert_ones() {
+    let b = cpu();
+    let p = fusebox_models::open::load(&b, &dir("qwen3_5_vl")).unwrap();
+    let notice = "text only: the vision tower (model.visual.*, 21 tensors) not loaded";
+    assert!(p.description.contains(notice), "{}", p.description);
+    // transformers ties the head by the wrapper's tie_word_embeddings, not its text_config's.
+    assert!(p.network.arch.tied_embeddings);
+    let per_expert = weights::load_hf_for(&b, &dir("qwen3_5_moe_vl"), Purpose::Training).unwrap();
+    let fused = weights::load_hf_for(&b, &dir("qwen3_5_moe_vl_fused"), Purpose::Training).unwrap();
+    assert_eq!(per_expert.specs.len(), fused.specs.len());
+    for ((spec, x), y) in per_expert.specs.iter().zip(&per_expert.params.tensors).zip(&fused.params.tensors) {
+        assert_eq!(x.to_vec_f32().unwrap(), y.to_vec_f32().unwrap(), "{}", spec.name);
+    }
+    // The text model's own checkpoints say nothing of the kind.
+    let p = fusebox_models::open::load(&b, &dir("qwen3_5")).unwrap();
+    assert!(!p.description.contains("text only"), "{}", p.description);
+}
 
 #[test]
 fn gguf_files_of_the_fixtures_match_their_hf_directories() {

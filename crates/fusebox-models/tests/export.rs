@@ -47,6 +47,11 @@ const ARCHS: &[&str] = &[
     "qwen3_5",
     "qwen3_next",
     "qwen3_5_moe",
+    // Qwen3.5 as published (the vision-language wrapper, experts per expert and fused):
+    // exported as the text model.
+    "qwen3_5_vl",
+    "qwen3_5_moe_vl",
+    "qwen3_5_moe_vl_fused",
 ];
 
 fn cpu() -> CpuBackend {
@@ -117,6 +122,15 @@ fn every_architecture_round_trips_through_hf_and_gguf() {
         export_to(&src, &hf, true, FloatType::F32, None);
         let got = logits(&load(&hf).network, PROMPT);
         assert_eq!(got, want, "{name}: hf export → fusebox logits differ (rel {})", rel(&got, &want));
+        if name.contains("_vl") {
+            // A wrapper is exported as its text model: `*_text`, `model.layers.*`, experts
+            // one tensor per expert, no vision tower.
+            let config: Json = serde_json::from_slice(&std::fs::read(hf.join("config.json")).unwrap()).unwrap();
+            assert!(config["model_type"].as_str().unwrap().ends_with("_text"), "{name}: {}", config["model_type"]);
+            let st = fusebox_models::safetensors::SafeTensors::read(&hf.join("model.safetensors")).unwrap();
+            assert!(st.tensors.keys().all(|k| !k.contains("visual") && !k.contains("language_model")), "{name}");
+            assert!(!st.tensors.keys().any(|k| k.contains("gate_up_proj")), "{name}");
+        }
 
         let gguf = dir.join(format!("{name}.gguf"));
         if *name == "qwen3_5" {

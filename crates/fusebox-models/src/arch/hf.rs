@@ -6,7 +6,7 @@
 use fusebox::{Error, Result, RopeStyle};
 use serde_json::{json, Map, Value as Json};
 
-use super::HfFacts;
+use super::{HfFacts, HfWrapper};
 use crate::transformer::{Arch, Biases, LayerAttention, Mlp, NormKind, Positions, Rope, RopeScaling};
 
 /// Typed, error-naming access to a Hugging Face `config.json`.
@@ -197,6 +197,54 @@ impl<'a> HfConfig<'a> {
             })
             .collect::<Result<Vec<_>>>()
             .map(Some)
+    }
+}
+
+/// The text model's `config.json` inside that of multimodal wrapper `w` (`v`, whose
+/// `model_type` is the wrapper's): its `text_config`, which must be `text_model_type`'s
+/// where it names one, with the wrapper's own `tie_word_embeddings`, which is what
+/// transformers ties the head by (else the text config's; false where both are silent,
+/// the wrapper's default).
+pub fn text_config(v: &Json, w: &HfWrapper, text_model_type: &str) -> Result<Json> {
+    let mut text = match v.get("text_config") {
+        Some(Json::Object(m)) => m.clone(),
+        None | Some(Json::Null) => {
+            return Err(io(format!(
+                "config.json: model_type '{}' ({}) keeps its text model's config in 'text_config', which is missing",
+                w.model_type, w.class
+            )))
+        }
+        Some(other) => {
+            return Err(io(format!("config.json: 'text_config': expected an object, found {}", short(other))));
+        }
+    };
+    match text.get("model_type") {
+        None | Some(Json::Null) => {
+            text.insert("model_type".into(), Json::String(text_model_type.into()));
+        }
+        Some(Json::String(t)) if t == text_model_type => {}
+        Some(other) => {
+            return Err(Error::unsupported(
+                "config.json",
+                format!(
+                    "text_config.model_type {other} in a '{}' checkpoint (expected '{text_model_type}')",
+                    w.model_type
+                ),
+            ))
+        }
+    }
+    let tie = v.get("tie_word_embeddings").filter(|x| !x.is_null());
+    let tie = tie.or_else(|| text.get("tie_word_embeddings").filter(|x| !x.is_null())).cloned();
+    text.insert("tie_word_embeddings".into(), tie.unwrap_or(Json::Bool(false)));
+    Ok(Json::Object(text))
+}
+
+/// A JSON value for a message, cut short.
+fn short(v: &Json) -> String {
+    let s = v.to_string();
+    match s.char_indices().nth(60) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s,
     }
 }
 

@@ -124,6 +124,19 @@ pub trait Architecture: Sync {
         false
     }
 
+    /// The multimodal checkpoint that publishes this text model inside a wrapper of its
+    /// own (`qwen3_5` around `qwen3_5_text`), if one does: read text only.
+    fn hf_wrapper(&self) -> Option<&'static HfWrapper> {
+        None
+    }
+
+    /// The tensor names of a checkpoint that holds the tensors `has` finds (named as the
+    /// text model names them): [`HfFacts::names`], unless the architecture is published
+    /// in more than one layout (Qwen3.5-MoE's experts, per expert or fused).
+    fn hf_names(&self, _has: &dyn Fn(&str) -> bool) -> &'static NameTable {
+        self.hf().names
+    }
+
     /// The from-scratch preset, for the architectures `fusebox train` builds.
     fn preset(&self) -> Option<&'static Preset> {
         None
@@ -190,6 +203,70 @@ impl HfFacts {
     };
 }
 
+/// A multimodal Hugging Face checkpoint around a text model (Qwen3.5's
+/// `Qwen3_5ForConditionalGeneration`): its `config.json` nests the text model's config
+/// under `text_config` (beside a `vision_config`), and its tensors hold the text model's
+/// `model.*` under `model.language_model.*` beside the vision tower's. fusebox runs the
+/// text model alone; the other parts' tensors are left unread, and a loader says so.
+#[derive(Debug)]
+pub struct HfWrapper {
+    /// The wrapper's `model_type` (`qwen3_5`).
+    pub model_type: &'static str,
+    /// Its transformers class (`Qwen3_5ForConditionalGeneration`).
+    pub class: &'static str,
+    /// Where it keeps the text model's tensors: `(text model's prefix, wrapper's)`,
+    /// `("model.", "model.language_model.")`; names without the prefix (`lm_head.weight`)
+    /// are the same in both.
+    pub text_prefix: (&'static str, &'static str),
+    /// The parts a text-only run leaves out: `(tensor name prefix, what it is)`,
+    /// `("model.visual.", "vision tower")`.
+    pub skipped: &'static [(&'static str, &'static str)],
+}
+
+impl HfWrapper {
+    /// The text model's name of wrapper tensor `name`; `None` for a tensor of a part
+    /// left out.
+    pub fn text_name(&self, name: &str) -> Option<String> {
+        if self.skipped.iter().any(|(p, _)| name.starts_with(p)) {
+            return None;
+        }
+        let (text, wrapped) = self.text_prefix;
+        Some(match name.strip_prefix(wrapped) {
+            Some(rest) => format!("{text}{rest}"),
+            None => name.to_string(),
+        })
+    }
+
+    /// The wrapper's name of text model tensor `name`, where the wrapper moves it.
+    pub fn wrapped_name(&self, name: &str) -> String {
+        let (text, wrapped) = self.text_prefix;
+        match name.strip_prefix(text) {
+            Some(rest) => format!("{wrapped}{rest}"),
+            None => name.to_string(),
+        }
+    }
+
+    /// What a text-only load of a checkpoint holding tensors `names` leaves out, for a
+    /// notice: `text only: the vision tower (model.visual.*, 21 tensors) is not loaded`;
+    /// `None` when it holds none of those parts.
+    pub fn skipped_notice<'n>(&self, names: impl Iterator<Item = &'n str>) -> Option<String> {
+        let mut counts = vec![0usize; self.skipped.len()];
+        for n in names {
+            if let Some(i) = self.skipped.iter().position(|(p, _)| n.starts_with(p)) {
+                counts[i] += 1;
+            }
+        }
+        let parts: Vec<String> = self
+            .skipped
+            .iter()
+            .zip(&counts)
+            .filter(|(_, &c)| c > 0)
+            .map(|((p, what), c)| format!("the {what} ({p}*, {c} tensors)"))
+            .collect();
+        (!parts.is_empty()).then(|| format!("text only: {} not loaded", parts.join(", ")))
+    }
+}
+
 /// How llama.cpp stores an architecture.
 #[derive(Debug)]
 pub struct GgufFacts {
@@ -228,14 +305,17 @@ pub fn by_name(name: &str) -> Result<&'static dyn Architecture> {
     })
 }
 
-/// The architecture of a Hugging Face `model_type`.
+/// The architecture of a Hugging Face `model_type`: a text model's, or that of the
+/// multimodal wrapper it is published in ([`Architecture::hf_wrapper`]).
 pub fn by_hf_model_type(model_type: &str) -> Result<&'static dyn Architecture> {
-    find(|a| a.hf().model_type == model_type).ok_or_else(|| {
-        Error::unsupported(
-            "config.json",
-            format!("model_type '{model_type}' is not supported (supported: {})", supported(|a| a.hf().model_type)),
-        )
-    })
+    find(|a| a.hf().model_type == model_type || a.hf_wrapper().is_some_and(|w| w.model_type == model_type)).ok_or_else(
+        || {
+            Error::unsupported(
+                "config.json",
+                format!("model_type '{model_type}' is not supported (supported: {})", hf_model_types()),
+            )
+        },
+    )
 }
 
 /// The architecture of a GGUF `general.architecture`.
@@ -248,9 +328,11 @@ pub fn by_gguf_name(name: &str) -> Result<&'static dyn Architecture> {
     })
 }
 
-/// The `model_type`s with an architecture here, for messages.
+/// The `model_type`s with an architecture here (and the wrappers read text only), for
+/// messages.
 pub fn hf_model_types() -> String {
-    supported(|a| a.hf().model_type)
+    let wrappers = ARCHITECTURES.iter().filter_map(|a| a.hf_wrapper()).map(|w| w.model_type);
+    ARCHITECTURES.iter().map(|a| a.hf().model_type).chain(wrappers).collect::<Vec<_>>().join(", ")
 }
 
 /// The tensors a checkpoint holds, as far as building its plan needs them.
@@ -275,17 +357,28 @@ pub struct Plan {
     pub file_stacking: Stacking,
     /// Tensors the file may hold that are derived here (rotary `inv_freq`, mask buffers).
     pub ignored: fn(&str) -> bool,
+    /// The multimodal wrapper the checkpoint is, when it is one: its tensors are read
+    /// under the text model's names ([`HfWrapper::text_name`]), the other parts' left out.
+    pub wrapper: Option<&'static HfWrapper>,
 }
 
 /// The plan for a Hugging Face checkpoint of `config.json` `v` holding `file`'s tensors;
-/// an unknown `model_type` is refused naming it and the supported ones.
+/// an unknown `model_type` is refused naming it and the supported ones. A multimodal
+/// wrapper ([`HfWrapper`]) is planned as its text model.
 pub fn hf_plan(v: &Json, file: &FileTensors<'_>) -> Result<Plan> {
     let c = HfConfig::new(v, file.count);
-    let unit = by_hf_model_type(c.model_type()?)?;
+    let model_type = c.model_type()?;
+    let unit = by_hf_model_type(model_type)?;
     let hf = unit.hf();
-    let arch = unit.read_hf(&c)?;
+    let wrapper = unit.hf_wrapper().filter(|w| w.model_type == model_type);
+    let arch = match wrapper {
+        None => unit.read_hf(&c)?,
+        Some(w) => unit.read_hf(&HfConfig::new(&hf::text_config(v, w, hf.model_type)?, file.count))?,
+    };
     arch.validate()?;
-    Ok(Plan { arch, names: hf.names, prefix: String::new(), file_stacking: hf.stacking, ignored: hf.ignored })
+    let has_text = |name: &str| (file.has)(name) || wrapper.is_some_and(|w| (file.has)(&w.wrapped_name(name)));
+    let names = unit.hf_names(&has_text);
+    Ok(Plan { arch, names, prefix: String::new(), file_stacking: hf.stacking, ignored: hf.ignored, wrapper })
 }
 
 fn ignore_none(_: &str) -> bool {
@@ -317,7 +410,7 @@ pub fn gguf_plan(
     }
     arch.validate()?;
     let gguf = unit.gguf();
-    Ok(Plan { arch, names: gguf.names, prefix: String::new(), file_stacking: gguf.stacking, ignored })
+    Ok(Plan { arch, names: gguf.names, prefix: String::new(), file_stacking: gguf.stacking, ignored, wrapper: None })
 }
 
 #[cfg(test)]

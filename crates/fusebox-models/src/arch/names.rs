@@ -21,6 +21,11 @@ pub enum Fix {
     /// [`Fix::Interleaved`] of a tensor stored transposed: `gate_up_proj` `[E, D, 2F]`
     /// holds the `[E, F, D]` gate (`0`) and up (`1`).
     InterleavedTransposed(usize),
+    /// Two parameters stacked along the stored tensor's second-to-last axis (twice as
+    /// long), one after the other within each leading index: this one is half `0` or `1`
+    /// — transformers' fused `gate_up_proj` `[E, 2F, D]` holds, per expert, the `[F, D]`
+    /// gate (`0`) and then the up (`1`).
+    Half(usize),
     /// A depthwise convolution `[C, K]` stored as PyTorch's `Conv1d` weight `[C, 1, K]`
     /// (the same values).
     Depthwise,
@@ -36,6 +41,9 @@ impl Fix {
         }
         if let (Fix::Interleaved(_) | Fix::InterleavedTransposed(_), Some(last)) = (self, s.last_mut()) {
             *last *= 2;
+        }
+        if matches!(self, Fix::Half(_)) && n >= 2 {
+            s[n - 2] *= 2;
         }
         if self == Fix::Depthwise && n == 2 {
             s.insert(1, 1);
@@ -55,6 +63,14 @@ impl Fix {
                 let half: Vec<f32> = stored.iter().skip(part).step_by(2).copied().collect();
                 swap_last_two(&half, &Fix::Transpose.stored_shape(ours))
             }
+            Fix::Half(part) => {
+                let block = half_block(ours);
+                stored
+                    .chunks_exact(2 * block)
+                    .flat_map(|pair| &pair[part * block..(part + 1) * block])
+                    .copied()
+                    .collect()
+            }
         }
     }
 
@@ -71,8 +87,20 @@ impl Fix {
                 let t = swap_last_two(values, ours);
                 stored.iter_mut().skip(part).step_by(2).zip(&t).for_each(|(s, v)| *s = *v);
             }
+            Fix::Half(part) => {
+                let block = half_block(ours);
+                for (pair, v) in stored.chunks_exact_mut(2 * block).zip(values.chunks_exact(block)) {
+                    pair[part * block..(part + 1) * block].copy_from_slice(v);
+                }
+            }
         }
     }
+}
+
+/// The elements of one half of a [`Fix::Half`] parameter of shape `ours` per leading
+/// index (its last two axes, `F·D`; at least 1).
+fn half_block(ours: &[usize]) -> usize {
+    ours.iter().rev().take(2).product::<usize>().max(1)
 }
 
 /// `x` of shape `[.., r, c]` as `[.., c, r]`.
@@ -105,7 +133,8 @@ pub struct NameTable {
 }
 
 impl NameTable {
-    /// The file's name of fusebox parameter `name`, and its fix. A name holding `{e}`
+    /// The file's name of fusebox parameter `name`, and its fix. Two parameters may name
+    /// one file tensor, each its part ([`Fix::Interleaved`], [`Fix::Half`]). A name holding `{e}`
     /// stands for one file tensor per expert (`mlp.experts.{e}.gate_proj.weight`), stacked
     /// along a new first axis into the parameter.
     pub fn file_name(&self, name: &str) -> Option<(String, Fix)> {
@@ -223,4 +252,27 @@ pub static HF_MOE_NAMES: NameTable = NameTable {
 /// A derived buffer some HF exports keep (recomputed from the config here).
 pub fn hf_derived(name: &str) -> bool {
     name.ends_with(".rotary_emb.inv_freq")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn halves_of_a_fused_tensor_are_each_experts_rows_in_turn() {
+        // [E 2, 2F 4, D 1]: expert 0 gate rows 0 1, up 2 3; expert 1 gate 4 5, up 6 7.
+        let stored: Vec<f32> = (0..8).map(|x| x as f32).collect();
+        let ours = [2, 2, 1];
+        assert_eq!(Fix::Half(0).stored_shape(&ours), [2, 4, 1]);
+        let gate = Fix::Half(0).to_ours(&ours, &stored);
+        let up = Fix::Half(1).to_ours(&ours, &stored);
+        assert_eq!(
+            (gate.as_slice(), up.as_slice()),
+            ([0.0, 1.0, 4.0, 5.0].as_slice(), [2.0, 3.0, 6.0, 7.0].as_slice())
+        );
+        let mut back = vec![0.0; 8];
+        Fix::Half(0).to_stored(&ours, &gate, &mut back);
+        Fix::Half(1).to_stored(&ours, &up, &mut back);
+        assert_eq!(back, stored);
+    }
 }

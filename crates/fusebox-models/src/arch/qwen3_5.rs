@@ -5,6 +5,15 @@
 //! 0.25). Every RMS norm but the Gated DeltaNet's own is Gemma's `(1 + w)` form, stored
 //! as `w` (the 1 is added at load, as for Gemma 3).
 //!
+//! Qwen3.5 is published as a vision-language model (`model_type` `qwen3_5`,
+//! `Qwen3_5ForConditionalGeneration`): the text model's config under `text_config`, its
+//! tensors under `model.language_model.*` (the head stays `lm_head.weight`), a vision
+//! tower beside them (`model.visual.*`), and multi-token-prediction blocks (`mtp.*`)
+//! that transformers does not load either. fusebox reads such a checkpoint as its text
+//! model ([`WRAPPER`]: the vision tower left out, with a notice) and exports the text
+//! model (`qwen3_5_text`, `Qwen3_5ForCausalLM`, which transformers loads, and which loads
+//! the wrapper's weights too).
+//!
 //! transformers' rope is "mrope" with sections for image grids; for text every section
 //! sees the same position, which is the plain rope over the rotated dims.
 //!
@@ -22,11 +31,11 @@
 use fusebox::{DType, Error, Result, RopeStyle, Tensor};
 use serde_json::json;
 
-use super::names::hf_derived;
 use super::preset::{ModelConfig, Preset};
+use super::qwen3_next::hf_ignored;
 use super::{
     gguf, gguf_llama_like_partial_rope, hf_llama_like, llama, Architecture, Fix, GgufFacts, GgufKeys, GgufMetaOut,
-    HfConfig, HfConfigOut, HfFacts, NameTable,
+    HfConfig, HfConfigOut, HfFacts, HfWrapper, NameTable,
 };
 use crate::gguf::{Array, GgufFile, Value};
 use crate::transformer::{Arch, LayerAttention, LinearAttention, Stacking};
@@ -68,9 +77,23 @@ static HF: HfFacts = HfFacts {
     class: "Qwen3_5ForCausalLM",
     names: &HF_NAMES,
     stacking: Stacking { qkv: false, gate_up: false },
-    ignored: hf_derived,
+    ignored: hf_ignored,
     export_prefix: "",
 };
+
+/// The vision-language checkpoint Qwen3.5 is published as (see the module docs).
+pub static WRAPPER: HfWrapper = HfWrapper {
+    model_type: "qwen3_5",
+    class: "Qwen3_5ForConditionalGeneration",
+    text_prefix: TEXT_PREFIX,
+    skipped: SKIPPED,
+};
+
+/// Where Qwen3.5's wrappers keep the text model's `model.*` tensors.
+pub const TEXT_PREFIX: (&str, &str) = ("model.", "model.language_model.");
+
+/// What a text-only run of Qwen3.5's wrappers leaves out: the vision tower.
+pub const SKIPPED: &[(&str, &str)] = &[("model.visual.", "vision tower")];
 /// llama.cpp's `qwen35` names: its common ones, the MLP's norm as
 /// `post_attention_norm`, and the Gated DeltaNet's (`ssm_a` holds −e^{A_log} and the
 /// value heads are tiled: [`GgufSource`] and [`Architecture::gguf_store`] convert).
@@ -370,6 +393,10 @@ impl Architecture for Qwen3_5 {
 
     fn gguf(&self) -> &'static GgufFacts {
         &GGUF
+    }
+
+    fn hf_wrapper(&self) -> Option<&'static HfWrapper> {
+        Some(&WRAPPER)
     }
 
     fn read_hf(&self, c: &HfConfig<'_>) -> Result<Arch> {

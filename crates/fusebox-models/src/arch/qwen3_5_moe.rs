@@ -8,6 +8,14 @@
 //! renormalises the k weights and every layer is sparse; such keys are ignored), and its
 //! defaults are Qwen3-Next's (`head_dim` 256, a quarter rotated, a shared expert of 512).
 //!
+//! Published, like Qwen3.5, as a vision-language model (`model_type` `qwen3_5_moe`,
+//! `Qwen3_5MoeForConditionalGeneration`), read text only as [`qwen3_5::WRAPPER`] says;
+//! the experts either one tensor per expert (`mlp.experts.N.gate_proj.weight`, as
+//! transformers saves them) or fused into 3-D tensors (`mlp.experts.gate_up_proj`
+//! `[E, 2F, D]`, each expert's gate rows then its up rows, and `mlp.experts.down_proj`
+//! `[E, D, F]`, as transformers holds them in memory) — both are read. Exports are the
+//! text model with per-expert tensors.
+//!
 //! GGUF (`qwen35moe`, as llama.cpp's `convert_hf_to_gguf.py` writes it): `qwen35`'s
 //! linear layers (value heads tiled, `ssm_a` = −e^{A_log}, norms stored +1 but
 //! `ssm_norm`, rope sections) read and written by [`Qwen3_5`], and the experts as
@@ -21,7 +29,9 @@ use serde_json::json;
 use super::moe::{gguf_moe, hf_moe, write_gguf_moe, write_hf_moe};
 use super::qwen3_5::{self, Qwen3_5};
 use super::qwen3_next::{self, read_hf_hybrid};
-use super::{Architecture, GgufFacts, GgufKeys, GgufMetaOut, HfConfig, HfConfigOut, HfFacts};
+use super::{
+    Architecture, Fix, GgufFacts, GgufKeys, GgufMetaOut, HfConfig, HfConfigOut, HfFacts, HfWrapper, NameTable,
+};
 use crate::gguf::{GgufFile, Metadata, Value};
 use crate::transformer::{Arch, Moe, Stacking};
 use crate::weights::TensorSource;
@@ -39,6 +49,30 @@ static HF: HfFacts = HfFacts {
     ignored: qwen3_next::hf_ignored,
     export_prefix: "",
 };
+
+/// The vision-language checkpoint Qwen3.5-MoE is published as: Qwen3.5's, renamed.
+pub static WRAPPER: HfWrapper = HfWrapper {
+    model_type: "qwen3_5_moe",
+    class: "Qwen3_5MoeForConditionalGeneration",
+    text_prefix: qwen3_5::TEXT_PREFIX,
+    skipped: qwen3_5::SKIPPED,
+};
+
+/// The names of a checkpoint whose experts are fused into 3-D tensors (see the module
+/// docs); the rest as [`qwen3_next::HF_NAMES`].
+pub static HF_FUSED_EXPERT_NAMES: NameTable = NameTable {
+    layer_prefix: "model.layers.",
+    layer: &[
+        ("mlp.experts.gate.weight", FUSED_GATE_UP, Fix::Half(0)),
+        ("mlp.experts.up.weight", FUSED_GATE_UP, Fix::Half(1)),
+        ("mlp.experts.down.weight", "mlp.experts.down_proj", Fix::None),
+    ],
+    global: &[],
+    extends: Some(&qwen3_next::HF_NAMES),
+};
+
+/// The fused gate and up projections of every expert, `[E, 2F, D]`.
+const FUSED_GATE_UP: &str = "mlp.experts.gate_up_proj";
 
 static GGUF: GgufFacts = GgufFacts {
     name: "qwen35moe",
@@ -76,6 +110,22 @@ impl Architecture for Qwen3_5Moe {
 
     fn gguf(&self) -> &'static GgufFacts {
         &GGUF
+    }
+
+    fn hf_wrapper(&self) -> Option<&'static HfWrapper> {
+        Some(&WRAPPER)
+    }
+
+    /// Fused experts when the first layer has them and not its first expert's own
+    /// tensors (every layer is sparse), else one tensor per expert (what exports write).
+    fn hf_names(&self, has: &dyn Fn(&str) -> bool) -> &'static NameTable {
+        let per_expert = HF.names.file_name("h.0.mlp.experts.gate.weight").map(|(f, _)| f.replace("{e}", "0"));
+        let fused = HF_FUSED_EXPERT_NAMES.file_name("h.0.mlp.experts.gate.weight").map(|(f, _)| f);
+        if fused.is_some_and(|f| has(&f)) && !per_expert.is_some_and(|f| has(&f)) {
+            &HF_FUSED_EXPERT_NAMES
+        } else {
+            HF.names
+        }
     }
 
     /// Qwen3-Next's hybrid reading, and experts in every layer (`num_experts` of
@@ -235,6 +285,65 @@ mod tests {
         assert_eq!((a.name.as_str(), a.d_ff, a.rotary_dims()), ("qwen3_5_moe", 48, 8));
         assert_eq!((moe.experts, moe.top_k, moe.d_expert, moe.d_shared), (8, 2, 48, Some(80)));
         assert!(moe.routing.normalized() && a.linear_attention.is_some() && !a.is_linear(3));
+    }
+
+    /// `config()` inside the wrapper as transformers saves `Qwen3_5MoeConfig`.
+    fn wrapper(tie: Option<bool>) -> serde_json::Value {
+        let mut v = json!({"model_type": "qwen3_5_moe", "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+                           "text_config": config(), "vision_config": {"depth": 1, "model_type": "qwen3_5_moe_vision"},
+                           "image_token_id": 248056});
+        if let Some(t) = tie {
+            v["tie_word_embeddings"] = json!(t);
+        }
+        v
+    }
+
+    #[test]
+    fn the_wrapper_is_read_as_its_text_model_tied_as_the_wrapper_says() {
+        let mut text = config();
+        text["tie_word_embeddings"] = json!(true);
+        let mut v = wrapper(Some(false));
+        v["text_config"] = text;
+        let plain = arch_of(&config()).unwrap();
+        let a = arch_of(&v).unwrap();
+        assert_eq!((a.moe, a.tied_embeddings, a.n_layers), (plain.moe, false, 2));
+        v["tie_word_embeddings"] = json!(true);
+        assert!(arch_of(&v).unwrap().tied_embeddings);
+        // Silent wrapper: the text config's; both silent: untied (the wrapper's default).
+        v.as_object_mut().unwrap().remove("tie_word_embeddings");
+        assert!(arch_of(&v).unwrap().tied_embeddings);
+        assert!(!arch_of(&wrapper(None)).unwrap().tied_embeddings);
+        let plan = hf_plan(&wrapper(None), &FileTensors { count: 1000, has: &|_| false }).unwrap();
+        assert_eq!(plan.wrapper.map(|w| w.class), Some("Qwen3_5MoeForConditionalGeneration"));
+    }
+
+    #[test]
+    fn a_wrapper_without_its_text_config_or_around_another_model_is_refused() {
+        let mut v = wrapper(None);
+        v.as_object_mut().unwrap().remove("text_config");
+        let e = arch_of(&v).unwrap_err().to_string();
+        assert!(e.contains("'text_config'") && e.contains("qwen3_5_moe"), "{e}");
+        let mut v = wrapper(None);
+        v["text_config"]["model_type"] = json!("qwen3_5_text");
+        let e = arch_of(&v).unwrap_err().to_string();
+        assert!(e.contains("qwen3_5_text") && e.contains("expected 'qwen3_5_moe_text'"), "{e}");
+        let mut v = wrapper(None);
+        v["text_config"] = json!([1]);
+        assert!(arch_of(&v).unwrap_err().to_string().contains("expected an object"));
+    }
+
+    #[test]
+    fn fused_experts_are_named_where_the_checkpoint_has_them() {
+        let names = |has: &dyn Fn(&str) -> bool| {
+            let plan = hf_plan(&wrapper(None), &FileTensors { count: 1000, has }).unwrap();
+            plan.names.file_name("h.1.mlp.experts.up.weight").unwrap()
+        };
+        let fused = |n: &str| n == "model.language_model.layers.0.mlp.experts.gate_up_proj";
+        assert_eq!(names(&fused), ("model.layers.1.mlp.experts.gate_up_proj".into(), Fix::Half(1)));
+        let per_expert = |n: &str| n == "model.language_model.layers.0.mlp.experts.0.gate_proj.weight";
+        assert_eq!(names(&per_expert), ("model.layers.1.mlp.experts.{e}.up_proj.weight".into(), Fix::None));
+        // Both (or a probe that says yes to everything): per expert, as exports write.
+        assert_eq!(names(&|_| true).1, Fix::None);
     }
 
     #[test]

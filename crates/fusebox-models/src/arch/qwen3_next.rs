@@ -53,9 +53,10 @@ static HF: HfFacts = HfFacts {
 };
 
 /// Tensors a checkpoint may hold that are not run here: the derived rotary buffers, and
-/// the multi-token-prediction block (`mtp.*`, which transformers does not load either).
+/// the multi-token-prediction block (`mtp.*`, or `model.mtp.*` in some exports, which
+/// transformers does not load either) that Qwen3-Next and Qwen3.5 ship.
 pub(super) fn hf_ignored(name: &str) -> bool {
-    hf_derived(name) || name.starts_with("mtp.")
+    hf_derived(name) || name.starts_with("mtp.") || name.starts_with("model.mtp.")
 }
 
 /// The hybrid layers of a Qwen3-Next-style config (Qwen3-Next, Qwen3.5-MoE), named

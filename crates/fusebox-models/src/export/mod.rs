@@ -224,7 +224,7 @@ impl Weights {
             })?;
             let stored_shape = fix.stored_shape(&shape);
             let name = format!("{prefix}{file}");
-            if let Fix::Interleaved(_) | Fix::InterleavedTransposed(_) = fix {
+            if let Fix::Interleaved(_) | Fix::InterleavedTransposed(_) | Fix::Half(_) = fix {
                 // Two parameters share the stored tensor: the first creates it, each fills its part.
                 let at = match out.iter().position(|(n, _, _)| *n == name) {
                     Some(at) => at,

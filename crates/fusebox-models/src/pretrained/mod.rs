@@ -253,9 +253,11 @@ fn load_hf_dir(b: &dyn ComputeBackend, dir: &Path, choose: &ChooseStage<'_>) -> 
     };
     let shards = Shards::open(dir)?;
     let plan = weights::hf_plan(&config, &shards).map_err(|e| with_path(e, &dir.join("config.json")))?;
+    // A multimodal wrapper is run text only: the description says what was left out.
+    let skipped = plan.wrapper.and_then(|w| w.skipped_notice(Shards::names(&shards)));
     let network =
         weights::load_hf_stage(b, &shards, plan, weights::Purpose::Inference, choose).map_err(|e| with_path(e, dir))?;
-    let description = format!("hf {}", describe(&network));
+    let description = format!("hf {}{}", describe(&network), skipped.map(|s| format!("; {s}")).unwrap_or_default());
     let model_vocab = network.arch.vocab_size;
     if tokenizer.vocab_size() > model_vocab {
         return Err(Error::Io(format!(

@@ -9,6 +9,7 @@
 //! bytes): one matmul, one pass over the input, computes them all.
 
 pub mod shards;
+pub mod text_only;
 
 use std::collections::BTreeSet;
 
@@ -168,7 +169,7 @@ pub fn load_stage_for(
     choose: &dyn Fn(&StageSizes) -> Result<Stage>,
 ) -> Result<Transformer> {
     let inference = purpose != Purpose::Training;
-    let Plan { arch, names, mut prefix, file_stacking, ignored } = plan;
+    let Plan { arch, names, mut prefix, file_stacking, ignored, wrapper: _ } = plan;
     arch.validate()?;
     if prefix.is_empty() {
         // Some GPT-2 exports prefix every name with `transformer.`.
@@ -412,8 +413,9 @@ pub fn load_hf_for(b: &dyn ComputeBackend, dir: &std::path::Path, purpose: Purpo
     load_hf_stage(b, &shards, plan, purpose, &|sizes| Ok(Stage::whole(sizes.layers.len())))
 }
 
-/// [`load_stage_for`] of a Hugging Face checkpoint: tensors it fuses in an order of its
-/// own (Qwen3-Next's) are read as the plan's parameters
+/// [`load_stage_for`] of a Hugging Face checkpoint: a multimodal wrapper's text model
+/// read under its own names ([`text_only::TextOnly`]), and tensors it fuses in an order
+/// of its own (Qwen3-Next's) read as the plan's parameters
 /// ([`crate::arch::Architecture::hf_source`]).
 pub fn load_hf_stage(
     b: &dyn ComputeBackend,
@@ -422,10 +424,19 @@ pub fn load_hf_stage(
     purpose: Purpose,
     choose: &dyn Fn(&StageSizes) -> Result<Stage>,
 ) -> Result<Transformer> {
-    match crate::arch::by_name(&plan.arch.name)?.hf_source(&plan.arch, shards)? {
+    let text_only;
+    let shards: &dyn TensorSource = match plan.wrapper {
+        Some(w) => {
+            text_only = text_only::TextOnly::new(shards, w)?;
+            &text_only
+        }
+        None => shards,
+    };
+    let model = match crate::arch::by_name(&plan.arch.name)?.hf_source(&plan.arch, shards)? {
         Some(src) => load_stage_for(b, src.as_ref(), plan, purpose, choose),
         None => load_stage_for(b, shards, plan, purpose, choose),
-    }
+    };
+    model
 }
 
 /// The plan of a Hugging Face checkpoint: `config.json` `config`, its counts checked
