@@ -207,7 +207,7 @@ mod with_mpi {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// `--zero 1` and `--zero 2` on 2 ranks (MPI_Ireduce_scatter, MPI_Allgatherv): the
+    /// `--zero 1` and `--zero 2` on 2 ranks (point-to-point reduce-scatter and all-gather): the
     /// losses of `--zero 0` within 1e-6 relative over 50 steps; the sharded checkpoint at
     /// step 25 resumes on 1 process (whole moments) with the same losses.
     pub fn zero_parity() {

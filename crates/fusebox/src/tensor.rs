@@ -505,6 +505,39 @@ impl Tensor {
         Ok(t)
     }
 
+    /// Runs `f` on a writable view of `shape` starting `elem_offset` elements into this
+    /// writable tensor, to update that window in place (one rank's piece of a parameter,
+    /// say). The window carries this tensor's write right while `f` runs and hands it back
+    /// after: should `f` keep a copy of the window, this tensor stays read-only while the
+    /// copy lives, as with any shared storage.
+    pub fn with_window_mut<R>(
+        &mut self,
+        elem_offset: usize,
+        shape: impl Into<Shape>,
+        f: impl FnOnce(&mut Tensor) -> Result<R>,
+    ) -> Result<R> {
+        self.ensure_writable("Tensor::with_window_mut")?;
+        let token = self.part_token.take();
+        let had_token = token.is_some();
+        let mut window = match self.view(elem_offset, shape) {
+            Ok(w) => w,
+            Err(e) => {
+                self.part_token = token;
+                return Err(e);
+            }
+        };
+        // A part's own token moves into the window (a whole tensor's window gets a fresh
+        // one: the shared storage then keeps the whole tensor read-only meanwhile).
+        window.part_token = Some(token.unwrap_or_default());
+        let out = f(&mut window);
+        let token = window.part_token.take();
+        drop(window);
+        if had_token {
+            self.part_token = token;
+        }
+        out
+    }
+
     /// Splits a uniquely owned tensor into consecutive disjoint parts of the given
     /// shapes (their element counts must add up to at most this tensor's). Each part
     /// can be written in place while it has no clones; this is how parameters,
@@ -693,6 +726,28 @@ mod tests {
         assert_eq!(a.as_mut_slice::<f32>().unwrap_err(), Error::SharedStorage { op: "Tensor::host_bytes_mut" });
         drop(b);
         assert!(a.as_mut_slice::<f32>().is_ok());
+    }
+
+    #[test]
+    fn a_window_is_written_in_place_and_a_kept_copy_keeps_the_tensor_read_only() {
+        let whole = Tensor::zeros([10], DType::F32).unwrap();
+        let mut parts = whole.partition(&[Shape::new([4]), Shape::new([6])]).unwrap();
+        parts[1].with_window_mut(2, [3], |w| w.as_mut_slice::<f32>().map(|x| x.fill(7.0))).unwrap();
+        assert_eq!(parts[1].to_vec::<f32>().unwrap(), [0.0, 0.0, 7.0, 7.0, 7.0, 0.0]);
+        assert!(parts[1].is_writable() && parts[0].is_writable());
+        let kept = parts[1].with_window_mut(0, [2], |w| Ok(w.clone())).unwrap();
+        assert!(!parts[1].is_writable(), "a copy of the window still reads these bytes");
+        drop(kept);
+        assert!(parts[1].is_writable());
+        assert!(parts[1].with_window_mut(5, [2], |_| Ok(())).is_err(), "past the end");
+        assert!(parts[1].is_writable());
+        let mut t = Tensor::zeros([4], DType::F32).unwrap();
+        t.with_window_mut(1, [2], |w| w.as_mut_slice::<f32>().map(|x| x.fill(1.0))).unwrap();
+        assert_eq!(t.to_vec::<f32>().unwrap(), [0.0, 1.0, 1.0, 0.0]);
+        assert!(t.is_writable());
+        let reader = t.clone();
+        assert!(t.with_window_mut(0, [1], |_| Ok(())).is_err(), "shared storage is not writable");
+        drop(reader);
     }
 
     #[test]

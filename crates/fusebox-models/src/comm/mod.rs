@@ -159,6 +159,26 @@ pub trait Communicator: Debug + Send + Sync {
         Ok(all)
     }
 
+    /// [`all_gather`](Self::all_gather) of several buffers at once, in place: `bufs[k]`
+    /// holds `Σ counts[k]` values, this rank's part already at its place (after the parts
+    /// of the lower ranks); afterwards every rank's part is at its place on every rank.
+    /// The default gathers each buffer in turn through [`all_gather`](Self::all_gather);
+    /// MPI sends this rank's parts from where they lie and receives the others' straight
+    /// into `bufs`, every transfer in flight at once.
+    ///
+    /// # Shapes
+    /// `counts`: one entry per buffer, each `world_size` counts summing to that buffer's
+    /// length; the same buffers and counts, in the same order, on every rank.
+    fn all_gather_in_place(&self, bufs: &mut [&mut [f32]], counts: &[Vec<usize>]) -> Result<()> {
+        check_gather_in_place(bufs, counts)?;
+        for (buf, counts) in bufs.iter_mut().zip(counts) {
+            let piece = piece_of("all_gather_in_place", buf.len(), counts, self.rank(), self.world_size())?;
+            let all = self.all_gather(&buf[piece], counts)?;
+            buf.copy_from_slice(&all);
+        }
+        Ok(())
+    }
+
     /// Returns once every rank has called it.
     fn barrier(&self) -> Result<()>;
 
@@ -240,6 +260,20 @@ pub(crate) fn piece_of(
     }
     let start: usize = counts[..rank].iter().sum();
     Ok(start..start + counts[rank])
+}
+
+/// An error unless there is one entry of counts per buffer of an in-place all-gather.
+pub(crate) fn check_gather_in_place(bufs: &[&mut [f32]], counts: &[Vec<usize>]) -> Result<()> {
+    if bufs.len() == counts.len() {
+        Ok(())
+    } else {
+        Err(Error::value(
+            "all_gather_in_place",
+            "counts",
+            format!("one entry per buffer ({})", bufs.len()),
+            counts.len(),
+        ))
+    }
 }
 
 /// An error naming `op` unless this rank's piece holds `expected` values.
@@ -332,6 +366,10 @@ impl Communicator for SingleProcess {
     fn all_gather(&self, mine: &[f32], counts: &[usize]) -> Result<Vec<f32>> {
         piece_of("all_gather", mine.len(), counts, 0, 1)?;
         Ok(mine.to_vec())
+    }
+    fn all_gather_in_place(&self, bufs: &mut [&mut [f32]], counts: &[Vec<usize>]) -> Result<()> {
+        check_gather_in_place(bufs, counts)?;
+        bufs.iter().zip(counts).try_for_each(|(buf, c)| piece_of("all_gather_in_place", buf.len(), c, 0, 1).map(drop))
     }
     fn start_all_reduce_tensors(
         &self,
@@ -442,6 +480,19 @@ mod tests {
         let want = [-0.0f32, 7.5, -0.0, 0.0, f32::INFINITY, -0.0];
         assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.map(f32::to_bits));
         assert!(c.all_gather(&[1.0], &[2, 2, 2]).unwrap_err().to_string().contains("counts[rank]"));
+        // In place: whatever stood at the other ranks' places is replaced by their parts.
+        let c = Pretend { rank: 1, world: 3, others: vec![5.0, -0.0, -0.0, 6.0] };
+        let mut buf = [9.0, 1.0, 2.0, 9.0];
+        c.all_gather_in_place(&mut [&mut buf[..]], &[vec![1, 2, 1]]).unwrap();
+        assert_eq!(buf, [5.0, 1.0, 2.0, 6.0]);
+        let e = c.all_gather_in_place(&mut [&mut buf[..]], &[]).unwrap_err().to_string();
+        assert!(e.contains("one entry per buffer"), "{e}");
+        let e = c.all_gather_in_place(&mut [&mut buf[..]], &[vec![1, 1, 1]]).unwrap_err().to_string();
+        assert!(e.contains("Σ counts = 3"), "{e}");
+        let mut one = [1.0, 2.0];
+        SingleProcess.all_gather_in_place(&mut [&mut one[..]], &[vec![2]]).unwrap();
+        assert_eq!(one, [1.0, 2.0]);
+        assert!(SingleProcess.all_gather_in_place(&mut [&mut one[..]], &[vec![1]]).is_err());
     }
 
     #[test]

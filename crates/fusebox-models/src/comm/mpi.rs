@@ -1,7 +1,8 @@
 //! [`MpiCommunicator`]: the processes an MPI launcher started (`mpirun -np N`), joined
 //! through rsmpi. The collectives are MPI's own (`MPI_Allreduce`, `MPI_Iallreduce`,
-//! `MPI_Reduce_scatter`, `MPI_Ireduce_scatter`, `MPI_Allgatherv`, `MPI_Bcast`,
-//! `MPI_Barrier`) on `MPI_COMM_WORLD`. MPI is initialised at
+//! `MPI_Reduce_scatter`, `MPI_Allgatherv`, `MPI_Bcast`, `MPI_Barrier`) on `MPI_COMM_WORLD`,
+//! except the non-blocking reduce-scatter and the in-place all-gather of ZeRO, which are
+//! point-to-point (`MPI_Isend`/`MPI_Irecv`, see [`ReduceScatterInFlight`]). MPI is initialised at
 //! `MPI_THREAD_SERIALIZED` where the library offers it: any thread may call it, one at a
 //! time (a process-wide lock is held across each call — a server's model thread talks to
 //! the other ranks, not the thread that started the process). Where the library offers
@@ -17,10 +18,17 @@ use mpi::raw::AsRaw;
 use mpi::topology::{Communicator as _, SimpleCommunicator};
 use mpi::traits::CommunicatorCollectives;
 
-use super::{check_peer, check_piece, check_root, piece_of, Communicator, PendingAllReduce, PendingSend, ReduceOp};
+use super::{
+    check_gather_in_place, check_peer, check_piece, check_root, piece_of, Communicator, PendingAllReduce, PendingSend,
+    ReduceOp,
+};
 
 /// The tag of point-to-point messages (`send`/`recv`).
 const P2P_TAG: c_int = 17;
+/// The tag of the messages of a non-blocking reduce-scatter ([`ReduceScatterInFlight`]).
+const REDUCE_SCATTER_TAG: c_int = 18;
+/// The tag of the messages of an in-place all-gather.
+const GATHER_TAG: c_int = 19;
 
 /// Held across every MPI call when MPI is initialised `MPI_THREAD_SERIALIZED`: MPI state
 /// is per process, so is the lock.
@@ -87,6 +95,22 @@ fn check(call: &str, code: c_int) -> Result<()> {
     }
 }
 
+/// `len` values from `at` on, in spans a C `int` can count: `(start, len)` pairs.
+fn spans(at: usize, len: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..len).step_by(MAX_COUNT).map(move |o| (at + o, (len - o).min(MAX_COUNT)))
+}
+
+/// Waits for every request (the caller holds the MPI turn); they are null afterwards.
+fn wait_all(requests: &mut [ffi::MPI_Request]) -> Result<()> {
+    if requests.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: every handle came from a non-blocking call (or is null); their buffers are
+    // kept in place by the callers until this returns.
+    let code = unsafe { ffi::MPI_Waitall(requests.len() as c_int, requests.as_mut_ptr(), ffi::RSMPI_STATUSES_IGNORE) };
+    check("MPI_Waitall", code)
+}
+
 impl MpiCommunicator {
     /// Initialises MPI (once per process) and joins `MPI_COMM_WORLD`. An error when MPI was
     /// already initialised or the library cannot give `MPI_THREAD_FUNNELED`.
@@ -117,6 +141,54 @@ impl MpiCommunicator {
                 format!("{call} from a thread other than the one that initialised MPI (MPI_THREAD_FUNNELED)"),
             ))
         }
+    }
+
+    /// Starts sending `len` f32 at `ptr` to `peer` under `tag` (the caller holds the turn).
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid and unwritten until the request completes.
+    unsafe fn isend(&self, ptr: *const f32, len: usize, peer: usize, tag: c_int) -> Result<ffi::MPI_Request> {
+        // SAFETY: reading a predefined handle, constant after MPI_Init.
+        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: as the caller promises; `len` ≤ MAX_COUNT fits a C int.
+        let code = unsafe {
+            ffi::MPI_Isend(
+                ptr as *const c_void,
+                len as c_int,
+                ffi::RSMPI_FLOAT,
+                peer as c_int,
+                tag,
+                self.world.as_raw(),
+                &mut request,
+            )
+        };
+        check("MPI_Isend", code)?;
+        Ok(request)
+    }
+
+    /// Starts receiving `len` f32 from `peer` under `tag` into `ptr` (the caller holds
+    /// the turn).
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid, and be neither read nor written, until the request
+    /// completes.
+    unsafe fn irecv(&self, ptr: *mut f32, len: usize, peer: usize, tag: c_int) -> Result<ffi::MPI_Request> {
+        // SAFETY: reading a predefined handle, constant after MPI_Init.
+        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: as the caller promises; `len` ≤ MAX_COUNT fits a C int.
+        let code = unsafe {
+            ffi::MPI_Irecv(
+                ptr as *mut c_void,
+                len as c_int,
+                ffi::RSMPI_FLOAT,
+                peer as c_int,
+                tag,
+                self.world.as_raw(),
+                &mut request,
+            )
+        };
+        check("MPI_Irecv", code)?;
+        Ok(request)
     }
 
     fn op(op: ReduceOp) -> ffi::MPI_Op {
@@ -174,12 +246,10 @@ impl Request {
     }
 }
 
-/// An `MPI_Iallreduce` or `MPI_Ireduce_scatter` in flight; owns its buffers (and the
-/// reduce-scatter's counts, which MPI reads until completion) until it completes.
+/// An `MPI_Iallreduce` in flight; owns its buffers until it completes.
 struct MpiPending {
     send: Vec<f32>,
     recv: Vec<f32>,
-    counts: Vec<c_int>,
     request: Request,
     /// `1/world_size` for an average, applied once complete.
     scale: Option<f32>,
@@ -204,7 +274,84 @@ impl Drop for MpiPending {
     fn drop(&mut self) {
         // The buffers must outlive the request: an unfinished reduction is waited for.
         let _ = self.request.wait();
-        let _ = (&self.send, &self.counts);
+        let _ = &self.send;
+    }
+}
+
+/// A reduce-scatter in flight, done point to point so that every rank reduces only its
+/// own piece: each rank sends each other rank that rank's part of `send` and receives
+/// every other rank's part for it into `received`; [`wait`](PendingAllReduce::wait) then
+/// combines the parts in rank order. (Open MPI's `MPI_Ireduce_scatter` reduces the whole
+/// buffer on rank 0 and scatters it, so rank 0 did all the arithmetic in its progress
+/// calls while the others waited.) Owns its buffers until every message has completed.
+struct ReduceScatterInFlight {
+    send: Vec<f32>,
+    /// Each rank's part for this rank (empty for this rank itself: it is in `send`).
+    received: Vec<Vec<f32>>,
+    /// This rank's part of `send`.
+    piece: std::ops::Range<usize>,
+    requests: Vec<ffi::MPI_Request>,
+    done: bool,
+    op: ReduceOp,
+    world: usize,
+}
+
+impl ReduceScatterInFlight {
+    fn wait_all(&mut self) -> Result<()> {
+        if !self.done {
+            let _turn = mpi_turn();
+            wait_all(&mut self.requests)?;
+            self.done = true;
+        }
+        Ok(())
+    }
+}
+
+impl PendingAllReduce for ReduceScatterInFlight {
+    fn test(&mut self) -> Result<bool> {
+        if !self.done && !self.requests.is_empty() {
+            let mut flag: c_int = 0;
+            let _turn = mpi_turn();
+            // SAFETY: as in `wait_all`; `flag` is a valid out-pointer.
+            let code = unsafe {
+                ffi::MPI_Testall(
+                    self.requests.len() as c_int,
+                    self.requests.as_mut_ptr(),
+                    &mut flag,
+                    ffi::RSMPI_STATUSES_IGNORE,
+                )
+            };
+            check("MPI_Testall", code)?;
+            self.done = flag != 0;
+        }
+        Ok(self.done || self.requests.is_empty())
+    }
+
+    fn wait(mut self: Box<Self>) -> Result<Vec<f32>> {
+        self.wait_all()?;
+        let me = self.piece.clone();
+        let part = |q: usize| if self.received[q].is_empty() { &self.send[me.clone()] } else { &self.received[q][..] };
+        // Rank order, the same for every element: ((x₀ ∘ x₁) ∘ x₂) ∘ …
+        let mut out = part(0).to_vec();
+        for q in 1..self.world {
+            let x = part(q);
+            match self.op {
+                ReduceOp::Max => out.iter_mut().zip(x).for_each(|(o, &v)| *o = o.max(v)),
+                ReduceOp::Sum | ReduceOp::Average => out.iter_mut().zip(x).for_each(|(o, &v)| *o += v),
+            }
+        }
+        if self.op == ReduceOp::Average && self.world > 1 {
+            let s = 1.0 / self.world as f32;
+            out.iter_mut().for_each(|x| *x *= s);
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for ReduceScatterInFlight {
+    fn drop(&mut self) {
+        // The buffers must outlive the messages: unfinished ones are waited for.
+        let _ = self.wait_all();
     }
 }
 
@@ -298,7 +445,7 @@ impl Communicator for MpiCommunicator {
         };
         check("MPI_Iallreduce", code)?;
         let scale = (op == ReduceOp::Average && self.size > 1).then(|| 1.0 / self.size as f32);
-        Ok(Box::new(MpiPending { send: buf, recv, counts: Vec::new(), request: Request::new(request), scale }))
+        Ok(Box::new(MpiPending { send: buf, recv, request: Request::new(request), scale }))
     }
 
     fn reduce_scatter(&self, buf: &[f32], counts: &[usize], op: ReduceOp) -> Result<Vec<f32>> {
@@ -324,28 +471,71 @@ impl Communicator for MpiCommunicator {
     }
 
     fn start_reduce_scatter(&self, buf: Vec<f32>, counts: &[usize], op: ReduceOp) -> Result<Box<dyn PendingAllReduce>> {
-        let _turn = self.enter("MPI_Ireduce_scatter")?;
-        let piece = piece_of("MPI_Ireduce_scatter", buf.len(), counts, self.rank, self.size)?;
-        let (ints, _) = int_counts("MPI_Ireduce_scatter", counts)?;
-        let mut recv = vec![0.0f32; piece.len()];
-        // SAFETY: reading a predefined handle, constant after MPI_Init.
-        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: as in `reduce_scatter`; `buf`, `recv` and `ints` move into the handle,
-        // which keeps their heap storage in place and waits before freeing it.
-        let code = unsafe {
-            ffi::MPI_Ireduce_scatter(
-                buf.as_ptr() as *const c_void,
-                recv.as_mut_ptr() as *mut c_void,
-                ints.as_ptr(),
-                ffi::RSMPI_FLOAT,
-                Self::op(op),
-                self.world.as_raw(),
-                &mut request,
-            )
+        let _turn = self.enter("reduce-scatter")?;
+        let piece = piece_of("reduce-scatter", buf.len(), counts, self.rank, self.size)?;
+        let mut received: Vec<Vec<f32>> =
+            (0..self.size).map(|q| if q == self.rank { Vec::new() } else { vec![0.0; piece.len()] }).collect();
+        let mut requests = Vec::new();
+        let mut started = || -> Result<()> {
+            for (q, into) in received.iter_mut().enumerate() {
+                for (at, len) in spans(0, into.len()) {
+                    // SAFETY: `into` moves into the handle below, which keeps its heap
+                    // storage in place, untouched, until the messages complete.
+                    requests.push(unsafe { self.irecv(into.as_mut_ptr().add(at), len, q, REDUCE_SCATTER_TAG)? });
+                }
+            }
+            let mut at = 0;
+            for (q, &n) in counts.iter().enumerate() {
+                if q != self.rank {
+                    for (start, len) in spans(at, n) {
+                        // SAFETY: as above for `buf`, which is only read.
+                        requests.push(unsafe { self.isend(buf.as_ptr().add(start), len, q, REDUCE_SCATTER_TAG)? });
+                    }
+                }
+                at += n;
+            }
+            Ok(())
         };
-        check("MPI_Ireduce_scatter", code)?;
-        let scale = (op == ReduceOp::Average && self.size > 1).then(|| 1.0 / self.size as f32);
-        Ok(Box::new(MpiPending { send: buf, recv, counts: ints, request: Request::new(request), scale }))
+        let result = started();
+        let pending = ReduceScatterInFlight { send: buf, received, piece, requests, done: false, op, world: self.size };
+        result?;
+        Ok(Box::new(pending))
+    }
+
+    fn all_gather_in_place(&self, bufs: &mut [&mut [f32]], counts: &[Vec<usize>]) -> Result<()> {
+        let _turn = self.enter("all_gather_in_place")?;
+        check_gather_in_place(bufs, counts)?;
+        for (buf, counts) in bufs.iter().zip(counts) {
+            piece_of("all_gather_in_place", buf.len(), counts, self.rank, self.size)?;
+        }
+        let mut requests = Vec::new();
+        let mut started = || -> Result<()> {
+            for (buf, counts) in bufs.iter_mut().zip(counts) {
+                let base = buf.as_mut_ptr();
+                let mut at = 0;
+                for (q, &n) in counts.iter().enumerate() {
+                    for (start, len) in spans(at, n) {
+                        if q == self.rank {
+                            for peer in (0..self.size).filter(|&p| p != self.rank) {
+                                // SAFETY: this rank's part is only read until `wait_all`
+                                // below returns; `bufs` is borrowed for the whole call.
+                                requests.push(unsafe { self.isend(base.add(start), len, peer, GATHER_TAG)? });
+                            }
+                        } else {
+                            // SAFETY: rank q's part, disjoint from every other part, is
+                            // written by MPI alone until `wait_all` below returns.
+                            requests.push(unsafe { self.irecv(base.add(start), len, q, GATHER_TAG)? });
+                        }
+                    }
+                    at += n;
+                }
+            }
+            Ok(())
+        };
+        let result = started();
+        // Every message started must complete before the buffers go back to the caller.
+        let waited = wait_all(&mut requests);
+        result.and(waited)
     }
 
     fn all_gather(&self, mine: &[f32], counts: &[usize]) -> Result<Vec<f32>> {

@@ -14,8 +14,9 @@ use fusebox::{ComputeBackend, Error, Result, Tensor};
 use crate::comm::Communicator;
 use crate::params::ParamSet;
 
-/// Values moved per all-gather of the parameters: 4 MiB of f32, as the gradient buckets.
-pub const GATHER_ELEMS: usize = super::DEFAULT_BUCKET_BYTES / 4;
+/// Longest window of a tensor one buffer of the parameters' all-gather holds (a C `int`
+/// of MPI counts bounds it).
+pub const GATHER_ELEMS: usize = 1 << 28;
 
 /// Where each rank's piece of the flattened trained tensors lies (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -179,9 +180,11 @@ pub fn write_range(b: &dyn ComputeBackend, t: &mut Tensor, offset: usize, values
     Ok(())
 }
 
-/// Gives every rank every rank's piece of `params` (laid out as `layout`): the flat vector
-/// goes in windows of [`GATHER_ELEMS`], each an all-gather of the ranks' parts of it, so no
-/// buffer of the whole model is ever made. Nothing moves in a world of one.
+/// Gives every rank every rank's piece of `params` (laid out as `layout`), gathered in
+/// place: each tensor (in windows of at most [`GATHER_ELEMS`]) is one buffer of
+/// [`Communicator::all_gather_in_place`], this rank's part already where it belongs, the
+/// others' parts received straight into the tensor's storage. Tensors off the host are
+/// gathered through a host copy of each. Nothing moves in a world of one.
 pub fn all_gather_params(
     b: &dyn ComputeBackend,
     comm: &dyn Communicator,
@@ -191,27 +194,34 @@ pub fn all_gather_params(
     if comm.world_size() == 1 {
         return Ok(());
     }
-    let mine = layout.range(comm.rank());
-    let mut at = 0;
-    while at < layout.total() {
-        let window = at..(at + GATHER_ELEMS).min(layout.total());
-        let counts: Vec<usize> =
-            layout.ranges().iter().map(|r| window.end.min(r.end).saturating_sub(window.start.max(r.start))).collect();
-        let own = window.start.max(mine.start)..window.end.min(mine.end);
-        let mut values = Vec::with_capacity(own.len());
-        for p in layout.pieces(own.clone(), usize::MAX) {
-            values.extend(read_range(b, &params.tensors[p.tensor], p.offset..p.offset + p.len)?);
+    let mut staged: Vec<Option<Vec<f32>>> = params
+        .tensors
+        .iter()
+        .map(|t| if t.is_host() { Ok(None) } else { Ok(Some(b.to_host(t)?.to_vec::<f32>()?)) })
+        .collect::<Result<_>>()?;
+    let mut bufs: Vec<&mut [f32]> = Vec::new();
+    let mut counts: Vec<Vec<usize>> = Vec::new();
+    for (i, (t, host)) in params.tensors.iter_mut().zip(&mut staged).enumerate() {
+        let values = match host {
+            Some(v) => v.as_mut_slice(),
+            None => t.as_mut_slice::<f32>()?,
+        };
+        let mut start = layout.tensor_range(i).start;
+        for window in values.chunks_mut(GATHER_ELEMS) {
+            let flat = start..start + window.len();
+            counts.push(
+                layout.ranges().iter().map(|r| flat.end.min(r.end).saturating_sub(flat.start.max(r.start))).collect(),
+            );
+            bufs.push(window);
+            start = flat.end;
         }
-        let all = comm.all_gather(&values, &counts)?;
-        for p in layout.pieces(window.clone(), usize::MAX) {
-            // This rank's own part is already in place.
-            if p.flat >= own.start && p.flat + p.len <= own.end && !own.is_empty() {
-                continue;
-            }
-            let from = p.flat - window.start;
-            write_range(b, &mut params.tensors[p.tensor], p.offset, &all[from..from + p.len])?;
+    }
+    comm.all_gather_in_place(&mut bufs, &counts)?;
+    drop(bufs);
+    for (t, host) in params.tensors.iter_mut().zip(&staged) {
+        if let Some(v) = host {
+            write_range(b, t, 0, v)?;
         }
-        at = window.end;
     }
     Ok(())
 }

@@ -44,7 +44,7 @@ pub use self::zero::{GradShard, ShardedAdamW};
 use crate::checkpoint::{self, Contents, MomentShard};
 use crate::comm::{Communicator, ReduceOp, SingleProcess};
 use crate::config::ModelConfig;
-use crate::data_parallel::shard::{read_range, ShardLayout};
+use crate::data_parallel::shard::ShardLayout;
 use crate::data_parallel::{GradSync, DEFAULT_BUCKET_BYTES};
 use crate::model::Model;
 use crate::params::ParamSet;
@@ -296,16 +296,11 @@ impl<S: ParamSource, D: DataSource> Trainer<S, D> {
         let update = match &mut self.optimizer {
             Optimizer::Whole(opt) => opt.update(b, &self.config, step, loss[0], specs, params, grads)?,
             Optimizer::Sharded(opt) if self.config.zero >= 2 => {
-                // Only this rank's piece of the averaged gradient is kept; the whole
-                // buffer goes until the next backward.
-                let mine = opt.layout().range(rank);
-                let mut piece = Vec::with_capacity(mine.len());
-                for p in opt.layout().pieces(mine, usize::MAX) {
-                    piece.extend(read_range(b, &grads.tensors[p.tensor], p.offset..p.offset + p.len)?);
-                }
+                // Only this rank's piece of the averaged gradient is kept (in the
+                // optimizer's own buffer); the whole buffer goes until the next backward.
+                opt.keep_gradient_piece(b, grads)?;
                 self.grads = None;
-                let shard = GradShard::Flat(&piece);
-                opt.update(b, comm.as_ref(), &self.config, step, loss[0], specs, params, shard)?
+                opt.update(b, comm.as_ref(), &self.config, step, loss[0], specs, params, GradShard::Kept)?
             }
             Optimizer::Sharded(opt) => {
                 let shard = GradShard::InPlace(grads);

@@ -10,26 +10,23 @@
 //! update of an element depends on that element alone, so updating pieces gives what
 //! updating whole tensors gives.
 
-use fusebox::{ComputeBackend, Result, Tensor};
+use fusebox::{ComputeBackend, DType, Error, Result, Shape, Tensor};
 
 use super::optimizer::{check_finite, clip_factor, hyper};
 use super::{TrainConfig, Update};
 use crate::checkpoint;
 use crate::comm::{Communicator, ReduceOp};
-use crate::data_parallel::shard::{all_gather_params, read_range, write_range, Piece, ShardLayout};
+use crate::data_parallel::shard::{all_gather_params, read_range, Piece, ShardLayout};
 use crate::params::{ParamSet, ParamSpec};
-
-/// Elements per moment tensor (and per update call): 4 MiB of f32, so the update's
-/// temporary copies of a parameter piece and its gradient stay small.
-const CHUNK: usize = 1 << 20;
 
 /// Where this rank's averaged gradient lives after the reduce-scatter.
 #[derive(Debug, Clone, Copy)]
 pub enum GradShard<'a> {
     /// In this rank's piece of the whole gradient buffer (`--zero 1`).
     InPlace(&'a ParamSet),
-    /// In a buffer of this rank's piece only, the whole one freed (`--zero 2`).
-    Flat(&'a [f32]),
+    /// In the optimizer's own buffer of this rank's piece, the whole one freed (`--zero 2`,
+    /// see [`ShardedAdamW::keep_gradient_piece`]).
+    Kept,
 }
 
 /// AdamW over this rank's piece of the trained tensors (see the module docs).
@@ -37,8 +34,12 @@ pub enum GradShard<'a> {
 pub struct ShardedAdamW {
     layout: ShardLayout,
     rank: usize,
-    /// This rank's range in pieces of at most [`CHUNK`] elements, with their `m` and `v`.
+    /// This rank's range as parts of tensors ([`ShardLayout::pieces`]), with their `m`
+    /// and `v`.
     chunks: Vec<(Piece, Tensor, Tensor)>,
+    /// Under `--zero 2`, this rank's piece of the averaged gradient (flat), from the
+    /// reduce-scatter to the end of the update.
+    grad_piece: Option<Tensor>,
 }
 
 impl ShardedAdamW {
@@ -70,12 +71,12 @@ impl ShardedAdamW {
     ) -> Result<ShardedAdamW> {
         let mine = layout.range(rank);
         let mut chunks = Vec::new();
-        for p in layout.pieces(mine.clone(), CHUNK) {
+        for p in layout.pieces(mine.clone(), usize::MAX) {
             let at = p.flat - mine.start;
             let tensor = |x: &[f32]| b.upload(&Tensor::from_slice(&x[at..at + p.len], [p.len])?);
             chunks.push((p, tensor(&m)?, tensor(&v)?));
         }
-        Ok(ShardedAdamW { layout, rank, chunks })
+        Ok(ShardedAdamW { layout, rank, chunks, grad_piece: None })
     }
 
     /// The cut of the trained tensors over the ranks.
@@ -99,10 +100,25 @@ impl ShardedAdamW {
         Ok((m, v))
     }
 
+    /// Copies this rank's piece of the averaged gradient `grads` into a buffer of the
+    /// optimizer's, so that the whole buffer can be freed before the update, which then
+    /// reads [`GradShard::Kept`] and frees the piece too (`--zero 2`: between steps a rank
+    /// holds no gradient, and the piece never adds to the backward's peak).
+    pub fn keep_gradient_piece(&mut self, b: &dyn ComputeBackend, grads: &ParamSet) -> Result<()> {
+        let mine = self.layout.range(self.rank);
+        let piece = self.grad_piece.insert(b.zeros(&Shape::new([mine.len()]), DType::F32)?);
+        for (p, _, _) in &self.chunks {
+            let from = grads.tensors[p.tensor].view(p.offset, [p.len])?;
+            piece.with_window_mut(p.flat - mine.start, [p.len], |to| b.copy_into(to, &from))?;
+        }
+        Ok(())
+    }
+
     /// Optimizer step `step` (from 1) on every rank of `comm` together: this rank's piece
-    /// of `params` (laid out as `specs`) is updated with its averaged gradient `grads` after
-    /// a mean loss of `loss`, then every rank's pieces are gathered (see the module docs and
-    /// [`AdamW::update`](super::AdamW::update), whose steps these are).
+    /// of `params` (laid out as `specs`) is updated in place with its averaged gradient
+    /// `grads` after a mean loss of `loss`, then every rank's pieces are gathered into
+    /// `params` (see the module docs and [`AdamW::update`](super::AdamW::update), whose
+    /// steps these are).
     #[allow(clippy::too_many_arguments)]
     pub fn update(
         &mut self,
@@ -116,29 +132,33 @@ impl ShardedAdamW {
         grads: GradShard<'_>,
     ) -> Result<Update> {
         let mine = self.layout.range(self.rank);
-        let grad_of = |p: &Piece| -> Result<Vec<f32>> {
-            match grads {
-                GradShard::InPlace(set) => read_range(b, &set.tensors[p.tensor], p.offset..p.offset + p.len),
-                GradShard::Flat(flat) => Ok(flat[p.flat - mine.start..p.flat - mine.start + p.len].to_vec()),
-            }
-        };
-        // ‖g‖² of this piece in f64 (as the whole-tensor norm sums), then over the ranks.
-        let mut sum_squares = 0.0f64;
-        for (p, _, _) in &self.chunks {
-            sum_squares += grad_of(p)?.iter().map(|&g| (g as f64) * (g as f64)).sum::<f64>();
-        }
-        let mut total = [sum_squares as f32];
+        // Views of the gradient's pieces, where they lie (no copy).
+        let grad_views = self
+            .chunks
+            .iter()
+            .map(|(p, _, _)| match grads {
+                GradShard::InPlace(set) => set.tensors[p.tensor].view(p.offset, [p.len]),
+                GradShard::Kept => match &self.grad_piece {
+                    Some(t) => t.view(p.flat - mine.start, [p.len]),
+                    None => Err(Error::value("ShardedAdamW::update", "gradient piece", "kept", "none")),
+                },
+            })
+            .collect::<Result<Vec<Tensor>>>()?;
+        // ‖g‖² of this piece (summed in f64 by the backend), then over the ranks.
+        let piece_norm = if grad_views.is_empty() { 0.0 } else { b.global_norm(&grad_views)? as f64 };
+        let mut total = [(piece_norm * piece_norm) as f32];
         comm.all_reduce(&mut total, ReduceOp::Sum)?;
         let grad_norm = (total[0] as f64).sqrt() as f32;
         check_finite(step, loss, grad_norm)?;
         let (clip, lr) = (clip_factor(b, config, grad_norm)?, config.lr_at(step));
-        for (p, m, v) in &mut self.chunks {
-            let t = &mut params.tensors[p.tensor];
-            let mut param = b.upload(&Tensor::from_slice(&read_range(b, t, p.offset..p.offset + p.len)?, [p.len])?)?;
-            let grad = b.upload(&Tensor::from_slice(&grad_of(p)?, [p.len])?)?;
-            b.adamw_update(&mut param, &grad, m, v, &hyper(config, &specs[p.tensor], lr, clip), step)?;
-            write_range(b, t, p.offset, &read_range(b, &param, 0..p.len)?)?;
+        for ((p, m, v), grad) in self.chunks.iter_mut().zip(&grad_views) {
+            let hyper = hyper(config, &specs[p.tensor], lr, clip);
+            params.tensors[p.tensor]
+                .with_window_mut(p.offset, [p.len], |param| b.adamw_update(param, grad, m, v, &hyper, step))?;
         }
+        // The kept piece is spent (its views first).
+        drop(grad_views);
+        self.grad_piece = None;
         all_gather_params(b, comm, &self.layout, params)?;
         Ok(Update { grad_norm, lr })
     }
