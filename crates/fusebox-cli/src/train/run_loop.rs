@@ -53,7 +53,7 @@ fn optimizer_line(mem: &MemoryReport, zero: u8, world: usize) -> String {
         format!("AdamW moments {} per rank (whole; --zero 1 shards them over the ranks)", gib(mem.moment_bytes))
     };
     let between = if zero >= 2 {
-        format!(", {} kept between steps (--zero 2)", gib(mem.gradient_bytes_between_steps))
+        format!(", {} kept between steps (--zero 2 frees them)", gib(mem.gradient_bytes_between_steps))
     } else {
         String::new()
     };

@@ -78,7 +78,8 @@ pub struct MemoryReport {
     pub optimizer_bytes: u64,
     /// The gradients the backward writes (whole at every ZeRO stage).
     pub gradient_bytes: u64,
-    /// The gradients kept between steps: whole, or this rank's piece under `--zero 2`.
+    /// The gradients kept between steps: whole, or none under `--zero 2` (its piece of the
+    /// reduced gradient lives from the reduce-scatter to the end of the update).
     pub gradient_bytes_between_steps: u64,
     /// AdamW's two moments on this rank: its piece under ZeRO.
     pub moment_bytes: u64,
@@ -423,7 +424,7 @@ impl<S: ParamSource, D: DataSource> Trainer<S, D> {
             adapter_bytes: net.lora.as_ref().map_or(0, |a| bytes(&a.params)),
             optimizer_bytes: gradient_bytes + moment_bytes,
             gradient_bytes,
-            gradient_bytes_between_steps: if self.config.zero >= 2 { 4 * piece } else { gradient_bytes },
+            gradient_bytes_between_steps: if self.config.zero >= 2 { 0 } else { gradient_bytes },
             moment_bytes,
             moment_bytes_whole: 8 * elems,
             activation_bytes: activations(self.config.activations()),
