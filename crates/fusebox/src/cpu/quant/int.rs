@@ -59,15 +59,13 @@ pub struct Q8Row {
     pub xsum: Vec<f32>,
     /// Per run of 32, the integer sum of q (the K formats' offsets).
     pub qsum: Vec<i32>,
-    /// 32-blocks: per pair of blocks 2p, 2p + 1, their 64 values with the groups of 4
-    /// elements interleaved (group l of block 2p at bytes 64p + 8l.., of block 2p + 1 at
-    /// 64p + 8l + 4..; 0 for a missing odd block), the order of the VNNI kernels' lanes;
-    /// empty for the K formats.
-    pub q_pairs: Vec<i8>,
-    /// 32-blocks: per group of 4 elements of `q_pairs` (one i32 lane), `−2^s·Σq` for the
-    /// offset `2^s` that makes the weights unsigned for `vpdpbusd`
-    /// ([`weight_offset_shift`]); empty for the K formats.
+    /// 32-blocks: per group of 4 elements (one i32 lane), `−2^s·Σq` for the offset `2^s`
+    /// that makes the weights unsigned for `vpdpbusd` ([`weight_offset_shift`]), padded
+    /// with 0 to whole pairs of blocks; empty for the K formats.
     pub bias: Vec<i32>,
+    /// 32-blocks: per pair of blocks, their two scales each repeated 8 times (the lanes
+    /// of a 512-bit accumulator; 0 for a missing odd block); empty for the K formats.
+    pub d16: Vec<f32>,
 }
 
 /// Whether `dtype` has an integer kernel here, and which activation block it needs
@@ -108,8 +106,8 @@ fn quantize_row_portable(x: &[f32], dtype: DType) -> Q8Row {
         d: Vec::with_capacity(x.len() / block),
         xsum: Vec::with_capacity(x.len() / QK),
         qsum: Vec::with_capacity(x.len() / QK),
-        q_pairs: Vec::new(),
         bias: Vec::new(),
+        d16: Vec::new(),
     };
     for (xs, qs) in x.chunks_exact(block).zip(row.q.chunks_exact_mut(block)) {
         let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -127,14 +125,11 @@ fn quantize_row_portable(x: &[f32], dtype: DType) -> Q8Row {
         row.qsum.push(qsum);
     }
     if let (Some(s), QK) = (weight_offset_shift(dtype), block) {
-        for pair in row.q.chunks(2 * QK) {
-            for l in 0..8 {
-                for h in 0..2 {
-                    let group = pair.get(QK * h + 4 * l..QK * h + 4 * l + 4).unwrap_or(&[0; 4]);
-                    row.q_pairs.extend_from_slice(group);
-                    row.bias.push(-(group.iter().map(|&q| i32::from(q)).sum::<i32>() << s));
-                }
-            }
+        row.bias.extend(row.q.chunks_exact(4).map(|g| -(g.iter().map(|&q| i32::from(q)).sum::<i32>() << s)));
+        row.bias.resize(16 * row.d.len().div_ceil(2), 0);
+        for pair in row.d.chunks(2) {
+            let second = pair.get(1).copied().unwrap_or(0.0);
+            row.d16.extend([pair[0]; 8].into_iter().chain([second; 8]));
         }
     }
     row
@@ -159,9 +154,8 @@ fn block_bytes(dtype: DType) -> usize {
 /// `out[r·m + i] = Σ_j xs[i][j]·W[r, j]` for the rows r of `w` (whole rows of `dtype`
 /// blocks) and the `m = xs.len()` x rows given quantized (from [`quantize_row`] for
 /// `dtype`). Each result has the bits it gets with that x row alone: the AVX-512 VNNI
-/// kernels work in register tiles of 4 W rows × up to 4 x rows (the 32-block formats) or
-/// decode a super-block once for up to 8 x rows (the K formats), the AVX2 ones decode a
-/// block once for up to 4 (the 32-block formats; the K formats take each x row in turn there). Returns false, doing nothing, for a format without an
+/// kernels decode a weight block once for up to 8 x rows, the AVX2 ones for up to 4 (the
+/// 32-block formats; the K formats take each x row in turn there). Returns false, doing nothing, for a format without an
 /// integer kernel, an x row quantized for another format, or sizes that do not fit.
 pub fn int_rows_multi(dtype: DType, w: &[u8], xs: &[Q8Row], out: &mut [f32]) -> bool {
     if !fits_all(dtype, w, xs, out.len()) {
@@ -200,8 +194,8 @@ fn fits(dtype: DType, w: &[u8], xq: &Q8Row, rows: usize) -> bool {
         && xq.d.len() == k / block
         && xq.xsum.len() == k / QK
         && xq.qsum.len() == k / QK
-        && xq.q_pairs.len() == if block == QK { 64 * (k / QK).div_ceil(2) } else { 0 }
         && xq.bias.len() == if block == QK { 16 * (k / QK).div_ceil(2) } else { 0 }
+        && xq.d16.len() == if block == QK { 16 * (k / QK).div_ceil(2) } else { 0 }
         && w.len() == rows * (k / block) * block_bytes(dtype)
 }
 
@@ -459,10 +453,9 @@ mod tests {
     }
 
     /// The multi-row kernels (AVX-512 VNNI, AVX2, and the dispatch over them) give the
-    /// twin's bits for every number of x rows up to 16 (their groups of 8, 4, 2 and 1; the
-    /// VNNI tiles of 1 to 4 x rows), W row counts that are not whole tiles of 4 (and two
-    /// whole tiles), and odd block counts (a half-empty last pair of 32-blocks; one, three
-    /// and five K super-blocks).
+    /// twin's bits for every number of x rows up to 16 (their groups of 8, 4, 2 and 1),
+    /// odd W row counts, and odd block counts (a half-empty last pair of 32-blocks; one,
+    /// three and five K super-blocks).
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_multi_row_kernels_give_the_twins_bits_for_any_number_of_x_rows() {
@@ -475,17 +468,7 @@ mod tests {
         for (name, kernel) in kernels {
             for dtype in FORMATS {
                 let block = activation_block(dtype).unwrap();
-                let nb_rows_m = [
-                    (1, 3, 1),
-                    (4, 5, 3),
-                    (9, 4, 8),
-                    (18, 2, 13),
-                    (3, 3, 16),
-                    (5, 7, 5),
-                    (1, 1, 2),
-                    (2, 8, 6),
-                    (7, 9, 11),
-                ];
+                let nb_rows_m = [(1, 3, 1), (4, 5, 3), (9, 4, 8), (18, 2, 13), (3, 3, 16), (5, 7, 5), (1, 1, 2)];
                 for (nb, rows, m) in nb_rows_m {
                     // As many elements for the K formats as for the 32-block ones, in whole super-blocks.
                     let k = if block == QK { nb * QK } else { nb.div_ceil(2) * QK_K };
@@ -597,7 +580,8 @@ mod tests {
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&simd.d), bits(&want.d), "{dtype}");
             assert_eq!(bits(&simd.xsum), bits(&want.xsum), "{dtype}");
-            assert_eq!((&simd.qsum, &simd.q_pairs, &simd.bias), (&want.qsum, &want.q_pairs, &want.bias), "{dtype}");
+            assert_eq!(bits(&simd.d16), bits(&want.d16), "{dtype}");
+            assert_eq!((&simd.qsum, &simd.bias), (&want.qsum, &want.bias), "{dtype}");
         }
         assert_eq!(&quantize_row_portable(&x, DType::Q8_0).q[..7], &[127, 3, -3, 1, -1, 127, -4]);
         assert_eq!(&quantize_row_portable(&x, DType::Q4K).q[QK_K..QK_K + 5], &[-127, 2, -2, 101, -1]);
