@@ -339,7 +339,7 @@ mod tests {
                     .collect();
                 for dtype in DType::ALL.into_iter().filter(|d| d.is_quantized() || *d == DType::F8E4M3) {
                     let k = if dtype.block_elems() == 256 { 768 } else { 544 };
-                    let x: Vec<f32> = (0..3 * k).map(|i| ((i * 37 % 101) as f32 / 25.0 - 2.0)).collect();
+                    let x: Vec<f32> = (0..3 * k).map(|i| (i * 37 % 101) as f32 / 25.0 - 2.0).collect();
                     let w_f32: Vec<f32> = (0..n * k).map(|i| (i * 53 % 89) as f32 / 22.0 - 2.0).collect();
                     let w = cpus[0].quantize(&Tensor::from_vec(w_f32, [n, k]).unwrap(), dtype).unwrap();
                     for m in [1, 3] {
