@@ -28,6 +28,7 @@ fn train_config(steps: u64) -> TrainConfig {
         eval_batches: 1,
         checkpoint_activations: false,
         zero: 0,
+        precision: fusebox_models::transformer::Precision::F32,
     }
 }
 

@@ -494,6 +494,50 @@ pub trait ComputeBackend: Send + Sync + Debug {
         dx.to_backend(self)
     }
 
+    /// `y = bf16(x) · bf16(W)ᵀ + bias`: [`linear_forward`](Self::linear_forward) with x
+    /// and W rounded to BF16 (round to nearest even) and the products accumulated in
+    /// f32, the matmul of mixed-precision (BF16) training; the bias is added in f32.
+    /// The CPU runs `vdpbf16ps` where the CPU has AVX-512 BF16, else the same rounded
+    /// products with f32 arithmetic.
+    ///
+    /// # Shapes
+    /// `x`: `[..., in]`; `w`: `[out, in]`; `bias`: `[out]` → `[..., out]`.
+    fn linear_forward_bf16(&self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        let bias = opt_to_host(self, bias)?;
+        on_cpu!(self, cpu::bf16_gemm::linear::linear_forward_bf16; [x, w], bias.as_ref())
+    }
+
+    /// Backward of [`linear_forward_bf16`](Self::linear_forward_bf16) adding into the
+    /// parameter gradients, with BF16 operands and f32 accumulation:
+    /// `dW += bf16(dy)ᵀ · bf16(x)`, `dbias += Σ_rows dy` (f32), returns
+    /// `dx = bf16(dy) · bf16(W)`. The gradients stay f32 (master weights).
+    ///
+    /// # Shapes
+    /// as [`linear_backward_accumulate`](Self::linear_backward_accumulate).
+    fn linear_backward_accumulate_bf16(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        d_out: &Tensor,
+        dweight: &mut Tensor,
+        dbias: Option<&mut Tensor>,
+    ) -> Result<Tensor> {
+        let (x, w, d_out) = (self.to_host(x)?, self.to_host(w)?, self.to_host(d_out)?);
+        let bf16 = cpu::bf16_gemm::linear::linear_backward_accumulate_bf16;
+        if dweight.is_host() && dbias.as_ref().is_none_or(|b| b.is_host()) {
+            return bf16(self.cpu(), &x, &w, &d_out, dweight, dbias)?.to_backend(self);
+        }
+        // Device-resident gradients: accumulate into host copies, then write them back.
+        let mut dw_host = self.to_host(dweight)?;
+        let mut db_host = opt_to_host(self, dbias.as_deref())?;
+        let dx = bf16(self.cpu(), &x, &w, &d_out, &mut dw_host, db_host.as_mut())?;
+        self.copy_into(dweight, &self.upload(&dw_host)?)?;
+        if let (Some(dst), Some(host)) = (dbias, db_host) {
+            self.copy_into(dst, &self.upload(&host)?)?;
+        }
+        dx.to_backend(self)
+    }
+
     /// Scores of queries against the first `len` cached keys:
     /// `s[b,h,i,j] = q[b,h,i,:] · k_cache[b, h/(Hq/Hkv), j, :]` for `j < len` (no scale).
     ///

@@ -61,6 +61,8 @@ ops! {
     LinearForward => "linear_forward",
     LinearBackward => "linear_backward",
     LinearBackwardAccumulate => "linear_backward_accumulate",
+    LinearForwardBf16 => "linear_forward_bf16",
+    LinearBackwardAccumulateBf16 => "linear_backward_accumulate_bf16",
     HeadPrefixMatmul => "head_prefix_matmul",
     // mixture of experts
     MoeRoute => "moe_route",

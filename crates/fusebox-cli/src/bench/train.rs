@@ -35,6 +35,9 @@ pub struct TrainBenchArgs {
     /// Activation checkpointing (see `fusebox train --help`).
     #[arg(long)]
     checkpoint_activations: bool,
+    /// Linear layers' arithmetic: f32 or bf16 (see `fusebox train --help`).
+    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
+    precision: String,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -56,6 +59,7 @@ pub fn run(args: &TrainBenchArgs) -> Result<()> {
         eval_every: 0,
         eval_batches: 0,
         checkpoint_activations: args.checkpoint_activations,
+        precision: args.precision.parse()?,
         ..TrainConfig::default()
     };
     cfg.validate()?;
@@ -93,12 +97,14 @@ pub fn run(args: &TrainBenchArgs) -> Result<()> {
         return Ok(());
     }
     let tokens = (args.batch * args.seq * ranks) as f64;
+    let bf16_kernel = fusebox::cpu::bf16_gemm::Kernel::for_isa(b.cpu().isa());
     if args.json {
         println!(
             "{}",
             json!({"name": format!("train_step/{}", args.preset), "preset": args.preset, "batch": args.batch, "seq": args.seq,
                    "ranks": ranks, "params": trainer.model.net.params.len(), "seconds_per_step": s, "ms": s * 1e3,
-                   "checkpoint_activations": args.checkpoint_activations,
+                   "checkpoint_activations": args.checkpoint_activations, "precision": args.precision,
+                   "bf16_kernel": (args.precision == "bf16").then(|| bf16_kernel.name()),
                    "seconds_per_step_no_comm": alone, "tokens_per_s": tokens / s})
         );
     } else {
@@ -110,9 +116,10 @@ pub fn run(args: &TrainBenchArgs) -> Result<()> {
             );
         }
         println!(
-            "train step {}{} ({:.1}M params), batch {} × seq {} on '{}' ({} threads): {:.3} s/step (median of {}), {:.0} tokens/s",
+            "train step {}{}{} ({:.1}M params), batch {} × seq {} on '{}' ({} threads): {:.3} s/step (median of {}), {:.0} tokens/s",
             args.preset,
             if args.checkpoint_activations { " with activation checkpointing" } else { "" },
+            if args.precision == "bf16" { format!(", bf16 matmuls ({})", bf16_kernel.name()) } else { String::new() },
             trainer.model.net.params.len() as f64 / 1e6,
             args.batch,
             args.seq,

@@ -76,6 +76,14 @@ pub struct TrainArgs {
     /// at any world size and stage. Asked again on --resume.
     #[arg(long, default_value_t = 0)]
     pub zero: u8,
+    /// Arithmetic of the linear layers (the head, attention projections, MLPs, LoRA):
+    /// f32, or bf16 — mixed precision: BF16 operands with f32 accumulation in every linear
+    /// layer's forward and backward (`vdpbf16ps` on CPUs with AVX-512 BF16, the same
+    /// rounded products in f32 elsewhere), f32 master weights, gradients, AdamW state,
+    /// norms, softmax, attention and loss. BF16 keeps f32's exponent range, so there is
+    /// no loss scaling; a non-finite step still stops the run. Asked again on --resume.
+    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
+    pub precision: String,
     /// Backend: cpu, cpu:N or wgpu.
     #[arg(long, default_value = "cpu")]
     pub backend: String,
@@ -214,6 +222,7 @@ pub(crate) fn apply_flags(mut config: TrainConfig, args: &TrainArgs) -> TrainCon
     config.eval_every = args.eval_every.unwrap_or(config.eval_every);
     config.checkpoint_activations = args.checkpoint_activations;
     config.zero = args.zero;
+    config.precision = args.precision.parse().unwrap_or_default();
     config
 }
 

@@ -432,6 +432,78 @@ fn linear_backward_accumulate_cases<B: ComputeBackend + ?Sized + 'static>() -> V
     cases
 }
 
+/// The BF16-operand linear ops against the f64 twins of the f32 ones on BF16-rounded
+/// inputs (the products are exact; only the f32 accumulation differs). Finite
+/// differences do not apply: rounding the operands makes the op piecewise constant in
+/// them, so the backward is checked against the f32 backward's twin on the same rounded
+/// values. Sizes with edge tiles in every dimension and one that takes the threads.
+fn linear_bf16_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
+    let mut cases = Vec::new();
+    let configs: [(Dims, Dims, bool); 4] = [
+        (&[2, 3, 4], &[3, 4], true),
+        (&[5, 7], &[6, 7], false),
+        (&[4, 30, 72], &[90, 72], true),
+        (&[100, 300], &[130, 300], false),
+    ];
+    for (xd, wd, with_bias) in configs {
+        let mut dy = xd.to_vec();
+        *dy.last_mut().unwrap() = wd[0];
+        let mut forward =
+            OpCase::new(Op::LinearForwardBf16, format!("linear_forward_bf16 x{xd:?} w{wd:?} bias={with_bias}"))
+                .input(rand(xd, 51))
+                .input(rand(wd, 52));
+        let mut backward = OpCase::new(
+            Op::LinearBackwardAccumulateBf16,
+            format!("linear_backward_accumulate_bf16 x{xd:?} w{wd:?} bias={with_bias}"),
+        )
+        .input(rand(xd, 53))
+        .input(rand(wd, 54))
+        .input(rand(&dy, 55))
+        .input(rand(wd, 56));
+        if with_bias {
+            forward = forward.input(rand(&wd[..1], 57));
+            backward = backward.input(rand(&wd[..1], 58));
+        }
+        cases.extend(
+            forward
+                .call(|b: &B, t| Ok(vec![b.linear_forward_bf16(&t[0], &t[1], t.get(2))?]))
+                .twin(|a| vec![twin::linear_forward_bf16(&a[0], &a[1], a.get(2))])
+                .dtypes(ALL)
+                .build(),
+        );
+        cases.extend(
+            backward
+                .call(move |b: &B, t| {
+                    let mut dw = b.copy(&t[3])?;
+                    let mut db = t.get(4).map(|db| b.copy(db)).transpose()?;
+                    let dx = b.linear_backward_accumulate_bf16(&t[0], &t[1], &t[2], &mut dw, db.as_mut())?;
+                    Ok([dx, dw].into_iter().chain(db).collect())
+                })
+                .twin(|a| {
+                    let (dx, dw, db) = twin::linear_backward_accumulate_bf16(&a[0], &a[1], &a[2], &a[3], a.get(4));
+                    [dx, dw].into_iter().chain(db).collect()
+                })
+                .dtypes(ALL)
+                .build(),
+        );
+    }
+    let t = |d: &[usize]| rand(d, 59);
+    cases.push(Case::expect_error(
+        Op::LinearForwardBf16,
+        "linear_forward_bf16 w [5, 3] for x [.., 4]",
+        move |b: &B| b.linear_forward_bf16(&t(&[2, 4]), &t(&[5, 3]), None).map(drop),
+    ));
+    cases.push(Case::expect_error(
+        Op::LinearBackwardAccumulateBf16,
+        "linear_backward_accumulate_bf16 dweight [4, 4] for w [5, 4]",
+        move |b: &B| {
+            let mut dw = t(&[4, 4]);
+            b.linear_backward_accumulate_bf16(&t(&[3, 4]), &t(&[5, 4]), &t(&[3, 5]), &mut dw, None).map(drop)
+        },
+    ));
+    cases
+}
+
 fn head_prefix_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     let mut cases = Vec::new();
     let configs: [(Dims, Dims, usize, DTypes); 6] = [
@@ -486,6 +558,7 @@ pub fn cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
     cases.extend(linear_forward_cases());
     cases.extend(linear_backward_cases());
     cases.extend(linear_backward_accumulate_cases());
+    cases.extend(linear_bf16_cases());
     cases.extend(head_prefix_cases());
     cases
 }

@@ -161,3 +161,28 @@ pub fn head_prefix_matmul(q: &Array, k_cache: &Array, len: usize) -> Array {
     }
     out
 }
+
+/// `a` with every value rounded to BF16 (round to nearest even): the operands the
+/// `_bf16` ops multiply.
+pub fn round_bf16(a: &Array) -> Array {
+    a.map(|v| half::bf16::from_f32(v as f32).to_f64())
+}
+
+/// `linear_forward_bf16`: [`linear_forward`] of the BF16-rounded x and W (bias exact).
+pub fn linear_forward_bf16(x: &Array, w: &Array, bias: Option<&Array>) -> Array {
+    linear_forward(&round_bf16(x), &round_bf16(w), bias)
+}
+
+/// `linear_backward_accumulate_bf16`: `dx` and `dw0 + dw` from the BF16-rounded x, W and
+/// dy; `db0 + Σ_rows dy` from dy itself.
+pub fn linear_backward_accumulate_bf16(
+    x: &Array,
+    w: &Array,
+    dy: &Array,
+    dw0: &Array,
+    db0: Option<&Array>,
+) -> (Array, Array, Option<Array>) {
+    let (dx, dw, _) = linear_backward_accumulate(&round_bf16(x), &round_bf16(w), &round_bf16(dy), dw0, None);
+    let (_, _, db) = linear_backward_accumulate(x, w, dy, dw0, db0);
+    (dx, dw, db)
+}

@@ -5,7 +5,7 @@ use fusebox::{Error, Result};
 use serde_json::{json, Value};
 
 use crate::config::ModelConfig;
-use crate::transformer::{activation_bytes, Activations};
+use crate::transformer::{activation_bytes, Activations, Precision};
 
 /// Training settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,6 +52,12 @@ pub struct TrainConfig {
     /// invocation, not written to `trainer.json`: a checkpoint of any stage and world size
     /// resumes at any other.
     pub zero: u8,
+    /// The arithmetic of the linear layers' products ([`Precision::Bf16`]: BF16 operands,
+    /// f32 accumulation; weights, AdamW state, gradients, norms, softmax, attention and
+    /// the loss stay f32). BF16 keeps f32's exponent range, so no loss scaling is needed;
+    /// a non-finite loss or gradient still stops the step. A choice of each invocation,
+    /// not written to `trainer.json`.
+    pub precision: Precision,
 }
 
 /// The defaults of a from-scratch run (`fusebox train` without flags): 3,000 steps of
@@ -76,6 +82,7 @@ impl Default for TrainConfig {
             eval_batches: 8,
             checkpoint_activations: false,
             zero: 0,
+            precision: Precision::F32,
         }
     }
 }
@@ -158,6 +165,7 @@ impl TrainConfig {
             eval_batches: size("eval_batches")?,
             checkpoint_activations: false,
             zero: 0,
+            precision: Precision::F32,
         };
         cfg.validate().map_err(|e| Error::Io(format!("trainer.json: {e}")))?;
         Ok(cfg)

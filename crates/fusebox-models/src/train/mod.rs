@@ -145,8 +145,9 @@ impl Trainer<Model, Task> {
 
 impl<S: ParamSource, D: DataSource> Trainer<S, D> {
     /// A fresh run of `model` on `data`; the data sampler starts from `config.seed + 1`.
-    pub fn new(b: &dyn ComputeBackend, model: S, config: TrainConfig, data: D) -> Result<Self> {
+    pub fn new(b: &dyn ComputeBackend, mut model: S, config: TrainConfig, data: D) -> Result<Self> {
         config.validate()?;
+        model.net_mut().set_precision(config.precision);
         data.check(&model.net().arch, &config)?;
         let (specs, _) = model.trained();
         let optimizer =
@@ -169,8 +170,9 @@ impl<S: ParamSource, D: DataSource> Trainer<S, D> {
 
     /// Continues the run saved in `saved` (with `model` loaded from the same checkpoint)
     /// for `config.steps` steps in all: its AdamW moments, step and data position.
-    pub fn resume(b: &dyn ComputeBackend, model: S, saved: &Saved, config: TrainConfig, data: D) -> Result<Self> {
+    pub fn resume(b: &dyn ComputeBackend, mut model: S, saved: &Saved, config: TrainConfig, data: D) -> Result<Self> {
         config.validate()?;
+        model.net_mut().set_precision(config.precision);
         data.check(&model.net().arch, &config)?;
         let (specs, _) = model.trained();
         let optimizer = if config.zero == 0 {

@@ -11,11 +11,75 @@ use super::{Sink, Transformer};
 /// Rows up to which a stacked projection runs as one product (a server's decode batch).
 const BATCH_ROWS: usize = 16;
 
-/// `x·Wᵀ (+ bias)`, from dense or block-quantized W.
+/// The arithmetic of the products of dense (f32) linear layers and their backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// f32 operands (`linear_forward`, `linear_backward_accumulate`).
+    #[default]
+    F32,
+    /// Mixed precision: operands rounded to BF16, products accumulated in f32
+    /// (`linear_forward_bf16`, `linear_backward_accumulate_bf16`), as PyTorch's
+    /// `autocast(bfloat16)` does for linear layers. Weights, gradients, norms, softmax,
+    /// attention and the loss stay f32.
+    Bf16,
+}
+
+impl Precision {
+    /// The name `--precision` takes (`f32`, `bf16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+
+    /// `y = x·Wᵀ (+ bias)` of a dense W in this precision.
+    fn forward(self, b: &dyn ComputeBackend, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        match self {
+            Precision::F32 => b.linear_forward(x, w, bias),
+            Precision::Bf16 => b.linear_forward_bf16(x, w, bias),
+        }
+    }
+
+    /// `dW += dyᵀ·x`, `dbias += Σ dy`, returns `dx = dy·W`, in this precision.
+    fn backward(
+        self,
+        b: &dyn ComputeBackend,
+        x: &Tensor,
+        w: &Tensor,
+        dy: &Tensor,
+        dw: &mut Tensor,
+        db: Option<&mut Tensor>,
+    ) -> Result<Tensor> {
+        match self {
+            Precision::F32 => b.linear_backward_accumulate(x, w, dy, dw, db),
+            Precision::Bf16 => b.linear_backward_accumulate_bf16(x, w, dy, dw, db),
+        }
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Precision> {
+        match s {
+            "f32" | "fp32" => Ok(Precision::F32),
+            "bf16" => Ok(Precision::Bf16),
+            _ => Err(Error::value("precision", "precision", "f32 or bf16", s)),
+        }
+    }
+}
+
+/// `x·Wᵀ (+ bias)`, from dense W (in `precision`) or block-quantized W.
 ///
 /// # Shapes
 /// `x` `[.., in]`, `wt` `[out, in]`, `bias` `[out]` → `[.., out]`.
-pub(super) fn linear_with(b: &dyn ComputeBackend, x: &Tensor, wt: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+pub(super) fn linear_with(
+    b: &dyn ComputeBackend,
+    x: &Tensor,
+    wt: &Tensor,
+    bias: Option<&Tensor>,
+    precision: Precision,
+) -> Result<Tensor> {
     if is_block_format(wt) {
         let y = b.quantized_matmul(x, wt)?;
         match bias {
@@ -23,7 +87,7 @@ pub(super) fn linear_with(b: &dyn ComputeBackend, x: &Tensor, wt: &Tensor, bias:
             None => Ok(y),
         }
     } else {
-        b.linear_forward(x, wt, bias)
+        precision.forward(b, x, wt, bias)
     }
 }
 
@@ -35,7 +99,7 @@ fn is_block_format(w: &Tensor) -> bool {
 impl Transformer {
     /// `x·Wᵀ (+ bias)` for parameter indices `w` and `bias`.
     pub(super) fn linear(&self, b: &dyn ComputeBackend, x: &Tensor, w: usize, bias: Option<usize>) -> Result<Tensor> {
-        linear_with(b, x, self.p(w), bias.map(|i| self.p(i)))
+        linear_with(b, x, self.p(w), bias.map(|i| self.p(i)), self.precision)
     }
 
     /// Each part of projection group `p` of `site` (layer, group), with its LoRA
@@ -52,8 +116,8 @@ impl Transformer {
             // y += s·(x·Aᵀ)·Bᵀ per adapted part.
             for (i, part) in parts.iter_mut().enumerate() {
                 if let Some(slot) = ad.slot(site.0, site.1, i) {
-                    let xa = b.linear_forward(x, &ad.params.tensors[slot.a], None)?;
-                    let d = b.linear_forward(&xa, &ad.params.tensors[slot.b], None)?;
+                    let xa = self.precision.forward(b, x, &ad.params.tensors[slot.a], None)?;
+                    let d = self.precision.forward(b, &xa, &ad.params.tensors[slot.b], None)?;
                     *part = b.add(part, &b.mul_scalar(&d, ad.config.scale())?)?;
                 }
             }
@@ -85,7 +149,7 @@ impl Transformer {
                 None => {
                     let k = stacked.dims()[1];
                     let bias = bias(0).map(|i| self.p(i).view(start, [r])).transpose()?;
-                    linear_with(b, x, &stacked.view(start * k, [r, k])?, bias.as_ref())?
+                    linear_with(b, x, &stacked.view(start * k, [r, k])?, bias.as_ref(), self.precision)?
                 }
                 // One row (a decode step) in host memory: each part is a contiguous run
                 // of it, so a view of it, not a copy.
@@ -113,7 +177,7 @@ impl Transformer {
     ) -> Result<Tensor> {
         if let Some(grads) = sink.base() {
             let (dw, db) = grads.pair_mut(weight, bias)?;
-            return b.linear_backward_accumulate(x, self.p(weight), dy, dw, db);
+            return self.precision.backward(b, x, self.p(weight), dy, dw, db);
         }
         // Frozen W: only dx = dy·W, straight from the blocks of a block-format W.
         let w = self.p(weight);
@@ -159,10 +223,10 @@ impl Transformer {
             for (i, dy) in d_parts.iter().enumerate() {
                 if let Some(slot) = ad.slot(site.0, site.1, i) {
                     let (a, bm) = (&ad.params.tensors[slot.a], &ad.params.tensors[slot.b]);
-                    let u = b.linear_forward(x, a, None)?;
+                    let u = self.precision.forward(b, x, a, None)?;
                     let g = b.mul_scalar(dy, ad.config.scale())?;
-                    let du = b.linear_backward_accumulate(&u, bm, &g, &mut grads.tensors[slot.b], None)?;
-                    let dxl = b.linear_backward_accumulate(x, a, &du, &mut grads.tensors[slot.a], None)?;
+                    let du = self.precision.backward(b, &u, bm, &g, &mut grads.tensors[slot.b], None)?;
+                    let dxl = self.precision.backward(b, x, a, &du, &mut grads.tensors[slot.a], None)?;
                     dx = b.add(&dx, &dxl)?;
                 }
             }

@@ -57,6 +57,7 @@ pub use layout::{
     layout, ExpertBiases, ExpertIndex, Ffn, LayerIndex, LinearIndex, NormIndex, ParamIndex, Proj, SharedExpert,
     Stacking,
 };
+pub use linear::Precision;
 pub use lora::{Adapters, LoraConfig, Target};
 pub use stage::{Stage, StageInput, StageOutput};
 
@@ -90,6 +91,8 @@ pub struct Transformer {
     /// with [`for_inference_stage`](Self::for_inference_stage)). The parameters of the
     /// others are empty tensors.
     stage: Stage,
+    /// The arithmetic of the dense linear layers (f32, or BF16 mixed precision).
+    precision: Precision,
 }
 
 /// Where the backward adds gradients: every parameter's (full training), or only the
@@ -137,7 +140,17 @@ impl Transformer {
         arch.validate()?;
         check_params(&specs, &params)?;
         let stage = Stage::whole(arch.n_layers);
-        Ok(Transformer { arch, specs, index, params, trainable: false, frozen: false, lora: None, stage })
+        Ok(Transformer {
+            arch,
+            specs,
+            index,
+            params,
+            trainable: false,
+            frozen: false,
+            lora: None,
+            stage,
+            precision: Precision::F32,
+        })
     }
 
     /// As [`for_inference`](Self::for_inference) for the pipeline stage `stage`: the
@@ -174,7 +187,17 @@ impl Transformer {
                 ));
             }
         }
-        Ok(Transformer { arch, specs, index, params, trainable: false, frozen: false, lora: None, stage })
+        Ok(Transformer {
+            arch,
+            specs,
+            index,
+            params,
+            trainable: false,
+            frozen: false,
+            lora: None,
+            stage,
+            precision: Precision::F32,
+        })
     }
 
     /// A trainable model from loaded f32 tensors laid out by [`layout()`] (stacked
@@ -191,7 +214,17 @@ impl Transformer {
             return Err(Error::dtype("Transformer", format!("parameter '{}'", s.name), "f32", t.dtype()));
         }
         let stage = Stage::whole(arch.n_layers);
-        Ok(Transformer { arch, specs, index, params, trainable: true, frozen: false, lora: None, stage })
+        Ok(Transformer {
+            arch,
+            specs,
+            index,
+            params,
+            trainable: true,
+            frozen: false,
+            lora: None,
+            stage,
+            precision: Precision::F32,
+        })
     }
 
     /// A frozen base for LoRA from loaded tensors laid out by [`layout()`]: matrices and
@@ -202,7 +235,17 @@ impl Transformer {
         arch.validate()?;
         check_params(&specs, &params)?;
         let stage = Stage::whole(arch.n_layers);
-        Ok(Transformer { arch, specs, index, params, trainable: false, frozen: true, lora: None, stage })
+        Ok(Transformer {
+            arch,
+            specs,
+            index,
+            params,
+            trainable: false,
+            frozen: true,
+            lora: None,
+            stage,
+            precision: Precision::F32,
+        })
     }
 
     /// Adds `adapters` (made for this architecture) to the projections; the base
@@ -266,6 +309,18 @@ impl Transformer {
 
     fn p(&self, i: usize) -> &Tensor {
         &self.params.tensors[i]
+    }
+
+    /// The arithmetic of the dense linear layers: the head, the projections and MLPs,
+    /// LoRA's adapters, forward and backward ([`Precision`]; f32 unless set).
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// Sets [`precision`](Self::precision) (`Precision::Bf16`: mixed-precision training
+    /// and evaluation). Block-quantized weights keep their own kernels.
+    pub fn set_precision(&mut self, precision: Precision) {
+        self.precision = precision;
     }
 
     /// The output head weight `[V, D]` (the embedding table when tied).

@@ -542,7 +542,7 @@ pub fn linear_backward_accumulate(
 
 /// `s[c] = Σ_r m[r, c]` of a row-major `[rows, cols]` matrix: threads own blocks of
 /// columns and add rows in order, so the sums do not depend on scheduling.
-fn column_sums(cpu: &CpuBackend, m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+pub(crate) fn column_sums(cpu: &CpuBackend, m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     const BLOCK: usize = 256;
     let mut sums = vec![0.0f32; cols];
     cpu.for_each_chunk(&mut sums, BLOCK, rows, |block, acc| {

@@ -6,6 +6,7 @@
 pub mod activation;
 mod affinity;
 pub mod attention;
+pub mod bf16_gemm;
 /// [`spec::check`](crate::spec::check) under the path kernels without a spec file name.
 pub(crate) use crate::spec::check;
 pub mod conv;

@@ -117,11 +117,19 @@ pub struct LinearSpec {
 /// `linear_forward(x, w, bias)`: x float `[..., in]`, w `[out, in]` and bias `[out]` of
 /// x's dtype.
 pub fn linear_forward(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<LinearSpec> {
-    const OP: &str = "linear_forward";
-    let s = layer(OP, x, w)?;
+    linear_forward_as("linear_forward", x, w, bias)
+}
+
+/// `linear_forward_bf16(x, w, bias)`: as [`linear_forward`].
+pub fn linear_forward_bf16(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<LinearSpec> {
+    linear_forward_as("linear_forward_bf16", x, w, bias)
+}
+
+fn linear_forward_as(op: &'static str, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<LinearSpec> {
+    let s = layer(op, x, w)?;
     if let Some(bias) = bias {
-        check::same_dtype(OP, "bias", x, bias)?;
-        check::shape(OP, "bias", bias, &[s.features_out])?;
+        check::same_dtype(op, "bias", x, bias)?;
+        check::shape(op, "bias", bias, &[s.features_out])?;
     }
     Ok(s)
 }
@@ -146,15 +154,37 @@ pub fn linear_backward_accumulate(
     dweight: &Tensor,
     dbias: Option<&Tensor>,
 ) -> Result<LinearSpec> {
-    const OP: &str = "linear_backward_accumulate";
-    let s = layer(OP, x, w)?;
-    check::same_dtype(OP, "d_out", x, d_out)?;
-    check::shape(OP, "d_out", d_out, &s.out_dims)?;
-    check::same_dtype(OP, "dweight", x, dweight)?;
-    check::same_shape(OP, "dweight", w, dweight)?;
+    linear_backward_accumulate_as("linear_backward_accumulate", x, w, d_out, dweight, dbias)
+}
+
+/// `linear_backward_accumulate_bf16(x, w, d_out, dweight, dbias)`: as
+/// [`linear_backward_accumulate`].
+pub fn linear_backward_accumulate_bf16(
+    x: &Tensor,
+    w: &Tensor,
+    d_out: &Tensor,
+    dweight: &Tensor,
+    dbias: Option<&Tensor>,
+) -> Result<LinearSpec> {
+    linear_backward_accumulate_as("linear_backward_accumulate_bf16", x, w, d_out, dweight, dbias)
+}
+
+fn linear_backward_accumulate_as(
+    op: &'static str,
+    x: &Tensor,
+    w: &Tensor,
+    d_out: &Tensor,
+    dweight: &Tensor,
+    dbias: Option<&Tensor>,
+) -> Result<LinearSpec> {
+    let s = layer(op, x, w)?;
+    check::same_dtype(op, "d_out", x, d_out)?;
+    check::shape(op, "d_out", d_out, &s.out_dims)?;
+    check::same_dtype(op, "dweight", x, dweight)?;
+    check::same_shape(op, "dweight", w, dweight)?;
     if let Some(db) = dbias {
-        check::same_dtype(OP, "dbias", x, db)?;
-        check::shape(OP, "dbias", db, &[s.features_out])?;
+        check::same_dtype(op, "dbias", x, db)?;
+        check::shape(op, "dbias", db, &[s.features_out])?;
     }
     Ok(s)
 }

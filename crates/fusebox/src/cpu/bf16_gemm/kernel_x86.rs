@@ -1,0 +1,117 @@
+//! x86-64 microkernels of the BF16 GEMM: `vdpbf16ps` (AVX-512 BF16) and, for AVX-512
+//! CPUs without it, the same products from BF16 widened to f32.
+
+use std::arch::x86_64::*;
+
+use super::{MR, NR};
+
+/// Vectors of 16 f32 lanes across a tile's NR columns.
+const NV: usize = NR / 16;
+
+/// `tile = A_strip · B_strip` over `kp` pairs (see [`pack`](super::pack)), where `tile`
+/// is MR rows of NR f32 with row stride `ldc`: stored when `!add`, added when `add`.
+///
+/// `vdpbf16ps` adds, in each f32 lane, `a_hi·b_hi` then `a_lo·b_lo` (products of two
+/// BF16 values are exact in f32; each addition rounds to nearest even).
+///
+/// # Safety
+/// The CPU must have AVX-512 F and BF16; `a` holds `kp·MR` words, `b` `kp·NR`, and
+/// `tile` is valid for MR rows of NR values at stride `ldc`.
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub unsafe fn tile_dpbf16(kp: usize, a: *const u32, b: *const u32, tile: *mut f32, ldc: usize, add: bool) {
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+        for p in 0..kp {
+            let bp = b.add(p * NR);
+            let bv: [__m512bh; NV] =
+                std::array::from_fn(|v| std::mem::transmute(_mm512_loadu_si512(bp.add(16 * v).cast())));
+            let ap = a.add(p * MR);
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(i) as i32));
+                for (v, lane) in row.iter_mut().enumerate() {
+                    *lane = _mm512_dpbf16_ps(*lane, av, bv[v]);
+                }
+            }
+        }
+        store_tile(&acc, tile, ldc, add);
+    }
+}
+
+/// As [`tile_dpbf16`] without the BF16 instructions: each pair word widened to two f32
+/// (a BF16 value is the high 16 bits of its f32) and multiplied with FMA in
+/// `vdpbf16ps`'s order, odd k then even k (the products are exact, so each FMA rounds
+/// the same addition).
+///
+/// # Safety
+/// As [`tile_dpbf16`], with AVX-512 F in place of BF16.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn tile_widened(kp: usize, a: *const u32, b: *const u32, tile: *mut f32, ldc: usize, add: bool) {
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+        let high = _mm512_set1_epi32(0xffff_0000u32 as i32);
+        for p in 0..kp {
+            let bp = b.add(p * NR);
+            let words: [__m512i; NV] = std::array::from_fn(|v| _mm512_loadu_si512(bp.add(16 * v).cast()));
+            let b_hi: [__m512; NV] = std::array::from_fn(|v| _mm512_castsi512_ps(_mm512_and_si512(words[v], high)));
+            let b_lo: [__m512; NV] = std::array::from_fn(|v| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(words[v])));
+            let ap = a.add(p * MR);
+            for (i, row) in acc.iter_mut().enumerate() {
+                let w = *ap.add(i);
+                let a_hi = _mm512_set1_ps(f32::from_bits(w & 0xffff_0000));
+                let a_lo = _mm512_set1_ps(f32::from_bits(w << 16));
+                for (v, lane) in row.iter_mut().enumerate() {
+                    *lane = _mm512_fmadd_ps(a_hi, b_hi[v], *lane);
+                    *lane = _mm512_fmadd_ps(a_lo, b_lo[v], *lane);
+                }
+            }
+        }
+        store_tile(&acc, tile, ldc, add);
+    }
+}
+
+#[inline(always)]
+unsafe fn store_tile(acc: &[[__m512; NV]; MR], tile: *mut f32, ldc: usize, add: bool) {
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        for (i, row) in acc.iter().enumerate() {
+            let out = tile.add(i * ldc);
+            for (v, &lane) in row.iter().enumerate() {
+                let dst = out.add(16 * v);
+                let value = if add { _mm512_add_ps(_mm512_loadu_ps(dst), lane) } else { lane };
+                _mm512_storeu_ps(dst, value);
+            }
+        }
+    }
+}
+
+/// `words[j] = (bf16(lo[j]), bf16(hi[j]))` with `vcvtne2ps2bf16` (round to nearest
+/// even, as [`bf16_bits`](super::pack::bf16_bits)) and a word interleave.
+///
+/// # Safety
+/// The CPU must have AVX-512 F, BW and BF16; the three slices have one length.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub unsafe fn pack_row_pairs(lo: &[f32], hi: &[f32], words: &mut [u32]) {
+    // SAFETY: the caller upholds this function's contract (see `# Safety`).
+    unsafe {
+        // cvtne2ps(hi, lo) holds lo's 16 values in words 0..16 and hi's in 16..32; the
+        // permutation interleaves them: word 2j ← lo[j], word 2j+1 ← hi[j].
+        let order = _mm512_set_epi16(
+            31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17,
+            1, 16, 0,
+        );
+        let n = words.len();
+        let mut j = 0;
+        while j + 16 <= n {
+            let l = _mm512_loadu_ps(lo.as_ptr().add(j));
+            let h = _mm512_loadu_ps(hi.as_ptr().add(j));
+            let both: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(h, l));
+            _mm512_storeu_si512(words.as_mut_ptr().add(j).cast(), _mm512_permutexvar_epi16(order, both));
+            j += 16;
+        }
+        for t in j..n {
+            words[t] = super::pack::bf16_bits(lo[t]) | (super::pack::bf16_bits(hi[t]) << 16);
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! Packing f32 operands into the BF16 pair layouts of the microkernels: values rounded
+//! to BF16 (round to nearest even) and paired along k, so that one 32-bit word holds
+//! `(v[2p], v[2p+1])` — the low half the even k, the high half the odd k — the operand
+//! shape of `vdpbf16ps`, which adds `a[2p]·b[2p] + a[2p+1]·b[2p+1]` into an f32 lane.
+//!
+//! - A (`m×k`) is packed in strips of [`MR`] rows: for each pair p, the MR rows' words.
+//! - B (`k×n`) is packed in strips of [`NR`] columns: for each pair p, the NR columns'
+//!   words.
+//!
+//! Rows and columns past the matrix's edge, and the odd k of an odd-length block, are
+//! packed as zeros, so the kernels always run whole tiles.
+
+use super::{View, MR, NR};
+
+/// `x` rounded to BF16 (round to nearest even; NaN stays NaN), as its 16 bits.
+#[inline(always)]
+pub fn bf16_bits(x: f32) -> u32 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        // Quiet NaN with the sign kept (rounding could carry a NaN into infinity).
+        return (bits >> 16) | 0x40;
+    }
+    (bits + 0x7fff + ((bits >> 16) & 1)) >> 16
+}
+
+/// `x` rounded to BF16 and back (the value the kernels multiply).
+pub fn round_bf16(x: f32) -> f32 {
+    f32::from_bits(bf16_bits(x) << 16)
+}
+
+/// The pair word of `(lo, hi)`: `lo` in the low half (even k), `hi` in the high half.
+#[inline(always)]
+fn pair(lo: f32, hi: f32) -> u32 {
+    bf16_bits(lo) | (bf16_bits(hi) << 16)
+}
+
+/// Packs rows `i0..i0+mc` and k `k0..k0+kc` of A into strips of [`MR`] rows:
+/// `out[(s·kp + p)·MR + i] = pair(a(i0+s·MR+i, k0+2p), a(.., k0+2p+1))`, kp = ⌈kc/2⌉.
+pub fn pack_a(a: View<'_>, i0: usize, mc: usize, k0: usize, kc: usize, out: &mut [u32]) {
+    let kp = kc.div_ceil(2);
+    for s in 0..mc.div_ceil(MR) {
+        let strip = &mut out[s * kp * MR..][..kp * MR];
+        for i in 0..MR {
+            let row = i0 + s * MR + i;
+            if s * MR + i >= mc {
+                (0..kp).for_each(|p| strip[p * MR + i] = 0);
+                continue;
+            }
+            let at = |kk: usize| if kk < k0 + kc { a.data[row * a.rs + kk * a.cs] } else { 0.0 };
+            for p in 0..kp {
+                let kk = k0 + 2 * p;
+                strip[p * MR + i] = pair(at(kk), at(kk + 1));
+            }
+        }
+    }
+}
+
+/// Packs k `k0..k0+kc` and columns `j0..j0+nc` of B into strips of [`NR`] columns:
+/// `out[(s·kp + p)·NR + j] = pair(b(k0+2p, j0+s·NR+j), b(k0+2p+1, ..))`.
+pub fn pack_b(b: View<'_>, k0: usize, kc: usize, j0: usize, nc: usize, out: &mut [u32]) {
+    let kp = kc.div_ceil(2);
+    let strips = nc.div_ceil(NR);
+    if b.cs == 1 {
+        // Rows of B contiguous: two rows at a time, NR columns each.
+        for s in 0..strips {
+            let cols = NR.min(nc - s * NR);
+            let strip = &mut out[s * kp * NR..][..kp * NR];
+            for p in 0..kp {
+                let kk = k0 + 2 * p;
+                let lo = &b.data[kk * b.rs + j0 + s * NR..][..cols];
+                let words = &mut strip[p * NR..][..NR];
+                if kk + 1 < k0 + kc {
+                    let hi = &b.data[(kk + 1) * b.rs + j0 + s * NR..][..cols];
+                    pack_row_pairs(lo, hi, &mut words[..cols]);
+                } else {
+                    words[..cols].iter_mut().zip(lo).for_each(|(w, &l)| *w = bf16_bits(l));
+                }
+                words[cols..].fill(0);
+            }
+        }
+        return;
+    }
+    for s in 0..strips {
+        let strip = &mut out[s * kp * NR..][..kp * NR];
+        for j in 0..NR {
+            let col = j0 + s * NR + j;
+            if col >= j0 + nc {
+                (0..kp).for_each(|p| strip[p * NR + j] = 0);
+                continue;
+            }
+            let at = |kk: usize| if kk < k0 + kc { b.data[kk * b.rs + col * b.cs] } else { 0.0 };
+            for p in 0..kp {
+                let kk = k0 + 2 * p;
+                strip[p * NR + j] = pair(at(kk), at(kk + 1));
+            }
+        }
+    }
+}
+
+/// `words[j] = pair(lo[j], hi[j])` (two rows of an operand interleaved into pair words).
+fn pack_row_pairs(lo: &[f32], hi: &[f32], words: &mut [u32]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::has_avx512_bf16() {
+        // SAFETY: the CPU has AVX-512 BF16 (checked above).
+        return unsafe { super::kernel_x86::pack_row_pairs(lo, hi, words) };
+    }
+    for ((w, &l), &h) in words.iter_mut().zip(lo).zip(hi) {
+        *w = pair(l, h);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_to_nearest_even() {
+        // 1 + 2⁻⁸ is halfway between two BF16 values: it rounds to the even one, 1.
+        assert_eq!(round_bf16(1.0 + 2f32.powi(-8)), 1.0);
+        // 1 + 3·2⁻⁸ is halfway too: it rounds up to the even 1 + 2⁻⁶.
+        assert_eq!(round_bf16(1.0 + 3.0 * 2f32.powi(-8)), 1.0 + 2f32.powi(-6));
+        assert_eq!(round_bf16(-2.5), -2.5);
+        assert!(round_bf16(f32::NAN).is_nan());
+        assert_eq!(round_bf16(f32::INFINITY), f32::INFINITY);
+        assert_eq!(round_bf16(f32::MAX), f32::INFINITY);
+        for x in [0.1f32, -3.7, 1e-3, 12345.678] {
+            assert_eq!(round_bf16(x), half::bf16::from_f32(x).to_f32());
+        }
+    }
+}
