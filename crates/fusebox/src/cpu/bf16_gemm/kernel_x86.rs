@@ -115,3 +115,19 @@ pub unsafe fn pack_row_pairs(lo: &[f32], hi: &[f32], words: &mut [u32]) {
         }
     }
 }
+
+/// `words[p] = (bf16(run[2p]), bf16(run[2p+1]))` for 16 pairs: `vcvtne2ps2bf16` keeps the
+/// 32 values in order, which is already the pair layout.
+///
+/// # Safety
+/// The CPU must have AVX-512 F and BF16.
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub unsafe fn pack_neighbour_pairs(run: &[f32; 32], words: &mut [u32; 16]) {
+    // SAFETY: the arrays hold 32 values and 16 words; the caller vouches for the CPU.
+    unsafe {
+        let lo = _mm512_loadu_ps(run.as_ptr());
+        let hi = _mm512_loadu_ps(run.as_ptr().add(16));
+        let both: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+        _mm512_storeu_si512(words.as_mut_ptr().cast(), both);
+    }
+}

@@ -38,6 +38,26 @@ fn pair(lo: f32, hi: f32) -> u32 {
 /// `out[(s·kp + p)·MR + i] = pair(a(i0+s·MR+i, k0+2p), a(.., k0+2p+1))`, kp = ⌈kc/2⌉.
 pub fn pack_a(a: View<'_>, i0: usize, mc: usize, k0: usize, kc: usize, out: &mut [u32]) {
     let kp = kc.div_ceil(2);
+    if a.rs == 1 && a.cs != 1 {
+        // Columns of A contiguous (a transposed row-major matrix): for each pair, two
+        // runs of the strip's rows.
+        for s in 0..mc.div_ceil(MR) {
+            let rows = MR.min(mc - s * MR);
+            let strip = &mut out[s * kp * MR..][..kp * MR];
+            for p in 0..kp {
+                let kk = k0 + 2 * p;
+                let lo = &a.data[kk * a.cs + i0 + s * MR..][..rows];
+                let words = &mut strip[p * MR..][..MR];
+                if kk + 1 < k0 + kc {
+                    pack_row_pairs(lo, &a.data[(kk + 1) * a.cs + i0 + s * MR..][..rows], &mut words[..rows]);
+                } else {
+                    words[..rows].iter_mut().zip(lo).for_each(|(w, &l)| *w = bf16_bits(l));
+                }
+                words[rows..].fill(0);
+            }
+        }
+        return;
+    }
     for s in 0..mc.div_ceil(MR) {
         let strip = &mut out[s * kp * MR..][..kp * MR];
         for i in 0..MR {
@@ -46,6 +66,12 @@ pub fn pack_a(a: View<'_>, i0: usize, mc: usize, k0: usize, kc: usize, out: &mut
                 (0..kp).for_each(|p| strip[p * MR + i] = 0);
                 continue;
             }
+            if a.cs == 1 {
+                // The row's k values are contiguous: pairs of neighbours.
+                pack_run_pairs(&a.data[row * a.rs + k0..][..kc], &mut strip[i..], MR);
+                continue;
+            }
+
             let at = |kk: usize| if kk < k0 + kc { a.data[row * a.rs + kk * a.cs] } else { 0.0 };
             for p in 0..kp {
                 let kk = k0 + 2 * p;
@@ -88,12 +114,43 @@ pub fn pack_b(b: View<'_>, k0: usize, kc: usize, j0: usize, nc: usize, out: &mut
                 (0..kp).for_each(|p| strip[p * NR + j] = 0);
                 continue;
             }
+            if b.rs == 1 {
+                // The column's k values are contiguous (B is a transposed row-major
+                // matrix): pairs of neighbours.
+                pack_run_pairs(&b.data[col * b.cs + k0..][..kc], &mut strip[j..], NR);
+                continue;
+            }
             let at = |kk: usize| if kk < k0 + kc { b.data[kk * b.rs + col * b.cs] } else { 0.0 };
             for p in 0..kp {
                 let kk = k0 + 2 * p;
                 strip[p * NR + j] = pair(at(kk), at(kk + 1));
             }
         }
+    }
+}
+
+/// `dst[p·stride] = pair(run[2p], run[2p+1])` for the ⌈len/2⌉ pairs of a contiguous
+/// run of k values (an odd last value pairs with zero).
+fn pack_run_pairs(run: &[f32], dst: &mut [u32], stride: usize) {
+    let mut p = 0;
+    #[cfg(target_arch = "x86_64")]
+    if super::has_avx512_bf16() {
+        let mut words = [0u32; 16];
+        while 2 * p + 32 <= run.len() {
+            // SAFETY: the CPU has AVX-512 BF16 (checked above); 32 values are read.
+            unsafe { super::kernel_x86::pack_neighbour_pairs(run[2 * p..][..32].try_into().expect("32 values"), &mut words) };
+            for (t, &w) in words.iter().enumerate() {
+                dst[(p + t) * stride] = w;
+            }
+            p += 16;
+        }
+    }
+    while 2 * p + 1 < run.len() {
+        dst[p * stride] = pair(run[2 * p], run[2 * p + 1]);
+        p += 1;
+    }
+    if 2 * p < run.len() {
+        dst[p * stride] = bf16_bits(run[2 * p]);
     }
 }
 
