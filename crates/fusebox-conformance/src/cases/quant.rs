@@ -538,6 +538,15 @@ fn matmul_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
         v.push(matmul_case(&mut rng, w_dtype, vec![1, 1024], 300, DType::F32));
         v.push(matmul_case(&mut rng, w_dtype, vec![40, 512], 300, DType::F32));
     }
+    // Prompt prefill (many x rows): tile remainders, partial groups of 16 W rows, and x
+    // blocks with an outlier (a coarse 8-bit step), for the formats with integer kernels.
+    let mut rng3 = Rng::new(15);
+    for w_dtype in BLOCK_FORMATS.into_iter().filter(|d| fusebox::spec::quant::int_activation_block(*d).is_some()) {
+        let k = 2 * w_dtype.block_elems().max(256);
+        for (m, n) in [(67, 45), (130, 16)] {
+            v.push(prefill_rounding_case(&mut rng3, w_dtype, m, n, k));
+        }
+    }
     let mut rng2 = Rng::new(14);
     let w96 = random_blocks(&mut rng2, DType::Q8_0, &[16, 96]);
     let bad: Vec<(&str, Tensor, Tensor)> = vec![
@@ -581,6 +590,60 @@ fn matmul_cases<B: ComputeBackend + ?Sized + 'static>() -> Vec<Case<B>> {
             .map(drop)
     }));
     v
+}
+
+/// A prefill-sized `quantized_matmul` (`m` x rows, W `[n, k]` random blocks of `w_dtype`,
+/// a format with an 8-bit activation block b) against `x · dequant(W)ᵀ` in f64, within
+/// what rounding x to 8 bits allows: each x value moves by at most half its block's step
+/// `s = max|x_block| / 127`, so output (i, r) is within `Σ_j |W[r, j]|·s_j / 2` (plus
+/// the f32 tolerance) of the exact product, whichever path the backend takes. Every
+/// fifth block of x holds one value 8 times the others, so the step is coarse there.
+fn prefill_rounding_case<B: ComputeBackend + ?Sized + 'static>(
+    rng: &mut Rng,
+    w_dtype: DType,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Case<B> {
+    let block = fusebox::spec::quant::int_activation_block(w_dtype).expect("an integer format");
+    let mut xv = rng.tensor([m, k], -1.0, 1.0).to_vec_f32().expect("f32");
+    for (b, run) in xv.chunks_mut(block).enumerate() {
+        if b % 5 == 0 {
+            run[b % block] *= 8.0;
+        }
+    }
+    let x = Tensor::from_vec(xv, [m, k]).expect("f32");
+    let w = random_blocks(rng, w_dtype, &[n, k]);
+    let name = format!("quantized_matmul prefill x[{m}, {k}] · W[{n}, {k}] {w_dtype}ᵀ within the 8-bit rounding of x");
+    let tol = matmul_tolerance(k, DType::F32);
+    Case::custom(Op::QuantizedMatmul, CaseKind::Forward, name, move |b: &B| {
+        let up = upload_all(b, &[x.clone(), w.clone()])?;
+        let out = catch(|| b.quantized_matmul(&up[0], &up[1]))?.map_err(|e| format!("returned an error: {e}"))?;
+        let got = host_values(b, &out)?;
+        let wd = twin::dequantize(w_dtype, w.host_bytes().expect("host bytes"), &[n, k]);
+        let xa = Array::from_tensor(&x);
+        let want = twin::quantized_matmul(&xa, &wd);
+        let steps: Vec<f64> = xa
+            .data
+            .chunks(block)
+            .flat_map(|run| {
+                let s = run.iter().fold(0.0f64, |a, v| a.max(v.abs())) / 127.0;
+                std::iter::repeat_n(s, run.len())
+            })
+            .collect();
+        for i in 0..m {
+            for r in 0..n {
+                let bound: f64 =
+                    (0..k).map(|j| wd.data[r * k + j].abs() * steps[i * k + j] / 2.0).sum::<f64>() * (1.0 + 1e-6);
+                let (g, e) = (got.data[i * n + r], want.data[i * n + r]);
+                let allowed = bound + tol.abs + tol.rel * e.abs();
+                if !((g - e).abs() <= allowed) {
+                    return Err(format!("output [{i}, {r}] = {g}, exact {e}: off by {} > {allowed}", (g - e).abs()));
+                }
+            }
+        }
+        Ok(())
+    })
 }
 
 // ───────────────────────── quantized_matmul_backward ─────────────────────────

@@ -31,7 +31,10 @@ const SMALL_M: usize = 16;
 /// x row in f32, each x row with the arithmetic of the one-row kernel (the AVX-512 and
 /// AVX2 Q4_0, Q4_1 and Q8_0 kernels decode a block once for up to 4 x rows), so each row's result
 /// is bit-identical whatever the number of rows up to `SMALL_M` (FP8 weights: decoded
-/// into a buffer and dotted with every x row); for more rows (prompt prefill) each task decodes a panel of W rows and
+/// into a buffer and dotted with every x row); for more rows (prompt prefill), with
+/// `exact_decode(false)` and a format with a packed integer form where the CPU has its
+/// tile kernel, x is rounded to 8 bits once and each task packs a panel of W rows for
+/// integer tiles (see `prefill.rs`); otherwise each task decodes a panel of W rows and
 /// multiplies x by it with gemm. Tasks own disjoint output columns, and each output is
 /// computed by one task in a fixed order, so results do not depend on scheduling.
 ///
@@ -49,7 +52,8 @@ pub fn quantized_matmul(cpu: &CpuBackend, x: &Tensor, w: &Tensor) -> Result<Tens
     } else if m <= SMALL_M {
         matmul_by_rows(cpu, &xs, m, w.dtype(), wb, n, k)
     } else {
-        matmul_by_panels(cpu, &xs, m, w.dtype(), wb, n, k)
+        super::prefill::matmul(cpu, &xs, m, w.dtype(), wb, n, k)
+            .unwrap_or_else(|| matmul_by_panels(cpu, &xs, m, w.dtype(), wb, n, k))
     };
     convert::from_f32(out, Shape::new(out_dims), x.dtype())
 }

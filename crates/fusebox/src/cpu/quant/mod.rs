@@ -32,6 +32,7 @@
 //! | `fused_dot.rs`, `fused_dot_x86.rs` | W rows dotted with f32 x rows straight from the blocks: portable loops compiled per ISA; hand-written AVX-512 / AVX2 kernels |
 //! | `int.rs`, `int_avx2.rs`, `int_vnni.rs`, `int_vnni_k.rs` | the integer decode path (x rounded to 8 bits): the scheme and its portable twin; AVX2 kernels; AVX-512 VNNI kernels for the 32-block formats and for the K formats |
 //! | `matmul.rs` | `quantized_matmul`: row runs for few x rows, decoded panels and gemm for many |
+//! | `prefill.rs`, `prefill_vnni.rs` | the integer prefill path (many x rows, x rounded to 8 bits): packed W panels, the portable twin and the AVX-512 VNNI tile kernel |
 //! | `backward.rs` | `quantized_matmul_backward` |
 
 mod backward;
@@ -57,6 +58,11 @@ mod int_vnni;
 #[cfg(target_arch = "x86_64")]
 mod int_vnni_k;
 mod matmul;
+/// The integer prefill path: x rounded to 8 bits, W panels packed, tiled integer dots.
+mod prefill;
+/// AVX-512 VNNI tile kernel of the integer prefill path.
+#[cfg(target_arch = "x86_64")]
+mod prefill_vnni;
 mod quantize;
 
 pub(crate) use backward::accumulate as quantized_dx_accumulate;
