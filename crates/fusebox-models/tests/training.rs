@@ -154,3 +154,47 @@ fn an_interrupted_save_leaves_the_previous_checkpoint_whole() {
     assert!(!out.join("step-2.tmp").exists());
     std::fs::remove_dir_all(&out).unwrap();
 }
+
+/// BF16 mixed precision (`Precision::Bf16`): one backward's gradients stay within BF16
+/// rounding of the f32 ones, and 20 steps follow the f32 run's losses.
+#[test]
+fn bf16_training_follows_f32() {
+    use fusebox::{ComputeBackend, Tensor};
+    use fusebox_models::transformer::Precision;
+    use fusebox_models::{Model, ParamSet};
+    let b = CpuBackend::with_threads(2).unwrap();
+    for style in [Style::Llama, Style::Gpt2] {
+        let mut model = Model::new(&b, model_config(style), 7).unwrap();
+        let ids: Vec<u32> = (0..24).map(|i| (i * 5 + 3) % 14).collect();
+        let targets: Vec<u32> = (0..24).map(|i| (i * 7 + 1) % 14).collect();
+        let ids = Tensor::from_vec(ids, [2, 12]).unwrap();
+        let targets = Tensor::from_vec(targets, [2, 12]).unwrap();
+        let mut run = |precision| {
+            model.net.set_precision(precision);
+            let mut grads = ParamSet::zeros(&b, &model.net.specs).unwrap();
+            let loss = model.net.loss_and_grads(&b, &ids, &targets, None, 1.0, &mut grads).unwrap();
+            let flat: Vec<f32> =
+                grads.tensors.iter().flat_map(|g| b.to_host(g).unwrap().to_vec_f32().unwrap()).collect();
+            (loss, flat)
+        };
+        let (loss32, g32) = run(Precision::F32);
+        let (loss16, g16) = run(Precision::Bf16);
+        let norm = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+        let diff: Vec<f32> = g32.iter().zip(&g16).map(|(a, b)| a - b).collect();
+        let rel = norm(&diff) / norm(&g32);
+        println!("{style:?}: loss f32 {loss32} bf16 {loss16}, gradient relative difference {rel:.2e}");
+        assert!((loss32 - loss16).abs() < 1e-2 * loss32, "{style:?}: loss {loss16} against f32 {loss32}");
+        // BF16 keeps 8 significant bits (relative rounding ≤ 2⁻⁹ per operand).
+        assert!(rel > 0.0 && rel < 2e-2, "{style:?}: gradients differ from f32's by {rel:.2e} (relative L2)");
+
+        let mut trained = [Precision::F32, Precision::Bf16].map(|precision| {
+            let config = TrainConfig { precision, ..train_config(20) };
+            let mut t = Trainer::scratch(&b, model_config(style), config, Task::Addition(Addition::new(42))).unwrap();
+            losses(&mut t, &b, 20)
+        });
+        let [f32s, bf16s] = &mut trained;
+        println!("{style:?}: f32 losses {f32s:?}\n{style:?}: bf16 losses {bf16s:?}");
+        assert!(bf16s[19] < bf16s[0], "{style:?}: the bf16 loss did not fall: {bf16s:?}");
+        assert!((bf16s[19] - f32s[19]).abs() < 0.05 * f32s[19], "{style:?}: bf16 {} against f32 {}", bf16s[19], f32s[19]);
+    }
+}

@@ -11,6 +11,7 @@ use std::time::Instant;
 use fusebox::{ComputeBackend, Error, Result};
 use fusebox_models::comm::ReduceOp;
 use fusebox_models::train::{DataSource, EvalStats, MemoryReport, ParamSource, Trainer};
+use fusebox_models::transformer::Precision;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
@@ -122,6 +123,13 @@ pub(crate) fn train<S: ParamSource, D: DataSource>(
             );
         }
         println!("data: {}", trainer.data.description());
+        if config.precision == Precision::Bf16 {
+            println!(
+                "precision: bf16 linear layers (BF16 operands, f32 accumulation; {} kernel), f32 weights, \
+                 gradients, AdamW state, norms, attention and loss",
+                fusebox::cpu::bf16_gemm::Kernel::for_isa(b.cpu().isa()).name()
+            );
+        }
         println!("{}", activation_line(&trainer.memory(), config.checkpoint_activations));
         println!("{}", optimizer_line(&trainer.memory(), config.zero, world));
         if let Some(i) = &initial {
@@ -234,6 +242,7 @@ pub(crate) fn train<S: ParamSource, D: DataSource>(
             "moment_bytes": mem.moment_bytes,
             "moment_bytes_whole": mem.moment_bytes_whole,
             "checkpoint_activations": config.checkpoint_activations,
+            "precision": config.precision.name(),
             "activation_bytes": mem.activation_bytes,
             "activation_bytes_saved": mem.activation_bytes_saved,
             "activation_bytes_checkpointed": mem.activation_bytes_checkpointed,

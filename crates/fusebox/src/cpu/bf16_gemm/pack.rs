@@ -138,7 +138,9 @@ fn pack_run_pairs(run: &[f32], dst: &mut [u32], stride: usize) {
         let mut words = [0u32; 16];
         while 2 * p + 32 <= run.len() {
             // SAFETY: the CPU has AVX-512 BF16 (checked above); 32 values are read.
-            unsafe { super::kernel_x86::pack_neighbour_pairs(run[2 * p..][..32].try_into().expect("32 values"), &mut words) };
+            unsafe {
+                super::kernel_x86::pack_neighbour_pairs(run[2 * p..][..32].try_into().expect("32 values"), &mut words)
+            };
             for (t, &w) in words.iter().enumerate() {
                 dst[(p + t) * stride] = w;
             }
