@@ -637,7 +637,7 @@ fn prefill_rounding_case<B: ComputeBackend + ?Sized + 'static>(
                     (0..k).map(|j| wd.data[r * k + j].abs() * steps[i * k + j] / 2.0).sum::<f64>() * (1.0 + 1e-6);
                 let (g, e) = (got.data[i * n + r], want.data[i * n + r]);
                 let allowed = bound + tol.abs + tol.rel * e.abs();
-                if !((g - e).abs() <= allowed) {
+                if (g - e).is_nan() || (g - e).abs() > allowed {
                     return Err(format!("output [{i}, {r}] = {g}, exact {e}: off by {} > {allowed}", (g - e).abs()));
                 }
             }
