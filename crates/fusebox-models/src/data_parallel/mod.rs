@@ -6,12 +6,12 @@
 //! of a large head starts as soon as the head's gradient is in. [`GradSync::finish`] then
 //! waits for every bucket and writes the averaged gradients back.
 //!
-//! The embedding tables are the exception ([`rows`]): the backward reports their dense
-//! part (for a table tied to the head, the head's `dW`, finished at the very start of the
-//! backward) with the head, and hands over the lookups' gradient rows at the end; those
-//! are exchanged as rows (every rank all-gathers every rank's `(ids, rows)`) and added in
-//! rank order, so the full table is reduced while the backward runs and only the rows of
-//! the batch's tokens are left for after it.
+//! The embedding tables are the exception (`data_parallel/rows.rs`): the backward
+//! reports their dense part (for a table tied to the head, the head's `dW`, finished at
+//! the very start of the backward) with the head, and hands over the lookups' gradient
+//! rows at the end; those are exchanged as rows (every rank all-gathers every rank's
+//! `(ids, rows)`) and added in rank order, so the full table is reduced while the
+//! backward runs and only the rows of the batch's tokens are left for after it.
 //!
 //! The backward reports finished gradients through
 //! [`Transformer::backward_with`](crate::transformer::Transformer::backward_with) (this
@@ -142,7 +142,7 @@ impl<'c> GradSync<'c> {
         Ok(())
     }
 
-    /// Records this rank's gradient rows of embedding table `index` (see [`rows`]): the
+    /// Records this rank's gradient rows of embedding table `index` (see the module docs): the
     /// table itself was reported [`ready`](Self::ready) with its dense part.
     ///
     /// # Shapes
