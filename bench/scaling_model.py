@@ -10,10 +10,15 @@ bandwidth B with per-message latency a:
 
     T_ar(N) = 2(N-1)/N * S / B  +  k * 2(N-1) * a
 
-Two cases: no overlap (T = compute + T_ar), and overlap as fusebox does it: every bucket
-but the last reduces while the backward (about 2/3 of compute) still runs; the last bucket,
-the embeddings (token + position tables, final only when the backward ends), cannot be
-hidden: T = compute + max(0, T_ar(rest) - 2/3 compute) + T_ar(embeddings).
+Two cases: no overlap (T = compute + T_ar), and overlap as fusebox does it: the head's
+gradient (for a tied head, the dense part of the token table) is final first and reduces
+while the whole backward (about 2/3 of compute) runs, then each block's from the last
+down; the first block's bucket is final only when the backward ends, and the embedding
+lookups' rows (tokens_per_rank rows of width D per rank) are all-gathered after it:
+T = compute + max(0, T_ar(rest) - 2/3 compute) + T_ar(first block) + T_gather(rows),
+T_gather = (N-1) * tokens_per_rank * (D+1) * 4 / B + (N-1) * a; once the ranks hold as
+many rows as the table has (N * tokens_per_rank >= V) the rows are summed into a table and
+all-reduced instead: T_ar(V * D).
 Efficiency = compute / T; tokens/s = N * tokens_per_rank / T.
 """
 import argparse
@@ -24,7 +29,9 @@ def main():
     p.add_argument("--compute-s", type=float, required=True, help="measured seconds per step of one rank")
     p.add_argument("--tokens-per-rank", type=int, required=True, help="batch × seq of one rank")
     p.add_argument("--params", type=int, default=124_439_808, help="parameters (gpt2-124m, tied head)")
-    p.add_argument("--last-params", type=int, default=50257 * 768 + 1024 * 768, help="embedding parameters (last bucket)")
+    p.add_argument("--last-params", type=int, default=7_087_872, help="parameters of the first block (the last bucket)")
+    p.add_argument("--width", type=int, default=768, help="embedding width D (the rows exchanged)")
+    p.add_argument("--vocab", type=int, default=50257, help="token table rows V")
     p.add_argument("--bucket-mib", type=float, default=4.0, help="gradient bucket size")
     p.add_argument("--latency-us", type=float, default=20.0, help="per-message latency (TCP ~20 µs, RDMA ~2 µs)")
     p.add_argument("--ranks", default="2,4,8,16,32,64")
@@ -45,7 +52,11 @@ def main():
             last = a.last_params * 4
             rest_frac = (size - last) / size
             t_last = 2 * (n - 1) / n * last / bw + 2 * (n - 1) * a.latency_us * 1e-6
-            t_ov = a.compute_s + max(0.0, t_ar * rest_frac - bwd) + t_last
+            if n * a.tokens_per_rank < a.vocab:
+                t_rows = (n - 1) * a.tokens_per_rank * (a.width + 1) * 4 / bw + (n - 1) * a.latency_us * 1e-6
+            else:
+                t_rows = 2 * (n - 1) / n * a.vocab * a.width * 4 / bw + 2 * (n - 1) * a.latency_us * 1e-6
+            t_ov = a.compute_s + max(0.0, t_ar * rest_frac - bwd) + t_last + t_rows
             print(f"| {g:g} Gb/s | {n} | {t_ar:.3f} | {t_no:.3f} | {a.compute_s / t_no:.0%} | {t_ov:.3f} | "
                   f"{a.compute_s / t_ov:.0%} | {n * a.tokens_per_rank / t_ov:.0f} |")
 

@@ -49,7 +49,7 @@ use crate::data_parallel::{GradSync, DEFAULT_BUCKET_BYTES};
 use crate::model::Model;
 use crate::params::ParamSet;
 use crate::rng::Rng;
-use crate::transformer::{activation_bytes, Activations, LossOptions};
+use crate::transformer::{activation_bytes, Activations, LossOptions, NotListening};
 
 /// Results of one optimizer step.
 #[derive(Debug, Clone, Copy)]
@@ -283,10 +283,9 @@ impl<S: ParamSource, D: DataSource> Trainer<S, D> {
             }
             let opts = LossOptions { ignore, grad_scale: 1.0 / accum as f32, activations };
             let loss = if micro % accum == accum - 1 {
-                let mut ready = |g: &ParamSet, ids: &[usize]| sync.ready(b, g, ids);
-                self.model.loss_and_grads(b, batch, opts, grads, &mut ready)?
+                self.model.loss_and_grads(b, batch, opts, grads, &mut sync.listener(b))?
             } else {
-                self.model.loss_and_grads(b, batch, opts, grads, &mut |_, _| Ok(()))?
+                self.model.loss_and_grads(b, batch, opts, grads, &mut NotListening)?
             };
             loss_sum += loss as f64;
         }

@@ -10,9 +10,55 @@ use super::forward::ForwardCache;
 use super::{check_params, Sink, Transformer};
 use crate::params::ParamSet;
 
-/// The backward's report that the gradients at some parameter indices are complete (see
-/// [`Transformer::backward_with`]).
-pub type GradsReady<'a> = dyn FnMut(&ParamSet, &[usize]) -> Result<()> + 'a;
+/// Hears from the backward as gradients become final (see [`Transformer::backward_with`]).
+/// Any `FnMut(&ParamSet, &[usize]) -> Result<()>` closure is one that hears only
+/// [`ready`](Self::ready).
+pub trait GradsListener {
+    /// The gradients at `indices` of `grads` are complete: no later step of this backward
+    /// adds to them.
+    fn ready(&mut self, grads: &ParamSet, indices: &[usize]) -> Result<()>;
+
+    /// Whether the embedding lookups' gradients are to be handed over as rows
+    /// ([`rows`](Self::rows)) instead of added into the tables. The table of a lookup
+    /// `y_i = E[id_i]` receives `dE[id_i] += dy_i`: only the rows of the tokens in the
+    /// batch, while a tied table's other term, the head's `dW = dlogitsᵀ·h`, is dense. A
+    /// listener that takes the rows hears the tables [`ready`](Self::ready) as soon as the
+    /// head's gradient is in (the dense part, and what earlier micro-batches added, is then
+    /// final) and gets the rows at the end. The same answer on every call.
+    fn takes_rows(&self) -> bool {
+        false
+    }
+
+    /// The rows of an embedding lookup's gradient for table `index` of `grads`:
+    /// `grads[index][ids[i]]` would receive `rows[i]` (duplicates adding up). Called once
+    /// per table at the end of the backward, and only when [`takes_rows`](Self::takes_rows).
+    ///
+    /// # Shapes
+    /// `ids`: `[n]` U32; `rows`: `[n, D]` f32, the table `[V, D]`.
+    fn rows(&mut self, grads: &ParamSet, index: usize, ids: &Tensor, rows: &Tensor) -> Result<()> {
+        let _ = (grads, ids, rows);
+        Err(fusebox::Error::unsupported("GradsListener::rows", format!("table {index}: this listener takes no rows")))
+    }
+}
+
+impl<F: FnMut(&ParamSet, &[usize]) -> Result<()>> GradsListener for F {
+    fn ready(&mut self, grads: &ParamSet, indices: &[usize]) -> Result<()> {
+        self(grads, indices)
+    }
+}
+
+/// A listener that ignores every report (plain, single-process training).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NotListening;
+
+impl GradsListener for NotListening {
+    fn ready(&mut self, _grads: &ParamSet, _indices: &[usize]) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The backward's listener for finished gradients (see [`GradsListener`]).
+pub type GradsReady<'a> = dyn GradsListener + 'a;
 
 /// How [`Transformer::train_loss_and_grads`] computes one micro-batch's loss and gradients.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -41,14 +87,17 @@ impl Transformer {
         d_logits: &Tensor,
         grads: &mut ParamSet,
     ) -> Result<()> {
-        self.backward_with(b, cache, d_logits, grads, &mut |_, _| Ok(()))
+        self.backward_with(b, cache, d_logits, grads, &mut NotListening)
     }
 
-    /// [`backward`](Self::backward), calling `ready(grads, indices)` as soon as the
+    /// [`backward`](Self::backward), calling `ready.ready(grads, indices)` as soon as the
     /// gradients of `indices` are complete (no later step of this backward adds to them):
-    /// the final norm and an untied head first, then each block from the last down, then
-    /// the embeddings. Every parameter is reported exactly once, in the same order on every
-    /// call; a data-parallel trainer starts reducing them while the rest runs.
+    /// an untied head first, then the final norm, then each block from the last down, then
+    /// the embeddings. A listener that [takes rows](GradsListener::takes_rows) hears the
+    /// embedding tables (a tied one included) first, with the head, and gets the lookups'
+    /// gradient rows at the end instead. Every parameter is reported exactly once, in the
+    /// same order on every call; a data-parallel trainer starts reducing them while the
+    /// rest runs.
     pub fn backward_with(
         &self,
         b: &dyn ComputeBackend,
@@ -92,10 +141,20 @@ impl Transformer {
         let ForwardCache { ids, batch: bsz, seq: t, rope, mut layers, x_final, norm_f: norm_f_out } = cache;
         let d = self.arch.d_model;
         let norm_f = self.index.norm_f;
+        // The lookups' rows go to the listener; the tables' dense part is final now.
+        let sparse = sink.base().is_some() && ready.takes_rows();
+        let tables = [Some(self.index.embed), self.index.pos_embed].into_iter().flatten();
+        if let Some(grads) = sink.base() {
+            // The head's dW was added before this was called: an untied head is final, and
+            // so (taking rows) is a tied table, whose lookup term comes only as rows.
+            let early: Vec<usize> = self.index.head.into_iter().chain(tables.clone().filter(|_| sparse)).collect();
+            if !early.is_empty() {
+                ready.ready(grads, &early)?;
+            }
+        }
         let mut dx = self.norm_backward(b, &x_final, norm_f, &norm_f_out, &dhf.reshape([bsz, t, d])?, sink)?;
         if let Some(grads) = sink.base() {
-            let done = [Some(norm_f.weight), norm_f.bias, self.index.head].into_iter().flatten().collect::<Vec<_>>();
-            ready(grads, &done)?;
+            ready.ready(grads, &[Some(norm_f.weight), norm_f.bias].into_iter().flatten().collect::<Vec<_>>())?;
         }
         // Each block's activations (as saved, or recomputed from its input) are dropped as
         // soon as its backward is done.
@@ -104,22 +163,35 @@ impl Transformer {
             dx = self.block_backward(b, l, &saved, &rope, &dx, sink)?;
             drop(saved);
             if let Some(grads) = sink.base() {
-                ready(grads, &self.index.layers[l].params())?;
+                ready.ready(grads, &self.index.layers[l].params())?;
             }
         }
         let Some(grads) = sink.base() else { return Ok(()) };
 
-        // Embeddings: token rows scatter-add straight into the (possibly tied) table's
-        // gradient (times the embedding scale); positions sum over the batch.
+        // Embeddings: token rows scatter-add into the (possibly tied) table's gradient
+        // (times the embedding scale); positions sum over the batch. Taking rows, the
+        // listener gets them instead.
         let ids = ids.reshape([bsz * t])?;
         let d_tok = if self.arch.embed_scale != 1.0 { b.mul_scalar(&dx, self.arch.embed_scale)? } else { dx.clone() };
-        b.scatter_add_rows(&mut grads.tensors[self.index.embed], &ids, &d_tok.reshape([bsz * t, d])?)?;
+        let d_tok = d_tok.reshape([bsz * t, d])?;
+        if sparse {
+            ready.rows(grads, self.index.embed, &ids, &d_tok)?;
+        } else {
+            b.scatter_add_rows(&mut grads.tensors[self.index.embed], &ids, &d_tok)?;
+        }
         if let Some(wpe) = self.index.pos_embed {
             let dpos = b.sum(&dx.reshape([bsz, t * d])?, Some(0))?.reshape([t, d])?;
             let rows = b.upload(&Tensor::from_vec((0..t as u32).collect::<Vec<_>>(), [t])?)?;
-            b.scatter_add_rows(&mut grads.tensors[wpe], &rows, &dpos)?;
+            if sparse {
+                ready.rows(grads, wpe, &rows, &dpos)?;
+            } else {
+                b.scatter_add_rows(&mut grads.tensors[wpe], &rows, &dpos)?;
+            }
         }
-        ready(grads, &[Some(self.index.embed), self.index.pos_embed].into_iter().flatten().collect::<Vec<_>>())
+        if sparse {
+            return Ok(());
+        }
+        ready.ready(grads, &tables.collect::<Vec<_>>())
     }
 
     /// Mean cross-entropy of next-token predictions and its gradient, added into `grads`
@@ -137,7 +209,7 @@ impl Transformer {
         grad_scale: f32,
         grads: &mut ParamSet,
     ) -> Result<f32> {
-        self.loss_and_grads_with(b, ids, targets, ignore, grad_scale, grads, &mut |_, _| Ok(()))
+        self.loss_and_grads_with(b, ids, targets, ignore, grad_scale, grads, &mut NotListening)
     }
 
     /// [`loss_and_grads`](Self::loss_and_grads) with the backward's `ready` callback (see
@@ -176,7 +248,7 @@ impl Transformer {
         const OP: &str = "Transformer::lora_loss_and_grads";
         self.check_lora_grads(OP, grads)?;
         let opts = LossOptions { ignore, grad_scale, activations: Activations::Saved };
-        self.loss_and_grads_into(b, ids, targets, opts, &mut Sink::Lora(grads), &mut |_, _| Ok(()))
+        self.loss_and_grads_into(b, ids, targets, opts, &mut Sink::Lora(grads), &mut NotListening)
     }
 
     /// The training engine's one call per micro-batch: the mean cross-entropy of `ids`
@@ -203,8 +275,8 @@ impl Transformer {
             return self.loss_and_grads_into(b, ids, targets, opts, &mut Sink::Full(grads), ready);
         }
         self.check_lora_grads(OP, grads)?;
-        let loss = self.loss_and_grads_into(b, ids, targets, opts, &mut Sink::Lora(grads), &mut |_, _| Ok(()))?;
-        ready(grads, &(0..grads.tensors.len()).collect::<Vec<_>>())?;
+        let loss = self.loss_and_grads_into(b, ids, targets, opts, &mut Sink::Lora(grads), &mut NotListening)?;
+        ready.ready(grads, &(0..grads.tensors.len()).collect::<Vec<_>>())?;
         Ok(loss)
     }
 

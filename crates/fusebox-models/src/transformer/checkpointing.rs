@@ -289,7 +289,7 @@ mod tests {
     use crate::params::ParamSet;
     use crate::rng::Rng;
     use crate::train::{Task, TrainConfig, Trainer};
-    use crate::transformer::{Adapters, LoraConfig, LossOptions, Transformer};
+    use crate::transformer::{Adapters, LoraConfig, LossOptions, NotListening, Transformer};
 
     fn bits(set: &ParamSet) -> Vec<Vec<u32>> {
         set.tensors.iter().map(|t| t.to_vec_f32().unwrap().iter().map(|x| x.to_bits()).collect()).collect()
@@ -385,7 +385,7 @@ mod tests {
                     let mut grads = ParamSet::zeros(&b, &specs).unwrap();
                     let opts = LossOptions { ignore: Some(IGNORE), grad_scale: 0.5, activations };
                     let loss =
-                        net.train_loss_and_grads(&b, &ids, &targets, opts, &mut grads, &mut |_, _| Ok(())).unwrap();
+                        net.train_loss_and_grads(&b, &ids, &targets, opts, &mut grads, &mut NotListening).unwrap();
                     (loss.to_bits(), bits(&grads))
                 };
                 let saved = run(Activations::Saved);

@@ -150,7 +150,14 @@ mod tests {
                 .unwrap();
         let loss_dense = ce.loss.to_vec::<f32>().unwrap()[0];
         let mut g_dense = ParamSet::zeros(&b, &specs).unwrap();
-        net.backward_impl(&b, cache, &ce.d_logits, &mut Sink::Lora(&mut g_dense), &mut |_, _| Ok(())).unwrap();
+        net.backward_impl(
+            &b,
+            cache,
+            &ce.d_logits,
+            &mut Sink::Lora(&mut g_dense),
+            &mut crate::transformer::NotListening,
+        )
+        .unwrap();
         assert!((loss_counted - loss_dense).abs() <= 1e-6 * loss_dense.abs(), "{loss_counted} vs {loss_dense}");
         for ((s, gc), gd) in specs.iter().zip(&g_counted.tensors).zip(&g_dense.tensors) {
             let (gc, gd) = (gc.to_vec_f32().unwrap(), gd.to_vec_f32().unwrap());

@@ -49,7 +49,7 @@ mod stage;
 use fusebox::{ComputeBackend, DType, Error, Result, Tensor};
 
 pub use arch::{Arch, Biases, LayerAttention, LinearAttention, Mlp, Moe, NormKind, Positions, Rope, RopeScaling};
-pub use backward::{GradsReady, LossOptions};
+pub use backward::{GradsListener, GradsReady, LossOptions, NotListening};
 pub use cache::{kv_bytes_per_position, KvCache, LinearState, RopeTables};
 pub use checkpointing::{activation_bytes, Activations};
 pub use forward::ForwardCache;
