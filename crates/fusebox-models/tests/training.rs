@@ -195,6 +195,11 @@ fn bf16_training_follows_f32() {
         let [f32s, bf16s] = &mut trained;
         println!("{style:?}: f32 losses {f32s:?}\n{style:?}: bf16 losses {bf16s:?}");
         assert!(bf16s[19] < bf16s[0], "{style:?}: the bf16 loss did not fall: {bf16s:?}");
-        assert!((bf16s[19] - f32s[19]).abs() < 0.05 * f32s[19], "{style:?}: bf16 {} against f32 {}", bf16s[19], f32s[19]);
+        assert!(
+            (bf16s[19] - f32s[19]).abs() < 0.05 * f32s[19],
+            "{style:?}: bf16 {} against f32 {}",
+            bf16s[19],
+            f32s[19]
+        );
     }
 }

@@ -188,6 +188,34 @@ fn opt_to_host<B: ComputeBackend + ?Sized>(b: &B, t: Option<&Tensor>) -> Result<
     t.map(|t| b.to_host(t)).transpose()
 }
 
+/// An accumulating linear backward on host tensors (`cpu::matmul::linear_backward_accumulate`
+/// and its BF16 twin): `dW += …`, `dbias += …`, returns `dx`.
+type LinearAccumulate = fn(&CpuBackend, &Tensor, &Tensor, &Tensor, &mut Tensor, Option<&mut Tensor>) -> Result<Tensor>;
+
+/// Runs `kernel` for any backend: in place when the gradients are host tensors, else on
+/// host copies that are written back with the backend's `copy_into`.
+fn linear_accumulate_on_cpu<B: ComputeBackend + ?Sized>(
+    b: &B,
+    kernel: LinearAccumulate,
+    (x, w, d_out): (&Tensor, &Tensor, &Tensor),
+    dweight: &mut Tensor,
+    dbias: Option<&mut Tensor>,
+) -> Result<Tensor> {
+    let (x, w, d_out) = (b.to_host(x)?, b.to_host(w)?, b.to_host(d_out)?);
+    if dweight.is_host() && dbias.as_ref().is_none_or(|db| db.is_host()) {
+        return kernel(b.cpu(), &x, &w, &d_out, dweight, dbias)?.to_backend(b);
+    }
+    // Device-resident gradients: accumulate into host copies, then write them back.
+    let mut dw_host = b.to_host(dweight)?;
+    let mut db_host = opt_to_host(b, dbias.as_deref())?;
+    let dx = kernel(b.cpu(), &x, &w, &d_out, &mut dw_host, db_host.as_mut())?;
+    b.copy_into(dweight, &b.upload(&dw_host)?)?;
+    if let (Some(dst), Some(host)) = (dbias, db_host) {
+        b.copy_into(dst, &b.upload(&host)?)?;
+    }
+    dx.to_backend(b)
+}
+
 /// Runs an in-place CPU kernel on `dst`: directly when `dst` is on the host, else on a
 /// host copy that is then written back with the backend's `copy_into`.
 pub fn in_place_on_cpu<B: ComputeBackend + ?Sized>(
@@ -478,20 +506,7 @@ pub trait ComputeBackend: Send + Sync + Debug {
         dweight: &mut Tensor,
         dbias: Option<&mut Tensor>,
     ) -> Result<Tensor> {
-        let (x, w, d_out) = (self.to_host(x)?, self.to_host(w)?, self.to_host(d_out)?);
-        if dweight.is_host() && dbias.as_ref().is_none_or(|b| b.is_host()) {
-            return cpu::matmul::linear_backward_accumulate(self.cpu(), &x, &w, &d_out, dweight, dbias)?
-                .to_backend(self);
-        }
-        // Device-resident gradients: accumulate into host copies, then write them back.
-        let mut dw_host = self.to_host(dweight)?;
-        let mut db_host = opt_to_host(self, dbias.as_deref())?;
-        let dx = cpu::matmul::linear_backward_accumulate(self.cpu(), &x, &w, &d_out, &mut dw_host, db_host.as_mut())?;
-        self.copy_into(dweight, &self.upload(&dw_host)?)?;
-        if let (Some(dst), Some(host)) = (dbias, db_host) {
-            self.copy_into(dst, &self.upload(&host)?)?;
-        }
-        dx.to_backend(self)
+        linear_accumulate_on_cpu(self, cpu::matmul::linear_backward_accumulate, (x, w, d_out), dweight, dbias)
     }
 
     /// `y = bf16(x) · bf16(W)ᵀ + bias`: [`linear_forward`](Self::linear_forward) with x
@@ -522,20 +537,8 @@ pub trait ComputeBackend: Send + Sync + Debug {
         dweight: &mut Tensor,
         dbias: Option<&mut Tensor>,
     ) -> Result<Tensor> {
-        let (x, w, d_out) = (self.to_host(x)?, self.to_host(w)?, self.to_host(d_out)?);
-        let bf16 = cpu::bf16_gemm::linear::linear_backward_accumulate_bf16;
-        if dweight.is_host() && dbias.as_ref().is_none_or(|b| b.is_host()) {
-            return bf16(self.cpu(), &x, &w, &d_out, dweight, dbias)?.to_backend(self);
-        }
-        // Device-resident gradients: accumulate into host copies, then write them back.
-        let mut dw_host = self.to_host(dweight)?;
-        let mut db_host = opt_to_host(self, dbias.as_deref())?;
-        let dx = bf16(self.cpu(), &x, &w, &d_out, &mut dw_host, db_host.as_mut())?;
-        self.copy_into(dweight, &self.upload(&dw_host)?)?;
-        if let (Some(dst), Some(host)) = (dbias, db_host) {
-            self.copy_into(dst, &self.upload(&host)?)?;
-        }
-        dx.to_backend(self)
+        let kernel = cpu::bf16_gemm::linear::linear_backward_accumulate_bf16;
+        linear_accumulate_on_cpu(self, kernel, (x, w, d_out), dweight, dbias)
     }
 
     /// Scores of queries against the first `len` cached keys:
