@@ -2,8 +2,8 @@
 //! BF16 (round to nearest even) and products accumulated in f32, the arithmetic of
 //! PyTorch's `autocast(bfloat16)` matmuls.
 //!
-//! Goto/BLIS blocking: for blocks of [`NC`] columns and [`KC`] k, B's block is packed
-//! once (BF16 pairs, [`pack`]); for blocks of [`MC`] rows A's block is packed, and
+//! Goto/BLIS blocking: for blocks of `NC` columns and `KC` k, B's block is packed
+//! once (BF16 pairs, `pack.rs`); for blocks of `MC` rows A's block is packed, and
 //! [`MR`]×[`NR`] tiles of C are computed by a microkernel over the packed pairs, B's
 //! strip staying in L1 while A's strips pass. Kernels, chosen at run time: `vdpbf16ps`
 //! (AVX-512 BF16: 32 multiply-adds per instruction, twice f32's FMA), the same products
