@@ -222,6 +222,7 @@ pub(crate) fn apply_flags(mut config: TrainConfig, args: &TrainArgs) -> TrainCon
     config.eval_every = args.eval_every.unwrap_or(config.eval_every);
     config.checkpoint_activations = args.checkpoint_activations;
     config.zero = args.zero;
+    // clap admits only the names `Precision` parses (`value_parser` above).
     config.precision = args.precision.parse().unwrap_or_default();
     config
 }

@@ -71,7 +71,6 @@ pub fn pack_a(a: View<'_>, i0: usize, mc: usize, k0: usize, kc: usize, out: &mut
                 pack_run_pairs(&a.data[row * a.rs + k0..][..kc], &mut strip[i..], MR);
                 continue;
             }
-
             let at = |kk: usize| if kk < k0 + kc { a.data[row * a.rs + kk * a.cs] } else { 0.0 };
             for p in 0..kp {
                 let kk = k0 + 2 * p;
