@@ -125,11 +125,16 @@ mod with_mpi {
 
     #[track_caller]
     fn assert_same_losses(a: &[(u64, f64)], b: &[(u64, f64)]) {
+        assert_losses_within(a, b, 1e-5);
+    }
+
+    #[track_caller]
+    fn assert_losses_within(a: &[(u64, f64)], b: &[(u64, f64)], tolerance: f64) {
         assert_eq!(a.len(), b.len(), "{a:?}\n{b:?}");
         for (&(sa, la), &(sb, lb)) in a.iter().zip(b) {
             assert_eq!(sa, sb);
             let rel = (la - lb).abs() / la.abs().max(1e-30);
-            assert!(rel <= 1e-5, "step {sa}: loss {la} vs {lb} (relative {rel:.2e})");
+            assert!(rel <= tolerance, "step {sa}: loss {la} vs {lb} (relative {rel:.2e})");
         }
     }
 
@@ -149,6 +154,16 @@ mod with_mpi {
         args: &[&str],
         two_extra: &[&str],
     ) -> (Vec<(u64, f64)>, PathBuf) {
+        assert_two_ranks_match_accumulation_within(dir, args, two_extra, 1e-5)
+    }
+
+    /// [`assert_two_ranks_match_accumulation`] with the losses within `tolerance`.
+    fn assert_two_ranks_match_accumulation_within(
+        dir: &Path,
+        args: &[&str],
+        two_extra: &[&str],
+        tolerance: f64,
+    ) -> (Vec<(u64, f64)>, PathBuf) {
         let (one, two) = (dir.join("one"), dir.join("two"));
         let o = fusebox().args(args).args(COMMON).args(["--accumulation", "2", "--out"]).arg(&one).output().unwrap();
         assert_ok(&o);
@@ -156,7 +171,7 @@ mod with_mpi {
         assert_ok(&o);
         let reference = losses(&one);
         assert_eq!(reference.len(), 50);
-        assert_same_losses(&losses(&two), &reference);
+        assert_losses_within(&losses(&two), &reference, tolerance);
         // Only rank 0 writes: one JSON line, one set of files.
         assert_eq!(String::from_utf8_lossy(&o.stdout).lines().filter(|l| l.starts_with('{')).count(), 1);
         assert!(two.join("loss.png").exists() && two.join("step-50").is_dir());
@@ -257,9 +272,14 @@ mod with_mpi {
 
     /// Qwen3-MoE from scratch: the experts' gradients and each micro-batch's
     /// load-balancing loss are the same split over ranks as accumulated on one process.
+    /// The ranks add the gradients in another order (the embedding rows after the
+    /// averaged dense part), and top-k routing turns that f32 rounding into a different
+    /// expert for a token at a near-tie: the losses agree to print precision for 48
+    /// steps, then one such flip moves a step's loss by 7e-5. Hence 1e-3, not 1e-5.
     pub fn moe_parity() {
         let dir = temp_dir("moe");
-        assert_two_ranks_match_accumulation(&dir, &["train", "--arch", "qwen3_moe", "--batch", "16"], &[]);
+        let args = ["train", "--arch", "qwen3_moe", "--batch", "16"];
+        assert_two_ranks_match_accumulation_within(&dir, &args, &[], 1e-3);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
