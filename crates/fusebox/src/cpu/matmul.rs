@@ -73,34 +73,35 @@ pub fn sgemm_new(
     c
 }
 
-/// A strided f32 matrix operand: element `(i, p)` is `data[i·rs + p·cs]`.
+/// A strided f32 matrix operand: element `(i, p)` is `data[i·rs + p·cs]` (the f32 and
+/// the BF16 GEMMs' operands).
 #[derive(Clone, Copy)]
-struct View<'a> {
-    data: &'a [f32],
-    rs: usize,
-    cs: usize,
+pub(crate) struct View<'a> {
+    pub(crate) data: &'a [f32],
+    pub(crate) rs: usize,
+    pub(crate) cs: usize,
 }
 
 impl<'a> View<'a> {
-    fn new(data: &'a [f32], rs: usize, cs: usize) -> Self {
+    pub(crate) fn new(data: &'a [f32], rs: usize, cs: usize) -> Self {
         View { data, rs, cs }
     }
 
     /// The same matrix from row `r` on.
-    fn rows_from(self, r: usize) -> Self {
+    pub(crate) fn rows_from(self, r: usize) -> Self {
         View { data: &self.data[r * self.rs..], ..self }
     }
 
     /// The same matrix from column `c` on.
-    fn cols_from(self, c: usize) -> Self {
+    pub(crate) fn cols_from(self, c: usize) -> Self {
         View { data: &self.data[c * self.cs..], ..self }
     }
 
     /// Asserts that a `rows×cols` view stays inside the slice (a caller bug otherwise).
-    fn check(&self, side: &str, rows: usize, cols: usize) {
+    pub(crate) fn check(&self, side: &str, rows: usize, cols: usize) {
         let extent = (rows - 1) * self.rs + (cols - 1) * self.cs + 1;
         let (rs, cs) = (self.rs, self.cs);
-        assert!(extent <= self.data.len(), "sgemm: {side} view [{rows}x{cols}] rs {rs} cs {cs} exceeds its slice");
+        assert!(extent <= self.data.len(), "gemm: {side} view [{rows}x{cols}] rs {rs} cs {cs} exceeds its slice");
     }
 }
 

@@ -1,4 +1,4 @@
-//! Linear layers with BF16 operands and f32 accumulation ([`bgemm`]): the forward and
+//! Linear layers with BF16 operands and f32 accumulation (`bgemm`): the forward and
 //! the accumulating backward of mixed-precision training. Bias and its gradient stay f32.
 
 use crate::cpu::matmul::column_sums;
@@ -21,7 +21,7 @@ pub fn linear_forward_bf16(cpu: &CpuBackend, x: &Tensor, w: &Tensor, bias: Optio
     let xd = convert::f32_data(OP, "x", x)?;
     let wd = convert::f32_data(OP, "w", w)?;
     // y[r, o] = Σ_i x[r, i]·w[o, i]: Wᵀ(i, o) = w[o·in + i], so rs 1, cs in.
-    let (a, b) = (View { data: &xd, rs: fin, cs: 1 }, View { data: &wd, rs: 1, cs: fin });
+    let (a, b) = (View::new(&xd, fin, 1), View::new(&wd, 1, fin));
     let y = match bias {
         Some(bias) => {
             let bd = convert::f32_data(OP, "bias", bias)?;
@@ -70,12 +70,12 @@ pub fn linear_backward_accumulate_bf16(
 
     // dx[r, i] = Σ_o dy[r, o]·w[o, i].
     let mut dx: Vec<f32> = Vec::with_capacity(rows * fin);
-    let (a, b) = (View { data: &dy, rs: fout, cs: 1 }, View { data: &wd, rs: fin, cs: 1 });
+    let (a, b) = (View::new(&dy, fout, 1), View::new(&wd, fin, 1));
     bgemm(cpu, rows, fin, fout, a, b, &mut dx.spare_capacity_mut()[..rows * fin], false);
     // SAFETY: without accumulate, bgemm writes all rows·fin values.
     unsafe { dx.set_len(rows * fin) };
     // dW[o, i] += Σ_r dy[r, o]·x[r, i]: dyᵀ(o, r) = dy[r·out + o], so rs 1, cs out.
-    let (a, b) = (View { data: &dy, rs: 1, cs: fout }, View { data: &xd, rs: fin, cs: 1 });
+    let (a, b) = (View::new(&dy, 1, fout), View::new(&xd, fin, 1));
     convert::update_f32(OP, dweight, |dw| bgemm(cpu, fout, fin, rows, a, b, output::as_uninit(dw), true))?;
     if let Some(db) = dbias {
         let sums = column_sums(cpu, &dy, rows, fout);

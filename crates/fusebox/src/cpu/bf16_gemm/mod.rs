@@ -22,6 +22,7 @@ use std::sync::OnceLock;
 
 pub use pack::round_bf16;
 
+pub(crate) use crate::cpu::matmul::View;
 use crate::cpu::{pool::SharedMut, simd::Isa, CpuBackend};
 
 /// Rows of a microkernel tile.
@@ -36,17 +37,6 @@ const MC: usize = 96;
 const NC: usize = 1024;
 /// Products with fewer multiply-adds than this run on one thread.
 const PARALLEL_WORK: usize = 48 * 48 * 256;
-
-/// A strided f32 matrix operand: element `(i, p)` is `data[i·rs + p·cs]`.
-#[derive(Clone, Copy)]
-pub struct View<'a> {
-    /// The values.
-    pub data: &'a [f32],
-    /// Row stride.
-    pub rs: usize,
-    /// Column stride.
-    pub cs: usize,
-}
 
 /// Whether this CPU has AVX-512 BF16 (with F and BW), probed once.
 pub fn has_avx512_bf16() -> bool {
@@ -108,7 +98,7 @@ impl Kernel {
 /// When a view reaches past its slice or `c` is shorter than `m·n` (a caller bug: the
 /// ops check shapes first).
 #[allow(clippy::too_many_arguments)]
-pub fn bgemm(
+pub(crate) fn bgemm(
     cpu: &CpuBackend,
     m: usize,
     n: usize,
@@ -138,11 +128,9 @@ fn bgemm_with(
     if m == 0 || n == 0 {
         return;
     }
-    for (view, rows, cols, side) in [(&a, m, k, "a"), (&b, k, n, "b")] {
-        if rows > 0 && cols > 0 {
-            let extent = (rows - 1) * view.rs + (cols - 1) * view.cs + 1;
-            assert!(extent <= view.data.len(), "bgemm: {side} view [{rows}x{cols}] exceeds its slice");
-        }
+    if k > 0 {
+        a.check("a", m, k);
+        b.check("b", k, n);
     }
     let work = m.saturating_mul(n).saturating_mul(k);
     let threads = cpu.threads();
@@ -158,11 +146,8 @@ fn bgemm_with(
     let c_at = SharedMut(c.as_mut_ptr().cast::<f32>());
     cpu.for_each_index(len.div_ceil(step), PARALLEL_WORK, |blk| {
         let (lo, hi) = (blk * step, ((blk + 1) * step).min(len));
-        let (rows, cols, a, b, at) = if by_rows {
-            (hi - lo, n, View { data: &a.data[lo * a.rs..], ..a }, b, lo * n)
-        } else {
-            (m, hi - lo, a, View { data: &b.data[lo * b.cs..], ..b }, lo)
-        };
+        let (rows, cols, a, b, at) =
+            if by_rows { (hi - lo, n, a.rows_from(lo), b, lo * n) } else { (m, hi - lo, a, b.cols_from(lo), lo) };
         // SAFETY: blocks write disjoint rows (or columns, through stride n) of `c`,
         // which holds m·n values; each block runs once.
         unsafe { serial(kernel, rows, cols, k, a, b, c_at.ptr().add(at), n, accumulate) };
@@ -355,10 +340,9 @@ mod tests {
                 for (m, n, k) in [(1, 1, 1), (7, 65, 3), (13, 130, 257), (97, 200, 600), (200, 1100, 64)] {
                     let av = values(m * k, 1);
                     let bv = values(k * n, 2);
-                    for (a, b) in [
-                        (View { data: &av, rs: k, cs: 1 }, View { data: &bv, rs: n, cs: 1 }),
-                        (View { data: &av, rs: 1, cs: m }, View { data: &bv, rs: 1, cs: k }),
-                    ] {
+                    for (a, b) in
+                        [(View::new(&av, k, 1), View::new(&bv, n, 1)), (View::new(&av, 1, m), View::new(&bv, 1, k))]
+                    {
                         let want = reference(m, n, k, a, b);
                         for accumulate in [false, true] {
                             let mut c = vec![MaybeUninit::new(0.5f32); m * n];

@@ -373,29 +373,7 @@ mod tests {
     use super::super::encode::quantize_into;
     use super::*;
 
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(12345);
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s as f32 / u32::MAX as f32 - 0.5) * 4.0
-            })
-            .collect()
-    }
-
-    const FORMATS: [DType; 9] = [
-        DType::Q8_0,
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::IQ4NL,
-        DType::MXFP4,
-        DType::Q4K,
-        DType::Q5K,
-        DType::Q6K,
-    ];
+    use super::super::test_data::{values, FORMATS};
 
     /// The integer dot is the f32 dot of the dequantized row with the dequantized x up to
     /// f32 rounding: checked against an f64 sum of the same integer-valued products.

@@ -76,3 +76,35 @@ pub use quantize::{dequantize, dequantize_row_into, quantize};
 const QK: usize = 32;
 /// Elements of a Q4_K / Q6_K super-block.
 const QK_K: usize = 256;
+
+/// Inputs shared by the integer kernels' tests.
+#[cfg(test)]
+mod test_data {
+    use crate::dtype::DType;
+
+    /// `n` values in [−2, 2) from an xorshift stream seeded by `seed`.
+    pub(super) fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(12345);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s as f32 / u32::MAX as f32 - 0.5) * 4.0
+            })
+            .collect()
+    }
+
+    /// The formats with integer kernels (decode and prefill).
+    pub(super) const FORMATS: [DType; 9] = [
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::IQ4NL,
+        DType::MXFP4,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K,
+    ];
+}

@@ -436,29 +436,7 @@ mod tests {
     use crate::cpu::simd::Isa;
     use crate::tensor::Tensor;
 
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(12345);
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s as f32 / u32::MAX as f32 - 0.5) * 4.0
-            })
-            .collect()
-    }
-
-    const FORMATS: [DType; 9] = [
-        DType::Q8_0,
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::IQ4NL,
-        DType::MXFP4,
-        DType::Q4K,
-        DType::Q5K,
-        DType::Q6K,
-    ];
+    use super::super::test_data::{values, FORMATS};
 
     /// The twin computes `Σ_j W[r, j]·x̃[j]` (the decode path's value) up to f32
     /// rounding: against an f64 sum of the dequantized weights times the rounded x.
