@@ -137,6 +137,37 @@ fn open_reads_from_disk() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn a_file_opened_without_its_vocabulary_keeps_the_rest_and_the_token_count() {
+    let dir = std::env::temp_dir().join(format!("fusebox-gguf-vocab-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("vocab.gguf");
+    let tokens = Array::String(vec!["a".into(), "bc".into(), "ü".into()]);
+    let w = sample_writer()
+        .kv("tokenizer.ggml.tokens", Value::Array(tokens))
+        .kv("tokenizer.ggml.scores", Value::Array(Array::F32(vec![0.5, 1.0, 2.0])))
+        .kv("tokenizer.ggml.merges", Value::Array(Array::String(vec!["a b".into()])))
+        .kv("tokenizer.ggml.bos_token_id", Value::U32(1));
+    std::fs::write(&path, w.to_bytes()).unwrap();
+    let whole = GgufFile::open(&path).unwrap();
+    let lean = GgufFile::open_without_vocabulary(&path).unwrap();
+    assert_eq!((whole.vocabulary_len(), lean.vocabulary_len()), (Some(3), Some(3)));
+    assert_eq!(whole.metadata().len(), lean.metadata().len() + 3);
+    assert!(lean.metadata().get("tokenizer.ggml.tokens").is_none());
+    assert!(lean.metadata().get("tokenizer.ggml.merges").is_none());
+    assert_eq!(lean.metadata().get_u32("tokenizer.ggml.bos_token_id").unwrap(), Some(1));
+    assert_eq!(lean.metadata().get_strings("t.arr.string").unwrap().unwrap(), ["a", "", "ü b"]);
+    assert_eq!(lean.tensor("weight").unwrap().dims(), &[3, 4]);
+    // Skipped arrays are still checked: a bad string in one is refused the same way.
+    let mut bytes = w.to_bytes();
+    let at = bytes.windows(3).rposition(|x| x == "a b".as_bytes()).unwrap();
+    bytes[at] = 0xff;
+    std::fs::write(&path, &bytes).unwrap();
+    let e = GgufFile::open_without_vocabulary(&path).err().unwrap().to_string();
+    assert!(e.contains("tokenizer.ggml.merges") && e.contains("UTF-8"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The header of a file with `tensors` tensors and `kvs` entries, version 3.
 fn header(tensors: u64, kvs: u64) -> Vec<u8> {
     let mut b = b"GGUF".to_vec();

@@ -108,11 +108,16 @@ impl<'a> Cursor<'a> {
 
     /// A GGUF string: a u64 byte length, then that many bytes of UTF-8 (no terminator).
     pub fn string(&mut self, what: &str) -> PResult<String> {
+        self.str(what).map(str::to_owned)
+    }
+
+    /// A GGUF string as [`string`](Self::string) reads it, borrowed from the bytes.
+    pub fn str(&mut self, what: &str) -> PResult<&'a str> {
         let at = self.pos;
         let len = self.count(1, &format!("{what} length"))?;
         let bytes = self.take(len, what)?;
         match std::str::from_utf8(bytes) {
-            Ok(s) => Ok(s.to_owned()),
+            Ok(s) => Ok(s),
             Err(e) => Err(ParseError(format!(
                 "{what} (at offset {at}) is not valid UTF-8 (bad byte at string position {})",
                 e.valid_up_to()

@@ -13,7 +13,7 @@ use crate::files::{open_regular, Bytes};
 use super::cursor::{Context, Cursor, PResult, ParseError};
 use super::ggml_type::GgmlType;
 use super::metadata::Metadata;
-use super::value::{read_value, Value};
+use super::value::{read_value, skip_value, Value};
 
 /// The four bytes every GGUF file starts with.
 pub const MAGIC: [u8; 4] = *b"GGUF";
@@ -132,7 +132,13 @@ pub struct GgufFile {
     tensor_index: HashMap<String, usize>,
     alignment: u64,
     data_offset: u64,
+    vocabulary_len: Option<usize>,
 }
+
+/// The tokenizer's per-token arrays, which a process that never tokenizes need not keep
+/// ([`GgufFile::open_without_vocabulary`]): for a 262,144-token vocabulary, tens of MiB.
+const VOCABULARY_KEYS: [&str; 4] =
+    ["tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"];
 
 impl GgufFile {
     /// Memory-maps and parses the file at `path`.
@@ -140,7 +146,18 @@ impl GgufFile {
     /// The file must not be modified while the `GgufFile` is alive (the map would
     /// change under it); model files are only ever read.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
-        let path = path.as_ref();
+        Self::open_keeping(path.as_ref(), false)
+    }
+
+    /// As [`open`](Self::open), but the tokenizer's vocabulary arrays
+    /// (`tokenizer.ggml.tokens`, `.scores`, `.token_type`, `.merges`) are checked and
+    /// skipped, not kept: for a process that never tokenizes (a pipeline rank other than
+    /// 0). [`vocabulary_len`](Self::vocabulary_len) still counts the tokens.
+    pub fn open_without_vocabulary(path: impl AsRef<Path>) -> Result<GgufFile> {
+        Self::open_keeping(path.as_ref(), true)
+    }
+
+    fn open_keeping(path: &Path, skip_vocabulary: bool) -> Result<GgufFile> {
         let (file, _) =
             open_regular(path, "the GGUF file").map_err(|e| Error::Io(format!("gguf: {}", error_text(e))))?;
         // SAFETY: the map is read-only; the documented contract is that model files
@@ -149,16 +166,17 @@ impl GgufFile {
             .map_err(|e| Error::Io(format!("gguf: cannot memory-map '{}': {e}", path.display())))?;
         #[cfg(unix)]
         let _ = map.advise(memmap2::Advice::HugePage);
-        Self::parse(Bytes::Mapped(map)).map_err(|e| Error::Io(format!("{} (in '{}')", error_text(e), path.display())))
+        Self::parse(Bytes::Mapped(map), skip_vocabulary)
+            .map_err(|e| Error::Io(format!("{} (in '{}')", error_text(e), path.display())))
     }
 
     /// Parses a GGUF file held in memory.
     pub fn from_bytes(bytes: Vec<u8>) -> Result<GgufFile> {
-        Self::parse(Bytes::Owned(bytes))
+        Self::parse(Bytes::Owned(bytes), false)
     }
 
-    fn parse(bytes: Bytes) -> Result<GgufFile> {
-        let header = parse_header(&bytes)?;
+    fn parse(bytes: Bytes, skip_vocabulary: bool) -> Result<GgufFile> {
+        let header = parse_header(&bytes, skip_vocabulary)?;
         Ok(GgufFile {
             bytes: Arc::new(bytes),
             version: header.version,
@@ -167,7 +185,13 @@ impl GgufFile {
             tensors: header.tensors,
             alignment: header.alignment,
             data_offset: header.data_offset,
+            vocabulary_len: header.vocabulary_len,
         })
+    }
+
+    /// The number of tokens in `tokenizer.ggml.tokens`, kept or skipped; `None` without it.
+    pub fn vocabulary_len(&self) -> Option<usize> {
+        self.vocabulary_len
     }
 
     /// The format version (2 or 3).
@@ -245,6 +269,31 @@ impl GgufFile {
         Ok(t)
     }
 
+    /// Rows `rows` (first axis of the row-major shape) of tensor `name`, read as
+    /// [`take_tensor`](Self::take_tensor) reads: only their bytes are copied (a pipeline
+    /// stage's share of a split head).
+    pub fn take_tensor_rows(&self, name: &str, rows: std::ops::Range<usize>) -> Result<Tensor> {
+        let info = self.require_info(name)?;
+        let (dtype, shape) = (info.dtype()?, info.shape()?);
+        let bytes = self.tensor_bytes(name)?;
+        let start = bytes.as_ptr() as usize - self.bytes.as_ptr() as usize;
+        let within = crate::weights::row_bytes(name, &shape, dtype, &rows)?;
+        if within.end > bytes.len() {
+            return Err(Error::Io(format!(
+                "gguf: tensor '{name}': {} bytes in the file, rows {}..{} end at byte {}",
+                bytes.len(),
+                rows.start,
+                rows.end,
+                within.end
+            )));
+        }
+        let dims: Vec<usize> = std::iter::once(rows.len()).chain(shape.iter().skip(1).copied()).collect();
+        let mut t = Tensor::zeros(dims, dtype)
+            .map_err(|e| Error::Io(format!("gguf: tensor '{name}': cannot build the tensor: {e}")))?;
+        self.bytes.copy_releasing(start + within.start..start + within.end, t.host_bytes_mut()?);
+        Ok(t)
+    }
+
     /// Tensor `name` as [`tensor`](Self::tensor) gives it, over the file's own bytes (the
     /// memory map), not copied: read-only, and it keeps the map alive. What a model
     /// serves its experts from.
@@ -301,9 +350,12 @@ struct Header {
     tensors: Vec<TensorInfo>,
     alignment: u64,
     data_offset: u64,
+    vocabulary_len: Option<usize>,
 }
 
-fn parse_header(bytes: &[u8]) -> PResult<Header> {
+/// Parses everything before the data section; the tokenizer's vocabulary arrays are
+/// walked over, not kept, when `skip_vocabulary`.
+fn parse_header(bytes: &[u8], skip_vocabulary: bool) -> PResult<Header> {
     let mut c = Cursor::new(bytes);
     let magic = c.take(4, "magic").context_with(|| "not a GGUF file")?;
     if magic != MAGIC {
@@ -328,13 +380,25 @@ fn parse_header(bytes: &[u8]) -> PResult<Header> {
     let kv_count = c.count(MIN_KV_BYTES, "metadata count")?;
 
     let mut metadata = Metadata::default();
+    let mut skipped = std::collections::HashMap::new();
     for i in 0..kv_count {
         let key = c.string("metadata key").context_with(|| format!("metadata entry {i}"))?;
+        if skip_vocabulary && VOCABULARY_KEYS.contains(&key.as_str()) {
+            let n = skip_value(&mut c).context_with(|| format!("metadata '{key}'"))?;
+            if skipped.insert(key.clone(), n).is_some() {
+                return Err(ParseError(format!("metadata key '{key}' appears twice")));
+            }
+            continue;
+        }
         let value = read_value(&mut c).context_with(|| format!("metadata '{key}'"))?;
         if !metadata.insert(key.clone(), value) {
             return Err(ParseError(format!("metadata key '{key}' appears twice")));
         }
     }
+    let vocabulary_len = match skipped.get(VOCABULARY_KEYS[0]) {
+        Some(&n) => Some(n),
+        None => metadata.get_strings(VOCABULARY_KEYS[0]).ok().flatten().map(<[String]>::len),
+    };
     let alignment = alignment_of(&metadata)?;
 
     let mut tensors = Vec::with_capacity(tensor_count);
@@ -359,7 +423,7 @@ fn parse_header(bytes: &[u8]) -> PResult<Header> {
     check_padding(bytes, end_of_infos, data_offset, alignment)?;
     let data = bytes.get(data_offset as usize..).unwrap_or_default();
     check_layout(&tensors, alignment, data)?;
-    Ok(Header { version, metadata, tensors, alignment, data_offset })
+    Ok(Header { version, metadata, tensors, alignment, data_offset, vocabulary_len })
 }
 
 /// The bytes between the tensor infos and the data section are the padding writers

@@ -371,6 +371,44 @@ pub(crate) fn read_value(c: &mut Cursor<'_>) -> PResult<Value> {
     read_payload(c, ty, 0)
 }
 
+/// Walks past one value (type tag and payload) without keeping it, checking it as
+/// [`read_value`] does; returns its element count (1 for a scalar or a string).
+pub(crate) fn skip_value(c: &mut Cursor<'_>) -> PResult<usize> {
+    let ty = read_type(c, "value type")?;
+    skip_payload(c, ty, 0)
+}
+
+/// Walks past the payload of a value of type `ty` at array nesting `depth`.
+fn skip_payload(c: &mut Cursor<'_>, ty: ValueType, depth: usize) -> PResult<usize> {
+    match ty {
+        ValueType::String => c.str("string").map(|_| 1),
+        ValueType::Bool => read_bool(c).map(|_| 1),
+        ValueType::Array => {
+            if depth >= MAX_ARRAY_DEPTH {
+                return Err(ParseError(format!(
+                    "arrays nested more than {MAX_ARRAY_DEPTH} deep (at offset {})",
+                    c.pos()
+                )));
+            }
+            let ty = read_type(c, "array element type")?;
+            let n = c.count(ty.min_bytes(), &format!("array count ({ty} elements)"))?;
+            match ty {
+                ValueType::String | ValueType::Bool | ValueType::Array => {
+                    for i in 0..n {
+                        skip_payload(c, ty, depth + 1).context_with(|| format!("element {i}"))?;
+                    }
+                }
+                // `n` was checked against the bytes left for elements of this size.
+                fixed => {
+                    c.take(n * fixed.min_bytes(), &format!("{fixed} array"))?;
+                }
+            }
+            Ok(n)
+        }
+        fixed => c.take(fixed.min_bytes(), fixed.name()).map(|_| 1),
+    }
+}
+
 /// Reads the payload of a value of type `ty` at array nesting `depth`.
 fn read_payload(c: &mut Cursor<'_>, ty: ValueType, depth: usize) -> PResult<Value> {
     Ok(match ty {
