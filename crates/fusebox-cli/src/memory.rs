@@ -11,6 +11,11 @@ pub(crate) fn peak_rss() -> Option<u64> {
     proc_kib("/proc/self/status", "VmHWM:")
 }
 
+/// The process's resident memory now (Linux `VmRSS`); `None` where unknown.
+pub(crate) fn current_rss() -> Option<u64> {
+    proc_kib("/proc/self/status", "VmRSS:")
+}
+
 /// The value in bytes of the line starting with `key` in a `/proc` file of `key  N kB` lines.
 fn proc_kib(file: &str, key: &str) -> Option<u64> {
     let text = std::fs::read_to_string(file).ok()?;

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use clap::Args;
 use fusebox::{ComputeBackend, DType, Error, Result};
-use fusebox_models::comm::Communicator;
-use fusebox_models::pipeline::{self, Pipeline, StageStats, Wire};
+use fusebox_models::comm::{Communicator, ReduceOp};
+use fusebox_models::pipeline::{self, Pipeline, SplitOptions, StageStats, Wire};
 use fusebox_models::pretrained::{self, Pretrained};
 use fusebox_models::transformer::Stage;
 use fusebox_models::weights::StageSizes;
@@ -19,9 +19,14 @@ use fusebox_models::{finetune, open};
 #[derive(Args, Clone, Debug, Default)]
 pub struct PipelineArgs {
     /// Under mpirun: blocks per rank, comma-separated (`10,14`); default: balanced by the
-    /// bytes each rank reads per token (its weights, its KV cache, the head on the last).
+    /// bytes each rank holds (its weights and KV cache, its resident memory before
+    /// loading — rank 0's tokenizer — and its share of the head).
     #[arg(long)]
     pub(crate) layer_split: Option<String>,
+    /// Under mpirun: the head's vocabulary rows rank 0 multiplies by (the last rank the
+    /// rest; 0: the whole head on the last rank); default: the rows that even out the two.
+    #[arg(long, value_name = "ROWS")]
+    pub(crate) head_split: Option<usize>,
     /// Under mpirun: the dtype of the hidden state between ranks: f32 (exact: one
     /// process's tokens), f16 or bf16 (half the bytes, rounded).
     #[arg(long, default_value = "f32")]
@@ -33,6 +38,7 @@ pub struct Distributed {
     comm: Arc<dyn Communicator>,
     wire: Wire,
     counts: Option<Vec<usize>>,
+    head_rows: Option<usize>,
 }
 
 impl Distributed {
@@ -49,7 +55,15 @@ impl Distributed {
                 format!("{} counts in a single process", counts.as_ref().map_or(0, Vec::len)),
             ));
         }
-        Ok(Distributed { comm, wire, counts })
+        if comm.world_size() == 1 && args.head_split.is_some() {
+            return Err(Error::value(
+                "--head-split",
+                "processes",
+                "two or more MPI ranks (run under mpirun -np N)",
+                "a single process",
+            ));
+        }
+        Ok(Distributed { comm, wire, counts, head_rows: args.head_split })
     }
 
     /// Whether the model is split over several processes.
@@ -116,29 +130,47 @@ impl Distributed {
         Ok(())
     }
 
-    /// This rank's stage: the split balanced over the ranks (or `--layer-split`), with
-    /// `ctx` positions of `cache` dtype counted for each block's KV cache.
+    /// This rank's stage: the split balanced over the ranks (or `--layer-split`,
+    /// `--head-split`), with `ctx` positions of `cache` dtype counted for each block's KV
+    /// cache and each rank's resident memory so far (rank 0's tokenizer) for its own.
+    /// Every rank calls it at the same point of loading (one all-reduce).
     fn chooser(&self, ctx: Option<usize>, cache: DType) -> impl Fn(&StageSizes) -> Result<Stage> + '_ {
         let (rank, world) = (self.comm.rank(), self.comm.world_size());
         move |sizes: &StageSizes| -> Result<Stage> {
             let positions = ctx.unwrap_or(2048) as u64;
             let per_value = cache.storage_bytes(1) as u64;
             let kv: Vec<u64> = sizes.kv_per_position.iter().map(|b| b / 4 * per_value * positions).collect();
-            let split = pipeline::split_layers(sizes, &kv, world, self.counts.as_deref())?;
+            // Each rank's resident MiB, summed into every rank's copy (exact in f32).
+            let mut resident = vec![0f32; world];
+            resident[rank] = (crate::memory::current_rss().unwrap_or(0) >> 20) as f32;
+            self.comm.all_reduce(&mut resident, ReduceOp::Sum)?;
+            let resident: Vec<u64> = resident.iter().map(|&m| (m as u64) << 20).collect();
+            let options = SplitOptions {
+                cache_per_layer: &kv,
+                resident: &resident,
+                counts: self.counts.as_deref(),
+                lead_head_rows: self.head_rows,
+            };
+            let split = pipeline::split_layers(sizes, world, &options)?;
             if rank == 0 {
-                let shown: Vec<String> = split.iter().map(|r| format!("{}..{}", r.start, r.end)).collect();
-                eprintln!("[pipeline] {world} ranks, blocks {}", shown.join(" | "));
+                eprintln!("[pipeline] {world} ranks, {}", split.describe());
             }
-            Stage::new(split[rank].clone(), sizes.layers.len())
+            split.stage(rank)
         }
     }
 
-    /// Prints this rank's blocks and its peak resident memory after loading.
+    /// Prints this rank's blocks, its rows of a split head and its peak resident memory
+    /// after loading.
     fn report(&self, s: &Stage) {
         let rss =
             crate::memory::peak_rss().map_or("unknown".to_string(), |b| format!("{:.1} MiB", b as f64 / 1048576.0));
+        let head = match &s.head_rows {
+            Some(r) if !r.is_empty() => format!(", head rows {}..{}", r.start, r.end),
+            _ if s.is_last() && s.head_rows.is_none() => ", the head".to_string(),
+            _ => String::new(),
+        };
         eprintln!(
-            "[pipeline] rank {}: blocks {}..{} of {}, peak resident {rss} after loading",
+            "[pipeline] rank {}: blocks {}..{} of {}{head}, peak resident {rss} after loading",
             self.comm.rank(),
             s.layers.start,
             s.layers.end,

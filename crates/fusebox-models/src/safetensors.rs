@@ -211,6 +211,21 @@ impl SafeTensors {
         self.bytes.copy_releasing(range, dst);
         Ok(t)
     }
+
+    /// Rows `rows` (first axis) of tensor `name`, read as [`take_tensor`](Self::take_tensor)
+    /// reads: only their bytes are copied (a pipeline stage's share of a split head).
+    pub fn take_tensor_rows(&self, name: &str, rows: std::ops::Range<usize>) -> Result<Tensor> {
+        let info = self.tensors.get(name).ok_or_else(|| bad(format!("no tensor named '{name}'")))?;
+        let within = crate::weights::row_bytes(name, &info.shape, info.dtype, &rows)?;
+        let range = self.data_start + info.begin + within.start..self.data_start + info.begin + within.end;
+        if self.data_start + info.end > self.bytes.len() {
+            return Err(bad(format!("tensor '{name}': bytes {}..{} out of range", info.begin, info.end)));
+        }
+        let dims: Vec<usize> = std::iter::once(rows.len()).chain(info.shape.iter().skip(1).copied()).collect();
+        let mut t = Tensor::zeros(dims, info.dtype)?;
+        self.bytes.copy_releasing(range, t.host_bytes_mut()?);
+        Ok(t)
+    }
 }
 
 /// Writes `tensors` (host or device; brought to the host by the caller) to `path`

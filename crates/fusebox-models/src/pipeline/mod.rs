@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use fusebox::{ComputeBackend, Error, Result, Tensor};
 
-pub use self::split::{parse_layer_split, split_layers};
+pub use self::split::{parse_layer_split, split_layers, Split, SplitOptions};
 pub use self::wire::Wire;
 use self::wire::{Entry, Header, Kind, ALL_LOGITS};
 
@@ -181,24 +181,14 @@ impl Pipeline {
         let last = self.comm.world_size() - 1;
         let reply = self.comm.recv(last)?;
         let waited = sent.elapsed().as_secs_f64();
-        let (header, payload) = wire::parse(&reply, last)?;
         let rows = if all { ids.len() } else { 1 };
-        let v = model.arch.vocab_size;
-        if header.kind != Kind::Logits || header.rows != rows as u64 || payload.len() != rows * v * 4 {
-            return Err(Error::Io(format!(
-                "pipeline: rank {last} answered a step with {:?} of {} rows ({} bytes), expected the logits of {rows} \
-                 rows × {v}",
-                header.kind,
-                header.rows,
-                payload.len()
-            )));
-        }
+        let logits = logits_from(model, b, &reply, last, rows, "a step")?;
         let mut s = self.stats.lock().map_err(|_| Error::Io("pipeline: counters poisoned".into()))?;
         s.steps += 1;
         s.wait_seconds += waited;
         s.compute_seconds += start.elapsed().as_secs_f64() - waited;
         s.bytes_sent += msg.len() as u64;
-        Tensor::from_vec(wire::f32s(payload), [rows, v])
+        Tensor::from_vec(logits, [rows, model.arch.vocab_size])
     }
 
     /// Starts a server's batch: runs the first stage (`model`) over `seqs` — one sequence
@@ -256,8 +246,9 @@ impl Pipeline {
     }
 
     /// Waits for the oldest submitted batch's logits: each sequence's last position's
-    /// `[V]` (f32), in the order they were submitted.
-    pub fn collect(&self, model: &Transformer) -> Result<Vec<Vec<f32>>> {
+    /// `[V]` (f32), in the order they were submitted (`b` runs this rank's rows of a split
+    /// head).
+    pub fn collect(&self, model: &Transformer, b: &dyn ComputeBackend) -> Result<Vec<Vec<f32>>> {
         let oldest = self
             .flight
             .lock()
@@ -270,20 +261,13 @@ impl Pipeline {
         let waited = waiting.elapsed().as_secs_f64();
         // Rank 1 has had the batch since before the logits came back.
         oldest.send.wait()?;
-        let (header, payload) = wire::parse(&reply, last)?;
+        let start = Instant::now();
+        let logits = logits_from(model, b, &reply, last, oldest.rows, "a batch")?;
+        let mut s = self.stats.lock().map_err(|_| Error::Io("pipeline: counters poisoned".into()))?;
+        s.wait_seconds += waited;
+        s.compute_seconds += start.elapsed().as_secs_f64();
         let v = model.arch.vocab_size;
-        if header.kind != Kind::Logits || header.rows != oldest.rows as u64 || payload.len() != oldest.rows * v * 4 {
-            return Err(Error::Io(format!(
-                "pipeline: rank {last} answered a batch with {:?} of {} rows ({} bytes), expected the logits of {} \
-                 rows × {v}",
-                header.kind,
-                header.rows,
-                payload.len(),
-                oldest.rows
-            )));
-        }
-        self.stats.lock().map_err(|_| Error::Io("pipeline: counters poisoned".into()))?.wait_seconds += waited;
-        Ok(payload.chunks_exact(v * 4).map(wire::f32s).collect())
+        Ok(logits.chunks_exact(v).map(<[f32]>::to_vec).collect())
     }
 
     /// Ends the other ranks' [`follow`] loops; returns every stage's counters, rank 0's
@@ -357,8 +341,7 @@ pub fn follow(
                 let (x, h) = wire::read_hidden(payload, wire, rows, d, rank - 1)?;
                 let out = model.forward_stage(b, StageInput::Hidden { x: b.upload(&x)?, h: b.upload(&h)? }, cache)?;
                 if last {
-                    let all = header.flags & ALL_LOGITS != 0;
-                    logits_message(&model.stage_logits(b, &out.h, all)?, header.pos)
+                    logits_message(model, b, &out.h, header.flags & ALL_LOGITS != 0, header.pos)?
                 } else {
                     hidden_message(b, header, &[], wire, &out)?
                 }
@@ -382,7 +365,7 @@ pub fn follow(
                     }
                 };
                 if last {
-                    logits_message(&model.stage_logits(b, &out.h, entries.len() > 1)?, 0)
+                    logits_message(model, b, &out.h, entries.len() > 1, 0)?
                 } else {
                     hidden_message(b, header, &entries, wire, &out)?
                 }
@@ -408,12 +391,64 @@ fn start_at(rank: usize, pos: usize, cache: &mut KvCache) -> Result<()> {
     Ok(())
 }
 
-/// The last stage's logits `[rows, V]` as a message to rank 0.
-fn logits_message(logits: &Tensor, pos: u64) -> Vec<u8> {
+/// The last stage's answer to rank 0 for its output `h` `[1 | N, T, D]` (every row's
+/// when `all`, else the last's): the logits of its vocabulary rows `[rows, V − V₀]`, and
+/// when rank 0 holds the head's first `V₀ > 0` rows, the normed rows `[rows, D]` (f32:
+/// rank 0's logits are then the bits this rank would compute).
+fn logits_message(model: &Transformer, b: &dyn ComputeBackend, h: &Tensor, all: bool, pos: u64) -> Result<Vec<u8>> {
+    let input = model.head_input(b, h, all)?;
+    let logits = model.head_logits(b, &input)?;
     let rows = logits.dims()[0] as u64;
-    wire::message(Header { kind: Kind::Logits, flags: 0, rows, pos }, |o| {
-        wire::push_f32s(o, logits.as_slice::<f32>().unwrap_or(&[]))
-    })
+    let shared = model.stage().head_share(model.arch.vocab_size).start > 0;
+    let input = if shared { Some(b.to_host(&input)?) } else { None };
+    Ok(wire::message(Header { kind: Kind::Logits, flags: 0, rows, pos }, |o| {
+        wire::push_f32s(o, logits.as_slice::<f32>().unwrap_or(&[]));
+        if let Some(h) = &input {
+            wire::push_f32s(o, h.as_slice::<f32>().unwrap_or(&[]));
+        }
+    }))
+}
+
+/// The logits `[rows × V]` (row-major) of the last rank's answer `reply` to `what`: its
+/// rows of the head, and this rank's rows (the head's first `V₀`, see
+/// [`Stage::head_share`](crate::transformer::Stage::head_share)) computed here from the
+/// normed rows it sent along.
+fn logits_from(
+    model: &Transformer,
+    b: &dyn ComputeBackend,
+    reply: &[u8],
+    last: usize,
+    rows: usize,
+    what: &str,
+) -> Result<Vec<f32>> {
+    let (header, payload) = wire::parse(reply, last)?;
+    let (v, d) = (model.arch.vocab_size, model.arch.d_model);
+    let lead = model.stage().head_share(v).len();
+    let theirs = rows * (v - lead) * 4;
+    let hidden = if lead > 0 { rows * d * 4 } else { 0 };
+    if header.kind != Kind::Logits || header.rows != rows as u64 || payload.len() != theirs + hidden {
+        return Err(Error::Io(format!(
+            "pipeline: rank {last} answered {what} with {:?} of {} rows ({} bytes), expected the logits of {rows} \
+             rows × {} (and {hidden} bytes of normed rows)",
+            header.kind,
+            header.rows,
+            payload.len(),
+            v - lead
+        )));
+    }
+    let tail = wire::f32s(&payload[..theirs]);
+    if lead == 0 {
+        return Ok(tail);
+    }
+    let h = Tensor::from_vec(wire::f32s(&payload[theirs..]), [rows, d])?;
+    let own = model.head_logits(b, &b.upload(&h)?)?;
+    let own = own.as_slice::<f32>()?;
+    let mut out = Vec::with_capacity(rows * v);
+    for r in 0..rows {
+        out.extend_from_slice(&own[r * lead..(r + 1) * lead]);
+        out.extend_from_slice(&tail[r * (v - lead)..(r + 1) * (v - lead)]);
+    }
+    Ok(out)
 }
 
 /// A stage's output as the next stage's input: `header`, the batch table (if any), `x`, `h`.

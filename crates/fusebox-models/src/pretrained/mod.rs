@@ -176,7 +176,8 @@ pub fn load_stage_network(b: &dyn ComputeBackend, path: &Path, choose: &ChooseSt
     if !meta.is_file() {
         return Err(files::not_regular(path, "a model (a GGUF file, or a Hugging Face directory)", meta.file_type()));
     }
-    let file = GgufFile::open(path)?;
+    // This process never tokenizes: the vocabulary's arrays are not kept.
+    let file = GgufFile::open_without_vocabulary(path)?;
     weights::load_gguf_stage(b, &file, choose).map_err(|e| with_path(e, path))
 }
 

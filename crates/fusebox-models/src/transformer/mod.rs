@@ -176,8 +176,16 @@ impl Transformer {
             return Err(Error::shape("Transformer", "parameter count", specs.len(), params.tensors.len()));
         }
         let held = stage.holds(&index, specs.len());
-        for ((s, t), held) in specs.iter().zip(&params.tensors).zip(held) {
-            let want = if held { s.shape.clone() } else { fusebox::Shape::new([0]) };
+        // A split head holds its rows only, unless it is the first stage's (whole)
+        // embedding table too.
+        let head_rows = stage.head_share(arch.vocab_size).len();
+        let sliced_head = stage.splits_head(arch.vocab_size) && !(arch.tied_embeddings && stage.is_first());
+        for (i, ((s, t), held)) in specs.iter().zip(&params.tensors).zip(held).enumerate() {
+            let want = match held {
+                true if sliced_head && i == index.head_weight() => fusebox::Shape::new([head_rows, arch.d_model]),
+                true => s.shape.clone(),
+                false => fusebox::Shape::new([0]),
+            };
             if t.shape() != &want {
                 return Err(Error::shape(
                     "Transformer",

@@ -7,6 +7,12 @@
 //! last residual add (it holds that one norm weight of the next stage's first block).
 //! The receiving stage starts from both, so a split model computes the same bits as
 //! the whole one.
+//!
+//! The head may be split by vocabulary rows between the first and the last stage
+//! ([`Stage::with_head_rows`]): the last stage applies the final norm and multiplies by
+//! rows `V₀..V`, the first multiplies the same normed rows by rows `0..V₀` when they
+//! come back to it. Each logit is one row's dot product either way, so the logits are
+//! the whole head's bits; each stage's resident memory holds only its rows.
 
 use std::ops::Range;
 
@@ -24,12 +30,16 @@ pub struct Stage {
     pub layers: Range<usize>,
     /// Blocks of the whole model.
     pub n_layers: usize,
+    /// The vocabulary rows of the head this stage multiplies by, when the head is split
+    /// ([`with_head_rows`](Self::with_head_rows)); `None`: all of them on the last stage,
+    /// none elsewhere.
+    pub head_rows: Option<Range<usize>>,
 }
 
 impl Stage {
     /// The whole model as one stage.
     pub fn whole(n_layers: usize) -> Stage {
-        Stage { layers: 0..n_layers, n_layers }
+        Stage { layers: 0..n_layers, n_layers, head_rows: None }
     }
 
     /// Blocks `layers` of an `n_layers` model; an error unless the range is non-empty and
@@ -43,7 +53,43 @@ impl Stage {
                 format!("{}..{}", layers.start, layers.end),
             ));
         }
-        Ok(Stage { layers, n_layers })
+        Ok(Stage { layers, n_layers, head_rows: None })
+    }
+
+    /// This stage multiplying by the head's vocabulary rows `rows` of `vocab`: a leading
+    /// range `0..V₀` on the first stage, the rest `V₀..vocab` on the last; an error on a
+    /// stage in between, for a range out of the vocabulary, or for one that is not
+    /// leading (first stage) or trailing (last stage).
+    pub fn with_head_rows(mut self, rows: Range<usize>, vocab: usize) -> Result<Stage> {
+        let fits = rows.start <= rows.end && rows.end <= vocab;
+        let placed = (self.is_first() && rows.start == 0) || (self.is_last() && rows.end == vocab);
+        if !fits || !placed || self.is_whole() && rows != (0..vocab) {
+            return Err(Error::value(
+                "Stage::with_head_rows",
+                "head rows",
+                format!(
+                    "rows 0..V₀ on the first stage or V₀..{vocab} on the last (this stage holds blocks {}..{} of {})",
+                    self.layers.start, self.layers.end, self.n_layers
+                ),
+                format!("{}..{}", rows.start, rows.end),
+            ));
+        }
+        self.head_rows = Some(rows);
+        Ok(self)
+    }
+
+    /// The vocabulary rows of the head this stage multiplies by, out of `vocab`.
+    pub fn head_share(&self, vocab: usize) -> Range<usize> {
+        match &self.head_rows {
+            Some(r) => r.clone(),
+            None if self.is_last() => 0..vocab,
+            None => 0..0,
+        }
+    }
+
+    /// Whether the head is split, its rows not all on this stage.
+    pub fn splits_head(&self, vocab: usize) -> bool {
+        self.head_rows.as_ref().is_some_and(|r| *r != (0..vocab))
     }
 
     /// Whether it embeds the tokens (it holds block 0).
@@ -62,8 +108,9 @@ impl Stage {
     }
 
     /// For each of the `n_params` parameters `index` places, whether this stage holds it:
-    /// its blocks' parameters, the embeddings on the first stage, the final norm and the
-    /// head (the embedding when tied) on the last, and the next stage's first `norm1`.
+    /// its blocks' parameters, the embeddings on the first stage, the final norm on the
+    /// last, the head (the embedding when tied; only its [`head_rows`](Self::head_rows)
+    /// when split) where it has rows of it, and the next stage's first `norm1`.
     pub fn holds(&self, index: &ParamIndex, n_params: usize) -> Vec<bool> {
         let mut held = vec![false; n_params];
         let mut hold = |i: usize| {
@@ -85,6 +132,8 @@ impl Stage {
         if self.is_last() {
             hold(index.norm_f.weight);
             index.norm_f.bias.into_iter().for_each(&mut hold);
+        }
+        if self.head_rows.as_ref().map_or(self.is_last(), |r| !r.is_empty()) {
             hold(index.head_weight());
         }
         held
@@ -149,14 +198,14 @@ impl Transformer {
         Ok(StageOutput { x, h: h.output })
     }
 
-    /// The head over the last stage's output `h` `[1, T, D]`: the logits of every
-    /// position `[T, V]` when `all`, else of the last `[1, V]` (f32, host).
-    pub fn stage_logits(&self, b: &dyn ComputeBackend, h: &Tensor, all: bool) -> Result<Tensor> {
-        const OP: &str = "Transformer::stage_logits";
+    /// The head's input from the last stage's output `h` `[1, T, D]`: every position's
+    /// normed row `[T, D]` when `all`, else the last one's `[1, D]`.
+    pub fn head_input(&self, b: &dyn ComputeBackend, h: &Tensor, all: bool) -> Result<Tensor> {
+        const OP: &str = "Transformer::head_input";
         if !self.stage.is_last() {
             return Err(Error::unsupported(
                 OP,
-                format!("the stage of blocks {:?} has no head (the last stage has)", self.stage.layers),
+                format!("the stage of blocks {:?} has no final norm (the last stage has)", self.stage.layers),
             ));
         }
         let d = self.arch.d_model;
@@ -165,8 +214,40 @@ impl Transformer {
             return Err(Error::shape(OP, "h", format!("[1, T, {d}]"), h.shape()));
         }
         let h = h.reshape([t, d])?;
-        let rows = if all { h } else { b.slice_rows(&h, t - 1, 1)? };
-        self.logits_to_host(b, &rows)
+        if all {
+            Ok(h)
+        } else {
+            b.slice_rows(&h, t - 1, 1)
+        }
+    }
+
+    /// The logits of this stage's vocabulary rows ([`Stage::head_share`]) for the normed
+    /// rows `h` `[N, D]` (what [`head_input`](Self::head_input) gives): `[N, rows]` f32
+    /// on the host; `[N, V]` on the last stage of an unsplit head.
+    pub fn head_logits(&self, b: &dyn ComputeBackend, h: &Tensor) -> Result<Tensor> {
+        const OP: &str = "Transformer::head_logits";
+        let (d, vocab) = (self.arch.d_model, self.arch.vocab_size);
+        let n = h.dims().first().copied().unwrap_or(0);
+        if h.dims() != [n, d] {
+            return Err(Error::shape(OP, "h", format!("[N, {d}]"), h.shape()));
+        }
+        let rows = self.stage.head_share(vocab);
+        if rows.is_empty() {
+            return Tensor::zeros([n, 0], fusebox::DType::F32);
+        }
+        let w = self.head_weight();
+        // A tied first stage keeps the whole table for its lookups; its head rows lead it.
+        let w =
+            if w.dims().first() == Some(&rows.len()) { w.clone() } else { w.view(rows.start * d, [rows.len(), d])? };
+        let logits = super::linear::linear_with(b, h, &w, None, self.precision)?;
+        b.to_host(&logits)
+    }
+
+    /// The head over the last stage's output `h` `[1, T, D]`: the logits of every
+    /// position `[T, V]` when `all`, else of the last `[1, V]` (f32, host) — of this
+    /// stage's vocabulary rows only when the head is split.
+    pub fn stage_logits(&self, b: &dyn ComputeBackend, h: &Tensor, all: bool) -> Result<Tensor> {
+        self.head_logits(b, &self.head_input(b, h, all)?)
     }
 
     /// The norm this stage's first block starts from.

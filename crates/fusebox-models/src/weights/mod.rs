@@ -46,6 +46,34 @@ pub trait TensorSource {
     fn take(&self, name: &str) -> Result<Tensor> {
         self.get(name)
     }
+    /// Rows `rows` of tensor `name` along its first axis, as [`take`](Self::take) reads
+    /// them; by default the whole tensor is read and the rows copied out.
+    fn take_rows(&self, name: &str, rows: std::ops::Range<usize>) -> Result<Tensor> {
+        let t = self.take(name)?;
+        let range = row_bytes(name, t.dims(), t.dtype(), &rows)?;
+        let dims: Vec<usize> = std::iter::once(rows.len()).chain(t.dims().iter().skip(1).copied()).collect();
+        Tensor::from_bytes(&t.host_bytes()?[range], dims, t.dtype())
+    }
+}
+
+/// The byte range of rows `rows` (first axis) of a row-major tensor `name` of `dims` and
+/// `dtype` (block formats: whole blocks per row), or an error naming what does not fit.
+pub(crate) fn row_bytes(
+    name: &str,
+    dims: &[usize],
+    dtype: DType,
+    rows: &std::ops::Range<usize>,
+) -> Result<std::ops::Range<usize>> {
+    let n = dims.first().copied().unwrap_or(0);
+    let per_row: usize = dims.iter().skip(1).product();
+    if rows.start > rows.end || rows.end > n || !per_row.is_multiple_of(dtype.block_elems()) {
+        return Err(Error::Io(format!(
+            "tensor '{name}' {dims:?} {dtype}: rows {}..{} are not whole rows of it",
+            rows.start, rows.end
+        )));
+    }
+    let row = dtype.storage_bytes(per_row);
+    Ok(rows.start * row..rows.end * row)
 }
 
 impl TensorSource for Shards {
@@ -66,6 +94,9 @@ impl TensorSource for Shards {
     }
     fn take(&self, name: &str) -> Result<Tensor> {
         Shards::take(self, name)
+    }
+    fn take_rows(&self, name: &str, rows: std::ops::Range<usize>) -> Result<Tensor> {
+        Shards::take_rows(self, name, rows)
     }
 }
 
@@ -90,6 +121,9 @@ impl TensorSource for GgufFile {
     }
     fn take(&self, name: &str) -> Result<Tensor> {
         self.take_tensor(name)
+    }
+    fn take_rows(&self, name: &str, rows: std::ops::Range<usize>) -> Result<Tensor> {
+        self.take_tensor_rows(name, rows)
     }
 }
 
@@ -156,6 +190,13 @@ pub struct StageSizes {
     /// Each block's f32 keys and values per cached position (0 for a linear-attention
     /// block, whose state does not grow).
     pub kv_per_position: Vec<u64>,
+    /// Rows of the head (the vocabulary).
+    pub vocab: usize,
+    /// Whether the head is stored in a block format, whose product gives each logit the
+    /// same bits whatever other rows are multiplied with it — so that a head split by
+    /// rows over two stages computes one process's logits. A dense head's product is
+    /// blocked by its row count (its logits agree within f32 rounding).
+    pub head_in_blocks: bool,
 }
 
 /// As [`load_for`], holding only the blocks of the stage `choose` picks from the
@@ -301,17 +342,26 @@ pub fn load_stage_for(
     }
     let held = stage.holds(&index, specs.len());
     // The embedding is served from the file's map when this process never multiplies by
-    // it (untied, or tied but the head is another stage's): a lookup touches only its
-    // rows, so the rest of the table need not be resident.
-    let embed_is_head = arch.tied_embeddings && stage.is_last();
+    // all of it (untied, or tied but the head is another stage's or split): a lookup
+    // touches only its rows, and a first stage's share of a split head is the table's
+    // leading rows, so the rest of the table need not be resident.
+    let vocab = arch.vocab_size;
+    let embed_is_head = arch.tied_embeddings && stage.is_last() && !stage.splits_head(vocab);
+    // A split head's rows are read alone (on a tied first stage they are the mapped table's).
+    let head_rows =
+        (stage.splits_head(vocab) && !(arch.tied_embeddings && stage.is_first())).then(|| stage.head_share(vocab));
     let mut tensors = Vec::with_capacity(specs.len());
     for (i, (spec, (role, parts))) in specs.iter().zip(&plan).enumerate() {
         if !held[i] {
             tensors.push(Tensor::zeros([0], DType::F32)?);
             continue;
         }
-        let map = *role == Role::Embedding && purpose == Purpose::Inference && !embed_is_head;
-        tensors.push(read_param(b, src, &spec.name, *role, parts, spec.shape.dims(), purpose, map)?);
+        let reading = match &head_rows {
+            Some(rows) if i == index.head_weight() => Reading::Rows(rows.clone()),
+            _ if *role == Role::Embedding && purpose == Purpose::Inference && !embed_is_head => Reading::Mapped,
+            _ => Reading::Copied,
+        };
+        tensors.push(read_param(b, src, &spec.name, *role, parts, spec.shape.dims(), purpose, reading)?);
     }
     let params = ParamSet { tensors };
     match purpose {
@@ -351,7 +401,12 @@ fn stage_sizes(
     let layers = index.layers.iter().map(|l| sum(&mut l.params().into_iter())).collect::<Result<Vec<_>>>()?;
     let kv = 2 * 4 * arch.kv_dim() as u64;
     let kv_per_position = (0..arch.n_layers).map(|l| if arch.is_linear(l) { 0 } else { kv }).collect();
-    Ok(StageSizes { embed, head, layers, kv_per_position })
+    let head_parts = &plan[index.head_weight()].1;
+    let head_in_blocks = head_parts.len() == 1 && head_parts[0].fix == Fix::None && {
+        let dtype = src.dtype(&head_parts[0].file)?;
+        dtype.is_quantized() || dtype == DType::F8E4M3
+    };
+    Ok(StageSizes { embed, head, layers, kv_per_position, vocab: arch.vocab_size, head_in_blocks })
 }
 
 /// The network of a GGUF file (its architecture from the metadata).
@@ -391,7 +446,11 @@ fn load_gguf_with(
 
 /// The plan of a GGUF file, from its metadata and tensor names.
 fn gguf_plan(file: &GgufFile) -> Result<Plan> {
-    let vocab_from_tokens = file.metadata().get_strings("tokenizer.ggml.tokens")?.map(<[String]>::len);
+    // The tokens' count: from the array, or as counted when it was skipped at open.
+    let vocab_from_tokens = match file.metadata().get_strings("tokenizer.ggml.tokens")? {
+        Some(tokens) => Some(tokens.len()),
+        None => file.vocabulary_len(),
+    };
     let has = |name: &str| file.tensor_info(name).is_some();
     let tensors = FileTensors { count: file.tensors().len(), has: &has };
     crate::arch::gguf_plan(file.metadata(), vocab_from_tokens, &tensors, &|| {
@@ -446,8 +505,19 @@ pub fn hf_plan(config: &serde_json::Value, shards: &Shards) -> Result<Plan> {
     crate::arch::hf_plan(config, &FileTensors { count: Shards::names(shards).count(), has: &has })
 }
 
-/// Reads, checks, fixes and concatenates the parts of one parameter; `map`: served from
-/// the file's memory map where it is used as stored.
+/// How [`read_param`] reads a parameter from its file.
+#[derive(Debug, Clone, PartialEq)]
+enum Reading {
+    /// Copied into this process's memory (the file's pages given back).
+    Copied,
+    /// Served from the file's memory map where it is used as stored.
+    Mapped,
+    /// Only these leading-axis rows of it, copied: a stage's share of a split head.
+    Rows(std::ops::Range<usize>),
+}
+
+/// Reads, checks, fixes and concatenates the parts of one parameter of `shape` as
+/// `reading` says (its rows of `shape` only for [`Reading::Rows`]).
 #[allow(clippy::too_many_arguments)]
 fn read_param(
     b: &dyn ComputeBackend,
@@ -457,18 +527,40 @@ fn read_param(
     parts: &[Part],
     shape: &[usize],
     purpose: Purpose,
-    map: bool,
+    reading: Reading,
 ) -> Result<Tensor> {
     let origin = src.origin();
+    // One part stored as used is read for its rows alone; anything else is read whole and
+    // its rows taken at the end.
+    let rows = match &reading {
+        Reading::Rows(r) if r.end > shape.first().copied().unwrap_or(0) => {
+            return Err(Error::value(
+                "load",
+                format!("rows of '{name}'"),
+                format!("within {shape:?}"),
+                format!("{r:?}"),
+            ));
+        }
+        Reading::Rows(r) => Some(r.clone()),
+        _ => None,
+    };
+    let rows_alone = rows.clone().filter(|_| parts.len() == 1 && parts[0].fix == Fix::None);
+    let of_rows = |dims: &[usize], r: &std::ops::Range<usize>| -> Vec<usize> {
+        std::iter::once(r.len()).chain(dims.iter().skip(1).copied()).collect()
+    };
     let mut host = Vec::with_capacity(parts.len());
     // A mixture of experts' weights in a block format, used as stored (one file tensor,
     // not trained): served from the file's map, not copied — they are most of the model,
     // and a token reads only its experts'.
+    let map = reading == Reading::Mapped;
     let mapped =
         (map || role == Role::Experts && purpose != Purpose::Training) && parts.len() == 1 && parts[0].fix == Fix::None;
     for p in parts {
-        let t = if mapped { src.get_mapped(&p.file)? } else { src.take(&p.file)? };
-        let stored = p.fix.stored_shape(&p.shape);
+        let (t, stored) = match &rows_alone {
+            Some(r) => (src.take_rows(&p.file, r.clone())?, of_rows(&p.shape, r)),
+            None if mapped => (src.get_mapped(&p.file)?, p.fix.stored_shape(&p.shape)),
+            None => (src.take(&p.file)?, p.fix.stored_shape(&p.shape)),
+        };
         // Size-1 axes may differ (llama.cpp stores the shared expert's gate `[1, D]` as `[D]`).
         let squeezed = |d: &[usize]| d.iter().copied().filter(|&n| n != 1).collect::<Vec<_>>();
         let t = if t.dims() == stored.as_slice() {
@@ -509,6 +601,10 @@ fn read_param(
     // One part as it is; several concatenated along rows: block formats by bytes (whole
     // blocks per row), floats as f32.
     let dtype = host[0].dtype();
+    let shape = match &rows_alone {
+        Some(r) => of_rows(shape, r),
+        None => shape.to_vec(),
+    };
     let joined = if host.len() == 1 {
         host.remove(0)
     } else if host.iter().all(|t| t.dtype() == dtype) && !matches!(dtype, DType::F16 | DType::BF16 | DType::F32) {
@@ -553,5 +649,14 @@ fn read_param(
     if out.dims() != shape {
         return Err(Error::Io(format!("{origin}: parameter '{name}': shape {:?}, expected {shape:?}", out.dims())));
     }
-    Ok(out)
+    match rows.filter(|_| rows_alone.is_none()) {
+        // Read whole (several parts, or fixed): its rows copied out, the rest dropped.
+        Some(r) => {
+            let host = b.to_host(&out)?;
+            let row_bytes = host.byte_len() / shape[0].max(1);
+            let bytes = &host.host_bytes()?[r.start * row_bytes..r.end * row_bytes];
+            b.upload(&Tensor::from_bytes(bytes, of_rows(&shape, &r), host.dtype())?)
+        }
+        None => Ok(out),
+    }
 }

@@ -140,6 +140,15 @@ impl Shards {
         self.files[i].take_tensor(name)
     }
 
+    /// Rows `rows` (first axis) of tensor `name`, read as [`take`](Self::take) reads.
+    pub fn take_rows(&self, name: &str, rows: std::ops::Range<usize>) -> Result<Tensor> {
+        let &i = self
+            .index
+            .get(name)
+            .ok_or_else(|| Error::Io(format!("{}: missing tensor '{name}'", self.dir.display())))?;
+        self.files[i].take_tensor_rows(name, rows)
+    }
+
     /// The dtype of tensor `name`, or an error naming it and the directory.
     pub fn dtype(&self, name: &str) -> Result<fusebox::DType> {
         let &i = self

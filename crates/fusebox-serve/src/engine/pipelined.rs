@@ -75,7 +75,7 @@ impl Flight {
             self.batches.push_back((batch, Instant::now()));
         }
         let Some((batch, started)) = self.batches.pop_front() else { return Ok(()) };
-        let logits = p.collect(&model.network)?;
+        let logits = p.collect(&model.network, b)?;
         let mut take = |slot: usize, arrival: u64, row: usize| {
             let s = &mut slots[slot];
             s.in_flight = false;
