@@ -74,13 +74,28 @@ pub(super) fn layout(dtype: DType) -> Option<Layout> {
     }
 }
 
+/// The largest |w| of `dtype`'s integer weights as [`unpack`] gives them: Q4_0 −8..7,
+/// Q4_1 and Q4_K 0..15, Q5_0 −16..15, Q5_K 0..31, Q6_K −32..31, MXFP4 −12..12 (its
+/// doubled E2M1 levels), IQ4_NL −127..113, Q8_0 any i8.
+pub(super) fn max_abs_weight(dtype: DType) -> i32 {
+    match dtype {
+        DType::Q4_0 => 8,
+        DType::Q4_1 | DType::Q4K => 15,
+        DType::Q5_0 => 16,
+        DType::MXFP4 => 12,
+        DType::Q5K => 31,
+        DType::Q6K => 32,
+        DType::IQ4NL => 127,
+        _ => 128,
+    }
+}
+
 /// A panel of W rows in the packed form (see the module docs), kept per thread.
 #[derive(Default)]
 pub(super) struct Panel {
     pub lay: Option<Layout>,
-    /// Whether every weight has |w| ≤ 32 (all formats but Q8_0 and IQ4_NL): the AVX2
-    /// kernel may then sum two steps of `vpmaddubsw` in i16 (`prefill_avx2.rs`).
-    pub narrow: bool,
+    /// The format's bound on |w| ([`max_abs_weight`]), for the AVX2 kernel's i16 sums.
+    pub max_abs_w: i32,
     /// Super-blocks per row.
     pub nsb: usize,
     /// Groups of 16 rows.
@@ -263,7 +278,7 @@ impl Panel {
         let units = lay.s / lay.u;
         let cells = groups * nsb;
         self.lay = Some(lay);
-        self.narrow = !matches!(dtype, DType::Q8_0 | DType::IQ4NL);
+        self.max_abs_w = max_abs_weight(dtype);
         self.nsb = nsb;
         self.groups = groups;
         // Resized to this panel's size; rows past `rows` in the last group are zeros.
@@ -290,6 +305,7 @@ impl Panel {
                         wdst[(t * GROUP + lane) * 4 + b] = un.w[4 * t + b] as u8;
                     }
                 }
+                debug_assert!(un.w[..lay.s].iter().all(|&v| i32::from(v).abs() <= self.max_abs_w), "{dtype} bound");
                 let mut corr = 0i32;
                 for u in 0..units {
                     let wsum: i32 = un.w[u * lay.u..(u + 1) * lay.u].iter().map(|&v| i32::from(v)).sum();
@@ -596,6 +612,44 @@ mod tests {
                 got[i * stride + n..(i + 1) * stride].iter().all(|&v| v == -7.0),
                 "{kernel:?} {dtype} wrote past row {i}"
             );
+        }
+    }
+
+    /// [`max_abs_weight`] bounds every weight `unpack` gives, and is reached, over blocks
+    /// of random bytes (every nibble and bit pattern appears).
+    #[test]
+    fn max_abs_weight_is_the_bound_of_each_format() {
+        let mut seed = 0x1234_5678u32;
+        for dtype in FORMATS {
+            let s = layout(dtype).unwrap().s;
+            let mut blk = vec![0u8; dtype.storage_bytes(s)];
+            let mut seen = 0;
+            let mut un = Unpacked { w: [0; 256], sc: [1; 16], mn: [0; 8], d: 0.0, e: 0.0 };
+            for _ in 0..2000 {
+                for b in blk.iter_mut() {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 17;
+                    seed ^= seed << 5;
+                    *b = seed as u8;
+                }
+                unpack(dtype, &blk, &mut un);
+                seen = un.w[..s].iter().fold(seen, |m, &v| m.max(i32::from(v).abs()));
+            }
+            assert_eq!(seen, max_abs_weight(dtype), "{dtype}");
+        }
+    }
+
+    /// The AVX2 kernel's i16 sums of `steps` `vpmaddubsw` lanes fit for every format
+    /// (`prefill_avx2.rs`): x's `q + 128` ≤ 255, two products per lane.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn the_avx2_kernels_i16_sums_cannot_saturate() {
+        for dtype in FORMATS {
+            let b = max_abs_weight(dtype);
+            match super::super::prefill_avx2::steps(b) {
+                0 => assert!(b > 32 && 2 * 128 * 127 <= i32::from(i16::MAX), "{dtype}: the sign trick's bound"),
+                st => assert!(st as i32 * 2 * 255 * b <= i32::from(i16::MAX), "{dtype}: {st} steps"),
+            }
         }
     }
 

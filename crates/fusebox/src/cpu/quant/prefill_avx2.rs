@@ -9,15 +9,16 @@
 //! i16, saturating) and `vpmaddwd` (i16 pairs times i16, summed to i32), so the integer
 //! sums are the twin's only if no i16 ever saturates or wraps:
 //!
-//! * **Narrow weights**, |w| ≤ 32 (Q4_0 −8..7, Q4_1 and Q4_K 0..15, Q5_0 −16..15, Q5_K
-//!   0..31, Q6_K −32..31, MXFP4 −12..12): x is read as `q + 128` ∈ [1, 255] (q ∈
-//!   [−127, 127], `int.rs` clamps it), so one `vpmaddubsw` lane is at most
-//!   2·255·32 = 16,320 in magnitude and the i16 sum of two steps' lanes (8 elements) at
-//!   most 32,640 < 32,767: two steps are added in i16, then `vpmaddwd` by the unit's
-//!   integer scale (1 where the format has none; |sc| ≤ 128) widens to i32. As in the
-//!   VNNI kernel the sums start from the correction `−128·Σ_u sc_u·Σ w`, which takes the
-//!   `+128` off: the i32 total is `T1 = Σ_u sc_u·Σ_{j∈u} w_j·q_j` exactly.
-//! * **Wide weights** (Q8_0 −128..127, IQ4_NL −127..113): the sign trick,
+//! * **Narrow weights**, |w| ≤ B ≤ 32 (all formats but Q8_0 and IQ4_NL; B is
+//!   `prefill::max_abs_weight`: Q4_0 8, Q4_1 and Q4_K 15, Q5_0 16, MXFP4 12, Q5_K 31,
+//!   Q6_K 32): x is read as `q + 128` ∈ [1, 255] (q ∈ [−127, 127], `int.rs` clamps
+//!   it), so one `vpmaddubsw` lane is at most 2·255·B ≤ 16,320 in magnitude and the
+//!   i16 sum of two steps' lanes (`STEPS` = 2, [`steps`]) at most 32,640 < 32,767.
+//!   Then `vpmaddwd` by the unit's integer scale (1 where the format has none;
+//!   |sc| ≤ 128) widens to i32. As in the VNNI kernel the sums start from the
+//!   correction `−128·Σ_u sc_u·Σ w`, which takes the `+128` off: the i32 total is
+//!   `T1 = Σ_u sc_u·Σ_{j∈u} w_j·q_j` exactly.
+//! * **Wide weights** (Q8_0 −128..127, IQ4_NL −127..113; `STEPS` = 0): the sign trick,
 //!   `vpmaddubsw(|w|, sign(q, w))` = `Σ w·q` per pair with |w| ≤ 128 unsigned and
 //!   |sign(q, w)| = |q| ≤ 127 (no q is −128, so the negation cannot wrap): a lane is at
 //!   most 2·128·127 = 32,512 < 32,767. Each step widens at once (`vpmaddwd` by 1), the
@@ -37,6 +38,18 @@ pub(super) fn runs() -> bool {
     matches!(Isa::active(), Isa::Avx2 | Isa::Avx512)
 }
 
+/// Steps of 4 elements whose `vpmaddubsw` lanes are summed in i16, for weights with
+/// |w| ≤ `max_abs_w`: 2 where that cannot saturate (|w| ≤ 32, see the module docs),
+/// else 0 (the sign trick). More steps would fit the 4-bit formats, but their weights
+/// and sums no longer stay in AVX2's 16 registers for a tile of 4 x rows.
+pub(super) fn steps(max_abs_w: i32) -> usize {
+    if max_abs_w <= 32 {
+        2
+    } else {
+        0
+    }
+}
+
 /// Every x row (`m`) times the packed panel (`rows` valid W rows) into `dst`, whose
 /// element `i·dst_row + r` takes x row i times W row r.
 ///
@@ -46,13 +59,13 @@ pub(super) unsafe fn panel_product(panel: &Panel, x: &XRows, m: usize, rows: usi
     let lay = x.lay;
     // SAFETY: the caller's contract.
     unsafe {
-        match (lay.s, lay.u, lay.p, panel.narrow) {
-            (32, 32, 0, true) => by_tiles::<32, 32, 0, true>(panel, x, m, rows, dst, dst_row),
-            (32, 32, 0, false) => by_tiles::<32, 32, 0, false>(panel, x, m, rows, dst, dst_row),
-            (32, 32, 1, true) => by_tiles::<32, 32, 1, true>(panel, x, m, rows, dst, dst_row),
-            (256, 32, 4, true) => by_tiles::<256, 32, 4, true>(panel, x, m, rows, dst, dst_row),
-            (256, 16, 0, true) => by_tiles::<256, 16, 0, true>(panel, x, m, rows, dst, dst_row),
-            _ => unreachable!("prefill::layout gives only these; the wide formats have 32-element blocks"),
+        match (lay.s, lay.u, lay.p, steps(panel.max_abs_w)) {
+            (32, 32, 0, 0) => by_tiles::<32, 32, 0, 0>(panel, x, m, rows, dst, dst_row),
+            (32, 32, 0, 2) => by_tiles::<32, 32, 0, 2>(panel, x, m, rows, dst, dst_row),
+            (32, 32, 1, 2) => by_tiles::<32, 32, 1, 2>(panel, x, m, rows, dst, dst_row),
+            (256, 32, 4, 2) => by_tiles::<256, 32, 4, 2>(panel, x, m, rows, dst, dst_row),
+            (256, 16, 0, 2) => by_tiles::<256, 16, 0, 2>(panel, x, m, rows, dst, dst_row),
+            (s, u, p, st) => unreachable!("no AVX2 tile for s {s}, u {u}, p {p}, {st} steps (prefill::layout)"),
         }
     }
 }
@@ -67,7 +80,7 @@ const TILE_X: usize = 4;
 /// # Safety
 /// As [`panel_product`].
 #[target_feature(enable = "avx2,fma")]
-unsafe fn by_tiles<const S: usize, const U: usize, const P: usize, const NARROW: bool>(
+unsafe fn by_tiles<const S: usize, const U: usize, const P: usize, const STEPS: usize>(
     panel: &Panel,
     x: &XRows,
     m: usize,
@@ -82,10 +95,10 @@ unsafe fn by_tiles<const S: usize, const U: usize, const P: usize, const NARROW:
             // SAFETY: the caller's contract; the tile lies inside the panel and x.
             unsafe {
                 i0 += match m - i0 {
-                    TILE_X.. => tile::<S, U, P, NARROW, TILE_X>(panel, g, x, i0, valid, dst, dst_row),
-                    3 => tile::<S, U, P, NARROW, 3>(panel, g, x, i0, valid, dst, dst_row),
-                    2 => tile::<S, U, P, NARROW, 2>(panel, g, x, i0, valid, dst, dst_row),
-                    _ => tile::<S, U, P, NARROW, 1>(panel, g, x, i0, valid, dst, dst_row),
+                    TILE_X.. => tile::<S, U, P, STEPS, TILE_X>(panel, g, x, i0, valid, dst, dst_row),
+                    3 => tile::<S, U, P, STEPS, 3>(panel, g, x, i0, valid, dst, dst_row),
+                    2 => tile::<S, U, P, STEPS, 2>(panel, g, x, i0, valid, dst, dst_row),
+                    _ => tile::<S, U, P, STEPS, 1>(panel, g, x, i0, valid, dst, dst_row),
                 };
             }
         }
@@ -106,7 +119,7 @@ fn both_halves(v: __m256i) -> __m256i {
 /// As [`panel_product`]; the rows and the group exist.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile<const S: usize, const U: usize, const P: usize, const NARROW: bool, const X: usize>(
+unsafe fn tile<const S: usize, const U: usize, const P: usize, const STEPS: usize, const X: usize>(
     panel: &Panel,
     g: usize,
     x: &XRows,
@@ -126,7 +139,7 @@ unsafe fn tile<const S: usize, const U: usize, const P: usize, const NARROW: boo
         for sb in 0..nsb {
             let cell = g * nsb + sb;
             let mut tot = [[_mm256_setzero_si256(); 2]; X];
-            if NARROW {
+            if STEPS > 0 {
                 let corr = panel.corr.as_ptr().add(cell * GROUP);
                 let c = [_mm256_loadu_si256(corr as *const _), _mm256_loadu_si256(corr.add(8) as *const _)];
                 tot = [c; X];
@@ -145,16 +158,18 @@ unsafe fn tile<const S: usize, const U: usize, const P: usize, const NARROW: boo
                 let xbase: [*const u8; X] = std::array::from_fn(|i| x.q.as_ptr().add((i0 + i) * k + sb * S + u * U));
                 let xat = |i: usize, t: usize| _mm256_set1_epi32((xbase[i].add(4 * t) as *const i32).read_unaligned());
                 let wat = |t: usize, h: usize| _mm256_loadu_si256(wbase.add(64 * t + 32 * h) as *const _);
-                if NARROW {
-                    // Two steps per i16 sum (bound in the module docs).
-                    for t in (0..U / 4).step_by(2) {
-                        let w0 = [wat(t, 0), wat(t, 1)];
-                        let w1 = [wat(t + 1, 0), wat(t + 1, 1)];
+                if STEPS > 0 {
+                    // STEPS steps per i16 sum (bound in the module docs), their
+                    // weights held in registers for all X rows.
+                    for t in (0..U / 4).step_by(STEPS) {
+                        let w: [[__m256i; 2]; STEPS] = std::array::from_fn(|j| [wat(t + j, 0), wat(t + j, 1)]);
                         for (i, tot) in tot.iter_mut().enumerate() {
-                            let (x0, x1) = (xat(i, t), xat(i, t + 1));
+                            let xs: [__m256i; STEPS] = std::array::from_fn(|j| xat(i, t + j));
                             for h in 0..2 {
-                                let s =
-                                    _mm256_add_epi16(_mm256_maddubs_epi16(x0, w0[h]), _mm256_maddubs_epi16(x1, w1[h]));
+                                let mut s = _mm256_setzero_si256();
+                                for (xj, wj) in xs.iter().zip(&w) {
+                                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*xj, wj[h]));
+                                }
                                 tot[h] = _mm256_add_epi32(tot[h], _mm256_madd_epi16(s, scale[h]));
                             }
                         }
