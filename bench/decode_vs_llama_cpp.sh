@@ -8,7 +8,9 @@
 #   bench/decode_vs_llama_cpp.sh [THREADS] [MODEL.gguf ...]
 #
 # Env: FUSEBOX (default target/release/fusebox), PYTHON (default /tmp/venv-py/bin/python
-# or python3), NEW_TOKENS (default 64), REPEATS (default 3).
+# or python3), NEW_TOKENS (default 64), REPEATS (default 3). fusebox's own settings pass
+# through (FUSEBOX_ISA=avx2 caps its kernels at AVX2 + FMA; the header names it); match
+# llama.cpp with a build of the same ISA (PYTHON of a venv holding that build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads=${1:-2}
@@ -27,7 +29,7 @@ field() { "$PY" -c 'import json,sys; print(json.loads(sys.stdin.read().strip().s
 
 for model in "${models[@]}"; do
     [ -f "$model" ] || { echo "skipping $model: not found"; continue; }
-    echo "== $model, $threads threads, $new new tokens, median of $reps"
+    echo "== $model, $threads threads, $new new tokens, median of $reps${FUSEBOX_ISA:+, fusebox at FUSEBOX_ISA=$FUSEBOX_ISA}"
     # The three runs of a prompt length go in a rotated order (int8, f32, llama.cpp;
     # then f32, llama.cpp, int8; …) so none is always the first after another program.
     turn=0

@@ -15,8 +15,9 @@ pub const ENV_HELP: &str = "\
 Environment variables (read by this command line only; an invalid value is an error):
   FUSEBOX_THREADS=N            CPU worker threads (default: every available core; --threads wins)
   FUSEBOX_ISA=avx512|avx2|scalar
-                               instruction set of our CPU kernels (default: the best this CPU has;
-                               one it lacks is an error)
+                               instruction set of our CPU kernels, and with avx2 of the f32
+                               GEMM's too (default: the best this CPU has; one it lacks is an
+                               error)
   FUSEBOX_PIN_THREADS=0|1      pin each CPU worker to a CPU of its own when the pool spans the
                                process's CPUs (default 1)
   FUSEBOX_SPIN_US=N            microseconds idle CPU helpers spin before sleeping (default 300;

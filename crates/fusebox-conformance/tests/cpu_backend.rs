@@ -60,6 +60,18 @@ fn cpu_backend_passes_with_integer_decode() {
     passes(&backend, "integer decode");
 }
 
+/// The integer paths capped at AVX2 (`FUSEBOX_ISA=avx2`): the AVX2 decode dots and
+/// prefill tile kernel, where the default above takes AVX-512 VNNI's on a CPU with it.
+#[test]
+fn cpu_backend_passes_with_integer_decode_on_avx2() {
+    if !Isa::Avx2.is_available() {
+        println!("skipped: this CPU has no avx2 (available: {:?})", Isa::available());
+        return;
+    }
+    let backend = CpuBackend::builder().isa(Isa::Avx2).exact_decode(false).build().unwrap();
+    passes(&backend, "integer decode, avx2");
+}
+
 /// The builder refuses what it cannot honour, with an error rather than a panic.
 #[test]
 fn the_builder_refuses_bad_settings() {

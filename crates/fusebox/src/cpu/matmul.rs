@@ -233,6 +233,35 @@ unsafe fn gemm_f32_raw(
     }
     a.check("lhs", m, k);
     b.check("rhs", k, n);
+    // Under an AVX2 cap gemm's AVX2 microkernels run instead of those it would pick.
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: as for gemm::gemm below, whose arguments these are; every stride is
+        // non-negative (usize).
+        let capped = unsafe {
+            super::gemm_capped::gemm_f32(
+                m,
+                n,
+                k,
+                c.cast::<f32>(),
+                1,
+                c_rs as isize,
+                accumulate,
+                a.data.as_ptr(),
+                a.cs as isize,
+                a.rs as isize,
+                b.data.as_ptr(),
+                b.cs as isize,
+                b.rs as isize,
+                1.0f32,
+                1.0f32,
+                parallelism,
+            )
+        };
+        if capped {
+            return;
+        }
+    }
     // SAFETY: the asserts above keep every element the views address inside `a` and `b`;
     // `c`'s elements are ours by the contract. gemm computes dst := alpha·dst +
     // beta·lhs·rhs, reading dst only if asked (`accumulate`, when the caller guarantees it

@@ -15,6 +15,9 @@ pub mod delta;
 pub mod elementwise;
 pub mod embedding;
 pub mod gates;
+/// The gemm crate's f32 GEMM on its AVX2 microkernels, for a backend capped at AVX2.
+#[cfg(target_arch = "x86_64")]
+mod gemm_capped;
 pub mod layout;
 pub mod loss;
 pub mod matmul;

@@ -32,7 +32,7 @@
 //! | `fused_dot.rs`, `fused_dot_x86.rs` | W rows dotted with f32 x rows straight from the blocks: portable loops compiled per ISA; hand-written AVX-512 / AVX2 kernels |
 //! | `int.rs`, `int_avx2.rs`, `int_vnni.rs`, `int_vnni_k.rs` | the integer decode path (x rounded to 8 bits): the scheme and its portable twin; AVX2 kernels; AVX-512 VNNI kernels for the 32-block formats and for the K formats |
 //! | `matmul.rs` | `quantized_matmul`: row runs for few x rows, decoded panels and gemm for many |
-//! | `prefill.rs`, `prefill_vnni.rs` | the integer prefill path (many x rows, x rounded to 8 bits): packed W panels, the portable twin and the AVX-512 VNNI tile kernel |
+//! | `prefill.rs`, `prefill_vnni.rs`, `prefill_avx2.rs` | the integer prefill path (many x rows, x rounded to 8 bits): packed W panels, the portable twin, the AVX-512 VNNI tile kernel and the AVX2 one |
 //! | `backward.rs` | `quantized_matmul_backward` |
 
 mod backward;
@@ -60,6 +60,9 @@ mod int_vnni_k;
 mod matmul;
 /// The integer prefill path: x rounded to 8 bits, W panels packed, tiled integer dots.
 mod prefill;
+/// AVX2 tile kernel of the integer prefill path (no AVX-512 VNNI, or capped off).
+#[cfg(target_arch = "x86_64")]
+mod prefill_avx2;
 /// AVX-512 VNNI tile kernel of the integer prefill path.
 #[cfg(target_arch = "x86_64")]
 mod prefill_vnni;

@@ -30,7 +30,8 @@
 //! correction, which is the same integer) and `T2 = Σ_u mn_u·qsum_u`; then in f32
 //! `f = d·T1`, `f = fma(e, T2, f)` (formats with mins), `acc = fma(f, d_x, acc)`, over b
 //! in order. Each output is one lane from start to end, so the portable twin
-//! ([`twin_tile`]) and the AVX-512 VNNI kernel (`prefill_vnni.rs`) give the same bits, and
+//! ([`twin_tile`]), the AVX-512 VNNI kernel (`prefill_vnni.rs`) and the AVX2 kernel
+//! (`prefill_avx2.rs`, where AVX-512 VNNI is absent or capped off) give the same bits, and
 //! a row's result depends neither on the other rows nor on the threads. It is the
 //! decode path's value `Σ_j W[r, j]·x̃[j]` up to f32 rounding, in another summation order.
 //!
@@ -43,7 +44,8 @@ use crate::cpu::pool::SharedMut;
 use crate::cpu::CpuBackend;
 use crate::dtype::DType;
 
-/// W rows per packed group: the 16 i32 lanes of a 512-bit vector.
+/// W rows per packed group: the 16 i32 lanes of a 512-bit vector (two 256-bit halves
+/// for AVX2).
 pub(super) const GROUP: usize = 16;
 
 /// At most this many W rows per panel (a multiple of [`GROUP`]): a Llama-sized panel of
@@ -72,10 +74,28 @@ pub(super) fn layout(dtype: DType) -> Option<Layout> {
     }
 }
 
+/// The largest |w| of `dtype`'s integer weights as [`unpack`] gives them: Q4_0 −8..7,
+/// Q4_1 and Q4_K 0..15, Q5_0 −16..15, Q5_K 0..31, Q6_K −32..31, MXFP4 −12..12 (its
+/// doubled E2M1 levels), IQ4_NL −127..113, Q8_0 any i8.
+pub(super) fn max_abs_weight(dtype: DType) -> i32 {
+    match dtype {
+        DType::Q4_0 => 8,
+        DType::Q4_1 | DType::Q4K => 15,
+        DType::Q5_0 => 16,
+        DType::MXFP4 => 12,
+        DType::Q5K => 31,
+        DType::Q6K => 32,
+        DType::IQ4NL => 127,
+        _ => 128,
+    }
+}
+
 /// A panel of W rows in the packed form (see the module docs), kept per thread.
 #[derive(Default)]
 pub(super) struct Panel {
     pub lay: Option<Layout>,
+    /// The format's bound on |w| ([`max_abs_weight`]), for the AVX2 kernel's i16 sums.
+    pub max_abs_w: i32,
     /// Super-blocks per row.
     pub nsb: usize,
     /// Groups of 16 rows.
@@ -258,6 +278,7 @@ impl Panel {
         let units = lay.s / lay.u;
         let cells = groups * nsb;
         self.lay = Some(lay);
+        self.max_abs_w = max_abs_weight(dtype);
         self.nsb = nsb;
         self.groups = groups;
         // Resized to this panel's size; rows past `rows` in the last group are zeros.
@@ -284,6 +305,7 @@ impl Panel {
                         wdst[(t * GROUP + lane) * 4 + b] = un.w[4 * t + b] as u8;
                     }
                 }
+                debug_assert!(un.w[..lay.s].iter().all(|&v| i32::from(v).abs() <= self.max_abs_w), "{dtype} bound");
                 let mut corr = 0i32;
                 for u in 0..units {
                     let wsum: i32 = un.w[u * lay.u..(u + 1) * lay.u].iter().map(|&v| i32::from(v)).sum();
@@ -360,14 +382,30 @@ pub(super) unsafe fn twin_tile(
     }
 }
 
-/// Which tile kernel runs: the AVX-512 VNNI one where the backend's ISA allows it, else
-/// none (the caller keeps the f32 panel path, faster than the portable twin).
-fn kernel_runs() -> bool {
+/// The SIMD tile kernels of the integer prefill path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernel {
+    /// `prefill_vnni.rs`: AVX-512 VNNI.
     #[cfg(target_arch = "x86_64")]
-    if super::prefill_vnni::runs() {
-        return true;
+    Vnni,
+    /// `prefill_avx2.rs`: AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+/// Which tile kernel runs for the backend's ISA: AVX-512 VNNI where it is allowed, else
+/// AVX2, else none (the caller keeps the f32 panel path, faster than the portable twin).
+fn kernel() -> Option<Kernel> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if super::prefill_vnni::runs() {
+            return Some(Kernel::Vnni);
+        }
+        if super::prefill_avx2::runs() {
+            return Some(Kernel::Avx2);
+        }
     }
-    false
+    None
 }
 
 /// `x · Wᵀ` for `m` rows of `xs` by the integer prefill path, or `None` where it does not
@@ -383,9 +421,10 @@ pub(super) fn matmul(
     k: usize,
 ) -> Option<Vec<f32>> {
     let lay = layout(dtype)?;
-    if cpu.exact_decode() || !k.is_multiple_of(lay.s) || !kernel_runs() {
+    if cpu.exact_decode() || !k.is_multiple_of(lay.s) {
         return None;
     }
+    let kernel = kernel()?;
     let x = XRows::new(cpu, dtype, lay, xs, m, k);
     let row_bytes = dtype.storage_bytes(k);
     let panel_rows = (n.div_ceil(cpu.threads() * 2).div_ceil(GROUP) * GROUP).clamp(GROUP, PANEL_ROWS);
@@ -403,28 +442,39 @@ pub(super) fn matmul(
             panel.pack(dtype, lay, &wb[first * row_bytes..(first + rows) * row_bytes], rows, k);
             // SAFETY: columns first..first + rows of every output row, which only this
             // task writes; `out` outlives the loop.
-            unsafe { panel_product(panel, &x, m, rows, dst.0.add(first), n) };
+            unsafe { panel_product(kernel, panel, &x, m, rows, dst.0.add(first), n) };
         });
     });
     Some(out)
 }
 
 /// Every x row times the packed panel (`rows` valid W rows) into `dst` (row stride
-/// `dst_row`), by the SIMD tile kernel.
+/// `dst_row`), by the SIMD tile kernel `kernel`.
 ///
 /// # Safety
-/// `dst` valid for writes at `i·dst_row + r` for `i < m`, `r < rows`; a kernel runs
-/// ([`kernel_runs`]).
-unsafe fn panel_product(panel: &Panel, x: &XRows, m: usize, rows: usize, dst: *mut f32, dst_row: usize) {
-    #[cfg(target_arch = "x86_64")]
+/// `dst` valid for writes at `i·dst_row + r` for `i < m`, `r < rows`; `kernel` runs
+/// here ([`kernel`] chose it).
+unsafe fn panel_product(
+    kernel: Kernel,
+    panel: &Panel,
+    x: &XRows,
+    m: usize,
+    rows: usize,
+    dst: *mut f32,
+    dst_row: usize,
+) {
     // SAFETY: the caller's contract.
+    #[cfg(target_arch = "x86_64")]
     unsafe {
-        super::prefill_vnni::panel_product(panel, x, m, rows, dst, dst_row)
-    };
+        match kernel {
+            Kernel::Vnni => super::prefill_vnni::panel_product(panel, x, m, rows, dst, dst_row),
+            Kernel::Avx2 => super::prefill_avx2::panel_product(panel, x, m, rows, dst, dst_row),
+        }
+    }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (panel, x, m, rows, dst, dst_row);
-        unreachable!("no tile kernel runs off x86_64 (`kernel_runs`)");
+        match kernel {}
     }
 }
 
@@ -501,7 +551,7 @@ mod tests {
                     unsafe { twin_tile(&panel, 0, panel.groups, &x, 0, m, n, want.as_mut_ptr(), n) };
                     let runs = {
                         let _isa = crate::cpu::simd::IsaGuard::enter(isa);
-                        kernel_runs()
+                        kernel().is_some()
                     };
                     if runs {
                         for (j, (a, b)) in y.iter().zip(&want).enumerate() {
@@ -518,6 +568,168 @@ mod tests {
                             assert!((a - b).abs() <= 0.03 * scale, "{dtype} {}: {a} vs {b}", isa.name());
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// The packed panel and x of `dtype` weights `wb` (`n` rows) and x rows `xs`, and the
+    /// twin's product of all of them.
+    fn twin_product(dtype: DType, wb: &[u8], n: usize, xs: &[f32], m: usize, k: usize) -> (Panel, XRows, Vec<f32>) {
+        let cpu = CpuBackend::with_threads(1).unwrap();
+        let lay = layout(dtype).unwrap();
+        let x = XRows::new(&cpu, dtype, lay, xs, m, k);
+        let mut panel = Panel::default();
+        panel.pack(dtype, lay, wb, n, k);
+        let mut want = vec![f32::NAN; m * n];
+        // SAFETY: m × n outputs.
+        unsafe { twin_tile(&panel, 0, panel.groups, &x, 0, m, n, want.as_mut_ptr(), n) };
+        (panel, x, want)
+    }
+
+    /// `kernel` on the packed panel: the twin's bits, and nothing written past the `n`
+    /// valid columns of each row (the destination's stride is `n + 3`).
+    #[cfg(target_arch = "x86_64")]
+    fn assert_kernel_gives_twin_bits(
+        kernel: Kernel,
+        dtype: DType,
+        panel: &Panel,
+        x: &XRows,
+        want: &[f32],
+        m: usize,
+        n: usize,
+    ) {
+        let stride = n + 3;
+        let mut got = vec![-7.0f32; m * stride];
+        // SAFETY: m rows of `stride` ≥ n outputs; the caller checked the kernel runs.
+        unsafe { panel_product(kernel, panel, x, m, n, got.as_mut_ptr(), stride) };
+        for i in 0..m {
+            for r in 0..n {
+                let (a, b) = (got[i * stride + r], want[i * n + r]);
+                assert_eq!(a.to_bits(), b.to_bits(), "{kernel:?} {dtype} m={m} n={n} at ({i}, {r}): {a} vs {b}");
+            }
+            assert!(
+                got[i * stride + n..(i + 1) * stride].iter().all(|&v| v == -7.0),
+                "{kernel:?} {dtype} wrote past row {i}"
+            );
+        }
+    }
+
+    /// [`max_abs_weight`] bounds every weight `unpack` gives, and is reached, over blocks
+    /// of random bytes (every nibble and bit pattern appears).
+    #[test]
+    fn max_abs_weight_is_the_bound_of_each_format() {
+        let mut seed = 0x1234_5678u32;
+        for dtype in FORMATS {
+            let s = layout(dtype).unwrap().s;
+            let mut blk = vec![0u8; dtype.storage_bytes(s)];
+            let mut seen = 0;
+            let mut un = Unpacked { w: [0; 256], sc: [1; 16], mn: [0; 8], d: 0.0, e: 0.0 };
+            for _ in 0..2000 {
+                for b in blk.iter_mut() {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 17;
+                    seed ^= seed << 5;
+                    *b = seed as u8;
+                }
+                unpack(dtype, &blk, &mut un);
+                seen = un.w[..s].iter().fold(seen, |m, &v| m.max(i32::from(v).abs()));
+            }
+            assert_eq!(seen, max_abs_weight(dtype), "{dtype}");
+        }
+    }
+
+    /// The AVX2 kernel's i16 sums of `steps` `vpmaddubsw` lanes fit for every format
+    /// (`prefill_avx2.rs`): x's `q + 128` ≤ 255, two products per lane.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn the_avx2_kernels_i16_sums_cannot_saturate() {
+        for dtype in FORMATS {
+            let b = max_abs_weight(dtype);
+            match super::super::prefill_avx2::steps(b) {
+                0 => assert!(b > 32 && 2 * 128 * 127 <= i32::from(i16::MAX), "{dtype}: the sign trick's bound"),
+                st => assert!(st as i32 * 2 * 255 * b <= i32::from(i16::MAX), "{dtype}: {st} steps"),
+            }
+        }
+    }
+
+    /// The AVX2 kernel (forced, whatever else this CPU has) gives the twin's bits on
+    /// every format for every x tile remainder (m = 1..=9) and partial groups and halves
+    /// (n = 1, 7, 9, 16, 33), k of one and of three super-blocks.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn the_avx2_kernel_gives_the_twins_bits() {
+        if !Isa::Avx2.is_available() {
+            return; // no AVX2 on this CPU
+        }
+        for dtype in FORMATS {
+            let s = layout(dtype).unwrap().s;
+            for k in [s, 3 * s] {
+                for n in [1, 7, 9, 16, 33] {
+                    let mut wb = vec![0u8; dtype.storage_bytes(n * k)];
+                    quantize_into(dtype, &values(n * k, 11 + n as u32), &mut wb);
+                    for m in 1..=9 {
+                        let xs = values(m * k, 5 + m as u32);
+                        let (panel, x, want) = twin_product(dtype, &wb, n, &xs, m, k);
+                        assert_kernel_gives_twin_bits(Kernel::Avx2, dtype, &panel, &x, &want, m, n);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The i16 bounds of the AVX2 kernel at their limits: Q8_0 weights of −128 and 127,
+    /// IQ4_NL's −127, Q6_K's −32 with scale −128, Q5_K's 31 with scale 63, against x
+    /// whose 8-bit values are all ±127 (`q + 128` = 255 or 1). A saturated i16 would
+    /// change the sums; every kernel this CPU runs must still give the twin's bits.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn the_kernels_keep_the_twins_bits_at_the_extreme_weights() {
+        let (n, m) = (16, 6);
+        // Each case fills one block of its format.
+        type Fill = fn(&mut [u8]);
+        let cases: [(DType, Fill); 4] = [
+            (DType::Q8_0, |b| {
+                b[..2].copy_from_slice(&0x3C00u16.to_le_bytes()); // d = 1
+                for (j, v) in b[2..].iter_mut().enumerate() {
+                    *v = if j % 5 == 4 { 127 } else { 0x80 };
+                }
+            }),
+            (DType::IQ4NL, |b| {
+                b[..2].copy_from_slice(&0x3C00u16.to_le_bytes());
+                b[2..].fill(0); // level 0: −127
+            }),
+            (DType::Q6K, |b| {
+                b[..192].fill(0); // q = 0: w = −32
+                b[192..208].fill(0x80); // scales −128
+                b[208..].copy_from_slice(&0x3C00u16.to_le_bytes());
+            }),
+            (DType::Q5K, |b| {
+                b[..2].copy_from_slice(&0x3C00u16.to_le_bytes());
+                b[2..4].copy_from_slice(&0x3C00u16.to_le_bytes());
+                b[4..16].fill(0xFF); // 6-bit scales and mins 63
+                b[16..].fill(0xFF); // w = 31
+            }),
+        ];
+        for (dtype, fill) in cases {
+            let k = layout(dtype).unwrap().s * 2;
+            let mut wb = vec![0u8; dtype.storage_bytes(n * k)];
+            for blk in wb.chunks_exact_mut(dtype.storage_bytes(layout(dtype).unwrap().s)) {
+                fill(blk);
+            }
+            for sign in [1.0f32, -1.0] {
+                let xs: Vec<f32> = (0..m * k).map(|j| if (j / 3) % 2 == 0 { sign } else { sign * 0.9999 }).collect();
+                let (panel, x, want) = twin_product(dtype, &wb, n, &xs, m, k);
+                assert!(x.q.iter().all(|&q| q == 255 || q == 1), "{dtype}: x not at ±127");
+                let mut kernels = Vec::new();
+                if Isa::Avx2.is_available() {
+                    kernels.push(Kernel::Avx2);
+                }
+                if kernel() == Some(Kernel::Vnni) {
+                    kernels.push(Kernel::Vnni);
+                }
+                for kernel in kernels {
+                    assert_kernel_gives_twin_bits(kernel, dtype, &panel, &x, &want, m, n);
                 }
             }
         }
