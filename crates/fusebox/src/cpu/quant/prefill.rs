@@ -425,6 +425,12 @@ pub(super) fn matmul(
         return None;
     }
     let kernel = kernel()?;
+    // On AVX2, Q8_0's sign trick makes the integer kernel slower than the f32 panels
+    // (0.67–0.87× in `prefill_gemm`, docs/decode.md): Q8_0 keeps the panels there.
+    #[cfg(target_arch = "x86_64")]
+    if kernel == Kernel::Avx2 && dtype == DType::Q8_0 {
+        return None;
+    }
     let x = XRows::new(cpu, dtype, lay, xs, m, k);
     let row_bytes = dtype.storage_bytes(k);
     let panel_rows = (n.div_ceil(cpu.threads() * 2).div_ceil(GROUP) * GROUP).clamp(GROUP, PANEL_ROWS);
