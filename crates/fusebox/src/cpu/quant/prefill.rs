@@ -394,17 +394,21 @@ enum Kernel {
 }
 
 /// Which tile kernel runs for the backend's ISA: AVX-512 VNNI where it is allowed, else
-/// AVX2, else none (the caller keeps the f32 panel path, faster than the portable twin).
-fn kernel() -> Option<Kernel> {
+/// AVX2 (not for Q8_0), else none (the caller keeps the f32 panel path, faster than the
+/// portable twin).
+fn kernel(dtype: DType) -> Option<Kernel> {
     #[cfg(target_arch = "x86_64")]
     {
         if super::prefill_vnni::runs() {
             return Some(Kernel::Vnni);
         }
-        if super::prefill_avx2::runs() {
+        // On AVX2, Q8_0's sign trick makes the integer kernel slower than the f32 panels
+        // (0.67–0.87× in `prefill_gemm`, docs/decode.md): Q8_0 keeps the panels there.
+        if super::prefill_avx2::runs() && dtype != DType::Q8_0 {
             return Some(Kernel::Avx2);
         }
     }
+    let _ = dtype;
     None
 }
 
@@ -424,13 +428,7 @@ pub(super) fn matmul(
     if cpu.exact_decode() || !k.is_multiple_of(lay.s) {
         return None;
     }
-    let kernel = kernel()?;
-    // On AVX2, Q8_0's sign trick makes the integer kernel slower than the f32 panels
-    // (0.67–0.87× in `prefill_gemm`, docs/decode.md): Q8_0 keeps the panels there.
-    #[cfg(target_arch = "x86_64")]
-    if kernel == Kernel::Avx2 && dtype == DType::Q8_0 {
-        return None;
-    }
+    let kernel = kernel(dtype)?;
     let x = XRows::new(cpu, dtype, lay, xs, m, k);
     let row_bytes = dtype.storage_bytes(k);
     let panel_rows = (n.div_ceil(cpu.threads() * 2).div_ceil(GROUP) * GROUP).clamp(GROUP, PANEL_ROWS);
@@ -557,7 +555,7 @@ mod tests {
                     unsafe { twin_tile(&panel, 0, panel.groups, &x, 0, m, n, want.as_mut_ptr(), n) };
                     let runs = {
                         let _isa = crate::cpu::simd::IsaGuard::enter(isa);
-                        kernel().is_some()
+                        kernel(dtype).is_some()
                     };
                     if runs {
                         for (j, (a, b)) in y.iter().zip(&want).enumerate() {
@@ -731,7 +729,7 @@ mod tests {
                 if Isa::Avx2.is_available() {
                     kernels.push(Kernel::Avx2);
                 }
-                if kernel() == Some(Kernel::Vnni) {
+                if kernel(dtype) == Some(Kernel::Vnni) {
                     kernels.push(Kernel::Vnni);
                 }
                 for kernel in kernels {
