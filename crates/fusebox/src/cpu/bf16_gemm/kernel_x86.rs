@@ -131,3 +131,63 @@ pub unsafe fn pack_neighbour_pairs(run: &[f32; 32], words: &mut [u32; 16]) {
         _mm512_storeu_si512(words.as_mut_ptr().cast(), both);
     }
 }
+
+/// `out[p·ld + j] = (bf16(runs[j][2p]), bf16(runs[j][2p+1]))` for 16 runs of 32 values
+/// (16 pairs each): each run converted with `vcvtne2ps2bf16` (its pair words in order),
+/// then the 16 × 16 words transposed, so that each pair's 16 words are one store.
+///
+/// # Safety
+/// The CPU must have AVX-512 F and BF16; `out` is valid for writes of 16 words at each
+/// of `out`, `out + ld`, …, `out + 15·ld`.
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub unsafe fn pack_runs_transposed(runs: [&[f32; 32]; 16], out: *mut u32, ld: usize) {
+    // SAFETY: the runs hold 32 values each; the caller vouches for the CPU and `out`.
+    unsafe {
+        let r: [__m512i; 16] = std::array::from_fn(|j| {
+            let lo = _mm512_loadu_ps(runs[j].as_ptr());
+            let hi = _mm512_loadu_ps(runs[j].as_ptr().add(16));
+            std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo))
+        });
+        // Row j holds run j's words w_j0 … w_j15. Within 128-bit lanes: pairs of rows
+        // interleaved by words, then by word pairs (4 rows × 4 words per lane) …
+        let t: [__m512i; 16] = std::array::from_fn(|i| {
+            let (a, b) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
+            if i % 2 == 0 {
+                _mm512_unpacklo_epi32(a, b)
+            } else {
+                _mm512_unpackhi_epi32(a, b)
+            }
+        });
+        let u: [__m512i; 16] = std::array::from_fn(|i| {
+            let (g, q) = (i / 4 * 4, i % 4);
+            let (a, b) = (t[g + q / 2], t[g + 2 + q / 2]);
+            if q % 2 == 0 {
+                _mm512_unpacklo_epi64(a, b)
+            } else {
+                _mm512_unpackhi_epi64(a, b)
+            }
+        });
+        // … so u[4g + q] holds, in lane L, word 4L + q of rows 4g … 4g+3. Then lanes:
+        // v[q] (q < 4) = words q, 8+q of rows 0–7; v[4+q] = words 4+q, 12+q; likewise
+        // v[8..16] for rows 8–15.
+        let v: [__m512i; 16] = std::array::from_fn(|i| {
+            let (half, rest) = (i / 8, i % 8);
+            let (a, b) = (u[half * 8 + rest % 4], u[half * 8 + 4 + rest % 4]);
+            if rest < 4 {
+                _mm512_shuffle_i32x4::<0x88>(a, b)
+            } else {
+                _mm512_shuffle_i32x4::<0xdd>(a, b)
+            }
+        });
+        // Word w of all 16 rows: w < 8 from v[w] and v[8 + w] (even lanes), else from
+        // v[w − 8] and v[w] (odd lanes).
+        for w in 0..16 {
+            let col = if w < 8 {
+                _mm512_shuffle_i32x4::<0x88>(v[w], v[8 + w])
+            } else {
+                _mm512_shuffle_i32x4::<0xdd>(v[w - 8], v[w])
+            };
+            _mm512_storeu_si512(out.add(w * ld).cast(), col);
+        }
+    }
+}

@@ -5,7 +5,9 @@
 //! Goto/BLIS blocking: for blocks of `NC` columns and `KC` k, B's block is packed
 //! once (BF16 pairs, `pack.rs`); for blocks of `MC` rows A's block is packed, and
 //! [`MR`]×[`NR`] tiles of C are computed by a microkernel over the packed pairs, B's
-//! strip staying in L1 while A's strips pass. Kernels, chosen at run time: `vdpbf16ps`
+//! strip staying in L1 while A's strips pass. Split over threads, the operand every
+//! thread reads whole is packed once by all of them (`whole.rs`), and a thread's A that
+//! meets several column blocks is packed once, whole. Kernels, chosen at run time: `vdpbf16ps`
 //! (AVX-512 BF16: 32 multiply-adds per instruction, twice f32's FMA), the same products
 //! from widened BF16 with f32 FMA (AVX-512 without BF16), and portable code (compiled
 //! for AVX2 + FMA where present). All three round the operands the same way and add a
@@ -16,6 +18,7 @@
 mod kernel_x86;
 pub mod linear;
 mod pack;
+mod whole;
 
 use std::mem::MaybeUninit;
 use std::sync::OnceLock;
@@ -24,6 +27,7 @@ pub use pack::round_bf16;
 
 pub(crate) use crate::cpu::matmul::View;
 use crate::cpu::{pool::SharedMut, simd::Isa, CpuBackend};
+use whole::{Side, Whole};
 
 /// Rows of a microkernel tile.
 pub const MR: usize = 6;
@@ -136,37 +140,68 @@ fn bgemm_with(
     let threads = cpu.threads();
     if threads == 1 || work < PARALLEL_WORK || crate::cpu::team::in_team() {
         // SAFETY: `c` holds m·n values (asserted); the views were checked above.
+        let (a, b) = (Operand::View(a), Operand::View(b));
         return unsafe { serial(kernel, m, n, k, a, b, c.as_mut_ptr().cast(), n, accumulate) };
     }
     // One block per thread along the longer side (columns by multiples of NR, rows by
-    // multiples of MR), so each packs its share of one operand and all of the other.
+    // multiples of MR): each packs its share of one operand, and the other operand,
+    // which every block reads whole, is packed once beforehand by all threads together.
     let by_rows = m * 2 >= n;
     let (len, unit) = if by_rows { (m, MR) } else { (n, NR) };
     let step = len.div_ceil(threads).next_multiple_of(unit);
+    let (side, shared, shared_len) = if by_rows { (Side::B, b, n) } else { (Side::A, a, m) };
     let c_at = SharedMut(c.as_mut_ptr().cast::<f32>());
-    cpu.for_each_index(len.div_ceil(step), PARALLEL_WORK, |blk| {
-        let (lo, hi) = (blk * step, ((blk + 1) * step).min(len));
-        let (rows, cols, a, b, at) =
-            if by_rows { (hi - lo, n, a.rows_from(lo), b, lo * n) } else { (m, hi - lo, a, b.cols_from(lo), lo) };
-        // SAFETY: blocks write disjoint rows (or columns, through stride n) of `c`,
-        // which holds m·n values; each block runs once.
-        unsafe { serial(kernel, rows, cols, k, a, b, c_at.ptr().add(at), n, accumulate) };
+    thread_local! {
+        /// The calling thread's buffer for the operand its blocks share, kept between
+        /// calls (a product of the LM head's size would otherwise fault it in each time).
+        static SHARED: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    SHARED.with(|cell| {
+        let (mut guard, mut own) = (cell.try_borrow_mut(), Vec::new());
+        let words = match &mut guard {
+            Ok(kept) => &mut **kept,
+            // Only a product started inside this one's blocks finds it taken.
+            Err(_) => &mut own,
+        };
+        words.resize(whole::words(side, shared_len, k), 0);
+        whole::pack_parallel(cpu, side, shared, shared_len, k, words);
+        let packed = Whole::new(words, side, shared_len, k);
+        cpu.for_each_index(len.div_ceil(step), PARALLEL_WORK, |blk| {
+            let (lo, hi) = (blk * step, ((blk + 1) * step).min(len));
+            let (rows, cols, a, b, at) = if by_rows {
+                (hi - lo, n, Operand::View(a.rows_from(lo)), Operand::Whole(packed), lo * n)
+            } else {
+                (m, hi - lo, Operand::Whole(packed), Operand::View(b.cols_from(lo)), lo)
+            };
+            // SAFETY: blocks write disjoint rows (or columns, through stride n) of `c`,
+            // which holds m·n values; each block runs once.
+            unsafe { serial(kernel, rows, cols, k, a, b, c_at.ptr().add(at), n, accumulate) };
+        });
     });
+}
+
+/// An operand of [`serial`]: a strided matrix, packed block by block as the loops reach
+/// it, or one packed whole beforehand (whose rows / columns start at the block's).
+#[derive(Clone, Copy)]
+enum Operand<'a> {
+    View(View<'a>),
+    Whole(Whole<'a>),
 }
 
 /// [`bgemm`] of an `m×n` block on the calling thread, `c(i, j) = c[i·ldc + j]`.
 ///
 /// # Safety
 /// `c` must be valid for reads (when `accumulate`) and writes of the block, which no
-/// other thread touches; the views must hold their matrices.
+/// other thread touches; the views must hold their matrices (whole operands check their
+/// panels' lengths).
 #[allow(clippy::too_many_arguments)]
 unsafe fn serial(
     kernel: Kernel,
     m: usize,
     n: usize,
     k: usize,
-    a: View<'_>,
-    b: View<'_>,
+    a: Operand<'_>,
+    b: Operand<'_>,
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
@@ -180,30 +215,58 @@ unsafe fn serial(
             return;
         }
         thread_local! {
-            /// Each thread's packed blocks (A, B), kept between calls.
-            static PACKED: std::cell::RefCell<(Vec<u32>, Vec<u32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+            /// Each thread's packed blocks (A, B) and its whole A, kept between calls.
+            static PACKED: std::cell::RefCell<(Vec<u32>, Vec<u32>, Vec<u32>)> =
+                const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
         }
-        PACKED.with_borrow_mut(|(pa, pb)| {
+        PACKED.with_borrow_mut(|(pa, pb, whole_a)| {
             pa.resize(MC.next_multiple_of(MR) * KC / 2, 0);
             pb.resize(NC.next_multiple_of(NR) * KC / 2, 0);
+            // Each block of A meets every block of columns: with more than one, A is
+            // packed once, whole, rather than once per column block.
+            let a = match a {
+                Operand::View(v) if n > NC => {
+                    whole_a.resize(whole::words(Side::A, m, k), 0);
+                    whole::pack(Side::A, v, m, k, whole_a);
+                    Operand::Whole(Whole::new(whole_a, Side::A, m, k))
+                }
+                a => a,
+            };
             let mut edge = [0f32; MR * NR];
             for jc in (0..n).step_by(NC) {
                 let nc = NC.min(n - jc);
                 for pc in (0..k).step_by(KC) {
                     let kc = KC.min(k - pc);
                     let kp = kc.div_ceil(2);
-                    pack::pack_b(b, pc, kc, jc, nc, pb);
+                    let b_panel: &[u32] = match b {
+                        Operand::View(v) => {
+                            pack::pack_b(v, pc, kc, jc, nc, pb);
+                            pb
+                        }
+                        Operand::Whole(w) => w.panel(jc, pc),
+                    };
                     // The first k block stores unless accumulating; the others add.
                     let add = accumulate || pc > 0;
                     for ic in (0..m).step_by(MC) {
                         let mc = MC.min(m - ic);
-                        pack::pack_a(a, ic, mc, pc, kc, pa);
+                        let a_panel: &[u32] = match a {
+                            Operand::View(v) => {
+                                pack::pack_a(v, ic, mc, pc, kc, pa);
+                                pa
+                            }
+                            Operand::Whole(w) => w.panel(ic, pc),
+                        };
+                        assert!(
+                            a_panel.len() >= mc.next_multiple_of(MR) * kp
+                                && b_panel.len() >= nc.next_multiple_of(NR) * kp,
+                            "bgemm: a packed panel is short"
+                        );
                         for jr in (0..nc).step_by(NR) {
                             let cols = NR.min(nc - jr);
-                            let bs = pb.as_ptr().add(jr / NR * kp * NR);
+                            let bs = b_panel.as_ptr().add(jr / NR * kp * NR);
                             for ir in (0..mc).step_by(MR) {
                                 let rows = MR.min(mc - ir);
-                                let as_ = pa.as_ptr().add(ir / MR * kp * MR);
+                                let as_ = a_panel.as_ptr().add(ir / MR * kp * MR);
                                 let dst = c.add((ic + ir) * ldc + jc + jr);
                                 if rows == MR && cols == NR {
                                     tile(kernel, kp, as_, bs, dst, ldc, add);
@@ -337,7 +400,17 @@ mod tests {
         for kernel in kernels {
             for threads in [1, 2] {
                 let cpu = CpuBackend::builder().threads(threads).build().unwrap();
-                for (m, n, k) in [(1, 1, 1), (7, 65, 3), (13, 130, 257), (97, 200, 600), (200, 1100, 64)] {
+                // Split by columns with A shared; by rows with B shared, and with
+                // several column blocks per thread (A packed whole).
+                for (m, n, k) in [
+                    (1, 1, 1),
+                    (7, 65, 3),
+                    (13, 130, 257),
+                    (97, 200, 600),
+                    (200, 1100, 64),
+                    (300, 130, 301),
+                    (1030, 1030, 21),
+                ] {
                     let av = values(m * k, 1);
                     let bv = values(k * n, 2);
                     for (a, b) in
@@ -359,6 +432,45 @@ mod tests {
                             }
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// Packing a shared operand once for all threads, or a thread's A once for all its
+    /// column blocks, multiplies the same packed words in the same order: the products
+    /// are bit-identical to one thread packing block by block.
+    #[test]
+    fn whole_packing_is_bit_identical() {
+        let one = CpuBackend::builder().threads(1).build().unwrap();
+        let two = CpuBackend::builder().threads(2).build().unwrap();
+        let kernel = Kernel::active();
+        for (m, n, k) in [(97, 200, 600), (300, 130, 301), (1030, 1030, 21), (40, 2100, 300)] {
+            let (av, bv) = (values(m * k, 3), values(k * n, 4));
+            for (a, b) in [(View::new(&av, k, 1), View::new(&bv, n, 1)), (View::new(&av, 1, m), View::new(&bv, 1, k))] {
+                let mut by_block = vec![MaybeUninit::new(0f32); m * n];
+                // SAFETY: `by_block` holds m·n values; the views hold their matrices.
+                unsafe {
+                    let (oa, ob) = (Operand::View(a), Operand::View(b));
+                    let c: *mut f32 = by_block.as_mut_ptr().cast();
+                    // Column blocks of at most NC, so that A is packed block by block.
+                    for j0 in (0..n).step_by(NC) {
+                        let ob = match ob {
+                            Operand::View(v) => Operand::View(v.cols_from(j0)),
+                            w => w,
+                        };
+                        serial(kernel, m, NC.min(n - j0), k, oa, ob, c.add(j0), n, false);
+                    }
+                }
+                for cpu in [&one, &two] {
+                    let mut c = vec![MaybeUninit::new(0f32); m * n];
+                    bgemm_with(cpu, kernel, m, n, k, a, b, &mut c, false);
+                    // SAFETY: both hold m·n written values.
+                    let same = c
+                        .iter()
+                        .zip(&by_block)
+                        .all(|(x, y)| unsafe { x.assume_init().to_bits() == y.assume_init().to_bits() });
+                    assert!(same, "{m}x{n}x{k} on {} threads differs from block-by-block packing", cpu.threads());
                 }
             }
         }
