@@ -93,6 +93,9 @@ pub struct Transformer {
     stage: Stage,
     /// The arithmetic of the dense linear layers (f32, or BF16 mixed precision).
     precision: Precision,
+    /// A tied first stage's rows of a split head, copied apart from its embedding table
+    /// (which stays mapped for lookups; see [`Stage::head_share`]).
+    head_rows: Option<Tensor>,
 }
 
 /// Where the backward adds gradients: every parameter's (full training), or only the
@@ -150,6 +153,7 @@ impl Transformer {
             lora: None,
             stage,
             precision: Precision::F32,
+            head_rows: None,
         })
     }
 
@@ -205,6 +209,7 @@ impl Transformer {
             lora: None,
             stage,
             precision: Precision::F32,
+            head_rows: None,
         })
     }
 
@@ -232,6 +237,7 @@ impl Transformer {
             lora: None,
             stage,
             precision: Precision::F32,
+            head_rows: None,
         })
     }
 
@@ -253,6 +259,7 @@ impl Transformer {
             lora: None,
             stage,
             precision: Precision::F32,
+            head_rows: None,
         })
     }
 
@@ -331,9 +338,29 @@ impl Transformer {
         self.precision = precision;
     }
 
-    /// The output head weight `[V, D]` (the embedding table when tied).
+    /// The output head weight `[V, D]` (the embedding table when tied); of a split head
+    /// this stage's rows `[rows, D]` ([`Stage::head_share`]).
     pub fn head_weight(&self) -> &Tensor {
-        self.p(self.index.head_weight())
+        self.head_rows.as_ref().unwrap_or_else(|| self.p(self.index.head_weight()))
+    }
+
+    /// Gives a tied first stage its rows `[rows, D]` of a split head, held apart from the
+    /// embedding table; an error unless this stage is such a stage and `rows` has its
+    /// share's shape.
+    pub fn set_head_rows(&mut self, rows: Tensor) -> Result<()> {
+        let share = self.stage.head_share(self.arch.vocab_size);
+        let want = [share.len(), self.arch.d_model];
+        let apart = self.arch.tied_embeddings && self.stage.is_first() && self.stage.splits_head(self.arch.vocab_size);
+        if !apart || rows.dims() != want {
+            return Err(Error::value(
+                "Transformer::set_head_rows",
+                "head rows",
+                format!("{want:?} for a tied first stage of a split head"),
+                format!("{} (blocks {:?}, head rows {share:?})", rows.shape(), self.stage.layers),
+            ));
+        }
+        self.head_rows = Some(rows);
+        Ok(())
     }
 
     /// Gradients of every parameter are asked for: refused when the base is frozen (LoRA)

@@ -11,7 +11,7 @@
 //! The head may be split by vocabulary rows between the first and the last stage
 //! ([`Stage::with_head_rows`]): the last stage applies the final norm and multiplies by
 //! rows `V₀..V`, the first multiplies the same normed rows by rows `0..V₀` when they
-//! come back to it. Each logit is one row's dot product either way, so the logits are
+//! come back to it (a tied first stage holds them apart from its embedding table). Each logit is one row's dot product either way, so the logits are
 //! the whole head's bits; each stage's resident memory holds only its rows.
 
 use std::ops::Range;
@@ -236,10 +236,10 @@ impl Transformer {
             return Tensor::zeros([n, 0], fusebox::DType::F32);
         }
         let w = self.head_weight();
-        // A tied first stage keeps the whole table for its lookups; its head rows lead it.
-        let w =
-            if w.dims().first() == Some(&rows.len()) { w.clone() } else { w.view(rows.start * d, [rows.len(), d])? };
-        let logits = super::linear::linear_with(b, h, &w, None, self.precision)?;
+        if w.dims() != [rows.len(), d] {
+            return Err(Error::shape(OP, "head rows", format!("[{}, {d}]", rows.len()), w.shape()));
+        }
+        let logits = super::linear::linear_with(b, h, w, None, self.precision)?;
         b.to_host(&logits)
     }
 

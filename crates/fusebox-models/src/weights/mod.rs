@@ -365,7 +365,30 @@ pub fn load_stage_for(
     }
     let params = ParamSet { tensors };
     match purpose {
-        Purpose::Inference if !stage.is_whole() => Transformer::for_inference_stage(arch, specs, index, params, stage),
+        Purpose::Inference if !stage.is_whole() => {
+            // A tied first stage's rows of a split head, copied apart from the mapped
+            // table: read in place from the file's 4 KiB pages, Gemma 3's decode ran 13%
+            // slower.
+            let apart = arch.tied_embeddings && stage.is_first() && stage.splits_head(vocab);
+            let rows = match apart {
+                true => Some(read_param(
+                    b,
+                    src,
+                    "head rows",
+                    Role::Embedding,
+                    &plan[index.embed].1,
+                    specs[index.embed].shape.dims(),
+                    purpose,
+                    Reading::Rows(stage.head_share(vocab)),
+                )?),
+                false => None,
+            };
+            let mut model = Transformer::for_inference_stage(arch, specs, index, params, stage)?;
+            if let Some(rows) = rows {
+                model.set_head_rows(rows)?;
+            }
+            Ok(model)
+        }
         Purpose::Inference => Transformer::for_inference(arch, specs, index, params),
         Purpose::Training => Transformer::trainable_from(arch, specs, index, params),
         Purpose::Frozen => Transformer::frozen_from(arch, specs, index, params),
