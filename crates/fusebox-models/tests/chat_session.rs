@@ -90,3 +90,28 @@ fn a_failed_turn_leaves_the_conversation_and_the_next_turn_restarts_the_cache() 
     chat.reset();
     assert_eq!((chat.conversation().len(), chat.cached_tokens()), (0, 0));
 }
+
+/// The cache dtype chosen at construction (the command line's `--cache-type`, F16 by
+/// default) survives every restart of the cache (after `/reset`, or a conversation that no
+/// longer extends the cache): a restart once allocated F32 caches, so the same prompt after `/reset` ran on other
+/// caches and could answer differently (SmolLM2, 8-bit activations: "How can I help"
+/// first, "How can I assist" after `/reset`). On a tiny model: the dtype stays, and
+/// the same turn after a reset gives the same tokens as the first.
+#[test]
+fn a_restarted_cache_keeps_its_dtype_and_the_same_turn_answers_the_same() {
+    let path = tiny_model::tiny_gguf(4096);
+    let b = CpuBackend::builder().threads(1).build().unwrap();
+    let model = open::load(&b, &path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let options = ChatOptions { ctx_size: 256, max_tokens: 6, context_shift: false };
+    for dtype in [fusebox::DType::F16, fusebox::DType::BF16] {
+        let mut chat = ChatSession::with_cache_dtype(&model, &b, None, options, dtype).unwrap();
+        let first = chat.answer("hello", &mut greedy(), &|| false, &mut |_| Ok(())).unwrap();
+        assert_eq!(chat.cache_dtype(), dtype);
+        chat.reset();
+        let again = chat.answer("hello", &mut greedy(), &|| false, &mut |_| Ok(())).unwrap();
+        assert_eq!(chat.cache_dtype(), dtype, "after /reset");
+        assert_eq!((again.reused, again.prompt_tokens), (0, first.prompt_tokens));
+        assert_eq!(again.tokens, first.tokens);
+    }
+}

@@ -267,6 +267,12 @@ impl<'m> ChatSession<'m> {
         self.cached.len()
     }
 
+    /// The dtype the KV cache is stored in (the one given at construction, kept when the
+    /// cache starts again).
+    pub fn cache_dtype(&self) -> fusebox::DType {
+        self.session.cache_dtype()
+    }
+
     /// Forgets the conversation (the system message stays); the cache starts again on
     /// the next turn.
     pub fn reset(&mut self) {
@@ -363,7 +369,10 @@ impl<'m> ChatSession<'m> {
             Prefill::Restart { common } => (0, Some(common)),
         };
         if reuse == 0 && (restarted.is_some() || !self.session.is_empty()) {
-            self.session = model.session(self.backend, self.options.ctx_size)?;
+            // The new caches keep the dtype chosen at construction: an F32 cache after
+            // a restart would change the answers to the same prompt (`--cache-type`).
+            let dtype = self.session.cache_dtype();
+            self.session = model.session_with_cache(self.backend, self.options.ctx_size, dtype)?;
         }
         let restarted = restarted.filter(|_| !self.cached.is_empty());
         self.cached.truncate(reuse);
