@@ -343,11 +343,11 @@ pub fn load_stage_for(
     let held = stage.holds(&index, specs.len());
     // The embedding is served from the file's map when this process never multiplies by
     // all of it (untied, or tied but the head is another stage's or split): a lookup
-    // touches only its rows, and a first stage's share of a split head is the table's
-    // leading rows, so the rest of the table need not be resident.
+    // touches only its rows, so the rest of the table need not be resident.
     let vocab = arch.vocab_size;
     let embed_is_head = arch.tied_embeddings && stage.is_last() && !stage.splits_head(vocab);
-    // A split head's rows are read alone (on a tied first stage they are the mapped table's).
+    // A split head's rows are read alone (a tied first stage reads its rows apart from
+    // the table, below).
     let head_rows =
         (stage.splits_head(vocab) && !(arch.tied_embeddings && stage.is_first())).then(|| stage.head_share(vocab));
     let mut tensors = Vec::with_capacity(specs.len());
