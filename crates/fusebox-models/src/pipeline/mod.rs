@@ -6,8 +6,11 @@
 //! the sampler and the user, and drives a [`Pipeline`]: each step runs its blocks, sends
 //! the hidden state to rank 1 (`x` and the next block's `norm1(x)`, in the [`Wire`]
 //! dtype), and waits for the logits, which the last rank computes with the final norm
-//! and the head and sends back. Every other rank runs [`follow`] until rank 0 ends the
-//! run. A step from rank `r` to `r + 1` is one MPI message; a token costs `N` messages.
+//! and the head and sends back. A head in a block format is split by vocabulary rows
+//! ([`Split`]): the last rank sends the logits of its rows with the normed rows, and
+//! rank 0 multiplies those by its own rows. Every other rank runs [`follow`] until rank 0
+//! ends the run. A step from rank `r` to `r + 1` is one MPI message; a token costs `N`
+//! messages.
 //!
 //! With the f32 wire each stage computes exactly the bits one process would (see
 //! [`crate::transformer::Stage`]), so greedy decoding gives one process's tokens.
