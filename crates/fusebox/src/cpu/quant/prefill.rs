@@ -393,10 +393,17 @@ enum Kernel {
     Avx2,
 }
 
-/// Which tile kernel runs for the backend's ISA: AVX-512 VNNI where it is allowed, else
-/// AVX2 (not for Q8_0), else none (the caller keeps the f32 panel path, faster than the
+/// Products of a shorter `k` keep the f32 panels on AVX2: end to end (docs/decode.md,
+/// "AVX2 paths") the AVX2 integer prefill ran 0.60–0.64× the panels on SmolLM2 (k 576
+/// and 1536) and 0.75–0.78× on Gemma 3 270M (k 640 and 2048), 1.05–1.11× on the 1.5 B
+/// (k 2048 and 5632).
+const AVX2_MIN_K: usize = 2048;
+
+/// Which tile kernel runs for the backend's ISA and a product of `dtype` weights over
+/// `k`: AVX-512 VNNI where it is allowed, else AVX2 (not for Q8_0, nor below
+/// [`AVX2_MIN_K`]), else none (the caller keeps the f32 panel path, faster than the
 /// portable twin).
-fn kernel(dtype: DType) -> Option<Kernel> {
+fn kernel(dtype: DType, k: usize) -> Option<Kernel> {
     #[cfg(target_arch = "x86_64")]
     {
         if super::prefill_vnni::runs() {
@@ -404,11 +411,11 @@ fn kernel(dtype: DType) -> Option<Kernel> {
         }
         // On AVX2, Q8_0's sign trick makes the integer kernel slower than the f32 panels
         // (0.67–0.87× in `prefill_gemm`, docs/decode.md): Q8_0 keeps the panels there.
-        if super::prefill_avx2::runs() && dtype != DType::Q8_0 {
+        if super::prefill_avx2::runs() && dtype != DType::Q8_0 && k >= AVX2_MIN_K {
             return Some(Kernel::Avx2);
         }
     }
-    let _ = dtype;
+    let _ = (dtype, k);
     None
 }
 
@@ -428,7 +435,7 @@ pub(super) fn matmul(
     if cpu.exact_decode() || !k.is_multiple_of(lay.s) {
         return None;
     }
-    let kernel = kernel(dtype)?;
+    let kernel = kernel(dtype, k)?;
     let x = XRows::new(cpu, dtype, lay, xs, m, k);
     let row_bytes = dtype.storage_bytes(k);
     let panel_rows = (n.div_ceil(cpu.threads() * 2).div_ceil(GROUP) * GROUP).clamp(GROUP, PANEL_ROWS);
@@ -540,8 +547,8 @@ mod tests {
             let cpu = CpuBackend::builder().threads(2).isa(isa).exact_decode(false).build().unwrap();
             for dtype in FORMATS {
                 let lay = layout(dtype).unwrap();
-                let k = 2 * 256;
-                for (n, m) in [(37, 17), (300, 23), (16, 40)] {
+                // k of 512 and of AVX2_MIN_K: both sides of the AVX2 kernel's threshold.
+                for (k, n, m) in [(512, 37, 17), (512, 300, 23), (512, 16, 40), (AVX2_MIN_K, 37, 17)] {
                     let xs = values(m * k, 7 + n as u32);
                     let wf = values(n * k, 9);
                     let w = cpu.quantize(&Tensor::from_vec(wf, [n, k]).unwrap(), dtype).unwrap();
@@ -555,7 +562,7 @@ mod tests {
                     unsafe { twin_tile(&panel, 0, panel.groups, &x, 0, m, n, want.as_mut_ptr(), n) };
                     let runs = {
                         let _isa = crate::cpu::simd::IsaGuard::enter(isa);
-                        kernel(dtype).is_some()
+                        kernel(dtype, k).is_some()
                     };
                     if runs {
                         for (j, (a, b)) in y.iter().zip(&want).enumerate() {
@@ -729,7 +736,7 @@ mod tests {
                 if Isa::Avx2.is_available() {
                     kernels.push(Kernel::Avx2);
                 }
-                if kernel(dtype) == Some(Kernel::Vnni) {
+                if kernel(dtype, k) == Some(Kernel::Vnni) {
                     kernels.push(Kernel::Vnni);
                 }
                 for kernel in kernels {
