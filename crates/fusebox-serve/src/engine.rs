@@ -1,5 +1,6 @@
-//! The model thread: a scheduler of `--parallel` slots, each a KV cache of `--ctx-size`
-//! positions, fed by a channel.
+//! The model thread: a scheduler of `--parallel` slots, each a KV cache of up to
+//! `--ctx-size` positions (backed in blocks as its sequence fills, given back when a new
+//! sequence keeps none of it: see [`KvCache`]), fed by a channel.
 //!
 //! Each turn of its loop it takes new jobs into free slots (the rest wait in a bounded
 //! queue), drops jobs whose client went away, runs one prefill chunk of at most
@@ -182,7 +183,7 @@ pub enum Msg {
 pub struct EngineConfig {
     /// Slots (sequences advanced together).
     pub parallel: usize,
-    /// Positions of each slot's KV cache.
+    /// Positions each slot's KV cache may hold.
     pub ctx_size: usize,
     /// Most prompt tokens one prefill chunk runs.
     pub prefill_chunk: usize,
@@ -288,6 +289,7 @@ pub fn run(
             }
         }
     }
+    metrics.kv_cache_bytes.store(slots.iter().map(|s| s.cache.backed_bytes()).sum(), Ordering::Relaxed);
     let _ = ready.send(Ok(()));
     // Under mpirun the other ranks hold their own caches of each slot, and a rank only
     // starts a slot's sequence over at position 0 or continues it where it stands
@@ -372,8 +374,12 @@ pub fn run(
             metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
             let s = &mut slots[i];
             let keep = if caching { reusable(s, &job.prompt) } else { 0 };
-            if s.cache.truncate(keep).is_err() {
-                s.cache.clear();
+            // A sequence that keeps nothing gives back what its predecessor grew.
+            if keep == 0 || s.cache.truncate(keep).is_err() {
+                if let Err(e) = s.cache.release(b) {
+                    s.cache.clear();
+                    eprintln!("fusebox serve: a slot's KV cache kept its backing ({e})");
+                }
             }
             s.held.truncate(s.cache.len);
             arrivals += 1;
@@ -384,6 +390,7 @@ pub fn run(
             s.active = Some(Active { job, arrival: arrivals, phase, tokens: Vec::new(), reply, cached });
         }
         metrics.slots_busy.store(slots.iter().filter(|s| s.active.is_some()).count(), Ordering::Relaxed);
+        metrics.kv_cache_bytes.store(slots.iter().map(|s| s.cache.backed_bytes()).sum(), Ordering::Relaxed);
 
         // One embedding request, whole (its inputs are read in prefill-sized chunks).
         if let Some(e) = embeds.pop_front() {

@@ -60,6 +60,8 @@ pub struct Metrics {
     pub prefix_bytes: AtomicUsize,
     /// Blocks the prefix store holds.
     pub prefix_blocks: AtomicUsize,
+    /// Bytes of keys and values the slots' caches are backed for.
+    pub kv_cache_bytes: AtomicUsize,
     /// Tokens drafted for speculative decoding (run in verify passes).
     pub draft_tokens: AtomicU64,
     /// Drafted tokens the model chose too (kept).
@@ -197,6 +199,12 @@ impl Metrics {
             "gauge",
             "Blocks the prefix store holds.",
             self.prefix_blocks.load(Ordering::Relaxed).to_string(),
+        );
+        put(
+            "kv_cache_bytes",
+            "gauge",
+            "Bytes of keys and values the slots' KV caches are backed for (they grow as sequences fill).",
+            self.kv_cache_bytes.load(Ordering::Relaxed).to_string(),
         );
         put("slots_busy", "gauge", "Slots holding a request.", self.slots_busy.load(Ordering::Relaxed).to_string());
         put("slots_total", "gauge", "Slots (--parallel).", self.slots_total.load(Ordering::Relaxed).to_string());

@@ -152,6 +152,7 @@ fn decode_bandwidth(
         ));
     }
     let mut session = model.session_with_cache(b, cap, cache_type)?;
+    session.reserve(b, cap)?;
     let mut logits = session.step(b, &bench_prompt(&model.tokenizer, context)?)?;
     let weight_bytes = weight_bytes_per_token(net);
     let kv = |n: usize| kv_bytes_per_token(&net.arch, n, cache_type);
@@ -267,6 +268,8 @@ fn measure_generation(args: &GenerateBenchArgs, cache_type: DType, dist: &crate:
     for _ in 0..args.repeats.max(1) {
         drop(session);
         session = model.session_with_cache(b.as_ref(), ctx, cache_type)?;
+        // Backed for the whole run before the clock starts, as llama.cpp's context is.
+        session.reserve(b.as_ref(), ctx)?;
         let t = Instant::now();
         let mut logits = session.step(b.as_ref(), &prompt)?;
         b.synchronize()?;

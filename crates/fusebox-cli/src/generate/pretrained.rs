@@ -82,6 +82,8 @@ pub(crate) fn run(args: &GenerateArgs, mut sampler: Sampler, dist: &Distributed)
     }
     check_cache_memory(&model, ctx, args.cache_type)?;
     let mut session = model.session_with_cache(b.as_ref(), ctx, args.cache_type)?;
+    // The run's length is known: back it once rather than grow while decoding.
+    session.reserve(b.as_ref(), prompt.len().saturating_add(args.max_tokens))?;
     let draft_model = super::load_draft_model(b.as_ref(), &args.drafting, &model)?;
     let vocab = model.tokenizer.vocab_size();
     let mut drafter =

@@ -119,6 +119,13 @@ impl<'m> Session<'m> {
         self.cache.truncate(len)
     }
 
+    /// Backs `positions` of the caches now (at most their capacity), so that a run
+    /// whose length is known does not grow them while it decodes (see
+    /// [`KvCache::reserve`]).
+    pub fn reserve(&mut self, b: &dyn ComputeBackend, positions: usize) -> Result<()> {
+        self.cache.reserve(b, positions.min(self.cache.capacity))
+    }
+
     /// Forgets the cached positions, keeping the allocation.
     pub fn clear(&mut self) {
         self.cache.clear();

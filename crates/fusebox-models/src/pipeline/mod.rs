@@ -340,7 +340,7 @@ pub fn follow(
             Kind::Step => {
                 let (rows, pos) = (header.rows as usize, header.pos as usize);
                 let cache = &mut caches[0];
-                start_at(rank, pos, cache)?;
+                start_at(b, rank, pos, cache)?;
                 let (x, h) = wire::read_hidden(payload, wire, rows, d, rank - 1)?;
                 let out = model.forward_stage(b, StageInput::Hidden { x: b.upload(&x)?, h: b.upload(&h)? }, cache)?;
                 if last {
@@ -357,7 +357,7 @@ pub fn follow(
                 let (x, h) = (b.upload(&x)?, b.upload(&h)?);
                 let mut picked = slot_caches(caches, &entries, rank)?;
                 for (e, c) in entries.iter().zip(picked.iter_mut()) {
-                    start_at(rank, e.pos, c)?;
+                    start_at(b, rank, e.pos, c)?;
                 }
                 let out = match picked.as_mut_slice() {
                     [cache] => model.forward_stage(b, StageInput::Hidden { x, h }, cache)?,
@@ -381,10 +381,11 @@ pub fn follow(
     }
 }
 
-/// Readies `cache` for a step at `pos`: a new sequence at 0, else the next position.
-fn start_at(rank: usize, pos: usize, cache: &mut KvCache) -> Result<()> {
+/// Readies `cache` for a step at `pos`: a new sequence at 0 (the backing its
+/// predecessor grew given back, as rank 0's server slots do), else the next position.
+fn start_at(b: &dyn ComputeBackend, rank: usize, pos: usize, cache: &mut KvCache) -> Result<()> {
     if pos == 0 {
-        cache.clear();
+        cache.release(b)?;
     } else if pos != cache.len {
         return Err(Error::Io(format!(
             "pipeline: rank {rank} holds {} positions but was sent a step at position {pos}",

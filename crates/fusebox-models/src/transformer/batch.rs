@@ -39,7 +39,7 @@ impl Transformer {
             return Err(Error::value(OP, "tokens", "at least one sequence", 0));
         }
         self.check_whole(OP)?;
-        self.check_batch(OP, n, caches)?;
+        self.prepare_batch(OP, b, n, caches)?;
         self.check_vocab(OP, ids)?;
         if let [cache] = caches {
             // One sequence: the single-sequence path, the same bits (see the module docs).
@@ -87,7 +87,7 @@ impl Transformer {
         if n == 0 {
             return Err(Error::value(OP, "sequences", "at least one", 0));
         }
-        self.check_batch(OP, n, caches)?;
+        self.prepare_batch(OP, b, n, caches)?;
         if let [cache] = caches {
             let input = match input {
                 StageInput::Hidden { x, h } if x.rank() == 3 && h.rank() == 3 => {
@@ -114,8 +114,14 @@ impl Transformer {
     }
 
     /// The checks of a batched decode step: `n` caches of every layer, each with room for
-    /// one more position, and no LoRA adapters attached.
-    fn check_batch(&self, op: &'static str, n: usize, caches: &[&mut KvCache]) -> Result<()> {
+    /// one more position, and no LoRA adapters attached; then backs that position.
+    fn prepare_batch(
+        &self,
+        op: &'static str,
+        b: &dyn ComputeBackend,
+        n: usize,
+        caches: &mut [&mut KvCache],
+    ) -> Result<()> {
         if caches.len() != n {
             return Err(Error::value(op, "caches", format!("one per sequence ({n})"), caches.len()));
         }
@@ -142,6 +148,9 @@ impl Transformer {
                     format!("{} cached", c.len),
                 ));
             }
+        }
+        for c in caches.iter_mut() {
+            c.reserve(b, c.len + 1)?;
         }
         Ok(())
     }

@@ -1,6 +1,14 @@
 //! What one generation stream keeps: per-layer key and value caches (softmax-attention
-//! layers) or a fixed-size state (linear-attention layers), preallocated once, and the
-//! rotary tables for the positions they hold.
+//! layers) or a fixed-size state (linear-attention layers), and the rotary tables for
+//! the positions they hold.
+//!
+//! Keys and values are backed for the positions a stream has reached, in whole blocks of
+//! [`KV_BLOCK`] positions, not for the capacity it may reach: the server's `--parallel`
+//! slots of `--ctx-size` positions take memory for what their sequences hold. A pass
+//! that needs more positions grows the cache first ([`KvCache::reserve`]): to at least
+//! half as much again, so a stream that reaches `n` positions copies its keys and values
+//! a logarithmic number of times; the copy keeps every bit, and attention reads the same
+//! positions whatever the backing, so the logits do not depend on it.
 
 use fusebox::{ComputeBackend, DType, Error, Result, Shape, Tensor};
 
@@ -15,6 +23,18 @@ pub struct RopeTables {
     local: Option<(Tensor, Tensor)>,
     /// Which table each layer reads (true: local).
     layer_local: Vec<bool>,
+    /// The ropes and rotary dims the tables are of, to extend them (none for learned
+    /// positions).
+    source: Option<RopeSource>,
+}
+
+/// What [`RopeTables`] are computed from.
+#[derive(Debug, Clone)]
+struct RopeSource {
+    global: Rope,
+    /// The local layers' rope, when some layer reads its own table.
+    local: Option<Rope>,
+    rotary_dims: usize,
 }
 
 fn tables(b: &dyn ComputeBackend, rope: &Rope, head_dim: usize, positions: usize) -> Result<(Tensor, Tensor)> {
@@ -48,14 +68,31 @@ impl RopeTables {
         let layer_local: Vec<bool> =
             arch.layer_attention.iter().map(|a| *a == LayerAttention::Local && arch.rope_local.is_some()).collect();
         if arch.positions != Positions::Rope {
-            return Ok(RopeTables { global: None, local: None, layer_local });
+            return Ok(RopeTables { global: None, local: None, layer_local, source: None });
         }
-        let global = Some(tables(b, &arch.rope, arch.rotary_dims(), positions)?);
-        let local = match &arch.rope_local {
-            Some(r) if layer_local.contains(&true) => Some(tables(b, r, arch.rotary_dims(), positions)?),
-            _ => None,
+        let local = arch.rope_local.clone().filter(|_| layer_local.contains(&true));
+        let mut t = RopeTables {
+            global: None,
+            local: None,
+            layer_local,
+            source: Some(RopeSource { global: arch.rope.clone(), local, rotary_dims: arch.rotary_dims() }),
         };
-        Ok(RopeTables { global, local, layer_local })
+        t.compute(b, positions)?;
+        Ok(t)
+    }
+
+    /// (Re)computes the tables for positions `0..positions`.
+    fn compute(&mut self, b: &dyn ComputeBackend, positions: usize) -> Result<()> {
+        if let Some(s) = &self.source {
+            self.global = Some(tables(b, &s.global, s.rotary_dims, positions)?);
+            self.local = s.local.as_ref().map(|r| tables(b, r, s.rotary_dims, positions)).transpose()?;
+        }
+        Ok(())
+    }
+
+    /// Positions the tables cover (`usize::MAX` for learned positions: no table).
+    fn positions(&self) -> usize {
+        self.global.as_ref().map_or(usize::MAX, |(cos, _)| cos.dims()[0])
     }
 
     /// Whether layer `l` reads the local table (its own rope base).
@@ -83,31 +120,107 @@ pub struct LinearState {
     pub delta: Tensor,
 }
 
-/// Per-layer key and value caches `[1, Hkv, capacity, hd]`, how much is filled, and
-/// the rotary tables for positions `0..capacity`. The caches' dtype (F32, F16 or BF16)
-/// is their storage format: new keys and values (f32) are rounded to it as they are
-/// written, and attention reads it back as f32. A linear-attention layer has empty key
-/// and value caches (`[1, 0, 0, hd]`) and its [`LinearState`] instead.
+/// Positions by which a cache's keys and values are backed: the backing is a whole
+/// number of blocks (or the capacity).
+pub const KV_BLOCK: usize = 256;
+
+/// Per-layer key and value caches `[1, Hkv, backed, hd]`, how much is filled, and the
+/// rotary tables for positions `0..backed`, where `backed` (≤ `capacity`, see
+/// [`backed`](Self::backed)) grows as positions are written. The caches' dtype (F32,
+/// F16 or BF16) is their storage format: new keys and values (f32) are rounded to it as
+/// they are written, and attention reads it back as f32. A linear-attention layer has
+/// empty key and value caches (`[1, 0, 0, hd]`) and its [`LinearState`] instead.
 #[derive(Debug)]
 pub struct KvCache {
-    /// Keys per layer, `[1, Hkv, capacity, hd]`.
+    /// Keys per layer, `[1, Hkv, backed, hd]`.
     pub k: Vec<Tensor>,
-    /// Values per layer, `[1, Hkv, capacity, hd]`.
+    /// Values per layer, `[1, Hkv, backed, hd]`.
     pub v: Vec<Tensor>,
     /// Per layer, the state of a linear-attention layer (`None` for the others).
     pub linear: Vec<Option<LinearState>>,
     /// Positions filled so far.
     pub len: usize,
-    /// Positions the caches hold.
+    /// Positions the cache may hold (`--ctx-size`).
     pub capacity: usize,
-    /// Rotary tables for positions `0..capacity`.
+    /// Rotary tables for positions `0..backed` (at least).
     pub rope: RopeTables,
+    /// Positions the key and value tensors are allocated for.
+    backed: usize,
 }
 
 impl KvCache {
     /// Forgets the cached positions (keeps the allocation).
     pub fn clear(&mut self) {
         self.len = 0;
+    }
+
+    /// Positions the keys and values are allocated for (`len ≤ backed ≤ capacity`).
+    pub fn backed(&self) -> usize {
+        self.backed
+    }
+
+    /// Bytes of key and value tensors allocated (what the cache holds in memory beyond
+    /// its rope tables and linear states).
+    pub fn backed_bytes(&self) -> usize {
+        self.k.iter().chain(&self.v).map(|t| t.dtype().storage_bytes(t.elem_count())).sum()
+    }
+
+    /// Forgets every position and gives back the backing beyond the first block (a
+    /// server slot between sequences).
+    pub fn release(&mut self, b: &dyn ComputeBackend) -> Result<()> {
+        self.len = 0;
+        let backed = self.capacity.min(KV_BLOCK);
+        if self.backed > backed {
+            self.rebacked(b, backed, 0)?;
+        }
+        Ok(())
+    }
+
+    /// Moves the keys and values to tensors of `backed` positions with the first `keep`
+    /// copied, and extends the rope tables to match; nothing changes on an error.
+    fn rebacked(&mut self, b: &dyn ComputeBackend, backed: usize, keep: usize) -> Result<()> {
+        let moved = |t: &Tensor| -> Result<Tensor> {
+            let d = t.dims();
+            if d[1] == 0 {
+                return Ok(t.clone());
+            }
+            let mut wider = b.zeros(&Shape::new([d[0], d[1], backed, d[3]]), t.dtype())?;
+            if keep > 0 {
+                b.write_head_cache(&mut wider, &b.slice(t, 2, 0, keep)?, 0)?;
+            }
+            Ok(wider)
+        };
+        let k = self.k.iter().map(moved).collect::<Result<Vec<_>>>()?;
+        let v = self.v.iter().map(moved).collect::<Result<Vec<_>>>()?;
+        let mut rope = self.rope.clone();
+        if rope.positions() != backed {
+            rope.compute(b, backed)?;
+        }
+        (self.k, self.v, self.rope, self.backed) = (k, v, rope, backed);
+        Ok(())
+    }
+
+    /// Makes positions `0..positions` writable: when they are more than the backing, the
+    /// keys and values move to tensors of `max(positions, 1.5 × backed)` positions
+    /// rounded up to [`KV_BLOCK`] (at most the capacity), the filled positions copied bit
+    /// for bit, and the rope tables are extended to match. Error if `positions` exceeds
+    /// the capacity.
+    pub fn reserve(&mut self, b: &dyn ComputeBackend, positions: usize) -> Result<()> {
+        const OP: &str = "KvCache::reserve";
+        if positions > self.capacity {
+            return Err(Error::value(
+                OP,
+                "positions",
+                format!("at most {} (the cache size, --ctx-size)", self.capacity),
+                positions,
+            ));
+        }
+        if positions <= self.backed {
+            return Ok(());
+        }
+        let grown = positions.max(self.backed + self.backed / 2);
+        let backed = grown.div_ceil(KV_BLOCK).saturating_mul(KV_BLOCK).min(self.capacity);
+        self.rebacked(b, backed, self.len.min(self.backed))
     }
 
     /// The dtype the keys and values are stored in (F32 for a model without layers).
@@ -198,6 +311,8 @@ impl KvCache {
         if k.len() != self.k.len() || v.len() != self.v.len() {
             return Err(Error::value(OP, "layers", self.k.len(), format!("{} and {}", k.len(), v.len())));
         }
+        let t = k.iter().chain(v).map(|x| x.dims().get(2).copied().unwrap_or(0)).max().unwrap_or(0);
+        self.reserve(b, pos + t)?;
         for (cache, new) in self.k.iter_mut().zip(k).chain(self.v.iter_mut().zip(v)) {
             if cache.dims()[1] != 0 {
                 b.write_head_cache(cache, new, pos)?;
@@ -263,16 +378,16 @@ pub fn linear_state_bytes(arch: &Arch) -> u128 {
 
 impl Transformer {
     /// F32 caches for one stream of `capacity` positions (1 ..= the context length),
-    /// allocated once; the size is checked against memory before allocating. See
-    /// [`new_cache_of`](Self::new_cache_of) for 16-bit caches.
+    /// backed as they fill (see the module docs); the full size is checked against
+    /// memory first. See [`new_cache_of`](Self::new_cache_of) for 16-bit caches.
     pub fn new_cache(&self, b: &dyn ComputeBackend, capacity: usize) -> Result<KvCache> {
         self.new_cache_of(b, capacity, DType::F32)
     }
 
     /// Caches stored in `dtype` (F32, F16 or BF16: a 16-bit cache takes half the memory
     /// and half the bytes a decode step reads per position) for one stream of
-    /// `capacity` positions (1 ..= the context length), allocated once; the size is
-    /// checked against memory before allocating.
+    /// `capacity` positions (1 ..= the context length), backed as they fill (see the
+    /// module docs); the full size is checked against memory first.
     pub fn new_cache_of(&self, b: &dyn ComputeBackend, capacity: usize, dtype: DType) -> Result<KvCache> {
         const OP: &str = "Transformer::new_cache";
         let arch = &self.arch;
@@ -312,7 +427,8 @@ impl Transformer {
         if let Some(total) = physical_memory().filter(|&t| need > u128::from(t)) {
             return Err(too_big(format!("in this machine's {total} bytes of memory")));
         }
-        let shape = Shape::new([1, arch.n_kv_heads, capacity, arch.head_dim]);
+        let backed = capacity.min(KV_BLOCK);
+        let shape = Shape::new([1, arch.n_kv_heads, backed, arch.head_dim]);
         let empty = Shape::new([1, 0, 0, arch.head_dim]);
         let alloc = || -> Result<Vec<Tensor>> {
             (0..arch.n_layers)
@@ -328,7 +444,8 @@ impl Transformer {
                 _ => Ok(None),
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(KvCache { k: alloc()?, v: alloc()?, linear, len: 0, capacity, rope: RopeTables::new(b, arch, capacity)? })
+        let rope = RopeTables::new(b, arch, backed)?;
+        Ok(KvCache { k: alloc()?, v: alloc()?, linear, len: 0, capacity, rope, backed })
     }
 }
 

@@ -89,7 +89,7 @@ impl Transformer {
     pub(super) fn forward_hidden(&self, b: &dyn ComputeBackend, ids: &[u32], cache: &mut KvCache) -> Result<Tensor> {
         const OP: &str = "Transformer::forward_cached";
         self.check_whole(OP)?;
-        self.check_cached_pass(OP, ids.len(), cache)?;
+        self.prepare_cached_pass(OP, b, ids.len(), cache)?;
         self.check_vocab(OP, ids)?;
         Ok(self.forward_stage(b, super::StageInput::Tokens(ids), cache)?.h)
     }

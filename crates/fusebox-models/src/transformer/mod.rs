@@ -50,7 +50,7 @@ use fusebox::{ComputeBackend, DType, Error, Result, Tensor};
 
 pub use arch::{Arch, Biases, LayerAttention, LinearAttention, Mlp, Moe, NormKind, Positions, Rope, RopeScaling};
 pub use backward::{GradsListener, GradsReady, LossOptions, NotListening};
-pub use cache::{kv_bytes_per_position, KvCache, LinearState, RopeTables};
+pub use cache::{kv_bytes_per_position, KvCache, LinearState, RopeTables, KV_BLOCK};
 pub use checkpointing::{activation_bytes, Activations};
 pub use forward::ForwardCache;
 pub use layout::{

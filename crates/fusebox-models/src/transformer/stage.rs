@@ -190,7 +190,7 @@ impl Transformer {
             StageInput::Hidden { x, .. } => x.dims().get(1).copied().unwrap_or(0),
         };
         let pos = cache.len;
-        self.check_cached_pass(OP, t, cache)?;
+        self.prepare_cached_pass(OP, b, t, cache)?;
         let (x, h) = self.stage_entry(OP, b, input, [1, t], &Pass::Cached { cache, pos })?;
         let mut pass = Pass::Cached { cache, pos };
         let (x, h) = self.stage_blocks(b, x, h, &mut pass)?;
@@ -315,8 +315,15 @@ impl Transformer {
         Ok((x, h))
     }
 
-    /// An error unless `t` new positions fit `cache` and it is laid out for this model.
-    pub(super) fn check_cached_pass(&self, op: &'static str, t: usize, cache: &KvCache) -> Result<()> {
+    /// An error unless `t` new positions fit `cache` and it is laid out for this model;
+    /// then backs them ([`KvCache::reserve`]).
+    pub(super) fn prepare_cached_pass(
+        &self,
+        op: &'static str,
+        b: &dyn ComputeBackend,
+        t: usize,
+        cache: &mut KvCache,
+    ) -> Result<()> {
         let pos = cache.len;
         if t == 0 {
             return Err(Error::value(op, "tokens", "at least one", 0));
@@ -332,7 +339,7 @@ impl Transformer {
         if cache.k.len() != self.arch.n_layers {
             return Err(Error::value(op, "cache", format!("{} layers", self.arch.n_layers), cache.k.len()));
         }
-        Ok(())
+        cache.reserve(b, pos + t)
     }
 
     /// An error unless this model is the whole network (training and the batched server
