@@ -148,6 +148,20 @@ pub unsafe fn pack_runs_transposed(runs: [&[f32; 32]; 16], out: *mut u32, ld: us
             let hi = _mm512_loadu_ps(runs[j].as_ptr().add(16));
             std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo))
         });
+        transpose_words(r, out, ld);
+    }
+}
+
+/// `out[w·ld + j] = word w of r[j]`: a 16 × 16 matrix of 32-bit words transposed into
+/// 16 stores.
+///
+/// # Safety
+/// The CPU must have AVX-512 F; `out` is valid for writes of 16 words at each of `out`,
+/// `out + ld`, …, `out + 15·ld`.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn transpose_words(r: [__m512i; 16], out: *mut u32, ld: usize) {
+    // SAFETY: the caller vouches for the CPU and `out`.
+    unsafe {
         // Row j holds run j's words w_j0 … w_j15. Within 128-bit lanes: pairs of rows
         // interleaved by words, then by word pairs (4 rows × 4 words per lane) …
         let t: [__m512i; 16] = std::array::from_fn(|i| {
@@ -189,5 +203,24 @@ pub unsafe fn pack_runs_transposed(runs: [&[f32; 32]; 16], out: *mut u32, ld: us
             };
             _mm512_storeu_si512(out.add(w * ld).cast(), col);
         }
+    }
+}
+
+/// The pair words of 16 rows at one pair of k: `pair(lo[t], hi[t])` for t < 16, where
+/// `lo` and `hi` hold the 16 rows' values at the pair's even and odd k.
+///
+/// # Safety
+/// The CPU must have AVX-512 F and BF16; `lo` and `hi` are valid for 16 reads each.
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub unsafe fn pair_words(lo: *const f32, hi: *const f32) -> __m512i {
+    // SAFETY: the caller vouches for the CPU and the pointers.
+    unsafe {
+        // As `pack_row_pairs`: word 2j ← lo[j], word 2j+1 ← hi[j] of the converted halves.
+        let order = _mm512_set_epi16(
+            31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17,
+            1, 16, 0,
+        );
+        let both: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(_mm512_loadu_ps(hi), _mm512_loadu_ps(lo)));
+        _mm512_permutexvar_epi16(order, both)
     }
 }

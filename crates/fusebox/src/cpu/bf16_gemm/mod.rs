@@ -7,13 +7,16 @@
 //! [`MR`]×[`NR`] tiles of C are computed by a microkernel over the packed pairs, B's
 //! strip staying in L1 while A's strips pass. Split over threads, the operand every
 //! thread reads whole is packed once by all of them (`whole.rs`), and a thread's A that
-//! meets several column blocks is packed once, whole. Kernels, chosen at run time: `vdpbf16ps`
+//! meets several column blocks is packed once, whole. Kernels, chosen at run time: AMX
+//! tiles (`tdpbf16ps`, 8,192 multiply-adds per instruction; `amx.rs`), `vdpbf16ps`
 //! (AVX-512 BF16: 32 multiply-adds per instruction, twice f32's FMA), the same products
 //! from widened BF16 with f32 FMA (AVX-512 without BF16), and portable code (compiled
 //! for AVX2 + FMA where present). All three round the operands the same way and add a
 //! pair's two products odd k first, so they agree within f32 rounding of the
 //! accumulation order (the `vdpbf16ps` instructions also flush denormals to zero).
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 #[cfg(target_arch = "x86_64")]
 mod kernel_x86;
 pub mod linear;
@@ -57,9 +60,22 @@ pub fn has_avx512_bf16() -> bool {
     })
 }
 
+/// Whether this CPU and OS run AMX BF16 tiles for this process (`FUSEBOX_AMX=0`: no),
+/// probed once.
+pub fn has_amx_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        amx::has_amx_bf16()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// Which microkernel a thread with ISA `isa` runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
+    /// AMX tiles (`tdpbf16ps`), with `vdpbf16ps` for the last pairs of k.
+    Amx,
     /// `vdpbf16ps` (AVX-512 BF16).
     Dpbf16,
     /// BF16 widened to f32, AVX-512 FMA.
@@ -77,15 +93,17 @@ impl Kernel {
     /// The kernel a backend with ISA `isa` runs.
     pub fn for_isa(isa: Isa) -> Kernel {
         match isa {
+            Isa::Avx512 if has_amx_bf16() => Kernel::Amx,
             Isa::Avx512 if has_avx512_bf16() => Kernel::Dpbf16,
             Isa::Avx512 => Kernel::Widened,
             _ => Kernel::Portable,
         }
     }
 
-    /// Short name for reports (`avx512-bf16`, `avx512-widened`, `portable`).
+    /// Short name for reports (`amx-bf16`, `avx512-bf16`, `avx512-widened`, `portable`).
     pub fn name(self) -> &'static str {
         match self {
+            Kernel::Amx => "amx-bf16",
             Kernel::Dpbf16 => "avx512-bf16",
             Kernel::Widened => "avx512-widened",
             Kernel::Portable => "portable",
@@ -151,6 +169,18 @@ fn bgemm_with(
     let step = len.div_ceil(threads).next_multiple_of(unit);
     let (side, shared, shared_len) = if by_rows { (Side::B, b, n) } else { (Side::A, a, m) };
     let c_at = SharedMut(c.as_mut_ptr().cast::<f32>());
+    if kernel == Kernel::Amx && !by_rows {
+        // The AMX kernel packs A row by row, not in the strips a shared A is packed in:
+        // each block of columns packs its own A.
+        cpu.for_each_index(len.div_ceil(step), PARALLEL_WORK, |blk| {
+            let (lo, hi) = (blk * step, ((blk + 1) * step).min(len));
+            let (a, b) = (Operand::View(a), Operand::View(b.cols_from(lo)));
+            // SAFETY: blocks write disjoint columns of `c` (through stride n), which holds
+            // m·n values; each block runs once.
+            unsafe { serial(kernel, m, hi - lo, k, a, b, c_at.ptr().add(lo), n, accumulate) };
+        });
+        return;
+    }
     thread_local! {
         /// The calling thread's buffer for the operand its blocks share, kept between
         /// calls (a product of the LM head's size would otherwise fault it in each time).
@@ -213,6 +243,10 @@ unsafe fn serial(
                 (0..m).for_each(|i| std::ptr::write_bytes(c.add(i * ldc), 0, n));
             }
             return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let (Kernel::Amx, Operand::View(a)) = (kernel, a) {
+            return amx::serial_amx(m, n, k, a, b, c, ldc, accumulate);
         }
         thread_local! {
             /// Each thread's packed blocks (A, B) and its whole A, kept between calls.
@@ -299,8 +333,9 @@ unsafe fn tile(kernel: Kernel, kp: usize, a: *const u32, b: *const u32, c: *mut 
     // SAFETY: the caller upholds this function's contract (see `# Safety`).
     unsafe {
         match kernel {
+            // An A packed in strips (never passed to the AMX kernel) takes `vdpbf16ps`.
             #[cfg(target_arch = "x86_64")]
-            Kernel::Dpbf16 => kernel_x86::tile_dpbf16(kp, a, b, c, ldc, add),
+            Kernel::Dpbf16 | Kernel::Amx => kernel_x86::tile_dpbf16(kp, a, b, c, ldc, add),
             #[cfg(target_arch = "x86_64")]
             Kernel::Widened => kernel_x86::tile_widened(kp, a, b, c, ldc, add),
             _ => tile_portable(kp, a, b, c, ldc, add),
@@ -396,6 +431,9 @@ mod tests {
         }
         if Isa::Avx512.is_available() && has_avx512_bf16() {
             kernels.push(Kernel::Dpbf16);
+        }
+        if Isa::Avx512.is_available() && has_amx_bf16() {
+            kernels.push(Kernel::Amx);
         }
         for kernel in kernels {
             for threads in [1, 2] {

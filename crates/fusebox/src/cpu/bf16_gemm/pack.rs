@@ -172,7 +172,7 @@ fn pack_columns_transposed(b: View<'_>, k0: usize, kc: usize, c0: usize, cols: u
 
 /// `dst[p·stride] = pair(run[2p], run[2p+1])` for the ⌈len/2⌉ pairs of a contiguous
 /// run of k values (an odd last value pairs with zero).
-fn pack_run_pairs(run: &[f32], dst: &mut [u32], stride: usize) {
+pub(super) fn pack_run_pairs(run: &[f32], dst: &mut [u32], stride: usize) {
     let mut p = 0;
     #[cfg(target_arch = "x86_64")]
     if super::has_avx512_bf16() {
