@@ -24,7 +24,7 @@ use std::sync::Mutex;
 /// Blocks smaller than this go straight to the system allocator (it handles them well).
 const MIN_BYTES: usize = 1 << 20;
 /// Blocks the cache can hold at once.
-const SLOTS: usize = 128;
+const SLOTS: usize = 1024;
 
 /// Bound on the bytes held; [`set_capacity`] changes it.
 static CAPACITY: AtomicUsize = AtomicUsize::new(1 << 30);

@@ -66,6 +66,9 @@ pub fn run(args: &TrainBenchArgs) -> Result<()> {
     config.validate()?;
     let bytes = config.memory_estimate(&cfg, args.seq).map_or(u128::MAX, u128::from);
     super::measure::check_fits("bench train", "--preset, --batch and --seq", bytes)?;
+    if let Some(step) = config.memory_breakdown(&cfg, args.seq).and_then(|p| p.per_step()) {
+        crate::memory::cache_step_buffers(step);
+    }
     let comm = crate::comm::from_environment()?;
     let ranks = comm.world_size();
     let mut trainer = Trainer::scratch(b.as_ref(), cfg.clone(), config, Task::Random { vocab_size: vocab })?;

@@ -103,6 +103,7 @@ fn check_memory(model: &ModelConfig, config: &TrainConfig, seq: usize, world: us
             format!("{} layers, d_model {}, batch {} × {seq} tokens", model.n_layers, model.d_model, config.batch),
         ));
     };
+    crate::memory::cache_step_buffers(parts.per_step().unwrap_or(need));
     if let Some(avail) = available_memory() {
         if need > avail {
             return Err(Error::value(

@@ -254,7 +254,13 @@ pub struct MemoryEstimate {
 impl MemoryEstimate {
     /// Every part together; `None` on overflow.
     pub fn total(&self) -> Option<u64> {
-        [self.activations, self.logits, self.transient].iter().try_fold(self.state, |acc, &x| acc.checked_add(x))
+        self.per_step()?.checked_add(self.state)
+    }
+
+    /// What a step allocates and frees again: activations, logits and the backward's
+    /// transients; `None` on overflow.
+    pub fn per_step(&self) -> Option<u64> {
+        self.activations.checked_add(self.logits)?.checked_add(self.transient)
     }
 }
 
