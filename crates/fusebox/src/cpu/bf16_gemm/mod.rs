@@ -448,6 +448,8 @@ mod tests {
                     (200, 1100, 64),
                     (300, 130, 301),
                     (1030, 1030, 21),
+                    // More k than one pass of the AMX kernel keeps C in its tiles for.
+                    (33, 70, 4500),
                 ] {
                     let av = values(m * k, 1);
                     let bv = values(k * n, 2);
