@@ -195,21 +195,7 @@ impl SafeTensors {
     /// mapped pages of each piece once copied (see `Bytes::copy_releasing`): for a loader.
     pub fn take_tensor(&self, name: &str) -> Result<Tensor> {
         let info = self.tensors.get(name).ok_or_else(|| bad(format!("no tensor named '{name}'")))?;
-        let range = self.data_start + info.begin..self.data_start + info.end;
-        if range.end > self.bytes.len() {
-            return Err(bad(format!("tensor '{name}': bytes {}..{} out of range", info.begin, info.end)));
-        }
-        let mut t = Tensor::zeros(info.shape.clone(), info.dtype)?;
-        let dst = t.host_bytes_mut()?;
-        if dst.len() != range.len() {
-            return Err(bad(format!(
-                "tensor '{name}': {} bytes in the file, its shape and dtype take {}",
-                range.len(),
-                dst.len()
-            )));
-        }
-        self.bytes.copy_releasing(range, dst);
-        Ok(t)
+        self.take_bytes(name, info.shape.clone(), 0..info.end - info.begin)
     }
 
     /// Rows `rows` (first axis) of tensor `name`, read as [`take_tensor`](Self::take_tensor)
@@ -217,13 +203,28 @@ impl SafeTensors {
     pub fn take_tensor_rows(&self, name: &str, rows: std::ops::Range<usize>) -> Result<Tensor> {
         let info = self.tensors.get(name).ok_or_else(|| bad(format!("no tensor named '{name}'")))?;
         let within = crate::weights::row_bytes(name, &info.shape, info.dtype, &rows)?;
-        let range = self.data_start + info.begin + within.start..self.data_start + info.begin + within.end;
-        if self.data_start + info.end > self.bytes.len() {
+        let dims: Vec<usize> = std::iter::once(rows.len()).chain(info.shape.iter().skip(1).copied()).collect();
+        self.take_bytes(name, dims, within)
+    }
+
+    /// A host tensor of `dims` (tensor `name`'s dtype) holding bytes `within` of its data,
+    /// copied from the map with its pages given back (see [`take_tensor`](Self::take_tensor)).
+    fn take_bytes(&self, name: &str, dims: Vec<usize>, within: std::ops::Range<usize>) -> Result<Tensor> {
+        let info = self.tensors.get(name).ok_or_else(|| bad(format!("no tensor named '{name}'")))?;
+        if self.data_start + info.end > self.bytes.len() || info.begin + within.end > info.end {
             return Err(bad(format!("tensor '{name}': bytes {}..{} out of range", info.begin, info.end)));
         }
-        let dims: Vec<usize> = std::iter::once(rows.len()).chain(info.shape.iter().skip(1).copied()).collect();
         let mut t = Tensor::zeros(dims, info.dtype)?;
-        self.bytes.copy_releasing(range, t.host_bytes_mut()?);
+        let dst = t.host_bytes_mut()?;
+        if dst.len() != within.len() {
+            return Err(bad(format!(
+                "tensor '{name}': {} bytes in the file, its shape and dtype take {}",
+                within.len(),
+                dst.len()
+            )));
+        }
+        let start = self.data_start + info.begin;
+        self.bytes.copy_releasing(start + within.start..start + within.end, dst);
         Ok(t)
     }
 }

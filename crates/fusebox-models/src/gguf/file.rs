@@ -252,21 +252,8 @@ impl GgufFile {
     /// which will not read them again (see `Bytes::copy_releasing`).
     pub fn take_tensor(&self, name: &str) -> Result<Tensor> {
         let info = self.require_info(name)?;
-        let (dtype, shape) = (info.dtype()?, info.shape()?);
-        let bytes = self.tensor_bytes(name)?;
-        let start = bytes.as_ptr() as usize - self.bytes.as_ptr() as usize;
-        let mut t = Tensor::zeros(shape, dtype)
-            .map_err(|e| Error::Io(format!("gguf: tensor '{name}': cannot build the tensor: {e}")))?;
-        let dst = t.host_bytes_mut()?;
-        if dst.len() != bytes.len() {
-            return Err(Error::Io(format!(
-                "gguf: tensor '{name}': {} bytes in the file, its shape and type take {}",
-                bytes.len(),
-                dst.len()
-            )));
-        }
-        self.bytes.copy_releasing(start..start + bytes.len(), dst);
-        Ok(t)
+        let whole = 0..self.tensor_bytes(name)?.len();
+        self.take_bytes(name, info.shape()?, info.dtype()?, whole)
     }
 
     /// Rows `rows` (first axis of the row-major shape) of tensor `name`, read as
@@ -275,22 +262,35 @@ impl GgufFile {
     pub fn take_tensor_rows(&self, name: &str, rows: std::ops::Range<usize>) -> Result<Tensor> {
         let info = self.require_info(name)?;
         let (dtype, shape) = (info.dtype()?, info.shape()?);
-        let bytes = self.tensor_bytes(name)?;
-        let start = bytes.as_ptr() as usize - self.bytes.as_ptr() as usize;
         let within = crate::weights::row_bytes(name, &shape, dtype, &rows)?;
+        let dims: Vec<usize> = std::iter::once(rows.len()).chain(shape.iter().skip(1).copied()).collect();
+        self.take_bytes(name, dims, dtype, within)
+    }
+
+    /// A host tensor of `dims` and `dtype` holding bytes `within` of tensor `name`'s data,
+    /// copied from the map with its pages given back (see [`take_tensor`](Self::take_tensor)).
+    fn take_bytes(&self, name: &str, dims: Vec<usize>, dtype: DType, within: std::ops::Range<usize>) -> Result<Tensor> {
+        let bytes = self.tensor_bytes(name)?;
         if within.end > bytes.len() {
             return Err(Error::Io(format!(
-                "gguf: tensor '{name}': {} bytes in the file, rows {}..{} end at byte {}",
+                "gguf: tensor '{name}': {} bytes in the file, bytes {}..{} asked for",
                 bytes.len(),
-                rows.start,
-                rows.end,
+                within.start,
                 within.end
             )));
         }
-        let dims: Vec<usize> = std::iter::once(rows.len()).chain(shape.iter().skip(1).copied()).collect();
+        let start = bytes.as_ptr() as usize - self.bytes.as_ptr() as usize;
         let mut t = Tensor::zeros(dims, dtype)
             .map_err(|e| Error::Io(format!("gguf: tensor '{name}': cannot build the tensor: {e}")))?;
-        self.bytes.copy_releasing(start + within.start..start + within.end, t.host_bytes_mut()?);
+        let dst = t.host_bytes_mut()?;
+        if dst.len() != within.len() {
+            return Err(Error::Io(format!(
+                "gguf: tensor '{name}': {} bytes in the file, its shape and type take {}",
+                within.len(),
+                dst.len()
+            )));
+        }
+        self.bytes.copy_releasing(start + within.start..start + within.end, dst);
         Ok(t)
     }
 
