@@ -258,6 +258,11 @@ struct Slot {
     in_flight: bool,
 }
 
+/// Bytes of keys and values the slots' caches are backed for.
+fn kv_bytes(slots: &[Slot]) -> usize {
+    slots.iter().map(|s| s.cache.backed_bytes()).sum()
+}
+
 /// Runs the scheduler until a shutdown has ended every job; `ready` hears once the
 /// caches are allocated (or why they could not be). Errors of the model end
 /// the job they happened in (its client gets a 500 or an error chunk), not the server.
@@ -289,7 +294,7 @@ pub fn run(
             }
         }
     }
-    metrics.kv_cache_bytes.store(slots.iter().map(|s| s.cache.backed_bytes()).sum(), Ordering::Relaxed);
+    metrics.kv_cache_bytes.store(kv_bytes(&slots), Ordering::Relaxed);
     let _ = ready.send(Ok(()));
     // Under mpirun the other ranks hold their own caches of each slot, and a rank only
     // starts a slot's sequence over at position 0 or continues it where it stands
@@ -390,7 +395,7 @@ pub fn run(
             s.active = Some(Active { job, arrival: arrivals, phase, tokens: Vec::new(), reply, cached });
         }
         metrics.slots_busy.store(slots.iter().filter(|s| s.active.is_some()).count(), Ordering::Relaxed);
-        metrics.kv_cache_bytes.store(slots.iter().map(|s| s.cache.backed_bytes()).sum(), Ordering::Relaxed);
+        metrics.kv_cache_bytes.store(kv_bytes(&slots), Ordering::Relaxed);
 
         // One embedding request, whole (its inputs are read in prefill-sized chunks).
         if let Some(e) = embeds.pop_front() {

@@ -120,7 +120,7 @@ fn pack_a_rows(a: View<'_>, i0: usize, mc: usize, k0: usize, kc: usize, out: &mu
                 let col = |kk: usize| &a.data[kk * a.cs + i0 + r0..][..16];
                 let first = &mut out[r0 * kp + p0..];
                 assert!(first.len() > 15 * kp + 15, "bgemm (AMX): a packed panel is short");
-                // SAFETY: `has_amx_bf16` (the only way here) implies AVX-512 BF16; each
+                // SAFETY: `has_amx_bf16` (the only way here) implies AVX-512 F, BW and BF16; each
                 // column slice holds 16 values; the 16 rows of 16 words at stride kp lie
                 // in `first` (asserted).
                 unsafe {

@@ -95,19 +95,11 @@ unsafe fn store_tile(acc: &[[__m512; NV]; MR], tile: *mut f32, ldc: usize, add: 
 pub unsafe fn pack_row_pairs(lo: &[f32], hi: &[f32], words: &mut [u32]) {
     // SAFETY: the caller upholds this function's contract (see `# Safety`).
     unsafe {
-        // cvtne2ps(hi, lo) holds lo's 16 values in words 0..16 and hi's in 16..32; the
-        // permutation interleaves them: word 2j ← lo[j], word 2j+1 ← hi[j].
-        let order = _mm512_set_epi16(
-            31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17,
-            1, 16, 0,
-        );
         let n = words.len();
         let mut j = 0;
         while j + 16 <= n {
-            let l = _mm512_loadu_ps(lo.as_ptr().add(j));
-            let h = _mm512_loadu_ps(hi.as_ptr().add(j));
-            let both: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(h, l));
-            _mm512_storeu_si512(words.as_mut_ptr().add(j).cast(), _mm512_permutexvar_epi16(order, both));
+            let pairs = pair_words(lo.as_ptr().add(j), hi.as_ptr().add(j));
+            _mm512_storeu_si512(words.as_mut_ptr().add(j).cast(), pairs);
             j += 16;
         }
         for t in j..n {
@@ -210,12 +202,13 @@ pub unsafe fn transpose_words(r: [__m512i; 16], out: *mut u32, ld: usize) {
 /// `lo` and `hi` hold the 16 rows' values at the pair's even and odd k.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F and BF16; `lo` and `hi` are valid for 16 reads each.
-#[target_feature(enable = "avx512f,avx512bf16")]
+/// The CPU must have AVX-512 F, BW and BF16; `lo` and `hi` are valid for 16 reads each.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 pub unsafe fn pair_words(lo: *const f32, hi: *const f32) -> __m512i {
     // SAFETY: the caller vouches for the CPU and the pointers.
     unsafe {
-        // As `pack_row_pairs`: word 2j ← lo[j], word 2j+1 ← hi[j] of the converted halves.
+        // cvtne2ps(hi, lo) holds lo's 16 values in words 0..16 and hi's in 16..32; the
+        // permutation interleaves them: word 2j ← lo[j], word 2j+1 ← hi[j].
         let order = _mm512_set_epi16(
             31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17,
             1, 16, 0,
