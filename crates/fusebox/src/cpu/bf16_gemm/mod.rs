@@ -42,6 +42,8 @@ const KC: usize = 256;
 const MC: usize = 96;
 /// Columns per packed block of B (`KC·NC` BF16: 512 KiB, in L2).
 const NC: usize = 1024;
+/// Rows (and columns) of C per block of the AMX kernel.
+const AMX_ROWS: usize = 32;
 /// Products with fewer multiply-adds than this run on one thread.
 const PARALLEL_WORK: usize = 48 * 48 * 256;
 
@@ -165,7 +167,10 @@ fn bgemm_with(
     // multiples of MR): each packs its share of one operand, and the other operand,
     // which every block reads whole, is packed once beforehand by all threads together.
     let by_rows = m * 2 >= n;
-    let (len, unit) = if by_rows { (m, MR) } else { (n, NR) };
+    // Rows split on the kernel's block: the AMX kernel computes a partial 32-row block
+    // whole (and copies it), the others a partial MR-row tile.
+    let rows_unit = if kernel == Kernel::Amx { AMX_ROWS } else { MR };
+    let (len, unit) = if by_rows { (m, rows_unit) } else { (n, NR) };
     let step = len.div_ceil(threads).next_multiple_of(unit);
     let (side, shared, shared_len) = if by_rows { (Side::B, b, n) } else { (Side::A, a, m) };
     let c_at = SharedMut(c.as_mut_ptr().cast::<f32>());
