@@ -180,7 +180,7 @@ pub(super) unsafe fn serial_amx(
             let (a_blocks, a_whole) = (m.div_ceil(MC_AMX), n > NC);
             let k_blocks = k.div_ceil(KC);
             if a_whole {
-                pa.resize(k_blocks * a_blocks * PANEL_A, 0);
+                super::grow(pa, k_blocks * a_blocks * PANEL_A);
                 for (kb, pc) in (0..k).step_by(KC).enumerate() {
                     for (ib, ic) in (0..m).step_by(MC_AMX).enumerate() {
                         let out = &mut pa[(kb * a_blocks + ib) * PANEL_A..][..PANEL_A];
@@ -188,10 +188,10 @@ pub(super) unsafe fn serial_amx(
                     }
                 }
             } else {
-                pa.resize(GROUP.min(k_blocks) * PANEL_A, 0);
+                super::grow(pa, GROUP.min(k_blocks) * PANEL_A);
             }
             if let Operand::View(_) = b {
-                pb.resize(GROUP.min(k_blocks) * PANEL_B, 0);
+                super::grow(pb, GROUP.min(k_blocks) * PANEL_B);
             }
             for jc in (0..n).step_by(NC) {
                 let nc = NC.min(n - jc);

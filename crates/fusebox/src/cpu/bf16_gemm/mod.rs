@@ -198,7 +198,7 @@ fn bgemm_with(
             // Only a product started inside this one's blocks finds it taken.
             Err(_) => &mut own,
         };
-        words.resize(whole::words(side, shared_len, k), 0);
+        grow(words, whole::words(side, shared_len, k));
         whole::pack_parallel(cpu, side, shared, shared_len, k, words);
         let packed = Whole::new(words, side, shared_len, k);
         cpu.for_each_index(len.div_ceil(step), PARALLEL_WORK, |blk| {
@@ -213,6 +213,16 @@ fn bgemm_with(
             unsafe { serial(kernel, rows, cols, k, a, b, c_at.ptr().add(at), n, accumulate) };
         });
     });
+}
+
+/// Makes a packing buffer kept between products at least `len` words long, never
+/// shorter: only words past the longest length yet are zeroed (shrinking and growing
+/// back zeroed megabytes per product). The packers write every word a kernel reads,
+/// padding included.
+fn grow(buffer: &mut Vec<u32>, len: usize) {
+    if buffer.len() < len {
+        buffer.resize(len, 0);
+    }
 }
 
 /// An operand of [`serial`]: a strided matrix, packed block by block as the loops reach
@@ -259,13 +269,13 @@ unsafe fn serial(
                 const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
         }
         PACKED.with_borrow_mut(|(pa, pb, whole_a)| {
-            pa.resize(MC.next_multiple_of(MR) * KC / 2, 0);
-            pb.resize(NC.next_multiple_of(NR) * KC / 2, 0);
+            grow(pa, MC.next_multiple_of(MR) * KC / 2);
+            grow(pb, NC.next_multiple_of(NR) * KC / 2);
             // Each block of A meets every block of columns: with more than one, A is
             // packed once, whole, rather than once per column block.
             let a = match a {
                 Operand::View(v) if n > NC => {
-                    whole_a.resize(whole::words(Side::A, m, k), 0);
+                    grow(whole_a, whole::words(Side::A, m, k));
                     whole::pack(Side::A, v, m, k, whole_a);
                     Operand::Whole(Whole::new(whole_a, Side::A, m, k))
                 }
