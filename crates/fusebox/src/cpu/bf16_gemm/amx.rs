@@ -321,7 +321,8 @@ unsafe fn block(panels: &[Panel], jh: usize, c: *mut f32, ldc: usize, add: bool)
                     for r in 0..BLOCK {
                         _mm_prefetch::<_MM_HINT_T0>(a.add(r * kp + ahead).cast());
                     }
-                    for r in 0..TILE_PAIRS {
+                    // B's pair rows that exist (the last step may be a partial one).
+                    for r in 0..TILE_PAIRS.min(kp - ahead) {
                         let row = b.add((ahead + r) * NR);
                         _mm_prefetch::<_MM_HINT_T0>(row.cast());
                         _mm_prefetch::<_MM_HINT_T0>(row.add(16).cast());
