@@ -195,7 +195,7 @@ impl SafeTensors {
     /// mapped pages of each piece once copied (see `Bytes::copy_releasing`): for a loader.
     pub fn take_tensor(&self, name: &str) -> Result<Tensor> {
         let info = self.tensors.get(name).ok_or_else(|| bad(format!("no tensor named '{name}'")))?;
-        self.take_bytes(name, info.shape.clone(), 0..info.end - info.begin)
+        self.take_bytes(name, info, info.shape.clone(), 0..info.end - info.begin)
     }
 
     /// Rows `rows` (first axis) of tensor `name`, read as [`take_tensor`](Self::take_tensor)
@@ -204,13 +204,19 @@ impl SafeTensors {
         let info = self.tensors.get(name).ok_or_else(|| bad(format!("no tensor named '{name}'")))?;
         let within = crate::weights::row_bytes(name, &info.shape, info.dtype, &rows)?;
         let dims: Vec<usize> = std::iter::once(rows.len()).chain(info.shape.iter().skip(1).copied()).collect();
-        self.take_bytes(name, dims, within)
+        self.take_bytes(name, info, dims, within)
     }
 
-    /// A host tensor of `dims` (tensor `name`'s dtype) holding bytes `within` of its data,
-    /// copied from the map with its pages given back (see [`take_tensor`](Self::take_tensor)).
-    fn take_bytes(&self, name: &str, dims: Vec<usize>, within: std::ops::Range<usize>) -> Result<Tensor> {
-        let info = self.tensors.get(name).ok_or_else(|| bad(format!("no tensor named '{name}'")))?;
+    /// A host tensor of `dims` (tensor `name`'s dtype, `info` its entry) holding bytes
+    /// `within` of its data, copied from the map with its pages given back (see
+    /// [`take_tensor`](Self::take_tensor)).
+    fn take_bytes(
+        &self,
+        name: &str,
+        info: &TensorInfo,
+        dims: Vec<usize>,
+        within: std::ops::Range<usize>,
+    ) -> Result<Tensor> {
         if self.data_start + info.end > self.bytes.len() || info.begin + within.end > info.end {
             return Err(bad(format!("tensor '{name}': bytes {}..{} out of range", info.begin, info.end)));
         }

@@ -252,8 +252,8 @@ impl GgufFile {
     /// which will not read them again (see `Bytes::copy_releasing`).
     pub fn take_tensor(&self, name: &str) -> Result<Tensor> {
         let info = self.require_info(name)?;
-        let whole = 0..self.tensor_bytes(name)?.len();
-        self.take_bytes(name, info.shape()?, info.dtype()?, whole)
+        let bytes = self.tensor_bytes(name)?;
+        self.take_bytes(name, bytes, info.shape()?, info.dtype()?, 0..bytes.len())
     }
 
     /// Rows `rows` (first axis of the row-major shape) of tensor `name`, read as
@@ -264,13 +264,20 @@ impl GgufFile {
         let (dtype, shape) = (info.dtype()?, info.shape()?);
         let within = crate::weights::row_bytes(name, &shape, dtype, &rows)?;
         let dims: Vec<usize> = std::iter::once(rows.len()).chain(shape.iter().skip(1).copied()).collect();
-        self.take_bytes(name, dims, dtype, within)
+        self.take_bytes(name, self.tensor_bytes(name)?, dims, dtype, within)
     }
 
-    /// A host tensor of `dims` and `dtype` holding bytes `within` of tensor `name`'s data,
-    /// copied from the map with its pages given back (see [`take_tensor`](Self::take_tensor)).
-    fn take_bytes(&self, name: &str, dims: Vec<usize>, dtype: DType, within: std::ops::Range<usize>) -> Result<Tensor> {
-        let bytes = self.tensor_bytes(name)?;
+    /// A host tensor of `dims` and `dtype` holding bytes `within` of tensor `name`'s data
+    /// `bytes` (a slice of the map), copied with its pages given back (see
+    /// [`take_tensor`](Self::take_tensor)).
+    fn take_bytes(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        dims: Vec<usize>,
+        dtype: DType,
+        within: std::ops::Range<usize>,
+    ) -> Result<Tensor> {
         if within.end > bytes.len() {
             return Err(Error::Io(format!(
                 "gguf: tensor '{name}': {} bytes in the file, bytes {}..{} asked for",
